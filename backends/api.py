@@ -1,0 +1,437 @@
+"""The backend API: Triton's TRITONBACKEND_* lifecycle as Python classes.
+
+A backend is a module (or package) that defines ``BACKEND``, a subclass of :class:`Backend`
+whose ``model_class`` and ``instance_class`` name its :class:`Model` and
+:class:`ModelInstance` subclasses.  The worker process creates one object per level and
+calls, in order::
+
+    Backend.initialize()          TRITONBACKEND_Initialize          (once per worker)
+    Model.initialize()            TRITONBACKEND_ModelInitialize     (config validation here)
+    ModelInstance.initialize()    TRITONBACKEND_ModelInstanceInitialize
+    ModelInstance.execute(reqs)   TRITONBACKEND_ModelInstanceExecute (many times)
+    ModelInstance.finalize()      TRITONBACKEND_ModelInstanceFinalize
+    Model.finalize()              TRITONBACKEND_ModelFinalize
+    Backend.finalize()            TRITONBACKEND_Finalize
+
+Finalizers run in reverse, only for the levels whose initialize succeeded.  Context
+(names, config, device, logger) is set as attributes before ``initialize`` is called.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+
+from client import wire
+from client.errors import Code, InferpoolError, internal, invalid_arg, not_found
+
+ParameterValue = str | int | bool | float
+
+# Sequence-batcher control flags on a request, as TRITONSERVER_REQUEST_FLAG_*.
+FLAG_SEQUENCE_START = 1
+FLAG_SEQUENCE_END = 2
+
+
+def now_ns() -> int:
+    return time.monotonic_ns()
+
+
+# ============================================================================ tensors
+@dataclass(slots=True)
+class InputTensor:
+    """One input of a request.
+
+    ``data`` is a zero-copy view of shared memory: a read-only numpy array for CPU memory
+    (an object array of ``bytes`` for BYTES), or a device array for GPU memory.
+    """
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: Any
+    byte_size: int
+    memory: str = "cpu"  # "cpu" or "gpu"
+    device_id: int = 0
+
+    def as_numpy(self) -> np.ndarray:
+        if self.memory != "cpu":
+            raise InferpoolError(Code.UNSUPPORTED, f"input '{self.name}' is in GPU memory")
+        return self.data  # type: ignore[no-any-return]
+
+
+@dataclass(slots=True)
+class RequestedOutput:
+    """An output the client asked for; ``target`` places it in a client-registered region."""
+
+    name: str
+    target: Any = None  # set by the worker for outputs written into a client's region
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class OutputTensor:
+    """An output a response carries: where its bytes live in shared memory."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    region: str
+    offset: int
+    byte_size: int
+    memory: str = "cpu"
+
+
+class OutputMemory(Protocol):
+    """Where responses put outputs: the worker's output arena (or a client's region)."""
+
+    def allocate(self, output: RequestedOutput | None, nbytes: int) -> tuple[str, int, Any]:
+        """Return (region name, offset, writable buffer of ``nbytes``) or raise InferpoolError."""
+        ...
+
+    def release(self, region: str, offset: int) -> None: ...
+
+
+# ============================================================================ responses
+class Response:
+    """The answer to one request: outputs written in place, parameters, or an error."""
+
+    def __init__(self, request: Request, error: InferpoolError | None = None) -> None:
+        self._request = request
+        self.outputs: dict[str, OutputTensor] = {}
+        self.parameters: dict[str, ParameterValue] = {}
+        self.error = error
+
+    @classmethod
+    def from_error(cls, request: Request, error: BaseException | str) -> Response:
+        if isinstance(error, str):
+            error = InferpoolError(Code.INTERNAL, error)
+        return cls(request, InferpoolError.wrap(error))
+
+    def output(self, name: str, shape: Sequence[int], datatype: str) -> np.ndarray:
+        """Allocate output ``name`` in shared memory and return a writable array over it.
+
+        Write the result straight into the returned array: no further copy is made.
+        """
+        if datatype == "BYTES":
+            raise invalid_arg(f"output '{name}': use set_output() for BYTES tensors")
+        shape = tuple(int(d) for d in shape)
+        dtype = wire.numpy_dtype(datatype)
+        nbytes = dtype.itemsize * wire.element_count(shape)
+        buf = self._place(name, datatype, shape, nbytes)
+        return np.frombuffer(buf, dtype=dtype, count=wire.element_count(shape)).reshape(shape)
+
+    def set_output(self, name: str, value: Any, datatype: str | None = None) -> None:
+        """Copy an array (or a list of str/bytes for BYTES) into output ``name``."""
+        arr = wire.as_array(value, datatype)
+        datatype = datatype or wire.datatype_of(arr.dtype)
+        if datatype == "BYTES":
+            payload = wire.serialize_bytes(arr.reshape(-1))
+            buf = self._place(name, datatype, arr.shape, len(payload))
+            memoryview(buf).cast("B")[: len(payload)] = payload
+        else:
+            out = self.output(name, arr.shape, datatype)
+            np.copyto(out, arr, casting="same_kind")
+
+    def set_parameter(self, name: str, value: ParameterValue) -> None:
+        if not isinstance(value, str | int | bool | float):
+            raise invalid_arg(f"response parameter '{name}' must be str, int, bool or float")
+        self.parameters[name] = value
+
+    def _place(self, name: str, datatype: str, shape: tuple[int, ...], nbytes: int) -> Any:
+        if name in self.outputs:
+            raise invalid_arg(f"output '{name}' was already set in this response")
+        requested = self._request.requested_outputs.get(name)
+        region, offset, buf = self._request._memory.allocate(requested, nbytes)
+        self.outputs[name] = OutputTensor(name, datatype, tuple(shape), region, offset, nbytes)
+        return buf
+
+    def discard(self) -> None:
+        """Give back every output's memory (used when a response is not sent)."""
+        for out in self.outputs.values():
+            self._request._memory.release(out.region, out.offset)
+        self.outputs.clear()
+
+
+class ResponseSender:
+    """Sends responses for one request: one final response, or a stream when decoupled."""
+
+    def __init__(self, request: Request, emit: Callable[[Request, Response | None, bool], None]):
+        self._request = request
+        self._emit = emit
+        self._lock = threading.Lock()
+        self.sent = 0
+        self.final = False
+
+    def send(self, response: Response | None = None, final: bool = False) -> None:
+        """Send ``response`` (may be None with ``final``); ``final`` closes the request."""
+        with self._lock:
+            if self.final:
+                raise internal(f"request '{self._request.id}' already received its final response")
+            if response is not None and not self._request.decoupled and self.sent:
+                raise internal(
+                    f"request '{self._request.id}' is not decoupled: only one response is allowed"
+                )
+            if response is None and not final:
+                raise invalid_arg("send() needs a response or final=True")
+            if response is not None:
+                self.sent += 1
+            self.final = final
+            self._emit(self._request, response, final)
+
+    def fail(self, error: InferpoolError) -> None:
+        """Close the request with an error response, unless it is already closed."""
+        with self._lock:
+            if self.final:
+                return
+            self.final = True
+            self._emit(self._request, Response(self._request, error), True)
+
+
+class Request:
+    """A request as the backend sees it: inputs as views of shared memory, outputs to fill."""
+
+    def __init__(
+        self,
+        *,
+        id: str,
+        inputs: dict[str, InputTensor],
+        requested_outputs: dict[str, RequestedOutput],
+        memory: OutputMemory,
+        emit: Callable[[Request, Response | None, bool], None],
+        correlation_id: int | str = 0,
+        flags: int = 0,
+        parameters: dict[str, Any] | None = None,
+        decoupled: bool = False,
+        priority: int = 0,
+        timeout_us: int = 0,
+    ) -> None:
+        self.id = id
+        self.inputs = inputs
+        self.requested_outputs = requested_outputs
+        self.correlation_id = correlation_id
+        self.flags = flags
+        self.parameters = parameters or {}
+        self.decoupled = decoupled
+        self.priority = priority
+        self.timeout_us = timeout_us
+        self._memory = memory
+        self._sender = ResponseSender(self, emit)
+        self.sender_taken = False
+
+    def input(self, name: str) -> InputTensor:
+        try:
+            return self.inputs[name]
+        except KeyError:
+            raise not_found(f"request '{self.id}' has no input '{name}'") from None
+
+    def has_input(self, name: str) -> bool:
+        return name in self.inputs
+
+    def output_requested(self, name: str) -> bool:
+        return name in self.requested_outputs
+
+    def response(self) -> Response:
+        """A new, empty response for this request."""
+        return Response(self)
+
+    def response_sender(self) -> ResponseSender:
+        """Take over answering this request (decoupled streams, or answering later)."""
+        self.sender_taken = True
+        return self._sender
+
+    @property
+    def answered(self) -> bool:
+        return self._sender.final
+
+    def fail(self, error: InferpoolError) -> None:
+        """Answer with an error (final) unless already answered; used by the worker."""
+        self._sender.fail(error)
+
+    @property
+    def sequence_start(self) -> bool:
+        return bool(self.flags & FLAG_SEQUENCE_START)
+
+    @property
+    def sequence_end(self) -> bool:
+        return bool(self.flags & FLAG_SEQUENCE_END)
+
+
+# ============================================================================ metrics, stats
+class Metric:
+    """A custom metric (counter or gauge) with fixed labels, as TRITONSERVER_Metric."""
+
+    def __init__(self, family: str, kind: str, labels: dict[str, str], sink: MetricSink) -> None:
+        self.family = family
+        self.kind = kind
+        self.labels = labels
+        self._sink = sink
+
+    def increment(self, value: float = 1.0) -> None:
+        if self.kind == "counter" and value < 0:
+            raise invalid_arg(f"counter '{self.family}' cannot decrease")
+        self._sink.record(self, "inc", value)
+
+    def set(self, value: float) -> None:
+        if self.kind != "gauge":
+            raise invalid_arg(f"metric '{self.family}' is a counter; only gauges can be set")
+        self._sink.record(self, "set", value)
+
+
+class MetricSink(Protocol):
+    def record(self, metric: Metric, op: str, value: float) -> None: ...
+
+
+class MetricFamily:
+    """TRITONSERVER_MetricFamily: a named counter or gauge with per-label-set metrics."""
+
+    def __init__(self, name: str, description: str, kind: str, sink: MetricSink) -> None:
+        if kind not in ("counter", "gauge"):
+            raise invalid_arg(f"metric kind must be 'counter' or 'gauge', got {kind!r}")
+        self.name = name
+        self.description = description
+        self.kind = kind
+        self._sink = sink
+
+    def metric(self, **labels: str) -> Metric:
+        return Metric(self.name, self.kind, {k: str(v) for k, v in labels.items()}, self._sink)
+
+
+class StatisticsReporter(Protocol):
+    def report_request(
+        self, request: Request, success: bool, exec_start: int, compute_start: int,
+        compute_end: int, exec_end: int, compute_output_end: int | None = None,
+    ) -> None: ...
+
+    def report_batch(
+        self, batch_size: int, exec_start: int, compute_start: int, compute_end: int,
+        exec_end: int,
+    ) -> None: ...
+
+    def metric_family(self, name: str, description: str, kind: str) -> MetricFamily: ...
+
+
+# ============================================================================ lifecycle levels
+class _Level:
+    """Shared shape of the three levels: optional initialize/finalize and a logger."""
+
+    log: logging.Logger
+
+    def initialize(self) -> None:
+        """Called once after the context attributes are set; raise to fail the load."""
+
+    def finalize(self) -> None:
+        """Called once, in reverse order, if and only if initialize() succeeded."""
+
+
+class Backend(_Level):
+    """TRITONBACKEND_Backend: state shared by every model of this backend in the worker."""
+
+    model_class: ClassVar[type[Model]]
+    instance_class: ClassVar[type[ModelInstance]]
+    #: TRITONBACKEND_BackendAttributeSetParallelModelInstanceLoading
+    parallel_instance_loading: ClassVar[bool] = False
+    #: API version this backend was written for (major must match, minor <= ours).
+    api_version: ClassVar[tuple[int, int]] = (1, 0)
+
+    name: str
+    #: --backend-config=<backend>,key=value settings
+    config: dict[str, str]
+
+    def control(self, command: str, args: dict[str, Any]) -> Any:
+        """TRITONBACKEND_BackendControl: optional out-of-band commands."""
+        raise InferpoolError(Code.UNSUPPORTED, f"backend '{self.name}' supports no control commands")
+
+
+class Model(_Level):
+    """TRITONBACKEND_Model: one model version; validate ``config`` in initialize()."""
+
+    name: str
+    version: int
+    #: the parsed config.pbtxt (tritonclient model_config_pb2.ModelConfig)
+    config: Any
+    #: the same config as a plain dict (protobuf field names)
+    config_dict: dict[str, Any]
+    #: <repo>/<model> and <repo>/<model>/<version>
+    repository_path: str
+    artifact_path: str
+    backend: Backend
+    stats: StatisticsReporter
+
+    @property
+    def max_batch_size(self) -> int:
+        return int(self.config.max_batch_size)
+
+    @property
+    def decoupled(self) -> bool:
+        return bool(self.config.model_transaction_policy.decoupled)
+
+    def parameter(self, key: str, default: str | None = None) -> str | None:
+        """A ``parameters { key: ... value: { string_value: ... } }`` entry of the config."""
+        if key in self.config.parameters:
+            return str(self.config.parameters[key].string_value)
+        return default
+
+    def metric_family(self, name: str, description: str, kind: str = "counter") -> MetricFamily:
+        return self.stats.metric_family(name, description, kind)
+
+
+class ModelInstance(_Level):
+    """TRITONBACKEND_ModelInstance: runs batches; one per worker process."""
+
+    name: str
+    #: "CPU", "GPU" or "MODEL"
+    kind: str
+    device_id: int
+    #: index of this instance within the model (0..count-1 over all instance groups)
+    index: int
+    host_policy: str
+    secondary_devices: list[dict[str, Any]]
+    model: Model
+
+    def execute(self, requests: list[Request]) -> list[Response] | None:
+        """Answer every request exactly once.
+
+        Return one Response per request (in order), or answer through
+        ``request.response_sender()`` and return None.  An exception here fails the whole
+        batch with its message; a per-request problem should be a ``Response.from_error``.
+        """
+        raise NotImplementedError
+
+    def report_statistics(
+        self, request: Request, success: bool, exec_start: int, compute_start: int,
+        compute_end: int, exec_end: int,
+    ) -> None:
+        """TRITONBACKEND_ModelInstanceReportStatistics (monotonic ns timestamps)."""
+        self.model.stats.report_request(
+            request, success, exec_start, compute_start, compute_end, exec_end
+        )
+
+    def report_batch_statistics(
+        self, batch_size: int, exec_start: int, compute_start: int, compute_end: int,
+        exec_end: int,
+    ) -> None:
+        """TRITONBACKEND_ModelInstanceReportBatchStatistics."""
+        self.model.stats.report_batch(batch_size, exec_start, compute_start, compute_end, exec_end)
+
+
+def batch_size_of(request: Request, supports_batching: bool) -> int:
+    """Batch size a request contributes: its first dimension when the model batches, else 1."""
+    if not supports_batching or not request.inputs:
+        return 1
+    first = next(iter(request.inputs.values()))
+    return first.shape[0] if first.shape else 1
+
+
+def iter_responses(requests: Sequence[Request], result: Any) -> Iterator[tuple[Request, Any]]:
+    """Pair execute()'s returned list with its requests, checking the count."""
+    if len(result) != len(requests):
+        raise internal(
+            f"execute() returned {len(result)} responses for {len(requests)} requests"
+        )
+    return zip(requests, result, strict=True)

@@ -1,0 +1,149 @@
+"""Run a backend in this process, without a broker: for backend authors' unit tests.
+
+    with BackendHarness("identity", CONFIG_PBTXT) as h:
+        out = h.infer({"INPUT0": np.arange(4, dtype=np.int32)})
+
+The harness runs the real lifecycle host (the same contract checks as a worker) over
+ordinary process memory instead of shared memory.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from typing import Any
+
+import numpy as np
+from google.protobuf import json_format, text_format
+from tritonclient.grpc import model_config_pb2
+
+from backends.api import InputTensor, Request, RequestedOutput, Response
+from client import wire
+from client.errors import InferpoolError
+
+
+class HeapMemory:
+    """OutputMemory over private bytearrays (shared memory is the worker's business)."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[int, bytearray] = {}
+        self._next = 0
+
+    def allocate(self, output: RequestedOutput | None, nbytes: int) -> tuple[str, int, Any]:
+        self._next += 1
+        self._buffers[self._next] = buf = bytearray(nbytes)
+        return "heap", self._next, buf
+
+    def release(self, region: str, offset: int) -> None:
+        self._buffers.pop(offset, None)
+
+    def read(self, offset: int) -> bytearray:
+        return self._buffers[offset]
+
+
+class BackendHarness(AbstractContextManager["BackendHarness"]):
+    """Load ``backend`` for a model configured by ``config_pbtxt`` and send it requests."""
+
+    def __init__(
+        self,
+        backend: str,
+        config_pbtxt: str,
+        *,
+        repository_path: str = "",
+        version: int = 1,
+        instance: dict[str, Any] | None = None,
+        backend_directory: str = "",
+    ) -> None:
+        from workers.host import BackendHost  # the harness drives the worker's own host
+
+        config = text_format.Parse(config_pbtxt, model_config_pb2.ModelConfig())
+        self.config = config
+        self.memory = HeapMemory()
+        self.responses: list[tuple[Request, Response | None, bool]] = []
+        self.host = BackendHost(
+            backend_name=backend,
+            model_name=config.name or "model",
+            model_version=version,
+            config_json=json_format.MessageToJson(config, preserving_proto_field_name=True),
+            repository_path=repository_path,
+            artifact_path=os.path.join(repository_path, str(version)) if repository_path else "",
+            instance=instance or {"name": f"{config.name or 'model'}_0_0", "kind": "CPU"},
+            backend_directory=backend_directory,
+        )
+        self.host.load()
+        self._next_id = 0
+
+    def request(
+        self,
+        inputs: dict[str, Any],
+        outputs: list[str] | None = None,
+        *,
+        parameters: dict[str, Any] | None = None,
+        correlation_id: int | str = 0,
+        flags: int = 0,
+    ) -> Request:
+        """Build a request whose inputs are (read-only) numpy arrays."""
+        self._next_id += 1
+        tensors = {}
+        for name, value in inputs.items():
+            arr = wire.as_array(value)
+            datatype = wire.datatype_of(arr.dtype)
+            if datatype != "BYTES":
+                arr = arr.copy()
+                arr.flags.writeable = False
+                nbytes = arr.nbytes
+            else:
+                nbytes = wire.serialized_bytes_size(arr.reshape(-1))
+            tensors[name] = InputTensor(name, datatype, tuple(arr.shape), arr, nbytes)
+        wanted = outputs if outputs is not None else [o.name for o in self.config.output]
+        return Request(
+            id=str(self._next_id),
+            inputs=tensors,
+            requested_outputs={n: RequestedOutput(n) for n in wanted},
+            memory=self.memory,
+            emit=self._emit,
+            correlation_id=correlation_id,
+            flags=flags,
+            parameters=parameters,
+            decoupled=self.host.decoupled,
+        )
+
+    def _emit(self, request: Request, response: Response | None, final: bool) -> None:
+        self.responses.append((request, response, final))
+
+    def execute(self, requests: list[Request]) -> list[tuple[Request, Response | None, bool]]:
+        """Run one batch; returns every (request, response, final) the backend emitted."""
+        start = len(self.responses)
+        self.host.execute(requests)
+        return self.responses[start:]
+
+    def infer(self, inputs: dict[str, Any], outputs: list[str] | None = None, **kw: Any) -> dict[str, np.ndarray]:
+        """One request, one response: its outputs as numpy arrays (errors raise)."""
+        [(_, response, _final)] = self.execute([self.request(inputs, outputs, **kw)])
+        assert response is not None
+        return self.outputs_of(response)
+
+    def outputs_of(self, response: Response) -> dict[str, np.ndarray]:
+        if response.error is not None:
+            raise response.error
+        return {
+            name: wire.array_from_buffer(
+                self.memory.read(out.offset), out.datatype, out.shape, f"output '{name}'"
+            )
+            for name, out in response.outputs.items()
+        }
+
+    def stream(self, inputs: dict[str, Any], **kw: Any) -> Iterator[Response]:
+        for _, response, _final in self.execute([self.request(inputs, **kw)]):
+            if response is not None:
+                yield response
+
+    def close(self) -> None:
+        self.host.close()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["BackendHarness", "HeapMemory", "InferpoolError"]

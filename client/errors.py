@@ -1,0 +1,92 @@
+"""The one error type of inferpool, with Triton's error codes.
+
+Every failure that crosses a process boundary (worker -> broker -> client) travels as
+``{"code": ..., "message": ...}`` and comes back out as the same typed exception, never
+as a traceback string.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+
+class Code(str, enum.Enum):
+    """Triton's TRITONSERVER_Error codes plus TIMEOUT."""
+
+    UNKNOWN = "UNKNOWN"
+    INTERNAL = "INTERNAL"
+    NOT_FOUND = "NOT_FOUND"
+    INVALID_ARG = "INVALID_ARG"
+    UNAVAILABLE = "UNAVAILABLE"
+    UNSUPPORTED = "UNSUPPORTED"
+    ALREADY_EXISTS = "ALREADY_EXISTS"
+    CANCELLED = "CANCELLED"
+    TIMEOUT = "TIMEOUT"
+
+
+class InferpoolError(Exception):
+    """An error with a Triton code; ``str(err)`` reads like Triton's ``Code: message``."""
+
+    def __init__(self, code: Code | str, message: str) -> None:
+        try:
+            self.code = Code(code)
+        except ValueError:
+            self.code = Code.UNKNOWN
+        self.message = message
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        return f"{self.code.value}: {self.message}"
+
+    def __repr__(self) -> str:
+        return f"InferpoolError({self.code.value!r}, {self.message!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, InferpoolError)
+            and self.code == other.code
+            and self.message == other.message
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.code, self.message))
+
+    def to_wire(self) -> dict[str, str]:
+        return {"code": self.code.value, "message": self.message}
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> InferpoolError:
+        if not isinstance(obj, dict):
+            return cls(Code.INTERNAL, f"malformed error object: {obj!r}")
+        return cls(str(obj.get("code", "UNKNOWN")), str(obj.get("message", "")))
+
+    @classmethod
+    def wrap(cls, exc: BaseException, code: Code = Code.INTERNAL, prefix: str = "") -> InferpoolError:
+        """An InferpoolError for any exception, keeping its code if it already has one."""
+        if isinstance(exc, InferpoolError):
+            if not prefix:
+                return exc
+            return cls(exc.code, prefix + exc.message)
+        detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        return cls(code, prefix + detail)
+
+
+def invalid_arg(message: str) -> InferpoolError:
+    return InferpoolError(Code.INVALID_ARG, message)
+
+
+def not_found(message: str) -> InferpoolError:
+    return InferpoolError(Code.NOT_FOUND, message)
+
+
+def unavailable(message: str) -> InferpoolError:
+    return InferpoolError(Code.UNAVAILABLE, message)
+
+
+def unsupported(message: str) -> InferpoolError:
+    return InferpoolError(Code.UNSUPPORTED, message)
+
+
+def internal(message: str) -> InferpoolError:
+    return InferpoolError(Code.INTERNAL, message)

@@ -1,0 +1,136 @@
+"""The arena: a region carved into slots by a best-fit allocator with coalescing.
+
+A region is created once; requests take and return slots, never mapping or unlinking
+anything.  Best fit keeps reusing the same recently-freed, already-faulted pages for a
+steady stream of same-sized requests.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from shm.region import Region
+
+ALIGN = 64  # cache line; also satisfies every numpy/torch dtype
+
+
+class ArenaFull(MemoryError):
+    """No free block is large enough right now."""
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """A block of an arena: where it lives and how many bytes the caller asked for."""
+
+    region: str
+    offset: int
+    nbytes: int
+
+
+def _round_up(n: int, align: int) -> int:
+    return (n + align - 1) // align * align
+
+
+class Allocator:
+    """Offsets only, no memory: best-fit over free blocks kept by size, merged on free."""
+
+    def __init__(self, size: int, align: int = ALIGN) -> None:
+        if size <= 0:
+            raise ValueError("allocator size must be positive")
+        self.size = size - size % align
+        self.align = align
+        self._by_start: dict[int, int] = {0: self.size}  # free block start -> size
+        self._by_end: dict[int, int] = {self.size: 0}  # free block end -> start
+        self._sizes: list[tuple[int, int]] = [(self.size, 0)]  # sorted (size, start)
+        self._used: dict[int, int] = {}  # allocated start -> rounded size
+        self.free_bytes = self.size
+
+    def alloc(self, nbytes: int) -> int:
+        """Offset of a block of at least ``nbytes`` (at least one ALIGN unit); ArenaFull if none."""
+        need = _round_up(max(nbytes, 1), self.align)
+        i = bisect.bisect_left(self._sizes, (need, -1))
+        if i == len(self._sizes):
+            raise ArenaFull(
+                f"no free block of {need} bytes ({self.free_bytes} of {self.size} bytes free, "
+                f"largest block {self.largest_free()})"
+            )
+        size, start = self._sizes.pop(i)
+        del self._by_start[start]
+        del self._by_end[start + size]
+        if size > need:
+            self._insert(start + need, size - need)
+        self._used[start] = need
+        self.free_bytes -= need
+        return start
+
+    def free(self, offset: int) -> None:
+        """Return a block; ValueError for an offset that is not allocated (double free)."""
+        try:
+            size = self._used.pop(offset)
+        except KeyError:
+            raise ValueError(f"offset {offset} is not an allocated block") from None
+        self.free_bytes += size
+        start, end = offset, offset + size
+        before = self._by_end.get(start)
+        if before is not None:  # merge with the free block that ends where this one starts
+            self._remove(before, start - before)
+            start = before
+        after = self._by_start.get(end)
+        if after is not None:  # and with the one that starts where this one ends
+            self._remove(end, after)
+            end += after
+        self._insert(start, end - start)
+
+    def size_of(self, offset: int) -> int | None:
+        return self._used.get(offset)
+
+    def largest_free(self) -> int:
+        return self._sizes[-1][0] if self._sizes else 0
+
+    @property
+    def used_blocks(self) -> int:
+        return len(self._used)
+
+    def _insert(self, start: int, size: int) -> None:
+        self._by_start[start] = size
+        self._by_end[start + size] = start
+        bisect.insort(self._sizes, (size, start))
+
+    def _remove(self, start: int, size: int) -> None:
+        del self._by_start[start]
+        del self._by_end[start + size]
+        i = bisect.bisect_left(self._sizes, (size, start))
+        del self._sizes[i]
+
+
+class Arena:
+    """A region plus its allocator: hands out Slots whose memory is a view of the region."""
+
+    def __init__(self, region: Region, align: int = ALIGN) -> None:
+        self.region = region
+        self.allocator = Allocator(region.size, align)
+
+    @property
+    def name(self) -> str:
+        return self.region.name
+
+    @property
+    def free_bytes(self) -> int:
+        return self.allocator.free_bytes
+
+    @property
+    def size(self) -> int:
+        return self.allocator.size
+
+    def alloc(self, nbytes: int) -> Slot:
+        return Slot(self.region.name, self.allocator.alloc(nbytes), nbytes)
+
+    def free(self, slot: Slot) -> None:
+        self.allocator.free(slot.offset)
+
+    def view(self, slot: Slot) -> memoryview:
+        return self.region.view(slot.offset, slot.nbytes)
+
+    def destroy(self) -> None:
+        self.region.destroy()

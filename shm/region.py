@@ -1,0 +1,159 @@
+"""One POSIX shared-memory region: created once, mapped once per process, unlinked by its owner.
+
+Creation follows CPython's ``shared_memory`` discipline: if anything fails after the name
+exists, the name is unlinked before the error propagates, so a failed start leaks nothing.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from typing import Any
+
+import posix_ipc
+
+_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
+_PAGE = mmap.PAGESIZE
+
+
+class Region:
+    """A mapped POSIX shared-memory object.
+
+    ``name`` is the POSIX name without the leading slash, which is also the file name in
+    /dev/shm.  Only creators unlink; attachers just close their mapping.
+    """
+
+    def __init__(self, name: str, mapping: mmap.mmap, size: int, owner: bool, readonly: bool):
+        self.name = name
+        self.size = size
+        self.owner = owner
+        self.readonly = readonly
+        self._map: mmap.mmap | None = mapping
+        self.buf: memoryview = memoryview(mapping)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def create(cls, name: str, size: int, *, prefault: bool = True, mode: int = 0o600) -> Region:
+        """Create ``name`` exclusively (mode 0600 by default) and map it read-write."""
+        if size <= 0:
+            raise ValueError(f"region size must be positive, got {size}")
+        shm = posix_ipc.SharedMemory("/" + name, posix_ipc.O_CREX, mode=mode, size=size)
+        try:
+            try:
+                mapping = mmap.mmap(shm.fd, size)
+            finally:
+                shm.close_fd()
+            if prefault:
+                _prefault(mapping, size)
+            return cls(name, mapping, size, owner=True, readonly=False)
+        except BaseException:
+            posix_ipc.unlink_shared_memory("/" + name)
+            raise
+
+    @classmethod
+    def attach(cls, name: str, *, readonly: bool = False, populate: bool = False) -> Region:
+        """Map an existing region; ``populate`` fills the page tables now instead of on touch."""
+        flags = posix_ipc.O_RDONLY if readonly else 0
+        shm = posix_ipc.SharedMemory("/" + name, flags, read_only=readonly)
+        try:
+            size = shm.size
+            if size <= 0:
+                raise ValueError(f"shared-memory region {name!r} is empty")
+            mflags = mmap.MAP_SHARED | (mmap.MAP_POPULATE if populate else 0)
+            prot = mmap.PROT_READ | (0 if readonly else mmap.PROT_WRITE)
+            mapping = mmap.mmap(shm.fd, size, flags=mflags, prot=prot)
+        finally:
+            shm.close_fd()
+        return cls(name, mapping, size, owner=False, readonly=readonly)
+
+    # ------------------------------------------------------------------ access
+    def view(self, offset: int, nbytes: int) -> memoryview:
+        """A zero-copy window; raises ValueError when it does not fit in the region."""
+        if offset < 0 or nbytes < 0 or offset + nbytes > self.size:
+            raise ValueError(
+                f"[{offset}, {offset + nbytes}) is outside region {self.name!r} of {self.size} bytes"
+            )
+        return self.buf[offset : offset + nbytes]
+
+    @property
+    def closed(self) -> bool:
+        return self._map is None
+
+    def close(self) -> None:
+        """Drop this process's mapping.  Views still alive keep it until they are released."""
+        if self._map is None:
+            return
+        self.buf.release()
+        try:
+            self._map.close()
+        except BufferError:
+            pass  # numpy views still reference it; the mapping goes when they do
+        self._map = None
+
+    def unlink(self) -> None:
+        """Remove the name (owner only); mappings elsewhere stay valid until closed."""
+        try:
+            posix_ipc.unlink_shared_memory("/" + self.name)
+        except posix_ipc.ExistentialError:
+            pass
+
+    def destroy(self) -> None:
+        self.close()
+        if self.owner:
+            self.unlink()
+
+    def __repr__(self) -> str:
+        return f"Region({self.name!r}, size={self.size}, owner={self.owner})"
+
+    def __enter__(self) -> Region:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.destroy()
+
+
+def _prefault(mapping: mmap.mmap, size: int) -> None:
+    """Allocate every page now, so the request path never takes a first-touch fault."""
+    try:
+        mapping.madvise(_MADV_POPULATE_WRITE, 0, size)
+    except OSError:
+        view = memoryview(mapping)
+        for off in range(0, size, _PAGE):
+            view[off] = 0
+        view.release()
+
+
+class RegionCache:
+    """Map each region once per process and keep it: no mmap on the request path."""
+
+    def __init__(self, *, readonly: bool = False, populate: bool = False) -> None:
+        self._regions: dict[str, Region] = {}
+        self._readonly = readonly
+        self._populate = populate
+
+    def get(self, name: str) -> Region:
+        region = self._regions.get(name)
+        if region is None:
+            region = Region.attach(name, readonly=self._readonly, populate=self._populate)
+            self._regions[name] = region
+        return region
+
+    def add(self, region: Region) -> None:
+        self._regions[region.name] = region
+
+    def drop(self, name: str) -> None:
+        region = self._regions.pop(name, None)
+        if region is not None:
+            region.close()
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._regions
+
+    def close(self) -> None:
+        for region in self._regions.values():
+            region.close()
+        self._regions.clear()
+
+
+def exists(name: str) -> bool:
+    return os.path.exists(os.path.join("/dev/shm", name))

@@ -1,0 +1,115 @@
+"""Run naming and the start-up sweep of regions that a dead run left behind.
+
+Every region of a broker run is named ``inferpool-<run>-<tag>``.  The run holds an exclusive
+``flock`` on its lock object ``inferpool-<run>-lock`` for as long as it lives; the kernel drops
+that lock when the process dies, however it dies.  A sweep therefore unlinks exactly the
+regions whose run no longer holds its lock, and never touches a live run's regions.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import secrets
+from collections import defaultdict
+
+import posix_ipc
+
+PREFIX = "inferpool-"
+SHM_DIR = "/dev/shm"
+_NAME = re.compile(r"^inferpool-([0-9a-f]{10})-(.+)$")
+
+
+def new_run_id() -> str:
+    return secrets.token_hex(5)
+
+
+def region_name(run_id: str, tag: str) -> str:
+    return f"{PREFIX}{run_id}-{tag}"
+
+
+def run_of(name: str) -> str | None:
+    m = _NAME.match(name)
+    return m.group(1) if m else None
+
+
+class RunLock:
+    """The liveness token of one run: an flock held on a 0600 shm object until release."""
+
+    def __init__(self, run_id: str | None = None) -> None:
+        self.run_id = run_id or new_run_id()
+        self.name = region_name(self.run_id, "lock")
+        self._fd: int | None = os.open(
+            os.path.join(SHM_DIR, self.name), os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC, 0o600
+        )
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BaseException:
+            os.close(self._fd)
+            os.unlink(os.path.join(SHM_DIR, self.name))
+            raise
+
+    def release(self) -> None:
+        """Unlink the lock object and drop the lock (call after the run's regions are gone)."""
+        if self._fd is None:
+            return
+        try:
+            os.unlink(os.path.join(SHM_DIR, self.name))
+        except FileNotFoundError:
+            pass
+        os.close(self._fd)
+        self._fd = None
+
+
+def _run_is_alive(run_id: str) -> bool:
+    path = os.path.join(SHM_DIR, region_name(run_id, "lock"))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False  # a run without its lock is dead or finishing its own cleanup
+    except PermissionError:
+        return True  # another user's run: not ours to judge
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def sweep_dead_runs(shm_dir: str = SHM_DIR) -> list[str]:
+    """Unlink every ``inferpool-`` region whose run is dead; return the names removed."""
+    by_run: dict[str, list[str]] = defaultdict(list)
+    try:
+        entries = os.listdir(shm_dir)
+    except FileNotFoundError:
+        return []
+    for entry in entries:
+        run = run_of(entry)
+        if run is not None:
+            by_run[run].append(entry)
+    removed: list[str] = []
+    for run, names in by_run.items():
+        if _run_is_alive(run):
+            continue
+        lock = region_name(run, "lock")
+        for name in sorted(names, key=lambda n: n == lock):  # the lock goes last
+            try:
+                if name == lock:
+                    os.unlink(os.path.join(shm_dir, name))
+                else:
+                    posix_ipc.unlink_shared_memory("/" + name)
+                removed.append(name)
+            except (FileNotFoundError, posix_ipc.ExistentialError, PermissionError):
+                pass
+    return removed
+
+
+def regions_of_run(run_id: str, shm_dir: str = SHM_DIR) -> list[str]:
+    prefix = f"{PREFIX}{run_id}-"
+    try:
+        return sorted(e for e in os.listdir(shm_dir) if e.startswith(prefix))
+    except FileNotFoundError:
+        return []

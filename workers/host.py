@@ -1,0 +1,251 @@
+"""The backend host: runs one backend's lifecycle in this worker and enforces its contract.
+
+Levels initialize in order (backend, model, instance) inside a ``contextlib.ExitStack``, so
+finalizers run in reverse for exactly the levels that succeeded.  ``execute`` makes sure
+every request is answered exactly once, whatever the backend does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2
+
+from backends.api import (
+    Backend,
+    Metric,
+    MetricFamily,
+    Model,
+    ModelInstance,
+    Request,
+    Response,
+    iter_responses,
+    now_ns,
+)
+from backends.loader import find_backend
+from client.errors import Code, InferpoolError, internal
+
+API_VERSION = (1, 0)
+log = logging.getLogger("inferpool.worker")
+
+
+@dataclass
+class Timing:
+    """Per-request statistics in Triton's terms (monotonic ns)."""
+
+    success: bool
+    exec_start: int
+    compute_start: int
+    compute_end: int
+    exec_end: int
+
+
+@dataclass
+class StatsCollector:
+    """Collects what backends report (statistics, custom metrics) until the worker sends it."""
+
+    timings: dict[int, Timing] = field(default_factory=dict)  # keyed by id(request)
+    batches: list[tuple[int, int, int, int, int]] = field(default_factory=list)
+    families: list[dict[str, str]] = field(default_factory=list)
+    metric_ops: list[list[Any]] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # StatisticsReporter
+    def report_request(
+        self, request: Request, success: bool, exec_start: int, compute_start: int,
+        compute_end: int, exec_end: int, compute_output_end: int | None = None,
+    ) -> None:
+        self.timings[id(request)] = Timing(success, exec_start, compute_start, compute_end, exec_end)
+
+    def report_batch(
+        self, batch_size: int, exec_start: int, compute_start: int, compute_end: int,
+        exec_end: int,
+    ) -> None:
+        self.batches.append((batch_size, exec_start, compute_start, compute_end, exec_end))
+
+    def metric_family(self, name: str, description: str, kind: str) -> MetricFamily:
+        family = MetricFamily(name, description, kind, self)
+        with self._lock:
+            self.families.append({"name": name, "description": description, "kind": kind})
+        return family
+
+    # MetricSink
+    def record(self, metric: Metric, op: str, value: float) -> None:
+        with self._lock:
+            self.metric_ops.append([metric.family, metric.labels, op, value])
+
+    def drain_metrics(self) -> dict[str, Any]:
+        with self._lock:
+            out: dict[str, Any] = {}
+            if self.families:
+                out["families"], self.families = self.families, []
+            if self.metric_ops:
+                out["ops"], self.metric_ops = self.metric_ops, []
+            return out
+
+
+class BackendHost:
+    """One backend, one model, one instance: the levels a worker process hosts."""
+
+    def __init__(
+        self,
+        *,
+        backend_name: str,
+        model_name: str,
+        model_version: int,
+        config_json: str,
+        repository_path: str,
+        artifact_path: str,
+        instance: dict[str, Any],
+        backend_directory: str = "",
+        backend_config: dict[str, str] | None = None,
+    ) -> None:
+        self.backend_name = backend_name
+        self.model_name = model_name
+        self.model_version = model_version
+        self.config = json_format.Parse(config_json, model_config_pb2.ModelConfig())
+        self.repository_path = repository_path
+        self.artifact_path = artifact_path
+        self.instance_info = instance
+        self.backend_directory = backend_directory
+        self.backend_config = backend_config or {}
+        self.stats = StatsCollector()
+        self.backend: Backend | None = None
+        self.model: Model | None = None
+        self.instance: ModelInstance | None = None
+        self._stack = contextlib.ExitStack()
+
+    @property
+    def decoupled(self) -> bool:
+        return bool(self.config.model_transaction_policy.decoupled)
+
+    # ------------------------------------------------------------------ lifecycle
+    def load(self) -> None:
+        """Initialize the three levels; on failure finalize what did initialize and raise."""
+        label = f"model '{self.model_name}' version {self.model_version}"
+        try:
+            found = find_backend(
+                self.backend_name, self.repository_path, self.artifact_path, self.backend_directory
+            )
+            cls = found.backend_class
+            major, minor = cls.api_version
+            if major != API_VERSION[0] or minor > API_VERSION[1]:
+                raise InferpoolError(
+                    Code.UNSUPPORTED,
+                    f"backend '{self.backend_name}' needs API {major}.{minor}; "
+                    f"inferpool provides {API_VERSION[0]}.{API_VERSION[1]}",
+                )
+            backend = cls()
+            backend.name = self.backend_name
+            backend.config = dict(self.backend_config)
+            backend.log = logging.getLogger(f"inferpool.backend.{self.backend_name}")
+            self._enter(backend, "TRITONBACKEND_Initialize (Backend.initialize)")
+            self.backend = backend
+
+            model = cls.model_class()
+            model.name = self.model_name
+            model.version = self.model_version
+            model.config = self.config
+            model.config_dict = json_format.MessageToDict(
+                self.config, preserving_proto_field_name=True
+            )
+            model.repository_path = self.repository_path
+            model.artifact_path = self.artifact_path
+            model.backend = backend
+            model.stats = self.stats
+            model.log = logging.getLogger(f"inferpool.model.{self.model_name}")
+            self._enter(model, "TRITONBACKEND_ModelInitialize (Model.initialize)")
+            self.model = model
+
+            info = self.instance_info
+            inst = cls.instance_class()
+            inst.name = info["name"]
+            inst.kind = info.get("kind", "CPU")
+            inst.device_id = int(info.get("device_id", 0))
+            inst.index = int(info.get("index", 0))
+            inst.host_policy = info.get("host_policy", "")
+            inst.secondary_devices = list(info.get("secondary_devices", []))
+            inst.model = model
+            inst.log = logging.getLogger(f"inferpool.instance.{inst.name}")
+            self._enter(inst, "TRITONBACKEND_ModelInstanceInitialize (ModelInstance.initialize)")
+            self.instance = inst
+        except InferpoolError as err:
+            self.close()
+            raise InferpoolError(err.code, f"failed to load {label}: {err.message}") from None
+
+    def _enter(self, level: Any, hook: str) -> None:
+        try:
+            level.initialize()
+        except Exception as exc:
+            raise InferpoolError.wrap(exc, Code.INTERNAL, f"{hook} failed: ") from exc
+        self._stack.callback(self._finalize, level, hook.split(" ")[0].replace("Initialize", "Finalize"))
+
+    @staticmethod
+    def _finalize(level: Any, hook: str) -> None:
+        try:
+            level.finalize()
+        except Exception:
+            log.exception("%s raised; continuing with the remaining finalizers", hook)
+
+    def close(self) -> None:
+        """Run the finalizers of every level that initialized, in reverse order."""
+        self._stack.close()
+        self.instance = self.model = self.backend = None
+
+    # ------------------------------------------------------------------ execution
+    def execute(self, requests: list[Request]) -> None:
+        """Run one batch; afterwards every request is answered or owned by its sender.
+
+        A raising backend fails the requests it had not answered yet; the worker carries on.
+        """
+        assert self.instance is not None, "execute before load"
+        try:
+            result = self.instance.execute(requests)
+            if result is not None:
+                for request, response in iter_responses(requests, result):
+                    self._send_returned(request, response)
+        except Exception as exc:
+            err = InferpoolError.wrap(exc, Code.INTERNAL)
+            log.error("execute of %s failed: %s", self.model_name, err)
+            for request in requests:
+                request.fail(err)
+            return
+        for request in requests:
+            if request.answered or (request.sender_taken and request.decoupled):
+                continue
+            request.fail(
+                internal(
+                    f"backend '{self.backend_name}' did not send a final response for "
+                    f"request '{request.id}' of model '{self.model_name}'"
+                ),
+            )
+
+    def _send_returned(self, request: Request, response: Any) -> None:
+        if request.answered:
+            if isinstance(response, Response):
+                response.discard()
+            log.error("backend '%s' returned a response for an answered request", self.backend_name)
+            return
+        if isinstance(response, Response):
+            request.response_sender().send(response, final=True)
+        elif isinstance(response, BaseException):
+            request.fail(InferpoolError.wrap(response))
+        else:
+            request.fail(
+                internal(
+                    f"backend '{self.backend_name}' returned {type(response).__name__} "
+                    "instead of a Response"
+                ),
+            )
+
+    def timing_of(self, request: Request) -> Timing | None:
+        return self.stats.timings.pop(id(request), None)
+
+    def take_batches(self) -> list[tuple[int, int, int, int, int]]:
+        batches, self.stats.batches = self.stats.batches, []
+        return batches
