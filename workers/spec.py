@@ -41,6 +41,7 @@ class PinningSpec:
 
 @dataclass
 class WorkerSpec:
+    run_id: str  # the broker run: every region of it is named inferpool-<run_id>-...
     endpoint: str  # the broker's worker-facing ROUTER endpoint
     identity: str  # zmq routing id: "<slot>.<generation>"
     model_name: str
