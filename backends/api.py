@@ -210,8 +210,10 @@ class Request:
         decoupled: bool = False,
         priority: int = 0,
         timeout_us: int = 0,
+        handle: Any = None,
     ) -> None:
         self.id = id
+        self.handle = handle  # opaque to backends: the worker's key for routing the answer
         self.inputs = inputs
         self.requested_outputs = requested_outputs
         self.correlation_id = correlation_id

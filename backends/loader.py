@@ -26,9 +26,6 @@ from client.errors import Code, InferpoolError
 BUILTIN = ("identity", "python", "pytorch")
 ENTRY_POINT_GROUP = "inferpool.backends"
 
-# Triton platforms that name a backend.
-PLATFORM_BACKENDS = {"pytorch_libtorch": "pytorch"}
-
 
 @dataclass(frozen=True)
 class Found:

@@ -54,7 +54,7 @@ class WorkerSpec:
     instance: InstanceSpec
     pinning: PinningSpec = field(default_factory=PinningSpec)
     backend_directory: str = ""
-    backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
+    backend_config: dict[str, str] = field(default_factory=dict)  # this backend's settings
     heartbeat_ms: int = 1000
     log_level: str = "INFO"
 

@@ -1,0 +1,279 @@
+"""Admission: check an infer request against its model and place its inputs in the arena.
+
+Everything a backend could trip over is caught here, before any worker sees the request,
+with Triton's wording.  A frame-borne input costs exactly one copy (frame -> arena slot);
+if anything fails after a slot was taken, every slot is returned before the error leaves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from broker.models import ModelVersion
+from client.errors import Code, InferpoolError, invalid_arg
+from shm.arena import Arena, ArenaFull, Slot
+
+FLAG_SEQUENCE_START = 1
+FLAG_SEQUENCE_END = 2
+_BROKER_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end", "priority", "timeout")
+
+
+@dataclass(slots=True, eq=False)
+class PendingRequest:
+    """An admitted request, from admission until its final response."""
+
+    rid: int
+    envelope: list[Any]  # zmq routing frames of the client
+    client_id: Any  # the request's own "id", echoed in every response
+    model: ModelVersion
+    work: dict[str, Any]  # what the worker receives for this request
+    slots: list[Slot]  # arena slots to return when the request ends
+    outputs: dict[str, dict[str, Any]]  # requested output -> the client's output parameters
+    batch_size: int
+    received_ns: int
+    deadline_ns: int = 0  # queue timeout; 0: none
+    dispatched_ns: int = 0
+    worker: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class SharedMemoryInputs(Protocol):
+    """Resolves inputs that name a client-registered shared-memory region."""
+
+    def resolve_input(
+        self, client: bytes, name: str, params: dict[str, Any], nbytes: int | None
+    ) -> tuple[str, int, int]:
+        """(region, offset, byte size) of the input's bytes, or an InferpoolError."""
+        ...
+
+    def resolve_output(self, client: bytes, name: str, params: dict[str, Any]) -> Any:
+        """The worker-side target of an output written into a client region, or None."""
+        ...
+
+
+def _shape_str(shape: Any) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def admit(
+    header: dict[str, Any],
+    frames: list[Any],
+    model: ModelVersion,
+    arena: Arena,
+    *,
+    rid: int,
+    envelope: list[Any],
+    client: bytes,
+    limit: int,
+    now_ns: int,
+    shm: SharedMemoryInputs | None,
+) -> PendingRequest:
+    """Validate ``header``/``frames`` for ``model``; returns the request with inputs placed."""
+    name = model.name
+    inputs = header.get("inputs")
+    if not isinstance(inputs, list):
+        raise invalid_arg(f"inference request for model '{name}' has no 'inputs' list")
+    total = 0
+    for f in frames:
+        total += len(f)
+    if total > limit:
+        raise invalid_arg(
+            f"request of {total} bytes for model '{name}' exceeds the server limit of "
+            f"{limit} bytes (--max-request-bytes / --arena-size)"
+        )
+    work_inputs: list[list[Any]] = []
+    slots: list[Slot] = []
+    seen: set[str] = set()
+    batch = 0
+    mbs = model.max_batch_size
+    next_frame = 0
+    try:
+        for i, inp in enumerate(inputs):
+            if not isinstance(inp, dict):
+                raise invalid_arg(f"inputs[{i}] of the request must be an object")
+            iname = inp.get("name")
+            spec = model.inputs.get(iname) if isinstance(iname, str) else None
+            if spec is None:
+                raise invalid_arg(f"unexpected inference input '{iname}' for model '{name}'")
+            if iname in seen:
+                raise invalid_arg(f"input '{iname}' is given more than once for model '{name}'")
+            seen.add(iname)
+            datatype = inp.get("datatype")
+            if datatype != spec.datatype:
+                raise invalid_arg(
+                    f"inference input '{iname}' data-type is '{datatype}', but model '{name}' "
+                    f"expects '{spec.datatype}'"
+                )
+            shape = _shape(inp.get("shape"), iname)
+            if mbs > 0:
+                if not shape or shape[0] < 1:
+                    raise invalid_arg(
+                        f"input '{iname}' for model '{name}' needs the batch dimension first: "
+                        f"expected shape [-1{''.join(',' + str(d) for d in spec.dims)}], got "
+                        f"{_shape_str(shape)}"
+                    )
+                if shape[0] > mbs:
+                    raise invalid_arg(
+                        f"inference request batch-size must be <= {mbs} for '{name}'"
+                    )
+                if batch and shape[0] != batch:
+                    raise invalid_arg(
+                        f"input '{iname}' batch size {shape[0]} does not match the other inputs' "
+                        f"batch size {batch} for model '{name}'"
+                    )
+                batch = shape[0]
+                inner = shape[1:]
+            else:
+                inner = shape
+            if not spec.matches(inner):
+                expected = ([-1] if mbs > 0 else []) + list(spec.dims)
+                raise invalid_arg(
+                    f"unexpected shape for input '{iname}' for model '{name}'. Expected "
+                    f"{_shape_str(expected)}, got {_shape_str(shape)}"
+                )
+            expected_bytes = spec.itemsize * _count(shape) if spec.itemsize else None
+            params = inp.get("parameters")
+            if params and "shared_memory_region" in params:
+                if shm is None:
+                    raise InferpoolError(
+                        Code.UNSUPPORTED, "shared-memory inputs are not enabled on this server"
+                    )
+                region, offset, nbytes = shm.resolve_input(client, iname, params, expected_bytes)
+                work_inputs.append([iname, datatype, shape, region, offset, nbytes])
+                continue
+            if next_frame >= len(frames):
+                raise invalid_arg(
+                    f"input '{iname}' for model '{name}' has no data: each input needs a tensor "
+                    f"frame (or shared_memory_region parameters); {len(frames)} frame(s) sent"
+                )
+            frame = frames[next_frame]
+            next_frame += 1
+            nbytes = len(frame)
+            if expected_bytes is not None and nbytes != expected_bytes:
+                raise invalid_arg(
+                    f"input byte size mismatch for input '{iname}' for model '{name}'. "
+                    f"Expected {expected_bytes}, got {nbytes}"
+                )
+            try:
+                slot = arena.alloc(nbytes)
+            except ArenaFull as exc:
+                raise InferpoolError(
+                    Code.UNAVAILABLE,
+                    f"input '{iname}' ({nbytes} bytes) does not fit in the shared-memory arena "
+                    f"right now ({exc}); retry, or start the server with a larger --arena-size",
+                ) from None
+            slots.append(slot)
+            if nbytes:
+                arena.region.buf[slot.offset : slot.offset + nbytes] = frame.buffer
+            work_inputs.append([iname, datatype, shape, slot.region, slot.offset, nbytes])
+        if next_frame != len(frames):
+            raise invalid_arg(
+                f"request for model '{name}' sent {len(frames)} tensor frame(s) but its inputs "
+                f"use {next_frame}"
+            )
+        missing = model.required - seen
+        if missing:
+            raise invalid_arg(
+                f"expected {len(model.required)} inputs but got {len(seen)} inputs for model "
+                f"'{name}'. Got input(s) {sorted(seen)}, but missing required input(s) "
+                f"{sorted(missing)}. Please provide all required input(s)."
+            )
+        outputs, work_outputs = _outputs(header.get("outputs"), model, client, shm)
+        parameters = header.get("parameters") or {}
+        if not isinstance(parameters, dict):
+            raise invalid_arg("request 'parameters' must be an object")
+        corr, flags, timeout_us = _sequence_and_timeout(parameters, model)
+    except BaseException:
+        for slot in slots:
+            arena.free(slot)
+        raise
+    client_id = header.get("id", "")
+    work = {
+        "rid": rid,
+        "id": str(client_id),
+        "corr": corr,
+        "flags": flags,
+        "params": {k: v for k, v in parameters.items() if k not in _BROKER_PARAMETERS},
+        "inputs": work_inputs,
+        "outputs": work_outputs,
+    }
+    return PendingRequest(
+        rid=rid,
+        envelope=envelope,
+        client_id=client_id,
+        model=model,
+        work=work,
+        slots=slots,
+        outputs=outputs,
+        batch_size=batch or 1,
+        received_ns=now_ns,
+        deadline_ns=now_ns + timeout_us * 1000 if timeout_us > 0 else 0,
+    )
+
+
+def _shape(raw: Any, name: str) -> tuple[int, ...]:
+    if not isinstance(raw, list) or not all(
+        type(d) is int and d >= 0 for d in raw  # noqa: E721 - bool is not a dimension
+    ):
+        raise invalid_arg(f"input '{name}': shape must be a list of non-negative integers, got {raw!r}")
+    return tuple(raw)
+
+
+def _count(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _outputs(
+    raw: Any, model: ModelVersion, client: bytes, shm: SharedMemoryInputs | None
+) -> tuple[dict[str, dict[str, Any]], list[list[Any]]]:
+    if not raw:
+        return {n: {} for n in model.all_outputs}, [[n, None] for n in model.all_outputs]
+    if not isinstance(raw, list):
+        raise invalid_arg("request 'outputs' must be a list")
+    outputs: dict[str, dict[str, Any]] = {}
+    work: list[list[Any]] = []
+    for i, out in enumerate(raw):
+        oname = out.get("name") if isinstance(out, dict) else None
+        if oname not in model.outputs:
+            raise invalid_arg(f"unexpected inference output '{oname}' for model '{model.name}'")
+        if oname in outputs:
+            raise invalid_arg(f"output '{oname}' is requested more than once (outputs[{i}])")
+        params = out.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise invalid_arg(f"parameters of output '{oname}' must be an object")
+        target = None
+        if "shared_memory_region" in params:
+            if shm is None:
+                raise InferpoolError(
+                    Code.UNSUPPORTED, "shared-memory outputs are not enabled on this server"
+                )
+            target = shm.resolve_output(client, oname, params)
+        outputs[oname] = params
+        work.append([oname, target])
+    return outputs, work
+
+
+def _sequence_and_timeout(params: dict[str, Any], model: ModelVersion) -> tuple[Any, int, int]:
+    corr = params.get("sequence_id", 0)
+    if not isinstance(corr, int | str) or isinstance(corr, bool):
+        raise invalid_arg(f"sequence_id must be an integer or a string, got {corr!r}")
+    flags = 0
+    for key, flag in (("sequence_start", FLAG_SEQUENCE_START), ("sequence_end", FLAG_SEQUENCE_END)):
+        value = params.get(key, False)
+        if not isinstance(value, bool):
+            raise invalid_arg(f"{key} must be a boolean, got {value!r}")
+        if value:
+            flags |= flag
+    if flags and not corr:
+        raise invalid_arg(
+            f"inference request to model '{model.name}' must specify a non-zero or non-empty "
+            "correlation ID (sequence_id) with sequence_start/sequence_end"
+        )
+    timeout = params.get("timeout", 0)
+    if not isinstance(timeout, int) or isinstance(timeout, bool) or timeout < 0:
+        raise invalid_arg(f"timeout must be a non-negative integer (microseconds), got {timeout!r}")
+    return corr, flags, timeout

@@ -1,0 +1,152 @@
+"""Model configuration: config.pbtxt parsed with Triton's real schema, completed and checked.
+
+Only what the broker itself relies on is validated here (names, datatypes, dims, batching,
+backend resolution); backend-specific rules belong to the backend's Model.initialize().
+Every error names the model, the file and what to do about it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from google.protobuf import json_format, text_format
+from tritonclient.grpc import model_config_pb2 as pb
+
+from client import wire
+from client.errors import Code, InferpoolError
+
+CONFIG_FILE = "config.pbtxt"
+
+# Triton platforms whose backend is implied by the platform name.
+PLATFORM_BACKENDS = {"pytorch_libtorch": "pytorch"}
+
+
+def config_error(model: str, path: str, problem: str, fix: str = "") -> InferpoolError:
+    text = f"model '{model}' ({path}): {problem}"
+    return InferpoolError(Code.INVALID_ARG, f"{text}. {fix}" if fix else text)
+
+
+def load_config(model_dir: str) -> pb.ModelConfig:
+    """Parse, complete and validate ``<model_dir>/config.pbtxt``."""
+    model = os.path.basename(os.path.normpath(model_dir))
+    path = os.path.join(model_dir, CONFIG_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise InferpoolError(
+            Code.INVALID_ARG,
+            f"model '{model}' has no configuration: {path} does not exist. Create it with at "
+            f"least name: \"{model}\" and a backend (for example backend: \"identity\")",
+        ) from None
+    except OSError as exc:
+        raise config_error(model, path, f"cannot read it ({exc.strerror})") from None
+    try:
+        config = text_format.Parse(text, pb.ModelConfig())
+    except text_format.ParseError as exc:
+        raise config_error(
+            model, path, f"not a valid model configuration: {exc}",
+            "The file uses Triton's protobuf text format (model_config.proto)",
+        ) from None
+    complete(config, model, path)
+    validate(config, model, path)
+    return config
+
+
+def complete(config: pb.ModelConfig, model: str, path: str) -> None:
+    """Fill the defaults Triton fills: name, backend from platform, version policy, instances."""
+    if not config.name:
+        config.name = model
+    elif config.name != model:
+        raise config_error(
+            model, path,
+            f"the configuration names the model '{config.name}' but its directory is '{model}'",
+            "Make name match the directory name",
+        )
+    if not config.backend:
+        implied = PLATFORM_BACKENDS.get(config.platform)
+        if implied is None:
+            raise config_error(
+                model, path,
+                f"Could not determine backend for model '{model}' with no backend in model "
+                "configuration",
+                'Add a backend line to config.pbtxt, for example backend: "identity" (or '
+                'backend: "python" with a model.py, or platform: "pytorch_libtorch")',
+            )
+        config.backend = implied
+    if not config.HasField("version_policy"):
+        config.version_policy.latest.num_versions = 1
+    if not config.instance_group:
+        config.instance_group.add(count=1, kind=pb.ModelInstanceGroup.KIND_AUTO)
+    for group in config.instance_group:
+        if group.count == 0:  # proto3 cannot tell unset from 0: Triton's default is 1
+            group.count = 1
+
+
+def validate(config: pb.ModelConfig, model: str, path: str) -> None:
+    if config.max_batch_size < 0:
+        raise config_error(model, path, f"max_batch_size must be >= 0, got {config.max_batch_size}")
+    for kind, tensors in (("input", config.input), ("output", config.output)):
+        seen: set[str] = set()
+        for t in tensors:
+            if not t.name:
+                raise config_error(model, path, f"an {kind} has no name")
+            if t.name in seen:
+                raise config_error(model, path, f"{kind} '{t.name}' is declared twice")
+            seen.add(t.name)
+            if t.data_type == pb.TYPE_INVALID:
+                raise config_error(model, path, f"{kind} '{t.name}' has no data_type")
+            datatype = wire.config_to_wire_datatype(pb.DataType.Name(t.data_type))
+            if datatype not in wire.DATATYPES:
+                raise config_error(
+                    model, path, f"{kind} '{t.name}' has unsupported data_type "
+                    f"{pb.DataType.Name(t.data_type)}",
+                )
+            if any(d < -1 or d == 0 for d in t.dims):
+                raise config_error(
+                    model, path,
+                    f"{kind} '{t.name}' has invalid dims {list(t.dims)}: each must be -1 or > 0",
+                )
+            if t.HasField("reshape") and _fixed_elements(t.reshape.shape) != _fixed_elements(t.dims):
+                raise config_error(
+                    model, path,
+                    f"{kind} '{t.name}' reshape {list(t.reshape.shape)} does not hold the same "
+                    f"number of elements as dims {list(t.dims)}",
+                )
+    dyn = config.dynamic_batching
+    if config.HasField("dynamic_batching"):
+        for size in dyn.preferred_batch_size:
+            if config.max_batch_size and size > config.max_batch_size:
+                raise config_error(
+                    model, path,
+                    f"dynamic_batching preferred_batch_size {size} exceeds max_batch_size "
+                    f"{config.max_batch_size}",
+                )
+    for group in config.instance_group:
+        if group.count < 1:
+            raise config_error(
+                model, path, f"instance_group '{group.name}' has count {group.count}; need >= 1"
+            )
+
+
+def _fixed_elements(dims: Any) -> int | None:
+    """Element count of a shape, or None when it has variable dimensions."""
+    n = 1
+    for d in dims:
+        if d < 0:
+            return None
+        n *= d
+    return n
+
+
+def wire_datatype(data_type: int) -> str:
+    return wire.config_to_wire_datatype(pb.DataType.Name(data_type))
+
+
+def to_json(config: pb.ModelConfig) -> str:
+    return json_format.MessageToJson(config, preserving_proto_field_name=True, indent=None)
+
+
+def to_dict(config: pb.ModelConfig) -> dict[str, Any]:
+    return json_format.MessageToDict(config, preserving_proto_field_name=True)

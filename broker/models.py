@@ -1,0 +1,189 @@
+"""Served models: one ModelVersion per loaded version, with its I/O contract and state.
+
+The I/O tables are computed once at load so that checking a request is a few dict lookups.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from tritonclient.grpc import model_config_pb2 as pb
+
+from broker.config import to_dict, wire_datatype
+from broker.stats import ModelStats
+from client import wire
+from client.errors import Code, InferpoolError
+
+if TYPE_CHECKING:
+    from broker.scheduler import Scheduler
+    from broker.supervisor import WorkerHandle
+
+
+class State(str, enum.Enum):
+    LOADING = "LOADING"
+    READY = "READY"
+    UNLOADING = "UNLOADING"
+    UNAVAILABLE = "UNAVAILABLE"
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    name: str
+    datatype: str
+    dims: tuple[int, ...]  # without the batch dimension
+    optional: bool = False
+    itemsize: int = 0  # 0 for BYTES
+    variable: bool = False  # any -1 in dims
+
+    def matches(self, shape: tuple[int, ...]) -> bool:
+        if len(shape) != len(self.dims):
+            return False
+        if not self.variable:
+            return shape == self.dims
+        return all(d == -1 or d == s for d, s in zip(self.dims, shape, strict=True))
+
+
+def _spec(t: Any, optional: bool = False) -> TensorSpec:
+    datatype = wire_datatype(t.data_type)
+    dims = tuple(int(d) for d in t.dims)
+    return TensorSpec(
+        t.name, datatype, dims, optional, wire.element_size(datatype), any(d < 0 for d in dims)
+    )
+
+
+class ModelVersion:
+    """One version of one model: config, I/O contract, state, instances, queue, statistics."""
+
+    def __init__(self, name: str, version: int, config: pb.ModelConfig, path: str) -> None:
+        self.name = name
+        self.version = version
+        self.config = config
+        self.path = path
+        self.state = State.LOADING
+        self.reason = ""
+        self.max_batch_size = int(config.max_batch_size)
+        self.decoupled = bool(config.model_transaction_policy.decoupled)
+        self.inputs = {t.name: _spec(t, t.optional) for t in config.input}
+        self.outputs = {t.name: _spec(t) for t in config.output}
+        self.required = frozenset(n for n, t in self.inputs.items() if not t.optional)
+        self.all_outputs = tuple(self.outputs)
+        self.stats = ModelStats()
+        self.instances: list[WorkerHandle] = []
+        self.scheduler: Scheduler | None = None
+        self.version_str = str(version)
+
+    @property
+    def label(self) -> str:
+        return f"'{self.name}' version {self.version}"
+
+    def set_state(self, state: State, reason: str = "") -> None:
+        self.state = state
+        self.reason = reason
+
+    def metadata(self) -> dict[str, Any]:
+        batch = [-1] if self.max_batch_size > 0 else []
+
+        def tensors(specs: dict[str, TensorSpec]) -> list[dict[str, Any]]:
+            return [
+                {"name": s.name, "datatype": s.datatype, "shape": [*batch, *s.dims]}
+                for s in specs.values()
+            ]
+
+        return {
+            "name": self.name,
+            "platform": self.config.platform or self.config.backend,
+            "backend": self.config.backend,
+            "inputs": tensors(self.inputs),
+            "outputs": tensors(self.outputs),
+        }
+
+    def config_dict(self) -> dict[str, Any]:
+        return to_dict(self.config)
+
+
+@dataclass
+class ModelRecord:
+    """Everything known about one model name: its versions and, if unloadable, why."""
+
+    name: str
+    versions: dict[int, ModelVersion] = field(default_factory=dict)
+    error: InferpoolError | None = None  # the whole model failed before any version existed
+
+    def ready_versions(self) -> list[ModelVersion]:
+        return [v for _, v in sorted(self.versions.items()) if v.state is State.READY]
+
+
+class Registry:
+    """Model name -> record; resolves the (name, version) of a request."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, ModelRecord] = {}
+
+    def resolve(self, name: Any, version: Any) -> ModelVersion:
+        """The ModelVersion a request names, or the error Triton gives."""
+        if not isinstance(name, str) or not name:
+            raise InferpoolError(Code.INVALID_ARG, "request has no model_name")
+        record = self.records.get(name)
+        if record is None:
+            raise InferpoolError(Code.NOT_FOUND, f"Request for unknown model: '{name}' is not found")
+        if version in ("", None, 0, -1, "-1"):
+            ready = record.ready_versions()
+            if not ready:
+                raise InferpoolError(
+                    Code.UNAVAILABLE,
+                    f"Request for unknown model: '{name}' has no available versions"
+                    + _why(record),
+                )
+            return ready[-1]
+        try:
+            number = int(version)
+        except (TypeError, ValueError):
+            raise InferpoolError(
+                Code.INVALID_ARG, f"model_version must be a version number, got {version!r}"
+            ) from None
+        mv = record.versions.get(number)
+        if mv is None:
+            raise InferpoolError(
+                Code.NOT_FOUND,
+                f"Request for unknown model: '{name}' version {number} is not found",
+            )
+        if mv.state is not State.READY:
+            detail = f": {mv.reason}" if mv.reason else ""
+            raise InferpoolError(
+                Code.UNAVAILABLE,
+                f"Request for unknown model: '{name}' version {number} is not at ready state"
+                f" ({mv.state.value}{detail})",
+            )
+        return mv
+
+    def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        for name in sorted(self.records):
+            record = self.records[name]
+            if record.error is not None and not record.versions:
+                if not ready_only:
+                    rows.append(
+                        {"name": name, "version": "", "state": State.UNAVAILABLE.value,
+                         "reason": str(record.error)}
+                    )
+                continue
+            for version, mv in sorted(record.versions.items()):
+                if ready_only and mv.state is not State.READY:
+                    continue
+                rows.append(
+                    {"name": name, "version": str(version), "state": mv.state.value,
+                     "reason": mv.reason}
+                )
+        return rows
+
+    def all_versions(self) -> list[ModelVersion]:
+        return [mv for r in self.records.values() for mv in r.versions.values()]
+
+
+def _why(record: ModelRecord) -> str:
+    if record.error is not None:
+        return f" ({record.error})"
+    reasons = [f"version {v}: {mv.reason}" for v, mv in sorted(record.versions.items()) if mv.reason]
+    return f" ({'; '.join(reasons)})" if reasons else ""

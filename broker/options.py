@@ -1,0 +1,51 @@
+"""Server options: everything `inferpool serve` can be told, with the defaults it uses."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+MiB = 1 << 20
+DEFAULT_TCP = "tcp://127.0.0.1:8710"
+
+
+def default_run_dir() -> str:
+    base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
+    return os.path.join(base, f"inferpool-{os.getuid()}")
+
+
+def default_ipc_endpoint() -> str:
+    return f"ipc://{os.path.join(default_run_dir(), 'broker.sock')}"
+
+
+@dataclass
+class ServerOptions:
+    model_repository: str
+    listen: list[str] = field(default_factory=lambda: [default_ipc_endpoint(), DEFAULT_TCP])
+    run_dir: str = field(default_factory=default_run_dir)
+    # shared memory
+    arena_size: int = 256 * MiB
+    output_arena_size: int = 256 * MiB
+    max_request_bytes: int = 256 * MiB
+    prefault: bool = True
+    # models
+    model_control_mode: str = "none"  # "none" or "explicit"
+    load_models: list[str] = field(default_factory=list)
+    strict_readiness: bool = True
+    backend_directory: str = ""
+    backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
+    # workers
+    host_policies: list[str] = field(default_factory=list)
+    pin: bool = True
+    boot_timeout: float = 120.0
+    execute_timeout: float = 0.0  # 0: no limit
+    graceful_timeout: float = 30.0
+    max_restarts: int = 5  # crashes within restart_window before an instance is FAILED
+    restart_window: float = 60.0
+    heartbeat_ms: int = 1000
+    log_level: str = "INFO"
+    metrics_port: int = 0  # 0: no Prometheus endpoint
+
+    @property
+    def request_limit(self) -> int:
+        return min(self.max_request_bytes, self.arena_size)

@@ -1,0 +1,85 @@
+"""The broker's side of the workers' output arenas.
+
+Each worker generation gets its own output region, created here (only the broker creates
+regions).  The worker allocates inside it; every slot it reports is held here until the
+client has its bytes (frame sent) or releases its handle.  A region whose worker is gone is
+retired and unlinked as soon as nothing holds a slot of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from shm.region import Region
+from shm.runs import region_name
+
+
+@dataclass
+class OutputRegion:
+    region: Region
+    owner: Any  # the WorkerHandle allocating in it; None once retired
+    held: int = 0
+    pending_frees: list[list[Any]] = field(default_factory=list)
+
+
+class OutputRegions:
+    def __init__(self, run_id: str, size: int, prefault: bool) -> None:
+        self.run_id = run_id
+        self.size = size
+        self.prefault = prefault
+        self._regions: dict[str, OutputRegion] = {}
+
+    def create(self, tag: str, owner: Any) -> str:
+        name = region_name(self.run_id, tag)
+        self._regions[name] = OutputRegion(Region.create(name, self.size, prefault=self.prefault), owner)
+        return name
+
+    def view(self, name: str, offset: int, nbytes: int) -> memoryview:
+        return self._regions[name].region.view(offset, nbytes)
+
+    def hold(self, name: str) -> None:
+        self._regions[name].held += 1
+
+    def free(self, name: str, offset: int) -> None:
+        """A slot is done with: queue it back to its worker, or finish a retired region."""
+        entry = self._regions.get(name)
+        if entry is None:
+            return
+        entry.held -= 1
+        if entry.owner is not None:
+            entry.pending_frees.append([name, offset])
+        elif entry.held <= 0:
+            self._destroy(name)
+
+    def take_frees(self, name: str) -> list[list[Any]]:
+        entry = self._regions.get(name)
+        if entry is None or not entry.pending_frees:
+            return []
+        frees, entry.pending_frees = entry.pending_frees, []
+        return frees
+
+    def pending_count(self, name: str) -> int:
+        entry = self._regions.get(name)
+        return len(entry.pending_frees) if entry else 0
+
+    def retire(self, name: str) -> None:
+        """The owner is gone: unlink now if nothing is held, else when the last slot is freed."""
+        entry = self._regions.get(name)
+        if entry is None:
+            return
+        entry.owner = None
+        entry.pending_frees.clear()
+        if entry.held <= 0:
+            self._destroy(name)
+
+    def _destroy(self, name: str) -> None:
+        entry = self._regions.pop(name)
+        entry.region.destroy()
+
+    def close(self) -> None:
+        for name in list(self._regions):
+            self._destroy(name)
+
+    def __len__(self) -> int:
+        return len(self._regions)

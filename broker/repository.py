@@ -1,0 +1,98 @@
+"""The model repository: Triton's layout, scanned into what should be loaded.
+
+``<repo>/<model>/config.pbtxt`` plus numeric version directories ``<repo>/<model>/<n>/``;
+the config's ``version_policy`` (latest / all / specific) picks the versions to load.
+A model that cannot be loaded is still listed, UNAVAILABLE with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from tritonclient.grpc import model_config_pb2 as pb
+
+from broker.config import load_config
+from client.errors import Code, InferpoolError
+
+
+@dataclass
+class ModelEntry:
+    """A model directory as found on disk: its config and the versions to serve."""
+
+    name: str
+    path: str
+    config: pb.ModelConfig | None = None
+    versions: list[int] = field(default_factory=list)
+    error: InferpoolError | None = None
+    mtime: float = 0.0
+
+
+def list_models(repository: str) -> list[str]:
+    """Directory names of the repository that look like models (hidden entries skipped)."""
+    try:
+        entries = sorted(os.listdir(repository))
+    except FileNotFoundError:
+        raise InferpoolError(
+            Code.NOT_FOUND, f"model repository {repository} does not exist"
+        ) from None
+    return [
+        e for e in entries
+        if not e.startswith((".", "_")) and os.path.isdir(os.path.join(repository, e))
+    ]
+
+
+def available_versions(model_dir: str) -> list[int]:
+    out = []
+    for entry in os.listdir(model_dir):
+        if entry.isdigit() and os.path.isdir(os.path.join(model_dir, entry)) and int(entry) > 0:
+            out.append(int(entry))
+    return sorted(out)
+
+
+def select_versions(config: pb.ModelConfig, available: list[int]) -> list[int]:
+    """Apply the version policy to the version directories present."""
+    policy = config.version_policy
+    which = policy.WhichOneof("policy_choice")
+    if which == "all":
+        return list(available)
+    if which == "specific":
+        return sorted(v for v in set(policy.specific.versions) if v in available)
+    n = policy.latest.num_versions or 1
+    return available[-n:]
+
+
+def scan_model(repository: str, name: str) -> ModelEntry:
+    """Read one model directory; errors are recorded on the entry, never raised."""
+    path = os.path.join(repository, name)
+    entry = ModelEntry(name=name, path=path)
+    try:
+        entry.mtime = _newest_mtime(path)
+        entry.config = load_config(path)
+        entry.versions = select_versions(entry.config, available_versions(path))
+        if not entry.versions:
+            raise InferpoolError(
+                Code.INVALID_ARG,
+                f"failed to load model '{name}': at least one version must be available under "
+                f"the version policy of model '{name}'. Create a version directory such as "
+                f"{os.path.join(path, '1')}/ (versions are positive integers)",
+            )
+    except InferpoolError as err:
+        entry.error = err
+    return entry
+
+
+def scan(repository: str) -> dict[str, ModelEntry]:
+    return {name: scan_model(repository, name) for name in list_models(repository)}
+
+
+def _newest_mtime(path: str) -> float:
+    """Newest modification time under a model directory: changed files mean reload."""
+    newest = os.stat(path).st_mtime
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                newest = max(newest, os.stat(os.path.join(root, f)).st_mtime)
+            except FileNotFoundError:
+                pass
+    return newest

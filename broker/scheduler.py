@@ -1,0 +1,110 @@
+"""Scheduling one model version onto its instances: the default and the dynamic batcher.
+
+Each instance has at most one batch in flight (as Triton's backend threads), so requests
+wait here, where queue time is measured and batches can form.  Without ``dynamic_batching``
+a batch is one request; with it, queued requests are grouped up to ``max_batch_size``,
+waiting at most ``max_queue_delay_microseconds`` for a preferred size.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from broker.admission import PendingRequest
+from broker.models import ModelVersion
+from client.errors import Code, InferpoolError
+
+Dispatch = Callable[[Any, list[PendingRequest]], None]
+Reject = Callable[[PendingRequest, InferpoolError], None]
+
+
+class Scheduler:
+    def __init__(self, model: ModelVersion, dispatch: Dispatch, reject: Reject) -> None:
+        self.model = model
+        self.dispatch = dispatch
+        self.reject = reject
+        self.queue: deque[PendingRequest] = deque()
+        self.idle: deque[Any] = deque()
+        cfg = model.config
+        self.batching = cfg.HasField("dynamic_batching") and model.max_batch_size > 0
+        dyn = cfg.dynamic_batching
+        self.delay_ns = int(dyn.max_queue_delay_microseconds) * 1000 if self.batching else 0
+        preferred = sorted(int(s) for s in dyn.preferred_batch_size) if self.batching else []
+        self.target = preferred[-1] if preferred else model.max_batch_size
+        self.has_deadlines = False
+
+    # ------------------------------------------------------------------ instances
+    def instance_idle(self, worker: Any, now_ns: int) -> int | None:
+        self.idle.append(worker)
+        return self.pump(now_ns)
+
+    def instance_gone(self, worker: Any) -> None:
+        try:
+            self.idle.remove(worker)
+        except ValueError:
+            pass
+
+    # ------------------------------------------------------------------ requests
+    def enqueue(self, req: PendingRequest, now_ns: int) -> int | None:
+        self.queue.append(req)
+        if req.deadline_ns:
+            self.has_deadlines = True
+        return self.pump(now_ns)
+
+    def pump(self, now_ns: int) -> int | None:
+        """Dispatch what can go now; returns the ns time of the next batching decision."""
+        while self.queue and self.idle:
+            batch = self._take(now_ns)
+            if batch is None:
+                return self.queue[0].received_ns + self.delay_ns
+            worker = self.idle.popleft()
+            self.dispatch(worker, batch)
+        return None
+
+    def _take(self, now_ns: int) -> list[PendingRequest] | None:
+        queue = self.queue
+        if not self.batching:
+            return [queue.popleft()]
+        total = 0
+        count = 0
+        limit = self.model.max_batch_size
+        for req in queue:
+            if total + req.batch_size > limit:
+                break
+            total += req.batch_size
+            count += 1
+        count = max(count, 1)
+        if (
+            total < self.target
+            and count == len(queue)
+            and self.delay_ns
+            and now_ns - queue[0].received_ns < self.delay_ns
+        ):
+            return None  # wait a little longer for a fuller batch
+        return [queue.popleft() for _ in range(count)]
+
+    def expire(self, now_ns: int) -> None:
+        """Answer TIMEOUT to queued requests whose queue timeout has passed."""
+        if not self.has_deadlines:
+            return
+        keep: deque[PendingRequest] = deque()
+        for req in self.queue:
+            if req.deadline_ns and now_ns >= req.deadline_ns:
+                self.reject(
+                    req,
+                    InferpoolError(
+                        Code.TIMEOUT,
+                        f"request timeout expired: request for model '{self.model.name}' waited "
+                        "in the queue longer than its timeout",
+                    ),
+                )
+            else:
+                keep.append(req)
+        self.queue = keep
+        self.has_deadlines = any(r.deadline_ns for r in keep)
+
+    def drain(self, error: InferpoolError) -> None:
+        while self.queue:
+            self.reject(self.queue.popleft(), error)

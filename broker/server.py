@@ -1,0 +1,344 @@
+"""The broker process: sockets, the one event loop, start-up and orderly shutdown.
+
+As gunicorn's arbiter: signal handlers only record the signal and write to a wakeup fd
+that the same ``zmq.Poller`` watches, so requests, worker results, child exits and
+signals are all handled by one loop, one at a time.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import signal
+import socket
+import time
+from typing import Any
+
+import orjson
+import posix_ipc
+import zmq
+
+from broker import repository
+from broker.admission import SharedMemoryInputs
+from broker.frontend import Frontend
+from broker.manager import Manager
+from broker.models import Registry, State
+from broker.notify import sd_notify
+from broker.options import ServerOptions
+from broker.outputs import OutputRegions
+from broker.responder import Responder
+from broker.supervisor import Supervisor
+from client.errors import Code, InferpoolError
+from shm.arena import Arena
+from shm.region import Region
+from shm.runs import RunLock, region_name, regions_of_run, sweep_dead_runs
+
+log = logging.getLogger("inferpool.broker")
+HOUSEKEEPING_S = 0.05
+DRAIN_BATCH = 256
+
+
+class Broker:
+    def __init__(self, options: ServerOptions) -> None:
+        self.options = options
+        self.stopping = False
+        self.started = False
+        self.shm_inputs: SharedMemoryInputs | None = None
+        self.extra_extensions: list[str] = []
+        self._signals: list[int] = []
+        self._stop_deadline = 0.0
+        self._workers_stopping = False
+        self._closed = False
+        self._bound_ipc: list[str] = []
+        self.on_started: Any = None  # called once every initial model has settled
+
+    # ================================================================== start-up
+    def start(self) -> None:
+        """Sweep dead runs, create this run's regions and sockets, start loading models."""
+        opts = self.options
+        swept = sweep_dead_runs()
+        if swept:
+            log.warning("removed %d shared-memory region(s) left by dead runs", len(swept))
+        os.makedirs(opts.run_dir, mode=0o700, exist_ok=True)
+        self.run_lock = RunLock()
+        self.run_id = self.run_lock.run_id
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self) -> None:
+        opts = self.options
+        self.arena = Arena(
+            Region.create(region_name(self.run_id, "arena"), opts.arena_size, prefault=opts.prefault)
+        )
+        self.outputs = OutputRegions(self.run_id, opts.output_arena_size, opts.prefault)
+        self.ctx = zmq.Context()
+        self.frontend = self.ctx.socket(zmq.ROUTER)
+        self.frontend.setsockopt(zmq.LINGER, 0)
+        self.frontend.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        for endpoint in opts.listen:
+            self._bind(endpoint)
+        self.backend = self.ctx.socket(zmq.ROUTER)
+        self.backend.setsockopt(zmq.LINGER, 0)
+        self.worker_endpoint = f"ipc://{os.path.join(opts.run_dir, self.run_id + '.workers')}"
+        self.backend.bind(self.worker_endpoint)
+        self.responder = Responder(self.frontend, self.outputs)
+        self.registry = Registry()
+        self.manager = Manager(
+            opts, self.registry, self.arena, self.outputs, self.responder, self.backend
+        )
+        self.supervisor = Supervisor(opts, self.run_id, self.worker_endpoint, self.outputs, self.manager)
+        self.manager.supervisor = self.supervisor
+        self.frontend_handler = Frontend(self)
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(sig, self._on_signal)
+        names = self._initial_models()
+        self._pending_start = set(names)
+        for name in names:
+            self.manager.load(name, self._start_waiter(name))
+        self._maybe_started()
+
+    def _bind(self, endpoint: str) -> None:
+        if endpoint.startswith("ipc://"):
+            path = endpoint[len("ipc://"):]
+            os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+            if _unix_socket_in_use(path):
+                raise InferpoolError(
+                    Code.UNAVAILABLE, f"cannot listen on {endpoint}: another server is using it"
+                )
+        try:
+            self.frontend.bind(endpoint)
+        except zmq.ZMQError as exc:
+            raise InferpoolError(Code.UNAVAILABLE, f"cannot listen on {endpoint}: {exc}") from None
+        if endpoint.startswith("ipc://"):
+            self._bound_ipc.append(endpoint[len("ipc://"):])
+        log.info("listening on %s", endpoint)
+
+    def _initial_models(self) -> list[str]:
+        opts = self.options
+        available = repository.list_models(opts.model_repository)
+        if opts.model_control_mode != "explicit":
+            return available
+        if "*" in opts.load_models:
+            return available
+        return list(opts.load_models)
+
+    def _start_waiter(self, name: str) -> Any:
+        def done(err: InferpoolError | None) -> None:
+            self._pending_start.discard(name)
+            self._maybe_started()
+
+        return done
+
+    def _maybe_started(self) -> None:
+        if self.started or self._pending_start:
+            return
+        self.started = True
+        rows = self.registry.index()
+        ready = sum(1 for r in rows if r["state"] == State.READY.value)
+        log.info("started: %d of %d model version(s) READY", ready, len(rows))
+        for r in rows:
+            if r["state"] != State.READY.value:
+                log.error("model '%s' version %s is %s: %s", r["name"], r["version"], r["state"], r["reason"])
+        sd_notify("READY=1\nSTATUS=serving")
+        if self.on_started is not None:
+            self.on_started(self)
+
+    def ready(self) -> bool:
+        if not self.started or self.stopping:
+            return False
+        if not self.options.strict_readiness:
+            return True
+        return all(r["state"] == State.READY.value for r in self.registry.index())
+
+    # ================================================================== the loop
+    def run(self) -> int:
+        poller = zmq.Poller()
+        poller.register(self.frontend, zmq.POLLIN)
+        poller.register(self.backend, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        next_housekeeping = 0.0
+        try:
+            while True:
+                now = time.monotonic()
+                timeout = max(0.0, next_housekeeping - now)
+                wake_ns = self.manager.tick(time.monotonic_ns()) if self.manager.wakes else None
+                if wake_ns is not None:
+                    timeout = min(timeout, max(0.0, (wake_ns - time.monotonic_ns()) / 1e9))
+                if self.responder.poll():
+                    timeout = min(timeout, 0.001)
+                events = dict(poller.poll(int(timeout * 1000) + (1 if timeout > 0 else 0)))
+                if self.backend in events:
+                    self._drain_backend()
+                if self.frontend in events:
+                    self._drain_frontend()
+                if self._wake_r.fileno() in events or self._signals:
+                    self._handle_signals()
+                now = time.monotonic()
+                if now >= next_housekeeping:
+                    self._housekeeping(now)
+                    next_housekeeping = now + HOUSEKEEPING_S
+                if self.stopping and self._shutdown_step(now):
+                    return 0
+        finally:
+            self.close()
+
+    def _drain_frontend(self) -> None:
+        handle = self.frontend_handler.handle
+        for _ in range(DRAIN_BATCH):
+            try:
+                frames = self.frontend.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            handle(frames)
+
+    def _drain_backend(self) -> None:
+        by_identity = self.supervisor.by_identity
+        manager = self.manager
+        for _ in range(DRAIN_BATCH):
+            try:
+                identity, payload = self.backend.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            except ValueError:
+                continue  # not [identity, payload]: not one of our workers
+            handle = by_identity.get(identity)
+            if handle is None:
+                continue  # a previous generation's last words
+            try:
+                msg = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                log.error("worker %s sent an unreadable message", handle.name)
+                continue
+            manager.worker_message(handle, msg)
+
+    def _housekeeping(self, now: float) -> None:
+        self.supervisor.reap()
+        self.supervisor.tick(now)
+        self.manager.tick(time.monotonic_ns())
+        self.manager.flush_frees()
+
+    # ================================================================== signals
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._signals.append(signum)
+
+    def _handle_signals(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+        signals, self._signals = self._signals, []
+        for signum in signals:
+            if signum == signal.SIGCHLD:
+                self.supervisor.reap()
+            elif signum in (signal.SIGTERM, signal.SIGINT):
+                self.begin_shutdown(f"received {signal.Signals(signum).name}")
+            elif signum == signal.SIGHUP:
+                self.reload()
+
+    def reload(self) -> None:
+        """Reload the repository: new models load, removed ones unload, changed ones reload."""
+        if self.options.model_control_mode == "explicit":
+            log.info("SIGHUP ignored: models are controlled explicitly")
+            return
+        log.info("SIGHUP: reloading the model repository")
+        on_disk = set(repository.list_models(self.options.model_repository))
+        for name in sorted(set(self.registry.records) - on_disk):
+            self.manager.unload(name)
+        for name in sorted(on_disk):
+            self.manager.load(name)
+
+    # ================================================================== shutdown
+    def begin_shutdown(self, why: str) -> None:
+        if self.stopping:
+            return
+        log.info("shutting down (%s): finishing in-flight requests", why)
+        sd_notify("STOPPING=1")
+        self.stopping = True
+        self._stop_deadline = time.monotonic() + self.options.graceful_timeout
+
+    def _shutdown_step(self, now: float) -> bool:
+        """Advance the shutdown; True once every worker has stopped."""
+        manager = self.manager
+        if not self._workers_stopping:
+            if manager.inflight and now < self._stop_deadline:
+                return False
+            err = InferpoolError(Code.UNAVAILABLE, "the server shut down before the request finished")
+            for req in list(manager.inflight.values()):
+                manager.reject(req, err)
+            for handle in list(self.supervisor.handles.values()):
+                self.supervisor.stop(handle, manager.send_worker)
+            self._workers_stopping = True
+        self.supervisor.reap()
+        return not self.supervisor.alive()
+
+    def close(self) -> None:
+        """Release everything this run created; safe to call more than once."""
+        if self._closed:
+            return
+        self._closed = True
+        supervisor = getattr(self, "supervisor", None)
+        if supervisor is not None:
+            supervisor.kill_all()
+        for name in ("frontend", "backend"):
+            sock = getattr(self, name, None)
+            if sock is not None:
+                sock.close(0)
+        ctx = getattr(self, "ctx", None)
+        if ctx is not None:
+            ctx.term()
+        if hasattr(self, "_wake_r"):
+            signal.set_wakeup_fd(-1)
+            self._wake_r.close()
+            self._wake_w.close()
+        outputs = getattr(self, "outputs", None)
+        if outputs is not None:
+            outputs.close()
+        arena = getattr(self, "arena", None)
+        if arena is not None:
+            arena.destroy()
+        for name in regions_of_run(self.run_id) if hasattr(self, "run_id") else []:
+            if not name.endswith("-lock"):
+                _unlink(name)  # anything a worker created under this run (e.g. shared weights)
+        if hasattr(self, "run_lock"):
+            self.run_lock.release()
+        for path in self._bound_ipc:
+            _remove(path)
+        if hasattr(self, "worker_endpoint"):
+            _remove(self.worker_endpoint[len("ipc://"):])
+        sd_notify("STATUS=stopped")
+
+
+def _unlink(name: str) -> None:
+    try:
+        posix_ipc.unlink_shared_memory("/" + name)
+    except posix_ipc.ExistentialError:
+        pass
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _unix_socket_in_use(path: str) -> bool:
+    if not os.path.exists(path):
+        return False
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError as exc:
+        return exc.errno not in (errno.ECONNREFUSED, errno.ENOENT)
+    finally:
+        probe.close()
+    return True

@@ -1,0 +1,121 @@
+"""Per-model statistics in the shape of Triton's statistics extension, plus custom metrics."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int, n: int = 1) -> None:
+        self.count += n
+        self.ns += ns
+
+    def to_dict(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass
+class BatchStats:
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+
+
+@dataclass
+class ModelStats:
+    """TRITONSERVER model statistics for one model version."""
+
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    queue: Duration = field(default_factory=Duration)
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+    inference_count: int = 0
+    execution_count: int = 0
+    last_inference_ms: int = 0
+    batches: dict[int, BatchStats] = field(default_factory=dict)
+
+    def request_done(
+        self, success: bool, total_ns: int, batch_size: int, timing: list[int] | None
+    ) -> None:
+        """One request finished: ``timing`` is [compute_input, compute_infer, compute_output] ns."""
+        self.last_inference_ms = int(time.time() * 1000)
+        if not success:
+            self.fail.add(total_ns)
+            return
+        self.success.add(total_ns)
+        self.inference_count += batch_size
+        if timing:
+            self.compute_input.add(timing[0])
+            self.compute_infer.add(timing[1])
+            self.compute_output.add(timing[2])
+
+    def batch_done(self, batch_size: int, timing: list[int]) -> None:
+        self.execution_count += 1
+        b = self.batches.get(batch_size)
+        if b is None:
+            b = self.batches[batch_size] = BatchStats()
+        b.compute_input.add(timing[0])
+        b.compute_infer.add(timing[1])
+        b.compute_output.add(timing[2])
+
+    def to_dict(self, name: str, version: int) -> dict[str, Any]:
+        return {
+            "name": name,
+            "version": str(version),
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": {
+                "success": self.success.to_dict(),
+                "fail": self.fail.to_dict(),
+                "queue": self.queue.to_dict(),
+                "compute_input": self.compute_input.to_dict(),
+                "compute_infer": self.compute_infer.to_dict(),
+                "compute_output": self.compute_output.to_dict(),
+            },
+            "batch_stats": [
+                {
+                    "batch_size": size,
+                    "compute_input": b.compute_input.to_dict(),
+                    "compute_infer": b.compute_infer.to_dict(),
+                    "compute_output": b.compute_output.to_dict(),
+                }
+                for size, b in sorted(self.batches.items())
+            ],
+        }
+
+
+class CustomMetrics:
+    """Metrics that backends declare and update (TRITONSERVER_MetricFamily / Metric)."""
+
+    def __init__(self) -> None:
+        self.families: dict[str, dict[str, str]] = {}
+        self.values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+
+    def apply(self, update: dict[str, Any]) -> None:
+        for fam in update.get("families", ()):
+            self.families.setdefault(fam["name"], fam)
+        for family, labels, op, value in update.get("ops", ()):
+            key = (family, tuple(sorted(labels.items())))
+            if op == "inc":
+                self.values[key] = self.values.get(key, 0.0) + value
+            else:
+                self.values[key] = value
+
+    def to_list(self, model: str | None = None) -> list[dict[str, Any]]:
+        out = []
+        for (family, labels), value in sorted(self.values.items()):
+            label_dict = dict(labels)
+            if model is not None and label_dict.get("model", model) != model:
+                continue
+            kind = self.families.get(family, {}).get("kind", "counter")
+            out.append({"family": family, "kind": kind, "labels": label_dict, "value": value})
+        return out

@@ -1,0 +1,336 @@
+"""Worker processes: spawn, watch, respawn, stop.
+
+One worker per model instance, started as a fresh interpreter (``python -m workers.main``)
+with its spec in the environment.  Exit codes are a protocol: a worker that fails to boot is
+not respawned (its instance is FAILED with the reason); a worker that crashes after it was
+ready is respawned on the same slot and pinning with exponential backoff, until it crashes
+too often and is marked FAILED.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from typing import Any, Protocol
+
+import broker
+from broker.config import to_json
+from broker.models import ModelVersion
+from broker.options import ServerOptions
+from broker.outputs import OutputRegions
+from client.errors import Code, InferpoolError
+
+log = logging.getLogger("inferpool.supervisor")
+
+EXIT_BOOT_FAILED = 3  # workers.spec.EXIT_BOOT_FAILED: the protocol between the two sides
+WORKER_SPEC_ENV = "INFERPOOL_WORKER_SPEC"
+_PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(broker.__file__)))
+
+
+class WorkerState(str, enum.Enum):
+    STARTING = "STARTING"
+    READY = "READY"
+    BACKOFF = "BACKOFF"  # crashed, waiting to respawn
+    FAILED = "FAILED"
+    STOPPING = "STOPPING"
+    STOPPED = "STOPPED"
+
+
+class Events(Protocol):
+    """What the supervisor tells the broker."""
+
+    def worker_ready(self, handle: WorkerHandle) -> None: ...
+
+    def worker_lost(self, handle: WorkerHandle, error: InferpoolError, booting: bool) -> None: ...
+
+    def worker_stopped(self, handle: WorkerHandle) -> None: ...
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+class WorkerHandle:
+    """One instance slot: the process currently filling it and its history."""
+
+    def __init__(self, slot: int, model: ModelVersion, instance: dict[str, Any], pinning: dict[str, Any]):
+        self.slot = slot
+        self.model = model
+        self.instance = instance
+        self.pinning = pinning
+        self.generation = -1
+        self.state = WorkerState.STARTING
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.identity = b""
+        self.output_region = ""
+        self.busy: list[Any] | None = None  # the batch in flight
+        self.exec_started = 0.0
+        self.state_since = time.monotonic()
+        self.crashes: deque[float] = deque()
+        self.restarts = 0
+        self.last_error = ""
+        self.boot_error: InferpoolError | None = None
+        self.kill_reason = ""
+        self.respawn_at = 0.0
+        self.passive = bool(instance.get("passive", False))
+
+    @property
+    def name(self) -> str:
+        return str(self.instance["name"])
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def set_state(self, state: WorkerState) -> None:
+        self.state = state
+        self.state_since = time.monotonic()
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "model": self.model.name,
+            "version": self.model.version_str,
+            "instance": self.name,
+            "slot": self.slot,
+            "kind": self.instance.get("kind", "CPU"),
+            "device_id": self.instance.get("device_id", 0),
+            "pid": self.pid,
+            "state": self.state.value,
+            "busy": self.busy is not None,
+            "restarts": self.restarts,
+            "last_error": self.last_error,
+            "pinning": self.pinning,
+        }
+
+
+class Supervisor:
+    def __init__(
+        self, options: ServerOptions, run_id: str, endpoint: str, outputs: OutputRegions,
+        events: Events,
+    ) -> None:
+        self.options = options
+        self.run_id = run_id
+        self.endpoint = endpoint
+        self.outputs = outputs
+        self.events = events
+        self.handles: dict[int, WorkerHandle] = {}
+        self.by_identity: dict[bytes, WorkerHandle] = {}
+        self._next_slot = 0
+
+    # ------------------------------------------------------------------ spawning
+    def add(self, model: ModelVersion, instance: dict[str, Any], pinning: dict[str, Any]) -> WorkerHandle:
+        handle = WorkerHandle(self._next_slot, model, instance, pinning)
+        self._next_slot += 1
+        self.handles[handle.slot] = handle
+        return handle
+
+    def spawn(self, handle: WorkerHandle) -> None:
+        handle.generation += 1
+        handle.identity = f"w{handle.slot}.{handle.generation}".encode()
+        handle.output_region = self.outputs.create(f"out{handle.slot}g{handle.generation}", handle)
+        handle.boot_error = None
+        handle.kill_reason = ""
+        handle.busy = None
+        spec = self._spec(handle)
+        env = dict(os.environ)
+        env[WORKER_SPEC_ENV] = spec
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (_PROJECT_ROOT, env.get("PYTHONPATH", "")) if p
+        )
+        try:
+            handle.proc = subprocess.Popen(
+                [sys.executable, "-m", "workers.main"],
+                env=env, stdin=subprocess.DEVNULL, close_fds=True,
+            )
+        except OSError as exc:
+            self.outputs.retire(handle.output_region)
+            raise InferpoolError(Code.INTERNAL, f"cannot start worker {handle.name}: {exc}") from exc
+        self.by_identity[handle.identity] = handle
+        handle.set_state(WorkerState.STARTING)
+        log.info("started worker %s (pid %d, slot %d)", handle.name, handle.proc.pid, handle.slot)
+
+    def _spec(self, handle: WorkerHandle) -> str:
+        model = handle.model
+        opts = self.options
+        return json.dumps({
+            "run_id": self.run_id,
+            "endpoint": self.endpoint,
+            "identity": handle.identity.decode(),
+            "model_name": model.name,
+            "model_version": model.version,
+            "backend": model.config.backend,
+            "config_json": to_json(model.config),
+            "repository_path": model.path,
+            "artifact_path": os.path.join(model.path, str(model.version)),
+            "output_region": handle.output_region,
+            "instance": {
+                k: handle.instance[k]
+                for k in ("name", "kind", "device_id", "index", "host_policy", "secondary_devices")
+                if k in handle.instance
+            },
+            "pinning": handle.pinning,
+            "backend_directory": opts.backend_directory,
+            "backend_config": opts.backend_config.get(model.config.backend, {}),
+            "heartbeat_ms": opts.heartbeat_ms,
+            "log_level": opts.log_level,
+        })
+
+    # ------------------------------------------------------------------ messages from workers
+    def handle_message(self, handle: WorkerHandle, msg: dict[str, Any]) -> None:
+        """Lifecycle messages (ready, failed); results are the broker's business."""
+        op = msg.get("op")
+        if op == "ready" and handle.state is WorkerState.STARTING:
+            handle.set_state(WorkerState.READY)
+            handle.last_error = handle.last_error if handle.restarts else ""
+            self.events.worker_ready(handle)
+        elif op == "failed":
+            handle.boot_error = InferpoolError.from_wire(msg.get("error"))
+
+    # ------------------------------------------------------------------ exits and timers
+    def reap(self) -> None:
+        for handle in list(self.handles.values()):
+            proc = handle.proc
+            if proc is None:
+                continue
+            code = proc.poll()
+            if code is not None:
+                self._exited(handle, code)
+
+    def _exited(self, handle: WorkerHandle, code: int) -> None:
+        handle.proc = None
+        self.by_identity.pop(handle.identity, None)
+        self.outputs.retire(handle.output_region)
+        pid_text = describe_exit(code)
+        if handle.state is WorkerState.STOPPING:
+            handle.set_state(WorkerState.STOPPED)
+            self.events.worker_stopped(handle)
+            return
+        if handle.state is WorkerState.STARTING:
+            err = handle.boot_error or InferpoolError(
+                Code.UNAVAILABLE,
+                f"instance '{handle.name}' of model {handle.model.label} exited during start "
+                f"({pid_text}) before it was ready",
+            )
+            handle.last_error = err.message
+            handle.set_state(WorkerState.FAILED)
+            log.error("worker %s failed to boot: %s", handle.name, err)
+            self.events.worker_lost(handle, err, booting=True)
+            return
+        reason = handle.kill_reason or f"died with {pid_text}"
+        err = InferpoolError(
+            Code.UNAVAILABLE,
+            f"instance '{handle.name}' of model {handle.model.label} {reason}",
+        )
+        handle.last_error = err.message
+        now = time.monotonic()
+        handle.crashes.append(now)
+        while handle.crashes and now - handle.crashes[0] > self.options.restart_window:
+            handle.crashes.popleft()
+        if len(handle.crashes) > self.options.max_restarts:
+            handle.set_state(WorkerState.FAILED)
+            handle.last_error = (
+                f"{err.message}; crashed {len(handle.crashes)} times within "
+                f"{self.options.restart_window:g}s, not restarting"
+            )
+            log.error("worker %s FAILED: %s", handle.name, handle.last_error)
+        else:
+            delay = min(0.1 * 2 ** (len(handle.crashes) - 1), 10.0)
+            handle.respawn_at = now + delay
+            handle.set_state(WorkerState.BACKOFF)
+            log.warning("worker %s %s; restarting in %.1fs", handle.name, reason, delay)
+        self.events.worker_lost(handle, err, booting=False)
+
+    def tick(self, now: float) -> float | None:
+        """Timeouts and due respawns; returns when the next check is needed (or None)."""
+        wake: float | None = None
+        opts = self.options
+        for handle in list(self.handles.values()):
+            if handle.state is WorkerState.BACKOFF:
+                if now >= handle.respawn_at:
+                    handle.restarts += 1
+                    try:
+                        self.spawn(handle)
+                    except InferpoolError as err:
+                        handle.last_error = err.message
+                        handle.set_state(WorkerState.FAILED)
+                        self.events.worker_lost(handle, err, booting=False)
+                        continue
+                else:
+                    wake = _earliest(wake, handle.respawn_at)
+            elif handle.state is WorkerState.STARTING and handle.proc is not None:
+                deadline = handle.state_since + opts.boot_timeout
+                if now >= deadline:
+                    handle.boot_error = InferpoolError(
+                        Code.UNAVAILABLE,
+                        f"instance '{handle.name}' of model {handle.model.label} did not become "
+                        f"ready within {opts.boot_timeout:g}s",
+                    )
+                    self.kill(handle, "")
+                else:
+                    wake = _earliest(wake, deadline)
+            elif handle.busy is not None and opts.execute_timeout > 0 and handle.proc is not None:
+                deadline = handle.exec_started + opts.execute_timeout
+                if now >= deadline and not handle.kill_reason:
+                    self.kill(handle, f"was killed: execute ran longer than {opts.execute_timeout:g}s")
+                elif now < deadline:
+                    wake = _earliest(wake, deadline)
+            elif handle.state is WorkerState.STOPPING and handle.proc is not None:
+                deadline = handle.state_since + opts.graceful_timeout
+                if now >= deadline:
+                    self.kill(handle, "was killed: it did not stop in time")
+                else:
+                    wake = _earliest(wake, deadline)
+        return wake
+
+    def kill(self, handle: WorkerHandle, reason: str) -> None:
+        if handle.proc is not None:
+            handle.kill_reason = reason
+            try:
+                handle.proc.kill()
+            except ProcessLookupError:
+                pass
+
+    def stop(self, handle: WorkerHandle, send: Any) -> None:
+        """Ask a worker to finish (its finalizers run); killed if it overstays."""
+        if handle.proc is None:
+            if handle.state is not WorkerState.STOPPED:
+                handle.set_state(WorkerState.STOPPED)
+                self.events.worker_stopped(handle)
+            return
+        handle.set_state(WorkerState.STOPPING)
+        send(handle, {"op": "stop"})
+
+    def forget(self, handle: WorkerHandle) -> None:
+        self.handles.pop(handle.slot, None)
+        self.by_identity.pop(handle.identity, None)
+
+    def alive(self) -> list[WorkerHandle]:
+        return [h for h in self.handles.values() if h.proc is not None]
+
+    def kill_all(self) -> None:
+        for handle in self.alive():
+            self.kill(handle, "was killed at shutdown")
+        deadline = time.monotonic() + 5
+        for handle in self.alive():
+            assert handle.proc is not None
+            try:
+                handle.proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.error("worker %s (pid %s) would not die", handle.name, handle.pid)
+        self.reap()
+
+
+def _earliest(a: float | None, b: float) -> float:
+    return b if a is None or b < a else a

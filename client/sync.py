@@ -1,0 +1,282 @@
+"""The zmq client: inference and control messages over a DEALER socket.
+
+    from client import Client
+    with Client("ipc:///tmp/inferpool-1000/broker.sock") as c:
+        out = c.infer("identity", {"INPUT0": np.arange(4, dtype=np.float32)})
+
+Every call has a timeout; a server error raises InferpoolError with the server's code.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import zmq
+
+from client import wire
+from client.errors import Code, InferpoolError
+
+DEFAULT_TIMEOUT = 60.0
+
+
+def default_endpoint() -> str:
+    """$INFERPOOL_ENDPOINT, else the broker's default ipc endpoint for this user."""
+    env = os.environ.get("INFERPOOL_ENDPOINT")
+    if env:
+        return env
+    base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
+    return f"ipc://{os.path.join(base, f'inferpool-{os.getuid()}', 'broker.sock')}"
+
+
+@dataclass
+class InferResult:
+    """One response: outputs by name (read-only arrays over the received bytes) and parameters."""
+
+    model_name: str
+    model_version: str
+    outputs: dict[str, np.ndarray]
+    parameters: dict[str, Any] = field(default_factory=dict)
+    id: Any = ""
+
+    @property
+    def final(self) -> bool:
+        return bool(self.parameters.get("triton_final_response", True))
+
+    def as_numpy(self, name: str) -> np.ndarray:
+        return self.outputs[name]
+
+
+def encode_inputs(
+    inputs: Mapping[str, Any], datatypes: Mapping[str, str] | None = None
+) -> tuple[list[dict[str, Any]], list[Any]]:
+    """Input descriptors and their frames (zero-copy buffers for fixed-size types)."""
+    specs: list[dict[str, Any]] = []
+    frames: list[Any] = []
+    for name, value in inputs.items():
+        datatype = (datatypes or {}).get(name)
+        arr = wire.as_array(value, datatype)
+        datatype = datatype or wire.datatype_of(arr.dtype)
+        specs.append({"name": name, "datatype": datatype, "shape": list(arr.shape)})
+        frames.append(wire.tensor_bytes(arr, datatype))
+    return specs, frames
+
+
+def infer_header(
+    model: str,
+    inputs: list[dict[str, Any]],
+    outputs: Sequence[str] | Sequence[dict[str, Any]] | None,
+    version: str | int,
+    parameters: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    header: dict[str, Any] = {
+        "type": "infer",
+        "model_name": model,
+        "model_version": str(version) if version not in (None, "") else "",
+        "inputs": inputs,
+    }
+    if outputs:
+        header["outputs"] = [o if isinstance(o, dict) else {"name": o} for o in outputs]
+    if parameters:
+        header["parameters"] = dict(parameters)
+    return header
+
+
+def decode_result(header: dict[str, Any], frames: list[Any]) -> InferResult:
+    wire.raise_for_error(header)
+    outputs: dict[str, np.ndarray] = {}
+    specs = header.get("outputs") or []
+    framed = [o for o in specs if "shared_memory_region" not in (o.get("parameters") or {})]
+    if len(framed) > len(frames):
+        raise InferpoolError(
+            Code.INTERNAL, f"response lists {len(framed)} outputs but carries {len(frames)} frames"
+        )
+    for spec, frame in zip(framed, frames, strict=False):
+        outputs[spec["name"]] = wire.array_from_buffer(
+            frame.buffer if hasattr(frame, "buffer") else frame,
+            spec["datatype"], spec["shape"], f"output '{spec['name']}'",
+        )
+    return InferResult(
+        header.get("model_name", ""),
+        str(header.get("model_version", "")),
+        outputs,
+        header.get("parameters") or {},
+        header.get("id", ""),
+    )
+
+
+class Client:
+    """A synchronous client; one request at a time per Client (use several for concurrency)."""
+
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        context: zmq.Context[Any] | None = None,
+    ) -> None:
+        self.endpoint = endpoint or default_endpoint()
+        self.timeout = timeout
+        self._own_ctx = context is None
+        self._ctx = context or zmq.Context()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(self.endpoint)
+        self._ids = itertools.count(1)
+
+    # ------------------------------------------------------------------ transport
+    def _send(self, header: dict[str, Any], frames: Sequence[Any] = ()) -> str:
+        request_id = f"{next(self._ids)}"
+        header["id"] = request_id
+        parts: list[Any] = [b"", wire.encode_header(header), *frames]
+        self._sock.send_multipart(parts, copy=len(frames) == 0)
+        return request_id
+
+    def _recv(self, request_id: str, timeout: float | None) -> tuple[dict[str, Any], list[Any]]:
+        """The next response to ``request_id``; responses to abandoned requests are dropped."""
+        limit = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self._sock.poll(int(remaining * 1000) + 1):
+                raise InferpoolError(
+                    Code.TIMEOUT, f"no response from {self.endpoint} within {limit:g}s"
+                )
+            parts = self._sock.recv_multipart(copy=False)
+            if len(parts) < 2 or len(parts[0]) != 0:
+                continue
+            header = wire.decode_header(parts[1].bytes)
+            if str(header.get("id")) == request_id:
+                return header, parts[2:]
+
+    def call(self, msg_type: str, timeout: float | None = None, **fields: Any) -> dict[str, Any]:
+        """Send a control message and return its (error-checked) response header."""
+        request_id = self._send({"type": msg_type, **fields})
+        header, _ = self._recv(request_id, timeout)
+        wire.raise_for_error(header)
+        return header
+
+    # ------------------------------------------------------------------ inference
+    def infer(
+        self,
+        model: str,
+        inputs: Mapping[str, Any],
+        outputs: Sequence[str] | None = None,
+        *,
+        version: str | int = "",
+        parameters: Mapping[str, Any] | None = None,
+        datatypes: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Run one inference; returns the outputs as numpy arrays."""
+        return self.infer_result(
+            model, inputs, outputs, version=version, parameters=parameters,
+            datatypes=datatypes, timeout=timeout,
+        ).outputs
+
+    def infer_result(
+        self,
+        model: str,
+        inputs: Mapping[str, Any],
+        outputs: Sequence[str] | None = None,
+        *,
+        version: str | int = "",
+        parameters: Mapping[str, Any] | None = None,
+        datatypes: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> InferResult:
+        """Like infer(), with the response's parameters and model version."""
+        specs, frames = encode_inputs(inputs, datatypes)
+        request_id = self._send(infer_header(model, specs, outputs, version, parameters), frames)
+        header, parts = self._recv(request_id, timeout)
+        return decode_result(header, parts)
+
+    def stream(
+        self,
+        model: str,
+        inputs: Mapping[str, Any],
+        outputs: Sequence[str] | None = None,
+        *,
+        version: str | int = "",
+        parameters: Mapping[str, Any] | None = None,
+        datatypes: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> Iterator[InferResult]:
+        """Responses of a decoupled model as they arrive, until the final one.
+
+        The final response is yielded only if it carries outputs.
+        """
+        specs, frames = encode_inputs(inputs, datatypes)
+        request_id = self._send(infer_header(model, specs, outputs, version, parameters), frames)
+        while True:
+            header, parts = self._recv(request_id, timeout)
+            result = decode_result(header, parts)
+            if result.outputs or not result.final:
+                yield result
+            if result.final:
+                return
+
+    # ------------------------------------------------------------------ control
+    def is_live(self, timeout: float | None = None) -> bool:
+        return bool(self.call("health_live", timeout).get("live"))
+
+    def is_ready(self, timeout: float | None = None) -> bool:
+        return bool(self.call("health_ready", timeout).get("ready"))
+
+    def is_model_ready(self, model: str, version: str | int = "") -> bool:
+        return bool(self.call("model_ready", model_name=model, model_version=str(version)).get("ready"))
+
+    def server_metadata(self) -> dict[str, Any]:
+        return self.call("server_metadata")
+
+    def model_metadata(self, model: str, version: str | int = "") -> dict[str, Any]:
+        return self.call("model_metadata", model_name=model, model_version=str(version))
+
+    def model_config(self, model: str, version: str | int = "") -> dict[str, Any]:
+        return dict(self.call("model_config", model_name=model, model_version=str(version))["config"])
+
+    def models(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        return list(self.call("repository_index", ready=ready_only)["models"])
+
+    def load_model(self, model: str, timeout: float | None = None) -> None:
+        self.call("load", timeout, model_name=model)
+
+    def unload_model(self, model: str, timeout: float | None = None) -> None:
+        self.call("unload", timeout, model_name=model)
+
+    def statistics(self, model: str = "", version: str | int = "") -> dict[str, Any]:
+        return self.call("statistics", model_name=model, model_version=str(version))
+
+    def status(self) -> list[dict[str, Any]]:
+        return list(self.call("status")["instances"])
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Block until the server answers ready (or raise TIMEOUT)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if self.is_ready(timeout=min(1.0, max(0.05, deadline - time.monotonic()))):
+                    return
+            except InferpoolError as err:
+                if err.code is not Code.TIMEOUT:
+                    raise
+            if time.monotonic() >= deadline:
+                raise InferpoolError(Code.TIMEOUT, f"{self.endpoint} not ready within {timeout:g}s")
+            time.sleep(0.05)
+
+    # ------------------------------------------------------------------ lifetime
+    def close(self) -> None:
+        self._sock.close(0)
+        if self._own_ctx:
+            self._ctx.term()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,5 @@
+import sys
+
+from inferpool.cli import main
+
+sys.exit(main())

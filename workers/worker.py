@@ -1,0 +1,228 @@
+"""The worker loop: receive batches from the broker, run the backend, send results back.
+
+Messages are JSON headers on a DEALER socket (the broker's internal protocol):
+
+broker -> worker   {"op": "execute", "requests": [...], "free": [...]}, {"op": "free", ...},
+                   {"op": "stop"}
+worker -> broker   {"op": "ready"}, {"op": "failed", "error": {...}},
+                   {"op": "items", "items": [...]}            (decoupled, mid-batch)
+                   {"op": "done", "items": [...], "stats": ..., "metrics": ...}
+
+A result item is {"rid", "final", "outputs": [[name, datatype, shape, region, offset,
+nbytes]], "params", "error", "t": [compute_input, compute_infer, compute_output] ns}.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import orjson
+import zmq
+
+from backends.api import Request, RequestedOutput, Response, batch_size_of, now_ns
+from client.errors import InferpoolError
+from workers.host import BackendHost
+from workers.memory import WorkerMemory
+from workers.spec import EXIT_BOOT_FAILED, EXIT_OK, WorkerSpec
+
+log = logging.getLogger("inferpool.worker")
+
+
+class Worker:
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.spec = spec
+        self.ctx = zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.IDENTITY, spec.identity.encode())
+        self.sock.setsockopt(zmq.LINGER, 2000)
+        if spec.heartbeat_ms:
+            self.sock.setsockopt(zmq.HEARTBEAT_IVL, spec.heartbeat_ms)
+            self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, spec.heartbeat_ms * 3)
+        self.sock.connect(spec.endpoint)
+        # responses emitted from backend threads wake the loop through this pair
+        self._wake_addr = f"inproc://wake-{id(self)}"
+        self._wake_rx = self.ctx.socket(zmq.PAIR)
+        self._wake_rx.bind(self._wake_addr)
+        self._wake_lock = threading.Lock()
+        self._wake_tx = self.ctx.socket(zmq.PAIR)
+        self._wake_tx.connect(self._wake_addr)
+        self._items: list[dict[str, Any]] = []
+        self._async_items: list[dict[str, Any]] = []
+        self._in_execute = False
+        self._main_thread = threading.get_ident()
+        self.memory = WorkerMemory(spec.output_region, spec.instance.name)
+        self.host = BackendHost(
+            backend_name=spec.backend,
+            model_name=spec.model_name,
+            model_version=spec.model_version,
+            config_json=spec.config_json,
+            repository_path=spec.repository_path,
+            artifact_path=spec.artifact_path,
+            instance=vars(spec.instance),
+            backend_directory=spec.backend_directory,
+            backend_config=spec.backend_config,
+        )
+        cfg = self.host.config
+        self.decoupled = self.host.decoupled
+        self.batching = cfg.max_batch_size > 0
+        self.reshapes = {
+            t.name: tuple(t.reshape.shape) for t in cfg.input if t.HasField("reshape")
+        }
+
+    def send(self, msg: dict[str, Any]) -> None:
+        self.sock.send(orjson.dumps(msg))
+
+    # ------------------------------------------------------------------ lifecycle
+    def run(self) -> int:
+        try:
+            self.host.load()
+        except InferpoolError as err:
+            log.error("%s", err)
+            self.send({"op": "failed", "error": err.to_wire()})
+            return EXIT_BOOT_FAILED
+        self.send({"op": "ready"})
+        try:
+            self._loop()
+        finally:
+            self.host.close()
+            self.memory.close()
+        return EXIT_OK
+
+    def _loop(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(self._wake_rx, zmq.POLLIN)
+        while True:
+            events = dict(poller.poll())
+            if self._wake_rx in events:
+                while self._wake_rx.poll(0):
+                    self._wake_rx.recv()
+                self._flush_async()
+            if self.sock not in events:
+                continue
+            while True:
+                try:
+                    raw = self.sock.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                msg = orjson.loads(raw)
+                op = msg.get("op")
+                if msg.get("free"):
+                    self.memory.free(msg["free"])
+                if op == "execute":
+                    self._execute(msg["requests"])
+                elif op == "stop":
+                    return
+
+    # ------------------------------------------------------------------ execution
+    def _execute(self, batch: list[dict[str, Any]]) -> None:
+        exec_start = now_ns()
+        requests: list[Request] = []
+        for work in batch:
+            try:
+                request = self._request(work)
+            except InferpoolError as err:
+                self._items.append(
+                    {"rid": work["rid"], "final": True, "error": err.to_wire(), "t": None}
+                )
+                continue
+            requests.append(request)
+        compute_start = now_ns()
+        self._in_execute = True
+        try:
+            if requests:
+                self.host.execute(requests)
+        finally:
+            self._in_execute = False
+        compute_end = now_ns()
+        host = self.host
+        batch_timing = [compute_start - exec_start, compute_end - compute_start, 0]
+        for item in self._items:
+            if item.get("t") is None and "req" in item:
+                request = item.pop("req")
+                timing = host.timing_of(request)
+                if timing is None:
+                    item["t"] = batch_timing
+                else:
+                    item["t"] = [
+                        timing.compute_start - timing.exec_start,
+                        timing.compute_end - timing.compute_start,
+                        timing.exec_end - timing.compute_end,
+                    ]
+            item.pop("req", None)
+        batches = host.take_batches()
+        if batches:
+            stats = [[b[0], b[2] - b[1], b[3] - b[2], b[4] - b[3]] for b in batches]
+        else:
+            size = sum(batch_size_of(r, self.batching) for r in requests) or len(batch)
+            stats = [[size, *batch_timing]]
+        msg: dict[str, Any] = {"op": "done", "items": self._items, "stats": stats}
+        metrics = host.stats.drain_metrics()
+        if metrics:
+            msg["metrics"] = metrics
+        self._items = []
+        self.send(msg)
+
+    def _request(self, work: dict[str, Any]) -> Request:
+        reshapes = self.reshapes
+        inputs = {}
+        for spec in work["inputs"]:
+            reshape = reshapes.get(spec[0])
+            if reshape is not None and self.batching:
+                reshape = (spec[2][0], *reshape)
+            tensor = self.memory.input_tensor(spec, reshape)
+            inputs[tensor.name] = tensor
+        return Request(
+            id=work["id"],
+            inputs=inputs,
+            requested_outputs={name: RequestedOutput(name, target) for name, target in work["outputs"]},
+            memory=self.memory,
+            emit=self._emit,
+            correlation_id=work.get("corr", 0),
+            flags=work.get("flags", 0),
+            parameters=work.get("params"),
+            decoupled=self.decoupled,
+            handle=work["rid"],
+        )
+
+    def _emit(self, request: Request, response: Response | None, final: bool) -> None:
+        """Called by ResponseSender: turn a response into a result item for the broker."""
+        item = self._item(request, response, final)
+        if threading.get_ident() == self._main_thread and self._in_execute:
+            if self.decoupled:
+                self.send({"op": "items", "items": [item]})
+            else:
+                item["req"] = request
+                self._items.append(item)
+            return
+        with self._wake_lock:
+            self._async_items.append(item)
+            self._wake_tx.send(b"")
+
+    def _item(self, request: Request, response: Response | None, final: bool) -> dict[str, Any]:
+        item: dict[str, Any] = {"rid": request.handle, "final": final, "t": None}
+        if response is None:
+            item["outputs"] = []
+            return item
+        if response.error is not None:
+            response.discard()
+            item["error"] = response.error.to_wire()
+            return item
+        outputs = []
+        for name, out in response.outputs.items():
+            if name not in request.requested_outputs:
+                self.memory.release(out.region, out.offset)
+                continue
+            outputs.append([name, out.datatype, list(out.shape), out.region, out.offset, out.byte_size])
+        item["outputs"] = outputs
+        if response.parameters:
+            item["params"] = response.parameters
+        return item
+
+    def _flush_async(self) -> None:
+        with self._wake_lock:
+            items, self._async_items = self._async_items, []
+        if items:
+            self.send({"op": "items", "items": items})
