@@ -229,12 +229,12 @@ def _resolve_group(
     kind = KINDS.get(group.kind)
     if kind is None:
         raise invalid_arg(f"{where}: unknown kind {group.kind}; valid: {', '.join(KINDS.values())}")
-    if kind == "AUTO":
+    if kind == "AUTO":  # listed GPUs that are missing mean CPU (not an error, unlike Triton)
         usable = backend_gpu and bool(gpu_ids) and all(g in gpu_ids for g in gpus)
         kind = "GPU" if usable else "CPU"
     if group.count < 0:
         raise invalid_arg(f"{where}: count is {group.count}; it must be 1 or more (0 means 1)")
-    if kind == "CPU" and gpus:
+    if kind == "CPU" and gpus and group.kind != 0:
         raise invalid_arg(f"{where}: has kind KIND_CPU but lists gpus {gpus}; drop them")
     if kind == "GPU":
         if not gpu_ids:

@@ -76,13 +76,14 @@ class Topology:
 
 
 def discover_gpus(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
-    """``CUDA_VISIBLE_DEVICES`` tokens per CUDA ordinal, counted without importing CUDA.
-
-    The count comes from ``nvidia-smi -L`` (whole GPUs; MIG lines are indented), else from
-    /proc/driver/nvidia/gpus; none when the NVIDIA driver is absent.
-    """
+    """``CUDA_VISIBLE_DEVICES`` tokens per CUDA ordinal of this process, without CUDA."""
     env = os.environ if environ is None else environ
-    count = 0
+    return visible_gpus(count_gpus(), env.get("CUDA_VISIBLE_DEVICES"))
+
+
+def count_gpus() -> int:
+    """Whole GPUs per ``nvidia-smi -L`` (MIG lines are indented), else per
+    /proc/driver/nvidia/gpus; 0 when the NVIDIA driver is absent."""
     smi = shutil.which("nvidia-smi")
     if smi is not None:
         try:
@@ -90,20 +91,26 @@ def discover_gpus(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
                 [smi, "-L"], capture_output=True, text=True, timeout=10, check=True
             ).stdout
             count = sum(1 for line in out.splitlines() if line.startswith("GPU "))
+            if count:
+                return count
         except (OSError, subprocess.SubprocessError):
-            count = 0
-    if count == 0:
-        count = len(glob.glob("/proc/driver/nvidia/gpus/*"))
-    if count == 0:
+            pass
+    return len(glob.glob("/proc/driver/nvidia/gpus/*"))
+
+
+def visible_gpus(count: int, visible: str | None) -> tuple[str, ...]:
+    """The devices a process sees among ``count`` GPUs under ``CUDA_VISIBLE_DEVICES=visible``.
+
+    As CUDA reads it: unset shows all; entries (indices, ``GPU-<uuid>``, ``MIG-<uuid>``) are
+    taken in order up to the first invalid index, so ``-1`` or an empty value hides all.
+    """
+    if count <= 0:
         return ()
-    visible = env.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return tuple(str(i) for i in range(count))
-    tokens = [t.strip() for t in visible.split(",") if t.strip()]
-    # CUDA stops at the first invalid entry; "-1" (or an empty value) hides every GPU.
     valid: list[str] = []
-    for t in tokens:
-        if t.lstrip("-").isdigit() and not 0 <= int(t) < count:
+    for t in (t.strip() for t in visible.split(",")):
+        if not t or (t.lstrip("-").isdigit() and not 0 <= int(t) < count):
             break
         valid.append(t)
     return tuple(valid)
