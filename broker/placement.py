@@ -228,7 +228,9 @@ def _resolve_group(
     gpus = list(group.gpus)
     kind = KINDS.get(group.kind)
     if kind is None:
-        raise invalid_arg(f"{where}: unknown kind {group.kind}; valid: {', '.join(KINDS.values())}")
+        raise invalid_arg(
+            f"{where}: unknown kind {group.kind}; valid: KIND_AUTO, KIND_GPU, KIND_CPU, KIND_MODEL"
+        )
     if kind == "AUTO":  # listed GPUs that are missing mean CPU (not an error, unlike Triton)
         usable = backend_gpu and bool(gpu_ids) and all(g in gpu_ids for g in gpus)
         kind = "GPU" if usable else "CPU"

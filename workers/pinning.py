@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import os
 import platform
 from dataclasses import dataclass, field
@@ -189,7 +190,7 @@ def _set_mempolicy(mode_name: str, node: int | None, policy: str) -> None:
     # The kernel reads maxnode - 1 bits (as numactl, pass one more than the mask holds).
     if set_(_MODES[mode_name], mask, NODEMASK_BITS + 1) != 0:
         err = ctypes.get_errno()
-        if err == 1 or err == 38:  # EPERM, ENOSYS
+        if err in (errno.EPERM, errno.ENOSYS):
             hint = (
                 "; a container's seccomp profile blocks NUMA calls unless it has "
                 "CAP_SYS_NICE (docker run --cap-add SYS_NICE), or drop numa-node"
