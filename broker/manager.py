@@ -21,7 +21,7 @@ from broker.admission import PendingRequest
 from broker.models import ModelRecord, ModelVersion, Registry, State
 from broker.options import ServerOptions
 from broker.outputs import OutputRegions
-from broker.placement import plan_instances
+from broker.placement import CoreUsage, HostPolicy, Topology, plan_instances
 from broker.responder import Responder
 from broker.scheduler import Scheduler
 from broker.stats import CustomMetrics
@@ -53,6 +53,9 @@ class Manager:
         self.inflight: dict[int, PendingRequest] = {}
         self.metrics = CustomMetrics()
         self.wakes: dict[Scheduler, int] = {}
+        self.topology = Topology.discover()
+        self.policies: dict[str, HostPolicy] = {}
+        self.core_usage = CoreUsage()
         self._load_waiters: dict[str, list[Waiter]] = {}
         self._unload_waiters: dict[str, list[Waiter]] = {}
 
@@ -79,9 +82,12 @@ class Manager:
             record.versions[version] = mv
             mv.scheduler = Scheduler(mv, self.dispatch, self.reject)
             try:
-                plans = plan_instances(entry.config, self.options, self.supervisor.handles)
-                for plan in plans:
-                    mv.instances.append(self.supervisor.add(mv, plan["instance"], plan["pinning"]))
+                mv.placements = plan_instances(
+                    entry.config, self.topology, self.policies, self.core_usage,
+                    pin=self.options.pin,
+                )
+                for p in mv.placements:
+                    mv.instances.append(self.supervisor.add(mv, p.instance(), p.pinning))
                 for handle in mv.instances:
                     self.supervisor.spawn(handle)
             except InferpoolError as err:
@@ -130,6 +136,7 @@ class Manager:
         for mv in record.versions.values():
             for handle in mv.instances:
                 self.supervisor.forget(handle)
+            self.core_usage.release(mv.placements)
         del self.registry.records[name]
         log.info("unloaded model '%s'", name)
         for waiter in self._unload_waiters.pop(name, []):

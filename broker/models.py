@@ -71,6 +71,7 @@ class ModelVersion:
         self.all_outputs = tuple(self.outputs)
         self.stats = ModelStats()
         self.instances: list[WorkerHandle] = []
+        self.placements: list[Any] = []  # broker.placement.Placement, one per instance
         self.scheduler: Scheduler | None = None
         self.version_str = str(version)
 

@@ -27,6 +27,7 @@ from broker.models import Registry, State
 from broker.notify import sd_notify
 from broker.options import ServerOptions
 from broker.outputs import OutputRegions
+from broker.placement import parse_host_policies
 from broker.responder import Responder
 from broker.supervisor import Supervisor
 from client.errors import Code, InferpoolError
@@ -90,6 +91,7 @@ class Broker:
         self.manager = Manager(
             opts, self.registry, self.arena, self.outputs, self.responder, self.backend
         )
+        self.manager.policies = parse_host_policies(opts.host_policies, self.manager.topology)
         self.supervisor = Supervisor(opts, self.run_id, self.worker_endpoint, self.outputs, self.manager)
         self.manager.supervisor = self.supervisor
         self.frontend_handler = Frontend(self)

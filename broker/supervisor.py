@@ -85,6 +85,7 @@ class WorkerHandle:
         self.kill_reason = ""
         self.respawn_at = 0.0
         self.passive = bool(instance.get("passive", False))
+        self.placement: dict[str, Any] = {}  # what the worker read back after pinning
 
     @property
     def name(self) -> str:
@@ -112,6 +113,7 @@ class WorkerHandle:
             "restarts": self.restarts,
             "last_error": self.last_error,
             "pinning": self.pinning,
+            "placement": self.placement,
         }
 
 
@@ -146,6 +148,7 @@ class Supervisor:
         spec = self._spec(handle)
         env = dict(os.environ)
         env[WORKER_SPEC_ENV] = spec
+        env["INFERPOOL_BROKER_PID"] = str(os.getpid())
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (_PROJECT_ROOT, env.get("PYTHONPATH", "")) if p
         )
@@ -175,11 +178,7 @@ class Supervisor:
             "repository_path": model.path,
             "artifact_path": os.path.join(model.path, str(model.version)),
             "output_region": handle.output_region,
-            "instance": {
-                k: handle.instance[k]
-                for k in ("name", "kind", "device_id", "index", "host_policy", "secondary_devices")
-                if k in handle.instance
-            },
+            "instance": handle.instance,
             "pinning": handle.pinning,
             "backend_directory": opts.backend_directory,
             "backend_config": opts.backend_config.get(model.config.backend, {}),
@@ -192,6 +191,7 @@ class Supervisor:
         """Lifecycle messages (ready, failed); results are the broker's business."""
         op = msg.get("op")
         if op == "ready" and handle.state is WorkerState.STARTING:
+            handle.placement = msg.get("placement") or {}
             handle.set_state(WorkerState.READY)
             handle.last_error = handle.last_error if handle.restarts else ""
             self.events.worker_ready(handle)

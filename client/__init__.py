@@ -1,6 +1,27 @@
-"""inferpool clients: the zmq client (sync and asyncio) and the wire codec they share."""
+"""inferpool clients: the zmq client (sync and asyncio) and the wire codec they share.
 
-from client.errors import Code, InferpoolError
-from client.sync import Client, InferResult, default_endpoint
+Imports are lazy, so ``from client.errors import ...`` stays light (workers import it
+before pinning, when numpy and zmq must not be loaded yet).
+"""
 
-__all__ = ["Client", "Code", "InferResult", "InferpoolError", "default_endpoint"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Client": "client.sync",
+    "InferResult": "client.sync",
+    "default_endpoint": "client.sync",
+    "Code": "client.errors",
+    "InferpoolError": "client.errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'client' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

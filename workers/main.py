@@ -7,37 +7,18 @@ allocations land where the instance was placed.
 
 from __future__ import annotations
 
-import ctypes
+import json
 import logging
 import os
 import signal
 import sys
 
-from workers.spec import EXIT_BROKER_GONE, WorkerSpec
+from client.errors import InferpoolError
+from workers.lifeline import set_parent_death_signal
+from workers.pinning import apply
+from workers.spec import EXIT_BOOT_FAILED, EXIT_BROKER_GONE, WorkerSpec
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """SIGTERM this worker when the broker dies, however it dies; check it has not already."""
-    parent = os.getppid()
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent or parent == 1:
-        sys.exit(EXIT_BROKER_GONE)
-
-
-def _pin(spec: WorkerSpec) -> None:
-    pinning = spec.pinning
-    if pinning.cpus:
-        os.sched_setaffinity(0, pinning.cpus)
-    if pinning.cuda_visible_devices is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = pinning.cuda_visible_devices
-    if pinning.threads:
-        os.environ.setdefault("OMP_NUM_THREADS", str(pinning.threads))
+PARENT_PID_ENV = "INFERPOOL_BROKER_PID"
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
@@ -46,15 +27,23 @@ def _on_sigterm(signum: int, frame: object) -> None:
 
 def main() -> int:
     spec = WorkerSpec.from_env()
-    _die_with_parent()
+    parent = int(os.environ.get(PARENT_PID_ENV, "0")) or None
+    if not set_parent_death_signal(signal.SIGTERM, parent_pid=parent):
+        return EXIT_BROKER_GONE
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the broker's to handle
     signal.signal(signal.SIGTERM, _on_sigterm)  # finalizers still run (SystemExit unwinds)
-    _pin(spec)
+    try:
+        applied = apply(spec.pinning, policy=spec.instance.host_policy)
+    except InferpoolError as err:
+        print(json.dumps({"op": "failed", "error": err.to_wire()}), file=sys.stderr)
+        return EXIT_BOOT_FAILED
     logging.basicConfig(
         level=getattr(logging, spec.log_level.upper(), logging.INFO),
         format=f"%(asctime)s %(levelname)s [{spec.instance.name} pid {os.getpid()}] %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    for warning in applied.warnings:
+        logging.getLogger("inferpool.worker").warning("%s", warning)
     from workers.worker import Worker
 
     return Worker(spec).run()

@@ -27,6 +27,7 @@ class InstanceSpec:
     device_id: int = 0
     index: int = 0
     host_policy: str = ""
+    passive: bool = False  # loaded but never scheduled (Triton's passive instances)
     secondary_devices: list[dict[str, Any]] = field(default_factory=list)
 
 

@@ -25,6 +25,7 @@ from backends.api import Request, RequestedOutput, Response, batch_size_of, now_
 from client.errors import InferpoolError
 from workers.host import BackendHost
 from workers.memory import WorkerMemory
+from workers.pinning import read_back
 from workers.spec import EXIT_BOOT_FAILED, EXIT_OK, WorkerSpec
 
 log = logging.getLogger("inferpool.worker")
@@ -82,7 +83,7 @@ class Worker:
             log.error("%s", err)
             self.send({"op": "failed", "error": err.to_wire()})
             return EXIT_BOOT_FAILED
-        self.send({"op": "ready"})
+        self.send({"op": "ready", "placement": read_back()})
         try:
             self._loop()
         finally:

@@ -1,0 +1,68 @@
+"""A worker armed with set_parent_death_signal dies with its parent (real processes)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CHILD = """
+import signal, sys, time
+from workers.lifeline import set_parent_death_signal
+ok = set_parent_death_signal(signal.SIGTERM, parent_pid=int(sys.argv[1]))
+print("armed" if ok else "orphan", flush=True)
+time.sleep(60)
+"""
+
+# The middle process starts the child, reports its pid once armed, and exits.
+PARENT = """
+import os, subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1], str(os.getpid())],
+                         stdout=subprocess.PIPE, text=True)
+print(child.pid, child.stdout.readline().strip(), flush=True)
+os._exit(0)
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")  # a zombie nobody has reaped yet is dead
+
+
+def test_child_dies_when_its_parent_does() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", PARENT, CHILD],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.split()
+    pid, status = int(out[0]), out[1]
+    assert status == "armed"
+    deadline = time.monotonic() + 10
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        assert not alive(pid), "the orphaned child is still running"
+    finally:
+        if alive(pid):
+            os.kill(pid, 9)
+
+
+def test_a_parent_that_is_not_the_expected_one_reports_false() -> None:
+    code = (
+        "import os; from workers.lifeline import set_parent_death_signal as s; "
+        "print(s(parent_pid=os.getppid() + 1), s(parent_pid=os.getppid()))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["False", "True"]
