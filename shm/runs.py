@@ -62,7 +62,7 @@ class RunLock:
         self._fd = None
 
 
-def _run_is_alive(run_id: str) -> bool:
+def run_is_alive(run_id: str) -> bool:
     path = os.path.join(SHM_DIR, region_name(run_id, "lock"))
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -92,7 +92,7 @@ def sweep_dead_runs(shm_dir: str = SHM_DIR) -> list[str]:
             by_run[run].append(entry)
     removed: list[str] = []
     for run, names in by_run.items():
-        if _run_is_alive(run):
+        if run_is_alive(run):
             continue
         lock = region_name(run, "lock")
         for name in sorted(names, key=lambda n: n == lock):  # the lock goes last

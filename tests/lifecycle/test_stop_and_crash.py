@@ -1,0 +1,121 @@
+"""Stopping, crashing and restarting with real signals; nothing of a run outlives it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from client import InferpoolError
+from shm.runs import regions_of_run
+from tests.support import EXAMPLES, Server, identity_config, our_regions, write_model
+
+
+def slow_repo(root, delay_ms: int = 400):
+    repo = root / "repo"
+    write_model(repo, "slow", identity_config(
+        "slow", extra=f'parameters {{ key: "execute_delay_ms" value: {{ string_value: "{delay_ms}" }} }}'
+    ))
+    return repo
+
+
+def run_ids(names: set[str]) -> set[str]:
+    return {n.split("-")[1] for n in names}
+
+
+def wait_for(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_runs_finalizers_and_unlinks_everything(short_tmp, sig) -> None:
+    before = our_regions()
+    server = Server(short_tmp, EXAMPLES)
+    with server:
+        mine = our_regions() - before
+        assert mine, "the run should own an arena and output regions"
+        for name in mine:
+            assert os.stat(f"/dev/shm/{name}").st_mode & 0o777 == 0o600
+        pids = server.worker_pids()
+        assert server.stop(sig) == 0
+    log = server.log()
+    assert log.count("TRITONBACKEND_Finalize") == 3  # one per worker: identity + 2 batched
+    assert not (our_regions() & mine)
+    assert not os.path.exists(server.ipc[len("ipc://"):])
+    for pid in pids:
+        wait_for(lambda pid=pid: not os.path.exists(f"/proc/{pid}"))
+
+
+def test_graceful_shutdown_finishes_in_flight_requests(short_tmp) -> None:
+    with Server(short_tmp, slow_repo(short_tmp)) as server, server.client() as c:
+        rid = c._send({"type": "infer", "model_name": "slow", "inputs": [
+            {"name": "INPUT0", "datatype": "FP32", "shape": [2]}]}, [np.ones(2, np.float32).data])
+        time.sleep(0.1)
+        server.proc.send_signal(signal.SIGTERM)
+        header, frames = c._recv(rid, 10)
+        assert "error" not in header
+        assert server.stop() == 0
+
+
+def test_killed_broker_takes_its_workers_and_the_next_start_sweeps(short_tmp) -> None:
+    before = our_regions()
+    first = Server(short_tmp, EXAMPLES)
+    with first:
+        pids = first.worker_pids()
+        runs = run_ids(our_regions() - before)
+        first.proc.send_signal(signal.SIGKILL)  # the broker alone, not its process group
+        first.proc.wait(10)
+        for pid in pids:  # parent-death signal: workers go with the broker
+            wait_for(lambda pid=pid: not os.path.exists(f"/proc/{pid}"))
+        assert all(regions_of_run(r) for r in runs), "a SIGKILLed broker cannot clean up"
+        second = Server(short_tmp, EXAMPLES)
+        with second:
+            for r in runs:
+                assert regions_of_run(r) == []
+        assert second.proc.returncode == 0
+
+
+def test_worker_crash_answers_in_flight_and_respawns(short_tmp) -> None:
+    with Server(short_tmp, slow_repo(short_tmp, 1000)) as server, server.client() as c:
+        [worker] = server.worker_pids()
+        rid = c._send({"type": "infer", "model_name": "slow", "inputs": [
+            {"name": "INPUT0", "datatype": "FP32", "shape": [2]}]}, [np.ones(2, np.float32).data])
+        time.sleep(0.3)
+        os.kill(worker, signal.SIGKILL)
+        header, _ = c._recv(rid, 10)
+        assert header["error"]["code"] == "UNAVAILABLE"
+        assert "instance 'slow_0_0'" in header["error"]["message"]
+        assert "died with signal SIGKILL" in header["error"]["message"]
+        wait_for(lambda: c.status()[0]["state"] == "READY" and c.status()[0]["pid"] != worker)
+        [status] = c.status()
+        assert status["restarts"] == 1 and "SIGKILL" in status["last_error"]
+        assert c.is_model_ready("slow")
+        out = c.infer("slow", {"INPUT0": np.arange(2, dtype=np.float32)})
+        np.testing.assert_array_equal(out["OUTPUT0"], [0, 1])
+        assert server.stop() == 0
+
+
+def test_requests_during_a_crash_loop_all_get_answers(short_tmp) -> None:
+    """Kill the worker repeatedly: every request gets a result or an error, none hangs."""
+    with Server(short_tmp, slow_repo(short_tmp, 50)) as server, server.client(timeout=15) as c:
+        answered = 0
+        for _ in range(3):
+            pid = server.worker_pids()[0]
+            rid = c._send({"type": "infer", "model_name": "slow", "inputs": [
+                {"name": "INPUT0", "datatype": "FP32", "shape": [1]}]}, [np.ones(1, np.float32).data])
+            os.kill(pid, signal.SIGKILL)
+            header, _ = c._recv(rid, 15)
+            answered += 1
+            wait_for(lambda pid=pid: c.status()[0]["state"] == "READY" and c.status()[0]["pid"] != pid)
+        assert answered == 3
+        with pytest.raises(InferpoolError, match="unknown model"):
+            c.infer("nope", {"INPUT0": np.ones(1, np.float32)})
+        assert c.statistics()["inflight"] == 0

@@ -1,0 +1,134 @@
+"""Test support: real servers in their own process groups, model repositories on disk."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+from client import Client
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples" / "model_repository"
+
+
+def our_regions() -> set[str]:
+    return {e for e in os.listdir("/dev/shm") if e.startswith("inferpool-")}
+
+
+def free_tcp_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def write_model(repo: Path, name: str, config: str, versions: tuple[int, ...] = (1,), files: dict[str, str] | None = None) -> Path:
+    """A model directory in Triton's layout: config.pbtxt, version dirs, extra files."""
+    d = repo / name
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.pbtxt").write_text(textwrap.dedent(config))
+    for v in versions:
+        (d / str(v)).mkdir(exist_ok=True)
+    for rel, text in (files or {}).items():
+        path = d / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return d
+
+
+def identity_config(name: str, datatype: str = "TYPE_FP32", dims: str = "[ -1 ]", max_batch: int = 0, extra: str = "") -> str:
+    return f"""
+        name: "{name}"
+        backend: "identity"
+        max_batch_size: {max_batch}
+        input [ {{ name: "INPUT0" data_type: {datatype} dims: {dims} }} ]
+        output [ {{ name: "OUTPUT0" data_type: {datatype} dims: {dims} }} ]
+        {extra}
+    """
+
+
+class Server:
+    """``inferpool serve`` as a child process in its own process group."""
+
+    def __init__(self, tmp: Path, repo: Path | str = EXAMPLES, *args: str, tcp: bool = False, env: dict[str, str] | None = None) -> None:
+        self.ipc = f"ipc://{tmp}/broker.sock"
+        self.endpoints = [self.ipc]
+        if tcp:
+            self.tcp = f"tcp://127.0.0.1:{free_tcp_port()}"
+            self.endpoints.append(self.tcp)
+        self.log_path = tmp / "server.log"
+        cmd = [sys.executable, "-m", "inferpool", "serve", "--model-repository", str(repo),
+               "--arena-size", "32M", "--output-arena-size", "16M", "--no-prefault",
+               "--graceful-timeout", "10"]
+        for ep in self.endpoints:
+            cmd += ["--listen", ep]
+        cmd += list(args)
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
+        )
+
+    @property
+    def endpoint(self) -> str:
+        return self.ipc
+
+    def client(self, timeout: float = 30.0) -> Client:
+        return Client(self.ipc, timeout=timeout)
+
+    def wait_started(self, timeout: float = 60.0) -> None:
+        """Until the server has settled every initial model (ready or not)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            if b"inferpool is ready" in self.log_bytes() or b"inferpool started" in self.log_bytes():
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"server did not start within {timeout}s:\n{self.log()}")
+
+    def log_bytes(self) -> bytes:
+        return self.log_path.read_bytes()
+
+    def log(self) -> str:
+        return self.log_bytes().decode(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                raise
+        self._log.close()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group (broker and workers)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(10)
+
+    def worker_pids(self) -> list[int]:
+        with self.client() as c:
+            return [r["pid"] for r in c.status() if r["pid"]]
+
+    def __enter__(self) -> Server:
+        self.wait_started()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self.stop()
+        finally:
+            if self.proc.poll() is None:
+                self.kill()
