@@ -62,7 +62,7 @@ class InputTensor:
     def as_numpy(self) -> np.ndarray:
         if self.memory != "cpu":
             raise InferpoolError(Code.UNSUPPORTED, f"input '{self.name}' is in GPU memory")
-        return self.data  # type: ignore[no-any-return]
+        return self.data
 
 
 @dataclass(slots=True)
@@ -306,12 +306,22 @@ class MetricFamily:
 
 class StatisticsReporter(Protocol):
     def report_request(
-        self, request: Request, success: bool, exec_start: int, compute_start: int,
-        compute_end: int, exec_end: int, compute_output_end: int | None = None,
+        self,
+        request: Request,
+        success: bool,
+        exec_start: int,
+        compute_start: int,
+        compute_end: int,
+        exec_end: int,
+        compute_output_end: int | None = None,
     ) -> None: ...
 
     def report_batch(
-        self, batch_size: int, exec_start: int, compute_start: int, compute_end: int,
+        self,
+        batch_size: int,
+        exec_start: int,
+        compute_start: int,
+        compute_end: int,
         exec_end: int,
     ) -> None: ...
 
@@ -347,7 +357,9 @@ class Backend(_Level):
 
     def control(self, command: str, args: dict[str, Any]) -> Any:
         """TRITONBACKEND_BackendControl: optional out-of-band commands."""
-        raise InferpoolError(Code.UNSUPPORTED, f"backend '{self.name}' supports no control commands")
+        raise InferpoolError(
+            Code.UNSUPPORTED, f"backend '{self.name}' supports no control commands"
+        )
 
 
 class Model(_Level):
@@ -406,8 +418,13 @@ class ModelInstance(_Level):
         raise NotImplementedError
 
     def report_statistics(
-        self, request: Request, success: bool, exec_start: int, compute_start: int,
-        compute_end: int, exec_end: int,
+        self,
+        request: Request,
+        success: bool,
+        exec_start: int,
+        compute_start: int,
+        compute_end: int,
+        exec_end: int,
     ) -> None:
         """TRITONBACKEND_ModelInstanceReportStatistics (monotonic ns timestamps)."""
         self.model.stats.report_request(
@@ -415,7 +432,11 @@ class ModelInstance(_Level):
         )
 
     def report_batch_statistics(
-        self, batch_size: int, exec_start: int, compute_start: int, compute_end: int,
+        self,
+        batch_size: int,
+        exec_start: int,
+        compute_start: int,
+        compute_end: int,
         exec_end: int,
     ) -> None:
         """TRITONBACKEND_ModelInstanceReportBatchStatistics."""
@@ -433,7 +454,5 @@ def batch_size_of(request: Request, supports_batching: bool) -> int:
 def iter_responses(requests: Sequence[Request], result: Any) -> Iterator[tuple[Request, Any]]:
     """Pair execute()'s returned list with its requests, checking the count."""
     if len(result) != len(requests):
-        raise internal(
-            f"execute() returned {len(result)} responses for {len(requests)} requests"
-        )
+        raise internal(f"execute() returned {len(result)} responses for {len(requests)} requests")
     return zip(requests, result, strict=True)

@@ -56,7 +56,9 @@ def find_backend(
 ) -> Found:
     """Locate and import backend ``backend``; NOT_FOUND lists every place searched."""
     if not backend.isidentifier():
-        raise InferpoolError(Code.INVALID_ARG, f"backend name {backend!r} is not a valid identifier")
+        raise InferpoolError(
+            Code.INVALID_ARG, f"backend name {backend!r} is not a valid identifier"
+        )
     searched = candidates(backend, repository_path, artifact_path, backend_directory)
     for path in searched:
         if os.path.isfile(path):
@@ -82,7 +84,8 @@ def _import_file(backend: str, path: str) -> ModuleType:
     is_pkg = os.path.basename(path) == "__init__.py"
     modname = f"_inferpool_backend_{backend}_{abs(hash(path)):x}"
     spec = importlib.util.spec_from_file_location(
-        modname, path,
+        modname,
+        path,
         submodule_search_locations=[os.path.dirname(path)] if is_pkg else None,
     )
     if spec is None or spec.loader is None:

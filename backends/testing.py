@@ -118,7 +118,9 @@ class BackendHarness(AbstractContextManager["BackendHarness"]):
         self.host.execute(requests)
         return self.responses[start:]
 
-    def infer(self, inputs: dict[str, Any], outputs: list[str] | None = None, **kw: Any) -> dict[str, np.ndarray]:
+    def infer(
+        self, inputs: dict[str, Any], outputs: list[str] | None = None, **kw: Any
+    ) -> dict[str, np.ndarray]:
         """One request, one response: its outputs as numpy arrays (errors raise)."""
         [(_, response, _final)] = self.execute([self.request(inputs, outputs, **kw)])
         assert response is not None

@@ -94,7 +94,7 @@ def admit(
                 raise invalid_arg(f"inputs[{i}] of the request must be an object")
             iname = inp.get("name")
             spec = model.inputs.get(iname) if isinstance(iname, str) else None
-            if spec is None:
+            if spec is None or not isinstance(iname, str):
                 raise invalid_arg(f"unexpected inference input '{iname}' for model '{name}'")
             if iname in seen:
                 raise invalid_arg(f"input '{iname}' is given more than once for model '{name}'")
@@ -114,9 +114,7 @@ def admit(
                         f"{_shape_str(shape)}"
                     )
                 if shape[0] > mbs:
-                    raise invalid_arg(
-                        f"inference request batch-size must be <= {mbs} for '{name}'"
-                    )
+                    raise invalid_arg(f"inference request batch-size must be <= {mbs} for '{name}'")
                 if batch and shape[0] != batch:
                     raise invalid_arg(
                         f"input '{iname}' batch size {shape[0]} does not match the other inputs' "
@@ -213,10 +211,10 @@ def admit(
 
 
 def _shape(raw: Any, name: str) -> tuple[int, ...]:
-    if not isinstance(raw, list) or not all(
-        type(d) is int and d >= 0 for d in raw  # noqa: E721 - bool is not a dimension
-    ):
-        raise invalid_arg(f"input '{name}': shape must be a list of non-negative integers, got {raw!r}")
+    if not isinstance(raw, list) or not all(type(d) is int and d >= 0 for d in raw):
+        raise invalid_arg(
+            f"input '{name}': shape must be a list of non-negative integers, got {raw!r}"
+        )
     return tuple(raw)
 
 
@@ -238,7 +236,7 @@ def _outputs(
     work: list[list[Any]] = []
     for i, out in enumerate(raw):
         oname = out.get("name") if isinstance(out, dict) else None
-        if oname not in model.outputs:
+        if not isinstance(oname, str) or oname not in model.outputs:
             raise invalid_arg(f"unexpected inference output '{oname}' for model '{model.name}'")
         if oname in outputs:
             raise invalid_arg(f"output '{oname}' is requested more than once (outputs[{i}])")

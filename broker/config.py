@@ -38,7 +38,7 @@ def load_config(model_dir: str) -> pb.ModelConfig:
         raise InferpoolError(
             Code.INVALID_ARG,
             f"model '{model}' has no configuration: {path} does not exist. Create it with at "
-            f"least name: \"{model}\" and a backend (for example backend: \"identity\")",
+            f'least name: "{model}" and a backend (for example backend: "identity")',
         ) from None
     except OSError as exc:
         raise config_error(model, path, f"cannot read it ({exc.strerror})") from None
@@ -46,7 +46,9 @@ def load_config(model_dir: str) -> pb.ModelConfig:
         config = text_format.Parse(text, pb.ModelConfig())
     except text_format.ParseError as exc:
         raise config_error(
-            model, path, f"not a valid model configuration: {exc}",
+            model,
+            path,
+            f"not a valid model configuration: {exc}",
             "The file uses Triton's protobuf text format (model_config.proto)",
         ) from None
     complete(config, model, path)
@@ -60,7 +62,8 @@ def complete(config: pb.ModelConfig, model: str, path: str) -> None:
         config.name = model
     elif config.name != model:
         raise config_error(
-            model, path,
+            model,
+            path,
             f"the configuration names the model '{config.name}' but its directory is '{model}'",
             "Make name match the directory name",
         )
@@ -68,7 +71,8 @@ def complete(config: pb.ModelConfig, model: str, path: str) -> None:
         implied = PLATFORM_BACKENDS.get(config.platform)
         if implied is None:
             raise config_error(
-                model, path,
+                model,
+                path,
                 f"Could not determine backend for model '{model}' with no backend in model "
                 "configuration",
                 'Add a backend line to config.pbtxt, for example backend: "identity" (or '
@@ -100,17 +104,22 @@ def validate(config: pb.ModelConfig, model: str, path: str) -> None:
             datatype = wire.config_to_wire_datatype(pb.DataType.Name(t.data_type))
             if datatype not in wire.DATATYPES:
                 raise config_error(
-                    model, path, f"{kind} '{t.name}' has unsupported data_type "
-                    f"{pb.DataType.Name(t.data_type)}",
+                    model,
+                    path,
+                    f"{kind} '{t.name}' has unsupported data_type {pb.DataType.Name(t.data_type)}",
                 )
             if any(d < -1 or d == 0 for d in t.dims):
                 raise config_error(
-                    model, path,
+                    model,
+                    path,
                     f"{kind} '{t.name}' has invalid dims {list(t.dims)}: each must be -1 or > 0",
                 )
-            if t.HasField("reshape") and _fixed_elements(t.reshape.shape) != _fixed_elements(t.dims):
+            if t.HasField("reshape") and _fixed_elements(t.reshape.shape) != _fixed_elements(
+                t.dims
+            ):
                 raise config_error(
-                    model, path,
+                    model,
+                    path,
                     f"{kind} '{t.name}' reshape {list(t.reshape.shape)} does not hold the same "
                     f"number of elements as dims {list(t.dims)}",
                 )
@@ -119,7 +128,8 @@ def validate(config: pb.ModelConfig, model: str, path: str) -> None:
         for size in dyn.preferred_batch_size:
             if config.max_batch_size and size > config.max_batch_size:
                 raise config_error(
-                    model, path,
+                    model,
+                    path,
                     f"dynamic_batching preferred_batch_size {size} exceeds max_batch_size "
                     f"{config.max_batch_size}",
                 )

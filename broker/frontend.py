@@ -53,9 +53,14 @@ class Frontend:
         split = next((i for i, f in enumerate(frames) if len(f) == 0), -1)
         if split < 1 or split + 1 >= len(frames):
             envelope = [frames[0].bytes] if frames else []
-            responder.send_error(envelope, "error", "", invalid_arg(
-                "malformed message: expected [empty delimiter, JSON header, tensor frames...]"
-            ))
+            responder.send_error(
+                envelope,
+                "error",
+                "",
+                invalid_arg(
+                    "malformed message: expected [empty delimiter, JSON header, tensor frames...]"
+                ),
+            )
             return
         envelope = [f.bytes for f in frames[:split]]
         msg_type: Any = "error"
@@ -95,9 +100,16 @@ class Frontend:
         self._next_rid += 1
         now = time.monotonic_ns()
         req = admit(
-            header, frames, model, b.arena,
-            rid=self._next_rid, envelope=envelope, client=envelope[0], limit=b.options.request_limit,
-            now_ns=now, shm=b.shm_inputs,
+            header,
+            frames,
+            model,
+            b.arena,
+            rid=self._next_rid,
+            envelope=envelope,
+            client=envelope[0],
+            limit=b.options.request_limit,
+            now_ns=now,
+            shm=b.shm_inputs,
         )
         b.manager.submit(req, now)
         return None

@@ -83,7 +83,10 @@ class Manager:
             mv.scheduler = Scheduler(mv, self.dispatch, self.reject)
             try:
                 mv.placements = plan_instances(
-                    entry.config, self.topology, self.policies, self.core_usage,
+                    entry.config,
+                    self.topology,
+                    self.policies,
+                    self.core_usage,
                     pin=self.options.pin,
                 )
                 for p in mv.placements:
@@ -146,7 +149,9 @@ class Manager:
         mv.set_state(State.UNAVAILABLE, err.message)
         log.error("model %s is UNAVAILABLE: %s", mv.label, err.message)
         assert mv.scheduler is not None
-        mv.scheduler.drain(InferpoolError(Code.UNAVAILABLE, f"model {mv.label} is unavailable: {err.message}"))
+        mv.scheduler.drain(
+            InferpoolError(Code.UNAVAILABLE, f"model {mv.label} is unavailable: {err.message}")
+        )
         for handle in mv.instances:
             if handle.proc is not None:
                 self.supervisor.stop(handle, self.send_worker)

@@ -128,14 +128,15 @@ class Registry:
             raise InferpoolError(Code.INVALID_ARG, "request has no model_name")
         record = self.records.get(name)
         if record is None:
-            raise InferpoolError(Code.NOT_FOUND, f"Request for unknown model: '{name}' is not found")
+            raise InferpoolError(
+                Code.NOT_FOUND, f"Request for unknown model: '{name}' is not found"
+            )
         if version in ("", None, 0, -1, "-1"):
             ready = record.ready_versions()
             if not ready:
                 raise InferpoolError(
                     Code.UNAVAILABLE,
-                    f"Request for unknown model: '{name}' has no available versions"
-                    + _why(record),
+                    f"Request for unknown model: '{name}' has no available versions" + _why(record),
                 )
             return ready[-1]
         try:
@@ -166,16 +167,24 @@ class Registry:
             if record.error is not None and not record.versions:
                 if not ready_only:
                     rows.append(
-                        {"name": name, "version": "", "state": State.UNAVAILABLE.value,
-                         "reason": str(record.error)}
+                        {
+                            "name": name,
+                            "version": "",
+                            "state": State.UNAVAILABLE.value,
+                            "reason": str(record.error),
+                        }
                     )
                 continue
             for version, mv in sorted(record.versions.items()):
                 if ready_only and mv.state is not State.READY:
                     continue
                 rows.append(
-                    {"name": name, "version": str(version), "state": mv.state.value,
-                     "reason": mv.reason}
+                    {
+                        "name": name,
+                        "version": str(version),
+                        "state": mv.state.value,
+                        "reason": mv.reason,
+                    }
                 )
         return rows
 
@@ -186,5 +195,7 @@ class Registry:
 def _why(record: ModelRecord) -> str:
     if record.error is not None:
         return f" ({record.error})"
-    reasons = [f"version {v}: {mv.reason}" for v, mv in sorted(record.versions.items()) if mv.reason]
+    reasons = [
+        f"version {v}: {mv.reason}" for v, mv in sorted(record.versions.items()) if mv.reason
+    ]
     return f" ({'; '.join(reasons)})" if reasons else ""

@@ -32,7 +32,9 @@ class OutputRegions:
 
     def create(self, tag: str, owner: Any) -> str:
         name = region_name(self.run_id, tag)
-        self._regions[name] = OutputRegion(Region.create(name, self.size, prefault=self.prefault), owner)
+        self._regions[name] = OutputRegion(
+            Region.create(name, self.size, prefault=self.prefault), owner
+        )
         return name
 
     def view(self, name: str, offset: int, nbytes: int) -> memoryview:

@@ -7,6 +7,7 @@ A model that cannot be loaded is still listed, UNAVAILABLE with the reason.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
 
@@ -37,7 +38,8 @@ def list_models(repository: str) -> list[str]:
             Code.NOT_FOUND, f"model repository {repository} does not exist"
         ) from None
     return [
-        e for e in entries
+        e
+        for e in entries
         if not e.startswith((".", "_")) and os.path.isdir(os.path.join(repository, e))
     ]
 
@@ -91,8 +93,6 @@ def _newest_mtime(path: str) -> float:
     newest = os.stat(path).st_mtime
     for root, _dirs, files in os.walk(path):
         for f in files:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 newest = max(newest, os.stat(os.path.join(root, f)).st_mtime)
-            except FileNotFoundError:
-                pass
     return newest

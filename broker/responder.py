@@ -91,7 +91,7 @@ class Responder:
             flags = 0 if i == last else zmq.SNDMORE
             if frame.nbytes >= ZERO_COPY_MIN:
                 tracker = sock.send(frame, flags, copy=False, track=True)
-                trackers.append(tracker)  # type: ignore[arg-type]
+                trackers.append(tracker)
             else:
                 sock.send(frame, flags, copy=True)
         if trackers:

@@ -8,6 +8,7 @@ waiting at most ``max_queue_delay_microseconds`` for a preferred size.
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -41,10 +42,8 @@ class Scheduler:
         return self.pump(now_ns)
 
     def instance_gone(self, worker: Any) -> None:
-        try:
+        with contextlib.suppress(ValueError):
             self.idle.remove(worker)
-        except ValueError:
-            pass
 
     # ------------------------------------------------------------------ requests
     def enqueue(self, req: PendingRequest, now_ns: int) -> int | None:

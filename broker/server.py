@@ -7,6 +7,7 @@ signals are all handled by one loop, one at a time.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -73,7 +74,9 @@ class Broker:
     def _start(self) -> None:
         opts = self.options
         self.arena = Arena(
-            Region.create(region_name(self.run_id, "arena"), opts.arena_size, prefault=opts.prefault)
+            Region.create(
+                region_name(self.run_id, "arena"), opts.arena_size, prefault=opts.prefault
+            )
         )
         self.outputs = OutputRegions(self.run_id, opts.output_arena_size, opts.prefault)
         self.ctx = zmq.Context()
@@ -92,7 +95,9 @@ class Broker:
             opts, self.registry, self.arena, self.outputs, self.responder, self.backend
         )
         self.manager.policies = parse_host_policies(opts.host_policies, self.manager.topology)
-        self.supervisor = Supervisor(opts, self.run_id, self.worker_endpoint, self.outputs, self.manager)
+        self.supervisor = Supervisor(
+            opts, self.run_id, self.worker_endpoint, self.outputs, self.manager
+        )
         self.manager.supervisor = self.supervisor
         self.frontend_handler = Frontend(self)
         self._wake_r, self._wake_w = socket.socketpair()
@@ -109,7 +114,7 @@ class Broker:
 
     def _bind(self, endpoint: str) -> None:
         if endpoint.startswith("ipc://"):
-            path = endpoint[len("ipc://"):]
+            path = endpoint[len("ipc://") :]
             os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
             if _unix_socket_in_use(path):
                 raise InferpoolError(
@@ -120,7 +125,7 @@ class Broker:
         except zmq.ZMQError as exc:
             raise InferpoolError(Code.UNAVAILABLE, f"cannot listen on {endpoint}: {exc}") from None
         if endpoint.startswith("ipc://"):
-            self._bound_ipc.append(endpoint[len("ipc://"):])
+            self._bound_ipc.append(endpoint[len("ipc://") :])
         log.info("listening on %s", endpoint)
 
     def _initial_models(self) -> list[str]:
@@ -148,7 +153,13 @@ class Broker:
         log.info("started: %d of %d model version(s) READY", ready, len(rows))
         for r in rows:
             if r["state"] != State.READY.value:
-                log.error("model '%s' version %s is %s: %s", r["name"], r["version"], r["state"], r["reason"])
+                log.error(
+                    "model '%s' version %s is %s: %s",
+                    r["name"],
+                    r["version"],
+                    r["state"],
+                    r["reason"],
+                )
         sd_notify("READY=1\nSTATUS=serving")
         if self.on_started is not None:
             self.on_started(self)
@@ -273,7 +284,9 @@ class Broker:
         if not self._workers_stopping:
             if manager.inflight and now < self._stop_deadline:
                 return False
-            err = InferpoolError(Code.UNAVAILABLE, "the server shut down before the request finished")
+            err = InferpoolError(
+                Code.UNAVAILABLE, "the server shut down before the request finished"
+            )
             for req in list(manager.inflight.values()):
                 manager.reject(req, err)
             for handle in list(self.supervisor.handles.values()):
@@ -315,22 +328,18 @@ class Broker:
         for path in self._bound_ipc:
             _remove(path)
         if hasattr(self, "worker_endpoint"):
-            _remove(self.worker_endpoint[len("ipc://"):])
+            _remove(self.worker_endpoint[len("ipc://") :])
         sd_notify("STATUS=stopped")
 
 
 def _unlink(name: str) -> None:
-    try:
+    with contextlib.suppress(posix_ipc.ExistentialError):
         posix_ipc.unlink_shared_memory("/" + name)
-    except posix_ipc.ExistentialError:
-        pass
 
 
 def _remove(path: str) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 def _unix_socket_in_use(path: str) -> bool:

@@ -9,6 +9,7 @@ too often and is marked FAILED.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import logging
@@ -65,7 +66,9 @@ def describe_exit(code: int) -> str:
 class WorkerHandle:
     """One instance slot: the process currently filling it and its history."""
 
-    def __init__(self, slot: int, model: ModelVersion, instance: dict[str, Any], pinning: dict[str, Any]):
+    def __init__(
+        self, slot: int, model: ModelVersion, instance: dict[str, Any], pinning: dict[str, Any]
+    ):
         self.slot = slot
         self.model = model
         self.instance = instance
@@ -119,7 +122,11 @@ class WorkerHandle:
 
 class Supervisor:
     def __init__(
-        self, options: ServerOptions, run_id: str, endpoint: str, outputs: OutputRegions,
+        self,
+        options: ServerOptions,
+        run_id: str,
+        endpoint: str,
+        outputs: OutputRegions,
         events: Events,
     ) -> None:
         self.options = options
@@ -132,7 +139,9 @@ class Supervisor:
         self._next_slot = 0
 
     # ------------------------------------------------------------------ spawning
-    def add(self, model: ModelVersion, instance: dict[str, Any], pinning: dict[str, Any]) -> WorkerHandle:
+    def add(
+        self, model: ModelVersion, instance: dict[str, Any], pinning: dict[str, Any]
+    ) -> WorkerHandle:
         handle = WorkerHandle(self._next_slot, model, instance, pinning)
         self._next_slot += 1
         self.handles[handle.slot] = handle
@@ -155,11 +164,15 @@ class Supervisor:
         try:
             handle.proc = subprocess.Popen(
                 [sys.executable, "-m", "workers.main"],
-                env=env, stdin=subprocess.DEVNULL, close_fds=True,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                close_fds=True,
             )
         except OSError as exc:
             self.outputs.retire(handle.output_region)
-            raise InferpoolError(Code.INTERNAL, f"cannot start worker {handle.name}: {exc}") from exc
+            raise InferpoolError(
+                Code.INTERNAL, f"cannot start worker {handle.name}: {exc}"
+            ) from exc
         self.by_identity[handle.identity] = handle
         handle.set_state(WorkerState.STARTING)
         log.info("started worker %s (pid %d, slot %d)", handle.name, handle.proc.pid, handle.slot)
@@ -167,24 +180,26 @@ class Supervisor:
     def _spec(self, handle: WorkerHandle) -> str:
         model = handle.model
         opts = self.options
-        return json.dumps({
-            "run_id": self.run_id,
-            "endpoint": self.endpoint,
-            "identity": handle.identity.decode(),
-            "model_name": model.name,
-            "model_version": model.version,
-            "backend": model.config.backend,
-            "config_json": to_json(model.config),
-            "repository_path": model.path,
-            "artifact_path": os.path.join(model.path, str(model.version)),
-            "output_region": handle.output_region,
-            "instance": handle.instance,
-            "pinning": handle.pinning,
-            "backend_directory": opts.backend_directory,
-            "backend_config": opts.backend_config.get(model.config.backend, {}),
-            "heartbeat_ms": opts.heartbeat_ms,
-            "log_level": opts.log_level,
-        })
+        return json.dumps(
+            {
+                "run_id": self.run_id,
+                "endpoint": self.endpoint,
+                "identity": handle.identity.decode(),
+                "model_name": model.name,
+                "model_version": model.version,
+                "backend": model.config.backend,
+                "config_json": to_json(model.config),
+                "repository_path": model.path,
+                "artifact_path": os.path.join(model.path, str(model.version)),
+                "output_region": handle.output_region,
+                "instance": handle.instance,
+                "pinning": handle.pinning,
+                "backend_directory": opts.backend_directory,
+                "backend_config": opts.backend_config.get(model.config.backend, {}),
+                "heartbeat_ms": opts.heartbeat_ms,
+                "log_level": opts.log_level,
+            }
+        )
 
     # ------------------------------------------------------------------ messages from workers
     def handle_message(self, handle: WorkerHandle, msg: dict[str, Any]) -> None:
@@ -283,7 +298,9 @@ class Supervisor:
             elif handle.busy is not None and opts.execute_timeout > 0 and handle.proc is not None:
                 deadline = handle.exec_started + opts.execute_timeout
                 if now >= deadline and not handle.kill_reason:
-                    self.kill(handle, f"was killed: execute ran longer than {opts.execute_timeout:g}s")
+                    self.kill(
+                        handle, f"was killed: execute ran longer than {opts.execute_timeout:g}s"
+                    )
                 elif now < deadline:
                     wake = _earliest(wake, deadline)
             elif handle.state is WorkerState.STOPPING and handle.proc is not None:
@@ -297,10 +314,8 @@ class Supervisor:
     def kill(self, handle: WorkerHandle, reason: str) -> None:
         if handle.proc is not None:
             handle.kill_reason = reason
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 handle.proc.kill()
-            except ProcessLookupError:
-                pass
 
     def stop(self, handle: WorkerHandle, send: Any) -> None:
         """Ask a worker to finish (its finalizers run); killed if it overstays."""

@@ -62,7 +62,9 @@ class InferpoolError(Exception):
         return cls(str(obj.get("code", "UNKNOWN")), str(obj.get("message", "")))
 
     @classmethod
-    def wrap(cls, exc: BaseException, code: Code = Code.INTERNAL, prefix: str = "") -> InferpoolError:
+    def wrap(
+        cls, exc: BaseException, code: Code = Code.INTERNAL, prefix: str = ""
+    ) -> InferpoolError:
         """An InferpoolError for any exception, keeping its code if it already has one."""
         if isinstance(exc, InferpoolError):
             if not prefix:

@@ -99,7 +99,9 @@ def decode_result(header: dict[str, Any], frames: list[Any]) -> InferResult:
     for spec, frame in zip(framed, frames, strict=False):
         outputs[spec["name"]] = wire.array_from_buffer(
             frame.buffer if hasattr(frame, "buffer") else frame,
-            spec["datatype"], spec["shape"], f"output '{spec['name']}'",
+            spec["datatype"],
+            spec["shape"],
+            f"output '{spec['name']}'",
         )
     return InferResult(
         header.get("model_name", ""),
@@ -175,8 +177,13 @@ class Client:
     ) -> dict[str, np.ndarray]:
         """Run one inference; returns the outputs as numpy arrays."""
         return self.infer_result(
-            model, inputs, outputs, version=version, parameters=parameters,
-            datatypes=datatypes, timeout=timeout,
+            model,
+            inputs,
+            outputs,
+            version=version,
+            parameters=parameters,
+            datatypes=datatypes,
+            timeout=timeout,
         ).outputs
 
     def infer_result(
@@ -229,7 +236,9 @@ class Client:
         return bool(self.call("health_ready", timeout).get("ready"))
 
     def is_model_ready(self, model: str, version: str | int = "") -> bool:
-        return bool(self.call("model_ready", model_name=model, model_version=str(version)).get("ready"))
+        return bool(
+            self.call("model_ready", model_name=model, model_version=str(version)).get("ready")
+        )
 
     def server_metadata(self) -> dict[str, Any]:
         return self.call("server_metadata")
@@ -238,7 +247,9 @@ class Client:
         return self.call("model_metadata", model_name=model, model_version=str(version))
 
     def model_config(self, model: str, version: str | int = "") -> dict[str, Any]:
-        return dict(self.call("model_config", model_name=model, model_version=str(version))["config"])
+        return dict(
+            self.call("model_config", model_name=model, model_version=str(version))["config"]
+        )
 
     def models(self, ready_only: bool = False) -> list[dict[str, Any]]:
         return list(self.call("repository_index", ready=ready_only)["models"])

@@ -1,1 +1,1 @@
-"""The embedded example model repository (examples/model_repository) that `inferpool serve` uses by default."""
+"""The embedded example model repository that `inferpool serve` uses by default."""

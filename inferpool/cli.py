@@ -38,7 +38,9 @@ def parse_size(text: str) -> int:
             return int(float(t[:-1]) * units[t[-1]])
         return int(t)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 256M, 1G, 65536)") from None
+        raise argparse.ArgumentTypeError(
+            f"not a size: {text!r} (examples: 256M, 1G, 65536)"
+        ) from None
 
 
 def parse_backend_config(items: Sequence[str]) -> dict[str, dict[str, str]]:
@@ -56,30 +58,65 @@ def parse_backend_config(items: Sequence[str]) -> dict[str, dict[str, str]]:
 # ============================================================================ serve
 def add_serve(sub: Any) -> None:
     p = sub.add_parser("serve", help="serve a model repository")
-    p.add_argument("--model-repository", default=None,
-                   help="Triton-layout model repository (default: the embedded examples)")
-    p.add_argument("--listen", action="append", default=None, metavar="ENDPOINT",
-                   help=f"zmq endpoint to bind; repeatable (default: {default_ipc_endpoint()} "
-                        f"and {DEFAULT_TCP})")
-    p.add_argument("--arena-size", type=parse_size, default="256M",
-                   help="shared-memory arena for request inputs (default 256M)")
-    p.add_argument("--output-arena-size", type=parse_size, default="256M",
-                   help="shared-memory output arena per worker (default 256M)")
-    p.add_argument("--max-request-bytes", type=parse_size, default="256M",
-                   help="largest accepted request (default 256M)")
-    p.add_argument("--no-prefault", action="store_true",
-                   help="do not touch arena pages at start (less memory, slower first requests)")
+    p.add_argument(
+        "--model-repository",
+        default=None,
+        help="Triton-layout model repository (default: the embedded examples)",
+    )
+    p.add_argument(
+        "--listen",
+        action="append",
+        default=None,
+        metavar="ENDPOINT",
+        help=f"zmq endpoint to bind; repeatable (default: {default_ipc_endpoint()} "
+        f"and {DEFAULT_TCP})",
+    )
+    p.add_argument(
+        "--arena-size",
+        type=parse_size,
+        default="256M",
+        help="shared-memory arena for request inputs (default 256M)",
+    )
+    p.add_argument(
+        "--output-arena-size",
+        type=parse_size,
+        default="256M",
+        help="shared-memory output arena per worker (default 256M)",
+    )
+    p.add_argument(
+        "--max-request-bytes",
+        type=parse_size,
+        default="256M",
+        help="largest accepted request (default 256M)",
+    )
+    p.add_argument(
+        "--no-prefault",
+        action="store_true",
+        help="do not touch arena pages at start (less memory, slower first requests)",
+    )
     p.add_argument("--model-control-mode", choices=("none", "explicit"), default="none")
-    p.add_argument("--load-model", action="append", default=[],
-                   help="with --model-control-mode explicit: load this model at start ('*': all)")
+    p.add_argument(
+        "--load-model",
+        action="append",
+        default=[],
+        help="with --model-control-mode explicit: load this model at start ('*': all)",
+    )
     p.add_argument("--strict-readiness", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--backend-directory", default="")
     p.add_argument("--backend-config", action="append", default=[], metavar="B,KEY=VALUE")
     p.add_argument("--host-policy", action="append", default=[], metavar="NAME,KEY=VALUE")
-    p.add_argument("--pin", choices=("auto", "none"), default="auto",
-                   help="auto: spread instances over cores; none: leave placement to the OS")
-    p.add_argument("--execute-timeout", type=float, default=0.0,
-                   help="kill an instance whose execute runs longer (seconds; 0: no limit)")
+    p.add_argument(
+        "--pin",
+        choices=("auto", "none"),
+        default="auto",
+        help="auto: spread instances over cores; none: leave placement to the OS",
+    )
+    p.add_argument(
+        "--execute-timeout",
+        type=float,
+        default=0.0,
+        help="kill an instance whose execute runs longer (seconds; 0: no limit)",
+    )
     p.add_argument("--boot-timeout", type=float, default=120.0)
     p.add_argument("--graceful-timeout", type=float, default=30.0)
     p.add_argument("--log-level", default="INFO")
@@ -87,7 +124,9 @@ def add_serve(sub: Any) -> None:
 
 
 def options_from_args(args: argparse.Namespace) -> ServerOptions:
-    opts = ServerOptions(model_repository=os.path.abspath(args.model_repository or default_repository()))
+    opts = ServerOptions(
+        model_repository=os.path.abspath(args.model_repository or default_repository())
+    )
     if args.listen:
         opts.listen = list(args.listen)
     opts.arena_size = args.arena_size
@@ -97,7 +136,9 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
     opts.model_control_mode = args.model_control_mode
     opts.load_models = list(args.load_model)
     opts.strict_readiness = args.strict_readiness
-    opts.backend_directory = os.path.abspath(args.backend_directory) if args.backend_directory else ""
+    opts.backend_directory = (
+        os.path.abspath(args.backend_directory) if args.backend_directory else ""
+    )
     opts.backend_config = parse_backend_config(args.backend_config)
     opts.host_policies = list(args.host_policy)
     opts.pin = args.pin != "none"
@@ -122,7 +163,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         for row in b.registry.index():
             reason = f" ({row['reason']})" if row["reason"] else ""
             print(f"  model {row['name']} version {row['version'] or '-'}: {row['state']}{reason}")
-        print("inferpool is ready" if b.ready() else "inferpool started, but not every model is ready")
+        print(
+            "inferpool is ready" if b.ready() else "inferpool started, but not every model is ready"
+        )
         sys.stdout.flush()
 
     broker.on_started = started
@@ -141,18 +184,34 @@ def cmd_serve(args: argparse.Namespace) -> int:
 # ============================================================================ client commands
 def add_client_commands(sub: Any) -> None:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--endpoint", default=None,
-                        help=f"server endpoint (default: $INFERPOOL_ENDPOINT or {default_endpoint()})")
+    common.add_argument(
+        "--endpoint",
+        default=None,
+        help=f"server endpoint (default: $INFERPOOL_ENDPOINT or {default_endpoint()})",
+    )
     common.add_argument("--timeout", type=float, default=60.0)
 
     p = sub.add_parser("infer", parents=[common], help="run one inference and print the outputs")
     p.add_argument("model")
-    p.add_argument("--input", action="append", required=True, metavar="NAME=V1,V2,...",
-                   help="an input's values, comma-separated, or NAME=@file.npy; repeatable")
-    p.add_argument("--datatype", action="append", default=[],
-                   help="datatype per input, in --input order (default: from the model)")
-    p.add_argument("--shape", action="append", default=[],
-                   help="shape per input, e.g. 2x3 or 2,3 (default: the values as one row)")
+    p.add_argument(
+        "--input",
+        action="append",
+        required=True,
+        metavar="NAME=V1,V2,...",
+        help="an input's values, comma-separated, or NAME=@file.npy; repeatable",
+    )
+    p.add_argument(
+        "--datatype",
+        action="append",
+        default=[],
+        help="datatype per input, in --input order (default: from the model)",
+    )
+    p.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        help="shape per input, e.g. 2x3 or 2,3 (default: the values as one row)",
+    )
     p.add_argument("--output", action="append", default=None, help="output to request; repeatable")
     p.add_argument("--version", default="")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -169,7 +228,9 @@ def add_client_commands(sub: Any) -> None:
     p.set_defaults(func=cmd_stats)
 
 
-def _parse_input(text: str, datatype: str | None, shape: str | None, config: dict[str, Any]) -> tuple[str, np.ndarray, str]:
+def _parse_input(
+    text: str, datatype: str | None, shape: str | None, config: dict[str, Any]
+) -> tuple[str, np.ndarray, str]:
     name, eq, values = text.partition("=")
     if not eq or not name:
         raise SystemExit(f"--input expects NAME=V1,V2,..., got {text!r}")
@@ -183,8 +244,14 @@ def _parse_input(text: str, datatype: str | None, shape: str | None, config: dic
     elif datatype == "BYTES":
         arr = np.array([v.encode() for v in values.split(",")], dtype=object)
     else:
-        arr = np.array([float(v) if "." in v or "e" in v.lower() else int(v, 0)
-                        for v in values.split(",") if v], dtype=wire.numpy_dtype(datatype))
+        arr = np.array(
+            [
+                float(v) if "." in v or "e" in v.lower() else int(v, 0)
+                for v in values.split(",")
+                if v
+            ],
+            dtype=wire.numpy_dtype(datatype),
+        )
     if shape:
         dims = [int(d) for d in shape.replace("x", ",").split(",") if d]
         arr = arr.reshape(dims)
@@ -199,18 +266,33 @@ def cmd_infer(args: argparse.Namespace) -> int:
         inputs: dict[str, Any] = {}
         datatypes: dict[str, str] = {}
         for i, text in enumerate(args.input):
-            dt = args.datatype[i] if i < len(args.datatype) else (args.datatype[0] if len(args.datatype) == 1 else None)
-            sh = args.shape[i] if i < len(args.shape) else (args.shape[0] if len(args.shape) == 1 else None)
+            dt = (
+                args.datatype[i]
+                if i < len(args.datatype)
+                else (args.datatype[0] if len(args.datatype) == 1 else None)
+            )
+            sh = (
+                args.shape[i]
+                if i < len(args.shape)
+                else (args.shape[0] if len(args.shape) == 1 else None)
+            )
             name, arr, datatype = _parse_input(text, dt, sh, config)
             inputs[name] = arr
             datatypes[name] = datatype
-        result = c.infer_result(args.model, inputs, args.output, version=args.version, datatypes=datatypes)
+        result = c.infer_result(
+            args.model, inputs, args.output, version=args.version, datatypes=datatypes
+        )
     if args.json:
-        print(json.dumps({
-            "model_name": result.model_name, "model_version": result.model_version,
-            "outputs": {k: _jsonable(v) for k, v in result.outputs.items()},
-            "parameters": result.parameters,
-        }))
+        print(
+            json.dumps(
+                {
+                    "model_name": result.model_name,
+                    "model_version": result.model_version,
+                    "outputs": {k: _jsonable(v) for k, v in result.outputs.items()},
+                    "parameters": result.parameters,
+                }
+            )
+        )
         return 0
     for name, arr in result.outputs.items():
         print(f"{name} {wire.datatype_of(arr.dtype)} {list(arr.shape)}: {_jsonable(arr)}")
@@ -237,11 +319,16 @@ def cmd_models(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     with Client(args.endpoint, timeout=args.timeout) as c:
         rows = c.status()
-    print(f"{'INSTANCE':24} {'MODEL':16} {'PID':>7} {'STATE':9} {'CPUS':10} {'RESTARTS':>8} LAST ERROR")
+    print(
+        f"{'INSTANCE':24} {'MODEL':16} {'PID':>7} {'STATE':9} {'CPUS':10} "
+        f"{'RESTARTS':>8} LAST ERROR"
+    )
     for r in rows:
         cpus = ",".join(str(x) for x in r.get("pinning", {}).get("cpus", [])) or "-"
-        print(f"{r['instance']:24} {r['model']:16} {r['pid'] or '-':>7} {r['state']:9} "
-              f"{cpus:10} {r['restarts']:>8} {r['last_error']}")
+        print(
+            f"{r['instance']:24} {r['model']:16} {r['pid'] or '-':>7} {r['state']:9} "
+            f"{cpus:10} {r['restarts']:>8} {r['last_error']}"
+        )
     return 0
 
 

@@ -6,6 +6,7 @@ exists, the name is unlinked before the error propagates, so a failed start leak
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 from typing import Any
@@ -71,7 +72,8 @@ class Region:
         """A zero-copy window; raises ValueError when it does not fit in the region."""
         if offset < 0 or nbytes < 0 or offset + nbytes > self.size:
             raise ValueError(
-                f"[{offset}, {offset + nbytes}) is outside region {self.name!r} of {self.size} bytes"
+                f"[{offset}, {offset + nbytes}) is outside region {self.name!r} "
+                f"of {self.size} bytes"
             )
         return self.buf[offset : offset + nbytes]
 
@@ -84,18 +86,14 @@ class Region:
         if self._map is None:
             return
         self.buf.release()
-        try:
+        with contextlib.suppress(BufferError):  # live numpy views keep it until they go
             self._map.close()
-        except BufferError:
-            pass  # numpy views still reference it; the mapping goes when they do
         self._map = None
 
     def unlink(self) -> None:
         """Remove the name (owner only); mappings elsewhere stay valid until closed."""
-        try:
+        with contextlib.suppress(posix_ipc.ExistentialError):
             posix_ipc.unlink_shared_memory("/" + self.name)
-        except posix_ipc.ExistentialError:
-            pass
 
     def destroy(self) -> None:
         self.close()

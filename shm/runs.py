@@ -8,6 +8,7 @@ regions whose run no longer holds its lock, and never touches a live run's regio
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
@@ -41,7 +42,9 @@ class RunLock:
         self.run_id = run_id or new_run_id()
         self.name = region_name(self.run_id, "lock")
         self._fd: int | None = os.open(
-            os.path.join(SHM_DIR, self.name), os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC, 0o600
+            os.path.join(SHM_DIR, self.name),
+            os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC,
+            0o600,
         )
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -54,10 +57,8 @@ class RunLock:
         """Unlink the lock object and drop the lock (call after the run's regions are gone)."""
         if self._fd is None:
             return
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(SHM_DIR, self.name))
-        except FileNotFoundError:
-            pass
         os.close(self._fd)
         self._fd = None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -28,7 +29,13 @@ def free_tcp_port() -> int:
         return int(s.getsockname()[1])
 
 
-def write_model(repo: Path, name: str, config: str, versions: tuple[int, ...] = (1,), files: dict[str, str] | None = None) -> Path:
+def write_model(
+    repo: Path,
+    name: str,
+    config: str,
+    versions: tuple[int, ...] = (1,),
+    files: dict[str, str] | None = None,
+) -> Path:
     """A model directory in Triton's layout: config.pbtxt, version dirs, extra files."""
     d = repo / name
     d.mkdir(parents=True, exist_ok=True)
@@ -42,7 +49,13 @@ def write_model(repo: Path, name: str, config: str, versions: tuple[int, ...] = 
     return d
 
 
-def identity_config(name: str, datatype: str = "TYPE_FP32", dims: str = "[ -1 ]", max_batch: int = 0, extra: str = "") -> str:
+def identity_config(
+    name: str,
+    datatype: str = "TYPE_FP32",
+    dims: str = "[ -1 ]",
+    max_batch: int = 0,
+    extra: str = "",
+) -> str:
     return f"""
         name: "{name}"
         backend: "identity"
@@ -56,22 +69,44 @@ def identity_config(name: str, datatype: str = "TYPE_FP32", dims: str = "[ -1 ]"
 class Server:
     """``inferpool serve`` as a child process in its own process group."""
 
-    def __init__(self, tmp: Path, repo: Path | str = EXAMPLES, *args: str, tcp: bool = False, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        repo: Path | str = EXAMPLES,
+        *args: str,
+        tcp: bool = False,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.ipc = f"ipc://{tmp}/broker.sock"
         self.endpoints = [self.ipc]
         if tcp:
             self.tcp = f"tcp://127.0.0.1:{free_tcp_port()}"
             self.endpoints.append(self.tcp)
         self.log_path = tmp / "server.log"
-        cmd = [sys.executable, "-m", "inferpool", "serve", "--model-repository", str(repo),
-               "--arena-size", "32M", "--output-arena-size", "16M", "--no-prefault",
-               "--graceful-timeout", "10"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "inferpool",
+            "serve",
+            "--model-repository",
+            str(repo),
+            "--arena-size",
+            "32M",
+            "--output-arena-size",
+            "16M",
+            "--no-prefault",
+            "--graceful-timeout",
+            "10",
+        ]
         for ep in self.endpoints:
             cmd += ["--listen", ep]
         cmd += list(args)
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+            cmd,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
             env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
         )
 
@@ -88,7 +123,10 @@ class Server:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
-            if b"inferpool is ready" in self.log_bytes() or b"inferpool started" in self.log_bytes():
+            if (
+                b"inferpool is ready" in self.log_bytes()
+                or b"inferpool started" in self.log_bytes()
+            ):
                 return
             time.sleep(0.05)
         raise TimeoutError(f"server did not start within {timeout}s:\n{self.log()}")
@@ -112,10 +150,8 @@ class Server:
 
     def kill(self) -> None:
         """SIGKILL the whole process group (broker and workers)."""
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.proc.wait(10)
 
     def worker_pids(self) -> list[int]:

@@ -25,7 +25,6 @@ from backends.api import (
     Request,
     Response,
     iter_responses,
-    now_ns,
 )
 from backends.loader import find_backend
 from client.errors import Code, InferpoolError, internal
@@ -57,13 +56,25 @@ class StatsCollector:
 
     # StatisticsReporter
     def report_request(
-        self, request: Request, success: bool, exec_start: int, compute_start: int,
-        compute_end: int, exec_end: int, compute_output_end: int | None = None,
+        self,
+        request: Request,
+        success: bool,
+        exec_start: int,
+        compute_start: int,
+        compute_end: int,
+        exec_end: int,
+        compute_output_end: int | None = None,
     ) -> None:
-        self.timings[id(request)] = Timing(success, exec_start, compute_start, compute_end, exec_end)
+        self.timings[id(request)] = Timing(
+            success, exec_start, compute_start, compute_end, exec_end
+        )
 
     def report_batch(
-        self, batch_size: int, exec_start: int, compute_start: int, compute_end: int,
+        self,
+        batch_size: int,
+        exec_start: int,
+        compute_start: int,
+        compute_end: int,
         exec_end: int,
     ) -> None:
         self.batches.append((batch_size, exec_start, compute_start, compute_end, exec_end))
@@ -183,7 +194,9 @@ class BackendHost:
             level.initialize()
         except Exception as exc:
             raise InferpoolError.wrap(exc, Code.INTERNAL, f"{hook} failed: ") from exc
-        self._stack.callback(self._finalize, level, hook.split(" ")[0].replace("Initialize", "Finalize"))
+        self._stack.callback(
+            self._finalize, level, hook.split(" ")[0].replace("Initialize", "Finalize")
+        )
 
     @staticmethod
     def _finalize(level: Any, hook: str) -> None:

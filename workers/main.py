@@ -39,7 +39,8 @@ def main() -> int:
         return EXIT_BOOT_FAILED
     logging.basicConfig(
         level=getattr(logging, spec.log_level.upper(), logging.INFO),
-        format=f"%(asctime)s %(levelname)s [{spec.instance.name} pid {os.getpid()}] %(name)s: %(message)s",
+        format=f"%(asctime)s %(levelname)s [{spec.instance.name} pid {os.getpid()}] "
+        "%(name)s: %(message)s",
         stream=sys.stderr,
     )
     for warning in applied.warnings:

@@ -34,7 +34,7 @@ log = logging.getLogger("inferpool.worker")
 class Worker:
     def __init__(self, spec: WorkerSpec) -> None:
         self.spec = spec
-        self.ctx = zmq.Context.instance()
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.IDENTITY, spec.identity.encode())
         self.sock.setsockopt(zmq.LINGER, 2000)
@@ -68,9 +68,7 @@ class Worker:
         cfg = self.host.config
         self.decoupled = self.host.decoupled
         self.batching = cfg.max_batch_size > 0
-        self.reshapes = {
-            t.name: tuple(t.reshape.shape) for t in cfg.input if t.HasField("reshape")
-        }
+        self.reshapes = {t.name: tuple(t.reshape.shape) for t in cfg.input if t.HasField("reshape")}
 
     def send(self, msg: dict[str, Any]) -> None:
         self.sock.send(orjson.dumps(msg))
@@ -178,7 +176,9 @@ class Worker:
         return Request(
             id=work["id"],
             inputs=inputs,
-            requested_outputs={name: RequestedOutput(name, target) for name, target in work["outputs"]},
+            requested_outputs={
+                name: RequestedOutput(name, target) for name, target in work["outputs"]
+            },
             memory=self.memory,
             emit=self._emit,
             correlation_id=work.get("corr", 0),
@@ -216,7 +216,9 @@ class Worker:
             if name not in request.requested_outputs:
                 self.memory.release(out.region, out.offset)
                 continue
-            outputs.append([name, out.datatype, list(out.shape), out.region, out.offset, out.byte_size])
+            outputs.append(
+                [name, out.datatype, list(out.shape), out.region, out.offset, out.byte_size]
+            )
         item["outputs"] = outputs
         if response.parameters:
             item["params"] = response.parameters

@@ -83,11 +83,11 @@ class IdentityModel(Model):
             out_shape = list(out.reshape.shape if out.HasField("reshape") else out.dims)
             in_type = model_type_name(inp.data_type)
             out_type = model_type_name(out.data_type)
-            inputs[inp.name[len("INPUT"):]] = (in_type, in_shape)
-            outputs[out.name[len("OUTPUT"):]] = (out_type, out_shape)
+            inputs[inp.name[len("INPUT") :]] = (in_type, in_shape)
+            outputs[out.name[len("OUTPUT") :]] = (out_type, out_shape)
             if inp.optional:
                 try:
-                    idx = int(inp.name[len("INPUT"):])
+                    idx = int(inp.name[len("INPUT") :])
                 except ValueError:
                     raise invalid_arg(
                         f"expected input name to follow INPUT<index> pattern, got '{inp.name}'"
@@ -121,7 +121,9 @@ class IdentityInstance(ModelInstance):
     def initialize(self) -> None:
         self.log.info(
             "TRITONBACKEND_ModelInstanceInitialize: %s (%s device %d)",
-            self.name, self.kind, self.device_id,
+            self.name,
+            self.kind,
+            self.device_id,
         )
         if self.kind != "CPU":
             raise invalid_arg("'identity' backend only supports CPU instances")
@@ -152,7 +154,7 @@ class IdentityInstance(ModelInstance):
                 first = next(iter(request.inputs.values()))
                 batch_dim = first.shape[0] if first.shape else 0
             for name in request.requested_outputs:
-                index = name[len("OUTPUT"):]
+                index = name[len("OUTPUT") :]
                 input_name = "INPUT" + index
                 if request.has_input(input_name):
                     src = request.input(input_name)

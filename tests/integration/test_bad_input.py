@@ -10,7 +10,7 @@ import orjson
 import pytest
 import zmq
 
-from client import Client, InferpoolError
+from client import InferpoolError
 from tests.support import Server, identity_config, write_model
 
 
@@ -36,8 +36,11 @@ def error_of(reply: list[bytes]) -> dict[str, str]:
 
 
 def infer_header(**kw: Any) -> bytes:
-    h = {"type": "infer", "model_name": "identity",
-         "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4]}]}
+    h = {
+        "type": "infer",
+        "model_name": "identity",
+        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4]}],
+    }
     h.update(kw)
     return orjson.dumps(h)
 
@@ -49,43 +52,131 @@ BAD = [
     ("not an object", [b"", b"[1, 2]", FOUR], "INVALID_ARG", "expected a JSON object, got list"),
     ("no delimiter", [b"{}"], "INVALID_ARG", "expected [empty delimiter, JSON header"),
     ("unknown type", [b"", b'{"type": "launch"}'], "INVALID_ARG", "unknown message type 'launch'"),
-    ("old protocol", [b"", b'{"type": "health_live", "protocol": 99}'], "UNSUPPORTED", "protocol version 99"),
-    ("unknown model", [b"", infer_header(model_name="nope"), FOUR], "NOT_FOUND", "unknown model: 'nope'"),
-    ("unknown version", [b"", infer_header(model_version="9"), FOUR], "NOT_FOUND", "'identity' version 9 is not found"),
-    ("bad version", [b"", infer_header(model_version="x"), FOUR], "INVALID_ARG", "model_version must be a version number"),
-    ("wrong datatype", [b"", infer_header(inputs=[{"name": "INPUT0", "datatype": "INT32", "shape": [4]}]), FOUR],
-     "INVALID_ARG", "inference input 'INPUT0' data-type is 'INT32', but model 'identity' expects 'FP32'"),
-    ("unknown datatype", [b"", infer_header(inputs=[{"name": "INPUT0", "datatype": "FP128", "shape": [4]}]), FOUR],
-     "INVALID_ARG", "data-type is 'FP128'"),
-    ("wrong rank", [b"", infer_header(inputs=[{"name": "INPUT0", "datatype": "FP32", "shape": [2, 2]}]), FOUR],
-     "INVALID_ARG", "unexpected shape for input 'INPUT0' for model 'identity'. Expected [-1], got [2,2]"),
-    ("bad shape", [b"", infer_header(inputs=[{"name": "INPUT0", "datatype": "FP32", "shape": [-4]}]), FOUR],
-     "INVALID_ARG", "shape must be a list of non-negative integers"),
-    ("byte count", [b"", infer_header(), FOUR[:12]], "INVALID_ARG",
-     "input byte size mismatch for input 'INPUT0' for model 'identity'. Expected 16, got 12"),
-    ("missing frame", [b"", infer_header()], "INVALID_ARG", "input 'INPUT0' for model 'identity' has no data"),
-    ("extra frame", [b"", infer_header(), FOUR, FOUR], "INVALID_ARG", "sent 2 tensor frame(s) but its inputs use 1"),
-    ("unknown input", [b"", infer_header(inputs=[{"name": "X", "datatype": "FP32", "shape": [4]}]), FOUR],
-     "INVALID_ARG", "unexpected inference input 'X' for model 'identity'"),
-    ("missing input", [b"", infer_header(inputs=[])], "INVALID_ARG",
-     "expected 1 inputs but got 0 inputs for model 'identity'. Got input(s) [], but missing required input(s) ['INPUT0']"),
-    ("input twice", [b"", infer_header(inputs=[{"name": "INPUT0", "datatype": "FP32", "shape": [4]}] * 2), FOUR, FOUR],
-     "INVALID_ARG", "input 'INPUT0' is given more than once"),
-    ("unknown output", [b"", infer_header(outputs=[{"name": "OUT9"}]), FOUR], "INVALID_ARG",
-     "unexpected inference output 'OUT9' for model 'identity'"),
-    ("inputs not a list", [b"", infer_header(inputs={"INPUT0": 1}), FOUR], "INVALID_ARG", "has no 'inputs' list"),
-    ("bad sequence flag", [b"", infer_header(parameters={"sequence_start": "yes"}), FOUR], "INVALID_ARG",
-     "sequence_start must be a boolean"),
-    ("too large", [b"", infer_header(inputs=[{"name": "INPUT0", "datatype": "FP32", "shape": [600000]}]),
-                   np.zeros(600000, np.float32).tobytes()], "INVALID_ARG",
-     "exceeds the server limit of 2097152 bytes"),
+    (
+        "old protocol",
+        [b"", b'{"type": "health_live", "protocol": 99}'],
+        "UNSUPPORTED",
+        "protocol version 99",
+    ),
+    (
+        "unknown model",
+        [b"", infer_header(model_name="nope"), FOUR],
+        "NOT_FOUND",
+        "unknown model: 'nope'",
+    ),
+    (
+        "unknown version",
+        [b"", infer_header(model_version="9"), FOUR],
+        "NOT_FOUND",
+        "'identity' version 9 is not found",
+    ),
+    (
+        "bad version",
+        [b"", infer_header(model_version="x"), FOUR],
+        "INVALID_ARG",
+        "model_version must be a version number",
+    ),
+    (
+        "wrong datatype",
+        [b"", infer_header(inputs=[{"name": "INPUT0", "datatype": "INT32", "shape": [4]}]), FOUR],
+        "INVALID_ARG",
+        "inference input 'INPUT0' data-type is 'INT32', but model 'identity' expects 'FP32'",
+    ),
+    (
+        "unknown datatype",
+        [b"", infer_header(inputs=[{"name": "INPUT0", "datatype": "FP128", "shape": [4]}]), FOUR],
+        "INVALID_ARG",
+        "data-type is 'FP128'",
+    ),
+    (
+        "wrong rank",
+        [b"", infer_header(inputs=[{"name": "INPUT0", "datatype": "FP32", "shape": [2, 2]}]), FOUR],
+        "INVALID_ARG",
+        "unexpected shape for input 'INPUT0' for model 'identity'. Expected [-1], got [2,2]",
+    ),
+    (
+        "bad shape",
+        [b"", infer_header(inputs=[{"name": "INPUT0", "datatype": "FP32", "shape": [-4]}]), FOUR],
+        "INVALID_ARG",
+        "shape must be a list of non-negative integers",
+    ),
+    (
+        "byte count",
+        [b"", infer_header(), FOUR[:12]],
+        "INVALID_ARG",
+        "input byte size mismatch for input 'INPUT0' for model 'identity'. Expected 16, got 12",
+    ),
+    (
+        "missing frame",
+        [b"", infer_header()],
+        "INVALID_ARG",
+        "input 'INPUT0' for model 'identity' has no data",
+    ),
+    (
+        "extra frame",
+        [b"", infer_header(), FOUR, FOUR],
+        "INVALID_ARG",
+        "sent 2 tensor frame(s) but its inputs use 1",
+    ),
+    (
+        "unknown input",
+        [b"", infer_header(inputs=[{"name": "X", "datatype": "FP32", "shape": [4]}]), FOUR],
+        "INVALID_ARG",
+        "unexpected inference input 'X' for model 'identity'",
+    ),
+    (
+        "missing input",
+        [b"", infer_header(inputs=[])],
+        "INVALID_ARG",
+        "expected 1 inputs but got 0 inputs for model 'identity'. Got input(s) [], but missing required input(s) ['INPUT0']",
+    ),
+    (
+        "input twice",
+        [
+            b"",
+            infer_header(inputs=[{"name": "INPUT0", "datatype": "FP32", "shape": [4]}] * 2),
+            FOUR,
+            FOUR,
+        ],
+        "INVALID_ARG",
+        "input 'INPUT0' is given more than once",
+    ),
+    (
+        "unknown output",
+        [b"", infer_header(outputs=[{"name": "OUT9"}]), FOUR],
+        "INVALID_ARG",
+        "unexpected inference output 'OUT9' for model 'identity'",
+    ),
+    (
+        "inputs not a list",
+        [b"", infer_header(inputs={"INPUT0": 1}), FOUR],
+        "INVALID_ARG",
+        "has no 'inputs' list",
+    ),
+    (
+        "bad sequence flag",
+        [b"", infer_header(parameters={"sequence_start": "yes"}), FOUR],
+        "INVALID_ARG",
+        "sequence_start must be a boolean",
+    ),
+    (
+        "too large",
+        [
+            b"",
+            infer_header(inputs=[{"name": "INPUT0", "datatype": "FP32", "shape": [600000]}]),
+            np.zeros(600000, np.float32).tobytes(),
+        ],
+        "INVALID_ARG",
+        "exceeds the server limit of 2097152 bytes",
+    ),
 ]
 
 
 @pytest.fixture
 def server(short_tmp, shm_clean):
-    with Server(short_tmp, __import__("tests.support").support.EXAMPLES,
-                "--max-request-bytes", "2M") as s:
+    with Server(
+        short_tmp, __import__("tests.support").support.EXAMPLES, "--max-request-bytes", "2M"
+    ) as s:
         yield s
 
 
@@ -100,7 +191,9 @@ def test_each_bad_request_gets_a_named_error_and_nothing_leaks(server: Server) -
         stats = c.statistics()
         assert stats["arena"]["free"] == free_before
         assert stats["inflight"] == 0
-        np.testing.assert_array_equal(c.infer("identity", {"INPUT0": np.ones(3, np.float32)})["OUTPUT0"], 1)
+        np.testing.assert_array_equal(
+            c.infer("identity", {"INPUT0": np.ones(3, np.float32)})["OUTPUT0"], 1
+        )
 
 
 def test_other_clients_are_served_during_a_burst_of_garbage(server: Server) -> None:
@@ -135,7 +228,10 @@ def test_backend_errors_do_not_sink_the_batch(short_tmp, shm_clean) -> None:
     """identity answers a request that asks for an output of a missing, non-optional input
     with an error, and the other requests of the same batch still get their results."""
     repo = short_tmp / "repo"
-    write_model(repo, "pair", """
+    write_model(
+        repo,
+        "pair",
+        """
         name: "pair"
         backend: "identity"
         max_batch_size: 4
@@ -145,16 +241,31 @@ def test_backend_errors_do_not_sink_the_batch(short_tmp, shm_clean) -> None:
         output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 2 ] },
                  { name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 2 ] } ]
         parameters { key: "execute_delay_ms" value: { string_value: "50" } }
-    """)
+    """,
+    )
     with Server(short_tmp, repo) as s:
         c1, c2 = s.client(), s.client()
         try:
             a = np.array([[1, 2]], np.int32)
-            r1 = c1._send({"type": "infer", "model_name": "pair", "inputs": [
-                {"name": "INPUT0", "datatype": "INT32", "shape": [1, 2]}]}, [a.data])
-            r2 = c2._send({"type": "infer", "model_name": "pair", "inputs": [
-                {"name": "INPUT0", "datatype": "INT32", "shape": [1, 2]},
-                {"name": "INPUT1", "datatype": "INT32", "shape": [1, 2]}]}, [a.data, a.data])
+            r1 = c1._send(
+                {
+                    "type": "infer",
+                    "model_name": "pair",
+                    "inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1, 2]}],
+                },
+                [a.data],
+            )
+            r2 = c2._send(
+                {
+                    "type": "infer",
+                    "model_name": "pair",
+                    "inputs": [
+                        {"name": "INPUT0", "datatype": "INT32", "shape": [1, 2]},
+                        {"name": "INPUT1", "datatype": "INT32", "shape": [1, 2]},
+                    ],
+                },
+                [a.data, a.data],
+            )
             h1, f1 = c1._recv(r1, 10)
             h2, f2 = c2._recv(r2, 10)
             assert "error" not in h1 and "error" not in h2
@@ -168,43 +279,71 @@ def test_backend_errors_do_not_sink_the_batch(short_tmp, shm_clean) -> None:
 def test_model_that_fails_to_load_is_unavailable_with_its_reason(short_tmp, shm_clean) -> None:
     repo = short_tmp / "repo"
     write_model(repo, "good", identity_config("good"))
-    write_model(repo, "nobackend", """
+    write_model(
+        repo,
+        "nobackend",
+        """
         name: "nobackend"
         input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
         output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
-    """)
+    """,
+    )
     write_model(repo, "noversion", identity_config("noversion"), versions=())
-    write_model(repo, "badnames", """
+    write_model(
+        repo,
+        "badnames",
+        """
         name: "badnames"
         backend: "identity"
         input [ { name: "IN0" data_type: TYPE_FP32 dims: [ 4 ] } ]
         output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
-    """)
-    write_model(repo, "mismatch", """
+    """,
+    )
+    write_model(
+        repo,
+        "mismatch",
+        """
         name: "mismatch"
         backend: "identity"
         input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
         output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 4 ] } ]
-    """)
+    """,
+    )
     write_model(repo, "nobody", identity_config("nobody").replace('"identity"', '"nosuchbackend"'))
     with Server(short_tmp, repo) as s, s.client() as c:
         assert not c.is_ready()  # strict readiness: not every model loaded
         rows = {r["name"]: r for r in c.models()}
         assert rows["good"]["state"] == "READY"
-        assert "Could not determine backend for model 'nobackend' with no backend in model configuration" in rows["nobackend"]["reason"]
-        assert 'Add a backend line to config.pbtxt' in rows["nobackend"]["reason"]
-        assert "at least one version must be available under the version policy of model 'noversion'" in rows["noversion"]["reason"]
-        assert "expected input name to follow INPUT<index> pattern, got 'IN0'" in rows["badnames"]["reason"]
+        assert (
+            "Could not determine backend for model 'nobackend' with no backend in model configuration"
+            in rows["nobackend"]["reason"]
+        )
+        assert "Add a backend line to config.pbtxt" in rows["nobackend"]["reason"]
+        assert (
+            "at least one version must be available under the version policy of model 'noversion'"
+            in rows["noversion"]["reason"]
+        )
+        assert (
+            "expected input name to follow INPUT<index> pattern, got 'IN0'"
+            in rows["badnames"]["reason"]
+        )
         assert "TRITONBACKEND_ModelInitialize" in rows["badnames"]["reason"]
-        assert "expected input and output datatype to match, got TYPE_FP32 and TYPE_INT32" in rows["mismatch"]["reason"]
+        assert (
+            "expected input and output datatype to match, got TYPE_FP32 and TYPE_INT32"
+            in rows["mismatch"]["reason"]
+        )
         assert "unable to find backend 'nosuchbackend'" in rows["nobody"]["reason"]
         for name in ("nobackend", "noversion", "badnames", "mismatch", "nobody"):
             assert rows[name]["state"] == "UNAVAILABLE", rows[name]
         with pytest.raises(InferpoolError, match="badnames") as err:
             c.infer("badnames", {"INPUT0": np.ones(4, np.float32)})
         assert err.value.code.value == "UNAVAILABLE"
-        np.testing.assert_array_equal(c.infer("good", {"INPUT0": np.ones(4, np.float32)})["OUTPUT0"], 1)
+        np.testing.assert_array_equal(
+            c.infer("good", {"INPUT0": np.ones(4, np.float32)})["OUTPUT0"], 1
+        )
         # no worker is left running for the failed models, and none is respawned
         states = {r["instance"]: r["state"] for r in c.status()}
         assert states["good_0_0"] == "READY"
-        assert all(v in ("FAILED", "STOPPED") for k, v in states.items() if not k.startswith("good"))
+        assert all(
+            v in ("FAILED", "STOPPED") for k, v in states.items() if not k.startswith("good")
+        )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -20,7 +21,9 @@ def test_identity_round_trip_over_ipc_and_tcp(example_server: Server) -> None:
             np.testing.assert_array_equal(result.outputs["OUTPUT0"], x)
             assert result.model_version == "1"
             assert result.parameters == {
-                "param0": "an example string parameter", "param1": 42, "param2": False,
+                "param0": "an example string parameter",
+                "param1": 42,
+                "param2": False,
                 "param3": 123.123,
             }
 
@@ -44,7 +47,9 @@ def test_metadata_config_index_and_health(example_server: Server) -> None:
     with example_server.client() as c:
         assert c.is_live() and c.is_ready()
         assert c.is_model_ready("identity")
-        with pytest.raises(InferpoolError, match="'identity_batched' version 7 is not found") as err:
+        with pytest.raises(
+            InferpoolError, match="'identity_batched' version 7 is not found"
+        ) as err:
             c.is_model_ready("identity_batched", 7)
         assert err.value.code.value == "NOT_FOUND"
         meta = c.model_metadata("identity_batched")
@@ -79,18 +84,32 @@ def test_dynamic_batcher_groups_concurrent_requests(short_tmp, shm_clean) -> Non
     from tests.support import identity_config, write_model
 
     repo = short_tmp / "repo"
-    write_model(repo, "slow", identity_config(
-        "slow", "TYPE_INT32", max_batch=8,
-        extra="""dynamic_batching { max_queue_delay_microseconds: 200000 }
+    write_model(
+        repo,
+        "slow",
+        identity_config(
+            "slow",
+            "TYPE_INT32",
+            max_batch=8,
+            extra="""dynamic_batching { max_queue_delay_microseconds: 200000 }
                  instance_group [ { count: 1 kind: KIND_CPU } ]
                  parameters { key: "execute_delay_ms" value: { string_value: "100" } }""",
-    ))
+        ),
+    )
     with Server(short_tmp, repo) as server:
         clients = [server.client() for _ in range(4)]
         try:
-            ids = [c._send({"type": "infer", "model_name": "slow", "inputs": [
-                {"name": "INPUT0", "datatype": "INT32", "shape": [1, 2]}]}, [np.array([[i, i]], np.int32).data])
-                for i, c in enumerate(clients)]
+            ids = [
+                c._send(
+                    {
+                        "type": "infer",
+                        "model_name": "slow",
+                        "inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1, 2]}],
+                    },
+                    [np.array([[i, i]], np.int32).data],
+                )
+                for i, c in enumerate(clients)
+            ]
             for i, (c, rid) in enumerate(zip(clients, ids, strict=True)):
                 header, frames = c._recv(rid, 10)
                 assert "error" not in header, header
@@ -108,25 +127,62 @@ def test_dynamic_batcher_groups_concurrent_requests(short_tmp, shm_clean) -> Non
 def test_cli_infer_and_models(example_server: Server) -> None:
     run = [sys.executable, "-m", "inferpool"]
     ep = ["--endpoint", example_server.endpoint]
-    out = subprocess.run(run + ["infer", "identity", "--input", "INPUT0=1,2,3", *ep],
-                         capture_output=True, text=True, timeout=60, check=True).stdout
+    out = subprocess.run(
+        [*run, "infer", "identity", "--input", "INPUT0=1,2,3", *ep],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     assert "OUTPUT0 FP32 [3]: [1.0, 2.0, 3.0]" in out
-    out = subprocess.run(run + ["infer", "identity_batched", "--input", "INPUT0=1,2,3,4",
-                                "--shape", "2x2", "--output", "OUTPUT0", "--json", *ep],
-                         capture_output=True, text=True, timeout=60, check=True).stdout
+    out = subprocess.run(
+        [
+            *run,
+            "infer",
+            "identity_batched",
+            "--input",
+            "INPUT0=1,2,3,4",
+            "--shape",
+            "2x2",
+            "--output",
+            "OUTPUT0",
+            "--json",
+            *ep,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     assert '"outputs": {"OUTPUT0": [[1, 2], [3, 4]]}' in out
-    bad = subprocess.run(run + ["infer", "identity", "--input", "INPUT0=1,2,3,4", "--shape", "2x2",
-                                *ep], capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [*run, "infer", "identity", "--input", "INPUT0=1,2,3,4", "--shape", "2x2", *ep],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2
-    assert "unexpected shape for input 'INPUT0' for model 'identity'. Expected [-1], got [2,2]" in bad.stderr
-    out = subprocess.run(run + ["models", *ep], capture_output=True, text=True, timeout=60,
-                         check=True).stdout
+    assert (
+        "unexpected shape for input 'INPUT0' for model 'identity'. Expected [-1], got [2,2]"
+        in bad.stderr
+    )
+    out = subprocess.run(
+        [*run, "models", *ep], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
     assert "identity_batched" in out and "READY" in out
-    bad = subprocess.run(run + ["infer", "nosuch", "--input", "INPUT0=1", *ep],
-                         capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [*run, "infer", "nosuch", "--input", "INPUT0=1", *ep],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "NOT_FOUND" in bad.stderr and "nosuch" in bad.stderr
 
 
+@pytest.mark.skipif(
+    not os.path.exists("/usr/include/zmq.h"),
+    reason="libzmq3-dev is not installed (apt-get install libzmq3-dev)",
+)
 def test_c_client_speaks_the_protocol(example_server: Server) -> None:
     cdir = ROOT / "scripts" / "clients" / "c"
     build = subprocess.run(["make", "-C", str(cdir)], capture_output=True, text=True, timeout=120)
@@ -134,12 +190,19 @@ def test_c_client_speaks_the_protocol(example_server: Server) -> None:
     assert "warning" not in build.stderr
     binary = str(cdir / "infer_identity")
     for endpoint in example_server.endpoints:
-        run = subprocess.run([binary, endpoint, "identity"], capture_output=True, text=True, timeout=30)
+        run = subprocess.run(
+            [binary, endpoint, "identity"], capture_output=True, text=True, timeout=30
+        )
         assert run.returncode == 0, run.stderr
         assert run.stdout == "OUTPUT0 = 1.5 2.5 3.5 4.5\nOK\n"
-    missing = subprocess.run([binary, example_server.endpoint, "missing"], capture_output=True,
-                             text=True, timeout=30)
+    missing = subprocess.run(
+        [binary, example_server.endpoint, "missing"], capture_output=True, text=True, timeout=30
+    )
     assert missing.returncode == 2 and "server error NOT_FOUND" in missing.stderr
-    health = subprocess.run([binary, example_server.endpoint, "identity", "--health"],
-                            capture_output=True, text=True, timeout=30)
+    health = subprocess.run(
+        [binary, example_server.endpoint, "identity", "--health"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert health.returncode == 0 and health.stdout.strip() == "true"

@@ -16,9 +16,14 @@ from tests.support import EXAMPLES, Server, identity_config, our_regions, write_
 
 def slow_repo(root, delay_ms: int = 400):
     repo = root / "repo"
-    write_model(repo, "slow", identity_config(
-        "slow", extra=f'parameters {{ key: "execute_delay_ms" value: {{ string_value: "{delay_ms}" }} }}'
-    ))
+    write_model(
+        repo,
+        "slow",
+        identity_config(
+            "slow",
+            extra=f'parameters {{ key: "execute_delay_ms" value: {{ string_value: "{delay_ms}" }} }}',
+        ),
+    )
     return repo
 
 
@@ -49,18 +54,24 @@ def test_signal_runs_finalizers_and_unlinks_everything(short_tmp, sig) -> None:
     log = server.log()
     assert log.count("TRITONBACKEND_Finalize") == 3  # one per worker: identity + 2 batched
     assert not (our_regions() & mine)
-    assert not os.path.exists(server.ipc[len("ipc://"):])
+    assert not os.path.exists(server.ipc[len("ipc://") :])
     for pid in pids:
         wait_for(lambda pid=pid: not os.path.exists(f"/proc/{pid}"))
 
 
 def test_graceful_shutdown_finishes_in_flight_requests(short_tmp) -> None:
     with Server(short_tmp, slow_repo(short_tmp)) as server, server.client() as c:
-        rid = c._send({"type": "infer", "model_name": "slow", "inputs": [
-            {"name": "INPUT0", "datatype": "FP32", "shape": [2]}]}, [np.ones(2, np.float32).data])
+        rid = c._send(
+            {
+                "type": "infer",
+                "model_name": "slow",
+                "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2]}],
+            },
+            [np.ones(2, np.float32).data],
+        )
         time.sleep(0.1)
         server.proc.send_signal(signal.SIGTERM)
-        header, frames = c._recv(rid, 10)
+        header, _frames = c._recv(rid, 10)
         assert "error" not in header
         assert server.stop() == 0
 
@@ -86,8 +97,14 @@ def test_killed_broker_takes_its_workers_and_the_next_start_sweeps(short_tmp) ->
 def test_worker_crash_answers_in_flight_and_respawns(short_tmp) -> None:
     with Server(short_tmp, slow_repo(short_tmp, 1000)) as server, server.client() as c:
         [worker] = server.worker_pids()
-        rid = c._send({"type": "infer", "model_name": "slow", "inputs": [
-            {"name": "INPUT0", "datatype": "FP32", "shape": [2]}]}, [np.ones(2, np.float32).data])
+        rid = c._send(
+            {
+                "type": "infer",
+                "model_name": "slow",
+                "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2]}],
+            },
+            [np.ones(2, np.float32).data],
+        )
         time.sleep(0.3)
         os.kill(worker, signal.SIGKILL)
         header, _ = c._recv(rid, 10)
@@ -109,12 +126,20 @@ def test_requests_during_a_crash_loop_all_get_answers(short_tmp) -> None:
         answered = 0
         for _ in range(3):
             pid = server.worker_pids()[0]
-            rid = c._send({"type": "infer", "model_name": "slow", "inputs": [
-                {"name": "INPUT0", "datatype": "FP32", "shape": [1]}]}, [np.ones(1, np.float32).data])
+            rid = c._send(
+                {
+                    "type": "infer",
+                    "model_name": "slow",
+                    "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1]}],
+                },
+                [np.ones(1, np.float32).data],
+            )
             os.kill(pid, signal.SIGKILL)
-            header, _ = c._recv(rid, 15)
+            _header, _ = c._recv(rid, 15)
             answered += 1
-            wait_for(lambda pid=pid: c.status()[0]["state"] == "READY" and c.status()[0]["pid"] != pid)
+            wait_for(
+                lambda pid=pid: c.status()[0]["state"] == "READY" and c.status()[0]["pid"] != pid
+            )
         assert answered == 3
         with pytest.raises(InferpoolError, match="unknown model"):
             c.infer("nope", {"INPUT0": np.ones(1, np.float32)})

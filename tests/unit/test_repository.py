@@ -1,0 +1,103 @@
+from __future__ import annotations
+
+import pytest
+
+from broker.config import load_config
+from broker.repository import scan, scan_model
+from client.errors import Code, InferpoolError
+from tests.support import identity_config, write_model
+
+
+def test_defaults_are_completed_as_triton_does(tmp_path) -> None:
+    write_model(
+        tmp_path,
+        "m",
+        """
+        backend: "identity"
+        input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+        output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+    """,
+    )
+    cfg = load_config(str(tmp_path / "m"))
+    assert cfg.name == "m"
+    assert cfg.version_policy.latest.num_versions == 1
+    assert len(cfg.instance_group) == 1 and cfg.instance_group[0].count == 1
+
+
+def test_platform_names_the_backend(tmp_path) -> None:
+    write_model(tmp_path, "t", 'platform: "pytorch_libtorch"')
+    assert load_config(str(tmp_path / "t")).backend == "pytorch"
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ('name: "other" backend: "identity"', "names the model 'other' but its directory is 'm'"),
+        (
+            'name: "m"',
+            "Could not determine backend for model 'm' with no backend in model configuration",
+        ),
+        ('name: "m" backend: "identity" max_batch_size: -1', "max_batch_size must be >= 0"),
+        (
+            'backend: "identity" input [ { name: "A" data_type: TYPE_FP32 dims: [ 0 ] } ]',
+            "has invalid dims [0]",
+        ),
+        ('backend: "identity" input [ { name: "A" dims: [ 1 ] } ]', "input 'A' has no data_type"),
+        (
+            'backend: "identity" input [ { name: "A" data_type: TYPE_FP32 dims: [ 1 ] }, '
+            '{ name: "A" data_type: TYPE_FP32 dims: [ 1 ] } ]',
+            "input 'A' is declared twice",
+        ),
+        (
+            'backend: "identity" input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] reshape: { shape: [ 3 ] } } ]',
+            "reshape [3] does not hold the same number of elements as dims [4]",
+        ),
+        (
+            'backend: "identity" max_batch_size: 4 dynamic_batching { preferred_batch_size: [ 8 ] }',
+            "preferred_batch_size 8 exceeds max_batch_size 4",
+        ),
+        ('backend: "identity" instance_group [ { count: -2 } ]', "has count -2"),
+        ('backend: "identity" bogus_field: 3', "not a valid model configuration"),
+    ],
+)
+def test_config_errors_name_model_file_and_problem(tmp_path, config: str, message: str) -> None:
+    write_model(tmp_path, "m", config)
+    with pytest.raises(InferpoolError) as err:
+        load_config(str(tmp_path / "m"))
+    assert err.value.code is Code.INVALID_ARG
+    assert message in err.value.message
+    assert str(tmp_path / "m" / "config.pbtxt") in err.value.message
+
+
+def test_missing_config_says_what_to_create(tmp_path) -> None:
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    entry = scan_model(str(tmp_path), "m")
+    assert entry.error is not None and "config.pbtxt does not exist" in entry.error.message
+
+
+@pytest.mark.parametrize(
+    "policy, expected",
+    [
+        ("", [3]),
+        ("version_policy: { latest: { num_versions: 2 } }", [2, 3]),
+        ("version_policy: { all: {} }", [1, 2, 3]),
+        ("version_policy: { specific: { versions: [ 1, 3, 7 ] } }", [1, 3]),
+    ],
+)
+def test_version_policy_selects_versions(tmp_path, policy: str, expected: list[int]) -> None:
+    write_model(tmp_path, "m", identity_config("m", extra=policy), versions=(1, 2, 3))
+    (tmp_path / "m" / "notaversion").mkdir()
+    (tmp_path / "m" / "0").mkdir()
+    assert scan_model(str(tmp_path), "m").versions == expected
+
+
+def test_no_version_directory_is_the_triton_error(tmp_path) -> None:
+    write_model(tmp_path, "m", identity_config("m"), versions=())
+    entries = scan(str(tmp_path))
+    err = entries["m"].error
+    assert err is not None
+    assert (
+        "at least one version must be available under the version policy of model 'm'"
+        in err.message
+    )
+    assert str(tmp_path / "m" / "1") in err.message
