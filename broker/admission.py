@@ -17,6 +17,7 @@ from shm.arena import Arena, ArenaFull, Slot
 FLAG_SEQUENCE_START = 1
 FLAG_SEQUENCE_END = 2
 _BROKER_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end", "priority", "timeout")
+_NO_PARAMETERS: dict[str, Any] = {}
 
 
 @dataclass(slots=True, eq=False)
@@ -178,10 +179,12 @@ def admit(
                 f"{sorted(missing)}. Please provide all required input(s)."
             )
         outputs, work_outputs = _outputs(header.get("outputs"), model, client, shm)
-        parameters = header.get("parameters") or {}
+        parameters = header.get("parameters") or _NO_PARAMETERS
         if not isinstance(parameters, dict):
             raise invalid_arg("request 'parameters' must be an object")
-        corr, flags, timeout_us = _sequence_and_timeout(parameters, model)
+        corr, flags, timeout_us = (
+            _sequence_and_timeout(parameters, model) if parameters else (0, 0, 0)
+        )
     except BaseException:
         for slot in slots:
             arena.free(slot)
@@ -192,7 +195,9 @@ def admit(
         "id": str(client_id),
         "corr": corr,
         "flags": flags,
-        "params": {k: v for k, v in parameters.items() if k not in _BROKER_PARAMETERS},
+        "params": {k: v for k, v in parameters.items() if k not in _BROKER_PARAMETERS}
+        if parameters
+        else parameters,
         "inputs": work_inputs,
         "outputs": work_outputs,
     }
@@ -229,7 +234,7 @@ def _outputs(
     raw: Any, model: ModelVersion, client: bytes, shm: SharedMemoryInputs | None
 ) -> tuple[dict[str, dict[str, Any]], list[list[Any]]]:
     if not raw:
-        return {n: {} for n in model.all_outputs}, [[n, None] for n in model.all_outputs]
+        return model.default_outputs, model.default_work_outputs
     if not isinstance(raw, list):
         raise invalid_arg("request 'outputs' must be a list")
     outputs: dict[str, dict[str, Any]] = {}

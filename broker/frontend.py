@@ -50,7 +50,10 @@ class Frontend:
     # ------------------------------------------------------------------ routing
     def handle(self, frames: list[Any]) -> None:
         responder = self.b.responder
-        split = next((i for i, f in enumerate(frames) if len(f) == 0), -1)
+        if len(frames) > 2 and len(frames[1]) == 0:  # the usual case: one routing frame
+            split = 1
+        else:
+            split = next((i for i, f in enumerate(frames) if len(f) == 0), -1)
         if split < 1 or split + 1 >= len(frames):
             envelope = [frames[0].bytes] if frames else []
             responder.send_error(

@@ -27,6 +27,7 @@ from broker.scheduler import Scheduler
 from broker.stats import CustomMetrics
 from broker.supervisor import Supervisor, WorkerHandle, WorkerState
 from client.errors import Code, InferpoolError
+from client.zmqio import send_parts
 from shm.arena import Arena
 
 log = logging.getLogger("inferpool.manager")
@@ -226,10 +227,10 @@ class Manager:
         frees = self.outputs.take_frees(handle.output_region)
         if frees:
             msg["free"] = frees
-        self.backend.send_multipart([handle.identity, orjson.dumps(msg)], copy=True)
+        self.send_worker(handle, msg)
 
     def send_worker(self, handle: WorkerHandle, msg: dict[str, Any]) -> None:
-        self.backend.send_multipart([handle.identity, orjson.dumps(msg)], copy=True)
+        send_parts(self.backend, (handle.identity, orjson.dumps(msg)))
 
     def reject(self, req: PendingRequest, err: InferpoolError) -> None:
         """Answer ``req`` with an error and end it."""
@@ -261,8 +262,7 @@ class Manager:
             req = self.inflight.get(item["rid"])
             if req is None:  # answered already (e.g. timed out): just give the memory back
                 for out in item.get("outputs") or ():
-                    self.outputs.hold(out[3])
-                    self.outputs.free(out[3], out[4])
+                    self.outputs.free(out[3], out[4], held=False)
                 continue
             responder.result(req, item)
             if item.get("final", True):

@@ -69,6 +69,9 @@ class ModelVersion:
         self.outputs = {t.name: _spec(t) for t in config.output}
         self.required = frozenset(n for n, t in self.inputs.items() if not t.optional)
         self.all_outputs = tuple(self.outputs)
+        # what a request that names no outputs gets (shared, never mutated)
+        self.default_outputs: dict[str, dict[str, Any]] = {n: {} for n in self.outputs}
+        self.default_work_outputs: list[list[Any]] = [[n, None] for n in self.outputs]
         self.stats = ModelStats()
         self.instances: list[WorkerHandle] = []
         self.placements: list[Any] = []  # broker.placement.Placement, one per instance

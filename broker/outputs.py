@@ -41,14 +41,16 @@ class OutputRegions:
         return self._regions[name].region.view(offset, nbytes)
 
     def hold(self, name: str) -> None:
+        """A slot that stays in use after its result was handled (zero-copy send, lease)."""
         self._regions[name].held += 1
 
-    def free(self, name: str, offset: int) -> None:
+    def free(self, name: str, offset: int, held: bool = True) -> None:
         """A slot is done with: queue it back to its worker, or finish a retired region."""
         entry = self._regions.get(name)
         if entry is None:
             return
-        entry.held -= 1
+        if held:
+            entry.held -= 1
         if entry.owner is not None:
             entry.pending_frees.append([name, offset])
         elif entry.held <= 0:

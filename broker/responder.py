@@ -15,6 +15,7 @@ from broker.admission import PendingRequest
 from broker.outputs import OutputRegions
 from client import wire
 from client.errors import InferpoolError
+from client.zmqio import SNDMORE, send_parts
 
 ZERO_COPY_MIN = 64 * 1024
 _EMPTY = b""
@@ -29,7 +30,7 @@ class Responder:
 
     # ------------------------------------------------------------------ plain messages
     def send(self, envelope: list[Any], header: dict[str, Any]) -> None:
-        self.socket.send_multipart([*envelope, _EMPTY, wire.encode_header(header)], copy=True)
+        send_parts(self.socket, [*envelope, _EMPTY, wire.encode_header(header)])
 
     def send_error(
         self, envelope: list[Any], msg_type: str, request_id: Any, err: InferpoolError
@@ -39,68 +40,64 @@ class Responder:
     # ------------------------------------------------------------------ inference results
     def result(self, req: PendingRequest, item: dict[str, Any]) -> None:
         """Send one worker result item for ``req`` to its client and settle its output slots."""
-        err = item.get("error")
         model = req.model
-        for out in item.get("outputs") or ():
-            self.outputs.hold(out[3])
+        outputs = item.get("outputs") or ()
+        err = item.get("error")
         if err is not None:
-            self._release(item.get("outputs") or ())
+            for out in outputs:
+                self.outputs.free(out[3], out[4], held=False)
             header: dict[str, Any] = {"type": "infer", "id": req.client_id, "error": err}
             if model.decoupled:
                 header["parameters"] = {"triton_final_response": bool(item.get("final", True))}
             self.send(req.envelope, header)
             return
-        out_headers: list[dict[str, Any]] = []
-        frames: list[memoryview] = []
-        slots: list[tuple[str, int]] = []
-        for name, datatype, shape, region, offset, nbytes in item.get("outputs") or ():
+        out_headers = []
+        frames = []
+        large = False
+        view = self.outputs.view
+        for name, datatype, shape, region, offset, nbytes in outputs:
             out_headers.append({"name": name, "datatype": datatype, "shape": shape})
-            frames.append(self.outputs.view(region, offset, nbytes))
-            slots.append((region, offset))
+            frames.append(view(region, offset, nbytes))
+            large = large or nbytes >= ZERO_COPY_MIN
         params = item.get("params") or {}
         if model.decoupled:
             params["triton_final_response"] = bool(item.get("final", True))
-        header = {
+        header = wire.encode_header({
             "type": "infer",
             "id": req.client_id,
             "model_name": model.name,
             "model_version": model.version_str,
             "outputs": out_headers,
             "parameters": params,
-        }
-        self._send_frames(req.envelope, wire.encode_header(header), frames, slots)
+        })
+        if not large:  # copied into the message: the slots are free again at once
+            send_parts(self.socket, [*req.envelope, _EMPTY, header, *frames])
+            for out in outputs:
+                self.outputs.free(out[3], out[4], held=False)
+            return
+        self._send_tracked(req.envelope, header, frames, outputs)
 
-    def _send_frames(
-        self,
-        envelope: list[Any],
-        header: bytes,
-        frames: list[memoryview],
-        slots: list[tuple[str, int]],
+    def _send_tracked(
+        self, envelope: list[Any], header: bytes, frames: list[memoryview], outputs: Any
     ) -> None:
+        """Large frames go zero-copy from shared memory; their slots wait for libzmq."""
         sock = self.socket
         for part in envelope:
-            sock.send(part, zmq.SNDMORE, copy=True)
-        sock.send(_EMPTY, zmq.SNDMORE)
-        if not frames:
-            sock.send(header, 0, copy=True)
-            return
-        sock.send(header, zmq.SNDMORE, copy=True)
+            sock.send(part, SNDMORE, copy=True)
+        sock.send(_EMPTY, SNDMORE)
+        sock.send(header, SNDMORE, copy=True)
         trackers: list[zmq.MessageTracker] = []
         last = len(frames) - 1
         for i, frame in enumerate(frames):
-            flags = 0 if i == last else zmq.SNDMORE
+            flags = 0 if i == last else SNDMORE
             if frame.nbytes >= ZERO_COPY_MIN:
-                tracker = sock.send(frame, flags, copy=False, track=True)
-                trackers.append(tracker)
+                trackers.append(sock.send(frame, flags, copy=False, track=True))
             else:
                 sock.send(frame, flags, copy=True)
-        if trackers:
-            self._in_flight.append((trackers, slots))
-        else:
-            self._release_slots(slots)
-
-    def _release(self, outputs: Any) -> None:
-        self._release_slots([(o[3], o[4]) for o in outputs])
+        slots = [(out[3], out[4]) for out in outputs]
+        for region, _ in slots:
+            self.outputs.hold(region)
+        self._in_flight.append((trackers, slots))
 
     def _release_slots(self, slots: list[tuple[str, int]]) -> None:
         for region, offset in slots:

@@ -32,13 +32,13 @@ from broker.placement import parse_host_policies
 from broker.responder import Responder
 from broker.supervisor import Supervisor
 from client.errors import Code, InferpoolError
+from client.zmqio import NOBLOCK, recv_frames
 from shm.arena import Arena
 from shm.region import Region
 from shm.runs import RunLock, region_name, regions_of_run, sweep_dead_runs
 
 log = logging.getLogger("inferpool.broker")
 HOUSEKEEPING_S = 0.05
-DRAIN_BATCH = 256
 
 
 class Broker:
@@ -204,33 +204,20 @@ class Broker:
             self.close()
 
     def _drain_frontend(self) -> None:
-        handle = self.frontend_handler.handle
-        for _ in range(DRAIN_BATCH):
-            try:
-                frames = self.frontend.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            handle(frames)
+        """One message per readiness: the next poll returns at once if more are waiting."""
+        self.frontend_handler.handle(recv_frames(self.frontend, NOBLOCK))
 
     def _drain_backend(self) -> None:
-        by_identity = self.supervisor.by_identity
-        manager = self.manager
-        for _ in range(DRAIN_BATCH):
-            try:
-                identity, payload = self.backend.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            except ValueError:
-                continue  # not [identity, payload]: not one of our workers
-            handle = by_identity.get(identity)
-            if handle is None:
-                continue  # a previous generation's last words
-            try:
-                msg = orjson.loads(payload)
-            except orjson.JSONDecodeError:
-                log.error("worker %s sent an unreadable message", handle.name)
-                continue
-            manager.worker_message(handle, msg)
+        parts = recv_frames(self.backend, NOBLOCK)
+        handle = self.supervisor.by_identity.get(parts[0].bytes) if len(parts) == 2 else None
+        if handle is None:
+            return  # not a current worker: a previous generation's last words
+        try:
+            msg = orjson.loads(parts[1].buffer)
+        except orjson.JSONDecodeError:
+            log.error("worker %s sent an unreadable message", handle.name)
+            return
+        self.manager.worker_message(handle, msg)
 
     def _housekeeping(self, now: float) -> None:
         self.supervisor.reap()

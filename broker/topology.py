@@ -48,7 +48,9 @@ def format_cpu_list(cpus: Iterable[int]) -> str:
 class Topology:
     """The cores, NUMA nodes and GPUs this broker may place instances on.
 
-    ``cpus`` is the broker's own affinity (a taskset or cgroup cpuset narrows it);
+    ``cpus`` are the cores of the broker's cgroup cpuset (else every online core), not
+    the broker's own affinity: an operator may pin the broker to one core and its workers
+    to others;
     ``nodes`` maps each NUMA node to its cores among ``cpus``; ``gpus`` holds, per CUDA
     ordinal, the token that selects that GPU in ``CUDA_VISIBLE_DEVICES`` (the broker's own
     ``CUDA_VISIBLE_DEVICES`` entries when set, so a worker sees the device the broker means).
@@ -60,7 +62,7 @@ class Topology:
 
     @classmethod
     def discover(cls) -> Topology:
-        cpus = tuple(sorted(os.sched_getaffinity(0)))
+        cpus = allowed_cpus()
         nodes: dict[int, tuple[int, ...]] = {}
         for path in glob.glob("/sys/devices/system/node/node[0-9]*/cpulist"):
             node = int(path.split("/")[-2][4:])
@@ -73,6 +75,29 @@ class Topology:
         if not nodes:  # no NUMA support in the kernel (or no sysfs): one node holds all
             nodes = {0: cpus}
         return cls(cpus=cpus, nodes=dict(sorted(nodes.items())), gpus=discover_gpus())
+
+
+def allowed_cpus() -> tuple[int, ...]:
+    """Cores this process's cgroup may use (cgroup v2 cpuset), else the online cores."""
+    candidates = []
+    try:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                if line.startswith("0::"):
+                    rel = line.strip()[3:].lstrip("/")
+                    candidates.append(os.path.join("/sys/fs/cgroup", rel, "cpuset.cpus.effective"))
+    except OSError:
+        pass
+    candidates.append("/sys/devices/system/cpu/online")
+    for path in candidates:
+        try:
+            with open(path) as f:
+                cpus = parse_cpu_list(f.read())
+        except (OSError, ValueError):
+            continue
+        if cpus:
+            return tuple(sorted(cpus))
+    return tuple(sorted(os.sched_getaffinity(0)))
 
 
 def discover_gpus(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:

@@ -21,6 +21,7 @@ import zmq
 
 from client import wire
 from client.errors import Code, InferpoolError
+from client.zmqio import recv_frames, send_parts
 
 DEFAULT_TIMEOUT = 60.0
 
@@ -130,31 +131,40 @@ class Client:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.connect(self.endpoint)
         self._ids = itertools.count(1)
+        self._rcvtimeo = -1
 
     # ------------------------------------------------------------------ transport
     def _send(self, header: dict[str, Any], frames: Sequence[Any] = ()) -> str:
         request_id = f"{next(self._ids)}"
         header["id"] = request_id
-        parts: list[Any] = [b"", wire.encode_header(header), *frames]
-        self._sock.send_multipart(parts, copy=len(frames) == 0)
+        # copy=False: large tensors go zero-copy (pyzmq still copies parts under 64 KiB)
+        send_parts(self._sock, [b"", wire.encode_header(header), *frames], copy=False)
         return request_id
 
     def _recv(self, request_id: str, timeout: float | None) -> tuple[dict[str, Any], list[Any]]:
-        """The next response to ``request_id``; responses to abandoned requests are dropped."""
+        """The next response to ``request_id``; responses to abandoned requests are dropped.
+
+        The wait is the socket's receive timeout, so a response costs one zmq call.
+        """
         limit = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
+        sock = self._sock
+        wait_ms = max(1, int(limit * 1000))
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not self._sock.poll(int(remaining * 1000) + 1):
+            if wait_ms != self._rcvtimeo:
+                sock.setsockopt(zmq.RCVTIMEO, wait_ms)
+                self._rcvtimeo = wait_ms
+            try:
+                parts = recv_frames(sock)
+            except zmq.Again:
                 raise InferpoolError(
                     Code.TIMEOUT, f"no response from {self.endpoint} within {limit:g}s"
-                )
-            parts = self._sock.recv_multipart(copy=False)
-            if len(parts) < 2 or len(parts[0]) != 0:
-                continue
-            header = wire.decode_header(parts[1].bytes)
-            if str(header.get("id")) == request_id:
-                return header, parts[2:]
+                ) from None
+            if len(parts) >= 2 and len(parts[0]) == 0:
+                header = wire.decode_header(parts[1].bytes)
+                if header.get("id") == request_id:
+                    return header, parts[2:]
+            wait_ms = max(1, int((deadline - time.monotonic()) * 1000))
 
     def call(self, msg_type: str, timeout: float | None = None, **fields: Any) -> dict[str, Any]:
         """Send a control message and return its (error-checked) response header."""

@@ -51,7 +51,7 @@ class StatsCollector:
     timings: dict[int, Timing] = field(default_factory=dict)  # keyed by id(request)
     batches: list[tuple[int, int, int, int, int]] = field(default_factory=list)
     families: list[dict[str, str]] = field(default_factory=list)
-    metric_ops: list[list[Any]] = field(default_factory=list)
+    metric_ops: dict[Any, list[Any]] = field(default_factory=dict)  # Metric.key -> op
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     # StatisticsReporter
@@ -87,8 +87,15 @@ class StatsCollector:
 
     # MetricSink
     def record(self, metric: Metric, op: str, value: float) -> None:
+        """Updates are folded per metric until sent: one entry per metric per batch."""
         with self._lock:
-            self.metric_ops.append([metric.family, metric.labels, op, value])
+            entry = self.metric_ops.get(metric.key)
+            if entry is None:
+                self.metric_ops[metric.key] = [metric.family, metric.labels, op, value]
+            elif op == "inc":
+                entry[3] += value
+            else:
+                entry[2:] = [op, value]
 
     def drain_metrics(self) -> dict[str, Any]:
         with self._lock:
@@ -96,7 +103,8 @@ class StatsCollector:
             if self.families:
                 out["families"], self.families = self.families, []
             if self.metric_ops:
-                out["ops"], self.metric_ops = self.metric_ops, []
+                out["ops"] = list(self.metric_ops.values())
+                self.metric_ops = {}
             return out
 
 

@@ -14,7 +14,9 @@ nbytes]], "params", "error", "t": [compute_input, compute_infer, compute_output]
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import threading
 from typing import Any
 
@@ -42,13 +44,9 @@ class Worker:
             self.sock.setsockopt(zmq.HEARTBEAT_IVL, spec.heartbeat_ms)
             self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, spec.heartbeat_ms * 3)
         self.sock.connect(spec.endpoint)
-        # responses emitted from backend threads wake the loop through this pair
-        self._wake_addr = f"inproc://wake-{id(self)}"
-        self._wake_rx = self.ctx.socket(zmq.PAIR)
-        self._wake_rx.bind(self._wake_addr)
+        # responses emitted from backend threads wake the loop through this pipe
+        self._wake_rx, self._wake_tx = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._wake_lock = threading.Lock()
-        self._wake_tx = self.ctx.socket(zmq.PAIR)
-        self._wake_tx.connect(self._wake_addr)
         self._items: list[dict[str, Any]] = []
         self._async_items: list[dict[str, Any]] = []
         self._in_execute = False
@@ -90,30 +88,31 @@ class Worker:
         return EXIT_OK
 
     def _loop(self) -> None:
+        """One message at a time.  A decoupled model's backend threads may answer between
+        messages, so only then is the wake pipe polled beside the socket."""
+        sock = self.sock
         poller = zmq.Poller()
-        poller.register(self.sock, zmq.POLLIN)
+        poller.register(sock, zmq.POLLIN)
         poller.register(self._wake_rx, zmq.POLLIN)
+        watch_threads = self.decoupled
         while True:
-            events = dict(poller.poll())
-            if self._wake_rx in events:
-                while self._wake_rx.poll(0):
-                    self._wake_rx.recv()
-                self._flush_async()
-            if self.sock not in events:
-                continue
-            while True:
-                try:
-                    raw = self.sock.recv(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                msg = orjson.loads(raw)
-                op = msg.get("op")
-                if msg.get("free"):
-                    self.memory.free(msg["free"])
-                if op == "execute":
-                    self._execute(msg["requests"])
-                elif op == "stop":
-                    return
+            if watch_threads:
+                events = dict(poller.poll())
+                if self._wake_rx in events:
+                    self._flush_async()
+                if sock not in events:
+                    continue
+            msg = orjson.loads(sock.recv())
+            frees = msg.get("free")
+            if frees:
+                self.memory.free(frees)
+            op = msg.get("op")
+            if op == "execute":
+                self._execute(msg["requests"])
+                if self._async_items:
+                    self._flush_async()
+            elif op == "stop":
+                return
 
     # ------------------------------------------------------------------ execution
     def _execute(self, batch: list[dict[str, Any]]) -> None:
@@ -200,7 +199,8 @@ class Worker:
             return
         with self._wake_lock:
             self._async_items.append(item)
-            self._wake_tx.send(b"")
+        with contextlib.suppress(BlockingIOError):  # a full pipe already means "wake up"
+            os.write(self._wake_tx, b"!")
 
     def _item(self, request: Request, response: Response | None, final: bool) -> dict[str, Any]:
         item: dict[str, Any] = {"rid": request.handle, "final": final, "t": None}
@@ -225,6 +225,9 @@ class Worker:
         return item
 
     def _flush_async(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._wake_rx, 4096):
+                pass
         with self._wake_lock:
             items, self._async_items = self._async_items, []
         if items:

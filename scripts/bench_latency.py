@@ -1,0 +1,245 @@
+#!/usr/bin/env python3
+"""Identity round trip through inferpool next to the floor: a raw pyzmq two-hop relay.
+
+In one run, with the same pinning for both:
+
+- relay:     client DEALER -> broker ROUTER | ROUTER -> worker DEALER (echo) -> back,
+             three processes, a Poller loop in the middle (what the broker path costs at least);
+- inferpool: client.Client -> broker -> identity worker -> back (the real server).
+
+Sizes 64 B, 1 MiB, 16 MiB, 64 MiB; 1 and 4 concurrent client processes.  Prints a table,
+writes JSON (``--json``, default bench-latency.json).  Layouts (``--layout``):
+``one``: every process on core 0; ``split``: clients and broker on core 0, worker on core 1.
+
+    python scripts/bench_latency.py --quick          # a short smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zmq
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from client import Client  # noqa: E402
+from client.zmqio import NOBLOCK, recv_frames, send_parts  # noqa: E402
+
+SIZES = [("64 B", 64), ("1 MiB", 1 << 20), ("16 MiB", 16 << 20), ("64 MiB", 64 << 20)]
+ITERATIONS = {64: 3000, 1 << 20: 300, 16 << 20: 40, 64 << 20: 15}
+LAYOUTS = {"one": {"client": 0, "broker": 0, "worker": 0}, "split": {"client": 0, "broker": 0, "worker": 1}}
+
+
+def pin(cpu: int) -> None:
+    cpus = sorted(os.sched_getaffinity(0) | set(range(os.cpu_count() or 1)))
+    os.sched_setaffinity(0, {cpu if cpu in cpus else cpus[0]})
+
+
+# ============================================================================ the relay
+def relay_broker(front: str, back: str, cpu: int, ready: Any) -> None:
+    pin(cpu)
+    ctx = zmq.Context()
+    fe, be = ctx.socket(zmq.ROUTER), ctx.socket(zmq.ROUTER)
+    fe.bind(front)
+    be.bind(back)
+    poller = zmq.Poller()
+    poller.register(fe, zmq.POLLIN)
+    poller.register(be, zmq.POLLIN)
+    worker = None
+    ready.set()
+    while True:  # the leanest loop pyzmq allows: one message per readiness, no enums
+        events = dict(poller.poll())
+        if be in events:
+            msg = recv_frames(be, NOBLOCK)
+            if worker is None:
+                worker = msg[0].bytes
+            else:
+                send_parts(fe, msg[1:], copy=False)  # [client id, b"", payload...]
+        if fe in events and worker is not None:
+            send_parts(be, [worker, *recv_frames(fe, NOBLOCK)], copy=False)
+
+
+def relay_worker(back: str, cpu: int) -> None:
+    pin(cpu)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(back)
+    sock.send(b"hello")
+    while True:
+        send_parts(sock, recv_frames(sock), copy=False)
+
+
+def relay_client(endpoint: str, nbytes: int, iterations: int, cpu: int, start: Any, out: Any) -> None:
+    pin(cpu)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(endpoint)
+    payload = np.random.bytes(nbytes)
+    for _ in range(max(5, iterations // 10)):  # warm-up
+        send_parts(sock, [b"", b"{}", payload], copy=False)
+        recv_frames(sock)
+    start.wait()
+    lat = []
+    t0 = time.perf_counter()
+    for _ in range(iterations):
+        t = time.perf_counter()
+        send_parts(sock, [b"", b"{}", payload], copy=False)
+        recv_frames(sock)
+        lat.append(time.perf_counter() - t)
+    out.put((t0, time.perf_counter(), lat))
+
+
+# ============================================================================ inferpool
+def inferpool_client(endpoint: str, nbytes: int, iterations: int, cpu: int, start: Any, out: Any) -> None:
+    pin(cpu)
+    x = np.frombuffer(np.random.bytes(nbytes), dtype=np.uint8)
+    with Client(endpoint, timeout=60) as c:
+        for _ in range(max(5, iterations // 10)):
+            c.infer("bench", {"INPUT0": x})
+        start.wait()
+        lat = []
+        t0 = time.perf_counter()
+        for _ in range(iterations):
+            t = time.perf_counter()
+            c.infer("bench", {"INPUT0": x})
+            lat.append(time.perf_counter() - t)
+    out.put((t0, time.perf_counter(), lat))
+
+
+BENCH_CONFIG = """
+name: "bench"
+backend: "identity"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_UINT8 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_UINT8 dims: [ -1 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU host_policy: "bench" } ]
+"""
+
+
+def start_inferpool(tmp: Path, layout: dict[str, int]) -> tuple[subprocess.Popen[bytes], str]:
+    repo = tmp / "repo"
+    (repo / "bench" / "1").mkdir(parents=True, exist_ok=True)
+    (repo / "bench" / "config.pbtxt").write_text(BENCH_CONFIG)
+    endpoint = f"ipc://{tmp}/b.sock"
+    cmd = [
+        sys.executable, "-m", "inferpool", "serve", "--model-repository", str(repo),
+        "--listen", endpoint, "--arena-size", "640M", "--output-arena-size", "640M",
+        "--max-request-bytes", "128M", f"--host-policy=bench,cpu-cores={layout['worker']}",
+        "--log-level", "WARNING",
+    ]
+    proc = subprocess.Popen(
+        cmd, preexec_fn=lambda: pin(layout["broker"]), start_new_session=True,
+        stdout=subprocess.DEVNULL,
+    )
+    with Client(endpoint, timeout=5) as c:
+        c.wait_ready(120)
+    return proc, endpoint
+
+
+# ============================================================================ measuring
+def measure(target: Any, endpoint: str, nbytes: int, clients: int, cpu: int) -> dict[str, float]:
+    ctx = mp.get_context("spawn")
+    start, out = ctx.Event(), ctx.Queue()
+    iterations = ITERATIONS[nbytes] if clients == 1 else max(10, ITERATIONS[nbytes] // 2)
+    procs = [ctx.Process(target=target, args=(endpoint, nbytes, iterations, cpu, start, out))
+             for _ in range(clients)]
+    for p in procs:
+        p.start()
+    time.sleep(0.5 + nbytes / 2e8)  # let every client finish its warm-up
+    start.set()
+    results = [out.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join()
+    lat = np.array([x for r in results for x in r[2]]) * 1e6
+    wall = max(r[1] for r in results) - min(r[0] for r in results)
+    return {
+        "p50_us": float(np.percentile(lat, 50)),
+        "p99_us": float(np.percentile(lat, 99)),
+        "rps": len(lat) / wall,
+        "requests": len(lat),
+    }
+
+
+def run_layout(name: str, layout: dict[str, int], sizes: list[tuple[str, int]], clients_list: list[int]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    tmp = Path(tempfile.mkdtemp(prefix="ipb-", dir="/tmp"))
+    ctx = mp.get_context("spawn")
+    ready = ctx.Event()
+    front, back = f"ipc://{tmp}/relay-front", f"ipc://{tmp}/relay-back"
+    broker = ctx.Process(target=relay_broker, args=(front, back, layout["broker"], ready), daemon=True)
+    broker.start()
+    ready.wait()
+    worker = ctx.Process(target=relay_worker, args=(back, layout["worker"]), daemon=True)
+    worker.start()
+    time.sleep(0.3)
+    server, endpoint = start_inferpool(tmp, layout)
+    try:
+        for label, nbytes in sizes:
+            for clients in clients_list:
+                relay = measure(relay_client, front, nbytes, clients, layout["client"])
+                ours = measure(inferpool_client, endpoint, nbytes, clients, layout["client"])
+                rows.append({
+                    "layout": name, "size": label, "bytes": nbytes, "clients": clients,
+                    "relay": relay, "inferpool": ours,
+                    "p50_ratio": ours["p50_us"] / relay["p50_us"],
+                    "rps_ratio": ours["rps"] / relay["rps"],
+                })
+                print_row(rows[-1])
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(60)
+        broker.kill()
+        worker.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return rows
+
+
+HEADER = (f"{'layout':6} {'size':>7} {'cl':>2} | {'relay p50':>10} {'p99':>9} {'req/s':>8} | "
+          f"{'inferpool p50':>13} {'p99':>9} {'req/s':>8} | {'p50 x':>6} {'req/s x':>7}")
+
+
+def print_row(r: dict[str, Any]) -> None:
+    a, b = r["relay"], r["inferpool"]
+    print(f"{r['layout']:6} {r['size']:>7} {r['clients']:>2} | {a['p50_us']:8.0f}us {a['p99_us']:7.0f}us "
+          f"{a['rps']:8.0f} | {b['p50_us']:11.0f}us {b['p99_us']:7.0f}us {b['rps']:8.0f} | "
+          f"{r['p50_ratio']:6.2f} {r['rps_ratio']:7.2f}", flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layout", choices=[*LAYOUTS, "both"], default="both")
+    parser.add_argument("--quick", action="store_true", help="64 B and 1 MiB only, fewer iterations")
+    parser.add_argument("--json", default="bench-latency.json")
+    args = parser.parse_args()
+    sizes = SIZES[:2] if args.quick else SIZES
+    if args.quick:
+        for k in ITERATIONS:
+            ITERATIONS[k] = max(10, ITERATIONS[k] // 5)
+    layouts = list(LAYOUTS) if args.layout == "both" else [args.layout]
+    print(f"cores: {sorted(os.sched_getaffinity(0))}; layouts: "
+          + "; ".join(f"{n}: client/broker/worker on cpu {LAYOUTS[n]['client']}/{LAYOUTS[n]['broker']}/"
+                      f"{LAYOUTS[n]['worker']}" for n in layouts))
+    print("p50 x = inferpool p50 / relay p50 (goal <= 1.3 for 64 B); "
+          "req/s x = inferpool req/s / relay req/s (goal >= 0.5 with 4 clients)")
+    print(HEADER)
+    rows = [r for name in layouts for r in run_layout(name, LAYOUTS[name], sizes, [1, 4])]
+    Path(args.json).write_text(json.dumps({"rows": rows, "cores": sorted(os.sched_getaffinity(0))}, indent=1))
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
