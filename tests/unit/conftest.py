@@ -3,29 +3,51 @@
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-MakeModel = Callable[..., Path]
+from backends.testing import BackendHarness
+from client.errors import InferpoolError
 
 
-@pytest.fixture
-def make_model(tmp_path: Path) -> MakeModel:
-    """Write ``<tmp>/models/<name>/`` with config.pbtxt and files; returns the model dir.
+class PythonModels:
+    """Python-backend models written under tmp_path and loaded through the real host."""
 
-    ``files`` maps paths relative to the model dir to (dedented) text; version 1 always exists.
-    """
+    def __init__(self, root: Path) -> None:
+        self.root = root
 
-    def make(name: str, config: str, files: dict[str, str] | None = None) -> Path:
-        model_dir = tmp_path / "models" / name
+    @staticmethod
+    def io_config(extra: str = "") -> str:
+        """Config of model "m": INT32 [-1] input IN and output OUT, plus ``extra`` lines."""
+        return f"""
+        name: "m"
+        backend: "python"
+        {extra}
+        input [ {{ name: "IN" data_type: TYPE_INT32 dims: [ -1 ] }} ]
+        output [ {{ name: "OUT" data_type: TYPE_INT32 dims: [ -1 ] }} ]
+        """
+
+    def make(self, name: str, config: str, files: dict[str, str] | None = None) -> Path:
+        """``<root>/<name>/`` with config.pbtxt, version 1 and ``files`` (dedented text)."""
+        model_dir = self.root / name
         (model_dir / "1").mkdir(parents=True)
         (model_dir / "config.pbtxt").write_text(textwrap.dedent(config))
         for rel, text in (files or {}).items():
-            path = model_dir / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(textwrap.dedent(text))
+            (model_dir / rel).write_text(textwrap.dedent(text))
         return model_dir
 
-    return make
+    def load(self, model_dir: Path, **kw: Any) -> BackendHarness:
+        config = (model_dir / "config.pbtxt").read_text()
+        return BackendHarness("python", config, repository_path=str(model_dir), **kw)
+
+    def load_error(self, model_dir: Path) -> InferpoolError:
+        with pytest.raises(InferpoolError) as info:
+            self.load(model_dir)
+        return info.value
+
+
+@pytest.fixture
+def models(tmp_path: Path) -> PythonModels:
+    return PythonModels(tmp_path / "models")
