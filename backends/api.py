@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
+from google.protobuf import json_format
 
 from client import wire
 from client.errors import Code, InferpoolError, internal, invalid_arg, not_found
@@ -392,6 +393,19 @@ class Model(_Level):
 
     def metric_family(self, name: str, description: str, kind: str = "counter") -> MetricFamily:
         return self.stats.metric_family(name, description, kind)
+
+    def set_config(self, config: Any) -> None:
+        """TRITONBACKEND_ModelSetConfig: replace the config from initialize() (auto-complete).
+
+        The host takes ``config`` as the model's final config once initialize() returns, so
+        what a backend completes (inputs, batching, decoupled policy) is what gets served.
+        """
+        if config.name and config.name != self.name:
+            raise invalid_arg(
+                f"model '{self.name}': a completed config cannot rename it to '{config.name}'"
+            )
+        self.config = config
+        self.config_dict = json_format.MessageToDict(config, preserving_proto_field_name=True)
 
 
 class ModelInstance(_Level):

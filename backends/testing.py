@@ -96,7 +96,7 @@ class BackendHarness(AbstractContextManager["BackendHarness"]):
             else:
                 nbytes = wire.serialized_bytes_size(arr.reshape(-1))
             tensors[name] = InputTensor(name, datatype, tuple(arr.shape), arr, nbytes)
-        wanted = outputs if outputs is not None else [o.name for o in self.config.output]
+        wanted = outputs if outputs is not None else [o.name for o in self.host.config.output]
         return Request(
             id=str(self._next_id),
             inputs=tensors,

@@ -180,6 +180,7 @@ class BackendHost:
             model.log = logging.getLogger(f"inferpool.model.{self.model_name}")
             self._enter(model, "TRITONBACKEND_ModelInitialize (Model.initialize)")
             self.model = model
+            self.config = model.config  # Model.set_config() may have completed it
 
             info = self.instance_info
             inst = cls.instance_class()

@@ -1,0 +1,195 @@
+"""Requests, responses, errors and response senders as ``triton_python_backend_utils`` has them.
+
+Each class wraps the backend API's object (:mod:`backends.api`); :func:`to_api_response`
+turns a model's ``InferenceResponse`` into an API response whose outputs live in shared memory.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from backends.api import Request, Response, ResponseSender
+from backends.python.tensor import Tensor, TritonModelException
+from client.errors import Code, InferpoolError
+
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+
+_BLS = (
+    "BLS (pb_utils.InferenceRequest(...).exec()) is not supported by inferpool's python "
+    "backend; call the other model through inferpool's client instead"
+)
+
+
+class TritonError(Exception):
+    """An error for one response: ``TritonError(msg, code=TritonError.INTERNAL)``."""
+
+    # TRITONSERVER_Error_Code numbers, as pb_utils exposes them.
+    UNKNOWN, INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE = 0, 1, 2, 3, 4
+    UNSUPPORTED, ALREADY_EXISTS, CANCELLED = 5, 6, 7
+    _CODES = (
+        Code.UNKNOWN,
+        Code.INTERNAL,
+        Code.NOT_FOUND,
+        Code.INVALID_ARG,
+        Code.UNAVAILABLE,
+        Code.UNSUPPORTED,
+        Code.ALREADY_EXISTS,
+        Code.CANCELLED,
+    )
+
+    def __init__(self, msg: str, code: int = INTERNAL) -> None:
+        if not 0 <= code < len(self._CODES):
+            raise TritonModelException(f"unknown TritonError code {code}")
+        super().__init__(msg)
+        self._msg = msg
+        self._code = code
+
+    def message(self) -> str:
+        return self._msg
+
+    def code(self) -> int:
+        return self._code
+
+    def to_inferpool(self) -> InferpoolError:
+        return InferpoolError(self._CODES[self._code], self._msg)
+
+
+class InferenceResponse:
+    """Output tensors (or an error) and optional parameters for one request."""
+
+    def __init__(
+        self,
+        output_tensors: list[Tensor] | None = None,
+        error: TritonError | None = None,
+        parameters: dict[str, Any] | str | None = None,
+    ) -> None:
+        if output_tensors is None:
+            output_tensors = []
+        if not isinstance(output_tensors, list):
+            raise TritonModelException('"output_tensors" must be a list.')
+        self._output_tensors = output_tensors
+        self._error = error
+        self._parameters: dict[str, Any] = dict(
+            json.loads(parameters) if isinstance(parameters, str) else parameters or {}
+        )
+
+    def output_tensors(self) -> list[Tensor]:
+        return self._output_tensors
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        return self._error
+
+    def parameters(self) -> str:
+        return json.dumps(self._parameters)
+
+
+def to_api_response(request: Request, response: InferenceResponse) -> Response:
+    """Write a model's response into shared-memory outputs (requested outputs only).
+
+    A problem with one response becomes that response's error, never the batch's.
+    """
+    if response.has_error():
+        error = response.error()
+        assert error is not None
+        return Response(request, error.to_inferpool())
+    out = request.response()
+    try:
+        for tensor in response.output_tensors():
+            if not isinstance(tensor, Tensor):
+                raise TritonModelException(
+                    f"output_tensors holds a {type(tensor).__name__}, not a pb_utils.Tensor"
+                )
+            if request.output_requested(tensor.name()):
+                data = tensor.as_numpy() if tensor.is_cpu() else tensor._data
+                out.set_output(tensor.name(), data, tensor.datatype())
+        for key, value in response._parameters.items():
+            out.set_parameter(key, value)
+    except Exception as exc:
+        out.discard()
+        return Response.from_error(request, exc)
+    return out
+
+
+class InferenceResponseSender:
+    """Sends one request's responses: a stream when decoupled, closed by the FINAL flag."""
+
+    def __init__(self, request: Request, sender: ResponseSender) -> None:
+        self._request = request
+        self._sender = sender
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        api_response = None if response is None else to_api_response(self._request, response)
+        try:
+            self._sender.send(api_response, final=final)
+        except InferpoolError as err:
+            if api_response is not None:
+                api_response.discard()
+            raise TritonModelException(err.message) from None
+
+    def is_cancelled(self) -> bool:
+        """Always False: inferpool does not cancel running requests yet."""
+        return False
+
+
+class InferenceRequest:
+    """The model's view of one request; built by the backend, not by the model (no BLS)."""
+
+    _request: Request
+    _sender: InferenceResponseSender | None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise TritonModelException(_BLS)
+
+    @classmethod
+    def _wrap(cls, request: Request) -> InferenceRequest:
+        wrapped = cls.__new__(cls)
+        wrapped._request = request
+        wrapped._sender = None
+        return wrapped
+
+    def inputs(self) -> list[Tensor]:
+        return [
+            Tensor._wrap(t.name, t.datatype, t.data, cpu=t.memory == "cpu")
+            for t in self._request.inputs.values()
+        ]
+
+    def request_id(self) -> str:
+        return self._request.id
+
+    def correlation_id(self) -> int | str:
+        return self._request.correlation_id
+
+    def flags(self) -> int:
+        return self._request.flags
+
+    def timeout(self) -> int:
+        """The request's timeout in microseconds (0: none)."""
+        return self._request.timeout_us
+
+    def requested_output_names(self) -> list[str]:
+        return list(self._request.requested_outputs)
+
+    def parameters(self) -> str:
+        """The request's parameters as a JSON string, as Triton gives them."""
+        return json.dumps(self._request.parameters)
+
+    def get_response_sender(self) -> InferenceResponseSender:
+        if self._sender is None:
+            self._sender = InferenceResponseSender(self._request, self._request.response_sender())
+        return self._sender
+
+    def is_cancelled(self) -> bool:
+        """Always False: inferpool does not cancel running requests yet."""
+        return False
+
+    def exec(self, *args: Any, **kwargs: Any) -> Any:
+        raise TritonModelException(_BLS)
+
+    async_exec = exec

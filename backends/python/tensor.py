@@ -1,0 +1,138 @@
+"""``pb_utils.Tensor`` and the datatype helpers, over inferpool's wire datatypes.
+
+An input Tensor wraps the request's zero-copy view of shared memory; an output Tensor holds
+the model's array until the response copies it into the output arena (one copy, as Triton's
+python backend makes into its own shared memory).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc import model_config_pb2
+
+from client import wire
+from client.errors import InferpoolError
+
+# DLPack device types that numpy can view: kDLCPU and kDLCUDAHost (pinned host memory).
+_DLPACK_HOST_DEVICES = (1, 3)
+
+
+class TritonModelException(Exception):
+    """Raised by pb_utils calls the model made wrongly; ``message()`` as in Triton."""
+
+    def message(self) -> str:
+        return str(self)
+
+
+def _config_type(datatype: str) -> str:
+    return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
+
+
+def _wire_type(config_type: str) -> str:
+    datatype = wire.config_to_wire_datatype(config_type)
+    if datatype not in wire.DATATYPES:
+        raise TritonModelException(f"unknown Triton data type '{config_type}'")
+    return datatype
+
+
+def triton_string_to_numpy(triton_type_string: str) -> Any:
+    """``"TYPE_FP32"`` -> ``np.float32`` (``np.object_`` for ``TYPE_STRING``)."""
+    return wire.numpy_dtype(_wire_type(triton_type_string)).type
+
+
+def triton_to_numpy_type(data_type: int) -> Any:
+    """A ``model_config_pb2.DataType`` number -> the numpy scalar type."""
+    try:
+        name = model_config_pb2.DataType.Name(data_type)
+    except ValueError:
+        raise TritonModelException(f"unknown Triton data type {data_type}") from None
+    return triton_string_to_numpy(name)
+
+
+def numpy_to_triton_type(dtype: Any) -> int:
+    """A numpy dtype -> its ``model_config_pb2.DataType`` number (``TYPE_STRING`` for bytes)."""
+    try:
+        datatype = wire.datatype_of(dtype)
+    except (InferpoolError, TypeError) as exc:
+        raise TritonModelException(f"numpy dtype {dtype!r} has no Triton data type") from exc
+    return int(model_config_pb2.DataType.Value(_config_type(datatype)))
+
+
+class Tensor:
+    """A named tensor: ``Tensor(name, numpy_array)`` for outputs, or a request's input."""
+
+    def __init__(self, name: str, numpy_array: Any) -> None:
+        array = numpy_array if isinstance(numpy_array, np.ndarray) else np.asarray(numpy_array)
+        try:
+            self._datatype = wire.datatype_of(array.dtype)
+        except InferpoolError as err:
+            raise TritonModelException(f"tensor '{name}': {err.message}") from None
+        self._name = name
+        self._data: Any = array
+        self._cpu = True
+
+    @classmethod
+    def _wrap(cls, name: str, datatype: str, data: Any, cpu: bool) -> Tensor:
+        """A Tensor over existing memory (no copy): request inputs and DLPack imports."""
+        tensor = cls.__new__(cls)
+        tensor._name, tensor._datatype, tensor._data, tensor._cpu = name, datatype, data, cpu
+        return tensor
+
+    @classmethod
+    def from_dlpack(cls, name: str, dlpack: Any) -> Tensor:
+        """A Tensor sharing the memory of a DLPack capsule or of any ``__dlpack__`` object."""
+        if not hasattr(dlpack, "__dlpack__"):  # a bare capsule: torch can take it over
+            import torch.utils.dlpack
+
+            dlpack = torch.utils.dlpack.from_dlpack(dlpack)
+        device_type, _ = dlpack.__dlpack_device__()
+        if device_type in _DLPACK_HOST_DEVICES:
+            array = np.from_dlpack(dlpack)
+            return cls._wrap(name, wire.datatype_of(array.dtype), array, cpu=True)
+        datatype = wire.datatype_of(np.dtype(str(dlpack.dtype).removeprefix("torch.")))
+        return cls._wrap(name, datatype, dlpack, cpu=False)
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> np.ndarray:
+        """The data as a numpy array; a request's inputs are read-only views of shared memory."""
+        if not self._cpu:
+            raise TritonModelException(
+                f"tensor '{self._name}' is stored in GPU memory and cannot be converted to "
+                "NumPy; use to_dlpack()"
+            )
+        return self._data
+
+    def is_cpu(self) -> bool:
+        return self._cpu
+
+    def shape(self) -> list[int]:
+        return [int(d) for d in self._data.shape]
+
+    def triton_dtype(self) -> int:
+        return int(model_config_pb2.DataType.Value(_config_type(self._datatype)))
+
+    def datatype(self) -> str:
+        """The wire datatype name (``FP32``, ``BYTES``...)."""
+        return self._datatype
+
+    def to_dlpack(self) -> Any:
+        """A DLPack capsule over the same memory (no copy); read-only inputs stay read-only."""
+        if self._datatype == "BYTES":
+            raise TritonModelException(f"tensor '{self._name}': BYTES tensors have no DLPack form")
+        try:
+            return self._data.__dlpack__(max_version=(1, 0))
+        except TypeError:  # a producer that predates DLPack 1.0
+            return self._data.__dlpack__()
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self._data.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._data.__dlpack_device__()
+
+    def __repr__(self) -> str:
+        return f"Tensor({self._name!r}, {self._datatype}, shape={self.shape()})"

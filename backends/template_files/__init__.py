@@ -1,0 +1,1 @@
+"""The files ``inferpool new-backend`` fills in (package data, read by backends.template)."""
