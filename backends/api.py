@@ -41,6 +41,7 @@ FLAG_SEQUENCE_END = 2
 
 now_ns = time.monotonic_ns  # the clock of every statistic a backend reports
 
+
 # ============================================================================ tensors
 @dataclass(slots=True)
 class InputTensor:
@@ -158,38 +159,25 @@ class Response:
 
 
 class ResponseSender:
-    """Sends responses for one request: one final response, or a stream when decoupled."""
+    """Sends responses for one request from any thread: one final response, or a stream
+    when the model is decoupled."""
 
-    def __init__(self, request: Request, emit: Callable[[Request, Response | None, bool], None]):
+    def __init__(self, request: Request) -> None:
         self._request = request
-        self._emit = emit
         self._lock = threading.Lock()
-        self.sent = 0
-        self.final = False
 
     def send(self, response: Response | None = None, final: bool = False) -> None:
         """Send ``response`` (may be None with ``final``); ``final`` closes the request."""
         with self._lock:
-            if self.final:
-                raise internal(f"request '{self._request.id}' already received its final response")
-            if response is not None and not self._request.decoupled and self.sent:
-                raise internal(
-                    f"request '{self._request.id}' is not decoupled: only one response is allowed"
-                )
-            if response is None and not final:
-                raise invalid_arg("send() needs a response or final=True")
-            if response is not None:
-                self.sent += 1
-            self.final = final
-            self._emit(self._request, response, final)
+            self._request._deliver(response, final)
 
     def fail(self, error: InferpoolError) -> None:
-        """Close the request with an error response, unless it is already closed."""
         with self._lock:
-            if self.final:
-                return
-            self.final = True
-            self._emit(self._request, Response(self._request, error), True)
+            self._request._close_with(error)
+
+    @property
+    def final(self) -> bool:
+        return self._request._final
 
 
 class Request:
@@ -222,8 +210,29 @@ class Request:
         self.priority = priority
         self.timeout_us = timeout_us
         self._memory = memory
-        self._sender = ResponseSender(self, emit)
-        self.sender_taken = False
+        self._emit = emit
+        self._sender: ResponseSender | None = None  # made (with its lock) only when asked for
+        self._sent = 0
+        self._final = False
+
+    def _deliver(self, response: Response | None, final: bool) -> None:
+        """The one place a response leaves: checks the answer-exactly-once contract."""
+        if self._final:
+            raise internal(f"request '{self.id}' already received its final response")
+        if response is None:
+            if not final:
+                raise invalid_arg("send() needs a response or final=True")
+        elif self._sent and not self.decoupled:
+            raise internal(f"request '{self.id}' is not decoupled: only one response is allowed")
+        else:
+            self._sent += 1
+        self._final = final
+        self._emit(self, response, final)
+
+    def _close_with(self, error: InferpoolError) -> None:
+        if not self._final:
+            self._final = True
+            self._emit(self, Response(self, error), True)
 
     def input(self, name: str) -> InputTensor:
         try:
@@ -243,16 +252,31 @@ class Request:
 
     def response_sender(self) -> ResponseSender:
         """Take over answering this request (decoupled streams, or answering later)."""
-        self.sender_taken = True
+        if self._sender is None:
+            self._sender = ResponseSender(self)
         return self._sender
 
     @property
+    def sender_taken(self) -> bool:
+        return self._sender is not None
+
+    @property
     def answered(self) -> bool:
-        return self._sender.final
+        return self._final
+
+    def respond(self, response: Response) -> None:
+        """Send the one, final response (what execute()'s returned list does per request)."""
+        if self._sender is None:
+            self._deliver(response, True)
+        else:
+            self._sender.send(response, final=True)
 
     def fail(self, error: InferpoolError) -> None:
         """Answer with an error (final) unless already answered; used by the worker."""
-        self._sender.fail(error)
+        if self._sender is None:
+            self._close_with(error)
+        else:
+            self._sender.fail(error)
 
     @property
     def sequence_start(self) -> bool:

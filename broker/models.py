@@ -134,34 +134,37 @@ class Registry:
             raise InferpoolError(
                 Code.NOT_FOUND, f"Request for unknown model: '{name}' is not found"
             )
-        if version in ("", None, 0, -1, "-1"):
-            ready = record.ready_versions()
-            if not ready:
+        if not version or version in (-1, "-1"):
+            best: ModelVersion | None = None
+            for mv in record.versions.values():
+                if mv.state is State.READY and (best is None or mv.version > best.version):
+                    best = mv
+            if best is None:
                 raise InferpoolError(
                     Code.UNAVAILABLE,
                     f"Request for unknown model: '{name}' has no available versions" + _why(record),
                 )
-            return ready[-1]
+            return best
         try:
             number = int(version)
         except (TypeError, ValueError):
             raise InferpoolError(
                 Code.INVALID_ARG, f"model_version must be a version number, got {version!r}"
             ) from None
-        mv = record.versions.get(number)
-        if mv is None:
+        found = record.versions.get(number)
+        if found is None:
             raise InferpoolError(
                 Code.NOT_FOUND,
                 f"Request for unknown model: '{name}' version {number} is not found",
             )
-        if mv.state is not State.READY:
-            detail = f": {mv.reason}" if mv.reason else ""
+        if found.state is not State.READY:
+            detail = f": {found.reason}" if found.reason else ""
             raise InferpoolError(
                 Code.UNAVAILABLE,
                 f"Request for unknown model: '{name}' version {number} is not at ready state"
-                f" ({mv.state.value}{detail})",
+                f" ({found.state.value}{detail})",
             )
-        return mv
+        return found
 
     def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []

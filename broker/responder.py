@@ -62,20 +62,22 @@ class Responder:
         params = item.get("params") or {}
         if model.decoupled:
             params["triton_final_response"] = bool(item.get("final", True))
-        header = wire.encode_header({
-            "type": "infer",
-            "id": req.client_id,
-            "model_name": model.name,
-            "model_version": model.version_str,
-            "outputs": out_headers,
-            "parameters": params,
-        })
+        encoded = wire.encode_header(
+            {
+                "type": "infer",
+                "id": req.client_id,
+                "model_name": model.name,
+                "model_version": model.version_str,
+                "outputs": out_headers,
+                "parameters": params,
+            }
+        )
         if not large:  # copied into the message: the slots are free again at once
-            send_parts(self.socket, [*req.envelope, _EMPTY, header, *frames])
+            send_parts(self.socket, [*req.envelope, _EMPTY, encoded, *frames])
             for out in outputs:
                 self.outputs.free(out[3], out[4], held=False)
             return
-        self._send_tracked(req.envelope, header, frames, outputs)
+        self._send_tracked(req.envelope, encoded, frames, outputs)
 
     def _send_tracked(
         self, envelope: list[Any], header: bytes, frames: list[memoryview], outputs: Any

@@ -40,7 +40,10 @@ from client.zmqio import NOBLOCK, recv_frames, send_parts  # noqa: E402
 
 SIZES = [("64 B", 64), ("1 MiB", 1 << 20), ("16 MiB", 16 << 20), ("64 MiB", 64 << 20)]
 ITERATIONS = {64: 3000, 1 << 20: 300, 16 << 20: 40, 64 << 20: 15}
-LAYOUTS = {"one": {"client": 0, "broker": 0, "worker": 0}, "split": {"client": 0, "broker": 0, "worker": 1}}
+LAYOUTS = {
+    "one": {"client": 0, "broker": 0, "worker": 0},
+    "split": {"client": 0, "broker": 0, "worker": 1},
+}
 
 
 def pin(cpu: int) -> None:
@@ -82,7 +85,9 @@ def relay_worker(back: str, cpu: int) -> None:
         send_parts(sock, recv_frames(sock), copy=False)
 
 
-def relay_client(endpoint: str, nbytes: int, iterations: int, cpu: int, start: Any, out: Any) -> None:
+def relay_client(
+    endpoint: str, nbytes: int, iterations: int, cpu: int, start: Any, out: Any
+) -> None:
     pin(cpu)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
@@ -103,7 +108,9 @@ def relay_client(endpoint: str, nbytes: int, iterations: int, cpu: int, start: A
 
 
 # ============================================================================ inferpool
-def inferpool_client(endpoint: str, nbytes: int, iterations: int, cpu: int, start: Any, out: Any) -> None:
+def inferpool_client(
+    endpoint: str, nbytes: int, iterations: int, cpu: int, start: Any, out: Any
+) -> None:
     pin(cpu)
     x = np.frombuffer(np.random.bytes(nbytes), dtype=np.uint8)
     with Client(endpoint, timeout=60) as c:
@@ -135,13 +142,28 @@ def start_inferpool(tmp: Path, layout: dict[str, int]) -> tuple[subprocess.Popen
     (repo / "bench" / "config.pbtxt").write_text(BENCH_CONFIG)
     endpoint = f"ipc://{tmp}/b.sock"
     cmd = [
-        sys.executable, "-m", "inferpool", "serve", "--model-repository", str(repo),
-        "--listen", endpoint, "--arena-size", "640M", "--output-arena-size", "640M",
-        "--max-request-bytes", "128M", f"--host-policy=bench,cpu-cores={layout['worker']}",
-        "--log-level", "WARNING",
+        sys.executable,
+        "-m",
+        "inferpool",
+        "serve",
+        "--model-repository",
+        str(repo),
+        "--listen",
+        endpoint,
+        "--arena-size",
+        "640M",
+        "--output-arena-size",
+        "640M",
+        "--max-request-bytes",
+        "128M",
+        f"--host-policy=bench,cpu-cores={layout['worker']}",
+        "--log-level",
+        "WARNING",
     ]
     proc = subprocess.Popen(
-        cmd, preexec_fn=lambda: pin(layout["broker"]), start_new_session=True,
+        cmd,
+        preexec_fn=lambda: pin(layout["broker"]),
+        start_new_session=True,
         stdout=subprocess.DEVNULL,
     )
     with Client(endpoint, timeout=5) as c:
@@ -154,8 +176,10 @@ def measure(target: Any, endpoint: str, nbytes: int, clients: int, cpu: int) -> 
     ctx = mp.get_context("spawn")
     start, out = ctx.Event(), ctx.Queue()
     iterations = ITERATIONS[nbytes] if clients == 1 else max(10, ITERATIONS[nbytes] // 2)
-    procs = [ctx.Process(target=target, args=(endpoint, nbytes, iterations, cpu, start, out))
-             for _ in range(clients)]
+    procs = [
+        ctx.Process(target=target, args=(endpoint, nbytes, iterations, cpu, start, out))
+        for _ in range(clients)
+    ]
     for p in procs:
         p.start()
     time.sleep(0.5 + nbytes / 2e8)  # let every client finish its warm-up
@@ -173,13 +197,17 @@ def measure(target: Any, endpoint: str, nbytes: int, clients: int, cpu: int) -> 
     }
 
 
-def run_layout(name: str, layout: dict[str, int], sizes: list[tuple[str, int]], clients_list: list[int]) -> list[dict[str, Any]]:
+def run_layout(
+    name: str, layout: dict[str, int], sizes: list[tuple[str, int]], clients_list: list[int]
+) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     tmp = Path(tempfile.mkdtemp(prefix="ipb-", dir="/tmp"))
     ctx = mp.get_context("spawn")
     ready = ctx.Event()
     front, back = f"ipc://{tmp}/relay-front", f"ipc://{tmp}/relay-back"
-    broker = ctx.Process(target=relay_broker, args=(front, back, layout["broker"], ready), daemon=True)
+    broker = ctx.Process(
+        target=relay_broker, args=(front, back, layout["broker"], ready), daemon=True
+    )
     broker.start()
     ready.wait()
     worker = ctx.Process(target=relay_worker, args=(back, layout["worker"]), daemon=True)
@@ -191,12 +219,18 @@ def run_layout(name: str, layout: dict[str, int], sizes: list[tuple[str, int]], 
             for clients in clients_list:
                 relay = measure(relay_client, front, nbytes, clients, layout["client"])
                 ours = measure(inferpool_client, endpoint, nbytes, clients, layout["client"])
-                rows.append({
-                    "layout": name, "size": label, "bytes": nbytes, "clients": clients,
-                    "relay": relay, "inferpool": ours,
-                    "p50_ratio": ours["p50_us"] / relay["p50_us"],
-                    "rps_ratio": ours["rps"] / relay["rps"],
-                })
+                rows.append(
+                    {
+                        "layout": name,
+                        "size": label,
+                        "bytes": nbytes,
+                        "clients": clients,
+                        "relay": relay,
+                        "inferpool": ours,
+                        "p50_ratio": ours["p50_us"] / relay["p50_us"],
+                        "rps_ratio": ours["rps"] / relay["rps"],
+                    }
+                )
                 print_row(rows[-1])
     finally:
         os.killpg(server.pid, signal.SIGTERM)
@@ -207,21 +241,31 @@ def run_layout(name: str, layout: dict[str, int], sizes: list[tuple[str, int]], 
     return rows
 
 
-HEADER = (f"{'layout':6} {'size':>7} {'cl':>2} | {'relay p50':>10} {'p99':>9} {'req/s':>8} | "
-          f"{'inferpool p50':>13} {'p99':>9} {'req/s':>8} | {'p50 x':>6} {'req/s x':>7}")
+HEADER = (
+    f"{'layout':6} {'size':>7} {'cl':>2} | {'relay p50':>10} {'p99':>9} {'req/s':>8} | "
+    f"{'inferpool p50':>13} {'p99':>9} {'req/s':>8} | {'p50 x':>6} {'req/s x':>7}"
+)
 
 
 def print_row(r: dict[str, Any]) -> None:
     a, b = r["relay"], r["inferpool"]
-    print(f"{r['layout']:6} {r['size']:>7} {r['clients']:>2} | {a['p50_us']:8.0f}us {a['p99_us']:7.0f}us "
-          f"{a['rps']:8.0f} | {b['p50_us']:11.0f}us {b['p99_us']:7.0f}us {b['rps']:8.0f} | "
-          f"{r['p50_ratio']:6.2f} {r['rps_ratio']:7.2f}", flush=True)
+    print(
+        f"{r['layout']:6} {r['size']:>7} {r['clients']:>2} | "
+        f"{a['p50_us']:8.0f}us {a['p99_us']:7.0f}us "
+        f"{a['rps']:8.0f} | {b['p50_us']:11.0f}us {b['p99_us']:7.0f}us {b['rps']:8.0f} | "
+        f"{r['p50_ratio']:6.2f} {r['rps_ratio']:7.2f}",
+        flush=True,
+    )
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--layout", choices=[*LAYOUTS, "both"], default="both")
-    parser.add_argument("--quick", action="store_true", help="64 B and 1 MiB only, fewer iterations")
+    parser.add_argument(
+        "--quick", action="store_true", help="64 B and 1 MiB only, fewer iterations"
+    )
     parser.add_argument("--json", default="bench-latency.json")
     args = parser.parse_args()
     sizes = SIZES[:2] if args.quick else SIZES
@@ -229,14 +273,23 @@ def main() -> int:
         for k in ITERATIONS:
             ITERATIONS[k] = max(10, ITERATIONS[k] // 5)
     layouts = list(LAYOUTS) if args.layout == "both" else [args.layout]
-    print(f"cores: {sorted(os.sched_getaffinity(0))}; layouts: "
-          + "; ".join(f"{n}: client/broker/worker on cpu {LAYOUTS[n]['client']}/{LAYOUTS[n]['broker']}/"
-                      f"{LAYOUTS[n]['worker']}" for n in layouts))
-    print("p50 x = inferpool p50 / relay p50 (goal <= 1.3 for 64 B); "
-          "req/s x = inferpool req/s / relay req/s (goal >= 0.5 with 4 clients)")
+    print(
+        f"cores: {sorted(os.sched_getaffinity(0))}; layouts: "
+        + "; ".join(
+            f"{n}: client/broker/worker on cpu {LAYOUTS[n]['client']}/{LAYOUTS[n]['broker']}/"
+            f"{LAYOUTS[n]['worker']}"
+            for n in layouts
+        )
+    )
+    print(
+        "p50 x = inferpool p50 / relay p50 (goal <= 1.3 for 64 B); "
+        "req/s x = inferpool req/s / relay req/s (goal >= 0.5 with 4 clients)"
+    )
     print(HEADER)
     rows = [r for name in layouts for r in run_layout(name, LAYOUTS[name], sizes, [1, 4])]
-    Path(args.json).write_text(json.dumps({"rows": rows, "cores": sorted(os.sched_getaffinity(0))}, indent=1))
+    Path(args.json).write_text(
+        json.dumps({"rows": rows, "cores": sorted(os.sched_getaffinity(0))}, indent=1)
+    )
     print(f"wrote {args.json}")
     return 0
 

@@ -254,7 +254,7 @@ class BackendHost:
             log.error("backend '%s' returned a response for an answered request", self.backend_name)
             return
         if isinstance(response, Response):
-            request.response_sender().send(response, final=True)
+            request.respond(response)
         elif isinstance(response, BaseException):
             request.fail(InferpoolError.wrap(response))
         else:

@@ -31,14 +31,22 @@ class WorkerMemory:
     def input_tensor(self, spec: list[Any], reshape: tuple[int, ...] | None) -> InputTensor:
         """A read-only view of one input: [name, datatype, shape, region, offset, nbytes]."""
         name, datatype, shape, region, offset, nbytes = spec
-        buf = self.inputs.get(region).view(offset, nbytes)
+        mapping = self.inputs.get(region)
+        if offset < 0 or offset + nbytes > mapping.size:
+            raise InferpoolError(
+                Code.INVALID_ARG, f"input '{name}' lies outside shared-memory region {region!r}"
+            )
         if datatype == "BYTES":
+            buf = mapping.buf[offset : offset + nbytes]
             data = wire.array_from_buffer(buf, datatype, shape, f"input '{name}'")
         else:
             dtype = wire.numpy_dtype(datatype)
-            data = np.frombuffer(buf, dtype=dtype, count=nbytes // dtype.itemsize)
+            data = np.frombuffer(
+                mapping.buf, dtype=dtype, count=nbytes // dtype.itemsize, offset=offset
+            )
             data.flags.writeable = False
-            data = data.reshape(shape)
+            if len(shape) != 1:
+                data = data.reshape(shape)
         if reshape is not None:
             data = data.reshape(reshape)
             shape = list(reshape)
@@ -54,7 +62,7 @@ class WorkerMemory:
                 f"output arena of instance '{self.instance_name}' is full: {exc}. Release "
                 "output handles sooner or start the server with a larger --output-arena-size",
             ) from None
-        return self.output.name, offset, self.output.view(offset, nbytes)
+        return self.output.name, offset, self.output.buf[offset : offset + nbytes]
 
     def release(self, region: str, offset: int) -> None:
         if region == self.output.name:

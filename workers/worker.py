@@ -47,7 +47,8 @@ class Worker:
         # responses emitted from backend threads wake the loop through this pipe
         self._wake_rx, self._wake_tx = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._wake_lock = threading.Lock()
-        self._items: list[dict[str, Any]] = []
+        self._items: list[dict[str, Any]] = []  # results of the batch in execution
+        self._item_requests: list[Request | None] = []  # their requests, for statistics
         self._async_items: list[dict[str, Any]] = []
         self._in_execute = False
         self._main_thread = threading.get_ident()
@@ -122,9 +123,8 @@ class Worker:
             try:
                 request = self._request(work)
             except InferpoolError as err:
-                self._items.append(
-                    {"rid": work["rid"], "final": True, "error": err.to_wire(), "t": None}
-                )
+                self._items.append({"rid": work["rid"], "final": True, "error": err.to_wire()})
+                self._item_requests.append(None)
                 continue
             requests.append(request)
         compute_start = now_ns()
@@ -137,19 +137,19 @@ class Worker:
         compute_end = now_ns()
         host = self.host
         batch_timing = [compute_start - exec_start, compute_end - compute_start, 0]
-        for item in self._items:
-            if item.get("t") is None and "req" in item:
-                request = item.pop("req")
-                timing = host.timing_of(request)
-                if timing is None:
-                    item["t"] = batch_timing
-                else:
-                    item["t"] = [
-                        timing.compute_start - timing.exec_start,
-                        timing.compute_end - timing.compute_start,
-                        timing.exec_end - timing.compute_end,
-                    ]
-            item.pop("req", None)
+        timings = host.stats.timings
+        for item, owner in zip(self._items, self._item_requests, strict=True):
+            timing = timings.pop(id(owner), None) if owner is not None else None
+            item["t"] = (
+                batch_timing
+                if timing is None
+                else [
+                    timing.compute_start - timing.exec_start,
+                    timing.compute_end - timing.compute_start,
+                    timing.exec_end - timing.compute_end,
+                ]
+            )
+        self._item_requests = []
         batches = host.take_batches()
         if batches:
             stats = [[b[0], b[2] - b[1], b[3] - b[2], b[4] - b[3]] for b in batches]
@@ -194,8 +194,8 @@ class Worker:
             if self.decoupled:
                 self.send({"op": "items", "items": [item]})
             else:
-                item["req"] = request
                 self._items.append(item)
+                self._item_requests.append(request)
             return
         with self._wake_lock:
             self._async_items.append(item)
@@ -203,7 +203,7 @@ class Worker:
             os.write(self._wake_tx, b"!")
 
     def _item(self, request: Request, response: Response | None, final: bool) -> dict[str, Any]:
-        item: dict[str, Any] = {"rid": request.handle, "final": final, "t": None}
+        item: dict[str, Any] = {"rid": request.handle, "final": final}
         if response is None:
             item["outputs"] = []
             return item

@@ -19,6 +19,7 @@ from backends.api import (
     Backend,
     Model,
     ModelInstance,
+    ParameterValue,
     Request,
     Response,
     batch_size_of,
@@ -42,6 +43,15 @@ def _int_parameter(model: Model, key: str) -> int:
         raise invalid_arg(
             f"parameter '{key}' of model '{model.name}' must be an integer, got {raw!r}"
         ) from None
+
+
+# The seed's example response parameters: one of each kind (string, int, bool, double).
+SEED_PARAMETERS: dict[str, ParameterValue] = {
+    "param0": "an example string parameter",
+    "param1": 42,
+    "param2": False,
+    "param3": 123.123,
+}
 
 
 class IdentityModel(Model):
@@ -177,10 +187,7 @@ class IdentityInstance(ModelInstance):
         except InferpoolError as err:
             response.discard()
             return Response(request, err)
-        response.set_parameter("param0", "an example string parameter")
-        response.set_parameter("param1", 42)
-        response.set_parameter("param2", False)
-        response.set_parameter("param3", 123.123)
+        response.parameters.update(SEED_PARAMETERS)
         return response
 
 
