@@ -2,23 +2,20 @@
 
 The config types torch can hold are those of the seed's ``ModelConfigDataTypeToTorchType``;
 ``TYPE_STRING`` is not a tensor type but travels as ``List[str]``.
+
+Read-only arrays become tensors through DLPack rather than ``torch.from_numpy``: inputs are
+read-only views of shared memory, DLPack says so, and torch takes them without a copy and
+without the "non-writable array" warning ``from_numpy`` raises (torch has no read-only
+tensors; the backend never writes to an input).
 """
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import numpy as np
 import torch
 from tritonclient.grpc import model_config_pb2
-
-# Inputs are read-only views of shared memory.  torch has no read-only tensors and warns on
-# every such view; the backend never writes to an input, so silence exactly that warning,
-# for calls made from this module only.
-warnings.filterwarnings(
-    "ignore", message="The given NumPy array is not writable", category=UserWarning, module=__name__
-)
 
 _TORCH: dict[str, torch.dtype] = {
     "BOOL": torch.bool,
@@ -64,8 +61,10 @@ def datatype_of(dtype: torch.dtype) -> str:
 def as_tensor(array: np.ndarray) -> torch.Tensor:
     """A tensor over the same memory as ``array`` (no copy), bfloat16 included."""
     if array.dtype.itemsize == 2 and array.dtype.name == "bfloat16":
-        return torch.from_numpy(array.view(np.uint16)).view(torch.bfloat16)
-    return torch.from_numpy(array)
+        return as_tensor(array.view(np.uint16)).view(torch.bfloat16)
+    if array.flags.writeable:
+        return torch.from_numpy(array)  # the cheaper call, where numpy has nothing to warn of
+    return torch.from_dlpack(array)
 
 
 def from_device_array(data: Any) -> torch.Tensor:

@@ -148,10 +148,10 @@ class OutputWriter:
     ) -> None:
         slices = self._slices(batch)
         for p, response in wanted:
-            part = value[slices[id(p)]]
+            part = value if len(batch) == 1 else value[slices[id(p)]]
             shape = self._reported_shape(spec, tuple(part.shape))
             target = dtypes.as_tensor(response.output(spec.name, shape, spec.datatype))
-            target.view(part.shape).copy_(part)
+            (target if shape == part.shape else target.view(part.shape)).copy_(part)
 
     def _write_strings(
         self,

@@ -129,24 +129,28 @@ class Settings:
     def applied(self) -> Iterator[None]:
         """Run a forward pass under these settings (inference mode or no-grad, JIT switches)."""
         c = torch._C
-        with contextlib.ExitStack() as stack:
-            old_optimize = c._get_graph_executor_optimize()
-            c._set_graph_executor_optimize(self.optimized_execution)
-            stack.callback(c._set_graph_executor_optimize, old_optimize)
-            if self.jit_profiling is not None:
-                stack.callback(
-                    c._jit_set_profiling_mode, c._jit_set_profiling_mode(self.jit_profiling)
-                )
-            if self.jit_executor is not None:
-                stack.callback(
-                    c._jit_set_profiling_executor, c._jit_set_profiling_executor(self.jit_executor)
-                )
-            if self.tensor_fuser is not None:
-                stack.callback(c._jit_set_texpr_fuser_enabled, c._jit_texpr_fuser_enabled())
-                c._jit_set_texpr_fuser_enabled(self.tensor_fuser)
-            old_cudnn = torch.backends.cudnn.enabled
-            torch.backends.cudnn.enabled = self.cudnn
-            stack.callback(setattr, torch.backends.cudnn, "enabled", old_cudnn)
-            stack.enter_context(torch.inference_mode(self.inference_mode))
-            stack.enter_context(torch.no_grad())
-            yield
+        optimize, cudnn = c._get_graph_executor_optimize(), torch.backends.cudnn.enabled
+        c._set_graph_executor_optimize(self.optimized_execution)
+        torch.backends.cudnn.enabled = self.cudnn
+        jit = _swap_jit(self.jit_profiling, self.jit_executor, self.tensor_fuser)
+        try:
+            with torch.inference_mode() if self.inference_mode else torch.no_grad():
+                yield
+        finally:
+            _swap_jit(*jit)
+            torch.backends.cudnn.enabled = cudnn
+            c._set_graph_executor_optimize(optimize)
+
+
+def _swap_jit(
+    profiling: bool | None, executor: bool | None, fuser: bool | None
+) -> tuple[bool | None, bool | None, bool | None]:
+    """Set the JIT switches that are not None; return what they were (None where untouched)."""
+    c = torch._C
+    old_profiling = None if profiling is None else c._jit_set_profiling_mode(profiling)
+    old_executor = None if executor is None else c._jit_set_profiling_executor(executor)
+    old_fuser = None
+    if fuser is not None:
+        old_fuser = c._jit_texpr_fuser_enabled()
+        c._jit_set_texpr_fuser_enabled(fuser)
+    return old_profiling, old_executor, old_fuser

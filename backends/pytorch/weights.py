@@ -1,16 +1,18 @@
 """ENABLE_WEIGHT_SHARING across worker processes: one copy of a model's weights in shared memory.
 
 Triton shares one module between the instances of a process; inferpool runs one instance
-per process, so the weights move instead.  Every instance loads the model, then, holding an
-exclusive ``flock`` on ``<region>.lock``:
+per process, so the weights move instead.  Every instance loads the model, then, holding the
+exclusive *setup lock* (an ``flock`` on ``<region>.lock``):
 
 * the first finds no region: it creates ``inferpool-<run>-weights-<key>`` (mode 0600),
   copies every parameter and buffer storage in, and marks the header ready;
 * later ones attach to it and check that their own layout digest matches;
 
 then each re-points its parameters and buffers at views of the region (``Tensor.data``), so
-its private copy is freed and every process maps the same pages.  Each live instance keeps
-a shared lock; the last one to finish takes the exclusive lock and unlinks the region.  A
+its private copy is freed and every process maps the same pages.  Each instance holds a
+shared ``flock`` on the region file for as long as it lives; at finalize, under the setup
+lock, an instance that can upgrade it to exclusive is the last one and unlinks the region.
+Locks are per open file, so instances in one process behave like instances in many.  A
 region whose creator died half way lacks the ready mark and is rebuilt.  The broker sweeps
 whatever a crash leaves, because the name carries the run id.
 
@@ -27,6 +29,7 @@ import logging
 import os
 import struct
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -103,10 +106,10 @@ def _layout(module: torch.nn.Module) -> _Layout:
 class SharedWeights:
     """The shared-memory home of one instance's weights; ``close()`` at instance finalize."""
 
-    def __init__(self, region: Region, lock_fd: int, lock_path: str, created: bool) -> None:
+    def __init__(self, region: Region, users_fd: int, lock_path: str, created: bool) -> None:
         self.region = region
         self.created = created
-        self._lock_fd: int | None = lock_fd
+        self._users_fd: int | None = users_fd
         self._lock_path = lock_path
 
     @classmethod
@@ -119,21 +122,20 @@ class SharedWeights:
             return None
         name = region_name(check_run_id(run_id), f"weights-{key}")
         lock_path = os.path.join(SHM_DIR, name + ".lock")
-        fd = _lock_exclusive(lock_path)
-        try:
-            region, created = _open_or_create(name, layout)
-            _repoint(layout, region)
-            fcntl.flock(fd, fcntl.LOCK_SH)
-        except BaseException:
-            os.close(fd)
-            raise
+        with _setup_lock(lock_path):
+            region, users_fd, created = _open_or_create(name, layout)
+            try:
+                _repoint(layout, region)
+            except BaseException:
+                os.close(users_fd)
+                raise
         log.info(
             "%s shared weights region '%s' (%d bytes)",
             "created" if created else "attached to",
             name,
             layout.size,
         )
-        return cls(region, fd, lock_path, created)
+        return cls(region, users_fd, lock_path, created)
 
     def close(self) -> None:
         """Drop this instance's hold; the last holder unlinks the region and its lock file.
@@ -141,48 +143,74 @@ class SharedWeights:
         The mapping itself is not closed here: the weight tensors reference it, and it is
         unmapped when the last of them is freed, so a tensor can never outlive its memory.
         """
-        if self._lock_fd is None:
+        if self._users_fd is None:
             return
-        fd, self._lock_fd = self._lock_fd, None
+        fd, self._users_fd = self._users_fd, None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pass  # other instances still hold it
-        else:
-            self.region.unlink()
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._lock_path)
+            with _setup_lock(self._lock_path):
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return  # other instances still use it
+                self.region.unlink()
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self._lock_path)
         finally:
             os.close(fd)
 
 
-def _lock_exclusive(path: str) -> int:
-    """Open ``path`` and take its exclusive lock, re-opening if the file was replaced meanwhile."""
+@contextlib.contextmanager
+def _setup_lock(path: str) -> Iterator[None]:
+    """Hold ``path``'s exclusive flock: creating, attaching and unlinking never interleave.
+
+    The lock file is unlinked by the last user; a waiter that then wins the lock on the
+    unlinked file notices (the inode changed) and starts over on a fresh one.
+    """
     deadline = time.monotonic() + LOCK_TIMEOUT_S
     while True:
         fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    os.close(fd)
-                    raise unavailable(
-                        f"timed out after {LOCK_TIMEOUT_S:.0f} s waiting for another instance to "
-                        f"finish sharing weights ({path})"
-                    ) from None
-                time.sleep(0.01)
         try:
-            if os.stat(path).st_ino == os.fstat(fd).st_ino:
-                return fd
-        except FileNotFoundError:
-            pass  # the last holder unlinked it while we waited: start over on a fresh file
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise unavailable(
+                            f"timed out after {LOCK_TIMEOUT_S:.0f} s waiting for another "
+                            f"instance to finish sharing weights ({path})"
+                        ) from None
+                    time.sleep(0.01)
+            try:
+                current = os.stat(path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                current = False
+            if current:
+                yield
+                return
+        finally:
+            os.close(fd)
+
+
+def _users_lock(path: str) -> int:
+    """A shared flock on the region file itself, held for as long as the instance uses it."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(
+            fd, fcntl.LOCK_SH | fcntl.LOCK_NB
+        )  # only a finisher holding the setup lock excludes
+    except BaseException:
         os.close(fd)
+        raise
+    return fd
 
 
-def _open_or_create(name: str, layout: _Layout) -> tuple[Region, bool]:
-    """Attach to a complete region for this layout, or build it (the caller holds the lock)."""
+def _open_or_create(name: str, layout: _Layout) -> tuple[Region, int, bool]:
+    """Attach to a complete region for this layout, or build it (under the setup lock).
+
+    Returns the region, the fd holding its users lock, and whether this call created it.
+    """
+    path = os.path.join(SHM_DIR, name)
     if exists(name):
         region = Region.attach(name, populate=True)
         magic, ready, digest, size = _HEADER.unpack_from(region.buf, 0)
@@ -193,7 +221,7 @@ def _open_or_create(name: str, layout: _Layout) -> tuple[Region, bool]:
                     f"shared weights region '{name}' holds a different tensor layout than this "
                     "model; the model file changed while instances were loading it"
                 )
-            return region, False
+            return region, _users_lock(path), False
         region.close()  # a creator died before finishing it
         region.unlink()
     region = Region.create(name, _DATA + layout.size)
@@ -203,10 +231,10 @@ def _open_or_create(name: str, layout: _Layout) -> tuple[Region, bool]:
             dst = torch.frombuffer(region.buf, dtype=torch.uint8, count=n, offset=_DATA + offset)
             dst.copy_(torch.empty(0, dtype=torch.uint8).set_(storage))
         _HEADER.pack_into(region.buf, 0, _MAGIC, 1, layout.digest, layout.size)
+        return region, _users_lock(path), True
     except BaseException:
         region.destroy()
         raise
-    return region, True
 
 
 def _repoint(layout: _Layout, region: Region) -> None:

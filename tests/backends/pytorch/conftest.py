@@ -1,27 +1,31 @@
-"""Fixtures for the pytorch backend tests: a model repository and a /dev/shm leak probe."""
+"""Fixtures for the pytorch backend tests: a model repository, harnesses, a broker run id."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import posix_ipc
 import pytest
 
+from backends.pytorch.weights import ENV_RUN_ID
 from backends.testing import BackendHarness
-
-
-def _inferpool_regions() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("inferpool-")}
+from shm.runs import RunLock, regions_of_run
 
 
 @pytest.fixture
-def shm_probe() -> Iterator[None]:
-    """Fail the test if it leaves an inferpool region behind in /dev/shm."""
-    before = _inferpool_regions()
-    yield
-    leaked = _inferpool_regions() - before
-    assert not leaked, f"regions left in /dev/shm: {sorted(leaked)}"
+def run_id(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A live broker run (its lock held) for weight regions; fails if one is left behind."""
+    lock = RunLock()
+    monkeypatch.setenv(ENV_RUN_ID, lock.run_id)
+    try:
+        yield lock.run_id
+        assert regions_of_run(lock.run_id) == [lock.name], "regions left in /dev/shm"
+    finally:
+        for name in regions_of_run(lock.run_id):
+            if name != lock.name:
+                posix_ipc.unlink_shared_memory("/" + name)
+        lock.release()
 
 
 @pytest.fixture

@@ -14,7 +14,9 @@ from client.errors import Code, InferpoolError
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
 
 LINEAR = tm.config(
-    [tm.inp("INPUT__0", "TYPE_FP32", [4])], [tm.out("OUTPUT__0", "TYPE_FP32", [2])], max_batch_size=8
+    [tm.inp("INPUT__0", "TYPE_FP32", [4])],
+    [tm.out("OUTPUT__0", "TYPE_FP32", [2])],
+    max_batch_size=8,
 )
 
 
@@ -30,7 +32,9 @@ def test_linear_batch_matches_torch_and_reports_statistics(repo, harness):
     request = h.request({"INPUT__0": x})
     [(_, response, final)] = h.execute([request])
     assert final
-    np.testing.assert_allclose(h.outputs_of(response)["OUTPUT__0"], reference(tm.Linear(), x), rtol=1e-6)
+    np.testing.assert_allclose(
+        h.outputs_of(response)["OUTPUT__0"], reference(tm.Linear(), x), rtol=1e-6
+    )
     timing = h.host.timing_of(request)
     assert timing is not None and timing.success
     assert timing.exec_start <= timing.compute_start <= timing.compute_end <= timing.exec_end
@@ -70,7 +74,8 @@ def test_a_bad_request_does_not_sink_the_batch(repo, harness):
         "INVALID_ARG: inference input 'INPUT__0' data-type is 'FP64', but model 'm' expects 'FP32'"
     )
     assert str(errors[2]) == (
-        "INVALID_ARG: unexpected shape for input 'INPUT__0' for model 'm'. Expected [-1,4], got [1,5]"
+        "INVALID_ARG: unexpected shape for input 'INPUT__0' for model 'm'. "
+        "Expected [-1,4], got [1,5]"
     )
     assert str(errors[3]) == "INVALID_ARG: unexpected inference input 'EXTRA' for model 'm'"
     assert "missing required input(s) ['INPUT__0']" in str(errors[4])
@@ -92,10 +97,14 @@ def test_a_batch_over_max_batch_size_fails_every_request(repo, harness):
 def test_non_batching_model_takes_the_full_shape(repo, harness):
     tm.save(tm.Linear(), repo)
     h = harness(
-        tm.config([tm.inp("INPUT__0", "TYPE_FP32", [2, 4])], [tm.out("OUTPUT__0", "TYPE_FP32", [2, 2])])
+        tm.config(
+            [tm.inp("INPUT__0", "TYPE_FP32", [2, 4])], [tm.out("OUTPUT__0", "TYPE_FP32", [2, 2])]
+        )
     )
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
-    np.testing.assert_allclose(h.infer({"INPUT__0": x})["OUTPUT__0"], reference(tm.Linear(), x), rtol=1e-6)
+    np.testing.assert_allclose(
+        h.infer({"INPUT__0": x})["OUTPUT__0"], reference(tm.Linear(), x), rtol=1e-6
+    )
 
 
 ADD_SUB_OUT = [tm.out("OUTPUT__1", "TYPE_FP32", [2]), tm.out("OUTPUT__0", "TYPE_FP32", [2])]
@@ -133,7 +142,9 @@ def test_strict_config_ordering_when_names_follow_no_convention(repo, harness, c
 
 def test_only_requested_outputs_are_produced(repo, harness):
     tm.save(tm.AddSub(), repo)
-    h = harness(tm.config([tm.inp("a", "TYPE_FP32", [2]), tm.inp("b", "TYPE_FP32", [2])], ADD_SUB_OUT))
+    h = harness(
+        tm.config([tm.inp("a", "TYPE_FP32", [2]), tm.inp("b", "TYPE_FP32", [2])], ADD_SUB_OUT)
+    )
     out = h.infer({"a": np.ones(2, np.float32), "b": np.ones(2, np.float32)}, ["OUTPUT__1"])
     assert list(out) == ["OUTPUT__1"]
 
@@ -163,10 +174,16 @@ def test_strings_in_and_out_batched_per_request(repo, harness):
             max_batch_size=8,
         )
     )
-    words = [np.array([[b"ab"], [b"cd"]], dtype=object), np.array([["\u00e9f".encode()]], dtype=object)]
+    words = [
+        np.array([[b"ab"], [b"cd"]], dtype=object),
+        np.array([["\u00e9f".encode()]], dtype=object),
+    ]
     results = h.execute([h.request({"INPUT__0": w}, ["OUTPUT__0"]) for w in words])
     got = [h.outputs_of(r)["OUTPUT__0"] for _, r, _ in results]
-    assert got[0].tolist() == [[b"AB"], [b"CD"]]  # each request its own rows (the seed repeats row 0)
+    assert got[0].tolist() == [
+        [b"AB"],
+        [b"CD"],
+    ]  # each request its own rows (the seed repeats row 0)
     assert got[1].tolist() == [["\u00e9F".encode()]]  # TorchScript upper() is ASCII-only
     bad = h.request({"INPUT__0": np.array([[b"\xff"]], dtype=object)})
     [(_, response, _)] = h.execute([bad])
@@ -233,7 +250,8 @@ class Fails(nn.Module):
         (Scalar(), "TYPE_FP32", 1, Code.INVALID_ARG,
          "output 'OUTPUT__0' is a scalar which is not supported."),
         (tm.Linear(2, 2), "TYPE_INT32", 1, Code.INVALID_ARG,
-         "configuration expects datatype TYPE_INT32 for output 'OUTPUT__0', model provides TYPE_FP32"),
+         "configuration expects datatype TYPE_INT32 for output 'OUTPUT__0', "
+         "model provides TYPE_FP32"),
         (tm.Linear(2, 2), "TYPE_FP32", 2, Code.INVALID_ARG,
          "The output OUTPUT__1 in the model configuration refers to an output index which doesn't "
          "exist. This model has 1 outputs"),
@@ -254,7 +272,9 @@ def test_output_errors_fail_the_batch(repo, harness, module, out_type, outputs, 
 
 def test_execute_failure_carries_torch_message(repo, harness):
     tm.save(Fails(), repo)
-    h = harness(tm.config([tm.inp("INPUT__0", "TYPE_FP32", [2])], [tm.out("OUTPUT__0", "TYPE_FP32", [2])]))
+    h = harness(
+        tm.config([tm.inp("INPUT__0", "TYPE_FP32", [2])], [tm.out("OUTPUT__0", "TYPE_FP32", [2])])
+    )
     [(_, response, _)] = h.execute([h.request({"INPUT__0": np.ones(2, np.float32)})])
     assert response.error.code is Code.INTERNAL
     assert response.error.message.startswith("PyTorch execute failure: ")
@@ -313,7 +333,8 @@ ONE_OUT = [tm.out("OUTPUT__0", "TYPE_FP32", [2])]
          "Triton only supports 1 dimensional List of String as input for 'INPUT__0' for model 'm'"),
         (tm.Linear(2, 2), [tm.inp("INPUT__0", "TYPE_FP32", [2])],
          [tm.out("OUTPUT__0", "TYPE_STRING", [2, 2])], Code.INTERNAL,
-         "Triton only supports 1 dimensional List of String as output for 'OUTPUT__0' for model 'm'"),
+         "Triton only supports 1 dimensional List of String as output for 'OUTPUT__0' "
+         "for model 'm'"),
         (IntArg(), [tm.inp("INPUT__0", "TYPE_FP32", [2])], ONE_OUT, Code.INTERNAL,
          "An input of type 'int' was detected in the model. Only a single input of type "
          "Dict(str, Tensor) or input(s) of type Tensor are supported."),
@@ -322,7 +343,8 @@ ONE_OUT = [tm.out("OUTPUT__0", "TYPE_FP32", [2])]
          "Dict(str, Tensor) is supported."),
         (tm.AddSub(), [tm.inp("INPUT__0", "TYPE_FP32", [2]), tm.inp("INPUT__5", "TYPE_FP32", [2])],
          ONE_OUT, Code.INVALID_ARG,
-         "input 'INPUT__5' of model 'm' refers to forward argument 5, but forward() takes 2 input(s)"),
+         "input 'INPUT__5' of model 'm' refers to forward argument 5, but forward() takes "
+         "2 input(s)"),
         (tm.AddSub(), [tm.inp("INPUT__0", "TYPE_FP32", [2]), tm.inp("OTHER__0", "TYPE_FP32", [2])],
          ONE_OUT, Code.INVALID_ARG,
          "inputs 'INPUT__0' and 'OTHER__0' of model 'm' both refer to forward argument 0"),
@@ -343,10 +365,71 @@ def test_config_errors_fail_the_load(repo, harness, module, inputs, outputs, cod
         ('parameters { key: "INFERENCE_MODE" value: { string_value: "yes" } }',
          "parameter 'INFERENCE_MODE' of model 'm': failed to convert 'yes' to boolean"),
         ('parameters { key: "INTRA_OP_THREAD_COUNT" value: { string_value: "two" } }',
-         "parameter 'INTRA_OP_THREAD_COUNT' of model 'm': failed to convert 'two' to integral number"),
+         "parameter 'INTRA_OP_THREAD_COUNT' of model 'm': failed to convert 'two' to "
+         "integral number"),
     ],
 )  # fmt: skip
 def test_unsupported_config_and_malformed_parameters(repo, harness, config, message):
     tm.save(tm.Linear(), repo)
     err = load_error(harness, LINEAR + "\n" + config)
     assert message in err.message
+
+
+# ---------------------------------------------------------------------------- zero copy
+def address(array: np.ndarray) -> int:
+    return array.__array_interface__["data"][0]
+
+
+def test_inputs_reach_torch_without_a_copy(repo, harness):
+    tm.save(tm.Linear(), repo)
+    h = harness(LINEAR)
+    assembler, cpu = h.host.instance.assembler, torch.device("cpu")
+    memory = np.random.default_rng(0).random((4, 4), dtype=np.float32)
+    memory.flags.writeable = False  # as a read-only view of shared memory
+
+    def args_for(*views: np.ndarray) -> Tensor:
+        requests = [h.request({"INPUT__0": v}) for v in views]
+        for request, view in zip(requests, views, strict=True):
+            request.inputs["INPUT__0"].data = view  # the harness copies; point at `memory`
+        [arg] = assembler.forward_args([assembler.prepare(r) for r in requests], cpu)
+        return arg
+
+    one = args_for(memory)  # one request: a view, and no non-writable warning
+    assert one.data_ptr() == address(memory)
+    adjacent = args_for(memory[:1], memory[1:3], memory[3:])  # consecutive slots: one span
+    assert adjacent.data_ptr() == address(memory) and adjacent.shape == (4, 4)
+    apart = args_for(memory[:1], memory[2:])  # not adjacent: one copy into a batch tensor
+    assert apart.data_ptr() != address(memory)
+    np.testing.assert_array_equal(apart.numpy(), memory[[0, 2, 3]])
+
+
+@pytest.mark.parametrize(("inference_mode", "expected"), [("false", 0.0), ("true", 10.0)])
+def test_settings_apply_to_the_forward_pass_and_are_restored(
+    repo, harness, inference_mode, expected
+):
+    class Probe(nn.Module):
+        def forward(self, x: Tensor) -> Tensor:
+            y = x + 1
+            return x + float(y.is_inference()) * 10 + float(torch.is_grad_enabled())
+
+    tm.save(Probe(), repo)
+    params = "".join(
+        f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}\n'
+        for k, v in [
+            ("INFERENCE_MODE", inference_mode), ("DISABLE_OPTIMIZED_EXECUTION", "true"),
+            ("ENABLE_JIT_PROFILING", "false"), ("ENABLE_TENSOR_FUSER", "off"),
+            ("INTRA_OP_THREAD_COUNT", "1"),
+        ]
+    )  # fmt: skip
+    threads, profiling = torch.get_num_threads(), torch._C._jit_set_profiling_mode(True)
+    try:
+        h = harness(tm.config([tm.inp("INPUT__0", "TYPE_FP32", [1])],
+                              [tm.out("OUTPUT__0", "TYPE_FP32", [1])], extra=params))  # fmt: skip
+        assert torch.get_num_threads() == 1
+        # inference mode or not (10 or 0), and never autograd (+ 0)
+        assert h.infer({"INPUT__0": np.zeros(1, np.float32)})["OUTPUT__0"].tolist() == [expected]
+        assert torch._C._get_graph_executor_optimize() is True
+        assert torch._C._jit_set_profiling_mode(True) is True  # restored after execute
+    finally:
+        torch.set_num_threads(threads)
+        torch._C._jit_set_profiling_mode(profiling)

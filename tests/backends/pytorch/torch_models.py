@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+
 import torch
 from torch import Tensor, nn
 
@@ -44,13 +45,13 @@ class Accumulate(nn.Module):
         self, x: Tensor, start: Tensor, end: Tensor, ready: Tensor, corrid: Tensor, state: Tensor
     ) -> tuple[Tensor, Tensor, Tensor]:
         total = state + x
-        controls = torch.cat(
-            [start.float(), end.float(), ready.float(), corrid.float()], dim=-1
-        )
+        controls = torch.cat([start.float(), end.float(), ready.float(), corrid.float()], dim=-1)
         return total, controls, total
 
 
-def save(module: nn.Module | torch.jit.ScriptModule, repo: Path, filename: str = "model.pt") -> Path:
+def save(
+    module: nn.Module | torch.jit.ScriptModule, repo: Path, filename: str = "model.pt"
+) -> Path:
     """Script (if needed) and save ``module`` as ``<repo>/1/<filename>``."""
     scripted = module if isinstance(module, torch.jit.ScriptModule) else torch.jit.script(module)
     path = repo / "1" / filename
@@ -64,13 +65,15 @@ def io(kind: str, name: str, data_type: str, dims: list[int], extra: str = "") -
 
 
 def config(
-    inputs: list[str], outputs: list[str], *, max_batch_size: int = 0, extra: str = "",
+    inputs: list[str],
+    outputs: list[str],
+    *,
+    max_batch_size: int = 0,
+    extra: str = "",
     name: str = "m",
 ) -> str:
-    return "\n".join(
-        [f'name: "{name}"', 'backend: "pytorch"', f"max_batch_size: {max_batch_size}"]
-        + inputs + outputs + [extra]
-    )
+    header = [f'name: "{name}"', 'backend: "pytorch"', f"max_batch_size: {max_batch_size}"]
+    return "\n".join([*header, *inputs, *outputs, extra])
 
 
 def inp(name: str, data_type: str, dims: list[int], extra: str = "") -> str:
