@@ -83,7 +83,12 @@ def backend_path(repo: Path) -> Infer:
     harness = BackendHarness("pytorch", MLP_CONFIG, repository_path=str(repo))
 
     def infer(x: np.ndarray) -> Any:
-        return harness.infer({"INPUT__0": x})["OUTPUT__0"]
+        out = harness.infer({"INPUT__0": x})["OUTPUT__0"]
+        for _, response, _ in harness.responses:  # the harness keeps every response: a worker
+            if response is not None:  # would not, and a growing heap would time the GC
+                response.discard()
+        harness.responses.clear()
+        return out
 
     return infer
 

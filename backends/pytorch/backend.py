@@ -8,6 +8,7 @@ whole batch, outputs split back and written into shared memory, and the seed's s
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 
@@ -61,30 +62,38 @@ class PyTorchInstance(ModelInstance):
             self.kind,
             self.device_id,
         )
-        self.placement = Placement(self.kind, self.device_id, self.name)
-        path = artifact.find(model.artifact_path, model.config.default_model_filename, self.name)
-        self.artifact = artifact.load(
-            path, self.placement.device, model.settings.inference_mode, model.name
-        )
-        self.weights = self._share_weights(path)
-        batching = model.max_batch_size > 0
-        layout = naming.input_layout(
-            self.artifact.args,
-            model.inputs,
-            model.controls,
-            model.states,
-            model.name,
-            batching,
-            self.log,
-        )
-        self.assembler = InputAssembler(
-            model.name, model.inputs, model.controls, model.states, layout, model.max_batch_size
-        )
-        self.writer = OutputWriter(
-            model.name,
-            naming.output_layout(model.outputs, model.states, model.name, batching, self.log),
-            batching,
-        )
+        with contextlib.ExitStack() as stack:  # a failed load releases what it had taken
+            self.placement = Placement(self.kind, self.device_id, self.name)
+            stack.callback(self.placement.close)
+            path = artifact.find(
+                model.artifact_path, model.config.default_model_filename, self.name
+            )
+            self.artifact = artifact.load(
+                path, self.placement.device, model.settings.inference_mode, model.name
+            )
+            stack.callback(self._drop_model)
+            self.weights = self._share_weights(path)
+            if self.weights is not None:
+                stack.callback(self.weights.close)
+            batching = model.max_batch_size > 0
+            layout = naming.input_layout(
+                self.artifact.args,
+                model.inputs,
+                model.controls,
+                model.states,
+                model.name,
+                batching,
+                self.log,
+            )
+            self.assembler = InputAssembler(
+                model.name, model.inputs, model.controls, model.states, layout, model.max_batch_size
+            )
+            self.writer = OutputWriter(
+                model.name,
+                naming.output_layout(model.outputs, model.states, model.name, batching, self.log),
+                batching,
+            )
+            self._resources = stack.pop_all()
 
     def _share_weights(self, path: str) -> SharedWeights | None:
         model = self.model
@@ -112,13 +121,13 @@ class PyTorchInstance(ModelInstance):
         with torch.inference_mode(model.settings.inference_mode):
             return SharedWeights.share(module, run_id, region_key(path, "cpu"), self.log)
 
+    def _drop_model(self) -> None:
+        del self.artifact
+        gc.collect()  # TorchScript modules hold cycles: free the weights (and their mapping) now
+
     def finalize(self) -> None:
         self.log.info("TRITONBACKEND_ModelInstanceFinalize: %s", self.name)
-        del self.artifact
-        gc.collect()  # free the module's tensors before the weights region is released
-        if self.weights is not None:
-            self.weights.close()
-        self.placement.close()
+        self._resources.close()
 
     # ------------------------------------------------------------------ execution
     def execute(self, requests: list[Request]) -> list[Response]:
@@ -182,7 +191,8 @@ class PyTorchInstance(ModelInstance):
                 self.writer.write(outputs, pairs)
             for p, response in pairs:
                 responses[id(p.request)] = response
-        except InferpoolError as err:
+        except Exception as exc:  # the batch fails; nothing written for it may leak
+            err = InferpoolError.wrap(exc)
             for p, response in pairs:
                 response.discard()
                 responses[id(p.request)] = Response(p.request, err)

@@ -48,11 +48,6 @@ def supported(config_type: str) -> bool:
     return config_type.startswith("TYPE_") and config_type.removeprefix("TYPE_") in _TORCH
 
 
-def torch_dtype(datatype: str) -> torch.dtype:
-    """The torch dtype of a wire datatype known to be supported."""
-    return _TORCH[datatype]
-
-
 def datatype_of(dtype: torch.dtype) -> str:
     """The wire datatype of a torch dtype, ``INVALID`` for those Triton cannot carry."""
     return _WIRE.get(dtype, "INVALID")

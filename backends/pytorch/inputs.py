@@ -98,8 +98,6 @@ class InputAssembler:
                 value = self._value(given, self.specs[state.input_name], prepared.batch)
             elif request.sequence_start:
                 value = state.initial(prepared.batch, self.batching)
-                if state.datatype == "BYTES":
-                    value = [""] * value.size
             else:
                 raise invalid_arg(
                     f"request '{request.id}' continues a sequence of model '{self.model}' but "
@@ -119,14 +117,6 @@ class InputAssembler:
                 f"(max_batch_size {self.max_batch_size}), got shape []"
             )
         batch = first.shape[0]
-        for spec in self.inputs[1:]:
-            other = request.input(spec.name)
-            if not other.shape or other.shape[0] != batch:
-                raise invalid_arg(
-                    f"input '{spec.name}' has batch size {other.shape[:1] or 'none'} but input "
-                    f"'{first.name}' has {batch}: every input of a request shares the batch "
-                    f"dimension (model '{self.model}')"
-                )
         if batch > self.max_batch_size:
             raise invalid_arg(
                 f"inference request batch-size must be <= {self.max_batch_size} for "
@@ -139,6 +129,12 @@ class InputAssembler:
             raise invalid_arg(
                 f"inference input '{spec.name}' data-type is '{tensor.datatype}', but model "
                 f"'{self.model}' expects '{spec.datatype}'"
+            )
+        if self.batching and (not tensor.shape or tensor.shape[0] != batch):
+            raise invalid_arg(
+                f"input '{spec.name}' has shape {_shape_str(tensor.shape)}, but the request's "
+                f"batch size is {batch} (from input '{self.inputs[0].name}'): every input of a "
+                f"request shares the batch dimension (model '{self.model}')"
             )
         shape = tuple(tensor.shape[1:] if self.batching else tensor.shape)
         if not (_matches(shape, spec.dims) or _matches(shape, spec.model_dims)):

@@ -10,6 +10,7 @@ input starts from zeros; later requests must carry the state their predecessor r
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,12 +84,12 @@ class State:
     def datatype(self) -> str:
         return wire_datatype(self.config_type)
 
-    def initial(self, batch: int, batching: bool) -> np.ndarray:
+    def initial(self, batch: int, batching: bool) -> np.ndarray | list[str]:
         """Zeros (empty strings for TYPE_STRING), as Triton starts a sequence's state."""
         dims = [1 if d < 0 else d for d in self.initial_dims]
         shape = [batch, *dims] if batching else dims
         if self.datatype == "BYTES":
-            return np.full(shape, b"", dtype=object)
+            return [""] * math.prod(shape)
         return np.zeros(shape, dtype=wire.numpy_dtype(self.datatype))
 
 

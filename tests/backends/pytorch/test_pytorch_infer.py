@@ -433,3 +433,20 @@ def test_settings_apply_to_the_forward_pass_and_are_restored(
     finally:
         torch.set_num_threads(threads)
         torch._C._jit_set_profiling_mode(profiling)
+
+
+def test_inputs_of_one_request_must_share_the_batch_size(repo, harness):
+    tm.save(tm.AddSub(), repo)
+    h = harness(
+        tm.config(
+            [tm.inp("a", "TYPE_FP32", [2]), tm.inp("b", "TYPE_FP32", [2])],
+            [tm.out("OUTPUT__0", "TYPE_FP32", [2]), tm.out("OUTPUT__1", "TYPE_FP32", [2])],
+            max_batch_size=4,
+        )
+    )
+    request = h.request({"a": np.ones((2, 2), np.float32), "b": np.ones((3, 2), np.float32)})
+    [(_, response, _)] = h.execute([request])
+    assert str(response.error) == (
+        "INVALID_ARG: input 'b' has shape [3,2], but the request's batch size is 2 (from input "
+        "'a'): every input of a request shares the batch dimension (model 'm')"
+    )

@@ -112,3 +112,14 @@ def test_processes_sharing_weights_hold_one_copy(run_id, tmp_path: Path):
     assert saved > 0.75 * (instances - 1) * weights, f"PSS saved: {saved / 2**20:.1f} MiB"
     uss_drop = statistics.fmean(m.uss for m in private) - statistics.fmean(m.uss for m in shared)
     assert uss_drop > 0.75 * weights  # no instance keeps a private copy
+
+
+def test_a_failed_load_gives_the_region_back(run_id, repo, harness):
+    tm.save(tm.Linear(), repo)
+    two_inputs = SHARED.replace(
+        "input {", 'input { name: "INPUT__1" data_type: TYPE_FP32 dims: [4] }\ninput {'
+    )
+    with pytest.raises(InferpoolError) as info:
+        harness(two_inputs)
+    assert "configuration expects 2 inputs, model provides 1" in info.value.message
+    assert regions_of_run(run_id) == [region_name(run_id, "lock")]
