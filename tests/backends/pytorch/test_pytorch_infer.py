@@ -418,7 +418,7 @@ def test_settings_apply_to_the_forward_pass_and_are_restored(
         for k, v in [
             ("INFERENCE_MODE", inference_mode), ("DISABLE_OPTIMIZED_EXECUTION", "true"),
             ("ENABLE_JIT_PROFILING", "false"), ("ENABLE_TENSOR_FUSER", "off"),
-            ("INTRA_OP_THREAD_COUNT", "1"),
+            ("INTRA_OP_THREAD_COUNT", "1"), ("DISABLE_CUDNN", "1"), ("ENABLE_JIT_EXECUTOR", "on"),
         ]
     )  # fmt: skip
     threads, profiling = torch.get_num_threads(), torch._C._jit_set_profiling_mode(True)
@@ -429,6 +429,7 @@ def test_settings_apply_to_the_forward_pass_and_are_restored(
         # inference mode or not (10 or 0), and never autograd (+ 0)
         assert h.infer({"INPUT__0": np.zeros(1, np.float32)})["OUTPUT__0"].tolist() == [expected]
         assert torch._C._get_graph_executor_optimize() is True
+        assert torch.backends.cudnn.enabled is True
         assert torch._C._jit_set_profiling_mode(True) is True  # restored after execute
     finally:
         torch.set_num_threads(threads)

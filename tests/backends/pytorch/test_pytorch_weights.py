@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import statistics
 from pathlib import Path
 
@@ -44,6 +45,7 @@ def test_instances_share_one_region_and_the_last_one_removes_it(run_id, repo, ha
     first, second = harness(SHARED), harness(SHARED)
     name = region_name(run_id, f"weights-{region_key(str(path), 'cpu')}")
     assert regions_of_run(run_id) == sorted([name, name + ".lock", region_name(run_id, "lock")])
+    assert os.stat(f"/dev/shm/{name}").st_mode & 0o777 == 0o600
     assert "created shared weights region" in caplog.text
     assert "attached to shared weights region" in caplog.text
     bias = [h.host.instance.artifact.module.state_dict()["linear.bias"] for h in (first, second)]
