@@ -1,0 +1,207 @@
+"""The PyTorch backend: Triton's libtorch backend (``model.pt``) over inferpool's worker API.
+
+``PyTorchModel`` reads the config (parameters, outputs, sequence controls and states);
+``PyTorchInstance`` loads the model onto its device, validates the config against the
+model's forward signature, and runs batches: per-request checks, one forward pass for the
+whole batch, outputs split back and written into shared memory, and the seed's statistics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+
+import torch
+
+from backends.api import Backend, Model, ModelInstance, Request, Response, now_ns
+from backends.pytorch import artifact, naming, sequence
+from backends.pytorch.device import Placement
+from backends.pytorch.inputs import InputAssembler, Prepared
+from backends.pytorch.outputs import OutputWriter, normalize
+from backends.pytorch.parameters import Settings
+from backends.pytorch.weights import ENV_RUN_ID, SharedWeights, region_key
+from client.errors import InferpoolError, internal, unsupported
+
+
+class PyTorchModel(Model):
+    def initialize(self) -> None:
+        self.log.info("TRITONBACKEND_ModelInitialize: %s (version %d)", self.name, self.version)
+        cfg = self.config
+        for field, what in (("batch_input", "batch inputs"), ("batch_output", "batch outputs")):
+            if len(getattr(cfg, field)):
+                raise unsupported(
+                    f"model '{self.name}': {what} are not supported by the pytorch backend"
+                )
+        if any(i.allow_ragged_batch for i in cfg.input):
+            raise unsupported(
+                f"model '{self.name}': ragged inputs are not supported by the pytorch backend"
+            )
+        self.settings = Settings.parse(self)
+        self.settings.log_to(self.log, self.name)
+        self.settings.apply_threads(self.log, self.name)
+        self.controls = sequence.controls(cfg, self.name)
+        self.states = sequence.states(cfg)
+        self.inputs = [naming.tensor_spec(i) for i in cfg.input]
+        self.outputs = [naming.tensor_spec(o) for o in cfg.output]
+
+    @property
+    def run_id(self) -> str | None:
+        """The broker run that weight regions are named under (backend config, then env)."""
+        return self.backend.config.get("run_id") or os.environ.get(ENV_RUN_ID) or None
+
+
+class PyTorchInstance(ModelInstance):
+    model: PyTorchModel
+
+    def initialize(self) -> None:
+        model = self.model
+        self.log.info(
+            "TRITONBACKEND_ModelInstanceInitialize: %s (%s device %d)",
+            self.name,
+            self.kind,
+            self.device_id,
+        )
+        with contextlib.ExitStack() as stack:  # a failed load releases what it had taken
+            self.placement = Placement(self.kind, self.device_id, self.name)
+            stack.callback(self.placement.close)
+            path = artifact.find(
+                model.artifact_path, model.config.default_model_filename, self.name
+            )
+            self.artifact = artifact.load(
+                path, self.placement.device, model.settings.inference_mode, model.name
+            )
+            stack.callback(self._drop_model)
+            self.weights = self._share_weights(path)
+            if self.weights is not None:
+                stack.callback(self.weights.close)
+            batching = model.max_batch_size > 0
+            layout = naming.input_layout(
+                self.artifact.args,
+                model.inputs,
+                model.controls,
+                model.states,
+                model.name,
+                batching,
+                self.log,
+            )
+            self.assembler = InputAssembler(
+                model.name, model.inputs, model.controls, model.states, layout, model.max_batch_size
+            )
+            self.writer = OutputWriter(
+                model.name,
+                naming.output_layout(model.outputs, model.states, model.name, batching, self.log),
+                batching,
+            )
+            self._resources = stack.pop_all()
+
+    def _share_weights(self, path: str) -> SharedWeights | None:
+        model = self.model
+        if not model.settings.weight_sharing:
+            return None
+        module = self.artifact.module
+        if self.kind != "CPU" or module is None:
+            self.log.warning(
+                "ENABLE_WEIGHT_SHARING: weights of %s instances (%s artifact) are not shared "
+                "between processes; '%s' keeps its own copy",
+                self.kind,
+                self.artifact.format,
+                self.name,
+            )
+            return None
+        run_id = model.run_id
+        if run_id is None:
+            self.log.warning(
+                "ENABLE_WEIGHT_SHARING: no run id (backend config 'run_id' or $%s); '%s' keeps "
+                "its own copy of the weights",
+                ENV_RUN_ID,
+                self.name,
+            )
+            return None
+        with torch.inference_mode(model.settings.inference_mode):
+            return SharedWeights.share(module, run_id, region_key(path, "cpu"), self.log)
+
+    def _drop_model(self) -> None:
+        del self.artifact
+        gc.collect()  # TorchScript modules hold cycles: free the weights (and their mapping) now
+
+    def finalize(self) -> None:
+        self.log.info("TRITONBACKEND_ModelInstanceFinalize: %s", self.name)
+        self._resources.close()
+
+    # ------------------------------------------------------------------ execution
+    def execute(self, requests: list[Request]) -> list[Response]:
+        model = self.model
+        exec_start = now_ns()
+        responses: dict[int, Response] = {}
+        batch: list[Prepared] = []
+        for request in requests:
+            try:
+                batch.append(self.assembler.prepare(request))
+            except InferpoolError as err:
+                responses[id(request)] = Response(request, err)
+        batch, rejected = self.assembler.split_uniform(batch)
+        for p, problem in rejected:
+            responses[id(p.request)] = Response(p.request, problem)
+        total = sum(p.batch for p in batch)
+        ran = False
+        compute_start = compute_end = exec_start
+        if batch:
+            if total != 1 and total > model.max_batch_size:
+                error = internal(
+                    f"batch size {total} for '{self.name}', max allowed is {model.max_batch_size}"
+                )
+                for p in batch:
+                    responses[id(p.request)] = Response(p.request, error)
+            else:
+                compute_start, compute_end = self._run(batch, responses, exec_start)
+                ran = True
+        exec_end = now_ns()
+        ordered = [responses[id(r)] for r in requests]
+        for request, response in zip(requests, ordered, strict=True):
+            self.report_statistics(
+                request, response.error is None, exec_start, compute_start, compute_end, exec_end
+            )
+        if ran:
+            self.report_batch_statistics(total, exec_start, compute_start, compute_end, exec_end)
+        if model.settings.cache_cleaning:
+            self.placement.clear_cache()
+        return ordered
+
+    def _run(
+        self, batch: list[Prepared], responses: dict[int, Response], exec_start: int
+    ) -> tuple[int, int]:
+        """One forward pass over ``batch``; fills ``responses``; returns (compute start, end)."""
+        placement = self.placement
+        pairs = [(p, p.request.response()) for p in batch]
+        placement.begin()
+        try:
+            with placement.active():
+                placement.mark(0)
+                args = self.assembler.forward_args(batch, placement.input_device)
+                placement.mark(1)
+                with self.model.settings.applied():
+                    try:
+                        result = self.artifact.forward(*args)
+                    except Exception as exc:
+                        raise internal(f"PyTorch execute failure: {exc}") from exc
+                    outputs = normalize(result)
+                placement.mark(2)
+                self.writer.check_indices(len(outputs))
+                self.writer.write(outputs, pairs)
+            for p, response in pairs:
+                responses[id(p.request)] = response
+        except Exception as exc:  # the batch fails; nothing written for it may leak
+            err = InferpoolError.wrap(exc)
+            for p, response in pairs:
+                response.discard()
+                responses[id(p.request)] = Response(p.request, err)
+        return placement.compute_span(exec_start)
+
+
+class PyTorchBackend(Backend):
+    model_class = PyTorchModel
+    instance_class = PyTorchInstance
+
+    def initialize(self) -> None:
+        self.log.info("TRITONBACKEND_Initialize: %s (torch %s)", self.name, torch.__version__)

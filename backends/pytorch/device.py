@@ -1,0 +1,118 @@
+"""Where an instance runs: its device, its CUDA streams and events, and compute timing.
+
+KIND_CPU runs on the CPU, KIND_GPU on ``cuda:<device_id>`` with its own stream, KIND_MODEL
+wherever the model puts itself, with one stream per visible GPU (as the seed, which cannot
+know which devices such a model uses).  On a machine without CUDA nothing here touches
+``torch.cuda`` beyond asking how many devices there are, so everything imports and runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+from backends.api import now_ns
+from client.errors import unavailable
+
+
+class Placement:
+    """Device, streams and the three timing marks of one execution (input, infer, output)."""
+
+    def __init__(self, kind: str, device_id: int, instance: str) -> None:
+        self.kind = kind
+        self.device: torch.device | None = torch.device("cpu")
+        self.streams: list[torch.cuda.Stream] = []
+        self._events: list[torch.cuda.Event] = []
+        self._wall = [0, 0, 0]
+        self._marked: set[int] = set()
+        device_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if kind == "GPU":
+            if device_id >= device_count:
+                raise unavailable(
+                    f"instance '{instance}' is KIND_GPU on device {device_id}, but torch sees "
+                    f"{device_count} CUDA device(s) (torch.cuda.is_available() is "
+                    f"{torch.cuda.is_available()})"
+                )
+            self.device = torch.device("cuda", device_id)
+            self.streams = [torch.cuda.Stream(device=self.device)]
+            self._events = self._new_events(device_id)
+        elif kind == "MODEL":
+            self.device = None  # the model places itself
+            self.streams = [torch.cuda.Stream(device=i) for i in range(device_count)]
+            if self.streams:
+                self._events = self._new_events(0)
+        elif kind != "CPU":
+            raise unavailable(f"instance '{instance}' has unknown kind '{kind}'")
+
+    @staticmethod
+    def _new_events(device_id: int) -> list[torch.cuda.Event]:
+        with torch.cuda.device(device_id):
+            return [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+
+    @property
+    def input_device(self) -> torch.device:
+        """Where inputs are gathered: the GPU for KIND_GPU, else the CPU (KIND_MODEL too)."""
+        return self.device if self.device is not None else torch.device("cpu")
+
+    @property
+    def uses_cuda(self) -> bool:
+        return bool(self.streams)
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        """Make this instance's streams (and, for KIND_GPU, its device) current."""
+        if not self.streams:
+            yield
+            return
+        with contextlib.ExitStack() as stack:
+            if self.kind == "GPU":
+                stack.enter_context(torch.cuda.device(self.device))
+            for stream in self.streams:
+                previous = torch.cuda.current_stream(stream.device)
+                torch.cuda.set_stream(stream)
+                stack.callback(torch.cuda.set_stream, previous)
+            yield
+
+    def begin(self) -> None:
+        """Start an execution's timing (marks it does not reach read as its end)."""
+        self._marked = set()
+
+    def mark(self, which: int) -> None:
+        """Timing mark 0 (input start), 1 (infer start) or 2 (output start)."""
+        if which == 2 and self.kind == "MODEL":
+            for stream in self.streams:  # the model may have used any of them
+                stream.synchronize()
+        if self._events:
+            self._events[which].record(self.streams[0])
+        self._wall[which] = now_ns()
+        self._marked.add(which)
+
+    def compute_span(self, exec_start: int) -> tuple[int, int]:
+        """(compute_start, compute_end) in the seed's terms, from events where CUDA ran."""
+        end = now_ns()
+        wall = [self._wall[i] if i in self._marked else end for i in range(3)]
+        if not self._events or len(self._marked) < 3:
+            return wall[1], wall[2]
+        self.streams[0].synchronize()
+        input_ns = int(self._events[0].elapsed_time(self._events[1]) * 1e6)
+        if self.kind == "GPU":
+            infer_ns = int(self._events[1].elapsed_time(self._events[2]) * 1e6)
+        else:  # KIND_MODEL: streams on several devices, timed by the wall clock
+            infer_ns = wall[2] - wall[1]
+        compute_start = exec_start + input_ns
+        return compute_start, compute_start + infer_ns
+
+    def clear_cache(self) -> None:
+        """ENABLE_CACHE_CLEANING: give cached CUDA blocks back after an execution."""
+        if self.uses_cuda:
+            torch.cuda.empty_cache()
+
+    def close(self) -> None:
+        if self.uses_cuda:
+            for stream in self.streams:
+                stream.synchronize()
+            torch.cuda.empty_cache()
+        self.streams = []
+        self._events = []

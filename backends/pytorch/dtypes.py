@@ -1,0 +1,69 @@
+"""Datatypes between the model config, the wire and torch, and zero-copy numpy<->torch views.
+
+The config types torch can hold are those of the seed's ``ModelConfigDataTypeToTorchType``;
+``TYPE_STRING`` is not a tensor type but travels as ``List[str]``.
+
+Read-only arrays become tensors through DLPack rather than ``torch.from_numpy``: inputs are
+read-only views of shared memory, DLPack says so, and torch takes them without a copy and
+without the "non-writable array" warning ``from_numpy`` raises (torch has no read-only
+tensors; the backend never writes to an input).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from tritonclient.grpc import model_config_pb2
+
+_TORCH: dict[str, torch.dtype] = {
+    "BOOL": torch.bool,
+    "UINT8": torch.uint8,
+    "INT8": torch.int8,
+    "INT16": torch.int16,
+    "INT32": torch.int32,
+    "INT64": torch.int64,
+    "FP16": torch.float16,
+    "FP32": torch.float32,
+    "FP64": torch.float64,
+    "BF16": torch.bfloat16,
+}
+_WIRE: dict[torch.dtype, str] = {v: k for k, v in _TORCH.items()}
+
+
+def config_type_name(data_type: int) -> str:
+    """The protobuf enum value as the config spells it: ``TYPE_FP32``."""
+    return str(model_config_pb2.DataType.Name(data_type))
+
+
+def wire_datatype(config_type: str) -> str:
+    """``TYPE_FP32`` -> ``FP32``; ``TYPE_STRING`` -> ``BYTES``."""
+    name = config_type.removeprefix("TYPE_")
+    return "BYTES" if name == "STRING" else name
+
+
+def supported(config_type: str) -> bool:
+    """Whether torch can hold a tensor of this config type (TYPE_STRING is a list, not a tensor)."""
+    return config_type.startswith("TYPE_") and config_type.removeprefix("TYPE_") in _TORCH
+
+
+def datatype_of(dtype: torch.dtype) -> str:
+    """The wire datatype of a torch dtype, ``INVALID`` for those Triton cannot carry."""
+    return _WIRE.get(dtype, "INVALID")
+
+
+def as_tensor(array: np.ndarray) -> torch.Tensor:
+    """A tensor over the same memory as ``array`` (no copy), bfloat16 included."""
+    if array.dtype.itemsize == 2 and array.dtype.name == "bfloat16":
+        return as_tensor(array.view(np.uint16)).view(torch.bfloat16)
+    if array.flags.writeable:
+        return torch.from_numpy(array)  # the cheaper call, where numpy has nothing to warn of
+    return torch.from_dlpack(array)
+
+
+def from_device_array(data: Any) -> torch.Tensor:
+    """A tensor over a GPU input (any DLPack producer: cupy, torch), without a copy."""
+    if isinstance(data, torch.Tensor):
+        return data
+    return torch.from_dlpack(data)

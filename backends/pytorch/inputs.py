@@ -1,0 +1,281 @@
+"""From a batch of requests to the model's forward arguments.
+
+Each request is checked on its own first (inputs present, datatypes, shapes, batch size,
+UTF-8 strings), so a bad request gets its own error and the rest still run.  The good ones
+are then joined along the batch dimension:
+
+* one request: its shared-memory views become tensors as they are (``torch.from_numpy``);
+* several requests whose inputs lie back to back in one buffer (as a batcher that places a
+  batch in consecutive arena slots leaves them): one view over the whole span, no copy;
+* otherwise one copy of each request into a batch tensor on the instance's device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from backends.api import InputTensor, Request
+from backends.pytorch import dtypes
+from backends.pytorch.naming import InputLayout, TensorSpec
+from backends.pytorch.sequence import Control, State
+from client.errors import InferpoolError, invalid_arg
+
+
+def _shape_str(shape: Any) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def _matches(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
+    return len(shape) == len(dims) and all(
+        d < 0 or d == s for s, d in zip(shape, dims, strict=True)
+    )
+
+
+@dataclass
+class Prepared:
+    """A request that passed its checks: batch size and every forward value it feeds."""
+
+    request: Request
+    batch: int
+    values: dict[str, Any] = field(default_factory=dict)  # ndarray, GPU tensor or list[str]
+
+
+class InputAssembler:
+    def __init__(
+        self,
+        model: str,
+        inputs: list[TensorSpec],
+        controls: list[Control],
+        states: list[State],
+        layout: InputLayout,
+        max_batch_size: int,
+    ) -> None:
+        self.model = model
+        self.inputs = inputs
+        self.controls = controls
+        self.states = states
+        self.layout = layout
+        self.max_batch_size = max_batch_size
+        self.batching = max_batch_size > 0
+        self.specs: dict[str, TensorSpec] = {s.name: s for s in inputs}
+        for state in states:
+            self.specs[state.input_name] = TensorSpec(
+                state.input_name, state.config_type, state.dims
+            )
+        for control in controls:
+            self.specs[control.name] = TensorSpec(control.name, control.config_type, (1,))
+
+    # ------------------------------------------------------------------ one request
+    def prepare(self, request: Request) -> Prepared:
+        """Check ``request`` and collect its values; InferpoolError for this request only."""
+        missing = [s.name for s in self.inputs if not request.has_input(s.name)]
+        if missing:
+            raise invalid_arg(
+                f"expected {len(self.inputs)} inputs but got {len(request.inputs)} inputs for "
+                f"model '{self.model}'. Got input(s) {sorted(request.inputs)}, but missing "
+                f"required input(s) {missing}. Please provide all required input(s)."
+            )
+        for name in request.inputs:
+            if name not in self.specs:
+                raise invalid_arg(f"unexpected inference input '{name}' for model '{self.model}'")
+        prepared = Prepared(request, self._batch_size(request))
+        for spec in self.inputs:
+            prepared.values[spec.name] = self._value(request.input(spec.name), spec, prepared.batch)
+        for control in self.controls:
+            given = request.inputs.get(control.name)
+            prepared.values[control.name] = (
+                self._value(given, self.specs[control.name], prepared.batch)
+                if given is not None
+                else control.tensor_for(request, prepared.batch, self.batching, self.model)
+            )
+        for state in self.states:
+            given = request.inputs.get(state.input_name)
+            if given is not None:
+                value = self._value(given, self.specs[state.input_name], prepared.batch)
+            elif request.sequence_start:
+                value = state.initial(prepared.batch, self.batching)
+            else:
+                raise invalid_arg(
+                    f"request '{request.id}' continues a sequence of model '{self.model}' but "
+                    f"carries no state input '{state.input_name}'; each request must feed the "
+                    f"'{state.output_name}' its predecessor returned"
+                )
+            prepared.values[state.input_name] = value
+        return prepared
+
+    def _batch_size(self, request: Request) -> int:
+        if not self.batching:
+            return 1
+        first = request.input(self.inputs[0].name)
+        if not first.shape:
+            raise invalid_arg(
+                f"input '{first.name}' of model '{self.model}' needs a batch dimension "
+                f"(max_batch_size {self.max_batch_size}), got shape []"
+            )
+        batch = first.shape[0]
+        if batch > self.max_batch_size:
+            raise invalid_arg(
+                f"inference request batch-size must be <= {self.max_batch_size} for "
+                f"'{self.model}', got {batch}"
+            )
+        return batch
+
+    def _value(self, tensor: InputTensor, spec: TensorSpec, batch: int) -> Any:
+        if tensor.datatype != spec.datatype:
+            raise invalid_arg(
+                f"inference input '{spec.name}' data-type is '{tensor.datatype}', but model "
+                f"'{self.model}' expects '{spec.datatype}'"
+            )
+        if self.batching and (not tensor.shape or tensor.shape[0] != batch):
+            raise invalid_arg(
+                f"input '{spec.name}' has shape {_shape_str(tensor.shape)}, but the request's "
+                f"batch size is {batch} (from input '{self.inputs[0].name}'): every input of a "
+                f"request shares the batch dimension (model '{self.model}')"
+            )
+        shape = tuple(tensor.shape[1:] if self.batching else tensor.shape)
+        if not (_matches(shape, spec.dims) or _matches(shape, spec.model_dims)):
+            expected = ((-1,) if self.batching else ()) + spec.dims
+            raise invalid_arg(
+                f"unexpected shape for input '{spec.name}' for model '{self.model}'. Expected "
+                f"{_shape_str(expected)}, got {_shape_str(tensor.shape)}"
+            )
+        if tensor.memory != "cpu":
+            return dtypes.from_device_array(tensor.data)
+        if tensor.datatype == "BYTES":
+            return _strings(tensor)
+        return tensor.data
+
+    # ------------------------------------------------------------------ the batch
+    def split_uniform(
+        self, batch: list[Prepared]
+    ) -> tuple[list[Prepared], list[tuple[Prepared, InferpoolError]]]:
+        """Keep the requests whose non-batch shapes agree with the first; fail the others."""
+        if len(batch) < 2:
+            return batch, []
+        reference = {name: _tail(v, self.batching) for name, v in batch[0].values.items()}
+        kept, rejected = [batch[0]], []
+        for p in batch[1:]:
+            for name, value in p.values.items():
+                tail = _tail(value, self.batching)
+                if tail != reference[name]:
+                    rejected.append(
+                        (
+                            p,
+                            invalid_arg(
+                                f"input '{name}' of request '{p.request.id}' has shape "
+                                f"{_shape_str(tail)} past the batch dimension, other requests "
+                                f"of the batch have {_shape_str(reference[name])}; requests of "
+                                f"different shapes cannot be batched (model '{self.model}')"
+                            ),
+                        )
+                    )
+                    break
+            else:
+                kept.append(p)
+        return kept, rejected
+
+    def forward_args(self, batch: list[Prepared], device: torch.device) -> list[Any]:
+        """The positional forward arguments (a single dict for a Dict[str, Tensor] model)."""
+        values = {
+            name: self._join(name, [p.values[name] for p in batch], device)
+            for name in self.layout.index
+        }
+        if self.layout.is_dict:
+            return [values]
+        args: list[Any] = [None] * self.layout.arg_count
+        for name, position in self.layout.index.items():
+            args[position] = values[name]
+        return args
+
+    def _join(self, name: str, parts: list[Any], device: torch.device) -> Any:
+        if isinstance(parts[0], list):
+            return [s for part in parts for s in part]
+        if len(parts) == 1:
+            one = parts[0]
+            tensor = dtypes.as_tensor(one) if isinstance(one, np.ndarray) else one
+            tensor = tensor.to(device, non_blocking=True)
+        elif (
+            all(isinstance(p, np.ndarray) for p in parts)
+            and (span := contiguous_span(parts)) is not None
+        ):
+            tensor = dtypes.as_tensor(span).to(device, non_blocking=True)
+        else:
+            tensor = _copy_into_batch(parts, device)
+        reshape = self.specs[name].reshape
+        if reshape is not None:
+            tensor = tensor.reshape((tensor.shape[0], *reshape) if self.batching else reshape)
+        return tensor
+
+
+def _strings(tensor: InputTensor) -> list[str]:
+    """A BYTES input as the List[str] a TorchScript model takes (UTF-8)."""
+    out = []
+    for i, item in enumerate(tensor.data.reshape(-1)):
+        try:
+            out.append(item.decode("utf-8") if isinstance(item, bytes) else str(item))
+        except UnicodeDecodeError as exc:
+            raise invalid_arg(
+                f"element {i} of input '{tensor.name}' is not valid UTF-8 ({exc.reason}); "
+                "TorchScript strings must be UTF-8"
+            ) from None
+    return out
+
+
+def _tail(value: Any, batching: bool) -> tuple[int, ...]:
+    if isinstance(value, list):
+        return ()
+    shape = tuple(value.shape)
+    return shape[1:] if batching else shape
+
+
+def _root(array: np.ndarray) -> Any:
+    base: Any = array
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    return base.obj if isinstance(base, memoryview) else base
+
+
+def contiguous_span(arrays: list[np.ndarray]) -> np.ndarray | None:
+    """One array over ``arrays`` when they lie back to back in one buffer, else None."""
+    first = arrays[0]
+    root = _root(first)
+    address = first.__array_interface__["data"][0]
+    start = address
+    for a in arrays:
+        if (
+            not a.flags.c_contiguous
+            or a.dtype != first.dtype
+            or a.shape[1:] != first.shape[1:]
+            or a.__array_interface__["data"][0] != address
+            or _root(a) is not root
+        ):
+            return None
+        address += a.nbytes
+    try:
+        whole = np.frombuffer(root, dtype=np.uint8)
+    except (TypeError, ValueError):
+        return None
+    offset = start - whole.__array_interface__["data"][0]
+    if offset < 0 or offset + (address - start) > whole.nbytes:
+        return None
+    rows = sum(a.shape[0] for a in arrays)
+    return (
+        whole[offset : offset + (address - start)]
+        .view(first.dtype)
+        .reshape((rows, *first.shape[1:]))
+    )
+
+
+def _copy_into_batch(parts: list[Any], device: torch.device) -> torch.Tensor:
+    tensors = [dtypes.as_tensor(p) if isinstance(p, np.ndarray) else p for p in parts]
+    rows = sum(t.shape[0] for t in tensors)
+    out = torch.empty((rows, *tensors[0].shape[1:]), dtype=tensors[0].dtype, device=device)
+    row = 0
+    for t in tensors:
+        out[row : row + t.shape[0]].copy_(t, non_blocking=True)
+        row += t.shape[0]
+    return out

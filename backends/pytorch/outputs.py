@@ -1,0 +1,181 @@
+"""From the model's result to each request's response, written straight into shared memory.
+
+The result may be a tensor, a ``List[str]`` or a tuple of those (the seed's rules and
+messages).  A batched output is split back along the first dimension: each request's rows
+are copied once, from the result into the array ``Response.output`` allocates in shared
+memory, with no intermediate buffer.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from backends.api import Response
+from backends.pytorch import dtypes
+from backends.pytorch.inputs import Prepared
+from backends.pytorch.naming import OutputSpec
+from client.errors import internal, invalid_arg
+
+
+def _type_name(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return "Tensor"
+    names = {
+        bool: "bool",
+        int: "int",
+        float: "float",
+        str: "str",
+        list: "List",
+        dict: "Dict",
+        tuple: "Tuple",
+    }
+    return names.get(type(value), type(value).__name__)
+
+
+def _is_strings(value: list[Any]) -> bool:
+    return all(isinstance(s, str) for s in value)
+
+
+def normalize(result: Any) -> list[Any]:
+    """The model's outputs as a list of tensors and string lists, or the seed's error."""
+    if isinstance(result, tuple):
+        outputs = []
+        for i, item in enumerate(result):
+            if isinstance(item, list) and not _is_strings(item):
+                bad = next(s for s in item if not isinstance(s, str))
+                raise internal(
+                    f"PyTorch execute failure: output at index {i} must be of type Tensor or "
+                    f"List[str], received List[{_type_name(bad)}]"
+                )
+            if not isinstance(item, torch.Tensor | list):
+                raise internal(
+                    f"PyTorch execute failure: output at index {i} must be of type Tensor or "
+                    f"List[str], received {_type_name(item)}"
+                )
+            outputs.append(item)
+        return outputs
+    if isinstance(result, torch.Tensor):
+        return [result]
+    if isinstance(result, list):
+        if not _is_strings(result):
+            bad = next(s for s in result if not isinstance(s, str))
+            raise internal(
+                "PyTorch execute failure: output must be of type Tensor or List[str], received "
+                f"List[{_type_name(bad)}]"
+            )
+        return [result]
+    raise internal(
+        "PyTorch execute failure: output must be of type Tensor, List[str] or Tuple containing "
+        "one of these two types. It should not be a List / Dictionary of Tensors or a Scalar"
+    )
+
+
+class OutputWriter:
+    def __init__(self, model: str, layout: dict[str, OutputSpec], batching: bool) -> None:
+        self.model = model
+        self.layout = layout
+        self.batching = batching
+
+    def check_indices(self, count: int) -> None:
+        for spec in self.layout.values():
+            if not 0 <= spec.index < count:
+                raise invalid_arg(
+                    f"The output {spec.name} in the model configuration refers to an output "
+                    f"index which doesn't exist. This model has {count} outputs"
+                )
+
+    def write(self, outputs: list[Any], batch: list[tuple[Prepared, Response]]) -> None:
+        """Fill every response of ``batch``; a mismatch with the config fails the whole batch."""
+        rows = sum(p.batch for p, _ in batch)
+        for spec in self.layout.values():
+            value = outputs[spec.index]
+            wanted = [
+                (p, r)
+                for p, r in batch
+                if spec.state or (spec.config_output and p.request.output_requested(spec.name))
+            ]
+            if isinstance(value, torch.Tensor):
+                self._check_tensor(spec, value, rows)
+                self._write_tensor(spec, value, batch, wanted)
+            else:
+                self._check_strings(spec, value, rows)
+                self._write_strings(spec, value, batch, wanted)
+
+    def _check_tensor(self, spec: OutputSpec, value: torch.Tensor, rows: int) -> None:
+        provided = dtypes.datatype_of(value.dtype)
+        if provided != spec.datatype:
+            raise invalid_arg(
+                f"configuration expects datatype {spec.config_type} for output '{spec.name}', "
+                f"model provides TYPE_{provided}"
+            )
+        if value.dim() == 0:
+            raise invalid_arg(f"output '{spec.name}' is a scalar which is not supported.")
+        if self.batching and value.shape[0] != rows:
+            raise invalid_arg(
+                f"output '{spec.name}' of model '{self.model}' has {value.shape[0]} rows in its "
+                f"batch dimension, but the batch holds {rows}"
+            )
+
+    def _check_strings(self, spec: OutputSpec, value: list[str], rows: int) -> None:
+        if spec.datatype != "BYTES":
+            raise invalid_arg(
+                f"configuration expects datatype {spec.config_type} for output '{spec.name}', "
+                "model provides List[str]"
+            )
+        if self.batching and len(value) != rows:
+            raise invalid_arg(
+                f"output '{spec.name}' of model '{self.model}' has {len(value)} strings, but "
+                f"the batch holds {rows}"
+            )
+
+    def _slices(self, batch: list[tuple[Prepared, Response]]) -> dict[int, slice]:
+        out, row = {}, 0
+        for p, _ in batch:
+            out[id(p)] = slice(row, row + p.batch) if self.batching else slice(None)
+            row += p.batch
+        return out
+
+    def _write_tensor(
+        self,
+        spec: OutputSpec,
+        value: torch.Tensor,
+        batch: list[tuple[Prepared, Response]],
+        wanted: list[tuple[Prepared, Response]],
+    ) -> None:
+        slices = self._slices(batch)
+        for p, response in wanted:
+            part = value if len(batch) == 1 else value[slices[id(p)]]
+            shape = self._reported_shape(spec, tuple(part.shape))
+            target = dtypes.as_tensor(response.output(spec.name, shape, spec.datatype))
+            (target if shape == part.shape else target.view(part.shape)).copy_(part)
+
+    def _write_strings(
+        self,
+        spec: OutputSpec,
+        value: list[str],
+        batch: list[tuple[Prepared, Response]],
+        wanted: list[tuple[Prepared, Response]],
+    ) -> None:
+        slices = self._slices(batch)
+        for p, response in wanted:
+            part = value[slices[id(p)]]
+            strings = np.empty(len(part), dtype=object)
+            strings[:] = part
+            shape = self._reported_shape(spec, strings.shape)
+            response.set_output(spec.name, strings.reshape(shape), "BYTES")
+
+    def _reported_shape(self, spec: OutputSpec, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape a client sees: the config ``dims`` when the output is reshaped."""
+        if spec.reshape is None:
+            return shape
+        lead, tail = (shape[:1], shape[1:]) if self.batching else ((), shape)
+        count = math.prod(tail)
+        dims = list(spec.dims)
+        known = math.prod(d for d in dims if d >= 0)
+        if dims.count(-1) == 1 and known:
+            dims[dims.index(-1)] = count // known
+        return lead + tuple(dims) if math.prod(dims) == count else shape

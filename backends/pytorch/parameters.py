@@ -1,0 +1,156 @@
+"""The model parameters of the seed's ``ParseParameters`` and how they take effect.
+
+Thread counts are process-wide and set once at model load (a worker hosts one model).  The
+JIT, cuDNN and inference-mode switches are global too; the seed sets them before every
+execution, and so does :meth:`Settings.applied`, which also puts the previous values back
+so that nothing leaks into other code sharing the process (tests, the harness).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from backends.api import Model
+from client.errors import invalid_arg
+
+_TRUE = ("true", "on", "1")
+_FALSE = ("false", "off", "0")
+
+
+def _bool(model: Model, key: str) -> bool | None:
+    """A boolean parameter as Triton's ``ParseBoolValue`` reads it, or None when absent."""
+    raw = model.parameter(key)
+    if raw is None:
+        return None
+    value = raw.strip().lower()
+    if value in _TRUE or value in _FALSE:
+        return value in _TRUE
+    raise invalid_arg(
+        f"parameter '{key}' of model '{model.name}': failed to convert '{raw}' to boolean "
+        "(expected true/false, on/off or 1/0)"
+    )
+
+
+def _int(model: Model, key: str) -> int | None:
+    raw = model.parameter(key)
+    if raw is None:
+        return None
+    try:
+        return int(raw.strip())
+    except ValueError:
+        raise invalid_arg(
+            f"parameter '{key}' of model '{model.name}': failed to convert '{raw}' to integral "
+            "number"
+        ) from None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Parsed parameters; ``None`` for a JIT switch means "leave torch's default alone"."""
+
+    optimized_execution: bool = True
+    inference_mode: bool = True
+    cudnn: bool = True
+    cache_cleaning: bool = False
+    weight_sharing: bool = False
+    tensor_fuser: bool | None = None
+    jit_profiling: bool | None = None
+    jit_executor: bool | None = None
+    intra_op_threads: int = 0
+    inter_op_threads: int = 0
+
+    @classmethod
+    def parse(cls, model: Model) -> Settings:
+        """Read every parameter; a malformed value is INVALID_ARG naming the key."""
+
+        def flag(key: str, default: bool, invert: bool = False) -> bool:
+            value = _bool(model, key)
+            return default if value is None else value != invert
+
+        return cls(
+            optimized_execution=flag("DISABLE_OPTIMIZED_EXECUTION", True, invert=True),
+            inference_mode=flag("INFERENCE_MODE", True),
+            cudnn=flag("DISABLE_CUDNN", True, invert=True),
+            cache_cleaning=flag("ENABLE_CACHE_CLEANING", False),
+            weight_sharing=flag("ENABLE_WEIGHT_SHARING", False),
+            tensor_fuser=_bool(model, "ENABLE_TENSOR_FUSER"),
+            jit_profiling=_bool(model, "ENABLE_JIT_PROFILING"),
+            jit_executor=_bool(model, "ENABLE_JIT_EXECUTOR"),
+            intra_op_threads=_int(model, "INTRA_OP_THREAD_COUNT") or 0,
+            inter_op_threads=_int(model, "INTER_OP_THREAD_COUNT") or 0,
+        )
+
+    def log_to(self, log: logging.Logger, model_name: str) -> None:
+        def state(on: bool) -> str:
+            return "enabled" if on else "disabled"
+
+        log.info(
+            "Optimized execution is %s for model '%s'", state(self.optimized_execution), model_name
+        )
+        log.info("Cache Cleaning is %s for model '%s'", state(self.cache_cleaning), model_name)
+        log.info("Inference Mode is %s for model '%s'", state(self.inference_mode), model_name)
+        log.info("cuDNN is %s for model '%s'", state(self.cudnn), model_name)
+        log.info("Weight sharing is %s for model '%s'", state(self.weight_sharing), model_name)
+        for what, value in (
+            ("Tensor fuser", self.tensor_fuser),
+            ("Jit profiling", self.jit_profiling),
+            ("Jit executor", self.jit_executor),
+        ):
+            if value is not None:
+                log.info("%s is %s for model '%s'", what, state(value), model_name)
+
+    def apply_threads(self, log: logging.Logger, model_name: str) -> None:
+        """Set torch's intra/inter-op thread pools (only positive counts change anything)."""
+        if self.intra_op_threads > 0:
+            torch.set_num_threads(self.intra_op_threads)
+            log.info(
+                "Intra op thread count is set to %d for model '%s'",
+                self.intra_op_threads,
+                model_name,
+            )
+        if self.inter_op_threads > 0:
+            try:
+                torch.set_num_interop_threads(self.inter_op_threads)
+            except RuntimeError as exc:  # torch allows it once, before any inter-op work
+                log.warning("INTER_OP_THREAD_COUNT not applied for model '%s': %s", model_name, exc)
+            else:
+                log.info(
+                    "Inter op thread count is set to %d for model '%s'",
+                    self.inter_op_threads,
+                    model_name,
+                )
+
+    @contextlib.contextmanager
+    def applied(self) -> Iterator[None]:
+        """Run a forward pass under these settings (inference mode or no-grad, JIT switches)."""
+        c = torch._C
+        optimize, cudnn = c._get_graph_executor_optimize(), torch.backends.cudnn.enabled
+        c._set_graph_executor_optimize(self.optimized_execution)
+        torch.backends.cudnn.enabled = self.cudnn
+        jit = _swap_jit(self.jit_profiling, self.jit_executor, self.tensor_fuser)
+        try:
+            with torch.inference_mode() if self.inference_mode else torch.no_grad():
+                yield
+        finally:
+            _swap_jit(*jit)
+            torch.backends.cudnn.enabled = cudnn
+            c._set_graph_executor_optimize(optimize)
+
+
+def _swap_jit(
+    profiling: bool | None, executor: bool | None, fuser: bool | None
+) -> tuple[bool | None, bool | None, bool | None]:
+    """Set the JIT switches that are not None; return what they were (None where untouched)."""
+    c = torch._C
+    old_profiling = None if profiling is None else c._jit_set_profiling_mode(profiling)
+    old_executor = None if executor is None else c._jit_set_profiling_executor(executor)
+    old_fuser = None
+    if fuser is not None:
+        old_fuser = c._jit_texpr_fuser_enabled()
+        c._jit_set_texpr_fuser_enabled(fuser)
+    return old_profiling, old_executor, old_fuser

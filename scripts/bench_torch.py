@@ -1,0 +1,231 @@
+"""Benchmark the pytorch backend: latency per path, and memory with ENABLE_WEIGHT_SHARING.
+
+    python scripts/bench_torch.py [--iters 2000] [--instances 4] [--weights-mb 64]
+
+Latency: a small MLP at batch 1 and 32, timed in one run along each *path* in ``PATHS``:
+``torch`` calls the TorchScript module in a loop (the baseline), ``backend`` runs the same
+model through the pytorch backend in-process (``BackendHarness``: request checks, batch
+assembly, outputs written into response memory).  A path is one function that takes the
+model repository and returns a callable ``infer(x) -> output``; timing through a running
+inferpool broker is one more entry in ``PATHS``.
+
+Memory: N real processes each load the same model as one instance, with and without
+ENABLE_WEIGHT_SHARING, and their RSS/PSS/USS are read while all are loaded
+(:func:`measure_instances`, also used by the tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from backends.pytorch.weights import ENV_RUN_ID
+from backends.testing import BackendHarness
+from shm.runs import RunLock, regions_of_run
+
+Infer = Callable[[np.ndarray], Any]
+MLP_CONFIG = """
+name: "mlp"
+backend: "pytorch"
+max_batch_size: 64
+input [{ name: "INPUT__0" data_type: TYPE_FP32 dims: [256] }]
+output [{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [16] }]
+"""
+
+
+def save_model(module: torch.nn.Module, repo: Path) -> Path:
+    path = repo / "1" / "model.pt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.jit.save(torch.jit.script(module), str(path))
+    return path
+
+
+def mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(256, 512),
+        torch.nn.ReLU(),
+        torch.nn.Linear(512, 512),
+        torch.nn.ReLU(),
+        torch.nn.Linear(512, 16),
+    ).eval()
+
+
+# ---------------------------------------------------------------------------- latency paths
+def torch_path(repo: Path) -> Infer:
+    """The baseline: the TorchScript module called directly, as the backend would call it."""
+    module = torch.jit.load(str(repo / "1" / "model.pt"))
+
+    def infer(x: np.ndarray) -> Any:
+        with torch.inference_mode():
+            return module(torch.from_numpy(x)).numpy()
+
+    return infer
+
+
+def backend_path(repo: Path) -> Infer:
+    """Through the pytorch backend in this process (the real lifecycle host, heap memory)."""
+    harness = BackendHarness("pytorch", MLP_CONFIG, repository_path=str(repo))
+
+    def infer(x: np.ndarray) -> Any:
+        out = harness.infer({"INPUT__0": x})["OUTPUT__0"]
+        for _, response, _ in harness.responses:  # the harness keeps every response: a worker
+            if response is not None:  # would not, and a growing heap would time the GC
+                response.discard()
+        harness.responses.clear()
+        return out
+
+    return infer
+
+
+PATHS: dict[str, Callable[[Path], Infer]] = {"torch": torch_path, "backend": backend_path}
+
+
+def time_path(infer: Infer, batch: int, iters: int) -> dict[str, float]:
+    x = np.random.default_rng(0).random((batch, 256), dtype=np.float32)
+    for _ in range(min(50, iters)):
+        infer(x)
+    samples = []
+    for _ in range(iters):
+        t0 = time.perf_counter_ns()
+        infer(x)
+        samples.append(time.perf_counter_ns() - t0)
+    samples.sort()
+    return {
+        "p50_us": samples[len(samples) // 2] / 1e3,
+        "p99_us": samples[int(len(samples) * 0.99)] / 1e3,
+        "mean_us": statistics.fmean(samples) / 1e3,
+        "per_s": batch * 1e9 / statistics.fmean(samples),
+    }
+
+
+# ---------------------------------------------------------------------------- memory
+@dataclass
+class InstanceMemory:
+    rss: int
+    pss: int
+    uss: int
+
+
+def weights_config(share: bool, n_in: int) -> str:
+    return f"""
+name: "weights"
+backend: "pytorch"
+max_batch_size: 4
+input [{{ name: "INPUT__0" data_type: TYPE_FP32 dims: [{n_in}] }}]
+output [{{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [-1] }}]
+parameters {{ key: "ENABLE_WEIGHT_SHARING" value: {{ string_value: "{str(share).lower()}" }} }}
+parameters {{ key: "INTRA_OP_THREAD_COUNT" value: {{ string_value: "1" }} }}
+"""
+
+
+def _instance(repo: str, config: str, n_in: int, run_id: str, conn: Any) -> None:
+    """One instance in its own process: load, infer once, report, wait, finalize."""
+    os.environ[ENV_RUN_ID] = run_id
+    with BackendHarness("pytorch", config, repository_path=repo) as harness:
+        harness.infer({"INPUT__0": np.ones((1, n_in), np.float32)})
+        conn.send("loaded")
+        conn.recv()
+    conn.send("closed")
+
+
+def measure_instances(
+    repo: Path, n_in: int, instances: int, share: bool, run_id: str, timeout_s: float = 120.0
+) -> list[InstanceMemory]:
+    """Memory of ``instances`` processes holding the model at once (spawned, never forked)."""
+    ctx = mp.get_context("spawn")
+    config = weights_config(share, n_in)
+    pipes, procs = [], []
+    try:
+        for _ in range(instances):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_instance, args=(str(repo), config, n_in, run_id, child))
+            proc.start()
+            pipes.append(parent)
+            procs.append(proc)
+        for pipe in pipes:
+            if not pipe.poll(timeout_s):
+                raise TimeoutError("an instance did not load in time")
+            assert pipe.recv() == "loaded"
+        usage = []
+        for proc in procs:
+            info = psutil.Process(proc.pid).memory_full_info()
+            usage.append(InstanceMemory(info.rss, info.pss, info.uss))
+        for pipe in pipes:
+            pipe.send("exit")
+        for pipe in pipes:
+            if not pipe.poll(timeout_s):
+                raise TimeoutError("an instance did not finalize in time")
+            pipe.recv()
+        return usage
+    finally:
+        for proc in procs:
+            proc.join(timeout_s)
+            if proc.is_alive():
+                proc.kill()
+
+
+def _report_memory(instances: int, weights_mb: int) -> None:
+    n_in = 1024
+    n_out = weights_mb * 2**20 // 4 // n_in
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = Path(tmp)
+        torch.manual_seed(0)
+        save_model(torch.nn.Linear(n_in, n_out, bias=False), repo)
+        lock = RunLock()
+        try:
+            for share in (False, True):
+                usage = measure_instances(repo, n_in, instances, share, lock.run_id)
+                mib = 2**20
+                print(
+                    f"{instances} instances, {weights_mb} MiB of weights, sharing={share!s:5}: "
+                    f"PSS sum {sum(u.pss for u in usage) / mib:7.1f} MiB, "
+                    f"USS/instance {statistics.fmean(u.uss for u in usage) / mib:6.1f} MiB, "
+                    f"RSS/instance {statistics.fmean(u.rss for u in usage) / mib:6.1f} MiB"
+                )
+            assert regions_of_run(lock.run_id) == [lock.name], "weight regions were left behind"
+        finally:
+            lock.release()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--iters", type=int, default=2000)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--instances", type=int, default=4)
+    parser.add_argument("--weights-mb", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = Path(tmp)
+        save_model(mlp(), repo)
+        for name, make in PATHS.items():
+            infer = make(repo)
+            for batch in args.batches:
+                r = time_path(infer, batch, args.iters)
+                print(
+                    f"{name:8} batch {batch:3}: p50 {r['p50_us']:8.1f} us  "
+                    f"p99 {r['p99_us']:8.1f} us  {r['per_s']:10.0f} inferences/s"
+                )
+    if args.instances > 0:
+        _report_memory(args.instances, args.weights_mb)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""Fixtures for the pytorch backend tests: a model repository, harnesses, a broker run id."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import posix_ipc
+import pytest
+
+from backends.pytorch.weights import ENV_RUN_ID
+from backends.testing import BackendHarness
+from shm.runs import RunLock, regions_of_run
+
+
+@pytest.fixture
+def run_id(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A live broker run (its lock held) for weight regions; fails if one is left behind."""
+    lock = RunLock()
+    monkeypatch.setenv(ENV_RUN_ID, lock.run_id)
+    try:
+        yield lock.run_id
+        assert regions_of_run(lock.run_id) == [lock.name], "regions left in /dev/shm"
+    finally:
+        for name in regions_of_run(lock.run_id):
+            if name != lock.name:
+                posix_ipc.unlink_shared_memory("/" + name)
+        lock.release()
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """``<repo>``: the model directory; tests save models as ``<repo>/1/model.pt``."""
+    return tmp_path
+
+
+@pytest.fixture
+def harness(repo: Path) -> Iterator[Callable[..., BackendHarness]]:
+    """``harness(config_pbtxt, **kw)``: a loaded pytorch backend, closed after the test."""
+    opened: list[BackendHarness] = []
+
+    def make(config_pbtxt: str, **kw: object) -> BackendHarness:
+        h = BackendHarness("pytorch", config_pbtxt, repository_path=str(repo), **kw)  # type: ignore[arg-type]
+        opened.append(h)
+        return h
+
+    yield make
+    for h in reversed(opened):
+        h.close()

@@ -1,0 +1,84 @@
+"""Small real TorchScript models for the pytorch backend tests, saved into a model repository."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+
+class Linear(nn.Module):
+    def __init__(self, n_in: int = 4, n_out: int = 2) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(n_in, n_out)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear(x)
+
+
+class AddSub(nn.Module):
+    """Two inputs, two outputs: (a + b, a - b)."""
+
+    def forward(self, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+        return a + b, a - b
+
+
+class DictInput(nn.Module):
+    def forward(self, inputs: dict[str, Tensor]) -> Tensor:
+        return inputs["x"] * 2 + inputs["y"]
+
+
+class Upper(nn.Module):
+    """List[str] in; List[str] out, and each word's length as a tensor."""
+
+    def forward(self, words: list[str]) -> tuple[list[str], Tensor]:
+        lengths = torch.tensor([len(w) for w in words], dtype=torch.int64)
+        return [w.upper() for w in words], lengths.reshape(-1, 1)
+
+
+class Accumulate(nn.Module):
+    """A sequence model: the state accumulates x; the controls are echoed back as floats."""
+
+    def forward(
+        self, x: Tensor, start: Tensor, end: Tensor, ready: Tensor, corrid: Tensor, state: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        total = state + x
+        controls = torch.cat([start.float(), end.float(), ready.float(), corrid.float()], dim=-1)
+        return total, controls, total
+
+
+def save(
+    module: nn.Module | torch.jit.ScriptModule, repo: Path, filename: str = "model.pt"
+) -> Path:
+    """Script (if needed) and save ``module`` as ``<repo>/1/<filename>``."""
+    scripted = module if isinstance(module, torch.jit.ScriptModule) else torch.jit.script(module)
+    path = repo / "1" / filename
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.jit.save(scripted, str(path))
+    return path
+
+
+def io(kind: str, name: str, data_type: str, dims: list[int], extra: str = "") -> str:
+    return f'{kind} {{ name: "{name}" data_type: {data_type} dims: {dims} {extra} }}'
+
+
+def config(
+    inputs: list[str],
+    outputs: list[str],
+    *,
+    max_batch_size: int = 0,
+    extra: str = "",
+    name: str = "m",
+) -> str:
+    header = [f'name: "{name}"', 'backend: "pytorch"', f"max_batch_size: {max_batch_size}"]
+    return "\n".join([*header, *inputs, *outputs, extra])
+
+
+def inp(name: str, data_type: str, dims: list[int], extra: str = "") -> str:
+    return io("input", name, data_type, dims, extra)
+
+
+def out(name: str, data_type: str, dims: list[int], extra: str = "") -> str:
+    return io("output", name, data_type, dims, extra)
