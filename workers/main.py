@@ -27,6 +27,7 @@ def _on_sigterm(signum: int, frame: object) -> None:
 
 def main() -> int:
     spec = WorkerSpec.from_env()
+    os.environ["INFERPOOL_RUN_ID"] = spec.run_id  # regions a backend creates carry the run id
     parent = int(os.environ.get(PARENT_PID_ENV, "0")) or None
     if not set_parent_death_signal(signal.SIGTERM, parent_pid=parent):
         return EXIT_BROKER_GONE
