@@ -13,9 +13,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import orjson
-import zmq
-
 from broker import repository
 from broker.admission import PendingRequest
 from broker.models import ModelRecord, ModelVersion, Registry, State
@@ -27,7 +24,6 @@ from broker.scheduler import Scheduler
 from broker.stats import CustomMetrics
 from broker.supervisor import Supervisor, WorkerHandle, WorkerState
 from client.errors import Code, InferpoolError
-from client.zmqio import send_parts
 from shm.arena import Arena
 
 log = logging.getLogger("inferpool.manager")
@@ -42,14 +38,12 @@ class Manager:
         arena: Arena,
         outputs: OutputRegions,
         responder: Responder,
-        backend_socket: zmq.Socket[Any],
     ) -> None:
         self.options = options
         self.registry = registry
         self.arena = arena
         self.outputs = outputs
         self.responder = responder
-        self.backend = backend_socket
         self.supervisor: Supervisor  # set by the broker once both exist
         self.inflight: dict[int, PendingRequest] = {}
         self.metrics = CustomMetrics()
@@ -112,7 +106,7 @@ class Manager:
             mv.scheduler.drain(InferpoolError(Code.UNAVAILABLE, f"model {mv.label} is unloading"))
             for handle in mv.instances:
                 if handle.busy is None:
-                    self.supervisor.stop(handle, self.send_worker)
+                    self.supervisor.stop(handle)
         self._check_unloaded(name)
 
     def _check_loaded(self, name: str) -> None:
@@ -155,7 +149,7 @@ class Manager:
         )
         for handle in mv.instances:
             if handle.proc is not None:
-                self.supervisor.stop(handle, self.send_worker)
+                self.supervisor.stop(handle)
 
     # ================================================================== supervisor events
     def worker_ready(self, handle: WorkerHandle) -> None:
@@ -170,7 +164,7 @@ class Manager:
         elif mv.state is State.READY:
             self._idle(handle)
         else:
-            self.supervisor.stop(handle, self.send_worker)
+            self.supervisor.stop(handle)
 
     def worker_lost(self, handle: WorkerHandle, error: InferpoolError, booting: bool) -> None:
         mv = handle.model
@@ -227,10 +221,7 @@ class Manager:
         frees = self.outputs.take_frees(handle.output_region)
         if frees:
             msg["free"] = frees
-        self.send_worker(handle, msg)
-
-    def send_worker(self, handle: WorkerHandle, msg: dict[str, Any]) -> None:
-        send_parts(self.backend, (handle.identity, orjson.dumps(msg)))
+        self.supervisor.send(handle, msg)
 
     def reject(self, req: PendingRequest, err: InferpoolError) -> None:
         """Answer ``req`` with an error and end it."""
@@ -278,7 +269,7 @@ class Manager:
         if handle.state is WorkerState.STOPPING:
             return
         if mv.state is State.UNLOADING:
-            self.supervisor.stop(handle, self.send_worker)
+            self.supervisor.stop(handle)
             return
         self._idle(handle)
 
@@ -303,4 +294,4 @@ class Manager:
             if handle.busy is None and handle.state is WorkerState.READY:
                 frees = self.outputs.take_frees(handle.output_region)
                 if frees:
-                    self.send_worker(handle, {"op": "free", "free": frees})
+                    self.supervisor.send(handle, {"op": "free", "free": frees})

@@ -42,7 +42,6 @@ class ServerOptions:
     graceful_timeout: float = 30.0
     max_restarts: int = 5  # crashes within restart_window before an instance is FAILED
     restart_window: float = 60.0
-    heartbeat_ms: int = 1000
     log_level: str = "INFO"
     metrics_port: int = 0  # 0: no Prometheus endpoint
 

@@ -16,7 +16,6 @@ import socket
 import time
 from typing import Any
 
-import orjson
 import posix_ipc
 import zmq
 
@@ -30,7 +29,7 @@ from broker.options import ServerOptions
 from broker.outputs import OutputRegions
 from broker.placement import parse_host_policies
 from broker.responder import Responder
-from broker.supervisor import Supervisor
+from broker.supervisor import Supervisor, WorkerHandle
 from client.errors import Code, InferpoolError
 from client.zmqio import NOBLOCK, recv_frames
 from shm.arena import Arena
@@ -82,22 +81,16 @@ class Broker:
         self.ctx = zmq.Context()
         self.frontend = self.ctx.socket(zmq.ROUTER)
         self.frontend.setsockopt(zmq.LINGER, 0)
-        self.frontend.setsockopt(zmq.ROUTER_HANDOVER, 1)
         for endpoint in opts.listen:
             self._bind(endpoint)
-        self.backend = self.ctx.socket(zmq.ROUTER)
-        self.backend.setsockopt(zmq.LINGER, 0)
-        self.worker_endpoint = f"ipc://{os.path.join(opts.run_dir, self.run_id + '.workers')}"
-        self.backend.bind(self.worker_endpoint)
         self.responder = Responder(self.frontend, self.outputs)
         self.registry = Registry()
-        self.manager = Manager(
-            opts, self.registry, self.arena, self.outputs, self.responder, self.backend
-        )
+        self.manager = Manager(opts, self.registry, self.arena, self.outputs, self.responder)
         self.manager.policies = parse_host_policies(opts.host_policies, self.manager.topology)
-        self.supervisor = Supervisor(
-            opts, self.run_id, self.worker_endpoint, self.outputs, self.manager
-        )
+        self.poller = zmq.Poller()
+        self.poller.register(self.frontend, zmq.POLLIN)
+        self.channels: dict[int, WorkerHandle] = {}  # worker channel fd -> its worker
+        self.supervisor = Supervisor(opts, self.run_id, self.outputs, self.manager, self._watch)
         self.manager.supervisor = self.supervisor
         self.frontend_handler = Frontend(self)
         self._wake_r, self._wake_w = socket.socketpair()
@@ -172,10 +165,16 @@ class Broker:
         return all(r["state"] == State.READY.value for r in self.registry.index())
 
     # ================================================================== the loop
+    def _watch(self, fd: int, handle: WorkerHandle | None) -> None:
+        if handle is None:
+            if self.channels.pop(fd, None) is not None:
+                self.poller.unregister(fd)
+        else:
+            self.channels[fd] = handle
+            self.poller.register(fd, zmq.POLLIN)
+
     def run(self) -> int:
-        poller = zmq.Poller()
-        poller.register(self.frontend, zmq.POLLIN)
-        poller.register(self.backend, zmq.POLLIN)
+        poller = self.poller
         poller.register(self._wake_r, zmq.POLLIN)
         next_housekeeping = 0.0
         try:
@@ -188,8 +187,10 @@ class Broker:
                 if self.responder.poll():
                     timeout = min(timeout, 0.001)
                 events = dict(poller.poll(int(timeout * 1000) + (1 if timeout > 0 else 0)))
-                if self.backend in events:
-                    self._drain_backend()
+                for fd in events:
+                    handle = self.channels.get(fd)
+                    if handle is not None:
+                        self._from_worker(handle)
                 if self.frontend in events:
                     self._drain_frontend()
                 if self._wake_r.fileno() in events or self._signals:
@@ -207,17 +208,13 @@ class Broker:
         """One message per readiness: the next poll returns at once if more are waiting."""
         self.frontend_handler.handle(recv_frames(self.frontend, NOBLOCK))
 
-    def _drain_backend(self) -> None:
-        parts = recv_frames(self.backend, NOBLOCK)
-        handle = self.supervisor.by_identity.get(parts[0].bytes) if len(parts) == 2 else None
-        if handle is None:
-            return  # not a current worker: a previous generation's last words
-        try:
-            msg = orjson.loads(parts[1].buffer)
-        except orjson.JSONDecodeError:
-            log.error("worker %s sent an unreadable message", handle.name)
-            return
-        self.manager.worker_message(handle, msg)
+    def _from_worker(self, handle: WorkerHandle) -> None:
+        assert handle.channel is not None
+        msg = handle.channel.recv()
+        if msg is None:  # its end closed: the process is exiting; reap() will say how
+            self.supervisor.close_channel(handle)
+        elif msg:
+            self.manager.worker_message(handle, msg)
 
     def _housekeeping(self, now: float) -> None:
         self.supervisor.reap()
@@ -277,7 +274,7 @@ class Broker:
             for req in list(manager.inflight.values()):
                 manager.reject(req, err)
             for handle in list(self.supervisor.handles.values()):
-                self.supervisor.stop(handle, manager.send_worker)
+                self.supervisor.stop(handle)
             self._workers_stopping = True
         self.supervisor.reap()
         return not self.supervisor.alive()
@@ -290,10 +287,9 @@ class Broker:
         supervisor = getattr(self, "supervisor", None)
         if supervisor is not None:
             supervisor.kill_all()
-        for name in ("frontend", "backend"):
-            sock = getattr(self, name, None)
-            if sock is not None:
-                sock.close(0)
+        frontend = getattr(self, "frontend", None)
+        if frontend is not None:
+            frontend.close(0)
         ctx = getattr(self, "ctx", None)
         if ctx is not None:
             ctx.term()
@@ -314,8 +310,6 @@ class Broker:
             self.run_lock.release()
         for path in self._bound_ipc:
             _remove(path)
-        if hasattr(self, "worker_endpoint"):
-            _remove(self.worker_endpoint[len("ipc://") :])
         sd_notify("STATUS=stopped")
 
 

@@ -19,9 +19,11 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import broker
+from broker.channel import Channel
 from broker.config import to_json
 from broker.models import ModelVersion
 from broker.options import ServerOptions
@@ -76,7 +78,8 @@ class WorkerHandle:
         self.generation = -1
         self.state = WorkerState.STARTING
         self.proc: subprocess.Popen[bytes] | None = None
-        self.identity = b""
+        self.identity = ""  # "w<slot>.<generation>": names this process in logs
+        self.channel: Channel | None = None
         self.output_region = ""
         self.busy: list[Any] | None = None  # the batch in flight
         self.exec_started = 0.0
@@ -125,17 +128,16 @@ class Supervisor:
         self,
         options: ServerOptions,
         run_id: str,
-        endpoint: str,
         outputs: OutputRegions,
         events: Events,
+        watch: Callable[[int, WorkerHandle | None], None],
     ) -> None:
         self.options = options
         self.run_id = run_id
-        self.endpoint = endpoint
         self.outputs = outputs
         self.events = events
+        self.watch = watch  # (fd, handle) starts watching a channel, (fd, None) stops
         self.handles: dict[int, WorkerHandle] = {}
-        self.by_identity: dict[bytes, WorkerHandle] = {}
         self._next_slot = 0
 
     # ------------------------------------------------------------------ spawning
@@ -149,12 +151,13 @@ class Supervisor:
 
     def spawn(self, handle: WorkerHandle) -> None:
         handle.generation += 1
-        handle.identity = f"w{handle.slot}.{handle.generation}".encode()
+        handle.identity = f"w{handle.slot}.{handle.generation}"
+        handle.channel = channel = Channel()
         handle.output_region = self.outputs.create(f"out{handle.slot}g{handle.generation}", handle)
         handle.boot_error = None
         handle.kill_reason = ""
         handle.busy = None
-        spec = self._spec(handle)
+        spec = self._spec(handle, channel.child_fd())
         env = dict(os.environ)
         env[WORKER_SPEC_ENV] = spec
         env["INFERPOOL_BROKER_PID"] = str(os.getpid())
@@ -167,24 +170,28 @@ class Supervisor:
                 env=env,
                 stdin=subprocess.DEVNULL,
                 close_fds=True,
+                pass_fds=[channel.child_fd()],
             )
         except OSError as exc:
+            channel.close()
+            handle.channel = None
             self.outputs.retire(handle.output_region)
             raise InferpoolError(
                 Code.INTERNAL, f"cannot start worker {handle.name}: {exc}"
             ) from exc
-        self.by_identity[handle.identity] = handle
+        channel.spawned()
+        self.watch(channel.fd, handle)
         handle.set_state(WorkerState.STARTING)
         log.info("started worker %s (pid %d, slot %d)", handle.name, handle.proc.pid, handle.slot)
 
-    def _spec(self, handle: WorkerHandle) -> str:
+    def _spec(self, handle: WorkerHandle, channel_fd: int) -> str:
         model = handle.model
         opts = self.options
         return json.dumps(
             {
                 "run_id": self.run_id,
-                "endpoint": self.endpoint,
-                "identity": handle.identity.decode(),
+                "channel_fd": channel_fd,
+                "identity": handle.identity,
                 "model_name": model.name,
                 "model_version": model.version,
                 "backend": model.config.backend,
@@ -196,7 +203,6 @@ class Supervisor:
                 "pinning": handle.pinning,
                 "backend_directory": opts.backend_directory,
                 "backend_config": opts.backend_config.get(model.config.backend, {}),
-                "heartbeat_ms": opts.heartbeat_ms,
                 "log_level": opts.log_level,
             }
         )
@@ -223,9 +229,26 @@ class Supervisor:
             if code is not None:
                 self._exited(handle, code)
 
+    def close_channel(self, handle: WorkerHandle) -> None:
+        """Stop listening to a worker whose end closed (it exits; reap() will see how)."""
+        if handle.channel is not None:
+            self.watch(handle.channel.fd, None)
+            handle.channel.close()
+            handle.channel = None
+
+    def send(self, handle: WorkerHandle, msg: dict[str, Any]) -> None:
+        """A message to a worker; one that cannot take it is killed (handled as a crash)."""
+        if handle.channel is None:
+            return
+        try:
+            handle.channel.send(msg)
+        except InferpoolError as err:
+            log.error("worker %s: %s", handle.name, err.message)
+            self.kill(handle, f"was killed: {err.message}")
+
     def _exited(self, handle: WorkerHandle, code: int) -> None:
         handle.proc = None
-        self.by_identity.pop(handle.identity, None)
+        self.close_channel(handle)
         self.outputs.retire(handle.output_region)
         pid_text = describe_exit(code)
         if handle.state is WorkerState.STOPPING:
@@ -317,7 +340,7 @@ class Supervisor:
             with contextlib.suppress(ProcessLookupError):
                 handle.proc.kill()
 
-    def stop(self, handle: WorkerHandle, send: Any) -> None:
+    def stop(self, handle: WorkerHandle) -> None:
         """Ask a worker to finish (its finalizers run); killed if it overstays."""
         if handle.proc is None:
             if handle.state is not WorkerState.STOPPED:
@@ -325,11 +348,10 @@ class Supervisor:
                 self.events.worker_stopped(handle)
             return
         handle.set_state(WorkerState.STOPPING)
-        send(handle, {"op": "stop"})
+        self.send(handle, {"op": "stop"})
 
     def forget(self, handle: WorkerHandle) -> None:
         self.handles.pop(handle.slot, None)
-        self.by_identity.pop(handle.identity, None)
 
     def alive(self) -> list[WorkerHandle]:
         return [h for h in self.handles.values() if h.proc is not None]

@@ -43,8 +43,8 @@ class PinningSpec:
 @dataclass
 class WorkerSpec:
     run_id: str  # the broker run: every region of it is named inferpool-<run_id>-...
-    endpoint: str  # the broker's worker-facing ROUTER endpoint
-    identity: str  # zmq routing id: "<slot>.<generation>"
+    channel_fd: int  # this worker's end of its SOCK_SEQPACKET socketpair with the broker
+    identity: str  # "w<slot>.<generation>", for logs
     model_name: str
     model_version: int
     backend: str
@@ -56,7 +56,6 @@ class WorkerSpec:
     pinning: PinningSpec = field(default_factory=PinningSpec)
     backend_directory: str = ""
     backend_config: dict[str, str] = field(default_factory=dict)  # this backend's settings
-    heartbeat_ms: int = 1000
     log_level: str = "INFO"
 
     def to_json(self) -> str:

@@ -1,6 +1,7 @@
 """The worker loop: receive batches from the broker, run the backend, send results back.
 
-Messages are JSON headers on a DEALER socket (the broker's internal protocol):
+Messages are JSON datagrams on this worker's SOCK_SEQPACKET socketpair with the broker
+(inherited as ``spec.channel_fd``; the broker's internal protocol):
 
 broker -> worker   {"op": "execute", "requests": [...], "free": [...]}, {"op": "free", ...},
                    {"op": "stop"}
@@ -17,11 +18,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
+import socket
 import threading
 from typing import Any
 
 import orjson
-import zmq
 
 from backends.api import Request, RequestedOutput, Response, batch_size_of, now_ns
 from client.errors import InferpoolError
@@ -31,19 +33,14 @@ from workers.pinning import read_back
 from workers.spec import EXIT_BOOT_FAILED, EXIT_OK, WorkerSpec
 
 log = logging.getLogger("inferpool.worker")
+MAX_MESSAGE = 192 * 1024  # the broker's channel limit (broker/channel.py)
 
 
 class Worker:
     def __init__(self, spec: WorkerSpec) -> None:
         self.spec = spec
-        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-        self.sock = self.ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.IDENTITY, spec.identity.encode())
-        self.sock.setsockopt(zmq.LINGER, 2000)
-        if spec.heartbeat_ms:
-            self.sock.setsockopt(zmq.HEARTBEAT_IVL, spec.heartbeat_ms)
-            self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, spec.heartbeat_ms * 3)
-        self.sock.connect(spec.endpoint)
+        self.sock = socket.socket(fileno=spec.channel_fd)
+        self._buf = bytearray(MAX_MESSAGE)
         # responses emitted from backend threads wake the loop through this pipe
         self._wake_rx, self._wake_tx = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._wake_lock = threading.Lock()
@@ -72,6 +69,11 @@ class Worker:
     def send(self, msg: dict[str, Any]) -> None:
         self.sock.send(orjson.dumps(msg))
 
+    def recv(self) -> dict[str, Any] | None:
+        """The broker's next message; None when the broker is gone (its end closed)."""
+        n = self.sock.recv_into(self._buf)
+        return orjson.loads(memoryview(self._buf)[:n]) if n else None
+
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> int:
         try:
@@ -91,19 +93,22 @@ class Worker:
     def _loop(self) -> None:
         """One message at a time.  A decoupled model's backend threads may answer between
         messages, so only then is the wake pipe polled beside the socket."""
-        sock = self.sock
-        poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
-        poller.register(self._wake_rx, zmq.POLLIN)
+        poller = select.poll()
+        poller.register(self.sock, select.POLLIN)
+        poller.register(self._wake_rx, select.POLLIN)
+        sock_fd = self.sock.fileno()
         watch_threads = self.decoupled
         while True:
             if watch_threads:
                 events = dict(poller.poll())
                 if self._wake_rx in events:
                     self._flush_async()
-                if sock not in events:
+                if sock_fd not in events:
                     continue
-            msg = orjson.loads(sock.recv())
+            msg = self.recv()
+            if msg is None:
+                log.error("the broker closed the channel; exiting")
+                return
             frees = msg.get("free")
             if frees:
                 self.memory.free(frees)
