@@ -140,6 +140,16 @@ def test_execute_delay_and_instance_multiplier() -> None:
         assert time.monotonic() - start >= 0.03 * 2 * 2  # delay * multiplier * instance index
 
 
+def test_creation_delay_holds_the_model_load() -> None:
+    config = identity_config(
+        "x", extra='parameters { key: "creation_delay_sec" value: { string_value: "1" } }'
+    )
+    start = time.monotonic()
+    with BackendHarness("identity", config) as h:
+        assert time.monotonic() - start >= 1.0
+        assert h.host.model is not None
+
+
 def test_statistics_and_metric_are_reported() -> None:
     with BackendHarness("identity", PAIRS) as h:
         reqs = [
