@@ -124,6 +124,7 @@ class Frontend:
             "version": broker_pkg.__version__,
             "protocol": wire.PROTOCOL_VERSION,
             "extensions": EXTENSIONS + self.b.extra_extensions,
+            "run_id": self.b.run_id,  # every shared-memory region of this run: inferpool-<run_id>-*
         }
 
     def model_ready(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:

@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from client import Client
+from shm.runs import regions_of_run
 
 ROOT = Path(__file__).resolve().parent.parent
+STARTED_RUNS: list[str] = []  # run ids of every server the tests started, in order
 EXAMPLES = ROOT / "examples" / "model_repository"
 
 
@@ -83,6 +85,7 @@ class Server:
             self.tcp = f"tcp://127.0.0.1:{free_tcp_port()}"
             self.endpoints.append(self.tcp)
         self.log_path = tmp / "server.log"
+        self.run_id = ""  # known once the server has started
         cmd = [
             sys.executable,
             "-m",
@@ -127,9 +130,16 @@ class Server:
                 b"inferpool is ready" in self.log_bytes()
                 or b"inferpool started" in self.log_bytes()
             ):
+                with self.client() as c:
+                    self.run_id = str(c.server_metadata()["run_id"])
+                STARTED_RUNS.append(self.run_id)
                 return
             time.sleep(0.05)
         raise TimeoutError(f"server did not start within {timeout}s:\n{self.log()}")
+
+    def regions(self) -> list[str]:
+        """This run's shared-memory regions in /dev/shm."""
+        return regions_of_run(self.run_id)
 
     def log_bytes(self) -> bytes:
         return self.log_path.read_bytes()
