@@ -23,12 +23,15 @@ import zmq
 from broker import repository
 from broker.admission import SharedMemoryInputs
 from broker.frontend import Frontend
+from broker.gpu_limit import check_gpu_limits
+from broker.liveness import Liveness, configure_router
 from broker.manager import Manager
 from broker.models import Registry, State
 from broker.notify import sd_notify
 from broker.options import ServerOptions
 from broker.outputs import OutputRegions
 from broker.placement import parse_host_policies
+from broker.reload import reload_repository
 from broker.responder import Responder
 from broker.supervisor import Supervisor
 from client.errors import Code, InferpoolError
@@ -87,6 +90,7 @@ class Broker:
             self._bind(endpoint)
         self.backend = self.ctx.socket(zmq.ROUTER)
         self.backend.setsockopt(zmq.LINGER, 0)
+        configure_router(self.backend, opts.heartbeat_ms)
         self.worker_endpoint = f"ipc://{os.path.join(opts.run_dir, self.run_id + '.workers')}"
         self.backend.bind(self.worker_endpoint)
         self.responder = Responder(self.frontend, self.outputs)
@@ -95,10 +99,12 @@ class Broker:
             opts, self.registry, self.arena, self.outputs, self.responder, self.backend
         )
         self.manager.policies = parse_host_policies(opts.host_policies, self.manager.topology)
+        check_gpu_limits(opts.model_load_gpu_limit, self.manager.topology)
         self.supervisor = Supervisor(
             opts, self.run_id, self.worker_endpoint, self.outputs, self.manager
         )
         self.manager.supervisor = self.supervisor
+        self.liveness = Liveness(self.supervisor, self.manager.send_raw, opts.heartbeat_ms)
         self.frontend_handler = Frontend(self)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -222,6 +228,7 @@ class Broker:
     def _housekeeping(self, now: float) -> None:
         self.supervisor.reap()
         self.supervisor.tick(now)
+        self.liveness.check(now)
         self.manager.tick(time.monotonic_ns())
         self.manager.flush_frees()
 
@@ -245,16 +252,13 @@ class Broker:
                 self.reload()
 
     def reload(self) -> None:
-        """Reload the repository: new models load, removed ones unload, changed ones reload."""
+        """SIGHUP: changed models are replaced without failing requests (broker/reload.py)."""
         if self.options.model_control_mode == "explicit":
             log.info("SIGHUP ignored: models are controlled explicitly")
             return
         log.info("SIGHUP: reloading the model repository")
-        on_disk = set(repository.list_models(self.options.model_repository))
-        for name in sorted(set(self.registry.records) - on_disk):
-            self.manager.unload(name)
-        for name in sorted(on_disk):
-            self.manager.load(name)
+        sd_notify("RELOADING=1\nSTATUS=reloading the model repository")
+        reload_repository(self.manager, _notify_reloaded)
 
     # ================================================================== shutdown
     def begin_shutdown(self, why: str) -> None:
@@ -317,6 +321,10 @@ class Broker:
         if hasattr(self, "worker_endpoint"):
             _remove(self.worker_endpoint[len("ipc://") :])
         sd_notify("STATUS=stopped")
+
+
+def _notify_reloaded(_err: InferpoolError | None) -> None:
+    sd_notify("READY=1\nSTATUS=serving")
 
 
 def _unlink(name: str) -> None:

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import broker
 from broker.config import to_json
+from broker.gpu_limit import limit_for
 from broker.models import ModelVersion
 from broker.options import ServerOptions
 from broker.outputs import OutputRegions
@@ -197,6 +198,11 @@ class Supervisor:
                 "backend_directory": opts.backend_directory,
                 "backend_config": opts.backend_config.get(model.config.backend, {}),
                 "heartbeat_ms": opts.heartbeat_ms,
+                "gpu_load_limit": limit_for(
+                    opts.model_load_gpu_limit,
+                    handle.instance.get("kind", "CPU"),
+                    int(handle.instance.get("device_id", 0)),
+                ),
                 "log_level": opts.log_level,
             }
         )

@@ -57,6 +57,7 @@ class WorkerSpec:
     backend_directory: str = ""
     backend_config: dict[str, str] = field(default_factory=dict)  # this backend's settings
     heartbeat_ms: int = 1000
+    gpu_load_limit: float = 1.0  # --model-load-gpu-limit for this GPU instance's device
     log_level: str = "INFO"
 
     def to_json(self) -> str:

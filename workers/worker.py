@@ -3,7 +3,7 @@
 Messages are JSON headers on a DEALER socket (the broker's internal protocol):
 
 broker -> worker   {"op": "execute", "requests": [...], "free": [...]}, {"op": "free", ...},
-                   {"op": "stop"}
+                   {"op": "stop"}, {"op": "ping"} (a liveness probe: ignored)
 worker -> broker   {"op": "ready"}, {"op": "failed", "error": {...}},
                    {"op": "items", "items": [...]}            (decoupled, mid-batch)
                    {"op": "done", "items": [...], "stats": ..., "metrics": ...}
@@ -25,9 +25,10 @@ import zmq
 
 from backends.api import Request, RequestedOutput, Response, batch_size_of, now_ns
 from client.errors import InferpoolError
+from workers.gpu_limit import check_load_limit
 from workers.host import BackendHost
 from workers.memory import WorkerMemory
-from workers.pinning import read_back
+from workers.pinning import cuda_ordinal, read_back
 from workers.spec import EXIT_BOOT_FAILED, EXIT_OK, WorkerSpec
 
 log = logging.getLogger("inferpool.worker")
@@ -74,9 +75,17 @@ class Worker:
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> int:
+        spec = self.spec
         try:
             self.host.load()
+            check_load_limit(  # after the load, as Triton: the limit holds for what it took
+                spec.model_name,
+                spec.instance.device_id,
+                cuda_ordinal(spec.instance.device_id, spec.pinning.cuda_visible_devices),
+                spec.gpu_load_limit,
+            )
         except InferpoolError as err:
+            self.host.close()
             log.error("%s", err)
             self.send({"op": "failed", "error": err.to_wire()})
             return EXIT_BOOT_FAILED
