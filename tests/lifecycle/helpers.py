@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -157,9 +159,6 @@ class Stream:
 def serving(repo_of: Callable[[Path], Path], *args: str) -> Any:
     """A module fixture body: a server over the repository ``repo_of(tmp)`` builds; on the
     way out it must stop with 0 and leave nothing of its run in /dev/shm."""
-    import shutil
-    import tempfile
-
     tmp = Path(tempfile.mkdtemp(prefix="ipt-", dir="/tmp"))
     try:
         with Server(tmp, repo_of(tmp), *args) as server:

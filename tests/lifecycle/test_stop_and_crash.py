@@ -11,6 +11,7 @@ import pytest
 
 from client import InferpoolError
 from shm.runs import regions_of_run
+from tests.lifecycle.helpers import run_id_of, wait_for
 from tests.support import EXAMPLES, Server, identity_config, our_regions, write_model
 
 
@@ -27,25 +28,11 @@ def slow_repo(root, delay_ms: int = 400):
     return repo
 
 
-def run_ids(names: set[str]) -> set[str]:
-    return {n.split("-")[1] for n in names}
-
-
-def wait_for(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
-
-
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_runs_finalizers_and_unlinks_everything(short_tmp, sig) -> None:
-    before = our_regions()
     server = Server(short_tmp, EXAMPLES)
     with server:
-        mine = our_regions() - before
+        mine = set(regions_of_run(run_id_of(server)))  # not other sessions' runs
         assert mine, "the run should own an arena and output regions"
         for name in mine:
             assert os.stat(f"/dev/shm/{name}").st_mode & 0o777 == 0o600
@@ -77,11 +64,10 @@ def test_graceful_shutdown_finishes_in_flight_requests(short_tmp) -> None:
 
 
 def test_killed_broker_takes_its_workers_and_the_next_start_sweeps(short_tmp) -> None:
-    before = our_regions()
     first = Server(short_tmp, EXAMPLES)
     with first:
         pids = first.worker_pids()
-        runs = run_ids(our_regions() - before)
+        runs = {run_id_of(first)}
         first.proc.send_signal(signal.SIGKILL)  # the broker alone, not its process group
         first.proc.wait(10)
         for pid in pids:  # parent-death signal: workers go with the broker
