@@ -26,6 +26,7 @@ from broker.frontend import Frontend
 from broker.gpu_limit import check_gpu_limits
 from broker.liveness import Liveness, configure_router
 from broker.manager import Manager
+from broker.metrics import MetricsEndpoint
 from broker.models import Registry, State
 from broker.notify import sd_notify
 from broker.options import ServerOptions
@@ -57,6 +58,7 @@ class Broker:
         self._closed = False
         self._bound_ipc: list[str] = []
         self.on_started: Any = None  # called once every initial model has settled
+        self.metrics: MetricsEndpoint | None = None
 
     # ================================================================== start-up
     def start(self) -> None:
@@ -106,6 +108,8 @@ class Broker:
         self.manager.supervisor = self.supervisor
         self.liveness = Liveness(self.supervisor, self.manager.send_raw, opts.heartbeat_ms)
         self.frontend_handler = Frontend(self)
+        if opts.metrics_port:
+            self.metrics = MetricsEndpoint(self, self.ctx, opts.metrics_address, opts.metrics_port)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -183,6 +187,9 @@ class Broker:
         poller.register(self.frontend, zmq.POLLIN)
         poller.register(self.backend, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
+        metrics = self.metrics
+        if metrics is not None:
+            poller.register(metrics.socket, zmq.POLLIN)
         next_housekeeping = 0.0
         try:
             while True:
@@ -198,6 +205,8 @@ class Broker:
                     self._drain_backend()
                 if self.frontend in events:
                     self._drain_frontend()
+                if metrics is not None and metrics.socket in events:
+                    metrics.answer()
                 if self._wake_r.fileno() in events or self._signals:
                     self._handle_signals()
                 now = time.monotonic()
@@ -294,6 +303,8 @@ class Broker:
         supervisor = getattr(self, "supervisor", None)
         if supervisor is not None:
             supervisor.kill_all()
+        if self.metrics is not None:
+            self.metrics.close()
         for name in ("frontend", "backend"):
             sock = getattr(self, name, None)
             if sock is not None:
