@@ -1,5 +1,6 @@
 """Served models land where they were asked to: host policies, the default spread, --pin none,
-torch threads and passive instances, read from inside each worker and from /proc.
+torch threads and passive instances, read from inside each worker and from /proc; and the
+GPU memory-fraction check at load (--model-load-gpu-limit), which needs a GPU.
 
 This machine (and most CI machines) has one NUMA node, so the memory-policy calls are
 exercised against node 0; other nodes are covered by the parsing and validation tests in
@@ -9,15 +10,18 @@ tests/unit/test_placement.py.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from broker.topology import Topology, format_cpu_list, parse_cpu_list
 from tests.lifecycle.helpers import REPORT, TORCH, act, instance, serving, write_act_model
-from tests.support import ROOT
+from tests.support import ROOT, Server
 
 TOPO = Topology.discover()
 NODE0 = sorted(TOPO.nodes[0])
@@ -173,3 +177,25 @@ def test_pin_none_leaves_placement_to_the_os(unpinned) -> None:
         for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
         if v in os.environ
     }
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or not Topology.discover().gpus,
+    reason="needs a CUDA GPU: torch.cuda.is_available() is false on this machine",
+)
+def test_a_gpu_instance_over_the_limit_is_unavailable_and_under_it_serves() -> None:
+    for fraction, state in (("0.000001", "UNAVAILABLE"), ("0.99", "READY")):
+        tmp = Path(tempfile.mkdtemp(prefix="ipt-", dir="/tmp"))
+        try:
+            write_act_model(tmp / "repo", "gpu", "instance_group [ { kind: KIND_GPU gpus: [0] } ]")
+            args = ("--model-load-gpu-limit", f"0:{fraction}")
+            with Server(tmp, tmp / "repo", *args) as server, server.client() as c:
+                row = {r["name"]: r for r in c.models()}["gpu"]
+                assert row["state"] == state, row
+                if state == "UNAVAILABLE":
+                    assert "memory limit set for KIND_GPU 0 has exceeded" in row["reason"]
+                    [inst] = c.status()
+                    assert inst["state"] == "FAILED" and inst["restarts"] == 0
+            assert server.proc.returncode == 0
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
