@@ -266,7 +266,8 @@ class Broker:
             log.info("SIGHUP ignored: models are controlled explicitly")
             return
         log.info("SIGHUP: reloading the model repository")
-        sd_notify("RELOADING=1\nSTATUS=reloading the model repository")
+        usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+        sd_notify(f"RELOADING=1\nMONOTONIC_USEC={usec}\nSTATUS=reloading the model repository")
         reload_repository(self.manager, _notify_reloaded)
 
     # ================================================================== shutdown

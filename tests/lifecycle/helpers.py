@@ -109,9 +109,10 @@ def instance(client: Client, name: str) -> dict[str, Any]:
     return next(r for r in client.status() if r["instance"] == name)
 
 
-def run_id_of(server: Server) -> str:
+def run_id_of(server: Server | int) -> str:
     """The broker's run id, from the lock object it holds open (no other run's regions)."""
-    fd_dir = f"/proc/{server.proc.pid}/fd"
+    pid = server if isinstance(server, int) else server.proc.pid
+    fd_dir = f"/proc/{pid}/fd"
     for fd in os.listdir(fd_dir):
         try:
             target = os.readlink(f"{fd_dir}/{fd}")
@@ -122,7 +123,7 @@ def run_id_of(server: Server) -> str:
             run = run_of(name)
             if run:
                 return run
-    raise AssertionError(f"broker pid {server.proc.pid} holds no run lock")
+    raise AssertionError(f"broker pid {pid} holds no run lock")
 
 
 def assert_run_gone(run_id: str) -> None:
