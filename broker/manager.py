@@ -335,6 +335,8 @@ class Manager:
                 self._batch_done(handle, msg)
             else:  # a decoupled model made progress: its execute timeout starts over
                 handle.exec_started = time.monotonic()
+        elif op == "ready" and handle.state is WorkerState.STOPPING:
+            self.send_worker(handle, {"op": "stop"})  # told to stop before it was connected
         else:
             self.supervisor.handle_message(handle, msg)
 
@@ -377,7 +379,8 @@ class Manager:
             wake2 = self.wakes.get(scheduler)
             if wake2 is not None and (nearest is None or wake2 < nearest):
                 nearest = wake2
-        for mv in self.registry.all_versions():
+        retiring = [mv for r in self.retiring for mv in r.versions.values()]
+        for mv in self.registry.all_versions() + retiring:
             if mv.scheduler is not None:
                 mv.scheduler.expire(now_ns)
         return nearest
