@@ -11,7 +11,15 @@ import pytest
 
 from client import InferpoolError
 from shm.runs import regions_of_run
-from tests.lifecycle.helpers import run_id_of, wait_for
+from tests.lifecycle.helpers import (
+    NAP,
+    assert_run_gone,
+    instance,
+    run_id_of,
+    send_act,
+    wait_for,
+    write_act_model,
+)
 from tests.support import EXAMPLES, Server, identity_config, our_regions, write_model
 
 
@@ -130,3 +138,22 @@ def test_requests_during_a_crash_loop_all_get_answers(short_tmp) -> None:
         with pytest.raises(InferpoolError, match="unknown model"):
             c.infer("nope", {"INPUT0": np.ones(1, np.float32)})
         assert c.statistics()["inflight"] == 0
+
+
+def test_shutdown_answers_requests_that_outlast_the_graceful_timeout(short_tmp) -> None:
+    write_act_model(short_tmp / "repo", "nap")
+    with (
+        Server(short_tmp, short_tmp / "repo", "--graceful-timeout", "1") as server,
+        server.client() as c,
+    ):
+        run_id = run_id_of(server)
+        rid = send_act(c, "nap", NAP)  # sleeps 60 s in execute
+        wait_for(lambda: instance(c, "nap_0_0")["busy"])
+        stopping = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        header, _ = c._recv(rid, 20)
+        assert header["error"]["code"] == "UNAVAILABLE"
+        assert "the server shut down before the request finished" in header["error"]["message"]
+        assert server.stop() == 0  # the stuck worker was killed after its own grace
+        assert time.monotonic() - stopping < 10
+    assert_run_gone(run_id)
