@@ -11,6 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from client import InferpoolError
+from tests.lifecycle.helpers import wait_for
 from tests.support import EXAMPLES, Server, free_tcp_port, identity_config, write_model
 
 
@@ -55,6 +56,7 @@ def test_metrics_count_requests_durations_and_backend_metrics(short_tmp, shm_cle
                 },
                 [np.ones(1, np.float32).data],
             )
+            wait_for(lambda: {r["instance"]: r for r in b.status()}["slow_0_0"]["busy"])
             with pytest.raises(InferpoolError, match="request timeout expired"):
                 b.infer("slow", {"INPUT0": np.ones(1, np.float32)}, parameters={"timeout": 1000})
             assert "error" not in a._recv(first, 10)[0]

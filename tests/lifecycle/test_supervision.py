@@ -30,7 +30,7 @@ from tests.lifecycle.helpers import (
 )
 from tests.support import write_model
 
-EXECUTE_TIMEOUT = 3.0
+EXECUTE_TIMEOUT = 4.0
 HEARTBEAT_MS = 200
 
 
