@@ -15,11 +15,16 @@ from tests.support import EXAMPLES, Server, our_regions
 
 @pytest.fixture
 def shm_clean() -> Iterator[None]:
-    """Fail the test if it leaves an inferpool region in /dev/shm."""
+    """Fail the test if a run it started (``Server.runs``) left a region in /dev/shm."""
     before = our_regions()
+    first = len(Server.runs)
     yield
-    # regions of runs still alive belong to servers running beside this test, not to it
-    left = {n for n in our_regions() - before if not run_is_alive(run_of(n) or "")}
+    # runs still alive are servers running beside this test (module fixtures); runs this
+    # test did not start are other sessions' (/dev/shm is shared), not this test's leak
+    mine = set(Server.runs[first:])
+    left = {
+        n for n in our_regions() - before if run_of(n) in mine and not run_is_alive(run_of(n) or "")
+    }
     assert not left, f"shared-memory regions leaked: {sorted(left)}"
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 import threading
@@ -15,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from client import Client, InferpoolError
-from shm.runs import regions_of_run, run_of
-from tests.support import Server, write_model
+from shm.runs import regions_of_run
+from tests.support import Server, run_id_of, write_model
 
 # What the "act" model does, by the value of its input ACT[0].
 REPORT, EXIT, SEGFAULT, SPIN, NAP, FRAGILE, TORCH = 0, 1, 2, 3, 4, 5, 6
@@ -107,23 +106,6 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, what: str = ""
 
 def instance(client: Client, name: str) -> dict[str, Any]:
     return next(r for r in client.status() if r["instance"] == name)
-
-
-def run_id_of(server: Server | int) -> str:
-    """The broker's run id, from the lock object it holds open (no other run's regions)."""
-    pid = server if isinstance(server, int) else server.proc.pid
-    fd_dir = f"/proc/{pid}/fd"
-    for fd in os.listdir(fd_dir):
-        try:
-            target = os.readlink(f"{fd_dir}/{fd}")
-        except OSError:
-            continue
-        name = os.path.basename(target)
-        if target.startswith("/dev/shm/inferpool-") and name.endswith("-lock"):
-            run = run_of(name)
-            if run:
-                return run
-    raise AssertionError(f"broker pid {pid} holds no run lock")
 
 
 def assert_run_gone(run_id: str) -> None:

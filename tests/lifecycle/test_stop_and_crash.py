@@ -15,12 +15,18 @@ from tests.lifecycle.helpers import (
     NAP,
     assert_run_gone,
     instance,
-    run_id_of,
     send_act,
     wait_for,
     write_act_model,
 )
-from tests.support import EXAMPLES, Server, identity_config, our_regions, write_model
+from tests.support import (
+    EXAMPLES,
+    Server,
+    identity_config,
+    our_regions,
+    run_id_of,
+    write_model,
+)
 
 
 def slow_repo(root, delay_ms: int = 400):
@@ -80,7 +86,7 @@ def test_killed_broker_takes_its_workers_and_the_next_start_sweeps(short_tmp) ->
         first.proc.wait(10)
         for pid in pids:  # parent-death signal: workers go with the broker
             wait_for(lambda pid=pid: not os.path.exists(f"/proc/{pid}"))
-        assert all(regions_of_run(r) for r in runs), "a SIGKILLed broker cannot clean up"
+        # its regions stay until a broker starts: this next one (or another session's)
         second = Server(short_tmp, EXAMPLES)
         with second:
             for r in runs:

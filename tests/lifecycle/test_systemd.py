@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 from client import Client
-from tests.lifecycle.helpers import assert_run_gone, run_id_of
-from tests.support import EXAMPLES, ROOT
+from tests.lifecycle.helpers import assert_run_gone
+from tests.support import EXAMPLES, ROOT, Server, run_id_of
 
 UNIT = ROOT / "scripts" / "systemd" / "inferpool.service"
 ENV_FILE = ROOT / "scripts" / "systemd" / "inferpool.env"
@@ -104,6 +104,7 @@ def test_exec_start_reload_and_stop_as_systemd_runs_them(short_tmp, shm_clean) -
             with Client(listen, timeout=10) as c:
                 assert c.is_ready()  # READY=1 comes only when every model is loaded
             run_id = run_id_of(proc.pid)
+            Server.runs.append(run_id)  # for shm_clean: this test started the run
             proc.send_signal(signal.SIGHUP)  # ExecReload: kill -HUP $MAINPID
             reloading = notify.recv(4096).decode()
             assert reloading.startswith("RELOADING=1\nMONOTONIC_USEC=")
