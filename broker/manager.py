@@ -19,6 +19,7 @@ from broker.models import ModelRecord, ModelVersion, Registry, State
 from broker.options import ServerOptions
 from broker.outputs import OutputRegions
 from broker.placement import CoreUsage, HostPolicy, Topology, plan_instances
+from broker.reload import replace
 from broker.responder import Responder
 from broker.scheduler import Scheduler
 from broker.stats import CustomMetrics
@@ -28,6 +29,7 @@ from shm.arena import Arena
 
 log = logging.getLogger("inferpool.manager")
 Waiter = Callable[[InferpoolError | None], None]
+_DONE = (WorkerState.STOPPING, WorkerState.STOPPED, WorkerState.FAILED)
 
 
 class Manager:
@@ -51,27 +53,45 @@ class Manager:
         self.topology = Topology.discover()
         self.policies: dict[str, HostPolicy] = {}
         self.core_usage = CoreUsage()
-        self._load_waiters: dict[str, list[Waiter]] = {}
-        self._unload_waiters: dict[str, list[Waiter]] = {}
+        self.pending: dict[str, ModelRecord] = {}  # replacements loading beside their model
+        self.retiring: list[ModelRecord] = []  # records whose workers are stopping
+        self.load_waiters: dict[str, list[Waiter]] = {}
+        self._unload_waiters: dict[int, list[Waiter]] = {}  # id(record) -> waiters
 
     # ================================================================== loading
     def load(self, name: str, waiter: Waiter | None = None) -> None:
-        """(Re)load model ``name`` from the repository; ``waiter`` hears how it ended."""
-        record = self.registry.records.get(name)
-        if record is not None and record.versions:
+        """(Re)load model ``name`` from the repository; ``waiter`` hears how it ended.
+
+        A model that is serving is replaced without failing a request (``reload.replace``);
+        one that is not (failed, loading, unloading) is unloaded first.
+        """
+        if name in self.pending:
+            if waiter:
+                waiter(InferpoolError(Code.UNAVAILABLE, f"model '{name}' is already reloading"))
+            return
+        current = self.registry.records.get(name)
+        if current is not None and current.ready_versions():
+            replace(self, current, waiter)
+            return
+        if current is not None and current.versions:
             self.unload(name, lambda _err: self.load(name, waiter))
             return
-        entry = repository.scan_model(self.options.model_repository, name)
-        record = ModelRecord(name)
+        record = self.build(name)
         self.registry.records[name] = record
+        if waiter and record.error is None:
+            self.load_waiters.setdefault(name, []).append(waiter)
+        elif waiter:
+            waiter(record.error)
+        self.check_loaded(name)
+
+    def build(self, name: str) -> ModelRecord:
+        """A record for the model as it is on disk now, its workers starting."""
+        entry = repository.scan_model(self.options.model_repository, name)
+        record = ModelRecord(name, fingerprint=entry.fingerprint)
         if entry.error is not None or entry.config is None:
             record.error = entry.error
             log.error("%s", entry.error)
-            if waiter:
-                waiter(entry.error)
-            return
-        if waiter:
-            self._load_waiters.setdefault(name, []).append(waiter)
+            return record
         for version in entry.versions:
             mv = ModelVersion(name, version, entry.config, entry.path)
             record.versions[version] = mv
@@ -90,27 +110,59 @@ class Manager:
                     self.supervisor.spawn(handle)
             except InferpoolError as err:
                 self._version_failed(mv, err)
-        self._check_loaded(name)
+        return record
 
-    def unload(self, name: str, waiter: Waiter | None = None) -> None:
+    def unload(self, name: str, waiter: Waiter | None = None, *, graceful: bool = False) -> None:
+        """Unload ``name``; queued requests are answered UNAVAILABLE unless ``graceful``,
+        when they are served first (a model removed from the repository)."""
         record = self.registry.records.get(name)
         if record is None:
             if waiter:
                 waiter(InferpoolError(Code.NOT_FOUND, f"failed to unload '{name}': unknown model"))
             return
+        pending = self.pending.pop(name, None)
+        if pending is not None:
+            for cancelled in self.load_waiters.pop(name, []):
+                cancelled(InferpoolError(Code.CANCELLED, f"model '{name}' was unloaded"))
+            self.retire(pending, graceful=False)
         if waiter:
-            self._unload_waiters.setdefault(name, []).append(waiter)
-        for mv in record.versions.values():
-            mv.set_state(State.UNLOADING)
-            assert mv.scheduler is not None
-            mv.scheduler.drain(InferpoolError(Code.UNAVAILABLE, f"model {mv.label} is unloading"))
-            for handle in mv.instances:
-                if handle.busy is None:
-                    self.supervisor.stop(handle)
-        self._check_unloaded(name)
+            self._unload_waiters.setdefault(id(record), []).append(waiter)
+        self.retire(record, graceful)
 
-    def _check_loaded(self, name: str) -> None:
-        record = self.registry.records.get(name)
+    def retire(self, record: ModelRecord, graceful: bool) -> None:
+        """Stop a record's versions: new requests no longer reach them, their workers stop
+        once nothing is left for them; ``_check_drained`` forgets the record then."""
+        if all(r is not record for r in self.retiring):
+            self.retiring.append(record)
+            for mv in record.versions.values():
+                mv.set_state(State.UNLOADING)
+                assert mv.scheduler is not None
+                if not graceful:
+                    mv.scheduler.drain(
+                        InferpoolError(Code.UNAVAILABLE, f"model {mv.label} is unloading")
+                    )
+                self._stop_idle(mv)
+        self._check_drained(record)
+
+    def _stop_idle(self, mv: ModelVersion) -> None:
+        """Stop the instances of an unloading version that have nothing left to do."""
+        scheduler = mv.scheduler
+        assert scheduler is not None
+        for handle in mv.instances:
+            if handle.busy is not None or handle.state in _DONE:
+                continue
+            if not scheduler.queue or handle.passive or handle.state is not WorkerState.READY:
+                scheduler.instance_gone(handle)
+                self.supervisor.stop(handle)
+        if scheduler.queue and not any(h.state is WorkerState.READY for h in mv.instances):
+            scheduler.drain(
+                InferpoolError(
+                    Code.UNAVAILABLE, f"model {mv.label} is unloading and has no instance left"
+                )
+            )
+
+    def check_loaded(self, name: str) -> None:
+        record = self.pending.get(name) or self.registry.records.get(name)
         if record is None or any(v.state is State.LOADING for v in record.versions.values()):
             return
         failed = [v for v in record.versions.values() if v.state is not State.READY]
@@ -119,26 +171,31 @@ class Manager:
             if failed and len(failed) == len(record.versions)
             else None
         )
-        for waiter in self._load_waiters.pop(name, []):
+        for waiter in self.load_waiters.pop(name, []):
             waiter(error)
 
-    def _check_unloaded(self, name: str) -> None:
-        record = self.registry.records.get(name)
+    def _check_drained(self, record: ModelRecord | None) -> None:
+        """Forget a retiring record once its workers stopped and its requests ended."""
         if record is None:
             return
         for mv in record.versions.values():
-            if any(h.state not in (WorkerState.STOPPED, WorkerState.FAILED) for h in mv.instances):
+            if any(h.state not in _DONE for h in mv.instances):
                 return
             if any(r.model is mv for r in self.inflight.values()):
                 return
+        self.retiring = [r for r in self.retiring if r is not record]
         for mv in record.versions.values():
             for handle in mv.instances:
                 self.supervisor.forget(handle)
             self.core_usage.release(mv.placements)
-        del self.registry.records[name]
-        log.info("unloaded model '%s'", name)
-        for waiter in self._unload_waiters.pop(name, []):
+        if self.registry.records.get(record.name) is record:
+            del self.registry.records[record.name]
+            log.info("unloaded model '%s'", record.name)
+        for waiter in self._unload_waiters.pop(id(record), []):
             waiter(None)
+
+    def _retiring_of(self, mv: ModelVersion) -> ModelRecord | None:
+        return next((r for r in self.retiring if r.versions.get(mv.version) is mv), None)
 
     def _version_failed(self, mv: ModelVersion, err: InferpoolError) -> None:
         mv.set_state(State.UNAVAILABLE, err.message)
@@ -160,7 +217,7 @@ class Manager:
                 log.info("model %s is READY (%d instance(s))", mv.label, len(mv.instances))
                 for h in mv.instances:
                     self._idle(h)
-                self._check_loaded(mv.name)
+                self.check_loaded(mv.name)
         elif mv.state is State.READY:
             self._idle(handle)
         else:
@@ -175,18 +232,21 @@ class Manager:
             self.reject(req, error)
         if mv.state is State.LOADING and (booting or handle.state is WorkerState.FAILED):
             self._version_failed(mv, error)
-            self._check_loaded(mv.name)
-        elif mv.state is State.READY and all(h.state is WorkerState.FAILED for h in mv.instances):
+            self.check_loaded(mv.name)
+        elif mv.state is State.READY and all(
+            h.state is WorkerState.FAILED for h in mv.instances if not h.passive
+        ):
             self._version_failed(mv, error)
         elif mv.state is State.UNLOADING:
-            self._check_unloaded(mv.name)
+            self._stop_idle(mv)  # not respawned to finish a queue it may never get to
+            self._check_drained(self._retiring_of(mv))
 
     def worker_stopped(self, handle: WorkerHandle) -> None:
         mv = handle.model
         assert mv.scheduler is not None
         mv.scheduler.instance_gone(handle)
         if mv.state is State.UNLOADING:
-            self._check_unloaded(mv.name)
+            self._check_drained(self._retiring_of(mv))
 
     def _idle(self, handle: WorkerHandle) -> None:
         if handle.passive or handle.state is not WorkerState.READY:
@@ -244,6 +304,10 @@ class Manager:
             self._results(msg.get("items") or ())
             if op == "done":
                 self._batch_done(handle, msg)
+            else:  # a decoupled model made progress: its execute timeout starts over
+                handle.exec_started = time.monotonic()
+        elif op == "ready" and handle.state is WorkerState.STOPPING:
+            self.supervisor.send(handle, {"op": "stop"})  # told to stop before it was connected
         else:
             self.supervisor.handle_message(handle, msg)
 
@@ -269,7 +333,10 @@ class Manager:
         if handle.state is WorkerState.STOPPING:
             return
         if mv.state is State.UNLOADING:
-            self.supervisor.stop(handle)
+            assert mv.scheduler is not None
+            if mv.scheduler.queue:
+                self._idle(handle)  # a graceful unload serves its queue first
+            self._stop_idle(mv)
             return
         self._idle(handle)
 
@@ -283,7 +350,8 @@ class Manager:
             wake2 = self.wakes.get(scheduler)
             if wake2 is not None and (nearest is None or wake2 < nearest):
                 nearest = wake2
-        for mv in self.registry.all_versions():
+        retiring = [mv for r in self.retiring for mv in r.versions.values()]
+        for mv in self.registry.all_versions() + retiring:
             if mv.scheduler is not None:
                 mv.scheduler.expire(now_ns)
         return nearest

@@ -114,6 +114,8 @@ class ModelRecord:
     name: str
     versions: dict[int, ModelVersion] = field(default_factory=dict)
     error: InferpoolError | None = None  # the whole model failed before any version existed
+    fingerprint: str = ""  # of the model directory when loaded (a reload compares it)
+    note: str = ""  # e.g. why a reload failed while this record kept serving
 
     def ready_versions(self) -> list[ModelVersion]:
         return [v for _, v in sorted(self.versions.items()) if v.state is State.READY]
@@ -189,7 +191,7 @@ class Registry:
                         "name": name,
                         "version": str(version),
                         "state": mv.state.value,
-                        "reason": mv.reason,
+                        "reason": mv.reason or record.note,
                     }
                 )
         return rows

@@ -42,8 +42,11 @@ class ServerOptions:
     graceful_timeout: float = 30.0
     max_restarts: int = 5  # crashes within restart_window before an instance is FAILED
     restart_window: float = 60.0
+    heartbeat_ms: int = 1000  # how often a frozen (stopped) worker is looked for; 0: never
+    model_load_gpu_limit: dict[int, float] = field(default_factory=dict)  # device -> fraction
     log_level: str = "INFO"
     metrics_port: int = 0  # 0: no Prometheus endpoint
+    metrics_address: str = "127.0.0.1"
 
     @property
     def request_limit(self) -> int:

@@ -8,6 +8,7 @@ A model that cannot be loaded is still listed, UNAVAILABLE with the reason.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 from dataclasses import dataclass, field
 
@@ -26,7 +27,7 @@ class ModelEntry:
     config: pb.ModelConfig | None = None
     versions: list[int] = field(default_factory=list)
     error: InferpoolError | None = None
-    mtime: float = 0.0
+    fingerprint: str = ""  # changes whenever a file of the model changes (see fingerprint())
 
 
 def list_models(repository: str) -> list[str]:
@@ -69,7 +70,7 @@ def scan_model(repository: str, name: str) -> ModelEntry:
     path = os.path.join(repository, name)
     entry = ModelEntry(name=name, path=path)
     try:
-        entry.mtime = _newest_mtime(path)
+        entry.fingerprint = fingerprint(path)  # before reading: a later edit means reload
         entry.config = load_config(path)
         entry.versions = select_versions(entry.config, available_versions(path))
         if not entry.versions:
@@ -88,11 +89,22 @@ def scan(repository: str) -> dict[str, ModelEntry]:
     return {name: scan_model(repository, name) for name in list_models(repository)}
 
 
-def _newest_mtime(path: str) -> float:
-    """Newest modification time under a model directory: changed files mean reload."""
-    newest = os.stat(path).st_mtime
-    for root, _dirs, files in os.walk(path):
-        for f in files:
+def fingerprint(path: str) -> str:
+    """A digest of every file under a model directory: its path, size and mtime (ns).
+
+    What make and rsync compare, without reading model files that may be gigabytes.
+    Dot-files (editor swap files) and ``__pycache__`` (written when model.py is imported)
+    are left out, so serving a model does not make it look changed.
+    """
+    digest = hashlib.sha1()
+    for root, dirs, files in os.walk(path):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__")
+        rel = os.path.relpath(root, path)
+        digest.update(f"d {rel}\n".encode())
+        for f in sorted(files):
+            if f.startswith("."):
+                continue
             with contextlib.suppress(FileNotFoundError):
-                newest = max(newest, os.stat(os.path.join(root, f)).st_mtime)
-    return newest
+                st = os.stat(os.path.join(root, f))
+                digest.update(f"f {rel}/{f} {st.st_size} {st.st_mtime_ns}\n".encode())
+    return digest.hexdigest()

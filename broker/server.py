@@ -22,12 +22,16 @@ import zmq
 from broker import repository
 from broker.admission import SharedMemoryInputs
 from broker.frontend import Frontend
+from broker.gpu_limit import check_gpu_limits
+from broker.liveness import Liveness
 from broker.manager import Manager
+from broker.metrics import MetricsEndpoint
 from broker.models import Registry, State
 from broker.notify import sd_notify
 from broker.options import ServerOptions
 from broker.outputs import OutputRegions
 from broker.placement import parse_host_policies
+from broker.reload import reload_repository
 from broker.responder import Responder
 from broker.supervisor import Supervisor, WorkerHandle
 from client.errors import Code, InferpoolError
@@ -53,6 +57,7 @@ class Broker:
         self._closed = False
         self._bound_ipc: list[str] = []
         self.on_started: Any = None  # called once every initial model has settled
+        self.metrics: MetricsEndpoint | None = None
 
     # ================================================================== start-up
     def start(self) -> None:
@@ -87,12 +92,16 @@ class Broker:
         self.registry = Registry()
         self.manager = Manager(opts, self.registry, self.arena, self.outputs, self.responder)
         self.manager.policies = parse_host_policies(opts.host_policies, self.manager.topology)
+        check_gpu_limits(opts.model_load_gpu_limit, self.manager.topology)
         self.poller = zmq.Poller()
         self.poller.register(self.frontend, zmq.POLLIN)
         self.channels: dict[int, WorkerHandle] = {}  # worker channel fd -> its worker
         self.supervisor = Supervisor(opts, self.run_id, self.outputs, self.manager, self._watch)
         self.manager.supervisor = self.supervisor
+        self.liveness = Liveness(self.supervisor, opts.heartbeat_ms)
         self.frontend_handler = Frontend(self)
+        if opts.metrics_port:
+            self.metrics = MetricsEndpoint(self, self.ctx, opts.metrics_address, opts.metrics_port)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -176,6 +185,9 @@ class Broker:
     def run(self) -> int:
         poller = self.poller
         poller.register(self._wake_r, zmq.POLLIN)
+        metrics = self.metrics
+        if metrics is not None:
+            poller.register(metrics.socket, zmq.POLLIN)
         next_housekeeping = 0.0
         try:
             while True:
@@ -193,6 +205,8 @@ class Broker:
                         self._from_worker(handle)
                 if self.frontend in events:
                     self._drain_frontend()
+                if metrics is not None and metrics.socket in events:
+                    metrics.answer()
                 if self._wake_r.fileno() in events or self._signals:
                     self._handle_signals()
                 now = time.monotonic()
@@ -219,6 +233,7 @@ class Broker:
     def _housekeeping(self, now: float) -> None:
         self.supervisor.reap()
         self.supervisor.tick(now)
+        self.liveness.check(now)
         self.manager.tick(time.monotonic_ns())
         self.manager.flush_frees()
 
@@ -242,16 +257,14 @@ class Broker:
                 self.reload()
 
     def reload(self) -> None:
-        """Reload the repository: new models load, removed ones unload, changed ones reload."""
+        """SIGHUP: changed models are replaced without failing requests (broker/reload.py)."""
         if self.options.model_control_mode == "explicit":
             log.info("SIGHUP ignored: models are controlled explicitly")
             return
         log.info("SIGHUP: reloading the model repository")
-        on_disk = set(repository.list_models(self.options.model_repository))
-        for name in sorted(set(self.registry.records) - on_disk):
-            self.manager.unload(name)
-        for name in sorted(on_disk):
-            self.manager.load(name)
+        usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+        sd_notify(f"RELOADING=1\nMONOTONIC_USEC={usec}\nSTATUS=reloading the model repository")
+        reload_repository(self.manager, _notify_reloaded)
 
     # ================================================================== shutdown
     def begin_shutdown(self, why: str) -> None:
@@ -287,6 +300,8 @@ class Broker:
         supervisor = getattr(self, "supervisor", None)
         if supervisor is not None:
             supervisor.kill_all()
+        if self.metrics is not None:
+            self.metrics.close()
         frontend = getattr(self, "frontend", None)
         if frontend is not None:
             frontend.close(0)
@@ -311,6 +326,10 @@ class Broker:
         for path in self._bound_ipc:
             _remove(path)
         sd_notify("STATUS=stopped")
+
+
+def _notify_reloaded(_err: InferpoolError | None) -> None:
+    sd_notify("READY=1\nSTATUS=serving")
 
 
 def _unlink(name: str) -> None:

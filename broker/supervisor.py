@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import broker
 from broker.channel import Channel
 from broker.config import to_json
+from broker.gpu_limit import limit_for
 from broker.models import ModelVersion
 from broker.options import ServerOptions
 from broker.outputs import OutputRegions
@@ -203,6 +204,11 @@ class Supervisor:
                 "pinning": handle.pinning,
                 "backend_directory": opts.backend_directory,
                 "backend_config": opts.backend_config.get(model.config.backend, {}),
+                "gpu_load_limit": limit_for(
+                    opts.model_load_gpu_limit,
+                    handle.instance.get("kind", "CPU"),
+                    int(handle.instance.get("device_id", 0)),
+                ),
                 "log_level": opts.log_level,
             }
         )

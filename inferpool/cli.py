@@ -13,7 +13,9 @@ from typing import Any
 import numpy as np
 
 from broker import __version__
+from broker.gpu_limit import parse_gpu_limits
 from broker.options import DEFAULT_TCP, ServerOptions, default_ipc_endpoint
+from broker.topology import format_cpu_list
 from client import Client, InferpoolError, default_endpoint, wire
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
@@ -118,7 +120,37 @@ def add_serve(sub: Any) -> None:
         help="kill an instance whose execute runs longer (seconds; 0: no limit)",
     )
     p.add_argument("--boot-timeout", type=float, default=120.0)
-    p.add_argument("--graceful-timeout", type=float, default=30.0)
+    p.add_argument(
+        "--graceful-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGTERM/SIGINT, how long in-flight requests may finish (seconds)",
+    )
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        default=5,
+        help="an instance that crashes more often than this within --restart-window is FAILED",
+    )
+    p.add_argument("--restart-window", type=float, default=60.0, metavar="SECONDS")
+    p.add_argument(
+        "--heartbeat-ms",
+        type=int,
+        default=1000,
+        help="how often workers are checked for being frozen (SIGSTOP, freezer); one frozen on "
+        "two checks in a row is replaced (0: off)",
+    )
+    p.add_argument(
+        "--model-load-gpu-limit",
+        action="append",
+        default=[],
+        metavar="DEVICE:FRACTION",
+        help="reject a GPU instance whose load leaves the device more used than FRACTION",
+    )
+    p.add_argument(
+        "--metrics-port", type=int, default=0, help="serve Prometheus metrics here (0: off)"
+    )
+    p.add_argument("--metrics-address", default="127.0.0.1")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=cmd_serve)
 
@@ -145,6 +177,12 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
     opts.execute_timeout = args.execute_timeout
     opts.boot_timeout = args.boot_timeout
     opts.graceful_timeout = args.graceful_timeout
+    opts.max_restarts = args.max_restarts
+    opts.restart_window = args.restart_window
+    opts.heartbeat_ms = args.heartbeat_ms
+    opts.model_load_gpu_limit = parse_gpu_limits(args.model_load_gpu_limit)
+    opts.metrics_port = args.metrics_port
+    opts.metrics_address = args.metrics_address
     opts.log_level = args.log_level.upper()
     return opts
 
@@ -320,16 +358,32 @@ def cmd_status(args: argparse.Namespace) -> int:
     with Client(args.endpoint, timeout=args.timeout) as c:
         rows = c.status()
     print(
-        f"{'INSTANCE':24} {'MODEL':16} {'PID':>7} {'STATE':9} {'CPUS':10} "
-        f"{'RESTARTS':>8} LAST ERROR"
+        f"{'INSTANCE':24} {'MODEL':16} {'PID':>7} {'STATE':9} {'CPUS':10} {'NUMA':12} "
+        f"{'DEVICE':8} {'RESTARTS':>8} LAST ERROR"
     )
     for r in rows:
-        cpus = ",".join(str(x) for x in r.get("pinning", {}).get("cpus", [])) or "-"
+        cpus, numa, device = placement_columns(r)
         print(
             f"{r['instance']:24} {r['model']:16} {r['pid'] or '-':>7} {r['state']:9} "
-            f"{cpus:10} {r['restarts']:>8} {r['last_error']}"
+            f"{cpus:10} {numa:12} {device:8} {r['restarts']:>8} {r['last_error']}"
         )
     return 0
+
+
+def placement_columns(row: dict[str, Any]) -> tuple[str, str, str]:
+    """CPUS, NUMA (nodes and memory policy) and DEVICE of a status row, as the worker
+    read them back after pinning (the plan until it has)."""
+    placed = row.get("placement") or {}
+    planned = row.get("pinning") or {}
+    cpus = placed.get("cpus") or planned.get("cpus") or []
+    policy = placed.get("mempolicy") or planned.get("mempolicy") or "default"
+    nodes = placed.get("numa_nodes") or (
+        [planned["numa_node"]] if planned.get("numa_node") is not None else []
+    )
+    numa = f"{format_cpu_list(nodes) if nodes else '-'} {policy}"
+    kind = str(row.get("kind", "CPU"))
+    device = f"GPU{row.get('device_id', 0)}" if kind == "GPU" else kind
+    return (format_cpu_list(cpus) if cpus else "-"), numa, device
 
 
 def cmd_stats(args: argparse.Namespace) -> int:

@@ -9,21 +9,23 @@ from pathlib import Path
 
 import pytest
 
-from shm.runs import regions_of_run
-from tests.support import EXAMPLES, STARTED_RUNS, Server
+from shm.runs import regions_of_run, run_is_alive
+from tests.support import EXAMPLES, Server
 
 
 @pytest.fixture
 def shm_clean() -> Iterator[None]:
-    """Fail the test if a server it started left a region in /dev/shm.
+    """Fail the test if a run it started (``Server.runs``) left a region in /dev/shm.
 
-    Only the runs this test started are checked: other sessions may run servers (and kill
-    them on purpose) beside it.  A run whose broker was SIGKILLed on purpose is cleared by
-    the next start's sweep, which the test must then perform.
+    Runs this test did not start are other sessions' (/dev/shm is shared; their killed
+    brokers' regions are not this test's leak), and runs still alive are servers running
+    beside it (module fixtures).
     """
-    first = len(STARTED_RUNS)
+    first = len(Server.runs)
     yield
-    left = [name for run in STARTED_RUNS[first:] for name in regions_of_run(run)]
+    left = [
+        name for run in Server.runs[first:] if not run_is_alive(run) for name in regions_of_run(run)
+    ]
     assert not left, f"shared-memory regions leaked: {sorted(left)}"
 
 

@@ -11,18 +11,30 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from client import Client
-from shm.runs import regions_of_run
+from shm.runs import regions_of_run, run_of
 
 ROOT = Path(__file__).resolve().parent.parent
-STARTED_RUNS: list[str] = []  # run ids of every server the tests started, in order
 EXAMPLES = ROOT / "examples" / "model_repository"
 
 
 def our_regions() -> set[str]:
     return {e for e in os.listdir("/dev/shm") if e.startswith("inferpool-")}
+
+
+def run_id_of(server: Server | int) -> str:
+    """A live broker's run id, from the lock object it holds open (``server`` or its pid)."""
+    pid = server if isinstance(server, int) else server.proc.pid
+    fd_dir = f"/proc/{pid}/fd"
+    for fd in os.listdir(fd_dir):
+        with contextlib.suppress(OSError):
+            name = os.path.basename(os.readlink(f"{fd_dir}/{fd}"))
+            run = run_of(name)
+            if run and name.endswith("-lock"):
+                return run
+    raise AssertionError(f"broker pid {pid} holds no run lock")
 
 
 def free_tcp_port() -> int:
@@ -70,6 +82,10 @@ def identity_config(
 
 class Server:
     """``inferpool serve`` as a child process in its own process group."""
+
+    # Every run a test started, in order: shm_clean blames only these (other sessions share
+    # /dev/shm, and the regions of their killed brokers are not this test's leak).
+    runs: ClassVar[list[str]] = []
 
     def __init__(
         self,
@@ -130,9 +146,8 @@ class Server:
                 b"inferpool is ready" in self.log_bytes()
                 or b"inferpool started" in self.log_bytes()
             ):
-                with self.client() as c:
-                    self.run_id = str(c.server_metadata()["run_id"])
-                STARTED_RUNS.append(self.run_id)
+                self.run_id = run_id_of(self)
+                Server.runs.append(self.run_id)
                 return
             time.sleep(0.05)
         raise TimeoutError(f"server did not start within {timeout}s:\n{self.log()}")

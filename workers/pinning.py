@@ -66,12 +66,12 @@ class AppliedPinning:
 
     def device(self, device_id: int) -> int:
         """The CUDA ordinal in this process for Triton ``device_id`` (0 once narrowed)."""
-        return 0 if self.cuda_visible_devices else device_id
+        return cuda_ordinal(device_id, self.cuda_visible_devices)
 
-    def set_torch_threads(self, torch: Any) -> None:
-        """``torch.set_num_threads`` to the pinned core count (the caller imports torch)."""
-        if self.torch_threads > 0:
-            torch.set_num_threads(self.torch_threads)
+
+def cuda_ordinal(device_id: int, cuda_visible_devices: str | None) -> int:
+    """Triton ``device_id`` as a CUDA ordinal: a GPU instance's worker sees only its device."""
+    return 0 if cuda_visible_devices else device_id
 
 
 def _fail(policy: str, what: str) -> InferpoolError:

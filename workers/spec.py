@@ -56,6 +56,7 @@ class WorkerSpec:
     pinning: PinningSpec = field(default_factory=PinningSpec)
     backend_directory: str = ""
     backend_config: dict[str, str] = field(default_factory=dict)  # this backend's settings
+    gpu_load_limit: float = 1.0  # --model-load-gpu-limit for this GPU instance's device
     log_level: str = "INFO"
 
     def to_json(self) -> str:

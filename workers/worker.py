@@ -27,9 +27,10 @@ import orjson
 
 from backends.api import Request, RequestedOutput, Response, batch_size_of, now_ns
 from client.errors import InferpoolError
+from workers.gpu_limit import check_load_limit
 from workers.host import BackendHost
 from workers.memory import WorkerMemory
-from workers.pinning import read_back
+from workers.pinning import cuda_ordinal, read_back
 from workers.spec import EXIT_BOOT_FAILED, EXIT_OK, WorkerSpec
 
 log = logging.getLogger("inferpool.worker")
@@ -76,9 +77,17 @@ class Worker:
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> int:
+        spec = self.spec
         try:
             self.host.load()
+            check_load_limit(  # after the load, as Triton: the limit holds for what it took
+                spec.model_name,
+                spec.instance.device_id,
+                cuda_ordinal(spec.instance.device_id, spec.pinning.cuda_visible_devices),
+                spec.gpu_load_limit,
+            )
         except InferpoolError as err:
+            self.host.close()
             log.error("%s", err)
             self.send({"op": "failed", "error": err.to_wire()})
             return EXIT_BOOT_FAILED

@@ -11,7 +11,22 @@ import pytest
 
 from client import InferpoolError
 from shm.runs import regions_of_run
-from tests.support import EXAMPLES, Server, identity_config, our_regions, write_model
+from tests.lifecycle.helpers import (
+    NAP,
+    assert_run_gone,
+    instance,
+    send_act,
+    wait_for,
+    write_act_model,
+)
+from tests.support import (
+    EXAMPLES,
+    Server,
+    identity_config,
+    our_regions,
+    run_id_of,
+    write_model,
+)
 
 
 def slow_repo(root, delay_ms: int = 400):
@@ -27,20 +42,11 @@ def slow_repo(root, delay_ms: int = 400):
     return repo
 
 
-def wait_for(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
-
-
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_runs_finalizers_and_unlinks_everything(short_tmp, sig) -> None:
     server = Server(short_tmp, EXAMPLES)
     with server:
-        mine = set(server.regions())
+        mine = set(regions_of_run(run_id_of(server)))  # not other sessions' runs
         assert mine, "the run should own an arena and output regions"
         for name in mine:
             assert os.stat(f"/dev/shm/{name}").st_mode & 0o777 == 0o600
@@ -75,13 +81,12 @@ def test_killed_broker_takes_its_workers_and_the_next_start_sweeps(short_tmp) ->
     first = Server(short_tmp, EXAMPLES)
     with first:
         pids = first.worker_pids()
-        runs = {first.run_id}
+        runs = {run_id_of(first)}
         first.proc.send_signal(signal.SIGKILL)  # the broker alone, not its process group
         first.proc.wait(10)
         for pid in pids:  # parent-death signal: workers go with the broker
             wait_for(lambda pid=pid: not os.path.exists(f"/proc/{pid}"))
-        # a SIGKILLed broker cannot clean up; its regions wait for the next start's sweep
-        # (or for any other inferpool server starting on this machine meanwhile)
+        # its regions stay until a broker starts: this next one (or another session's)
         second = Server(short_tmp, EXAMPLES)
         with second:
             for r in runs:
@@ -139,3 +144,22 @@ def test_requests_during_a_crash_loop_all_get_answers(short_tmp) -> None:
         with pytest.raises(InferpoolError, match="unknown model"):
             c.infer("nope", {"INPUT0": np.ones(1, np.float32)})
         assert c.statistics()["inflight"] == 0
+
+
+def test_shutdown_answers_requests_that_outlast_the_graceful_timeout(short_tmp) -> None:
+    write_act_model(short_tmp / "repo", "nap")
+    with (
+        Server(short_tmp, short_tmp / "repo", "--graceful-timeout", "1") as server,
+        server.client() as c,
+    ):
+        run_id = run_id_of(server)
+        rid = send_act(c, "nap", NAP)  # sleeps 60 s in execute
+        wait_for(lambda: instance(c, "nap_0_0")["busy"])
+        stopping = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        header, _ = c._recv(rid, 20)
+        assert header["error"]["code"] == "UNAVAILABLE"
+        assert "the server shut down before the request finished" in header["error"]["message"]
+        assert server.stop() == 0  # the stuck worker was killed after its own grace
+        assert time.monotonic() - stopping < 10
+    assert_run_gone(run_id)

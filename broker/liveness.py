@@ -1,0 +1,71 @@
+"""Noticing a worker that is alive as a process but can no longer work: frozen workers.
+
+What detects what, none of it through the worker's GIL:
+
+* a worker that *exits* (crash, signal, ``os._exit``): its channel reads EOF at once and
+  SIGCHLD wakes the loop, whose reap reports how it ended;
+* a worker whose execute *runs too long* (a GIL-holding loop, a sleep, a deadlock): the
+  supervisor's execute timeout (``--execute-timeout``) kills it;
+* a worker that is *frozen* (SIGSTOP, a debugger stop, a cgroup freezer): looked for here,
+  every ``--heartbeat-ms``, in the state the kernel reports for the process
+  (``/proc/<pid>/stat``: ``T`` stopped, ``t`` traced; the cgroup freezer shows as ``D`` in
+  ``__refrigerator``, and ``/proc/<pid>/wchan`` names it).  One that is still frozen on
+  the next look is killed, and the supervisor handles it like a crash: its in-flight
+  requests are answered UNAVAILABLE and it is respawned.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from broker.supervisor import Supervisor, WorkerHandle
+
+log = logging.getLogger("inferpool.liveness")
+FROZEN_STATES = ("T", "t")
+
+
+def frozen(pid: int) -> bool:
+    """Whether the kernel holds process ``pid`` stopped or frozen right now."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        state = stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3].decode()
+        if state in FROZEN_STATES:
+            return True
+        if state == "D":
+            with open(f"/proc/{pid}/wchan", "rb") as f:
+                return b"refrigerator" in f.read() or b"freezer" in f.read()
+    except (OSError, ValueError):
+        return False  # gone: the reap reports it
+    return False
+
+
+class Liveness:
+    """Looks at every live worker each interval; kills the ones frozen on two looks running."""
+
+    def __init__(self, supervisor: Supervisor, heartbeat_ms: int) -> None:
+        self.supervisor = supervisor
+        self.interval = heartbeat_ms / 1000.0
+        self._next = 0.0
+        self._frozen: dict[WorkerHandle, float] = {}  # handle -> when first seen frozen
+
+    def check(self, now: float) -> None:
+        if self.interval <= 0 or now < self._next:
+            return
+        self._next = now + self.interval
+        seen: dict[WorkerHandle, float] = {}
+        for handle in self.supervisor.alive():
+            pid = handle.pid
+            if pid is None or handle.kill_reason or not frozen(pid):
+                continue
+            since = self._frozen.get(handle)
+            if since is None:
+                seen[handle] = now
+                continue
+            reason = (
+                f"was frozen (stopped) for {now - since:.1f}s and was killed; "
+                "its requests cannot progress"
+            )
+            log.error("worker %s (pid %s) %s", handle.name, pid, reason)
+            self.supervisor.kill(handle, reason)
+        self._frozen = seen

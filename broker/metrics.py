@@ -1,0 +1,231 @@
+"""The Prometheus endpoint (``--metrics-port``): Triton's metric names, from the broker's numbers.
+
+The numbers live in the broker's single-threaded loop, so the HTTP server's thread never
+reads them: a scrape sends a sequence number over an inproc zmq PAIR, the loop (which polls
+the other end beside its sockets) renders the text with prometheus-client and sends it back.
+A loop that does not answer within ``SCRAPE_TIMEOUT_S`` gets the scrape a 503.
+
+Metric names are Triton's (``nv_inference_request_success``, ``nv_inference_queue_duration_us``,
+...; prometheus-client exposes counters with the ``_total`` suffix), labelled ``model`` and
+``version``; backends' custom metrics (identity's ``input_byte_size_counter``) keep the names
+and labels they declared.  ``inferpool_*`` metrics add the instances and the arena.
+"""
+
+from __future__ import annotations
+
+import http.server
+import itertools
+import logging
+import threading
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import zmq
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from broker.supervisor import WorkerState
+from client.errors import Code, InferpoolError
+
+if TYPE_CHECKING:
+    from broker.server import Broker
+
+log = logging.getLogger("inferpool.metrics")
+SCRAPE_TIMEOUT_S = 5.0
+_VERSION_LABELS = ["model", "version"]
+# (Triton name, help, ModelStats attribute) for cumulative durations in microseconds
+_DURATIONS = (
+    ("nv_inference_request_duration_us", "Cumulative inference request duration", "success"),
+    ("nv_inference_queue_duration_us", "Cumulative inference queuing duration", "queue"),
+    (
+        "nv_inference_compute_input_duration_us",
+        "Cumulative compute input duration",
+        "compute_input",
+    ),
+    (
+        "nv_inference_compute_infer_duration_us",
+        "Cumulative compute inference duration",
+        "compute_infer",
+    ),
+    (
+        "nv_inference_compute_output_duration_us",
+        "Cumulative inference compute output duration",
+        "compute_output",
+    ),
+)
+
+
+class BrokerCollector(Collector):
+    """Reads the broker's statistics at scrape time (in the broker's loop)."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    def collect(self) -> Iterator[Metric]:
+        b = self.broker
+        success = CounterMetricFamily(
+            "nv_inference_request_success",
+            "Number of successful inference requests, all batch sizes",
+            labels=_VERSION_LABELS,
+        )
+        failure = CounterMetricFamily(
+            "nv_inference_request_failure",
+            "Number of failed inference requests, all batch sizes",
+            labels=_VERSION_LABELS,
+        )
+        count = CounterMetricFamily(
+            "nv_inference_count",
+            "Number of inferences performed (a batch of n counts n)",
+            labels=_VERSION_LABELS,
+        )
+        executions = CounterMetricFamily(
+            "nv_inference_exec_count",
+            "Number of model executions performed (batches)",
+            labels=_VERSION_LABELS,
+        )
+        durations = [
+            (CounterMetricFamily(n, h, labels=_VERSION_LABELS), attr) for n, h, attr in _DURATIONS
+        ]
+        for mv in b.registry.all_versions():
+            labels = [mv.name, mv.version_str]
+            stats = mv.stats
+            success.add_metric(labels, stats.success.count)
+            failure.add_metric(labels, stats.fail.count)
+            count.add_metric(labels, stats.inference_count)
+            executions.add_metric(labels, stats.execution_count)
+            for family, attr in durations:
+                family.add_metric(labels, getattr(stats, attr).ns / 1000.0)
+        yield from (success, failure, count, executions)
+        yield from (family for family, _ in durations)
+        yield from self._instances()
+        yield from self._custom()
+        arena = GaugeMetricFamily(
+            "inferpool_arena_bytes", "Request input arena, by size and free", labels=["kind"]
+        )
+        arena.add_metric(["size"], b.arena.size)
+        arena.add_metric(["free"], b.arena.free_bytes)
+        yield arena
+        yield GaugeMetricFamily(
+            "inferpool_inflight_requests",
+            "Requests admitted and not yet answered",
+            value=len(b.manager.inflight),
+        )
+
+    def _instances(self) -> Iterator[Metric]:
+        labels = ["model", "version", "instance"]
+        ready = GaugeMetricFamily(
+            "inferpool_instance_ready", "1 if the instance's worker is READY", labels=labels
+        )
+        restarts = CounterMetricFamily(
+            "inferpool_instance_restarts", "Respawns of the instance's worker", labels=labels
+        )
+        for h in self.broker.supervisor.handles.values():
+            key = [h.model.name, h.model.version_str, h.name]
+            ready.add_metric(key, 1.0 if h.state is WorkerState.READY else 0.0)
+            restarts.add_metric(key, h.restarts)
+        yield ready
+        yield restarts
+
+    def _custom(self) -> Iterator[Metric]:
+        """Backend metrics: one family per declared name, labels as the backend gave them."""
+        custom = self.broker.manager.metrics
+        rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for row in custom.to_list():
+            rows[row["family"]].append(row)
+        for name, family_rows in sorted(rows.items()):
+            info = custom.families.get(name, {})
+            keys = sorted({k for row in family_rows for k in row["labels"]})
+            doc = info.get("description", "") or name
+            family: CounterMetricFamily | GaugeMetricFamily = (
+                GaugeMetricFamily(name, doc, labels=keys)
+                if info.get("kind") == "gauge"
+                else CounterMetricFamily(name, doc, labels=keys)
+            )
+            for row in family_rows:
+                family.add_metric([str(row["labels"].get(k, "")) for k in keys], row["value"])
+            yield family
+
+
+class MetricsEndpoint:
+    """The HTTP server thread and the broker-side end of its inproc bridge."""
+
+    def __init__(self, broker: Broker, ctx: zmq.Context[Any], address: str, port: int) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(BrokerCollector(broker))
+        endpoint = f"inproc://inferpool-metrics-{id(self)}"
+        self.socket = ctx.socket(zmq.PAIR)  # polled by the broker's loop
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.bind(endpoint)
+        bridge = ctx.socket(zmq.PAIR)  # used by the HTTP thread only
+        bridge.setsockopt(zmq.LINGER, 0)
+        bridge.connect(endpoint)
+        try:
+            self.http = _HTTPServer((address, port), _Handler)
+        except OSError as exc:
+            bridge.close(0)
+            self.socket.close(0)
+            raise InferpoolError(
+                Code.UNAVAILABLE, f"cannot serve metrics on {address}:{port}: {exc.strerror}"
+            ) from None
+        self.http.bridge = bridge
+        self.port = int(self.http.server_address[1])
+        self._thread = threading.Thread(
+            target=self.http.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True
+        )
+        self._thread.start()
+        log.info("metrics on http://%s:%d/metrics", address, self.port)
+
+    def answer(self) -> None:
+        """In the broker's loop: render the metrics for the scrape that is waiting."""
+        seq = self.socket.recv()
+        self.socket.send(seq, zmq.SNDMORE)
+        self.socket.send(generate_latest(self.registry))
+
+    def close(self) -> None:
+        self.http.shutdown()
+        self.http.server_close()
+        self._thread.join(5)
+        self.http.bridge.close(0)
+        self.socket.close(0)
+
+
+class _HTTPServer(http.server.HTTPServer):
+    bridge: zmq.Socket[Any]
+    sequence = itertools.count()
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server: _HTTPServer
+    timeout = SCRAPE_TIMEOUT_S  # a client that sends nothing does not hold the thread
+
+    def do_GET(self) -> None:
+        if self.path.split("?")[0] != "/metrics":
+            self._reply(404, b"not found: metrics are at /metrics\n", "text/plain")
+            return
+        body = self._scrape()
+        if body is None:
+            self._reply(503, b"the broker did not answer in time\n", "text/plain")
+        else:
+            self._reply(200, body, CONTENT_TYPE_LATEST)
+
+    def _scrape(self) -> bytes | None:
+        bridge = self.server.bridge
+        seq = str(next(self.server.sequence)).encode()
+        bridge.send(seq)
+        while bridge.poll(int(SCRAPE_TIMEOUT_S * 1000)):
+            got, body = bridge.recv(), bridge.recv()
+            if got == seq:  # an answer to an earlier, timed-out scrape is skipped
+                return body
+        return None
+
+    def _reply(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s " + format, self.address_string(), *args)
