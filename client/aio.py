@@ -12,9 +12,10 @@ wait on the socket themselves.  Every wait has a timeout (TIMEOUT), and a respon
 request that was given up on is dropped.  Messages are encoded and decoded by the sync
 client's helpers; the control calls are client.control's.
 
-The socket is pyzmq's plain one watched with ``loop.add_reader``, which is what zmq.asyncio
-does underneath; its per-call futures cost about as much again as a whole round trip (see
-scripts/bench_aio.py), so the client keeps the loop integration to one callback.
+The socket is pyzmq's plain one, watched with ``loop.add_reader`` as zmq.asyncio does
+underneath: zmq.asyncio's futures on every send and receive alone cost as much per request as
+this client's whole request does (scripts/bench_aio.py, echo peer), so the loop integration
+is kept to one callback.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from client.zmqio import NOBLOCK, SNDMORE, recv_frames
 
 T = TypeVar("T")
 Message = tuple[dict[str, Any], list[Any]]  # response header, tensor frames
+_EVENTS = int(zmq.EVENTS)  # plain ints: pyzmq's attribute and enum sugar costs per call
 _POLLIN = int(zmq.POLLIN)
 _POLLOUT = int(zmq.POLLOUT)
 log = logging.getLogger("inferpool.client")
@@ -62,6 +64,11 @@ class _Inbox:
         self.items.append(item)
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(None)
+
+
+def _expire(future: asyncio.Future[None], error: InferpoolError) -> None:
+    if not future.done():
+        future.set_exception(error)
 
 
 class AsyncClient:
@@ -85,7 +92,6 @@ class AsyncClient:
         self._inboxes: dict[str, _Inbox] = {}  # request id -> its responses
         self._writable: list[asyncio.Future[None]] = []  # senders held back by the HWM
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._check_scheduled = False
         self._closed = False
 
     # ------------------------------------------------------------------ the reader
@@ -106,10 +112,9 @@ class AsyncClient:
         The descriptor is edge-triggered: reading EVENTS re-arms it, so this drains fully
         and is also run after each send (a send may consume the edge of an arrival).
         """
-        self._check_scheduled = False
         sock = self._sock
         while not self._closed:
-            events = cast(int, sock.EVENTS)
+            events = cast(int, sock.getsockopt(_EVENTS))
             if events & _POLLOUT and self._writable:
                 for future in self._writable:
                     if not future.done():
@@ -121,11 +126,6 @@ class AsyncClient:
                 self._dispatch(recv_frames(sock, NOBLOCK))
             except zmq.Again:
                 return
-
-    def _check_soon(self) -> None:
-        if not self._check_scheduled and self._loop is not None:
-            self._check_scheduled = True
-            self._loop.call_soon(self._on_events)
 
     def _dispatch(self, parts: list[Any]) -> None:
         if len(parts) < 2 or len(parts[0]) != 0:
@@ -157,14 +157,14 @@ class AsyncClient:
             except zmq.Again:
                 future: asyncio.Future[None] = loop.create_future()
                 self._writable.append(future)
-                self._check_soon()
+                self._on_events()
                 await self._wait(future, timeout, "could not send to")
         last = len(parts) - 1
         for i in range(1, len(parts)):
             # copy=False: large tensors go zero-copy (pyzmq still copies parts under 64 KiB)
             sock.send(parts[i], SNDMORE if i < last else 0, copy=False)
         inbox = self._inboxes[request_id] = _Inbox()
-        self._check_soon()
+        self._on_events()
         return request_id, inbox
 
     async def _next(self, inbox: _Inbox, timeout: float | None) -> Message:
@@ -182,12 +182,13 @@ class AsyncClient:
 
     async def _wait(self, future: asyncio.Future[None], timeout: float | None, what: str) -> None:
         limit = self.timeout if timeout is None else timeout
+        error = InferpoolError(Code.TIMEOUT, f"{what} {self.endpoint} within {limit:g}s")
+        assert self._loop is not None
+        timer = self._loop.call_later(limit, _expire, future, error)
         try:
-            await asyncio.wait_for(future, limit)
-        except asyncio.TimeoutError:
-            raise InferpoolError(
-                Code.TIMEOUT, f"{what} {self.endpoint} within {limit:g}s"
-            ) from None
+            await future
+        finally:
+            timer.cancel()
 
     async def _request(
         self, header: dict[str, Any], frames: Sequence[Any] = (), timeout: float | None = None
