@@ -1,6 +1,7 @@
 """Served models: one ModelVersion per loaded version, with its I/O contract and state.
 
-The I/O tables are computed once at load so that checking a request is a few dict lookups.
+The I/O tables are computed once at load (and once more if the backend completes the config,
+see broker.completion) so that checking a request is a few dict lookups.
 """
 
 from __future__ import annotations
