@@ -21,7 +21,6 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from backends.loader import BUILTIN
 from client.errors import Code, InferpoolError
 
 # template file -> path written, relative to DIR/NAME
@@ -34,6 +33,8 @@ FILES = {
 
 def check_name(name: str) -> None:
     """INVALID_ARG unless ``name`` can be a backend, a model and a Python module name."""
+    from backends.loader import BUILTIN  # here, not at the top: `inferpool --help` stays light
+
     if not name.isidentifier() or keyword.iskeyword(name):
         raise InferpoolError(
             Code.INVALID_ARG,
@@ -79,16 +80,16 @@ def create_backend(name: str, directory: str | Path = ".") -> list[Path]:
     return written
 
 
-def main(argv: list[str] | None = None, prog: str = "inferpool new-backend") -> int:
-    parser = argparse.ArgumentParser(
-        prog=prog,
-        description="Write a working backend NAME from the template into model repository DIR.",
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """NAME and --dir: shared by ``inferpool new-backend`` and ``python -m backends.template``."""
     parser.add_argument("name", metavar="NAME", help="backend and model name (an identifier)")
     parser.add_argument(
         "--dir", default=".", metavar="DIR", help="model repository to write into (default: .)"
     )
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace, prog: str) -> int:
+    """Write the backend and say how to test and serve it; 1 (with the reason) if refused."""
     try:
         written = create_backend(args.name, args.dir)
     except InferpoolError as err:
@@ -99,7 +100,17 @@ def main(argv: list[str] | None = None, prog: str = "inferpool new-backend") -> 
     model_dir = written[0].parent
     print(f"\ntest it:   python -m pytest {model_dir}")
     print(f"serve it:  inferpool serve --model-repository {args.dir}")
+    print(f"call it:   inferpool infer {args.name} --input IN0=1,2,3,4")
     return 0
+
+
+DESCRIPTION = "Write a working backend NAME from the template into model repository DIR."
+
+
+def main(argv: list[str] | None = None, prog: str = "inferpool new-backend") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
+    add_arguments(parser)
+    return run(parser.parse_args(argv), prog)
 
 
 if __name__ == "__main__":

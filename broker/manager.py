@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from broker import repository
+from broker import completion, repository
 from broker.admission import PendingRequest
 from broker.models import ModelRecord, ModelVersion, Registry, State
 from broker.options import ServerOptions
@@ -211,6 +211,15 @@ class Manager:
     # ================================================================== supervisor events
     def worker_ready(self, handle: WorkerHandle) -> None:
         mv = handle.model
+        if mv.state in (State.LOADING, State.READY):
+            try:
+                if completion.adopt(mv, handle.reported_config, handle.name):
+                    # still LOADING, so nothing is queued: batch by the completed config
+                    mv.scheduler = Scheduler(mv, self.dispatch, self.reject)
+            except InferpoolError as err:
+                self._version_failed(mv, err)
+                self.check_loaded(mv.name)
+                return
         if mv.state is State.LOADING:
             if all(h.state is WorkerState.READY for h in mv.instances):
                 mv.set_state(State.READY)

@@ -1,6 +1,7 @@
 """Served models: one ModelVersion per loaded version, with its I/O contract and state.
 
-The I/O tables are computed once at load so that checking a request is a few dict lookups.
+The I/O tables are computed once at load (and once more if the backend completes the config,
+see broker.completion) so that checking a request is a few dict lookups.
 """
 
 from __future__ import annotations
@@ -59,10 +60,21 @@ class ModelVersion:
     def __init__(self, name: str, version: int, config: pb.ModelConfig, path: str) -> None:
         self.name = name
         self.version = version
-        self.config = config
+        self.repository_config = config  # what workers start from (config.pbtxt, completed)
+        self.completed_by = ""  # the instance whose reported config is served (see completion)
         self.path = path
         self.state = State.LOADING
         self.reason = ""
+        self.use_config(config)
+        self.stats = ModelStats()
+        self.instances: list[WorkerHandle] = []
+        self.placements: list[Any] = []  # broker.placement.Placement, one per instance
+        self.scheduler: Scheduler | None = None
+        self.version_str = str(version)
+
+    def use_config(self, config: pb.ModelConfig) -> None:
+        """Serve ``config``: the I/O tables admission checks requests against."""
+        self.config = config
         self.max_batch_size = int(config.max_batch_size)
         self.decoupled = bool(config.model_transaction_policy.decoupled)
         self.inputs = {t.name: _spec(t, t.optional) for t in config.input}
@@ -72,11 +84,6 @@ class ModelVersion:
         # what a request that names no outputs gets (shared, never mutated)
         self.default_outputs: dict[str, dict[str, Any]] = {n: {} for n in self.outputs}
         self.default_work_outputs: list[list[Any]] = [[n, None] for n in self.outputs]
-        self.stats = ModelStats()
-        self.instances: list[WorkerHandle] = []
-        self.placements: list[Any] = []  # broker.placement.Placement, one per instance
-        self.scheduler: Scheduler | None = None
-        self.version_str = str(version)
 
     @property
     def label(self) -> str:

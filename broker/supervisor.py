@@ -93,6 +93,7 @@ class WorkerHandle:
         self.respawn_at = 0.0
         self.passive = bool(instance.get("passive", False))
         self.placement: dict[str, Any] = {}  # what the worker read back after pinning
+        self.reported_config: Any = None  # the config its backend serves (broker.completion)
 
     @property
     def name(self) -> str:
@@ -196,7 +197,7 @@ class Supervisor:
                 "model_name": model.name,
                 "model_version": model.version,
                 "backend": model.config.backend,
-                "config_json": to_json(model.config),
+                "config_json": to_json(model.repository_config),  # each completes its own
                 "repository_path": model.path,
                 "artifact_path": os.path.join(model.path, str(model.version)),
                 "output_region": handle.output_region,
@@ -219,6 +220,7 @@ class Supervisor:
         op = msg.get("op")
         if op == "ready" and handle.state is WorkerState.STARTING:
             handle.placement = msg.get("placement") or {}
+            handle.reported_config = msg.get("config")
             handle.set_state(WorkerState.READY)
             handle.last_error = handle.last_error if handle.restarts else ""
             self.events.worker_ready(handle)

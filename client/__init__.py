@@ -10,6 +10,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
+    "AsyncClient": "client.aio",
     "Client": "client.sync",
     "InferResult": "client.sync",
     "default_endpoint": "client.sync",

@@ -14,16 +14,17 @@ import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import zmq
 
-from client import wire
+from client import control, wire
 from client.errors import Code, InferpoolError
 from client.zmqio import recv_frames, send_parts
 
 DEFAULT_TIMEOUT = 60.0
+T = TypeVar("T")
 
 
 def default_endpoint() -> str:
@@ -48,6 +49,11 @@ class InferResult:
     @property
     def final(self) -> bool:
         return bool(self.parameters.get("triton_final_response", True))
+
+    @property
+    def streamed(self) -> bool:
+        """Whether a stream yields it: all but an empty final response (the end marker)."""
+        return bool(self.outputs) or not self.final
 
     def as_numpy(self, name: str) -> np.ndarray:
         return self.outputs[name]
@@ -233,48 +239,48 @@ class Client:
         while True:
             header, parts = self._recv(request_id, timeout)
             result = decode_result(header, parts)
-            if result.outputs or not result.final:
+            if result.streamed:
                 yield result
             if result.final:
                 return
 
     # ------------------------------------------------------------------ control
+    def control(self, call: control.Call[T], timeout: float | None = None) -> T:
+        """Run one control call (client.control) and read its answer."""
+        return call.read(self.call(call.type, timeout, **call.fields))
+
     def is_live(self, timeout: float | None = None) -> bool:
-        return bool(self.call("health_live", timeout).get("live"))
+        return self.control(control.live(), timeout)
 
     def is_ready(self, timeout: float | None = None) -> bool:
-        return bool(self.call("health_ready", timeout).get("ready"))
+        return self.control(control.ready(), timeout)
 
     def is_model_ready(self, model: str, version: str | int = "") -> bool:
-        return bool(
-            self.call("model_ready", model_name=model, model_version=str(version)).get("ready")
-        )
+        return self.control(control.model_ready(model, version))
 
     def server_metadata(self) -> dict[str, Any]:
-        return self.call("server_metadata")
+        return self.control(control.server_metadata())
 
     def model_metadata(self, model: str, version: str | int = "") -> dict[str, Any]:
-        return self.call("model_metadata", model_name=model, model_version=str(version))
+        return self.control(control.model_metadata(model, version))
 
     def model_config(self, model: str, version: str | int = "") -> dict[str, Any]:
-        return dict(
-            self.call("model_config", model_name=model, model_version=str(version))["config"]
-        )
+        return self.control(control.model_config(model, version))
 
     def models(self, ready_only: bool = False) -> list[dict[str, Any]]:
-        return list(self.call("repository_index", ready=ready_only)["models"])
+        return self.control(control.models(ready_only))
 
     def load_model(self, model: str, timeout: float | None = None) -> None:
-        self.call("load", timeout, model_name=model)
+        self.control(control.load(model), timeout)
 
     def unload_model(self, model: str, timeout: float | None = None) -> None:
-        self.call("unload", timeout, model_name=model)
+        self.control(control.unload(model), timeout)
 
     def statistics(self, model: str = "", version: str | int = "") -> dict[str, Any]:
-        return self.call("statistics", model_name=model, model_version=str(version))
+        return self.control(control.statistics(model, version))
 
     def status(self) -> list[dict[str, Any]]:
-        return list(self.call("status")["instances"])
+        return self.control(control.status())
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Block until the server answers ready (or raise TIMEOUT)."""

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from backends import template
 from broker import __version__
 from broker.gpu_limit import parse_gpu_limits
 from broker.options import DEFAULT_TCP, ServerOptions, default_ipc_endpoint
@@ -392,6 +393,17 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+# ============================================================================ new-backend
+def add_new_backend(sub: Any) -> None:
+    p = sub.add_parser(
+        "new-backend",
+        help="write a working backend from the template",
+        description=template.DESCRIPTION,
+    )
+    template.add_arguments(p)
+    p.set_defaults(func=lambda args: template.run(args, "inferpool new-backend"))
+
+
 # ============================================================================ main
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="inferpool", description=__doc__)
@@ -399,6 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     add_serve(sub)
     add_client_commands(sub)
+    add_new_backend(sub)
     return parser
 
 

@@ -143,6 +143,10 @@ class BackendHost:
     def decoupled(self) -> bool:
         return bool(self.config.model_transaction_policy.decoupled)
 
+    def config_dict(self) -> dict[str, Any]:
+        """The served config (after load: as the backend completed it), protobuf JSON."""
+        return json_format.MessageToDict(self.config, preserving_proto_field_name=True)
+
     # ------------------------------------------------------------------ lifecycle
     def load(self) -> None:
         """Initialize the three levels; on failure finalize what did initialize and raise."""

@@ -5,7 +5,8 @@ Messages are JSON datagrams on this worker's SOCK_SEQPACKET socketpair with the 
 
 broker -> worker   {"op": "execute", "requests": [...], "free": [...]}, {"op": "free", ...},
                    {"op": "stop"}
-worker -> broker   {"op": "ready"}, {"op": "failed", "error": {...}},
+worker -> broker   {"op": "ready", "placement": {...}, "config": {...}} (the config as the backend
+                   completed it, protobuf JSON), {"op": "failed", "error": {...}},
                    {"op": "items", "items": [...]}            (decoupled, mid-batch)
                    {"op": "done", "items": [...], "stats": ..., "metrics": ...}
 
@@ -62,10 +63,9 @@ class Worker:
             backend_directory=spec.backend_directory,
             backend_config=spec.backend_config,
         )
-        cfg = self.host.config
-        self.decoupled = self.host.decoupled
-        self.batching = cfg.max_batch_size > 0
-        self.reshapes = {t.name: tuple(t.reshape.shape) for t in cfg.input if t.HasField("reshape")}
+        self.decoupled = False  # the rest is known once the model has completed its config
+        self.batching = False
+        self.reshapes: dict[str, tuple[int, ...]] = {}
 
     def send(self, msg: dict[str, Any]) -> None:
         self.sock.send(orjson.dumps(msg))
@@ -91,13 +91,22 @@ class Worker:
             log.error("%s", err)
             self.send({"op": "failed", "error": err.to_wire()})
             return EXIT_BOOT_FAILED
-        self.send({"op": "ready", "placement": read_back()})
+        self._configure()
+        # the broker serves the config as the backend completed it (auto-complete)
+        self.send({"op": "ready", "placement": read_back(), "config": self.host.config_dict()})
         try:
             self._loop()
         finally:
             self.host.close()
             self.memory.close()
         return EXIT_OK
+
+    def _configure(self) -> None:
+        """Read the loaded model's config: Model.set_config() may have completed it."""
+        cfg = self.host.config
+        self.decoupled = self.host.decoupled
+        self.batching = cfg.max_batch_size > 0
+        self.reshapes = {t.name: tuple(t.reshape.shape) for t in cfg.input if t.HasField("reshape")}
 
     def _loop(self) -> None:
         """One message at a time.  A decoupled model's backend threads may answer between

@@ -58,7 +58,11 @@ def test_metadata_config_index_and_health(example_server: Server) -> None:
         assert c.model_config("identity_batched")["max_batch_size"] == 8
         assert c.model_config("identity")["backend"] == "identity"
         index = {(m["name"], m["version"]): m["state"] for m in c.models()}
-        assert index == {("identity", "1"): "READY", ("identity_batched", "1"): "READY"}
+        assert index == {
+            ("add_sub", "1"): "READY",
+            ("identity", "1"): "READY",
+            ("identity_batched", "1"): "READY",
+        }
         server = c.server_metadata()
         assert server["name"] == "inferpool" and server["protocol"] == 1
 
@@ -135,6 +139,16 @@ def test_cli_infer_and_models(example_server: Server) -> None:
         check=True,
     ).stdout
     assert "OUTPUT0 FP32 [3]: [1.0, 2.0, 3.0]" in out
+    out = subprocess.run(
+        [*run, "infer", "add_sub", "--input", "INPUT0=1,2,3,4", "--input", "INPUT1=4,3,2,1", *ep],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert (
+        out == "OUTPUT0 FP32 [4]: [5.0, 5.0, 5.0, 5.0]\nOUTPUT1 FP32 [4]: [-3.0, -1.0, 1.0, 3.0]\n"
+    )
     out = subprocess.run(
         [
             *run,

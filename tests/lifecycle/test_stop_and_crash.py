@@ -53,7 +53,8 @@ def test_signal_runs_finalizers_and_unlinks_everything(short_tmp, sig) -> None:
         pids = server.worker_pids()
         assert server.stop(sig) == 0
     log = server.log()
-    assert log.count("TRITONBACKEND_Finalize") == 3  # one per worker: identity + 2 batched
+    assert log.count("TRITONBACKEND_Finalize") == 3  # one per identity worker: 1 + 2 batched
+    assert log.count("Cleaning up...") == 1  # add_sub's model.py (python backend) finalize()
     assert not (our_regions() & mine) and server.regions() == []
     assert not os.path.exists(server.ipc[len("ipc://") :])
     for pid in pids:

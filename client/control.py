@@ -1,0 +1,70 @@
+"""Control messages (docs/PROTOCOL.md), described once for the sync and the asyncio client.
+
+Each function returns a :class:`Call`: the message to send and how to read its answer.  The
+clients only differ in how they wait, so ``Client.is_model_ready`` and
+``AsyncClient.is_model_ready`` are one line each over the same Call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+Header = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Generic[T]):
+    type: str
+    read: Callable[[Header], T]
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+def _versioned(model: str, version: str | int) -> dict[str, Any]:
+    return {"model_name": model, "model_version": str(version)}
+
+
+def live() -> Call[bool]:
+    return Call("health_live", lambda h: bool(h.get("live")))
+
+
+def ready() -> Call[bool]:
+    return Call("health_ready", lambda h: bool(h.get("ready")))
+
+
+def model_ready(model: str, version: str | int = "") -> Call[bool]:
+    return Call("model_ready", lambda h: bool(h.get("ready")), _versioned(model, version))
+
+
+def server_metadata() -> Call[Header]:
+    return Call("server_metadata", lambda h: h)
+
+
+def model_metadata(model: str, version: str | int = "") -> Call[Header]:
+    return Call("model_metadata", lambda h: h, _versioned(model, version))
+
+
+def model_config(model: str, version: str | int = "") -> Call[Header]:
+    return Call("model_config", lambda h: dict(h["config"]), _versioned(model, version))
+
+
+def models(ready_only: bool = False) -> Call[list[Header]]:
+    return Call("repository_index", lambda h: list(h["models"]), {"ready": ready_only})
+
+
+def load(model: str) -> Call[None]:
+    return Call("load", lambda h: None, {"model_name": model})
+
+
+def unload(model: str) -> Call[None]:
+    return Call("unload", lambda h: None, {"model_name": model})
+
+
+def statistics(model: str = "", version: str | int = "") -> Call[Header]:
+    return Call("statistics", lambda h: h, _versioned(model, version))
+
+
+def status() -> Call[list[Header]]:
+    return Call("status", lambda h: list(h["instances"]))

@@ -1,0 +1,130 @@
+"""AsyncClient against a scripted peer (a real ROUTER socket, no broker): responses reach the
+request they answer whatever their order, junk is dropped, and every wait ends."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zmq
+
+from client import AsyncClient, Code, InferpoolError, wire
+from client.zmqio import recv_frames, send_parts
+
+Script = Callable[[zmq.Socket[Any], list[list[zmq.Frame]]], None]
+
+
+class Peer:
+    """A ROUTER that collects ``expect`` requests, then answers them as ``script`` says."""
+
+    def __init__(self, tmp: Path, expect: int, script: Script) -> None:
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.endpoint = f"ipc://{tmp}/peer.sock"
+        self.sock.bind(self.endpoint)
+        self.thread = threading.Thread(target=self._run, args=(expect, script), daemon=True)
+        self.thread.start()
+
+    def _run(self, expect: int, script: Script) -> None:
+        requests = [recv_frames(self.sock) for _ in range(expect)]
+        script(self.sock, requests)
+
+    def close(self) -> None:
+        self.thread.join(10)
+        self.sock.close(0)
+        self.ctx.term()
+
+
+def answer(sock: zmq.Socket[Any], request: list[zmq.Frame], value: float) -> None:
+    header = wire.decode_header(request[2].bytes)
+    reply = {
+        "type": "infer",
+        "id": header["id"],
+        "model_name": "m",
+        "model_version": "1",
+        "outputs": [{"name": "Y", "datatype": "FP32", "shape": [1]}],
+    }
+    send_parts(sock, [request[0], b"", wire.encode_header(reply), np.float32([value]).tobytes()])
+
+
+@pytest.fixture
+def peer_factory(short_tmp: Path) -> Iterator[Callable[[int, Script], Peer]]:
+    peers: list[Peer] = []
+
+    def make(expect: int, script: Script) -> Peer:
+        peers.append(Peer(short_tmp, expect, script))
+        return peers[-1]
+
+    yield make
+    for peer in peers:
+        peer.close()
+
+
+def test_answers_in_any_order_reach_their_requests_and_junk_is_dropped(peer_factory) -> None:
+    def script(sock: zmq.Socket[Any], requests: list[list[zmq.Frame]]) -> None:
+        envelope = requests[0][0]
+        send_parts(sock, [envelope, b"", b"not json"])
+        send_parts(sock, [envelope, b"", wire.encode_header({"type": "infer", "id": "999"})])
+        send_parts(sock, [envelope, b"no delimiter"])
+        for i, request in reversed(list(enumerate(requests))):
+            answer(sock, request, float(i))
+
+    peer = peer_factory(3, script)
+
+    async def main() -> list[float]:
+        async with AsyncClient(peer.endpoint, timeout=10) as c:
+            outs = await asyncio.gather(*(c.infer("m", {"X": np.ones(1)}) for _ in range(3)))
+            return [float(o["Y"][0]) for o in outs]
+
+    assert asyncio.run(main()) == [0.0, 1.0, 2.0]
+
+
+def test_every_wait_times_out(peer_factory) -> None:
+    peer = peer_factory(1, lambda sock, requests: None)  # never answers
+
+    async def main() -> None:
+        async with AsyncClient(peer.endpoint, timeout=0.2) as c:
+            with pytest.raises(InferpoolError) as err:
+                await c.is_ready()
+            assert err.value.code is Code.TIMEOUT
+            assert err.value.message == f"no response from {peer.endpoint} within 0.2s"
+            with pytest.raises(InferpoolError, match=r"within 0\.1s"):
+                async for _ in c.stream("m", {"X": np.ones(1)}, timeout=0.1):
+                    pass
+
+    asyncio.run(main())
+
+
+def test_close_cancels_waiting_calls_and_later_ones(peer_factory) -> None:
+    peer = peer_factory(1, lambda sock, requests: None)
+
+    async def main() -> None:
+        c = AsyncClient(peer.endpoint, timeout=10)
+        waiting = asyncio.create_task(c.infer("m", {"X": np.ones(1)}))
+        await asyncio.sleep(0.05)
+        await c.close()
+        with pytest.raises(InferpoolError) as err:
+            await waiting
+        assert err.value.code is Code.CANCELLED
+        with pytest.raises(InferpoolError, match="the client is closed"):
+            await c.is_live()
+
+    asyncio.run(main())
+
+
+def test_a_client_serves_one_event_loop(peer_factory) -> None:
+    def script(sock: zmq.Socket[Any], requests: list[list[zmq.Frame]]) -> None:
+        answer(sock, requests[0], 1.0)
+
+    peer = peer_factory(1, script)
+    c = AsyncClient(peer.endpoint, timeout=10)
+    assert asyncio.run(c.infer("m", {"X": np.ones(1)}))["Y"].tolist() == [1.0]
+    with pytest.raises(InferpoolError, match="serves the event loop it was first used in"):
+        asyncio.run(c.is_live())
+    asyncio.run(c.close())
