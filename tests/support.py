@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -154,9 +155,15 @@ class Server:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(10)
 
-    def worker_pids(self) -> list[int]:
+    def worker_pids(self, model: str | None = None) -> list[int]:
         with self.client() as c:
-            return [r["pid"] for r in c.status() if r["pid"]]
+            return [r["pid"] for r in c.status() if r["pid"] and model in (None, r["model"])]
+
+    def run_id(self) -> str:
+        """The broker's run id: the name of the arena it maps."""
+        maps = Path(f"/proc/{self.proc.pid}/maps").read_text()
+        [run] = set(re.findall(r"/dev/shm/inferpool-([0-9a-f]{10})-arena", maps))
+        return run
 
     def __enter__(self) -> Server:
         self.wait_started()
