@@ -6,6 +6,7 @@ are in test_pytorch_sequences.py, weight sharing in test_pytorch_weight_sharing.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from tests.integration.pytorch_support import (
     send,
     serving,
 )
-from tests.support import Server
+from tests.support import ROOT, Server
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
 
@@ -40,10 +41,12 @@ def build_repository(repo: Path) -> None:
             extra=f"{cpu_instances(1)}\n{ONE_THREAD}\n{extra}",
         )
 
+    for example in ("linear", "accumulate"):  # the example repository's models, as committed
+        shutil.copytree(ROOT / "examples" / "pytorch_repository" / example, repo / example)
     batcher = "dynamic_batching { max_queue_delay_microseconds: 500000 }"
-    linear = cfg("linear", *LINEAR_IO, mbs=8, extra=batcher)
-    platform = linear.replace('backend: "pytorch"', 'platform: "pytorch_libtorch"')
-    model_dir(repo, "linear", platform, tm.Linear())
+    batched = cfg("batched", *LINEAR_IO, mbs=8, extra=batcher)
+    platform = batched.replace('backend: "pytorch"', 'platform: "pytorch_libtorch"')
+    model_dir(repo, "batched", platform, tm.Linear())
     model_dir(
         repo,
         "addsub",
@@ -102,11 +105,11 @@ def test_dynamic_batching_splits_outputs_back_per_request(server: Server) -> Non
     xs = [rng.random((n, 4), dtype=np.float32) for n in rows]
     clients = [server.client() for _ in xs]
     try:
-        before = clients[0].statistics("linear")["model_stats"][0]["execution_count"]
-        ids = [send(c, "linear", {"INPUT__0": x}) for c, x in zip(clients, xs, strict=True)]
+        before = clients[0].statistics("batched")["model_stats"][0]["execution_count"]
+        ids = [send(c, "batched", {"INPUT__0": x}) for c, x in zip(clients, xs, strict=True)]
         for c, rid, x in zip(clients, ids, xs, strict=True):
             np.testing.assert_allclose(result(c, rid)["OUTPUT__0"], linear(x), rtol=1e-5)
-        stats = clients[0].statistics("linear")["model_stats"][0]
+        stats = clients[0].statistics("batched")["model_stats"][0]
     finally:
         for c in clients:
             c.close()
@@ -117,8 +120,8 @@ def test_dynamic_batching_splits_outputs_back_per_request(server: Server) -> Non
 
 def test_platform_pytorch_libtorch_without_backend(server: Server) -> None:
     with server.client() as c:
-        assert c.model_metadata("linear")["platform"] == "pytorch_libtorch"
-        config = c.model_config("linear")
+        assert c.model_metadata("batched")["platform"] == "pytorch_libtorch"
+        config = c.model_config("batched")
         assert config["backend"] == "pytorch"  # implied by the platform, as in Triton
 
 
@@ -179,3 +182,20 @@ def test_sequence_flags_to_a_model_without_sequence_batching_are_passed_on(serve
                 "addsub", {"INPUT__0": a, "INPUT__1": b}, parameters={"sequence_id": 9, **flags}
             )
             np.testing.assert_array_equal(out["OUTPUT__0"], a + b)
+
+
+def test_the_example_pytorch_repository(server: Server) -> None:
+    """examples/pytorch_repository as documented: its committed model.pt files and configs."""
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    with server.client() as c:
+        np.testing.assert_allclose(
+            c.infer("linear", {"INPUT__0": x})["OUTPUT__0"], linear(x), rtol=1e-5
+        )
+        totals = []
+        for i, value in enumerate([1.0, 2.0, 3.0]):
+            flags = {"sequence_id": 17, "sequence_start": i == 0, "sequence_end": i == 2}
+            out = c.infer(
+                "accumulate", {"INPUT__0": np.array([[value]], np.float32)}, parameters=flags
+            )
+            totals.append(out["OUTPUT__0"].item())
+        assert totals == [1.0, 3.0, 6.0]
