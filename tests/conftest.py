@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from shm.runs import run_is_alive, run_of
-from tests.support import EXAMPLES, Server, our_regions
+from tests.support import EXAMPLES, STARTED_RUNS, Server, our_regions
 
 
 @pytest.fixture
@@ -18,8 +18,13 @@ def shm_clean() -> Iterator[None]:
     """Fail the test if it leaves an inferpool region in /dev/shm."""
     before = our_regions()
     yield
-    # regions of runs still alive belong to servers running beside this test, not to it
-    left = {n for n in our_regions() - before if not run_is_alive(run_of(n) or "")}
+    # only runs of servers this process started, and only dead ones: /dev/shm is shared with
+    # servers running beside this test (other sessions' too, which die and leave regions)
+    left = {
+        n
+        for n in our_regions() - before
+        if run_of(n) in STARTED_RUNS and not run_is_alive(run_of(n) or "")
+    }
     assert not left, f"shared-memory regions leaked: {sorted(left)}"
 
 

@@ -18,6 +18,7 @@ from client import Client
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "model_repository"
+STARTED_RUNS: set[str] = set()  # run ids of the servers this test process started
 
 
 def our_regions() -> set[str]:
@@ -128,6 +129,7 @@ class Server:
                 b"inferpool is ready" in self.log_bytes()
                 or b"inferpool started" in self.log_bytes()
             ):
+                STARTED_RUNS.add(self.run_id())
                 return
             time.sleep(0.05)
         raise TimeoutError(f"server did not start within {timeout}s:\n{self.log()}")
