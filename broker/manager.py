@@ -22,6 +22,7 @@ from broker.placement import CoreUsage, HostPolicy, Topology, plan_instances
 from broker.reload import replace
 from broker.responder import Responder
 from broker.scheduler import Scheduler
+from broker.sequencer import scheduler_for
 from broker.stats import CustomMetrics
 from broker.supervisor import Supervisor, WorkerHandle, WorkerState
 from client.errors import Code, InferpoolError
@@ -95,7 +96,7 @@ class Manager:
         for version in entry.versions:
             mv = ModelVersion(name, version, entry.config, entry.path)
             record.versions[version] = mv
-            mv.scheduler = Scheduler(mv, self.dispatch, self.reject)
+            mv.scheduler = scheduler_for(mv, self.dispatch, self.reject)
             try:
                 mv.placements = plan_instances(
                     entry.config,

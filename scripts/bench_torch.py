@@ -5,9 +5,12 @@
 Latency: a small MLP at batch 1 and 32, timed in one run along each *path* in ``PATHS``:
 ``torch`` calls the TorchScript module in a loop (the baseline), ``backend`` runs the same
 model through the pytorch backend in-process (``BackendHarness``: request checks, batch
-assembly, outputs written into response memory).  A path is one function that takes the
-model repository and returns a callable ``infer(x) -> output``; timing through a running
-inferpool broker is one more entry in ``PATHS``.
+assembly, outputs written into response memory), ``inferpool`` sends it to a real
+``inferpool serve`` with the zmq ``Client`` (one request at a time) and, from the server's
+statistics, splits each request's time into the model, the backend's input/output, the
+broker<->worker hop and the client<->broker hop.  A path is one function that takes the
+model repository and an ExitStack (for its clean-up) and returns ``infer(x) -> output``.
+Ratios against ``torch`` are printed last: compare within one run, never across machines.
 
 Memory: N real processes each load the same model as one instance, with and without
 ENABLE_WEIGHT_SHARING, and their RSS/PSS/USS are read while all are loaded
@@ -17,9 +20,13 @@ ENABLE_WEIGHT_SHARING, and their RSS/PSS/USS are read while all are loaded
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing as mp
 import os
+import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backends.pytorch.weights import ENV_RUN_ID
 from backends.testing import BackendHarness
+from client import Client
 from shm.runs import RunLock, regions_of_run
 
 Infer = Callable[[np.ndarray], Any]
@@ -67,7 +75,7 @@ def mlp() -> torch.nn.Module:
 
 
 # ---------------------------------------------------------------------------- latency paths
-def torch_path(repo: Path) -> Infer:
+def torch_path(repo: Path, stack: contextlib.ExitStack) -> Infer:
     """The baseline: the TorchScript module called directly, as the backend would call it."""
     module = torch.jit.load(str(repo / "1" / "model.pt"))
 
@@ -78,9 +86,9 @@ def torch_path(repo: Path) -> Infer:
     return infer
 
 
-def backend_path(repo: Path) -> Infer:
+def backend_path(repo: Path, stack: contextlib.ExitStack) -> Infer:
     """Through the pytorch backend in this process (the real lifecycle host, heap memory)."""
-    harness = BackendHarness("pytorch", MLP_CONFIG, repository_path=str(repo))
+    harness = stack.enter_context(BackendHarness("pytorch", MLP_CONFIG, repository_path=str(repo)))
 
     def infer(x: np.ndarray) -> Any:
         out = harness.infer({"INPUT__0": x})["OUTPUT__0"]
@@ -93,7 +101,64 @@ def backend_path(repo: Path) -> Infer:
     return infer
 
 
-PATHS: dict[str, Callable[[Path], Infer]] = {"torch": torch_path, "backend": backend_path}
+class Served:
+    """``infer`` through a real ``inferpool serve`` (one worker, this process's torch threads)."""
+
+    def __init__(self, repo: Path, stack: contextlib.ExitStack) -> None:
+        root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ipb-", dir="/tmp")))
+        model = root / "repo" / "mlp"
+        (model / "1").mkdir(parents=True)
+        shutil.copy(repo / "1" / "model.pt", model / "1" / "model.pt")
+        threads = f'{{ string_value: "{torch.get_num_threads()}" }}'
+        (model / "config.pbtxt").write_text(
+            f"{MLP_CONFIG}instance_group [{{ count: 1 kind: KIND_CPU }}]\n"
+            f'parameters {{ key: "INTRA_OP_THREAD_COUNT" value: {threads} }}\n'
+        )
+        endpoint = f"ipc://{root}/broker.sock"
+        cmd = [sys.executable, "-m", "inferpool", "serve", "--model-repository", str(root / "repo")]
+        cmd += ["--listen", endpoint, "--log-level", "WARNING"]
+        proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL)
+        stack.callback(_stop, proc)
+        self.client = stack.enter_context(Client(endpoint, timeout=60))
+        self.client.wait_ready(120)
+
+    def __call__(self, x: np.ndarray) -> Any:
+        return self.client.infer("mlp", {"INPUT__0": x})["OUTPUT__0"]
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self.client.statistics("mlp")["model_stats"][0]["inference_stats"])
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def breakdown(before: dict[str, Any], after: dict[str, Any], mean_us: float) -> str:
+    """Where a served request's time goes, from the statistics' deltas (means, us)."""
+
+    def mean(key: str) -> float:
+        count = after[key]["count"] - before[key]["count"]
+        return (after[key]["ns"] - before[key]["ns"]) / max(count, 1) / 1e3
+
+    model, io = mean("compute_infer"), mean("compute_input") + mean("compute_output")
+    queue, served = mean("queue"), mean("success")
+    return (
+        f"  model {model:.1f} | backend input+output {io:.1f} | queue {queue:.1f} | "
+        f"broker<->worker {served - model - io - queue:.1f} | "
+        f"client<->broker {mean_us - served:.1f}  (us per request)"
+    )
+
+
+PATHS: dict[str, Callable[[Path, contextlib.ExitStack], Infer]] = {
+    "torch": torch_path,
+    "backend": backend_path,
+    "inferpool": Served,
+}
 
 
 def time_path(infer: Infer, batch: int, iters: int) -> dict[str, float]:
@@ -212,17 +277,30 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    results: dict[tuple[str, int], dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp)
         save_model(mlp(), repo)
         for name, make in PATHS.items():
-            infer = make(repo)
-            for batch in args.batches:
-                r = time_path(infer, batch, args.iters)
-                print(
-                    f"{name:8} batch {batch:3}: p50 {r['p50_us']:8.1f} us  "
-                    f"p99 {r['p99_us']:8.1f} us  {r['per_s']:10.0f} inferences/s"
-                )
+            with contextlib.ExitStack() as stack:
+                infer = make(repo, stack)
+                stats = getattr(infer, "stats", None)
+                for batch in args.batches:
+                    before = stats() if stats else None
+                    r = results[name, batch] = time_path(infer, batch, args.iters)
+                    print(
+                        f"{name:9} batch {batch:3}: p50 {r['p50_us']:8.1f} us  "
+                        f"p99 {r['p99_us']:8.1f} us  {r['per_s']:10.0f} inferences/s"
+                    )
+                    if stats and before:
+                        print(breakdown(before, stats(), r["mean_us"]))
+    for name in PATHS:
+        for batch in args.batches:
+            base, r = results["torch", batch], results[name, batch]
+            print(
+                f"{name:9} / torch, batch {batch:3}: p50 x{r['p50_us'] / base['p50_us']:5.2f}  "
+                f"throughput x{r['per_s'] / base['per_s']:5.2f}"
+            )
     if args.instances > 0:
         _report_memory(args.instances, args.weights_mb)
 

@@ -179,9 +179,9 @@ class Server:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(10)
 
-    def worker_pids(self) -> list[int]:
+    def worker_pids(self, model: str | None = None) -> list[int]:
         with self.client() as c:
-            return [r["pid"] for r in c.status() if r["pid"]]
+            return [r["pid"] for r in c.status() if r["pid"] and model in (None, r["model"])]
 
     def __enter__(self) -> Server:
         self.wait_started()

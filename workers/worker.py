@@ -32,6 +32,7 @@ from workers.gpu_limit import check_load_limit
 from workers.host import BackendHost
 from workers.memory import WorkerMemory
 from workers.pinning import cuda_ordinal, read_back
+from workers.sequence_state import SequenceStates
 from workers.spec import EXIT_BOOT_FAILED, EXIT_OK, WorkerSpec
 
 log = logging.getLogger("inferpool.worker")
@@ -66,6 +67,7 @@ class Worker:
         self.decoupled = False  # the rest is known once the model has completed its config
         self.batching = False
         self.reshapes: dict[str, tuple[int, ...]] = {}
+        self.states: SequenceStates | None = None  # sequence state, if the model keeps any
 
     def send(self, msg: dict[str, Any]) -> None:
         self.sock.send(orjson.dumps(msg))
@@ -107,6 +109,7 @@ class Worker:
         self.decoupled = self.host.decoupled
         self.batching = cfg.max_batch_size > 0
         self.reshapes = {t.name: tuple(t.reshape.shape) for t in cfg.input if t.HasField("reshape")}
+        self.states = SequenceStates.of(cfg, self.memory)
 
     def _loop(self) -> None:
         """One message at a time.  A decoupled model's backend threads may answer between
@@ -141,6 +144,8 @@ class Worker:
     # ------------------------------------------------------------------ execution
     def _execute(self, batch: list[dict[str, Any]]) -> None:
         exec_start = now_ns()
+        if self.states is not None:
+            self.states.begin(batch)
         requests: list[Request] = []
         for work in batch:
             try:
@@ -195,6 +200,8 @@ class Worker:
                 reshape = (spec[2][0], *reshape)
             tensor = self.memory.input_tensor(spec, reshape)
             inputs[tensor.name] = tensor
+        if self.states is not None:
+            self.states.feed(work, inputs)
         return Request(
             id=work["id"],
             inputs=inputs,
@@ -227,6 +234,8 @@ class Worker:
 
     def _item(self, request: Request, response: Response | None, final: bool) -> dict[str, Any]:
         item: dict[str, Any] = {"rid": request.handle, "final": final}
+        if self.states is not None:
+            self.states.keep(request, response, final)
         if response is None:
             item["outputs"] = []
             return item

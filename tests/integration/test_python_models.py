@@ -18,8 +18,7 @@ import numpy as np
 import pytest
 
 from client import AsyncClient, Code, InferpoolError
-from shm.runs import run_is_alive, run_of
-from tests.support import EXAMPLES, Server, our_regions, write_model
+from tests.support import EXAMPLES, Server, write_model
 
 # config.pbtxt names no inputs or outputs: auto_complete_config adds them, with batching
 ADD_SUB_INT32 = """
@@ -234,14 +233,12 @@ def write_repository(repo: Path) -> None:
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
     tmp = Path(tempfile.mkdtemp(prefix="ipy-", dir="/tmp"))
-    before = our_regions()
     try:
         write_repository(tmp / "repo")
         with Server(tmp, tmp / "repo") as server:
             yield server
         assert server.proc.returncode == 0, server.log()
-        left = {n for n in our_regions() - before if not run_is_alive(run_of(n) or "")}
-        assert not left, f"shared-memory regions leaked: {sorted(left)}"
+        assert server.regions() == [], "the module's server left shared memory behind"
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

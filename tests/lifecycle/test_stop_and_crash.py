@@ -82,7 +82,7 @@ def test_killed_broker_takes_its_workers_and_the_next_start_sweeps(short_tmp) ->
     first = Server(short_tmp, EXAMPLES)
     with first:
         pids = first.worker_pids()
-        runs = {run_id_of(first)}
+        run = first.run_id
         first.proc.send_signal(signal.SIGKILL)  # the broker alone, not its process group
         first.proc.wait(10)
         for pid in pids:  # parent-death signal: workers go with the broker
@@ -90,8 +90,7 @@ def test_killed_broker_takes_its_workers_and_the_next_start_sweeps(short_tmp) ->
         # its regions stay until a broker starts: this next one (or another session's)
         second = Server(short_tmp, EXAMPLES)
         with second:
-            for r in runs:
-                assert regions_of_run(r) == []
+            assert regions_of_run(run) == []
         assert second.proc.returncode == 0
 
 

@@ -11,33 +11,10 @@ from client.errors import Code, InferpoolError
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
 
-CONTROLS = """
-  control_input [
-    { name: "START__1" control [{ kind: CONTROL_SEQUENCE_START int32_false_true: [0, 1] }] },
-    { name: "END__2" control [{ kind: CONTROL_SEQUENCE_END fp32_false_true: [0, 1] }] },
-    { name: "READY__3" control [{ kind: CONTROL_SEQUENCE_READY bool_false_true: [false, true] }] },
-    { name: "CORRID__4" control [{ kind: CONTROL_SEQUENCE_CORRID data_type: %s }] }
-  ]
-"""
-STATE = """
-  state [{ input_name: "STATE_IN__5" output_name: "STATE_OUT__2" data_type: TYPE_FP32 dims: [1] }]
-"""
-
-
-def accumulate_config(
-    max_batch_size: int = 0, corrid: str = "TYPE_INT64", state: str = STATE
-) -> str:
-    return tm.config(
-        [tm.inp("INPUT__0", "TYPE_FP32", [1])],
-        [tm.out("OUTPUT__0", "TYPE_FP32", [1]), tm.out("CONTROLS__1", "TYPE_FP32", [4])],
-        max_batch_size=max_batch_size,
-        extra="sequence_batching {" + CONTROLS % corrid + state + "}",
-    )
-
 
 def test_state_accumulates_and_controls_come_from_flags(repo, harness):
     tm.save(tm.Accumulate(), repo)
-    h = harness(accumulate_config())
+    h = harness(tm.accumulate_config())
     first = h.infer(
         {"INPUT__0": np.array([2.0], np.float32)}, flags=FLAG_SEQUENCE_START, correlation_id=42
     )
@@ -55,7 +32,7 @@ def test_state_accumulates_and_controls_come_from_flags(repo, harness):
 
 def test_explicit_control_tensors_win_over_flags(repo, harness):
     tm.save(tm.Accumulate(), repo)
-    h = harness(accumulate_config())
+    h = harness(tm.accumulate_config())
     out = h.infer(
         {"INPUT__0": np.array([1.0], np.float32), "END__2": np.array([1.0], np.float32)},
         flags=FLAG_SEQUENCE_START,
@@ -66,7 +43,7 @@ def test_explicit_control_tensors_win_over_flags(repo, harness):
 
 def test_sequences_batched_together_keep_their_own_state(repo, harness):
     tm.save(tm.Accumulate(), repo)
-    h = harness(accumulate_config(max_batch_size=4))
+    h = harness(tm.accumulate_config(max_batch_size=4))
     requests = [
         h.request(
             {"INPUT__0": np.array([[1.0]], np.float32)}, flags=FLAG_SEQUENCE_START, correlation_id=1
@@ -87,7 +64,7 @@ def test_sequences_batched_together_keep_their_own_state(repo, harness):
 
 def test_continuing_without_state_and_bad_correlation_ids_fail_alone(repo, harness):
     tm.save(tm.Accumulate(), repo)
-    h = harness(accumulate_config(max_batch_size=4, corrid="TYPE_INT32"))
+    h = harness(tm.accumulate_config(max_batch_size=4, corrid="TYPE_INT32"))
     x = np.array([[1.0]], np.float32)
     requests = [
         h.request({"INPUT__0": x}, correlation_id=5),
@@ -111,35 +88,35 @@ def test_continuing_without_state_and_bad_correlation_ids_fail_alone(repo, harne
 @pytest.mark.parametrize(
     ("config", "code", "message"),
     [
-        (accumulate_config(corrid="TYPE_UINT64"), Code.INTERNAL,
+        (tm.accumulate_config(corrid="TYPE_UINT64"), Code.INTERNAL,
          "input 'CORRID__4' type 'TYPE_UINT64' is not supported by PyTorch."),
-        (accumulate_config().replace("int32_false_true: [0, 1]", ""), Code.INVALID_ARG,
+        (tm.accumulate_config().replace("int32_false_true: [0, 1]", ""), Code.INVALID_ARG,
          "sequence batching must specify either 'int32_false_true', 'fp32_false_true' or "
          "'bool_false_true' for CONTROL_SEQUENCE_START for m"),
-        (accumulate_config().replace("fp32_false_true: [0, 1]", "fp32_false_true: [0]"),
+        (tm.accumulate_config().replace("fp32_false_true: [0, 1]", "fp32_false_true: [0]"),
          Code.INVALID_ARG,
          "sequence batching control 'fp32_false_true' must have exactly 2 entries for "
          "CONTROL_SEQUENCE_END for m"),
-        (accumulate_config().replace("CONTROL_SEQUENCE_END", "CONTROL_SEQUENCE_START"),
+        (tm.accumulate_config().replace("CONTROL_SEQUENCE_END", "CONTROL_SEQUENCE_START"),
          Code.INVALID_ARG,
          "sequence batching specifies multiple CONTROL_SEQUENCE_START tensors for m"),
-        (accumulate_config().replace('"READY__3"', '"END__2"'), Code.INVALID_ARG,
+        (tm.accumulate_config().replace('"READY__3"', '"END__2"'), Code.INVALID_ARG,
          "sequence batching control tensor 'END__2' is specified for multiple control kinds for m"),
-        (accumulate_config().replace('"START__1"', '"START"'), Code.INTERNAL,
+        (tm.accumulate_config().replace('"START__1"', '"START"'), Code.INTERNAL,
          "input 'START' does not follow <name>__<index> naming convention."),
-        (accumulate_config().replace('output_name: "STATE_OUT__2"', 'output_name: "STATE_OUT"'),
+        (tm.accumulate_config().replace('output_name: "STATE_OUT__2"', 'output_name: "STATE_OUT"'),
          Code.INVALID_ARG,
          "PyTorch model 'm' is using sequence batching with state but state 'STATE_OUT' does not "
          "follow the <name>__<index> naming convention."),
-        (accumulate_config().replace('"INPUT__0"', '"INPUT"'), Code.INVALID_ARG,
+        (tm.accumulate_config().replace('"INPUT__0"', '"INPUT"'), Code.INVALID_ARG,
          "PyTorch model 'm' is using sequence batching with state but not all inputs and outputs "
          "follow the <name>__<index> naming convention."),
-        (accumulate_config().replace("dims: [1] }]", "dims: [1] initial_state: [{ data_type: "
+        (tm.accumulate_config().replace("dims: [1] }]", "dims: [1] initial_state: [{ data_type: "
                                      "TYPE_FP32 dims: [1] name: 'init' data_file: 'f' }] }]"),
          Code.UNSUPPORTED,
          "initial state 'init' of state 'STATE_IN__5': only zero_data initial states are "
          "supported"),
-        (accumulate_config(state=""), Code.INVALID_ARG,
+        (tm.accumulate_config(state=""), Code.INVALID_ARG,
          "unable to load model 'm', configuration expects 5 inputs, model provides 6"),
     ],
 )  # fmt: skip

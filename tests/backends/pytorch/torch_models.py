@@ -82,3 +82,34 @@ def inp(name: str, data_type: str, dims: list[int], extra: str = "") -> str:
 
 def out(name: str, data_type: str, dims: list[int], extra: str = "") -> str:
     return io("output", name, data_type, dims, extra)
+
+
+SEQUENCE_CONTROLS = """
+  control_input [
+    { name: "START__1" control [{ kind: CONTROL_SEQUENCE_START int32_false_true: [0, 1] }] },
+    { name: "END__2" control [{ kind: CONTROL_SEQUENCE_END fp32_false_true: [0, 1] }] },
+    { name: "READY__3" control [{ kind: CONTROL_SEQUENCE_READY bool_false_true: [false, true] }] },
+    { name: "CORRID__4" control [{ kind: CONTROL_SEQUENCE_CORRID data_type: %s }] }
+  ]
+"""
+SEQUENCE_STATE = """
+  state [{ input_name: "STATE_IN__5" output_name: "STATE_OUT__2" data_type: TYPE_FP32 dims: [1] }]
+"""
+
+
+def accumulate_config(
+    max_batch_size: int = 0,
+    corrid: str = "TYPE_INT64",
+    state: str = SEQUENCE_STATE,
+    *,
+    name: str = "m",
+    extra: str = "",
+) -> str:
+    """The config of ``Accumulate``: controls START__1..CORRID__4, state STATE_IN__5/_OUT__2."""
+    return config(
+        [inp("INPUT__0", "TYPE_FP32", [1])],
+        [out("OUTPUT__0", "TYPE_FP32", [1]), out("CONTROLS__1", "TYPE_FP32", [4])],
+        max_batch_size=max_batch_size,
+        extra="sequence_batching {" + SEQUENCE_CONTROLS % corrid + state + extra + "}",
+        name=name,
+    )

@@ -1,0 +1,86 @@
+"""Implicit sequence state, kept by the worker between the requests of a sequence.
+
+Triton's sequence batcher keeps a stateful model's ``sequence_batching.state`` outputs and
+feeds each back as the state input of the sequence's next request.  The broker sends every
+request of a sequence to one instance (broker/sequencer.py), so that instance's worker keeps
+them: a state output stays where the backend wrote it, in this worker's output arena, and
+the next request of the same correlation id gets a read-only view of it as its state input
+(no copy, no round trip through the broker; clients never see state tensors).
+
+A sequence's state is dropped at its START (the backend starts it from zeros), after its END,
+and when the broker releases it as idle (the ``release`` list of a request).  Slots that
+the current batch may still read are freed when the next batch begins.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from backends.api import FLAG_SEQUENCE_START, InputTensor, Request, Response
+from workers.memory import WorkerMemory
+
+Spec = list[Any]  # [name, datatype, shape, region, offset, nbytes], as a work input
+
+
+class SequenceStates:
+    def __init__(self, inputs_of: dict[str, str], memory: WorkerMemory) -> None:
+        self.inputs_of = inputs_of  # state output name -> state input name
+        self.memory = memory
+        self.held: dict[Any, dict[str, Spec]] = {}  # correlation id -> state input -> slot
+        self.retired: list[Spec] = []
+
+    @classmethod
+    def of(cls, config: Any, memory: WorkerMemory) -> SequenceStates | None:
+        """The state keeper a model config needs, or None for a model without state."""
+        if not config.HasField("sequence_batching") or not config.sequence_batching.state:
+            return None
+        return cls({s.output_name: s.input_name for s in config.sequence_batching.state}, memory)
+
+    def begin(self, batch: list[dict[str, Any]]) -> None:
+        """Before a batch: free what earlier batches no longer read, drop released sequences."""
+        for spec in self.retired:
+            self.memory.release(spec[3], spec[4])
+        self.retired = []
+        for work in batch:
+            for corr in work.get("release", ()):
+                self._drop(corr)
+
+    def feed(self, work: dict[str, Any], inputs: dict[str, InputTensor]) -> None:
+        """Give a request its sequence's state inputs, before the backend sees it."""
+        corr = work.get("corr")
+        if not corr:
+            return
+        if work.get("flags", 0) & FLAG_SEQUENCE_START:
+            self._drop(corr)
+            return
+        for name, spec in self.held.get(corr, {}).items():
+            if name not in inputs:
+                inputs[name] = self.memory.input_tensor(spec, None)
+
+    def keep(self, request: Request, response: Response | None, final: bool) -> None:
+        """Take the state outputs out of ``response`` and hold them for the next request."""
+        corr = request.correlation_id
+        if not corr:
+            return
+        if response is not None and response.error is None:
+            for out_name, in_name in self.inputs_of.items():
+                out = response.outputs.pop(out_name, None)
+                if out is None:
+                    continue
+                held = self.held.setdefault(corr, {})
+                old = held.get(in_name)
+                if old is not None:
+                    self.retired.append(old)
+                held[in_name] = [
+                    in_name,
+                    out.datatype,
+                    list(out.shape),
+                    out.region,
+                    out.offset,
+                    out.byte_size,
+                ]
+        if final and request.sequence_end:
+            self._drop(corr)
+
+    def _drop(self, corr: Any) -> None:
+        self.retired.extend(self.held.pop(corr, {}).values())
