@@ -15,344 +15,59 @@ calls, in order::
 
 Finalizers run in reverse, only for the levels whose initialize succeeded.  Context
 (names, config, device, logger) is set as attributes before ``initialize`` is called.
+
+Requests and responses live in ``backends.messages``, statistics and metrics in
+``backends.metrics``; everything a backend author needs is importable from here.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from collections.abc import Iterator, Sequence
+from typing import Any, ClassVar
 
-import numpy as np
 from google.protobuf import json_format
 
-from client import wire
-from client.errors import Code, InferpoolError, internal, invalid_arg, not_found
+from backends.messages import (
+    FLAG_SEQUENCE_END,
+    FLAG_SEQUENCE_START,
+    InputTensor,
+    OutputMemory,
+    OutputTensor,
+    ParameterValue,
+    Request,
+    RequestedOutput,
+    Response,
+    ResponseSender,
+    now_ns,
+)
+from backends.metrics import Metric, MetricFamily, MetricSink, StatisticsReporter
+from client.errors import Code, InferpoolError, internal, invalid_arg
+
+__all__ = [
+    "FLAG_SEQUENCE_END",
+    "FLAG_SEQUENCE_START",
+    "Backend",
+    "InputTensor",
+    "Metric",
+    "MetricFamily",
+    "MetricSink",
+    "Model",
+    "ModelInstance",
+    "OutputMemory",
+    "OutputTensor",
+    "ParameterValue",
+    "Request",
+    "RequestedOutput",
+    "Response",
+    "ResponseSender",
+    "StatisticsReporter",
+    "batch_size_of",
+    "iter_responses",
+    "now_ns",
+]
 
-ParameterValue = str | int | bool | float
 
-# Sequence-batcher control flags on a request, as TRITONSERVER_REQUEST_FLAG_*.
-FLAG_SEQUENCE_START = 1
-FLAG_SEQUENCE_END = 2
-
-
-now_ns = time.monotonic_ns  # the clock of every statistic a backend reports
-
-
-# ============================================================================ tensors
-@dataclass(slots=True)
-class InputTensor:
-    """One input of a request.
-
-    ``data`` is a zero-copy view of shared memory: a read-only numpy array for CPU memory
-    (an object array of ``bytes`` for BYTES), or a device array for GPU memory.
-    """
-
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
-    data: Any
-    byte_size: int
-    memory: str = "cpu"  # "cpu" or "gpu"
-    device_id: int = 0
-
-    def as_numpy(self) -> np.ndarray:
-        if self.memory != "cpu":
-            raise InferpoolError(Code.UNSUPPORTED, f"input '{self.name}' is in GPU memory")
-        return self.data
-
-
-@dataclass(slots=True)
-class RequestedOutput:
-    """An output the client asked for; ``target`` places it in a client-registered region."""
-
-    name: str
-    target: Any = None  # set by the worker for outputs written into a client's region
-    parameters: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class OutputTensor:
-    """An output a response carries: where its bytes live in shared memory."""
-
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
-    region: str
-    offset: int
-    byte_size: int
-    memory: str = "cpu"
-
-
-class OutputMemory(Protocol):
-    """Where responses put outputs: the worker's output arena (or a client's region)."""
-
-    def allocate(self, output: RequestedOutput | None, nbytes: int) -> tuple[str, int, Any]:
-        """Return (region name, offset, writable buffer of ``nbytes``) or raise InferpoolError."""
-        ...
-
-    def release(self, region: str, offset: int) -> None: ...
-
-
-# ============================================================================ responses
-class Response:
-    """The answer to one request: outputs written in place, parameters, or an error."""
-
-    def __init__(self, request: Request, error: InferpoolError | None = None) -> None:
-        self._request = request
-        self.outputs: dict[str, OutputTensor] = {}
-        self.parameters: dict[str, ParameterValue] = {}
-        self.error = error
-
-    @classmethod
-    def from_error(cls, request: Request, error: BaseException | str) -> Response:
-        if isinstance(error, str):
-            error = InferpoolError(Code.INTERNAL, error)
-        return cls(request, InferpoolError.wrap(error))
-
-    def output(self, name: str, shape: Sequence[int], datatype: str) -> np.ndarray:
-        """Allocate output ``name`` in shared memory and return a writable array over it.
-
-        Write the result straight into the returned array: no further copy is made.
-        """
-        if datatype == "BYTES":
-            raise invalid_arg(f"output '{name}': use set_output() for BYTES tensors")
-        shape = tuple(int(d) for d in shape)
-        dtype = wire.numpy_dtype(datatype)
-        count = wire.element_count(shape)
-        buf = self._place(name, datatype, shape, dtype.itemsize * count)
-        return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
-
-    def set_output(self, name: str, value: Any, datatype: str | None = None) -> None:
-        """Copy an array (or a list of str/bytes for BYTES) into output ``name``."""
-        arr = wire.as_array(value, datatype)
-        datatype = datatype or wire.datatype_of(arr.dtype)
-        if datatype == "BYTES":
-            payload = wire.serialize_bytes(arr.reshape(-1))
-            buf = self._place(name, datatype, arr.shape, len(payload))
-            memoryview(buf).cast("B")[: len(payload)] = payload
-        else:
-            out = self.output(name, arr.shape, datatype)
-            np.copyto(out, arr, casting="same_kind")
-
-    def set_parameter(self, name: str, value: ParameterValue) -> None:
-        if not isinstance(value, str | int | bool | float):
-            raise invalid_arg(f"response parameter '{name}' must be str, int, bool or float")
-        self.parameters[name] = value
-
-    def _place(self, name: str, datatype: str, shape: tuple[int, ...], nbytes: int) -> Any:
-        if name in self.outputs:
-            raise invalid_arg(f"output '{name}' was already set in this response")
-        requested = self._request.requested_outputs.get(name)
-        region, offset, buf = self._request._memory.allocate(requested, nbytes)
-        self.outputs[name] = OutputTensor(name, datatype, tuple(shape), region, offset, nbytes)
-        return buf
-
-    def discard(self) -> None:
-        """Give back every output's memory (used when a response is not sent)."""
-        for out in self.outputs.values():
-            self._request._memory.release(out.region, out.offset)
-        self.outputs.clear()
-
-
-class ResponseSender:
-    """Sends responses for one request from any thread: one final response, or a stream
-    when the model is decoupled."""
-
-    def __init__(self, request: Request) -> None:
-        self._request = request
-        self._lock = threading.Lock()
-
-    def send(self, response: Response | None = None, final: bool = False) -> None:
-        """Send ``response`` (may be None with ``final``); ``final`` closes the request."""
-        with self._lock:
-            self._request._deliver(response, final)
-
-    def fail(self, error: InferpoolError) -> None:
-        with self._lock:
-            self._request._close_with(error)
-
-    @property
-    def final(self) -> bool:
-        return self._request._final
-
-
-class Request:
-    """A request as the backend sees it: inputs as views of shared memory, outputs to fill."""
-
-    def __init__(
-        self,
-        *,
-        id: str,
-        inputs: dict[str, InputTensor],
-        requested_outputs: dict[str, RequestedOutput],
-        memory: OutputMemory,
-        emit: Callable[[Request, Response | None, bool], None],
-        correlation_id: int | str = 0,
-        flags: int = 0,
-        parameters: dict[str, Any] | None = None,
-        decoupled: bool = False,
-        priority: int = 0,
-        timeout_us: int = 0,
-        handle: Any = None,
-    ) -> None:
-        self.id = id
-        self.handle = handle  # opaque to backends: the worker's key for routing the answer
-        self.inputs = inputs
-        self.requested_outputs = requested_outputs
-        self.correlation_id = correlation_id
-        self.flags = flags
-        self.parameters = parameters or {}
-        self.decoupled = decoupled
-        self.priority = priority
-        self.timeout_us = timeout_us
-        self._memory = memory
-        self._emit = emit
-        self._sender: ResponseSender | None = None  # made (with its lock) only when asked for
-        self._sent = 0
-        self._final = False
-
-    def _deliver(self, response: Response | None, final: bool) -> None:
-        """The one place a response leaves: checks the answer-exactly-once contract."""
-        if self._final:
-            raise internal(f"request '{self.id}' already received its final response")
-        if response is None:
-            if not final:
-                raise invalid_arg("send() needs a response or final=True")
-        elif self._sent and not self.decoupled:
-            raise internal(f"request '{self.id}' is not decoupled: only one response is allowed")
-        else:
-            self._sent += 1
-        self._final = final
-        self._emit(self, response, final)
-
-    def _close_with(self, error: InferpoolError) -> None:
-        if not self._final:
-            self._final = True
-            self._emit(self, Response(self, error), True)
-
-    def input(self, name: str) -> InputTensor:
-        try:
-            return self.inputs[name]
-        except KeyError:
-            raise not_found(f"request '{self.id}' has no input '{name}'") from None
-
-    def has_input(self, name: str) -> bool:
-        return name in self.inputs
-
-    def output_requested(self, name: str) -> bool:
-        return name in self.requested_outputs
-
-    def response(self) -> Response:
-        """A new, empty response for this request."""
-        return Response(self)
-
-    def response_sender(self) -> ResponseSender:
-        """Take over answering this request (decoupled streams, or answering later)."""
-        if self._sender is None:
-            self._sender = ResponseSender(self)
-        return self._sender
-
-    @property
-    def sender_taken(self) -> bool:
-        return self._sender is not None
-
-    @property
-    def answered(self) -> bool:
-        return self._final
-
-    def respond(self, response: Response) -> None:
-        """Send the one, final response (what execute()'s returned list does per request)."""
-        if self._sender is None:
-            self._deliver(response, True)
-        else:
-            self._sender.send(response, final=True)
-
-    def fail(self, error: InferpoolError) -> None:
-        """Answer with an error (final) unless already answered; used by the worker."""
-        if self._sender is None:
-            self._close_with(error)
-        else:
-            self._sender.fail(error)
-
-    @property
-    def sequence_start(self) -> bool:
-        return bool(self.flags & FLAG_SEQUENCE_START)
-
-    @property
-    def sequence_end(self) -> bool:
-        return bool(self.flags & FLAG_SEQUENCE_END)
-
-
-# ============================================================================ metrics, stats
-class Metric:
-    """A custom metric (counter or gauge) with fixed labels, as TRITONSERVER_Metric."""
-
-    def __init__(self, family: str, kind: str, labels: dict[str, str], sink: MetricSink) -> None:
-        self.family = family
-        self.kind = kind
-        self.labels = labels
-        self.key = (family, tuple(sorted(labels.items())))
-        self._sink = sink
-
-    def increment(self, value: float = 1.0) -> None:
-        if self.kind == "counter" and value < 0:
-            raise invalid_arg(f"counter '{self.family}' cannot decrease")
-        self._sink.record(self, "inc", value)
-
-    def set(self, value: float) -> None:
-        if self.kind != "gauge":
-            raise invalid_arg(f"metric '{self.family}' is a counter; only gauges can be set")
-        self._sink.record(self, "set", value)
-
-
-class MetricSink(Protocol):
-    def record(self, metric: Metric, op: str, value: float) -> None: ...
-
-
-class MetricFamily:
-    """TRITONSERVER_MetricFamily: a named counter or gauge with per-label-set metrics."""
-
-    def __init__(self, name: str, description: str, kind: str, sink: MetricSink) -> None:
-        if kind not in ("counter", "gauge"):
-            raise invalid_arg(f"metric kind must be 'counter' or 'gauge', got {kind!r}")
-        self.name = name
-        self.description = description
-        self.kind = kind
-        self._sink = sink
-
-    def metric(self, **labels: str) -> Metric:
-        return Metric(self.name, self.kind, {k: str(v) for k, v in labels.items()}, self._sink)
-
-
-class StatisticsReporter(Protocol):
-    def report_request(
-        self,
-        request: Request,
-        success: bool,
-        exec_start: int,
-        compute_start: int,
-        compute_end: int,
-        exec_end: int,
-        compute_output_end: int | None = None,
-    ) -> None: ...
-
-    def report_batch(
-        self,
-        batch_size: int,
-        exec_start: int,
-        compute_start: int,
-        compute_end: int,
-        exec_end: int,
-    ) -> None: ...
-
-    def metric_family(self, name: str, description: str, kind: str) -> MetricFamily: ...
-
-
-# ============================================================================ lifecycle levels
 class _Level:
     """Shared shape of the three levels: optional initialize/finalize and a logger."""
 
