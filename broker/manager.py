@@ -52,6 +52,8 @@ class Manager:
         self.backend = backend_socket
         self.supervisor: Supervisor  # set by the broker once both exist
         self.inflight: dict[int, PendingRequest] = {}
+        # worker identity -> client regions it should stop mapping (sent with its next message)
+        self.unmaps: dict[bytes, list[str]] = {}
         self.metrics = CustomMetrics()
         self.wakes: dict[Scheduler, int] = {}
         self.topology = Topology.discover()
@@ -227,6 +229,10 @@ class Manager:
         frees = self.outputs.take_frees(handle.output_region)
         if frees:
             msg["free"] = frees
+        if self.unmaps:
+            unmaps = self.unmaps.pop(handle.identity, None)
+            if unmaps:
+                msg["unmap"] = unmaps
         self.send_worker(handle, msg)
 
     def send_worker(self, handle: WorkerHandle, msg: dict[str, Any]) -> None:
@@ -298,9 +304,11 @@ class Manager:
         return nearest
 
     def flush_frees(self) -> None:
-        """Send pending slot frees to idle workers (busy ones get them with their next batch)."""
+        """Send pending slot frees and unmaps to idle workers (busy ones get them with their
+        next batch)."""
         for handle in self.supervisor.alive():
             if handle.busy is None and handle.state is WorkerState.READY:
                 frees = self.outputs.take_frees(handle.output_region)
-                if frees:
-                    self.send_worker(handle, {"op": "free", "free": frees})
+                unmaps = self.unmaps.pop(handle.identity, None) if self.unmaps else None
+                if frees or unmaps:
+                    self.send_worker(handle, {"op": "free", "free": frees, "unmap": unmaps})

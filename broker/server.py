@@ -30,6 +30,7 @@ from broker.options import ServerOptions
 from broker.outputs import OutputRegions
 from broker.placement import parse_host_policies
 from broker.responder import Responder
+from broker.shared_memory import SharedMemory
 from broker.supervisor import Supervisor
 from client.errors import Code, InferpoolError
 from client.zmqio import NOBLOCK, recv_frames
@@ -47,6 +48,7 @@ class Broker:
         self.stopping = False
         self.started = False
         self.shm_inputs: SharedMemoryInputs | None = None
+        self.shm: SharedMemory | None = None
         self.extra_extensions: list[str] = []
         self._signals: list[int] = []
         self._stop_deadline = 0.0
@@ -100,6 +102,8 @@ class Broker:
         )
         self.manager.supervisor = self.supervisor
         self.frontend_handler = Frontend(self)
+        self.shm = SharedMemory(self)
+        self.shm_inputs = self.shm
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -223,6 +227,8 @@ class Broker:
         self.supervisor.reap()
         self.supervisor.tick(now)
         self.manager.tick(time.monotonic_ns())
+        if self.shm is not None:
+            self.shm.tick(now)
         self.manager.flush_frees()
 
     # ================================================================== signals
@@ -290,6 +296,9 @@ class Broker:
         supervisor = getattr(self, "supervisor", None)
         if supervisor is not None:
             supervisor.kill_all()
+        shm = getattr(self, "shm", None)
+        if shm is not None:
+            shm.close()  # its socket monitor must go before the context
         for name in ("frontend", "backend"):
             sock = getattr(self, name, None)
             if sock is not None:

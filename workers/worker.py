@@ -2,8 +2,8 @@
 
 Messages are JSON headers on a DEALER socket (the broker's internal protocol):
 
-broker -> worker   {"op": "execute", "requests": [...], "free": [...]}, {"op": "free", ...},
-                   {"op": "stop"}
+broker -> worker   {"op": "execute", "requests": [...], "free": [...], "unmap": [...]},
+                   {"op": "free", "free": [...], "unmap": [...]}, {"op": "stop"}
 worker -> broker   {"op": "ready"}, {"op": "failed", "error": {...}},
                    {"op": "items", "items": [...]}            (decoupled, mid-batch)
                    {"op": "done", "items": [...], "stats": ..., "metrics": ...}
@@ -107,6 +107,9 @@ class Worker:
             frees = msg.get("free")
             if frees:
                 self.memory.free(frees)
+            unmaps = msg.get("unmap")
+            if unmaps:
+                self.memory.unmap(unmaps)
             op = msg.get("op")
             if op == "execute":
                 self._execute(msg["requests"])
