@@ -92,7 +92,8 @@ class ShmSession:
                 buf = self.mapped.get(region).buf
                 offset, nbytes = params["handle_offset"], params["handle_byte_size"]
             elif "shared_memory_region" in params:
-                buf, offset = self._window(params["shared_memory_region"], spec)
+                buf, base = self._window(params["shared_memory_region"], spec)
+                offset = base + params.get("shared_memory_offset", 0)
                 nbytes = params["shared_memory_byte_size"]
                 if not isinstance(buf, memoryview):  # device memory: a cupy array
                     outputs[name] = _device_view(buf, offset, nbytes, spec)

@@ -154,6 +154,16 @@ class Server:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(10)
 
+    def run_id(self) -> str:
+        """This server's run id, read from the run lock the broker holds open."""
+        for fd in os.listdir(f"/proc/{self.proc.pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{self.proc.pid}/fd/{fd}")
+                name = os.path.basename(target)
+                if target.startswith("/dev/shm/inferpool-") and name.endswith("-lock"):
+                    return name.split("-")[1]
+        raise RuntimeError("the server holds no run lock")
+
     def worker_pids(self) -> list[int]:
         with self.client() as c:
             return [r["pid"] for r in c.status() if r["pid"]]
