@@ -179,8 +179,7 @@ class SharedMemory:
 
     # ------------------------------------------------------------------ clients coming and going
     def _track(self, client: bytes) -> None:
-        message = self.frontend.message
-        self.clients.track(client, message[0] if message else None)
+        self.clients.track(client, self.frontend.source)
 
     def _disconnected(self, client: bytes) -> None:
         leases = self.handles.reclaim(client)
