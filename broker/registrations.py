@@ -218,28 +218,30 @@ class Registrations:
         return [r.status() for r in mine]
 
     def window(
-        self, owner: bytes, what: str, params: dict[str, Any], nbytes: int | None
+        self, owner: bytes, kind: str, tensor: str, params: dict[str, Any], nbytes: int | None
     ) -> tuple[Registration, int, int]:
-        """(registration, absolute offset, byte size) of a tensor's shared-memory window."""
+        """(registration, absolute offset, byte size) of ``kind`` ``tensor``'s window."""
         name = params.get("shared_memory_region")
-        reg = self._by_owner.get(owner, {}).get(name) if isinstance(name, str) else None
+        mine = self._by_owner.get(owner)
+        reg = mine.get(name) if mine is not None and type(name) is str else None
         if reg is None:
-            raise not_found(f"unable to find shared memory region: '{name}' for {what}")
+            raise not_found(f"unable to find shared memory region: '{name}' for {kind} '{tensor}'")
         offset = params.get("shared_memory_offset", 0)
         size = params.get("shared_memory_byte_size")
-        for key, value in (("shared_memory_offset", offset), ("shared_memory_byte_size", size)):
-            if type(value) is not int or value < 0:
-                raise invalid_arg(f"{what}: {key} must be a non-negative integer, got {value!r}")
-        assert isinstance(offset, int) and isinstance(size, int)
+        if type(offset) is not int or offset < 0 or type(size) is not int or size < 0:
+            raise invalid_arg(
+                f"{kind} '{tensor}': shared_memory_offset and shared_memory_byte_size must be "
+                f"non-negative integers, got {offset!r} and {size!r}"
+            )
         if nbytes is not None and size != nbytes:
             raise invalid_arg(
-                f"{what}: shared_memory_byte_size is {size}, but its datatype and shape "
-                f"make {nbytes} bytes"
+                f"{kind} '{tensor}': shared_memory_byte_size is {size}, but its datatype and "
+                f"shape make {nbytes} bytes"
             )
         if offset + size > reg.byte_size:
             raise invalid_arg(
-                f"{what}: shared-memory window [{offset}, {offset + size}) is outside region "
-                f"'{name}' of {reg.byte_size} bytes"
+                f"{kind} '{tensor}': shared-memory window [{offset}, {offset + size}) is "
+                f"outside region '{name}' of {reg.byte_size} bytes"
             )
         return reg, reg.offset + offset, size
 

@@ -67,7 +67,7 @@ class SharedMemory:
     def resolve_input(
         self, client: bytes, name: str, params: dict[str, Any], nbytes: int | None
     ) -> tuple[str, int, int]:
-        reg, offset, size = self.registrations.window(client, f"input '{name}'", params, nbytes)
+        reg, offset, size = self.registrations.window(client, "input", name, params, nbytes)
         return reg.ref, offset, size
 
     def resolve_output(self, client: bytes, name: str, params: dict[str, Any]) -> Any:
@@ -79,7 +79,7 @@ class SharedMemory:
                 raise invalid_arg(
                     f"output '{name}' asks for both a handle and a shared-memory region; choose one"
                 )
-            reg, offset, size = self.registrations.window(client, f"output '{name}'", params, None)
+            reg, offset, size = self.registrations.window(client, "output", name, params, None)
             return [reg.ref, offset, size]
         if handle:
             self._track(client)
@@ -87,11 +87,11 @@ class SharedMemory:
 
     # ------------------------------------------------------------------ inference
     def infer(self, envelope: list[bytes], header: dict[str, Any], frames: list[Any]) -> Any:
-        client = envelope[0]
-        self.clients.seen(client)
+        """Releases carried by the request first, then the request itself."""
         release = header.get("release")
         if release:
-            self.handles.release(client, release)
+            self.handles.release(envelope[0], release)
+        self.clients.seen(envelope[0])
         return self._infer(envelope, header, frames)
 
     # ------------------------------------------------------------------ system regions

@@ -55,35 +55,19 @@ def test_names_belong_to_their_client_and_windows_are_checked(regs, user_object)
     assert code_of(r.register_system, A, "in", user_object, 0, 16)[0] is Code.ALREADY_EXISTS
     r.register_system(B, "in", user_object, 0, 4096)  # B's own "in": a different region
 
-    reg, offset, size = r.window(
-        A,
-        "input 'X'",
-        {"shared_memory_region": "in", "shared_memory_offset": 16, "shared_memory_byte_size": 32},
-        32,
-    )
+    def win(owner: bytes, nbytes: int | None, **params) -> tuple:
+        return r.window(owner, "input", "X", {"shared_memory_region": "in", **params}, nbytes)
+
+    reg, offset, size = win(A, 32, shared_memory_offset=16, shared_memory_byte_size=32)
     assert (offset, size) == (1040, 32) and reg.ref.startswith("sys/")
-    code, msg = code_of(r.window, b"client-c", "input 'X'", {"shared_memory_region": "in"}, 4)
+    code, msg = code_of(win, b"client-c", 4)
     assert code is Code.NOT_FOUND and "unable to find shared memory region: 'in'" in msg
-    code, msg = code_of(
-        r.window,
-        A,
-        "input 'X'",
-        {"shared_memory_region": "in", "shared_memory_offset": 2040, "shared_memory_byte_size": 16},
-        16,
-    )
+    code, msg = code_of(lambda: win(A, 16, shared_memory_offset=2040, shared_memory_byte_size=16))
     assert code is Code.INVALID_ARG and "outside region 'in' of 2048 bytes" in msg
-    code, msg = code_of(
-        r.window, A, "input 'X'", {"shared_memory_region": "in", "shared_memory_byte_size": 12}, 16
-    )
-    assert code is Code.INVALID_ARG and "make 16 bytes" in msg
-    code, _ = code_of(
-        r.window,
-        A,
-        "output 'Y'",
-        {"shared_memory_region": "in", "shared_memory_byte_size": -1},
-        None,
-    )
-    assert code is Code.INVALID_ARG
+    code, msg = code_of(lambda: win(A, 16, shared_memory_byte_size=12))
+    assert code is Code.INVALID_ARG and "input 'X'" in msg and "make 16 bytes" in msg
+    code, msg = code_of(lambda: win(A, None, shared_memory_byte_size=-1))
+    assert code is Code.INVALID_ARG and "non-negative integers" in msg
 
 
 def test_bad_registrations_say_what_is_wrong(regs, user_object) -> None:
