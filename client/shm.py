@@ -172,12 +172,16 @@ class _KeepAlive(threading.Thread):
     def run(self) -> None:
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDTIMEO, 0)  # a server that is gone must not pile them up
         sock.connect(self._endpoint)
         interval = 0.0  # the first one asks the server's lease timeout
         try:
             while not self._halt.wait(interval):
                 interval = 1.0
-                send_parts(sock, (b"", self._header))
+                try:
+                    send_parts(sock, (b"", self._header))
+                except zmq.Again:
+                    continue
                 if sock.poll(1000):
                     parts = recv_frames(sock)
                     if len(parts) >= 2:

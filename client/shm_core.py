@@ -59,7 +59,7 @@ class ShmSession:
     def alloc(self, nbytes: int, what: str) -> int:
         if self.allocator is None:
             raise InferpoolError(
-                Code.UNAVAILABLE, f"{what}: this client has no input region (input_bytes=0)"
+                Code.INVALID_ARG, f"{what}: this client has no input region (input_bytes=0)"
             )
         try:
             return self.allocator.alloc(nbytes)

@@ -193,6 +193,12 @@ def test_bad_shared_memory_requests_get_clear_errors(server: Server, user_region
             a.register_system_shared_memory("arena", f"/inferpool-{server.run_id()}-arena", 8)
         with pytest.raises(InferpoolError, match="--max-client-shm"):
             ShmClient(server.endpoint, input_bytes=64 << 20)
+        with pytest.raises(InferpoolError, match="routing id in hex"):
+            a.call("keepalive", client="not hex")
+        with pytest.raises(InferpoolError, match="a list of lease tokens"):
+            a.call("release_leases", leases="0123456789.1")
+        with pytest.raises(InferpoolError, match="needs 'byte_size'"):
+            a.call("create_shared_memory_region", name="x", byte_size=-5)
         # every client is still served, and nothing is held
         x = np.arange(3, dtype=np.float32)
         np.testing.assert_array_equal(b.infer("identity", {"INPUT0": x})["OUTPUT0"], x)
