@@ -2,7 +2,8 @@
 
 Small outputs are copied into the zmq message (cheaper than tracking); large ones are sent
 zero-copy straight from the worker's output region, and their slots are freed only when
-libzmq reports it is done with the memory.
+libzmq reports it is done with the memory.  Outputs that stay in shared memory (handles,
+client regions) carry no frame: ``broker.handles`` describes them.
 """
 
 from __future__ import annotations
