@@ -245,7 +245,15 @@ def test_output_handles_and_their_leases(server: Server) -> None:
         # a plain client asking for a handle still decodes the rest of the response
         out = owner.infer("identity", {"INPUT0": x}, outputs=handle)
         assert out == {}
-        assert owner.call("lease_status")["leases"] == 1  # released when owner disconnects
+        ints = np.arange(4, dtype=np.int32).reshape(2, 2)
+        words = np.array([[b"a"], [b"bc"]], dtype=object)
+        out = owner.infer(
+            "identity_batched",
+            {"INPUT0": ints, "INPUT1": words},
+            outputs=[handle[0], "OUTPUT1"],  # one handle, one frame
+        )
+        assert list(out) == ["OUTPUT1"] and out["OUTPUT1"].tolist() == words.tolist()
+        assert owner.call("lease_status")["leases"] == 2  # released when owner disconnects
 
 
 def test_shm_client_is_zero_copy_with_numpy_and_torch(server: Server) -> None:
