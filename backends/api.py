@@ -39,6 +39,7 @@ from backends.messages import (
     RequestedOutput,
     Response,
     ResponseSender,
+    copy_into,
     now_ns,
 )
 from backends.metrics import Metric, MetricFamily, MetricSink, StatisticsReporter
@@ -63,6 +64,7 @@ __all__ = [
     "ResponseSender",
     "StatisticsReporter",
     "batch_size_of",
+    "copy_into",
     "iter_responses",
     "now_ns",
 ]

@@ -101,7 +101,8 @@ class Response:
     def output(self, name: str, shape: Sequence[int], datatype: str) -> np.ndarray:
         """Allocate output ``name`` in shared memory and return a writable array over it.
 
-        Write the result straight into the returned array: no further copy is made.
+        Write the result straight into the returned array: no further copy is made.  When
+        the client asked for the output in its CUDA region this is a device (cupy) array.
         """
         if datatype == "BYTES":
             raise invalid_arg(f"output '{name}': use set_output() for BYTES tensors")
@@ -109,6 +110,8 @@ class Response:
         dtype = wire.numpy_dtype(datatype)
         count = wire.element_count(shape)
         buf = self._place(name, datatype, shape, dtype.itemsize * count)
+        if hasattr(buf, "__cuda_array_interface__"):
+            return buf.view(dtype).reshape(shape)
         return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
 
     def set_output(self, name: str, value: Any, datatype: str | None = None) -> None:
@@ -120,8 +123,7 @@ class Response:
             buf = self._place(name, datatype, arr.shape, len(payload))
             memoryview(buf).cast("B")[: len(payload)] = payload
         else:
-            out = self.output(name, arr.shape, datatype)
-            np.copyto(out, arr, casting="same_kind")
+            copy_into(self.output(name, arr.shape, datatype), arr)
 
     def set_parameter(self, name: str, value: ParameterValue) -> None:
         if not isinstance(value, str | int | bool | float):
@@ -270,3 +272,17 @@ class Request:
     @property
     def sequence_end(self) -> bool:
         return bool(self.flags & FLAG_SEQUENCE_END)
+
+
+def copy_into(dst: Any, src: Any) -> None:
+    """Copy ``src`` into ``dst``; either may be a device (cupy) array, as GPU inputs and
+    outputs into a client's CUDA region are."""
+    if isinstance(dst, np.ndarray):
+        if isinstance(src, np.ndarray):
+            np.copyto(dst, src, casting="same_kind")
+        else:
+            src.get(out=dst)  # device -> host
+    elif isinstance(src, np.ndarray):
+        dst.set(np.ascontiguousarray(src, dtype=dst.dtype))  # host -> device
+    else:
+        dst[...] = src

@@ -37,6 +37,7 @@ class PendingRequest:
     dispatched_ns: int = 0
     worker: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
+    shm_outputs: bool = False  # some output stays in shared memory (handle, client region)
 
 
 class SharedMemoryInputs(Protocol):
@@ -49,7 +50,8 @@ class SharedMemoryInputs(Protocol):
         ...
 
     def resolve_output(self, client: bytes, name: str, params: dict[str, Any]) -> Any:
-        """The worker-side target of an output written into a client region, or None."""
+        """The worker-side target of an output written into a client region, or None
+        (``output_handle``: the worker's own arena, answered with a handle)."""
         ...
 
 
@@ -178,7 +180,7 @@ def admit(
                 f"'{name}'. Got input(s) {sorted(seen)}, but missing required input(s) "
                 f"{sorted(missing)}. Please provide all required input(s)."
             )
-        outputs, work_outputs = _outputs(header.get("outputs"), model, client, shm)
+        outputs, work_outputs, shm_outputs = _outputs(header.get("outputs"), model, client, shm)
         parameters = header.get("parameters") or _NO_PARAMETERS
         if not isinstance(parameters, dict):
             raise invalid_arg("request 'parameters' must be an object")
@@ -212,6 +214,7 @@ def admit(
         batch_size=batch or 1,
         received_ns=now_ns,
         deadline_ns=now_ns + timeout_us * 1000 if timeout_us > 0 else 0,
+        shm_outputs=shm_outputs,
     )
 
 
@@ -232,13 +235,14 @@ def _count(shape: tuple[int, ...]) -> int:
 
 def _outputs(
     raw: Any, model: ModelVersion, client: bytes, shm: SharedMemoryInputs | None
-) -> tuple[dict[str, dict[str, Any]], list[list[Any]]]:
+) -> tuple[dict[str, dict[str, Any]], list[list[Any]], bool]:
     if not raw:
-        return model.default_outputs, model.default_work_outputs
+        return model.default_outputs, model.default_work_outputs, False
     if not isinstance(raw, list):
         raise invalid_arg("request 'outputs' must be a list")
     outputs: dict[str, dict[str, Any]] = {}
     work: list[list[Any]] = []
+    in_shm = False
     for i, out in enumerate(raw):
         oname = out.get("name") if isinstance(out, dict) else None
         if not isinstance(oname, str) or oname not in model.outputs:
@@ -249,15 +253,16 @@ def _outputs(
         if not isinstance(params, dict):
             raise invalid_arg(f"parameters of output '{oname}' must be an object")
         target = None
-        if "shared_memory_region" in params:
+        if "shared_memory_region" in params or "output_handle" in params:
             if shm is None:
                 raise InferpoolError(
                     Code.UNSUPPORTED, "shared-memory outputs are not enabled on this server"
                 )
             target = shm.resolve_output(client, oname, params)
+            in_shm = True
         outputs[oname] = params
         work.append([oname, target])
-    return outputs, work
+    return outputs, work, in_shm
 
 
 def _sequence_and_timeout(params: dict[str, Any], model: ModelVersion) -> tuple[Any, int, int]:

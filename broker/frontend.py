@@ -43,6 +43,7 @@ class Frontend:
             "status": self.status,
         }
         self._next_rid = 0
+        self.source: Any = None  # the routing frame of the message being handled (its fd)
 
     def add_handler(self, msg_type: str, handler: Handler) -> None:
         self.handlers[msg_type] = handler
@@ -50,6 +51,7 @@ class Frontend:
     # ------------------------------------------------------------------ routing
     def handle(self, frames: list[Any]) -> None:
         responder = self.b.responder
+        self.source = frames[0] if frames else None
         if len(frames) > 2 and len(frames[1]) == 0:  # the usual case: one routing frame
             split = 1
         else:

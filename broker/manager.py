@@ -49,6 +49,8 @@ class Manager:
         self.responder = responder
         self.supervisor: Supervisor  # set by the broker once both exist
         self.inflight: dict[int, PendingRequest] = {}
+        # worker identity -> client regions it should stop mapping (sent with its next message)
+        self.unmaps: dict[str, list[str]] = {}
         self.metrics = CustomMetrics()
         self.wakes: dict[Scheduler, int] = {}
         self.topology = Topology.discover()
@@ -291,6 +293,10 @@ class Manager:
         frees = self.outputs.take_frees(handle.output_region)
         if frees:
             msg["free"] = frees
+        if self.unmaps:
+            unmaps = self.unmaps.pop(handle.identity, None)
+            if unmaps:
+                msg["unmap"] = unmaps
         self.supervisor.send(handle, msg)
 
     def reject(self, req: PendingRequest, err: InferpoolError) -> None:
@@ -367,9 +373,11 @@ class Manager:
         return nearest
 
     def flush_frees(self) -> None:
-        """Send pending slot frees to idle workers (busy ones get them with their next batch)."""
+        """Send pending slot frees and unmaps to idle workers (busy ones get them with their
+        next batch)."""
         for handle in self.supervisor.alive():
             if handle.busy is None and handle.state is WorkerState.READY:
                 frees = self.outputs.take_frees(handle.output_region)
-                if frees:
-                    self.supervisor.send(handle, {"op": "free", "free": frees})
+                unmaps = self.unmaps.pop(handle.identity, None) if self.unmaps else None
+                if frees or unmaps:
+                    self.supervisor.send(handle, {"op": "free", "free": frees, "unmap": unmaps})

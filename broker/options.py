@@ -28,6 +28,8 @@ class ServerOptions:
     output_arena_size: int = 256 * MiB
     max_request_bytes: int = 256 * MiB
     prefault: bool = True
+    max_client_shm: int = 1024 * MiB  # server-made regions per client
+    lease_timeout: float = 60.0  # seconds a client holding leases may stay silent
     # models
     model_control_mode: str = "none"  # "none" or "explicit"
     load_models: list[str] = field(default_factory=list)

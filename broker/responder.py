@@ -2,7 +2,8 @@
 
 Small outputs are copied into the zmq message (cheaper than tracking); large ones are sent
 zero-copy straight from the worker's output region, and their slots are freed only when
-libzmq reports it is done with the memory.
+libzmq reports it is done with the memory.  Outputs that stay in shared memory (handles,
+client regions) carry no frame: ``broker.handles`` describes them.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class Responder:
     def __init__(self, socket: zmq.Socket[Any], outputs: OutputRegions) -> None:
         self.socket = socket
         self.outputs = outputs
+        self.handles: Any = None  # broker.handles.Handles, for outputs left in shared memory
         # (trackers, [(region, offset), ...]) for zero-copy sends still in libzmq's hands
         self._in_flight: list[tuple[list[zmq.MessageTracker], list[tuple[str, int]]]] = []
 
@@ -51,10 +53,12 @@ class Responder:
                 header["parameters"] = {"triton_final_response": bool(item.get("final", True))}
             self.send(req.envelope, header)
             return
-        out_headers = []
+        out_headers: list[dict[str, Any]] = []
         frames = []
         large = False
         view = self.outputs.view
+        if req.shm_outputs:
+            outputs = self.handles.place(req, outputs, out_headers)
         for name, datatype, shape, region, offset, nbytes in outputs:
             out_headers.append({"name": name, "datatype": datatype, "shape": shape})
             frames.append(view(region, offset, nbytes))

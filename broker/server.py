@@ -33,6 +33,7 @@ from broker.outputs import OutputRegions
 from broker.placement import parse_host_policies
 from broker.reload import reload_repository
 from broker.responder import Responder
+from broker.shared_memory import SharedMemory
 from broker.supervisor import Supervisor, WorkerHandle
 from client.errors import Code, InferpoolError
 from client.zmqio import NOBLOCK, recv_frames
@@ -50,6 +51,7 @@ class Broker:
         self.stopping = False
         self.started = False
         self.shm_inputs: SharedMemoryInputs | None = None
+        self.shm: SharedMemory | None = None
         self.extra_extensions: list[str] = []
         self._signals: list[int] = []
         self._stop_deadline = 0.0
@@ -102,6 +104,8 @@ class Broker:
         self.frontend_handler = Frontend(self)
         if opts.metrics_port:
             self.metrics = MetricsEndpoint(self, self.ctx, opts.metrics_address, opts.metrics_port)
+        self.shm = SharedMemory(self)
+        self.shm_inputs = self.shm
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -235,6 +239,8 @@ class Broker:
         self.supervisor.tick(now)
         self.liveness.check(now)
         self.manager.tick(time.monotonic_ns())
+        if self.shm is not None:
+            self.shm.tick(now)
         self.manager.flush_frees()
 
     # ================================================================== signals
@@ -302,6 +308,9 @@ class Broker:
             supervisor.kill_all()
         if self.metrics is not None:
             self.metrics.close()
+        shm = getattr(self, "shm", None)
+        if shm is not None:
+            shm.close()  # its socket monitor must go before the context
         frontend = getattr(self, "frontend", None)
         if frontend is not None:
             frontend.close(0)

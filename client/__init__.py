@@ -1,4 +1,5 @@
-"""inferpool clients: the zmq client (sync and asyncio) and the wire codec they share.
+"""inferpool clients: the zmq client, the shared-memory clients (sync and asyncio), and the
+wire codec they share.
 
 Imports are lazy, so ``from client.errors import ...`` stays light (workers import it
 before pinning, when numpy and zmq must not be loaded yet).
@@ -14,6 +15,10 @@ _EXPORTS = {
     "Client": "client.sync",
     "InferResult": "client.sync",
     "default_endpoint": "client.sync",
+    "ShmClient": "client.shm",
+    "AsyncShmClient": "client.shm_async",
+    "ShmRequest": "client.shm_core",
+    "ShmResult": "client.shm_core",
     "Code": "client.errors",
     "InferpoolError": "client.errors",
 }

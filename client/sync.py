@@ -98,7 +98,7 @@ def decode_result(header: dict[str, Any], frames: list[Any]) -> InferResult:
     wire.raise_for_error(header)
     outputs: dict[str, np.ndarray] = {}
     specs = header.get("outputs") or []
-    framed = [o for o in specs if "shared_memory_region" not in (o.get("parameters") or {})]
+    framed = [o for o in specs if not wire.in_shared_memory(o)]
     if len(framed) > len(frames):
         raise InferpoolError(
             Code.INTERNAL, f"response lists {len(framed)} outputs but carries {len(frames)} frames"
@@ -128,6 +128,7 @@ class Client:
         *,
         timeout: float = DEFAULT_TIMEOUT,
         context: zmq.Context[Any] | None = None,
+        routing_id: bytes | None = None,
     ) -> None:
         self.endpoint = endpoint or default_endpoint()
         self.timeout = timeout
@@ -135,6 +136,8 @@ class Client:
         self._ctx = context or zmq.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        if routing_id:  # how the server knows this client (its leases, its regions)
+            self._sock.setsockopt(zmq.ROUTING_ID, routing_id)
         self._sock.connect(self.endpoint)
         self._ids = itertools.count(1)
         self._rcvtimeo = -1

@@ -178,6 +178,12 @@ def as_array(value: Any, datatype: str | None = None) -> np.ndarray:
     return arr
 
 
+def in_shared_memory(output: dict[str, Any]) -> bool:
+    """Whether a response's output stayed in shared memory (no frame carries its bytes)."""
+    params = output.get("parameters") or {}
+    return "shared_memory_region" in params or "handle_region" in params
+
+
 # ----------------------------------------------------------------------------- headers
 def encode_header(header: dict[str, Any]) -> bytes:
     return orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY)

@@ -93,6 +93,19 @@ def add_serve(sub: Any) -> None:
         help="largest accepted request (default 256M)",
     )
     p.add_argument(
+        "--max-client-shm",
+        type=parse_size,
+        default="1G",
+        help="shared memory the server creates for one client's inputs (default 1G)",
+    )
+    p.add_argument(
+        "--lease-timeout",
+        type=float,
+        default=60.0,
+        help="seconds a client holding output handles may stay silent before they are "
+        "reclaimed (default 60; clients send keepalive messages)",
+    )
+    p.add_argument(
         "--no-prefault",
         action="store_true",
         help="do not touch arena pages at start (less memory, slower first requests)",
@@ -166,6 +179,8 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
     opts.output_arena_size = args.output_arena_size
     opts.max_request_bytes = args.max_request_bytes
     opts.prefault = not args.no_prefault
+    opts.max_client_shm = args.max_client_shm
+    opts.lease_timeout = args.lease_timeout
     opts.model_control_mode = args.model_control_mode
     opts.load_models = list(args.load_model)
     opts.strict_readiness = args.strict_readiness

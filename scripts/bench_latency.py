@@ -5,18 +5,23 @@ In one run, with the same pinning for both:
 
 - relay:     client DEALER -> broker ROUTER | ROUTER -> worker DEALER (echo) -> back,
              three processes, a Poller loop in the middle (what the broker path costs at least);
-- inferpool: client.Client -> broker -> identity worker -> back (the real server).
+- inferpool: client.Client -> broker -> identity worker -> back (the real server);
+- shm:       client.ShmClient, inputs written in place once, outputs read as handles (views)
+             and released with the next request; next to it, one numpy copy of each size
+             (the identity backend's own copy, input -> output, is the only copy allowed).
 
-Sizes 64 B, 1 MiB, 16 MiB, 64 MiB; 1 and 4 concurrent client processes.  Prints a table,
-writes JSON (``--json``, default bench-latency.json).  Layouts (``--layout``):
+Sizes 64 B, 1 MiB, 16 MiB, 64 MiB (shm also 256 MiB); 1 and 4 concurrent client processes.
+Prints tables, writes JSON (``--json``, default bench-latency.json).  Layouts (``--layout``):
 ``one``: every process on core 0; ``split``: clients and broker on core 0, worker on core 1.
 
     python scripts/bench_latency.py --quick          # a short smoke run
+    python scripts/bench_latency.py --part shm       # the shared-memory client table only
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -26,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +41,13 @@ import zmq
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from client import Client  # noqa: E402
+from client import Client, ShmClient  # noqa: E402
 from client.zmqio import NOBLOCK, recv_frames, send_parts  # noqa: E402
+from shm.region import Region  # noqa: E402
 
 SIZES = [("64 B", 64), ("1 MiB", 1 << 20), ("16 MiB", 16 << 20), ("64 MiB", 64 << 20)]
-ITERATIONS = {64: 3000, 1 << 20: 300, 16 << 20: 40, 64 << 20: 15}
+ITERATIONS = {64: 3000, 1 << 20: 300, 16 << 20: 40, 64 << 20: 15, 256 << 20: 8}
+SHM_SIZES = [*SIZES, ("256 MiB", 256 << 20)]
 LAYOUTS = {
     "one": {"client": 0, "broker": 0, "worker": 0},
     "split": {"client": 0, "broker": 0, "worker": 1},
@@ -162,6 +170,7 @@ def start_inferpool(tmp: Path, layout: dict[str, int]) -> tuple[subprocess.Popen
     ]
     proc = subprocess.Popen(
         cmd,
+        cwd=ROOT,  # this checkout's inferpool, whatever the caller's directory
         preexec_fn=lambda: pin(layout["broker"]),
         start_new_session=True,
         stdout=subprocess.DEVNULL,
@@ -197,10 +206,9 @@ def measure(target: Any, endpoint: str, nbytes: int, clients: int, cpu: int) -> 
     }
 
 
-def run_layout(
-    name: str, layout: dict[str, int], sizes: list[tuple[str, int]], clients_list: list[int]
-) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
+@contextlib.contextmanager
+def started(layout: dict[str, int]) -> Iterator[tuple[str, str]]:
+    """The relay and inferpool, pinned as ``layout`` says: (relay endpoint, inferpool's)."""
     tmp = Path(tempfile.mkdtemp(prefix="ipb-", dir="/tmp"))
     ctx = mp.get_context("spawn")
     ready = ctx.Event()
@@ -215,6 +223,20 @@ def run_layout(
     time.sleep(0.3)
     server, endpoint = start_inferpool(tmp, layout)
     try:
+        yield front, endpoint
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(60)
+        broker.kill()
+        worker.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run_layout(
+    name: str, layout: dict[str, int], sizes: list[tuple[str, int]], clients_list: list[int]
+) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    with started(layout) as (front, endpoint):
         for label, nbytes in sizes:
             for clients in clients_list:
                 relay = measure(relay_client, front, nbytes, clients, layout["client"])
@@ -232,12 +254,6 @@ def run_layout(
                     }
                 )
                 print_row(rows[-1])
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(60)
-        broker.kill()
-        worker.kill()
-        shutil.rmtree(tmp, ignore_errors=True)
     return rows
 
 
@@ -258,6 +274,103 @@ def print_row(r: dict[str, Any]) -> None:
     )
 
 
+# ============================================================================ the shm client
+def shm_client(endpoint: str, nbytes: int, iterations: int, cpu: int, start: Any, out: Any) -> None:
+    """Inputs written in place once; each round trip reads the output as a handle (a view)."""
+    pin(cpu)
+    with ShmClient(endpoint, timeout=60, input_bytes=nbytes + (1 << 20)) as c:
+        req = c.request("bench", outputs=["OUTPUT0"])
+        x = req.input("INPUT0", (nbytes,), np.uint8)
+        x[:] = np.arange(nbytes, dtype=np.uint64).astype(np.uint8)
+        with c.run(req) as result:  # the identity really answers with the input, in place
+            if not np.array_equal(result["OUTPUT0"][-4096:], x[-4096:]):
+                raise SystemExit("shm client: the output differs from the input")
+        for _ in range(max(5, iterations // 10)):
+            with c.run(req) as result:
+                result["OUTPUT0"]
+        start.wait()
+        lat = []
+        t0 = time.perf_counter()
+        for _ in range(iterations):
+            t = time.perf_counter()
+            with c.run(req) as result:
+                result["OUTPUT0"]
+            lat.append(time.perf_counter() - t)
+    out.put((t0, time.perf_counter(), lat))
+
+
+def copy_p50_us(nbytes: int, cpu: int) -> dict[str, float]:
+    """p50 of one numpy copy of ``nbytes``: between shared-memory regions (what the identity
+    backend's copy is: 4 KiB pages) and between private arrays (transparent huge pages)."""
+    pin(cpu)
+    iterations = max(5, ITERATIONS[nbytes])
+
+    def p50(dst: np.ndarray, src: np.ndarray) -> float:
+        np.copyto(dst, src)  # faults every page in before timing
+        lat = []
+        for _ in range(iterations):
+            t = time.perf_counter()
+            np.copyto(dst, src)
+            lat.append(time.perf_counter() - t)
+        return float(np.percentile(np.array(lat) * 1e6, 50))
+
+    src, dst = (Region.create(f"ipb-{os.getpid()}-copy{i}", nbytes) for i in range(2))
+    try:
+        a, b = (np.frombuffer(r.buf, np.uint8, nbytes) for r in (src, dst))
+        shared = p50(b, a)
+        del a, b
+    finally:
+        src.destroy()
+        dst.destroy()
+    return {"shm": shared, "private": p50(np.zeros(nbytes, np.uint8), np.ones(nbytes, np.uint8))}
+
+
+def run_shm_layout(
+    name: str, layout: dict[str, int], sizes: list[tuple[str, int]]
+) -> list[dict[str, Any]]:
+    """The shm client at every size next to the copy of that size and the 64 B relay."""
+    rows: list[dict[str, Any]] = []
+    with started(layout) as (front, endpoint):
+        relay = measure(relay_client, front, 64, 1, layout["client"])
+        for label, nbytes in sizes:
+            shm = measure(shm_client, endpoint, nbytes, 1, layout["client"])
+            rows.append(
+                {
+                    "layout": name,
+                    "size": label,
+                    "bytes": nbytes,
+                    "shm": shm,
+                    "copy_us": copy_p50_us(nbytes, layout["worker"]),
+                    "relay_64B": relay,
+                }
+            )
+    base = rows[0]["shm"]["p50_us"]
+    for r in rows:
+        r["bound_us"] = base + 1.5 * r["copy_us"]["shm"]
+        r["within_bound"] = r["shm"]["p50_us"] <= r["bound_us"]
+        r["p50_over_relay"] = r["shm"]["p50_us"] / relay["p50_us"]
+        print_shm_row(r)
+    return rows
+
+
+SHM_HEADER = (
+    f"{'layout':6} {'size':>7} | {'shm p50':>10} {'p99':>9} | {'copy shm':>9} {'private':>9} | "
+    f"{'bound':>10} {'ok':>3} | {'x relay 64 B p50':>16}"
+)
+
+
+def print_shm_row(r: dict[str, Any]) -> None:
+    s = r["shm"]
+    ok = "yes" if r["within_bound"] else "NO"
+    print(
+        f"{r['layout']:6} {r['size']:>7} | {s['p50_us']:8.0f}us {s['p99_us']:7.0f}us | "
+        f"{r['copy_us']['shm']:7.0f}us {r['copy_us']['private']:7.0f}us | "
+        f"{r['bound_us']:8.0f}us {ok:>3}"
+        f" | {r['p50_over_relay']:6.2f} (relay {r['relay_64B']['p50_us']:.0f}us)",
+        flush=True,
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -266,9 +379,11 @@ def main() -> int:
     parser.add_argument(
         "--quick", action="store_true", help="64 B and 1 MiB only, fewer iterations"
     )
+    parser.add_argument("--part", choices=["frames", "shm", "all"], default="all")
     parser.add_argument("--json", default="bench-latency.json")
     args = parser.parse_args()
     sizes = SIZES[:2] if args.quick else SIZES
+    shm_sizes = SHM_SIZES[:2] if args.quick else SHM_SIZES
     if args.quick:
         for k in ITERATIONS:
             ITERATIONS[k] = max(10, ITERATIONS[k] // 5)
@@ -281,14 +396,28 @@ def main() -> int:
             for n in layouts
         )
     )
-    print(
-        "p50 x = inferpool p50 / relay p50 (goal <= 1.3 for 64 B); "
-        "req/s x = inferpool req/s / relay req/s (goal >= 0.5 with 4 clients)"
-    )
-    print(HEADER)
-    rows = [r for name in layouts for r in run_layout(name, LAYOUTS[name], sizes, [1, 4])]
+    rows: list[dict[str, Any]] = []
+    shm_rows: list[dict[str, Any]] = []
+    if args.part in ("frames", "all"):
+        print(
+            "p50 x = inferpool p50 / relay p50 (goal <= 1.3 for 64 B); "
+            "req/s x = inferpool req/s / relay req/s (goal >= 0.5 with 4 clients)"
+        )
+        print(HEADER)
+        rows = [r for name in layouts for r in run_layout(name, LAYOUTS[name], sizes, [1, 4])]
+    if args.part in ("shm", "all"):
+        print(
+            "shm client: bound = p50(64 B) + 1.5 x copy shm(size), a numpy copy between "
+            "shared-memory regions like the identity backend's (goal: every size within); "
+            "x relay = p50 / relay p50 at 64 B (goal <= 1.2 for 64 B)"
+        )
+        print(SHM_HEADER)
+        shm_rows = [r for name in layouts for r in run_shm_layout(name, LAYOUTS[name], shm_sizes)]
     Path(args.json).write_text(
-        json.dumps({"rows": rows, "cores": sorted(os.sched_getaffinity(0))}, indent=1)
+        json.dumps(
+            {"rows": rows, "shm_rows": shm_rows, "cores": sorted(os.sched_getaffinity(0))},
+            indent=1,
+        )
     )
     print(f"wrote {args.json}")
     return 0

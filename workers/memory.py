@@ -1,7 +1,11 @@
-"""A worker's view of shared memory: input views and its own output arena.
+"""A worker's view of shared memory: input views, its own output arena, client regions.
 
-Regions are mapped once and cached.  The worker allocates outputs inside the region the
-broker created for it; the broker sends slots back (``free``) once the client has them.
+Regions are mapped once and cached: the broker's arena and this worker's output region by
+their POSIX names, regions clients registered by their reference (``shm.refs``), which the
+broker retires with an ``unmap`` once no request can use them any more.  The worker
+allocates outputs inside the region the broker created for it, or writes them into a
+client's registered window when the request asked so; the broker sends arena slots back
+(``free``) once the client has them.
 """
 
 from __future__ import annotations
@@ -9,12 +13,15 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import posix_ipc
 
 from backends.api import InputTensor, RequestedOutput
 from client import wire
 from client.errors import Code, InferpoolError
 from shm.arena import Allocator, ArenaFull
-from shm.region import Region, RegionCache
+from shm.cuda import CudaRegion, CudaUnavailable
+from shm.refs import parse_ref
+from shm.region import Region
 
 
 class WorkerMemory:
@@ -22,16 +29,23 @@ class WorkerMemory:
 
     def __init__(self, output_region: str, instance_name: str) -> None:
         self.instance_name = instance_name
-        self.inputs = RegionCache(populate=True)
         self.output = Region.attach(output_region, populate=True)
-        self.inputs.add(self.output)
+        self._regions: dict[str, Region | CudaRegion] = {self.output.name: self.output}
         self.allocator = Allocator(self.output.size)
+
+    def _region(self, ref: str) -> Region | CudaRegion:
+        region = self._regions.get(ref)
+        if region is None:
+            region = self._regions[ref] = _open(ref)
+        return region
 
     # ------------------------------------------------------------------ inputs
     def input_tensor(self, spec: list[Any], reshape: tuple[int, ...] | None) -> InputTensor:
         """A read-only view of one input: [name, datatype, shape, region, offset, nbytes]."""
         name, datatype, shape, region, offset, nbytes = spec
-        mapping = self.inputs.get(region)
+        mapping = self._region(region)
+        if isinstance(mapping, CudaRegion):
+            return _device_input(mapping, spec, reshape)
         if offset < 0 or offset + nbytes > mapping.size:
             raise InferpoolError(
                 Code.INVALID_ARG, f"input '{name}' lies outside shared-memory region {region!r}"
@@ -54,6 +68,8 @@ class WorkerMemory:
 
     # ------------------------------------------------------------------ outputs
     def allocate(self, output: RequestedOutput | None, nbytes: int) -> tuple[str, int, Any]:
+        if output is not None and output.target is not None:
+            return self._in_target(output.name, output.target, nbytes)
         try:
             offset = self.allocator.alloc(nbytes)
         except ArenaFull as exc:
@@ -63,6 +79,24 @@ class WorkerMemory:
                 "output handles sooner or start the server with a larger --output-arena-size",
             ) from None
         return self.output.name, offset, self.output.buf[offset : offset + nbytes]
+
+    def _in_target(self, name: str, target: list[Any], nbytes: int) -> tuple[str, int, Any]:
+        """Output ``name`` goes into the window [ref, offset, byte size] a client gave."""
+        ref, offset, size = target
+        if nbytes > size:
+            raise InferpoolError(
+                Code.INVALID_ARG,
+                f"output '{name}' needs {nbytes} bytes but its shared-memory window holds "
+                f"only {size} (shared_memory_byte_size)",
+            )
+        region = self._region(ref)
+        if isinstance(region, CudaRegion):
+            return ref, offset, region.array(offset, nbytes)
+        if offset + nbytes > region.size:
+            raise InferpoolError(
+                Code.INVALID_ARG, f"output '{name}' lies outside its shared-memory region"
+            )
+        return ref, offset, region.buf[offset : offset + nbytes]
 
     def release(self, region: str, offset: int) -> None:
         if region == self.output.name:
@@ -75,5 +109,53 @@ class WorkerMemory:
             if region == name:
                 self.allocator.free(offset)
 
+    def unmap(self, refs: list[str]) -> None:
+        """Client regions the broker retired: no request will name them again."""
+        for ref in refs:
+            region = self._regions.pop(ref, None)
+            if region is not None:
+                region.close()
+
     def close(self) -> None:
-        self.inputs.close()
+        for region in self._regions.values():
+            region.close()
+        self._regions.clear()
+
+
+def _open(ref: str) -> Region | CudaRegion:
+    """Map the region a work item names (once: the caller caches it)."""
+    try:
+        parsed = parse_ref(ref)
+    except ValueError as exc:
+        raise InferpoolError(Code.INVALID_ARG, str(exc)) from None
+    if parsed.kind == "cuda":
+        try:
+            return CudaRegion(parsed.handle, parsed.device_id)
+        except CudaUnavailable as exc:
+            raise InferpoolError(Code.UNSUPPORTED, f"CUDA shared memory: {exc}") from None
+        except Exception as exc:  # cupy's CUDARuntimeError: a bad or foreign handle
+            raise InferpoolError(
+                Code.INVALID_ARG, f"cannot open the CUDA IPC handle of a region: {exc}"
+            ) from None
+    try:
+        return Region.attach(parsed.name, populate=True)
+    except posix_ipc.ExistentialError:
+        raise InferpoolError(
+            Code.NOT_FOUND, f"shared-memory object '/{parsed.name}' no longer exists"
+        ) from None
+    except (posix_ipc.Error, OSError, ValueError) as exc:
+        raise InferpoolError(
+            Code.INVALID_ARG, f"cannot map shared-memory object '/{parsed.name}': {exc}"
+        ) from None
+
+
+def _device_input(
+    region: CudaRegion, spec: list[Any], reshape: tuple[int, ...] | None
+) -> InputTensor:
+    """An input in a client's CUDA region: a cupy array over device memory, no copy."""
+    name, datatype, shape, _ref, offset, nbytes = spec
+    if datatype == "BYTES":
+        raise InferpoolError(Code.UNSUPPORTED, f"input '{name}': BYTES tensors cannot be on a GPU")
+    shape = list(reshape) if reshape is not None else shape
+    data = region.array(offset, nbytes).view(wire.numpy_dtype(datatype)).reshape(shape)
+    return InputTensor(name, datatype, tuple(shape), data, nbytes, "gpu", region.device_id)

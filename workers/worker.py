@@ -3,8 +3,8 @@
 Messages are JSON datagrams on this worker's SOCK_SEQPACKET socketpair with the broker
 (inherited as ``spec.channel_fd``; the broker's internal protocol):
 
-broker -> worker   {"op": "execute", "requests": [...], "free": [...]}, {"op": "free", ...},
-                   {"op": "stop"}
+broker -> worker   {"op": "execute", "requests": [...], "free": [...], "unmap": [...]},
+                   {"op": "free", "free": [...], "unmap": [...]}, {"op": "stop"}
 worker -> broker   {"op": "ready", "placement": {...}, "config": {...}} (the config as the backend
                    completed it, protobuf JSON), {"op": "failed", "error": {...}},
                    {"op": "items", "items": [...]}            (decoupled, mid-batch)
@@ -133,6 +133,9 @@ class Worker:
             frees = msg.get("free")
             if frees:
                 self.memory.free(frees)
+            unmaps = msg.get("unmap")
+            if unmaps:
+                self.memory.unmap(unmaps)
             op = msg.get("op")
             if op == "execute":
                 self._execute(msg["requests"])

@@ -23,6 +23,7 @@ from backends.api import (
     Request,
     Response,
     batch_size_of,
+    copy_into,
     now_ns,
 )
 from client import wire
@@ -172,7 +173,7 @@ class IdentityInstance(ModelInstance):
                     if src.datatype == "BYTES":
                         response.set_output(name, src.data, "BYTES")
                     else:
-                        np.copyto(response.output(name, src.shape, src.datatype), src.data)
+                        copy_into(response.output(name, src.shape, src.datatype), src.data)
                     continue
                 optional = model.optional_inputs.get(_index(index))
                 if optional is None:

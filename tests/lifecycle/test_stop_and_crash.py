@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from client import InferpoolError
-from shm.runs import regions_of_run
+from shm.runs import regions_of_run, run_is_alive
 from tests.lifecycle.helpers import (
     NAP,
     assert_run_gone,
@@ -87,7 +87,8 @@ def test_killed_broker_takes_its_workers_and_the_next_start_sweeps(short_tmp) ->
         first.proc.wait(10)
         for pid in pids:  # parent-death signal: workers go with the broker
             wait_for(lambda pid=pid: not os.path.exists(f"/proc/{pid}"))
-        # its regions stay until a broker starts: this next one (or another session's)
+        # its regions stay until a broker starts (another session's may sweep them first)
+        assert not run_is_alive(run)
         second = Server(short_tmp, EXAMPLES)
         with second:
             assert regions_of_run(run) == []

@@ -1,0 +1,86 @@
+"""Outputs that stay in shared memory: handles with leases, and outputs in client regions.
+
+An output requested with ``output_handle`` is not sent: the response says where it lives
+in the worker's output region and carries a lease token; the slot stays held until the
+client releases the lease (or loses it: disconnect, silence).  An output requested into a
+registered region was written there by the worker; the response echoes the client's
+window with the size actually written.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker.admission import PendingRequest
+from broker.outputs import OutputRegions
+from client.errors import not_found
+from shm.leases import LeaseTable
+
+
+class Handles:
+    def __init__(self, leases: LeaseTable, outputs: OutputRegions) -> None:
+        self.leases = leases
+        self.outputs = outputs
+
+    def place(
+        self, req: PendingRequest, outputs: Any, headers: list[dict[str, Any]]
+    ) -> list[list[Any]]:
+        """Describe the outputs that stay in shared memory; return those to send as frames."""
+        framed = []
+        wanted = req.outputs
+        for out in outputs:
+            name, datatype, shape, region, offset, nbytes = out
+            params = wanted.get(name)
+            if params and "/" in region:  # written into the client's registered window
+                headers.append(
+                    {
+                        "name": name,
+                        "datatype": datatype,
+                        "shape": shape,
+                        "parameters": {
+                            "shared_memory_region": params["shared_memory_region"],
+                            "shared_memory_offset": params.get("shared_memory_offset", 0),
+                            "shared_memory_byte_size": nbytes,
+                        },
+                    }
+                )
+            elif params and params.get("output_handle"):
+                self.outputs.hold(region)
+                headers.append(
+                    {
+                        "name": name,
+                        "datatype": datatype,
+                        "shape": shape,
+                        "parameters": {
+                            "handle_region": region,
+                            "handle_offset": offset,
+                            "handle_byte_size": nbytes,
+                            "handle_lease": self.leases.grant(req.envelope[0], region, offset),
+                        },
+                    }
+                )
+            else:
+                framed.append(out)
+        return framed
+
+    def release(self, owner: bytes, tokens: Any) -> int:
+        """End ``owner``'s leases; NOT_FOUND naming any token it does not hold."""
+        if not isinstance(tokens, list):
+            tokens = [tokens]
+        ended, bad = self.leases.release(owner, tokens)
+        for lease in ended:
+            self.outputs.free(lease.region, lease.offset)
+        if bad:
+            shown = ", ".join(repr(t) for t in bad[:5]) + (" ..." if len(bad) > 5 else "")
+            raise not_found(
+                f"{len(bad)} lease(s) not held by this client: {shown} (released already, "
+                "reclaimed after a disconnect or a silence past the lease timeout, or never "
+                f"granted); {len(ended)} other lease(s) were released"
+            )
+        return len(ended)
+
+    def reclaim(self, owner: bytes) -> int:
+        ended = self.leases.reclaim(owner)
+        for lease in ended:
+            self.outputs.free(lease.region, lease.offset)
+        return len(ended)

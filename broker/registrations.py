@@ -1,0 +1,268 @@
+"""Shared-memory regions clients registered (Triton's system and CUDA extensions).
+
+Registrations belong to the client (zmq routing id) that made them: region names are per
+client, so another client's name is NOT_FOUND.  Three kinds:
+
+- ``system``: a POSIX object the client created and names by its key;
+- ``created``: a 0600 region the broker creates for the client under this run's name (the
+  shared-memory client's input region), unlinked when the registration ends;
+- ``cuda``: device memory exported with a CUDA IPC handle.
+
+Ending a registration never pulls memory from under a request in flight: the region is
+retired only once every request admitted before the end has finished; then workers are
+told to drop their mappings (piggybacked on their next message) and a created region is
+unlinked.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import posix_ipc
+
+from client.errors import Code, InferpoolError, invalid_arg, not_found
+from shm.refs import CUDA_IPC_HANDLE_SIZE, cuda_ref, posix_name, system_ref
+from shm.region import Region
+from shm.runs import PREFIX, SHM_DIR, region_name
+
+log = logging.getLogger("inferpool.shm")
+
+
+@dataclass
+class Registration:
+    name: str
+    kind: str  # "system", "created" or "cuda"
+    key: str  # POSIX name without slash ("" for cuda)
+    offset: int  # where the registered window starts in the object
+    byte_size: int
+    ref: str  # how work items name it (shm.refs)
+    device_id: int = 0
+    created: Region | None = None
+
+    def status(self) -> dict[str, Any]:
+        if self.kind == "cuda":
+            return {"name": self.name, "device_id": self.device_id, "byte_size": self.byte_size}
+        return {
+            "name": self.name,
+            "key": "/" + self.key,
+            "offset": self.offset,
+            "byte_size": self.byte_size,
+        }
+
+
+class Registrations:
+    def __init__(
+        self,
+        run_id: str,
+        max_created_bytes: int,
+        prefault: bool,
+        inflight: dict[int, Any],
+        workers: Callable[[], list[str]],
+        unmaps: dict[str, list[str]],
+    ) -> None:
+        self.run_id = run_id
+        self.max_created_bytes = max_created_bytes
+        self.prefault = prefault
+        self._inflight = inflight  # rid -> request, in admission order
+        self._workers = workers  # identities of the live workers
+        self._unmaps = unmaps  # worker identity -> refs to drop with its next message
+        self._by_owner: dict[bytes, dict[str, Registration]] = {}
+        self._retiring: list[tuple[int, Registration]] = []
+        self._serial = 0
+
+    # ------------------------------------------------------------------ registering
+    def register_system(self, owner: bytes, name: str, key: str, offset: int, size: int) -> None:
+        self._check_free(owner, name)
+        key = posix_name(key)
+        if not key or "/" in key:
+            raise invalid_arg(f"shared-memory key {'/' + key!r} is not a valid POSIX name")
+        if key.startswith(PREFIX):
+            raise invalid_arg(
+                f"shared-memory key '/{key}' is reserved for the server's own regions; "
+                "use create_shared_memory_region for a server-made region"
+            )
+        total = _object_size(key)
+        if offset + size > total:
+            raise invalid_arg(
+                f"invalid offset + byte size for shared memory region '{name}': "
+                f"{offset} + {size} exceeds the {total} bytes of '/{key}'"
+            )
+        self._add(owner, Registration(name, "system", key, offset, size, ""))
+
+    def create(self, owner: bytes, name: str, size: int) -> Registration:
+        """A region the broker makes for the client (mode 0600, named under this run)."""
+        self._check_free(owner, name)
+        mine = sum(r.byte_size for r in self._mine(owner) if r.kind == "created")
+        if mine + size > self.max_created_bytes:
+            raise invalid_arg(
+                f"shared-memory region '{name}' of {size} bytes would bring this client's "
+                f"server-made regions to {mine + size} bytes, over the server limit of "
+                f"{self.max_created_bytes} (--max-client-shm)"
+            )
+        st = os.statvfs(SHM_DIR)
+        if st.f_bavail * st.f_frsize < size * 2:
+            raise InferpoolError(
+                Code.UNAVAILABLE,
+                f"not enough room in {SHM_DIR} for a region of {size} bytes "
+                f"({st.f_bavail * st.f_frsize} bytes free)",
+            )
+        self._serial += 1
+        region = Region.create(
+            region_name(self.run_id, f"c{self._serial}"), size, prefault=self.prefault
+        )
+        region.close()  # the broker never touches the bytes; the name keeps the memory
+        reg = Registration(name, "created", region.name, 0, size, "", created=region)
+        self._add(owner, reg)
+        return reg
+
+    def register_cuda(
+        self, owner: bytes, name: str, handle: bytes, device_id: int, size: int
+    ) -> None:
+        self._check_free(owner, name)
+        if len(handle) != CUDA_IPC_HANDLE_SIZE:
+            raise invalid_arg(
+                f"raw_handle of CUDA shared memory region '{name}' must be a "
+                f"{CUDA_IPC_HANDLE_SIZE}-byte cudaIpcMemHandle_t, got {len(handle)} bytes"
+            )
+        self._serial += 1
+        ref = cuda_ref(self._serial, device_id, handle)
+        self._add(owner, Registration(name, "cuda", "", 0, size, ref, device_id=device_id))
+
+    def _check_free(self, owner: bytes, name: str) -> None:
+        if name in self._by_owner.get(owner, {}):
+            raise InferpoolError(
+                Code.ALREADY_EXISTS, f"shared memory region '{name}' is already registered"
+            )
+
+    def _add(self, owner: bytes, reg: Registration) -> None:
+        if not reg.ref:
+            self._serial += 1
+            reg.ref = system_ref(self._serial, reg.key)
+        self._by_owner.setdefault(owner, {})[reg.name] = reg
+
+    # ------------------------------------------------------------------ ending
+    def unregister(self, owner: bytes, name: str, cuda: bool) -> list[str]:
+        """End ``name`` (all of this client's regions of the kind when empty)."""
+        mine = self._by_owner.get(owner, {})
+        if name:
+            reg = mine.get(name)
+            if reg is None or (reg.kind == "cuda") != cuda:
+                raise not_found(_unknown(name, cuda))
+            ended = [reg]
+        else:
+            ended = [r for r in mine.values() if (r.kind == "cuda") == cuda]
+        for reg in ended:
+            del mine[reg.name]
+            self._retire_later(reg)
+        if not mine:
+            self._by_owner.pop(owner, None)
+        return [r.name for r in ended]
+
+    def drop_owner(self, owner: bytes) -> int:
+        """The client is gone: end all its registrations."""
+        mine = self._by_owner.pop(owner, {})
+        for reg in mine.values():
+            self._retire_later(reg)
+        return len(mine)
+
+    def _retire_later(self, reg: Registration) -> None:
+        inflight = self._inflight
+        newest = next(reversed(inflight)) if inflight else 0
+        self._retiring.append((newest, reg))
+        self.tick()
+
+    def tick(self) -> None:
+        """Retire regions no request admitted before their end can still be using."""
+        if not self._retiring:
+            return
+        oldest = next(iter(self._inflight)) if self._inflight else None
+        keep = []
+        for newest, reg in self._retiring:
+            if oldest is not None and oldest <= newest:
+                keep.append((newest, reg))
+                continue
+            workers = self._workers()
+            for identity in workers:
+                self._unmaps.setdefault(identity, []).append(reg.ref)
+            for identity in [i for i in self._unmaps if i not in workers]:
+                del self._unmaps[identity]  # a worker that died needs no word
+            if reg.created is not None:
+                reg.created.destroy()
+        self._retiring = keep
+
+    def close(self) -> None:
+        for mine in self._by_owner.values():
+            for reg in mine.values():
+                if reg.created is not None:
+                    reg.created.destroy()
+        for _, reg in self._retiring:
+            if reg.created is not None:
+                reg.created.destroy()
+        self._by_owner.clear()
+        self._retiring = []
+
+    # ------------------------------------------------------------------ looking up
+    def _mine(self, owner: bytes) -> list[Registration]:
+        return list(self._by_owner.get(owner, {}).values())
+
+    def status(self, owner: bytes, name: str, cuda: bool) -> list[dict[str, Any]]:
+        mine = [r for r in self._mine(owner) if (r.kind == "cuda") == cuda]
+        if name:
+            mine = [r for r in mine if r.name == name]
+            if not mine:
+                raise not_found(_unknown(name, cuda))
+        return [r.status() for r in mine]
+
+    def window(
+        self, owner: bytes, kind: str, tensor: str, params: dict[str, Any], nbytes: int | None
+    ) -> tuple[Registration, int, int]:
+        """(registration, absolute offset, byte size) of ``kind`` ``tensor``'s window."""
+        name = params.get("shared_memory_region")
+        mine = self._by_owner.get(owner)
+        reg = mine.get(name) if mine is not None and type(name) is str else None
+        if reg is None:
+            raise not_found(f"unable to find shared memory region: '{name}' for {kind} '{tensor}'")
+        offset = params.get("shared_memory_offset", 0)
+        size = params.get("shared_memory_byte_size")
+        if type(offset) is not int or offset < 0 or type(size) is not int or size < 0:
+            raise invalid_arg(
+                f"{kind} '{tensor}': shared_memory_offset and shared_memory_byte_size must be "
+                f"non-negative integers, got {offset!r} and {size!r}"
+            )
+        if nbytes is not None and size != nbytes:
+            raise invalid_arg(
+                f"{kind} '{tensor}': shared_memory_byte_size is {size}, but its datatype and "
+                f"shape make {nbytes} bytes"
+            )
+        if offset + size > reg.byte_size:
+            raise invalid_arg(
+                f"{kind} '{tensor}': shared-memory window [{offset}, {offset + size}) is "
+                f"outside region '{name}' of {reg.byte_size} bytes"
+            )
+        return reg, reg.offset + offset, size
+
+    def __len__(self) -> int:
+        return sum(len(m) for m in self._by_owner.values())
+
+
+def _unknown(name: str, cuda: bool) -> str:
+    kind = "CUDA" if cuda else "system"
+    return f"unable to find {kind} shared memory region: '{name}'"
+
+
+def _object_size(key: str) -> int:
+    """The size of POSIX object ``key``, opened read-write as the workers will open it."""
+    try:
+        shm = posix_ipc.SharedMemory("/" + key)
+    except posix_ipc.ExistentialError:
+        raise not_found(f"shared-memory object '/{key}' does not exist") from None
+    except posix_ipc.PermissionsError:
+        raise invalid_arg(f"shared-memory object '/{key}' cannot be opened read-write") from None
+    try:
+        return int(shm.size)
+    finally:
+        shm.close_fd()

@@ -1,0 +1,232 @@
+"""The shared-memory extension of the broker: control messages and the wiring around them.
+
+Registers, on the frontend, Triton's system and CUDA shared-memory messages, the
+server-made client region, lease release, keep-alive and lease status; answers the
+admission hook for inputs and outputs in shared memory (``broker.shm_inputs``); and wraps
+``infer`` so that a request may carry the releases of earlier leases (no extra round trip).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+from typing import TYPE_CHECKING, Any
+
+from broker.clients import ClientTracker
+from broker.handles import Handles
+from broker.registrations import Registrations
+from client.errors import Code, InferpoolError, invalid_arg
+from shm import cuda
+from shm.leases import LeaseTable
+
+if TYPE_CHECKING:
+    from broker.server import Broker
+
+log = logging.getLogger("inferpool.shm")
+EXTENSIONS = ["system_shared_memory", "cuda_shared_memory", "output_handles"]
+
+
+class SharedMemory:
+    """Implements broker.admission.SharedMemoryInputs and the extension's messages."""
+
+    def __init__(self, broker: Broker) -> None:
+        opts = broker.options
+        manager = broker.manager
+        supervisor = broker.supervisor
+        self.frontend = broker.frontend_handler
+        self.registrations = Registrations(
+            broker.run_id,
+            opts.max_client_shm,
+            opts.prefault,
+            manager.inflight,
+            lambda: [h.identity for h in supervisor.alive()],
+            manager.unmaps,
+        )
+        self.handles = Handles(LeaseTable(broker.run_id), broker.outputs)
+        self.clients = ClientTracker(
+            broker.frontend, opts.lease_timeout, self._disconnected, self._silent
+        )
+        broker.responder.handles = self.handles
+        broker.extra_extensions.extend(EXTENSIONS)
+        fe = self.frontend
+        self._infer = fe.handlers["infer"]
+        fe.add_handler("infer", self.infer)
+        fe.add_handler("register_system_shared_memory", self.register_system)
+        fe.add_handler("unregister_system_shared_memory", self.unregister_system)
+        fe.add_handler("system_shared_memory_status", self.system_status)
+        fe.add_handler("create_shared_memory_region", self.create_region)
+        fe.add_handler("register_cuda_shared_memory", self.register_cuda)
+        fe.add_handler("unregister_cuda_shared_memory", self.unregister_cuda)
+        fe.add_handler("cuda_shared_memory_status", self.cuda_status)
+        fe.add_handler("release_leases", self.release_leases)
+        fe.add_handler("keepalive", self.keepalive)
+        fe.add_handler("lease_status", self.lease_status)
+
+    # ------------------------------------------------------------------ admission hook
+    def resolve_input(
+        self, client: bytes, name: str, params: dict[str, Any], nbytes: int | None
+    ) -> tuple[str, int, int]:
+        reg, offset, size = self.registrations.window(client, "input", name, params, nbytes)
+        return reg.ref, offset, size
+
+    def resolve_output(self, client: bytes, name: str, params: dict[str, Any]) -> Any:
+        handle = params.get("output_handle", False)
+        if not isinstance(handle, bool):
+            raise invalid_arg(f"output '{name}': output_handle must be a boolean, got {handle!r}")
+        if "shared_memory_region" in params:
+            if handle:
+                raise invalid_arg(
+                    f"output '{name}' asks for both a handle and a shared-memory region; choose one"
+                )
+            reg, offset, size = self.registrations.window(client, "output", name, params, None)
+            return [reg.ref, offset, size]
+        if handle:
+            self._track(client)
+        return None
+
+    # ------------------------------------------------------------------ inference
+    def infer(self, envelope: list[bytes], header: dict[str, Any], frames: list[Any]) -> Any:
+        """Releases carried by the request first, then the request itself."""
+        release = header.get("release")
+        if release:
+            self.handles.release(envelope[0], release)
+        self.clients.seen(envelope[0])
+        return self._infer(envelope, header, frames)
+
+    # ------------------------------------------------------------------ system regions
+    def register_system(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
+        name = _text(h, "name")
+        self._track(e[0])
+        self.registrations.register_system(
+            e[0], name, _text(h, "key"), _count(h, "offset", 0), _count(h, "byte_size")
+        )
+        return {}
+
+    def create_region(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
+        name = _text(h, "name")
+        size = _count(h, "byte_size")
+        if size == 0:
+            raise invalid_arg("create_shared_memory_region needs a byte_size above 0")
+        self._track(e[0])
+        reg = self.registrations.create(e[0], name, size)
+        return {"key": "/" + reg.key, "byte_size": reg.byte_size}
+
+    def unregister_system(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
+        return {"unregistered": self.registrations.unregister(e[0], _opt_text(h, "name"), False)}
+
+    def system_status(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
+        return {"regions": self.registrations.status(e[0], _opt_text(h, "name"), False)}
+
+    # ------------------------------------------------------------------ CUDA regions
+    def register_cuda(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
+        name = _text(h, "name")
+        raw = _text(h, "raw_handle")
+        try:
+            handle = base64.b64decode(raw, validate=True)
+        except (binascii.Error, ValueError):
+            raise invalid_arg(
+                f"raw_handle of CUDA shared memory region '{name}' is not base64"
+            ) from None
+        device_id = _count(h, "device_id")
+        size = _count(h, "byte_size")
+        reason = cuda.unavailable_reason()
+        if reason is not None:
+            raise InferpoolError(
+                Code.UNSUPPORTED, f"CUDA shared memory is not available on this server: {reason}"
+            )
+        self._track(e[0])
+        self.registrations.register_cuda(e[0], name, handle, device_id, size)
+        return {}
+
+    def unregister_cuda(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
+        return {"unregistered": self.registrations.unregister(e[0], _opt_text(h, "name"), True)}
+
+    def cuda_status(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
+        return {"regions": self.registrations.status(e[0], _opt_text(h, "name"), True)}
+
+    # ------------------------------------------------------------------ leases
+    def release_leases(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
+        self.clients.seen(e[0])
+        leases = h.get("leases")
+        if not isinstance(leases, list):
+            raise invalid_arg("release_leases needs 'leases': a list of lease tokens")
+        return {"released": self.handles.release(e[0], leases)}
+
+    def keepalive(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
+        """Refresh the sender, or the client named by ``client`` (hex of its routing id)."""
+        client = e[0]
+        named = h.get("client")
+        if named is not None:
+            try:
+                client = bytes.fromhex(named) if isinstance(named, str) else b""
+            except ValueError:
+                client = b""
+            if not client:
+                raise invalid_arg(f"keepalive 'client' must be a routing id in hex, got {named!r}")
+        self.clients.seen(client)
+        return {"lease_timeout": self.clients.silence_s}
+
+    def lease_status(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
+        leases = self.handles.leases
+        return {
+            "leases": leases.held_by(e[0]),
+            "total": len(leases),
+            "clients": len(self.clients),
+            "registrations": len(self.registrations),
+            "lease_timeout": self.clients.silence_s,
+        }
+
+    # ------------------------------------------------------------------ clients coming and going
+    def _track(self, client: bytes) -> None:
+        self.clients.track(client, self.frontend.source)
+
+    def _disconnected(self, client: bytes) -> None:
+        leases = self.handles.reclaim(client)
+        regions = self.registrations.drop_owner(client)
+        if leases or regions:
+            log.info(
+                "client %s disconnected: reclaimed %d lease(s), ended %d region registration(s)",
+                client.hex(),
+                leases,
+                regions,
+            )
+
+    def _silent(self, client: bytes) -> None:
+        leases = self.handles.reclaim(client)
+        if leases:
+            log.warning(
+                "client %s was silent for more than %gs: reclaimed its %d lease(s)",
+                client.hex(),
+                self.clients.silence_s,
+                leases,
+            )
+
+    def tick(self, now: float) -> None:
+        self.clients.tick(now)
+        self.registrations.tick()
+
+    def close(self) -> None:
+        self.clients.close()
+        self.registrations.close()
+
+
+def _text(h: dict[str, Any], key: str) -> str:
+    value = h.get(key)
+    if not isinstance(value, str) or not value:
+        raise invalid_arg(f"'{h.get('type')}' needs '{key}': a non-empty string, got {value!r}")
+    return value
+
+
+def _opt_text(h: dict[str, Any], key: str) -> str:
+    value = h.get(key, "")
+    if not isinstance(value, str):
+        raise invalid_arg(f"'{h.get('type')}': '{key}' must be a string, got {value!r}")
+    return value
+
+
+def _count(h: dict[str, Any], key: str, default: int | None = None) -> int:
+    value = h.get(key, default)
+    if type(value) is not int or value < 0:
+        raise invalid_arg(f"'{h.get('type')}' needs '{key}': a non-negative integer, got {value!r}")
+    return value

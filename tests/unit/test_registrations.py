@@ -1,0 +1,103 @@
+"""Registered regions: per-client names, bounds, and retirement only after in-flight work."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+
+import pytest
+
+from broker.registrations import Registrations
+from client.errors import Code, InferpoolError
+from shm.region import Region, exists
+from shm.runs import RunLock
+
+A, B = b"client-a", b"client-b"
+
+
+@pytest.fixture
+def regs(shm_clean: None) -> Iterator[tuple[Registrations, dict[int, object], dict]]:
+    lock = RunLock()
+    inflight: dict[int, object] = {}
+    unmaps: dict[bytes, list[str]] = {}
+    r = Registrations(lock.run_id, 1 << 20, False, inflight, lambda: [b"w0", b"w1"], unmaps)
+    try:
+        yield r, inflight, unmaps
+    finally:
+        r.close()
+        lock.release()
+
+
+@pytest.fixture
+def user_object() -> Iterator[str]:
+    """A POSIX object a client made (not an inferpool- name), 4096 bytes."""
+    name = f"ipt-{os.getpid()}-{secrets.token_hex(3)}"
+    region = Region.create(name, 4096, prefault=False)
+    try:
+        yield name
+    finally:
+        region.destroy()
+
+
+def code_of(fn, *args) -> tuple[Code, str]:
+    with pytest.raises(InferpoolError) as info:
+        fn(*args)
+    return info.value.code, info.value.message
+
+
+def test_names_belong_to_their_client_and_windows_are_checked(regs, user_object) -> None:
+    r, _, _ = regs
+    r.register_system(A, "in", "/" + user_object, 1024, 2048)
+    assert r.status(A, "", False) == [
+        {"name": "in", "key": "/" + user_object, "offset": 1024, "byte_size": 2048}
+    ]
+    assert code_of(r.register_system, A, "in", user_object, 0, 16)[0] is Code.ALREADY_EXISTS
+    r.register_system(B, "in", user_object, 0, 4096)  # B's own "in": a different region
+
+    def win(owner: bytes, nbytes: int | None, **params) -> tuple:
+        return r.window(owner, "input", "X", {"shared_memory_region": "in", **params}, nbytes)
+
+    reg, offset, size = win(A, 32, shared_memory_offset=16, shared_memory_byte_size=32)
+    assert (offset, size) == (1040, 32) and reg.ref.startswith("sys/")
+    code, msg = code_of(win, b"client-c", 4)
+    assert code is Code.NOT_FOUND and "unable to find shared memory region: 'in'" in msg
+    code, msg = code_of(lambda: win(A, 16, shared_memory_offset=2040, shared_memory_byte_size=16))
+    assert code is Code.INVALID_ARG and "outside region 'in' of 2048 bytes" in msg
+    code, msg = code_of(lambda: win(A, 16, shared_memory_byte_size=12))
+    assert code is Code.INVALID_ARG and "input 'X'" in msg and "make 16 bytes" in msg
+    code, msg = code_of(lambda: win(A, None, shared_memory_byte_size=-1))
+    assert code is Code.INVALID_ARG and "non-negative integers" in msg
+
+
+def test_bad_registrations_say_what_is_wrong(regs, user_object) -> None:
+    r, _, _ = regs
+    assert code_of(r.register_system, A, "x", "/nope-" + user_object, 0, 8)[0] is Code.NOT_FOUND
+    code, msg = code_of(r.register_system, A, "x", user_object, 4000, 100)
+    assert code is Code.INVALID_ARG and "exceeds the 4096 bytes" in msg
+    code, msg = code_of(r.register_system, A, "x", f"/inferpool-{r.run_id}-arena", 0, 8)
+    assert code is Code.INVALID_ARG and "reserved" in msg
+    code, msg = code_of(r.register_cuda, A, "g", b"short", 0, 8)
+    assert code is Code.INVALID_ARG and "64-byte" in msg
+    code, msg = code_of(r.create, A, "big", 2 << 20)
+    assert code is Code.INVALID_ARG and "--max-client-shm" in msg
+    assert code_of(r.unregister, A, "x", False)[0] is Code.NOT_FOUND
+
+
+def test_regions_retire_only_after_the_requests_admitted_before(regs, user_object) -> None:
+    r, inflight, unmaps = regs
+    created = r.create(A, "inputs", 64 << 10)
+    assert created.created is not None and exists(created.key)
+    assert os.stat(f"/dev/shm/{created.key}").st_mode & 0o777 == 0o600
+    r.register_system(A, "user", user_object, 0, 4096)
+    inflight[7] = object()  # a request admitted before the client went away
+    assert r.drop_owner(A) == 2
+    assert r.status(A, "", False) == []  # the names are gone at once...
+    assert exists(created.key) and unmaps == {}  # ...the memory is not
+    inflight[8] = object()  # admitted later: does not hold the old regions
+    del inflight[7]
+    r.tick()
+    assert not exists(created.key)
+    refs = sorted(unmaps[b"w0"])
+    assert refs == sorted(unmaps[b"w1"]) and len(refs) == 2
+    assert exists(user_object)  # the client's own object is the client's to unlink
