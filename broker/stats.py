@@ -47,24 +47,30 @@ class ModelStats:
     ) -> None:
         """One request finished: ``timing`` is [compute_input, compute_infer, compute_output] ns."""
         self.last_inference_ms = int(time.time() * 1000)
+        d = self.success if success else self.fail  # (updated inline: this runs per request)
+        d.count += 1
+        d.ns += total_ns
         if not success:
-            self.fail.add(total_ns)
             return
-        self.success.add(total_ns)
         self.inference_count += batch_size
         if timing:
-            self.compute_input.add(timing[0])
-            self.compute_infer.add(timing[1])
-            self.compute_output.add(timing[2])
+            ci, cf, co = self.compute_input, self.compute_infer, self.compute_output
+            ci.count += 1
+            ci.ns += timing[0]
+            cf.count += 1
+            cf.ns += timing[1]
+            co.count += 1
+            co.ns += timing[2]
 
     def batch_done(self, batch_size: int, timing: list[int]) -> None:
         self.execution_count += 1
         b = self.batches.get(batch_size)
         if b is None:
             b = self.batches[batch_size] = BatchStats()
-        b.compute_input.add(timing[0])
-        b.compute_infer.add(timing[1])
-        b.compute_output.add(timing[2])
+        for d, ns in ((b.compute_input, timing[0]), (b.compute_infer, timing[1]),
+                      (b.compute_output, timing[2])):
+            d.count += 1
+            d.ns += ns
 
     def to_dict(self, name: str, version: int) -> dict[str, Any]:
         return {

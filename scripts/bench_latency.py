@@ -4,13 +4,19 @@
 In one run, with the same pinning for both:
 
 - relay:     client DEALER -> broker ROUTER | ROUTER -> worker DEALER (echo) -> back,
-             three processes, a Poller loop in the middle (what the broker path costs at least);
+             three processes, a Poller loop in the middle (what the broker path costs at least),
+             written with pyzmq's multipart API (send_multipart/recv_multipart);
+- lean relay: the same relay with the cheapest pyzmq calls there are (client/zmqio.py: plain
+             int flags, Frame.more), the stricter floor;
 - inferpool: client.Client -> broker -> identity worker -> back (the real server);
 - shm:       client.ShmClient, inputs written in place once, outputs read as handles (views)
              and released with the next request; next to it, one numpy copy of each size
              (the identity backend's own copy, input -> output, is the only copy allowed).
 
 Sizes 64 B, 1 MiB, 16 MiB, 64 MiB (shm also 256 MiB); 1 and 4 concurrent client processes.
+The systems are measured in alternating rounds (noise on a shared machine hits them alike).
+The served model is identity with the dynamic batcher on (requests queued together while
+the instance is busy run as one batch: what a Triton user would configure).
 Prints tables, writes JSON (``--json``, default bench-latency.json).  Layouts (``--layout``):
 ``one``: every process on core 0; ``split``: clients and broker on core 0, worker on core 1.
 
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import multiprocessing as mp
 import os
@@ -59,8 +66,19 @@ def pin(cpu: int) -> None:
     os.sched_setaffinity(0, {cpu if cpu in cpus else cpus[0]})
 
 
-# ============================================================================ the relay
-def relay_broker(front: str, back: str, cpu: int, ready: Any) -> None:
+# ============================================================================ the relays
+def _recv(sock: zmq.Socket[Any], lean: bool, flags: int = 0) -> list[Any]:
+    return recv_frames(sock, flags) if lean else sock.recv_multipart(flags, copy=False)
+
+
+def _send(sock: zmq.Socket[Any], parts: list[Any], lean: bool) -> None:
+    if lean:
+        send_parts(sock, parts, copy=False)
+    else:
+        sock.send_multipart(parts, copy=False)
+
+
+def relay_broker(front: str, back: str, cpu: int, ready: Any, lean: bool) -> None:
     pin(cpu)
     ctx = zmq.Context()
     fe, be = ctx.socket(zmq.ROUTER), ctx.socket(zmq.ROUTER)
@@ -71,30 +89,30 @@ def relay_broker(front: str, back: str, cpu: int, ready: Any) -> None:
     poller.register(be, zmq.POLLIN)
     worker = None
     ready.set()
-    while True:  # the leanest loop pyzmq allows: one message per readiness, no enums
+    while True:  # one message per readiness
         events = dict(poller.poll())
         if be in events:
-            msg = recv_frames(be, NOBLOCK)
+            msg = _recv(be, lean, NOBLOCK)
             if worker is None:
                 worker = msg[0].bytes
             else:
-                send_parts(fe, msg[1:], copy=False)  # [client id, b"", payload...]
+                _send(fe, msg[1:], lean)  # [client id, b"", payload...]
         if fe in events and worker is not None:
-            send_parts(be, [worker, *recv_frames(fe, NOBLOCK)], copy=False)
+            _send(be, [worker, *_recv(fe, lean, NOBLOCK)], lean)
 
 
-def relay_worker(back: str, cpu: int) -> None:
+def relay_worker(back: str, cpu: int, lean: bool) -> None:
     pin(cpu)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.connect(back)
     sock.send(b"hello")
     while True:
-        send_parts(sock, recv_frames(sock), copy=False)
+        _send(sock, _recv(sock, lean), lean)
 
 
 def relay_client(
-    endpoint: str, nbytes: int, iterations: int, cpu: int, start: Any, out: Any
+    endpoint: str, nbytes: int, iterations: int, cpu: int, start: Any, out: Any, lean: bool
 ) -> None:
     pin(cpu)
     ctx = zmq.Context()
@@ -102,15 +120,15 @@ def relay_client(
     sock.connect(endpoint)
     payload = np.random.bytes(nbytes)
     for _ in range(max(5, iterations // 10)):  # warm-up
-        send_parts(sock, [b"", b"{}", payload], copy=False)
-        recv_frames(sock)
+        _send(sock, [b"", b"{}", payload], lean)
+        _recv(sock, lean)
     start.wait()
     lat = []
     t0 = time.perf_counter()
     for _ in range(iterations):
         t = time.perf_counter()
-        send_parts(sock, [b"", b"{}", payload], copy=False)
-        recv_frames(sock)
+        _send(sock, [b"", b"{}", payload], lean)
+        _recv(sock, lean)
         lat.append(time.perf_counter() - t)
     out.put((t0, time.perf_counter(), lat))
 
@@ -120,7 +138,7 @@ def inferpool_client(
     endpoint: str, nbytes: int, iterations: int, cpu: int, start: Any, out: Any
 ) -> None:
     pin(cpu)
-    x = np.frombuffer(np.random.bytes(nbytes), dtype=np.uint8)
+    x = np.frombuffer(np.random.bytes(nbytes), dtype=np.uint8).reshape(1, nbytes)
     with Client(endpoint, timeout=60) as c:
         for _ in range(max(5, iterations // 10)):
             c.infer("bench", {"INPUT0": x})
@@ -137,7 +155,8 @@ def inferpool_client(
 BENCH_CONFIG = """
 name: "bench"
 backend: "identity"
-max_batch_size: 0
+max_batch_size: 8
+dynamic_batching { }
 input [ { name: "INPUT0" data_type: TYPE_UINT8 dims: [ -1 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_UINT8 dims: [ -1 ] } ]
 instance_group [ { count: 1 kind: KIND_CPU host_policy: "bench" } ]
@@ -181,10 +200,15 @@ def start_inferpool(tmp: Path, layout: dict[str, int]) -> tuple[subprocess.Popen
 
 
 # ============================================================================ measuring
-def measure(target: Any, endpoint: str, nbytes: int, clients: int, cpu: int) -> dict[str, float]:
+ROUNDS = 3  # each system is measured in this many alternating chunks
+
+
+def _chunk(
+    target: Any, endpoint: str, nbytes: int, iterations: int, clients: int, cpu: int
+) -> tuple[list[float], float]:
+    """One chunk: ``clients`` processes each doing ``iterations`` round trips at once."""
     ctx = mp.get_context("spawn")
     start, out = ctx.Event(), ctx.Queue()
-    iterations = ITERATIONS[nbytes] if clients == 1 else max(10, ITERATIONS[nbytes] // 2)
     procs = [
         ctx.Process(target=target, args=(endpoint, nbytes, iterations, cpu, start, out))
         for _ in range(clients)
@@ -196,61 +220,97 @@ def measure(target: Any, endpoint: str, nbytes: int, clients: int, cpu: int) -> 
     results = [out.get(timeout=600) for _ in procs]
     for p in procs:
         p.join()
-    lat = np.array([x for r in results for x in r[2]]) * 1e6
     wall = max(r[1] for r in results) - min(r[0] for r in results)
-    return {
-        "p50_us": float(np.percentile(lat, 50)),
-        "p99_us": float(np.percentile(lat, 99)),
-        "rps": len(lat) / wall,
-        "requests": len(lat),
-    }
+    return [x for r in results for x in r[2]], wall
+
+
+def measure(
+    systems: dict[str, tuple[Any, str]], nbytes: int, clients: int, cpu: int
+) -> dict[str, dict[str, float]]:
+    """p50/p99 and requests/s of each system, measured in alternating rounds."""
+    total = ITERATIONS[nbytes] if clients == 1 else max(10, ITERATIONS[nbytes] // 2)
+    per_round = max(5, total // ROUNDS)
+    lat: dict[str, list[float]] = {name: [] for name in systems}
+    wall = dict.fromkeys(systems, 0.0)
+    for _ in range(ROUNDS):
+        for name, (target, endpoint) in systems.items():
+            samples, seconds = _chunk(target, endpoint, nbytes, per_round, clients, cpu)
+            lat[name] += samples
+            wall[name] += seconds
+    out = {}
+    for name in systems:
+        us = np.array(lat[name]) * 1e6
+        out[name] = {
+            "p50_us": float(np.percentile(us, 50)),
+            "p99_us": float(np.percentile(us, 99)),
+            "rps": len(us) / wall[name],
+            "requests": len(us),
+        }
+    return out
 
 
 @contextlib.contextmanager
-def started(layout: dict[str, int]) -> Iterator[tuple[str, str]]:
-    """The relay and inferpool, pinned as ``layout`` says: (relay endpoint, inferpool's)."""
+def started(layout: dict[str, int]) -> Iterator[dict[str, str]]:
+    """Both relays and inferpool, pinned as ``layout`` says: their client endpoints."""
     tmp = Path(tempfile.mkdtemp(prefix="ipb-", dir="/tmp"))
     ctx = mp.get_context("spawn")
-    ready = ctx.Event()
-    front, back = f"ipc://{tmp}/relay-front", f"ipc://{tmp}/relay-back"
-    broker = ctx.Process(
-        target=relay_broker, args=(front, back, layout["broker"], ready), daemon=True
-    )
-    broker.start()
-    ready.wait()
-    worker = ctx.Process(target=relay_worker, args=(back, layout["worker"]), daemon=True)
-    worker.start()
+    procs = []
+    endpoints = {}
+    for name, lean in (("relay", False), ("lean", True)):
+        ready = ctx.Event()
+        front, back = f"ipc://{tmp}/{name}-front", f"ipc://{tmp}/{name}-back"
+        broker = ctx.Process(
+            target=relay_broker, args=(front, back, layout["broker"], ready, lean), daemon=True
+        )
+        broker.start()
+        ready.wait()
+        worker = ctx.Process(target=relay_worker, args=(back, layout["worker"], lean), daemon=True)
+        worker.start()
+        procs += [broker, worker]
+        endpoints[name] = front
     time.sleep(0.3)
-    server, endpoint = start_inferpool(tmp, layout)
+    server, endpoints["inferpool"] = start_inferpool(tmp, layout)
     try:
-        yield front, endpoint
+        yield endpoints
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(60)
-        broker.kill()
-        worker.kill()
+        for p in procs:
+            p.kill()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def relay_systems(endpoints: dict[str, str]) -> dict[str, tuple[Any, str]]:
+    return {
+        "relay": (functools.partial(relay_client, lean=False), endpoints["relay"]),
+        "lean": (functools.partial(relay_client, lean=True), endpoints["lean"]),
+    }
 
 
 def run_layout(
     name: str, layout: dict[str, int], sizes: list[tuple[str, int]], clients_list: list[int]
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    with started(layout) as (front, endpoint):
+    with started(layout) as endpoints:
+        systems = {
+            **relay_systems(endpoints),
+            "inferpool": (inferpool_client, endpoints["inferpool"]),
+        }
         for label, nbytes in sizes:
             for clients in clients_list:
-                relay = measure(relay_client, front, nbytes, clients, layout["client"])
-                ours = measure(inferpool_client, endpoint, nbytes, clients, layout["client"])
+                m = measure(systems, nbytes, clients, layout["client"])
+                ours = m["inferpool"]
                 rows.append(
                     {
                         "layout": name,
                         "size": label,
                         "bytes": nbytes,
                         "clients": clients,
-                        "relay": relay,
-                        "inferpool": ours,
-                        "p50_ratio": ours["p50_us"] / relay["p50_us"],
-                        "rps_ratio": ours["rps"] / relay["rps"],
+                        **m,
+                        "p50_ratio": ours["p50_us"] / m["relay"]["p50_us"],
+                        "rps_ratio": ours["rps"] / m["relay"]["rps"],
+                        "p50_ratio_lean": ours["p50_us"] / m["lean"]["p50_us"],
+                        "rps_ratio_lean": ours["rps"] / m["lean"]["rps"],
                     }
                 )
                 print_row(rows[-1])
@@ -258,18 +318,20 @@ def run_layout(
 
 
 HEADER = (
-    f"{'layout':6} {'size':>7} {'cl':>2} | {'relay p50':>10} {'p99':>9} {'req/s':>8} | "
-    f"{'inferpool p50':>13} {'p99':>9} {'req/s':>8} | {'p50 x':>6} {'req/s x':>7}"
+    f"{'layout':6} {'size':>7} {'cl':>2} | {'relay p50':>9} {'req/s':>6} | "
+    f"{'lean p50':>9} {'req/s':>6} | {'inferpool p50':>13} {'p99':>8} {'req/s':>6} | "
+    f"{'p50 x':>5} {'rps x':>5} | {'x lean':>6} {'rps x':>5}"
 )
 
 
 def print_row(r: dict[str, Any]) -> None:
-    a, b = r["relay"], r["inferpool"]
+    a, lean, b = r["relay"], r["lean"], r["inferpool"]
     print(
         f"{r['layout']:6} {r['size']:>7} {r['clients']:>2} | "
-        f"{a['p50_us']:8.0f}us {a['p99_us']:7.0f}us "
-        f"{a['rps']:8.0f} | {b['p50_us']:11.0f}us {b['p99_us']:7.0f}us {b['rps']:8.0f} | "
-        f"{r['p50_ratio']:6.2f} {r['rps_ratio']:7.2f}",
+        f"{a['p50_us']:7.0f}us {a['rps']:6.0f} | {lean['p50_us']:7.0f}us {lean['rps']:6.0f} | "
+        f"{b['p50_us']:11.0f}us {b['p99_us']:6.0f}us {b['rps']:6.0f} | "
+        f"{r['p50_ratio']:5.2f} {r['rps_ratio']:5.2f} | "
+        f"{r['p50_ratio_lean']:6.2f} {r['rps_ratio_lean']:5.2f}",
         flush=True,
     )
 
@@ -280,10 +342,10 @@ def shm_client(endpoint: str, nbytes: int, iterations: int, cpu: int, start: Any
     pin(cpu)
     with ShmClient(endpoint, timeout=60, input_bytes=nbytes + (1 << 20)) as c:
         req = c.request("bench", outputs=["OUTPUT0"])
-        x = req.input("INPUT0", (nbytes,), np.uint8)
+        x = req.input("INPUT0", (1, nbytes), np.uint8)
         x[:] = np.arange(nbytes, dtype=np.uint64).astype(np.uint8)
         with c.run(req) as result:  # the identity really answers with the input, in place
-            if not np.array_equal(result["OUTPUT0"][-4096:], x[-4096:]):
+            if not np.array_equal(result["OUTPUT0"][0, -4096:], x[0, -4096:]):
                 raise SystemExit("shm client: the output differs from the input")
         for _ in range(max(5, iterations // 10)):
             with c.run(req) as result:
@@ -330,10 +392,13 @@ def run_shm_layout(
 ) -> list[dict[str, Any]]:
     """The shm client at every size next to the copy of that size and the 64 B relay."""
     rows: list[dict[str, Any]] = []
-    with started(layout) as (front, endpoint):
-        relay = measure(relay_client, front, 64, 1, layout["client"])
+    with started(layout) as endpoints:
+        relays = measure(relay_systems(endpoints), 64, 1, layout["client"])
+        relay = relays["relay"]
         for label, nbytes in sizes:
-            shm = measure(shm_client, endpoint, nbytes, 1, layout["client"])
+            shm = measure(
+                {"shm": (shm_client, endpoints["inferpool"])}, nbytes, 1, layout["client"]
+            )["shm"]
             rows.append(
                 {
                     "layout": name,
@@ -342,6 +407,7 @@ def run_shm_layout(
                     "shm": shm,
                     "copy_us": copy_p50_us(nbytes, layout["worker"]),
                     "relay_64B": relay,
+                    "lean_relay_64B": relays["lean"],
                 }
             )
     base = rows[0]["shm"]["p50_us"]
@@ -349,13 +415,14 @@ def run_shm_layout(
         r["bound_us"] = base + 1.5 * r["copy_us"]["shm"]
         r["within_bound"] = r["shm"]["p50_us"] <= r["bound_us"]
         r["p50_over_relay"] = r["shm"]["p50_us"] / relay["p50_us"]
+        r["p50_over_lean_relay"] = r["shm"]["p50_us"] / relays["lean"]["p50_us"]
         print_shm_row(r)
     return rows
 
 
 SHM_HEADER = (
     f"{'layout':6} {'size':>7} | {'shm p50':>10} {'p99':>9} | {'copy shm':>9} {'private':>9} | "
-    f"{'bound':>10} {'ok':>3} | {'x relay 64 B p50':>16}"
+    f"{'bound':>10} {'ok':>3} | {'x relay 64 B p50':>16} {'x lean relay':>20}"
 )
 
 
@@ -366,7 +433,8 @@ def print_shm_row(r: dict[str, Any]) -> None:
         f"{r['layout']:6} {r['size']:>7} | {s['p50_us']:8.0f}us {s['p99_us']:7.0f}us | "
         f"{r['copy_us']['shm']:7.0f}us {r['copy_us']['private']:7.0f}us | "
         f"{r['bound_us']:8.0f}us {ok:>3}"
-        f" | {r['p50_over_relay']:6.2f} (relay {r['relay_64B']['p50_us']:.0f}us)",
+        f" | {r['p50_over_relay']:6.2f} (relay {r['relay_64B']['p50_us']:.0f}us)"
+        f" {r['p50_over_lean_relay']:6.2f} (lean {r['lean_relay_64B']['p50_us']:.0f}us)",
         flush=True,
     )
 
@@ -400,8 +468,8 @@ def main() -> int:
     shm_rows: list[dict[str, Any]] = []
     if args.part in ("frames", "all"):
         print(
-            "p50 x = inferpool p50 / relay p50 (goal <= 1.3 for 64 B); "
-            "req/s x = inferpool req/s / relay req/s (goal >= 0.5 with 4 clients)"
+            "p50 x / rps x = inferpool p50 / req/s over the relay's (goals: <= 1.3 for 64 B, "
+            ">= 0.5 req/s with 4 clients); x lean: the same over the lean relay"
         )
         print(HEADER)
         rows = [r for name in layouts for r in run_layout(name, LAYOUTS[name], sizes, [1, 4])]

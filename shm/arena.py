@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from shm.region import Region
 
 ALIGN = 64  # cache line; also satisfies every numpy/torch dtype
+QUICK_BLOCKS = 8  # freed blocks kept per exact size before they are merged
 
 
 class ArenaFull(MemoryError):
@@ -28,12 +29,14 @@ class Slot:
     nbytes: int
 
 
-def _round_up(n: int, align: int) -> int:
-    return (n + align - 1) // align * align
-
-
 class Allocator:
-    """Offsets only, no memory: best-fit over free blocks kept by size, merged on free."""
+    """Offsets only, no memory: best-fit over free blocks kept by size, merged on free.
+
+    A freed block is first kept on a short list for its exact size (as dlmalloc's fast
+    bins): a steady stream of same-sized requests then takes and returns the same warm
+    blocks in O(1).  Those blocks are merged back only when an allocation would otherwise
+    fail, or when the largest free block is asked for.
+    """
 
     def __init__(self, size: int, align: int = ALIGN) -> None:
         if size <= 0:
@@ -44,12 +47,23 @@ class Allocator:
         self._by_end: dict[int, int] = {self.size: 0}  # free block end -> start
         self._sizes: list[tuple[int, int]] = [(self.size, 0)]  # sorted (size, start)
         self._used: dict[int, int] = {}  # allocated start -> rounded size
+        self._quick: dict[int, list[int]] = {}  # rounded size -> freed blocks not yet merged
         self.free_bytes = self.size
 
     def alloc(self, nbytes: int) -> int:
         """Offset of a block of at least ``nbytes`` (at least one ALIGN unit); ArenaFull if none."""
-        need = _round_up(max(nbytes, 1), self.align)
+        align = self.align
+        need = (nbytes + align - 1) // align * align if nbytes > 0 else align
+        quick = self._quick.get(need)
+        if quick:
+            start = quick.pop()
+            self._used[start] = need
+            self.free_bytes -= need
+            return start
         i = bisect.bisect_left(self._sizes, (need, -1))
+        if i == len(self._sizes) and self._quick:
+            self._merge_quick()
+            i = bisect.bisect_left(self._sizes, (need, -1))
         if i == len(self._sizes):
             raise ArenaFull(
                 f"no free block of {need} bytes ({self.free_bytes} of {self.size} bytes free, "
@@ -71,6 +85,22 @@ class Allocator:
         except KeyError:
             raise ValueError(f"offset {offset} is not an allocated block") from None
         self.free_bytes += size
+        quick = self._quick.get(size)
+        if quick is None:
+            quick = self._quick[size] = []
+        if len(quick) < QUICK_BLOCKS:
+            quick.append(offset)
+            return
+        self._merge(offset, size)
+
+    def _merge_quick(self) -> None:
+        quick, self._quick = self._quick, {}
+        for size, starts in quick.items():
+            for start in starts:
+                self._merge(start, size)
+
+    def _merge(self, offset: int, size: int) -> None:
+        """Put a block back among the free ones, joined with its free neighbours."""
         start, end = offset, offset + size
         before = self._by_end.get(start)
         if before is not None:  # merge with the free block that ends where this one starts
@@ -86,6 +116,9 @@ class Allocator:
         return self._used.get(offset)
 
     def largest_free(self) -> int:
+        """The largest block one allocation can get (merges the quick lists first)."""
+        if self._quick:
+            self._merge_quick()
         return self._sizes[-1][0] if self._sizes else 0
 
     @property

@@ -7,14 +7,25 @@ from hypothesis import strategies as st
 from shm.arena import ALIGN, Allocator, ArenaFull
 
 
-def test_best_fit_reuses_the_freed_block() -> None:
+def test_freed_blocks_are_reused_warm_then_by_best_fit() -> None:
     a = Allocator(1 << 20)
     x = a.alloc(1000)
     y = a.alloc(5000)
     a.alloc(1000)
     a.free(y)
-    assert a.alloc(4000) == y  # the hole, not the tail
+    assert a.alloc(5000) == y  # the same (already faulted) block, from its size's quick list
+    a.free(y)
+    a.largest_free()  # merges the quick lists
+    assert a.alloc(4000) == y  # best fit: the hole, not the tail
     assert x % ALIGN == 0 and y % ALIGN == 0
+
+
+def test_quick_lists_are_merged_before_an_allocation_fails() -> None:
+    a = Allocator(4096)
+    blocks = [a.alloc(1024) for _ in range(4)]
+    for off in blocks:
+        a.free(off)  # all four wait on the 1024-byte quick list
+    assert a.alloc(4096) == 0  # merged on demand into one block
 
 
 def test_free_merges_neighbours_back_into_one_block() -> None:
