@@ -214,22 +214,10 @@ class AsyncClient:
         model: str,
         inputs: Mapping[str, Any],
         outputs: Sequence[str] | None = None,
-        *,
-        version: str | int = "",
-        parameters: Mapping[str, Any] | None = None,
-        datatypes: Mapping[str, str] | None = None,
-        timeout: float | None = None,
+        **options: Any,
     ) -> dict[str, np.ndarray]:
-        """Run one inference; returns the outputs as numpy arrays."""
-        result = await self.infer_result(
-            model,
-            inputs,
-            outputs,
-            version=version,
-            parameters=parameters,
-            datatypes=datatypes,
-            timeout=timeout,
-        )
+        """Run one inference; returns the outputs as numpy arrays (options: infer_result's)."""
+        result = await self.infer_result(model, inputs, outputs, **options)
         return result.outputs
 
     async def infer_result(

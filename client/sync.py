@@ -188,22 +188,10 @@ class Client:
         model: str,
         inputs: Mapping[str, Any],
         outputs: Sequence[str] | None = None,
-        *,
-        version: str | int = "",
-        parameters: Mapping[str, Any] | None = None,
-        datatypes: Mapping[str, str] | None = None,
-        timeout: float | None = None,
+        **options: Any,
     ) -> dict[str, np.ndarray]:
-        """Run one inference; returns the outputs as numpy arrays."""
-        return self.infer_result(
-            model,
-            inputs,
-            outputs,
-            version=version,
-            parameters=parameters,
-            datatypes=datatypes,
-            timeout=timeout,
-        ).outputs
+        """Run one inference; returns the outputs as numpy arrays (options: infer_result's)."""
+        return self.infer_result(model, inputs, outputs, **options).outputs
 
     def infer_result(
         self,

@@ -1,0 +1,230 @@
+"""``inferpool serve``: its options and the broker's run."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from broker import __version__
+from broker.gpu_limit import parse_gpu_limits
+from broker.options import DEFAULT_TCP, ServerOptions, default_ipc_endpoint
+from client.errors import InferpoolError
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+
+
+def default_repository() -> str:
+    """The embedded example repository (examples/model_repository, installed as package data)."""
+    try:
+        import examples
+
+        return os.path.join(os.path.dirname(os.path.abspath(examples.__file__)), "model_repository")
+    except ImportError:
+        return os.path.join(EXAMPLES, "model_repository")
+
+
+def parse_size(text: str) -> int:
+    """'256M', '1G', '64k' or a plain byte count."""
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+    try:
+        if t and t[-1] in units:
+            return int(float(t[:-1]) * units[t[-1]])
+        return int(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a size: {text!r} (examples: 256M, 1G, 65536)"
+        ) from None
+
+
+def parse_backend_config(items: Sequence[str]) -> dict[str, dict[str, str]]:
+    """Triton's --backend-config=<backend>,<key>=<value>."""
+    out: dict[str, dict[str, str]] = {}
+    for item in items:
+        backend, sep, setting = item.partition(",")
+        key, eq, value = setting.partition("=")
+        if not sep or not eq or not backend or not key:
+            raise SystemExit(f"--backend-config expects <backend>,<key>=<value>, got {item!r}")
+        out.setdefault(backend, {})[key] = value
+    return out
+
+
+# ============================================================================ serve
+def add_serve(sub: Any) -> None:
+    p = sub.add_parser("serve", help="serve a model repository")
+    p.add_argument(
+        "--model-repository",
+        default=None,
+        help="Triton-layout model repository (default: the embedded examples)",
+    )
+    p.add_argument(
+        "--listen",
+        action="append",
+        default=None,
+        metavar="ENDPOINT",
+        help=f"zmq endpoint to bind; repeatable (default: {default_ipc_endpoint()} "
+        f"and {DEFAULT_TCP})",
+    )
+    p.add_argument(
+        "--arena-size",
+        type=parse_size,
+        default="256M",
+        help="shared-memory arena for request inputs (default 256M)",
+    )
+    p.add_argument(
+        "--output-arena-size",
+        type=parse_size,
+        default="256M",
+        help="shared-memory output arena per worker (default 256M)",
+    )
+    p.add_argument(
+        "--max-request-bytes",
+        type=parse_size,
+        default="256M",
+        help="largest accepted request (default 256M)",
+    )
+    p.add_argument(
+        "--max-client-shm",
+        type=parse_size,
+        default="1G",
+        help="shared memory the server creates for one client's inputs (default 1G)",
+    )
+    p.add_argument(
+        "--lease-timeout",
+        type=float,
+        default=60.0,
+        help="seconds a client holding output handles may stay silent before they are "
+        "reclaimed (default 60; clients send keepalive messages)",
+    )
+    p.add_argument(
+        "--no-prefault",
+        action="store_true",
+        help="do not touch arena pages at start (less memory, slower first requests)",
+    )
+    p.add_argument("--model-control-mode", choices=("none", "explicit"), default="none")
+    p.add_argument(
+        "--load-model",
+        action="append",
+        default=[],
+        help="with --model-control-mode explicit: load this model at start ('*': all)",
+    )
+    p.add_argument("--strict-readiness", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--backend-directory", default="")
+    p.add_argument("--backend-config", action="append", default=[], metavar="B,KEY=VALUE")
+    p.add_argument("--host-policy", action="append", default=[], metavar="NAME,KEY=VALUE")
+    p.add_argument(
+        "--pin",
+        choices=("auto", "none"),
+        default="auto",
+        help="auto: spread instances over cores; none: leave placement to the OS",
+    )
+    p.add_argument(
+        "--execute-timeout",
+        type=float,
+        default=0.0,
+        help="kill an instance whose execute runs longer (seconds; 0: no limit)",
+    )
+    p.add_argument("--boot-timeout", type=float, default=120.0)
+    p.add_argument(
+        "--graceful-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGTERM/SIGINT, how long in-flight requests may finish (seconds)",
+    )
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        default=5,
+        help="an instance that crashes more often than this within --restart-window is FAILED",
+    )
+    p.add_argument("--restart-window", type=float, default=60.0, metavar="SECONDS")
+    p.add_argument(
+        "--heartbeat-ms",
+        type=int,
+        default=1000,
+        help="how often workers are checked for being frozen (SIGSTOP, freezer); one frozen on "
+        "two checks in a row is replaced (0: off)",
+    )
+    p.add_argument(
+        "--model-load-gpu-limit",
+        action="append",
+        default=[],
+        metavar="DEVICE:FRACTION",
+        help="reject a GPU instance whose load leaves the device more used than FRACTION",
+    )
+    p.add_argument(
+        "--metrics-port", type=int, default=0, help="serve Prometheus metrics here (0: off)"
+    )
+    p.add_argument("--metrics-address", default="127.0.0.1")
+    p.add_argument("--log-level", default="INFO")
+    p.set_defaults(func=cmd_serve)
+
+
+def options_from_args(args: argparse.Namespace) -> ServerOptions:
+    opts = ServerOptions(
+        model_repository=os.path.abspath(args.model_repository or default_repository())
+    )
+    if args.listen:
+        opts.listen = list(args.listen)
+    opts.arena_size = args.arena_size
+    opts.output_arena_size = args.output_arena_size
+    opts.max_request_bytes = args.max_request_bytes
+    opts.prefault = not args.no_prefault
+    opts.max_client_shm = args.max_client_shm
+    opts.lease_timeout = args.lease_timeout
+    opts.model_control_mode = args.model_control_mode
+    opts.load_models = list(args.load_model)
+    opts.strict_readiness = args.strict_readiness
+    opts.backend_directory = (
+        os.path.abspath(args.backend_directory) if args.backend_directory else ""
+    )
+    opts.backend_config = parse_backend_config(args.backend_config)
+    opts.host_policies = list(args.host_policy)
+    opts.pin = args.pin != "none"
+    opts.execute_timeout = args.execute_timeout
+    opts.boot_timeout = args.boot_timeout
+    opts.graceful_timeout = args.graceful_timeout
+    opts.max_restarts = args.max_restarts
+    opts.restart_window = args.restart_window
+    opts.heartbeat_ms = args.heartbeat_ms
+    opts.model_load_gpu_limit = parse_gpu_limits(args.model_load_gpu_limit)
+    opts.metrics_port = args.metrics_port
+    opts.metrics_address = args.metrics_address
+    opts.log_level = args.log_level.upper()
+    return opts
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from broker.server import Broker
+
+    opts = options_from_args(args)
+    logging.basicConfig(
+        level=getattr(logging, opts.log_level, logging.INFO),
+        format="%(asctime)s %(levelname)s [broker] %(name)s: %(message)s",
+    )
+    broker = Broker(opts)
+
+    def started(b: Broker) -> None:
+        for row in b.registry.index():
+            reason = f" ({row['reason']})" if row["reason"] else ""
+            print(f"  model {row['name']} version {row['version'] or '-'}: {row['state']}{reason}")
+        print(
+            "inferpool is ready" if b.ready() else "inferpool started, but not every model is ready"
+        )
+        sys.stdout.flush()
+
+    broker.on_started = started
+    print(f"inferpool {__version__}: serving {opts.model_repository}")
+    for endpoint in opts.listen:
+        print(f"  listening on {endpoint}")
+    sys.stdout.flush()
+    try:
+        broker.start()
+    except InferpoolError as err:
+        print(f"inferpool: {err}", file=sys.stderr)
+        return 1
+    return broker.run()
