@@ -38,8 +38,7 @@ from client.sync import (
     InferResult,
     decode_result,
     default_endpoint,
-    encode_inputs,
-    infer_header,
+    prepare,
 )
 from client.zmqio import NOBLOCK, SNDMORE, recv_frames
 
@@ -232,8 +231,9 @@ class AsyncClient:
         timeout: float | None = None,
     ) -> InferResult:
         """Like infer(), with the response's parameters and model version."""
-        specs, frames = encode_inputs(inputs, datatypes)
-        header = infer_header(model, specs, outputs, version, parameters)
+        header, frames = prepare(
+            model, inputs, outputs, version=version, parameters=parameters, datatypes=datatypes
+        )
         return decode_result(*await self._request(header, frames, timeout))
 
     async def stream(
@@ -242,18 +242,16 @@ class AsyncClient:
         inputs: Mapping[str, Any],
         outputs: Sequence[str] | None = None,
         *,
-        version: str | int = "",
-        parameters: Mapping[str, Any] | None = None,
-        datatypes: Mapping[str, str] | None = None,
         timeout: float | None = None,
+        **request: Any,
     ) -> AsyncIterator[InferResult]:
         """Responses of a decoupled model as they arrive, until the final one
-        (``triton_final_response``); ``timeout`` bounds each wait.
+        (``triton_final_response``); ``timeout`` bounds each wait; ``request``: version,
+        parameters, datatypes as for infer_result().
 
         The final response is yielded only if it carries outputs.
         """
-        specs, frames = encode_inputs(inputs, datatypes)
-        header = infer_header(model, specs, outputs, version, parameters)
+        header, frames = prepare(model, inputs, outputs, **request)
         request_id, inbox = await self._send(header, frames, timeout)
         try:
             while True:

@@ -94,6 +94,20 @@ def infer_header(
     return header
 
 
+def prepare(
+    model: str,
+    inputs: Mapping[str, Any],
+    outputs: Sequence[str] | None = None,
+    *,
+    version: str | int = "",
+    parameters: Mapping[str, Any] | None = None,
+    datatypes: Mapping[str, str] | None = None,
+) -> tuple[dict[str, Any], list[Any]]:
+    """An infer request's header and tensor frames (what every client sends)."""
+    specs, frames = encode_inputs(inputs, datatypes)
+    return infer_header(model, specs, outputs, version, parameters), frames
+
+
 def decode_result(header: dict[str, Any], frames: list[Any]) -> InferResult:
     wire.raise_for_error(header)
     outputs: dict[str, np.ndarray] = {}
@@ -205,8 +219,11 @@ class Client:
         timeout: float | None = None,
     ) -> InferResult:
         """Like infer(), with the response's parameters and model version."""
-        specs, frames = encode_inputs(inputs, datatypes)
-        request_id = self._send(infer_header(model, specs, outputs, version, parameters), frames)
+        request_id = self._send(
+            *prepare(
+                model, inputs, outputs, version=version, parameters=parameters, datatypes=datatypes
+            )
+        )
         header, parts = self._recv(request_id, timeout)
         return decode_result(header, parts)
 
@@ -216,17 +233,15 @@ class Client:
         inputs: Mapping[str, Any],
         outputs: Sequence[str] | None = None,
         *,
-        version: str | int = "",
-        parameters: Mapping[str, Any] | None = None,
-        datatypes: Mapping[str, str] | None = None,
         timeout: float | None = None,
+        **request: Any,
     ) -> Iterator[InferResult]:
-        """Responses of a decoupled model as they arrive, until the final one.
+        """Responses of a decoupled model as they arrive, until the final one
+        (``request``: version, parameters, datatypes as for infer_result()).
 
         The final response is yielded only if it carries outputs.
         """
-        specs, frames = encode_inputs(inputs, datatypes)
-        request_id = self._send(infer_header(model, specs, outputs, version, parameters), frames)
+        request_id = self._send(*prepare(model, inputs, outputs, **request))
         while True:
             header, parts = self._recv(request_id, timeout)
             result = decode_result(header, parts)
