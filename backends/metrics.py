@@ -58,7 +58,6 @@ class StatisticsReporter(Protocol):
         compute_start: int,
         compute_end: int,
         exec_end: int,
-        compute_output_end: int | None = None,
     ) -> None: ...
 
     def report_batch(

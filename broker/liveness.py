@@ -34,7 +34,8 @@ def frozen(pid: int) -> bool:
             return True
         if state == "D":
             with open(f"/proc/{pid}/wchan", "rb") as f:
-                return b"refrigerator" in f.read() or b"freezer" in f.read()
+                wchan = f.read()
+            return b"refrigerator" in wchan or b"freezer" in wchan
     except (OSError, ValueError):
         return False  # gone: the reap reports it
     return False

@@ -322,8 +322,6 @@ class Manager:
                 self._batch_done(handle, msg)
             else:  # a decoupled model made progress: its execute timeout starts over
                 handle.exec_started = time.monotonic()
-        elif op == "ready" and handle.state is WorkerState.STOPPING:
-            self.supervisor.send(handle, {"op": "stop"})  # told to stop before it was connected
         else:
             self.supervisor.handle_message(handle, msg)
 

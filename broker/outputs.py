@@ -63,10 +63,6 @@ class OutputRegions:
         frees, entry.pending_frees = entry.pending_frees, []
         return frees
 
-    def pending_count(self, name: str) -> int:
-        entry = self._regions.get(name)
-        return len(entry.pending_frees) if entry else 0
-
     def retire(self, name: str) -> None:
         """The owner is gone: unlink now if nothing is held, else when the last slot is freed."""
         entry = self._regions.get(name)

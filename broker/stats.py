@@ -67,8 +67,11 @@ class ModelStats:
         b = self.batches.get(batch_size)
         if b is None:
             b = self.batches[batch_size] = BatchStats()
-        for d, ns in ((b.compute_input, timing[0]), (b.compute_infer, timing[1]),
-                      (b.compute_output, timing[2])):
+        for d, ns in (
+            (b.compute_input, timing[0]),
+            (b.compute_infer, timing[1]),
+            (b.compute_output, timing[2]),
+        ):
             d.count += 1
             d.ns += ns
 

@@ -88,12 +88,6 @@ def check_shape(shape: Any, what: str) -> list[int]:
     return list(shape)
 
 
-def byte_size(datatype: str, shape: Sequence[int]) -> int:
-    """Bytes a fixed-size tensor occupies; BYTES tensors have no fixed size (returns -1)."""
-    size = element_size(datatype)
-    return -1 if size == 0 else size * element_count(shape)
-
-
 # ----------------------------------------------------------------------------- BYTES tensors
 _LEN = struct.Struct("<I")
 

@@ -63,7 +63,6 @@ class StatsCollector:
         compute_start: int,
         compute_end: int,
         exec_end: int,
-        compute_output_end: int | None = None,
     ) -> None:
         self.timings[id(request)] = Timing(
             success, exec_start, compute_start, compute_end, exec_end
