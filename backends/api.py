@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 from google.protobuf import json_format
 
-from backends.messages import (
+from inferpool.backends.messages import (
     FLAG_SEQUENCE_END,
     FLAG_SEQUENCE_START,
     InputTensor,
@@ -42,8 +42,8 @@ from backends.messages import (
     copy_into,
     now_ns,
 )
-from backends.metrics import Metric, MetricFamily, MetricSink, StatisticsReporter
-from client.errors import Code, InferpoolError, internal, invalid_arg
+from inferpool.backends.metrics import Metric, MetricFamily, MetricSink, StatisticsReporter
+from inferpool.wire.errors import Code, InferpoolError, internal, invalid_arg
 
 __all__ = [
     "FLAG_SEQUENCE_END",

@@ -20,8 +20,8 @@ import sys
 from dataclasses import dataclass
 from types import ModuleType
 
-from backends.api import Backend
-from client.errors import Code, InferpoolError
+from inferpool.backends.api import Backend
+from inferpool.wire.errors import Code, InferpoolError
 
 BUILTIN = ("identity", "python", "pytorch")
 ENTRY_POINT_GROUP = "inferpool.backends"
@@ -64,8 +64,8 @@ def find_backend(
         if os.path.isfile(path):
             return Found(_backend_class(_import_file(backend, path), path), path)
     if backend in BUILTIN:
-        module = importlib.import_module(f"backends.{backend}")
-        return Found(_backend_class(module, f"backends.{backend}"), f"builtin:backends.{backend}")
+        name = f"inferpool.backends.{backend}"
+        return Found(_backend_class(importlib.import_module(name), name), f"builtin:{name}")
     searched.append(f"built-in backends ({', '.join(BUILTIN)})")
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         if ep.name == backend:

@@ -15,8 +15,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from client import wire
-from client.errors import Code, InferpoolError, internal, invalid_arg, not_found
+from inferpool.wire import codec
+from inferpool.wire.errors import Code, InferpoolError, internal, invalid_arg, not_found
 
 ParameterValue = str | int | bool | float
 
@@ -107,8 +107,8 @@ class Response:
         if datatype == "BYTES":
             raise invalid_arg(f"output '{name}': use set_output() for BYTES tensors")
         shape = tuple(int(d) for d in shape)
-        dtype = wire.numpy_dtype(datatype)
-        count = wire.element_count(shape)
+        dtype = codec.numpy_dtype(datatype)
+        count = codec.element_count(shape)
         buf = self._place(name, datatype, shape, dtype.itemsize * count)
         if hasattr(buf, "__cuda_array_interface__"):
             return buf.view(dtype).reshape(shape)
@@ -116,10 +116,10 @@ class Response:
 
     def set_output(self, name: str, value: Any, datatype: str | None = None) -> None:
         """Copy an array (or a list of str/bytes for BYTES) into output ``name``."""
-        arr = wire.as_array(value, datatype)
-        datatype = datatype or wire.datatype_of(arr.dtype)
+        arr = codec.as_array(value, datatype)
+        datatype = datatype or codec.datatype_of(arr.dtype)
         if datatype == "BYTES":
-            payload = wire.serialize_bytes(arr.reshape(-1))
+            payload = codec.serialize_bytes(arr.reshape(-1))
             buf = self._place(name, datatype, arr.shape, len(payload))
             memoryview(buf).cast("B")[: len(payload)] = payload
         else:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from backends.messages import Request
-from client.errors import invalid_arg
+from inferpool.backends.messages import Request
+from inferpool.wire.errors import invalid_arg
 
 
 class Metric:

@@ -21,7 +21,7 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from client.errors import Code, InferpoolError
+from inferpool.wire.errors import Code, InferpoolError
 
 # template file -> path written, relative to DIR/NAME
 FILES = {
@@ -33,7 +33,9 @@ FILES = {
 
 def check_name(name: str) -> None:
     """INVALID_ARG unless ``name`` can be a backend, a model and a Python module name."""
-    from backends.loader import BUILTIN  # here, not at the top: `inferpool --help` stays light
+    from inferpool.backends.loader import (
+        BUILTIN,  # here, not at the top: `inferpool --help` stays light
+    )
 
     if not name.isidentifier() or keyword.iskeyword(name):
         raise InferpoolError(
@@ -70,7 +72,7 @@ def create_backend(name: str, directory: str | Path = ".") -> list[Path]:
     version_dir = model_dir / "1"
     version_dir.mkdir(parents=True)
     fields = {"name": name, "prefix": "".join(p[:1].upper() + p[1:] for p in name.split("_"))}
-    templates = resources.files("backends.template_files")
+    templates = resources.files("inferpool.backends.template_files")
     written = [version_dir]
     for template, target in FILES.items():
         text = string.Template(templates.joinpath(template).read_text()).substitute(fields)

@@ -18,9 +18,9 @@ import numpy as np
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
-from backends.api import InputTensor, Request, RequestedOutput, Response
-from client import wire
-from client.errors import InferpoolError
+from inferpool.backends.api import InputTensor, Request, RequestedOutput, Response
+from inferpool.wire import codec
+from inferpool.wire.errors import InferpoolError
 
 
 class HeapMemory:
@@ -55,7 +55,7 @@ class BackendHarness(AbstractContextManager["BackendHarness"]):
         instance: dict[str, Any] | None = None,
         backend_directory: str = "",
     ) -> None:
-        from workers.host import BackendHost  # the harness drives the worker's own host
+        from inferpool.workers.host import BackendHost  # the harness drives the worker's own host
 
         config = text_format.Parse(config_pbtxt, model_config_pb2.ModelConfig())
         self.config = config
@@ -87,14 +87,14 @@ class BackendHarness(AbstractContextManager["BackendHarness"]):
         self._next_id += 1
         tensors = {}
         for name, value in inputs.items():
-            arr = wire.as_array(value)
-            datatype = wire.datatype_of(arr.dtype)
+            arr = codec.as_array(value)
+            datatype = codec.datatype_of(arr.dtype)
             if datatype != "BYTES":
                 arr = arr.copy()
                 arr.flags.writeable = False
                 nbytes = arr.nbytes
             else:
-                nbytes = wire.serialized_bytes_size(arr.reshape(-1))
+                nbytes = codec.serialized_bytes_size(arr.reshape(-1))
             tensors[name] = InputTensor(name, datatype, tuple(arr.shape), arr, nbytes)
         wanted = outputs if outputs is not None else [o.name for o in self.host.config.output]
         return Request(
@@ -130,7 +130,7 @@ class BackendHarness(AbstractContextManager["BackendHarness"]):
         if response.error is not None:
             raise response.error
         return {
-            name: wire.array_from_buffer(
+            name: codec.array_from_buffer(
                 self.memory.read(out.offset), out.datatype, out.shape, f"output '{name}'"
             )
             for name, out in response.outputs.items()

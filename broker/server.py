@@ -19,27 +19,27 @@ from typing import Any
 import posix_ipc
 import zmq
 
-from broker import repository
-from broker.admission import SharedMemoryInputs
-from broker.frontend import Frontend
-from broker.gpu_limit import check_gpu_limits
-from broker.liveness import Liveness
-from broker.manager import Manager
-from broker.metrics import MetricsEndpoint
-from broker.models import Registry, State
-from broker.notify import sd_notify
-from broker.options import ServerOptions
-from broker.outputs import OutputRegions
-from broker.placement import parse_host_policies
-from broker.reload import reload_repository
-from broker.responder import Responder
-from broker.shared_memory import SharedMemory
-from broker.supervisor import Supervisor, WorkerHandle
-from client.errors import Code, InferpoolError
-from client.zmqio import NOBLOCK, recv_frames
-from shm.arena import Arena
-from shm.region import Region
-from shm.runs import RunLock, region_name, regions_of_run, sweep_dead_runs
+from inferpool.broker.front.admission import SharedMemoryInputs
+from inferpool.broker.front.metrics import MetricsEndpoint
+from inferpool.broker.front.responder import Responder
+from inferpool.broker.front.router import Frontend
+from inferpool.broker.front.shared_memory import SharedMemory
+from inferpool.broker.models import repository
+from inferpool.broker.models.manager import Manager
+from inferpool.broker.models.registry import Registry, State
+from inferpool.broker.models.reload import reload_repository
+from inferpool.broker.notify import sd_notify
+from inferpool.broker.options import ServerOptions
+from inferpool.broker.pool.gpu_limit import check_gpu_limits
+from inferpool.broker.pool.liveness import Liveness
+from inferpool.broker.pool.outputs import OutputRegions
+from inferpool.broker.pool.placement import parse_host_policies
+from inferpool.broker.pool.supervisor import Supervisor, WorkerHandle
+from inferpool.shm.arena import Arena
+from inferpool.shm.region import Region
+from inferpool.shm.runs import RunLock, region_name, regions_of_run, sweep_dead_runs
+from inferpool.wire.errors import Code, InferpoolError
+from inferpool.wire.zmqio import NOBLOCK, recv_frames
 
 log = logging.getLogger("inferpool.broker")
 HOUSEKEEPING_S = 0.05
@@ -263,7 +263,7 @@ class Broker:
                 self.reload()
 
     def reload(self) -> None:
-        """SIGHUP: changed models are replaced without failing requests (broker/reload.py)."""
+        """SIGHUP: changed models are replaced without failing requests (models/reload.py)."""
         if self.options.model_control_mode == "explicit":
             log.info("SIGHUP ignored: models are controlled explicitly")
             return

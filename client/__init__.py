@@ -11,16 +11,16 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "AsyncClient": "client.aio",
-    "Client": "client.sync",
-    "InferResult": "client.sync",
-    "default_endpoint": "client.sync",
-    "ShmClient": "client.shm",
-    "AsyncShmClient": "client.shm_async",
-    "ShmRequest": "client.shm_core",
-    "ShmResult": "client.shm_core",
-    "Code": "client.errors",
-    "InferpoolError": "client.errors",
+    "AsyncClient": "inferpool.client.aio",
+    "Client": "inferpool.client.sync",
+    "InferResult": "inferpool.client.sync",
+    "default_endpoint": "inferpool.client.sync",
+    "ShmClient": "inferpool.client.shm",
+    "AsyncShmClient": "inferpool.client.shm_async",
+    "ShmRequest": "inferpool.client.shm_core",
+    "ShmResult": "inferpool.client.shm_core",
+    "Code": "inferpool.wire.errors",
+    "InferpoolError": "inferpool.wire.errors",
 }
 
 __all__ = sorted(_EXPORTS)

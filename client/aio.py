@@ -1,6 +1,6 @@
 """The asyncio client: many requests in flight on one DEALER socket.
 
-    from client import AsyncClient
+    from inferpool.client import AsyncClient
     async with AsyncClient("ipc:///tmp/inferpool-1000/broker.sock") as c:
         outs = await asyncio.gather(*(c.infer("identity", {"INPUT0": x}) for x in xs))
         async for result in c.stream("decoupled_model", {"IN": x}):
@@ -31,16 +31,17 @@ from typing import Any, TypeVar, cast
 import numpy as np
 import zmq
 
-from client import control, wire
-from client.errors import Code, InferpoolError
-from client.sync import (
+from inferpool.client import control
+from inferpool.client.sync import (
     DEFAULT_TIMEOUT,
     InferResult,
     decode_result,
     default_endpoint,
     prepare,
 )
-from client.zmqio import NOBLOCK, SNDMORE, recv_frames
+from inferpool.wire import codec
+from inferpool.wire.errors import Code, InferpoolError
+from inferpool.wire.zmqio import NOBLOCK, SNDMORE, recv_frames
 
 T = TypeVar("T")
 Message = tuple[dict[str, Any], list[Any]]  # response header, tensor frames
@@ -130,7 +131,7 @@ class AsyncClient:
         if len(parts) < 2 or len(parts[0]) != 0:
             return  # not a response of the protocol
         try:
-            header = wire.decode_header(parts[1].bytes)
+            header = codec.decode_header(parts[1].bytes)
         except InferpoolError as err:
             log.warning("dropped an unreadable response from %s: %s", self.endpoint, err)
             return
@@ -147,7 +148,7 @@ class AsyncClient:
         loop = self._attach()
         request_id = f"{next(self._ids)}"
         header["id"] = request_id
-        parts = [b"", wire.encode_header(header), *frames]
+        parts = [b"", codec.encode_header(header), *frames]
         sock = self._sock
         while True:  # the first part waits for room; the rest of the message always fits
             try:
@@ -204,7 +205,7 @@ class AsyncClient:
     ) -> dict[str, Any]:
         """Send a control message and return its (error-checked) response header."""
         header, _ = await self._request({"type": msg_type, **fields}, timeout=timeout)
-        wire.raise_for_error(header)
+        codec.raise_for_error(header)
         return header
 
     # ------------------------------------------------------------------ inference

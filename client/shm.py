@@ -1,6 +1,6 @@
 """The shared-memory client: zero-copy inference for Python callers on the server's machine.
 
-    from client import ShmClient
+    from inferpool.client import ShmClient
     with ShmClient("ipc:///tmp/inferpool-1000/broker.sock") as c:
         req = c.request("identity", outputs=["OUTPUT0"])
         x = req.input("INPUT0", (4,), np.float32)  # a writable view of shared memory
@@ -23,12 +23,12 @@ from typing import Any
 
 import zmq
 
-from client import wire
-from client.errors import InferpoolError
-from client.shm_core import INPUT_REGION, ShmRequest, ShmResult, ShmSession, Window
-from client.sync import DEFAULT_TIMEOUT, Client
-from client.zmqio import recv_frames, send_parts
-from shm.refs import posix_name
+from inferpool.client.shm_core import INPUT_REGION, ShmRequest, ShmResult, ShmSession, Window
+from inferpool.client.sync import DEFAULT_TIMEOUT, Client
+from inferpool.shm.refs import posix_name
+from inferpool.wire import codec
+from inferpool.wire.errors import InferpoolError
+from inferpool.wire.zmqio import recv_frames, send_parts
 
 DEFAULT_INPUT_BYTES = 64 << 20
 
@@ -164,7 +164,7 @@ class _KeepAlive(threading.Thread):
         super().__init__(name="inferpool-keepalive", daemon=True)
         self._ctx = ctx
         self._endpoint = endpoint
-        self._header = wire.encode_header(
+        self._header = codec.encode_header(
             {"type": "keepalive", "id": "keepalive", "client": routing_id.hex()}
         )
         self._halt = threading.Event()
@@ -185,7 +185,7 @@ class _KeepAlive(threading.Thread):
                 if sock.poll(1000):
                     parts = recv_frames(sock)
                     if len(parts) >= 2:
-                        reply = wire.decode_header(parts[1].bytes)
+                        reply = codec.decode_header(parts[1].bytes)
                         timeout = reply.get("lease_timeout")
                         if isinstance(timeout, int | float) and timeout > 0:
                             interval = max(0.05, timeout / 3)

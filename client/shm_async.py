@@ -23,12 +23,12 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from client import wire
-from client.errors import Code, InferpoolError
-from client.shm import DEFAULT_INPUT_BYTES
-from client.shm_core import INPUT_REGION, ShmRequest, ShmResult, ShmSession
-from client.sync import DEFAULT_TIMEOUT, default_endpoint
-from client.zmqio import NOBLOCK, recv_frames, send_parts
+from inferpool.client.shm import DEFAULT_INPUT_BYTES
+from inferpool.client.shm_core import INPUT_REGION, ShmRequest, ShmResult, ShmSession
+from inferpool.client.sync import DEFAULT_TIMEOUT, default_endpoint
+from inferpool.wire import codec
+from inferpool.wire.errors import Code, InferpoolError
+from inferpool.wire.zmqio import NOBLOCK, recv_frames, send_parts
 
 
 class AsyncShmClient:
@@ -86,7 +86,7 @@ class AsyncShmClient:
                 if len(parts) < 2 or len(parts[0]) != 0:
                     continue
                 try:
-                    header = wire.decode_header(parts[1].bytes)
+                    header = codec.decode_header(parts[1].bytes)
                 except InferpoolError:
                     continue
                 waiter = self._waiting.pop(str(header.get("id", "")), None)
@@ -112,9 +112,9 @@ class AsyncShmClient:
     async def call(self, msg_type: str, timeout: float | None = None, **fields: Any) -> Any:
         """Send a control message and return its (error-checked) response header."""
         request_id = f"{next(self._ids)}"
-        data = wire.encode_header({"type": msg_type, "id": request_id, **fields})
+        data = codec.encode_header({"type": msg_type, "id": request_id, **fields})
         header, _ = await self._exchange(data, request_id, timeout)
-        wire.raise_for_error(header)
+        codec.raise_for_error(header)
         return header
 
     # ------------------------------------------------------------------ inference

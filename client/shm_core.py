@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 import orjson
 
-from client import wire
-from client.errors import Code, InferpoolError
-from shm.arena import Allocator, ArenaFull
-from shm.refs import posix_name
-from shm.region import Region, RegionCache
+from inferpool.shm.arena import Allocator, ArenaFull
+from inferpool.shm.refs import posix_name
+from inferpool.shm.region import Region, RegionCache
+from inferpool.wire import codec
+from inferpool.wire.errors import Code, InferpoolError
 
 INPUT_REGION = "inputs"  # the name of the session's input region, as registered
 SWEEP_S = 1.0  # how often mappings of regions the server has unlinked are dropped
@@ -78,7 +78,7 @@ class ShmSession:
     # ------------------------------------------------------------------ results
     def decode(self, header: dict[str, Any], frames: list[Any]) -> ShmResult:
         """A result whose outputs view shared memory (handles) or the received frames."""
-        wire.raise_for_error(header)
+        codec.raise_for_error(header)
         outputs: dict[str, Any] = {}
         leases: list[tuple[str, str]] = []
         framed = iter(frames)
@@ -156,9 +156,9 @@ def _view(buf: Any, offset: int, nbytes: int, spec: dict[str, Any]) -> np.ndarra
     datatype, shape = spec["datatype"], spec["shape"]
     if datatype == "BYTES":
         view = memoryview(buf)[offset : offset + nbytes]
-        return wire.array_from_buffer(view, datatype, shape, f"output '{spec['name']}'")
-    dtype = wire.numpy_dtype(datatype)
-    count = wire.element_count(shape)
+        return codec.array_from_buffer(view, datatype, shape, f"output '{spec['name']}'")
+    dtype = codec.numpy_dtype(datatype)
+    count = codec.element_count(shape)
     if count * dtype.itemsize != nbytes:
         raise InferpoolError(
             Code.INTERNAL,
@@ -168,7 +168,7 @@ def _view(buf: Any, offset: int, nbytes: int, spec: dict[str, Any]) -> np.ndarra
 
 
 def _device_view(buffer: Any, offset: int, nbytes: int, spec: dict[str, Any]) -> Any:
-    dtype = wire.numpy_dtype(spec["datatype"])
+    dtype = codec.numpy_dtype(spec["datatype"])
     return buffer.array(offset, nbytes).view(dtype).reshape(spec["shape"])
 
 
@@ -252,11 +252,11 @@ class ShmRequest:
         ``torch.from_numpy`` of the array is a tensor over the same memory.
         """
         dt = np.dtype(_numpy_dtype(dtype))
-        datatype = wire.datatype_of(dt)
+        datatype = codec.datatype_of(dt)
         if datatype == "BYTES":
             raise InferpoolError(Code.INVALID_ARG, f"input '{name}': use set_input() for BYTES")
-        shape = wire.check_shape(list(shape), f"input '{name}'")
-        count = wire.element_count(shape)
+        shape = codec.check_shape(list(shape), f"input '{name}'")
+        count = codec.element_count(shape)
         offset = self._place(name, datatype, shape, count * dt.itemsize)
         region = self._session.region
         assert region is not None
@@ -264,16 +264,16 @@ class ShmRequest:
 
     def set_input(self, name: str, value: Any, datatype: str | None = None) -> None:
         """Copy ``value`` (numpy, torch, list; str/bytes for BYTES) into input ``name``."""
-        arr = wire.as_array(value, datatype)
-        datatype = datatype or wire.datatype_of(arr.dtype)
+        arr = codec.as_array(value, datatype)
+        datatype = datatype or codec.datatype_of(arr.dtype)
         if datatype == "BYTES":
-            payload = wire.serialize_bytes(arr.reshape(-1))
+            payload = codec.serialize_bytes(arr.reshape(-1))
             offset = self._place(name, datatype, list(arr.shape), len(payload))
             region = self._session.region
             assert region is not None
             region.buf[offset : offset + len(payload)] = payload
         else:
-            np.copyto(self.input(name, arr.shape, wire.numpy_dtype(datatype)), arr)
+            np.copyto(self.input(name, arr.shape, codec.numpy_dtype(datatype)), arr)
 
     def input_from(
         self,

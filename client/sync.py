@@ -1,6 +1,6 @@
 """The zmq client: inference and control messages over a DEALER socket.
 
-    from client import Client
+    from inferpool.client import Client
     with Client("ipc:///tmp/inferpool-1000/broker.sock") as c:
         out = c.infer("identity", {"INPUT0": np.arange(4, dtype=np.float32)})
 
@@ -19,9 +19,10 @@ from typing import Any, TypeVar
 import numpy as np
 import zmq
 
-from client import control, wire
-from client.errors import Code, InferpoolError
-from client.zmqio import recv_frames, send_parts
+from inferpool.client import control
+from inferpool.wire import codec
+from inferpool.wire.errors import Code, InferpoolError
+from inferpool.wire.zmqio import recv_frames, send_parts
 
 DEFAULT_TIMEOUT = 60.0
 T = TypeVar("T")
@@ -67,10 +68,10 @@ def encode_inputs(
     frames: list[Any] = []
     for name, value in inputs.items():
         datatype = (datatypes or {}).get(name)
-        arr = wire.as_array(value, datatype)
-        datatype = datatype or wire.datatype_of(arr.dtype)
+        arr = codec.as_array(value, datatype)
+        datatype = datatype or codec.datatype_of(arr.dtype)
         specs.append({"name": name, "datatype": datatype, "shape": list(arr.shape)})
-        frames.append(wire.tensor_bytes(arr, datatype))
+        frames.append(codec.tensor_bytes(arr, datatype))
     return specs, frames
 
 
@@ -109,16 +110,16 @@ def prepare(
 
 
 def decode_result(header: dict[str, Any], frames: list[Any]) -> InferResult:
-    wire.raise_for_error(header)
+    codec.raise_for_error(header)
     outputs: dict[str, np.ndarray] = {}
     specs = header.get("outputs") or []
-    framed = [o for o in specs if not wire.in_shared_memory(o)]
+    framed = [o for o in specs if not codec.in_shared_memory(o)]
     if len(framed) > len(frames):
         raise InferpoolError(
             Code.INTERNAL, f"response lists {len(framed)} outputs but carries {len(frames)} frames"
         )
     for spec, frame in zip(framed, frames, strict=False):
-        outputs[spec["name"]] = wire.array_from_buffer(
+        outputs[spec["name"]] = codec.array_from_buffer(
             frame.buffer if hasattr(frame, "buffer") else frame,
             spec["datatype"],
             spec["shape"],
@@ -161,7 +162,7 @@ class Client:
         request_id = f"{next(self._ids)}"
         header["id"] = request_id
         # copy=False: large tensors go zero-copy (pyzmq still copies parts under 64 KiB)
-        send_parts(self._sock, [b"", wire.encode_header(header), *frames], copy=False)
+        send_parts(self._sock, [b"", codec.encode_header(header), *frames], copy=False)
         return request_id
 
     def _recv(self, request_id: str, timeout: float | None) -> tuple[dict[str, Any], list[Any]]:
@@ -184,7 +185,7 @@ class Client:
                     Code.TIMEOUT, f"no response from {self.endpoint} within {limit:g}s"
                 ) from None
             if len(parts) >= 2 and len(parts[0]) == 0:
-                header = wire.decode_header(parts[1].bytes)
+                header = codec.decode_header(parts[1].bytes)
                 if header.get("id") == request_id:
                     return header, parts[2:]
             wait_ms = max(1, int((deadline - time.monotonic()) * 1000))
@@ -193,7 +194,7 @@ class Client:
         """Send a control message and return its (error-checked) response header."""
         request_id = self._send({"type": msg_type, **fields})
         header, _ = self._recv(request_id, timeout)
-        wire.raise_for_error(header)
+        codec.raise_for_error(header)
         return header
 
     # ------------------------------------------------------------------ inference

@@ -7,11 +7,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from backends import template
-from broker import __version__
-from client.errors import InferpoolError
+from inferpool import __version__
+from inferpool.backends import template
 from inferpool.commands import add_client_commands
 from inferpool.serve import add_serve
+from inferpool.wire.errors import InferpoolError
 
 
 # ============================================================================ new-backend

@@ -8,8 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from broker.topology import format_cpu_list
-from client import Client, default_endpoint, wire
+from inferpool.broker.pool.topology import format_cpu_list
+from inferpool.client import Client, default_endpoint
+from inferpool.wire import codec
 
 
 def add_client_commands(sub: Any) -> None:
@@ -68,7 +69,7 @@ def _parse_input(
     if datatype is None:
         if spec is None:
             raise SystemExit(f"model has no input {name!r}; give --datatype to send it anyway")
-        datatype = wire.config_to_wire_datatype(spec.get("data_type", "TYPE_FP32"))
+        datatype = codec.config_to_wire_datatype(spec.get("data_type", "TYPE_FP32"))
     if values.startswith("@"):
         arr = np.load(values[1:], allow_pickle=False)
     elif datatype == "BYTES":
@@ -80,7 +81,7 @@ def _parse_input(
                 for v in values.split(",")
                 if v
             ],
-            dtype=wire.numpy_dtype(datatype),
+            dtype=codec.numpy_dtype(datatype),
         )
     if shape:
         dims = [int(d) for d in shape.replace("x", ",").split(",") if d]
@@ -125,7 +126,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
         )
         return 0
     for name, arr in result.outputs.items():
-        print(f"{name} {wire.datatype_of(arr.dtype)} {list(arr.shape)}: {_jsonable(arr)}")
+        print(f"{name} {codec.datatype_of(arr.dtype)} {list(arr.shape)}: {_jsonable(arr)}")
     for key, value in result.parameters.items():
         print(f"  parameter {key} = {value!r}")
     return 0

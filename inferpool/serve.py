@@ -9,10 +9,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from broker import __version__
-from broker.gpu_limit import parse_gpu_limits
-from broker.options import DEFAULT_TCP, ServerOptions, default_ipc_endpoint
-from client.errors import InferpoolError
+from inferpool import __version__
+from inferpool.broker.options import DEFAULT_TCP, ServerOptions, default_ipc_endpoint
+from inferpool.broker.pool.gpu_limit import parse_gpu_limits
+from inferpool.wire.errors import InferpoolError
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 
@@ -20,7 +20,7 @@ EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 def default_repository() -> str:
     """The embedded example repository (examples/model_repository, installed as package data)."""
     try:
-        import examples
+        from inferpool import examples
 
         return os.path.join(os.path.dirname(os.path.abspath(examples.__file__)), "model_repository")
     except ImportError:
@@ -199,7 +199,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from broker.server import Broker
+    from inferpool.broker.server import Broker
 
     opts = options_from_args(args)
     logging.basicConfig(

@@ -44,9 +44,10 @@ import zmq.asyncio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from client import AsyncClient, Client, wire  # noqa: E402
-from client.sync import encode_inputs, infer_header  # noqa: E402
-from client.zmqio import SNDMORE, recv_frames, send_parts  # noqa: E402
+from inferpool.client import AsyncClient, Client  # noqa: E402
+from inferpool.client.sync import encode_inputs, infer_header  # noqa: E402
+from inferpool.wire import codec  # noqa: E402
+from inferpool.wire.zmqio import SNDMORE, recv_frames, send_parts  # noqa: E402
 
 X = {"INPUT0": np.arange(16, dtype=np.float32)}
 
@@ -81,7 +82,7 @@ async def run_zmq_asyncio(endpoint: str, n: int) -> float:
         for i in range(n):
             header = infer_header("identity", specs, None, "", None)
             header["id"] = str(i)
-            parts = [b"", wire.encode_header(header), *frames]
+            parts = [b"", codec.encode_header(header), *frames]
             for j, part in enumerate(parts):
                 await sock.send(part, SNDMORE if j < len(parts) - 1 else 0, copy=False)
             frame = await sock.recv(0, copy=False)

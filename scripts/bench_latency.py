@@ -6,7 +6,7 @@ In one run, with the same pinning for both:
 - relay:     client DEALER -> broker ROUTER | ROUTER -> worker DEALER (echo) -> back,
              three processes, a Poller loop in the middle (what the broker path costs at least),
              written with pyzmq's multipart API (send_multipart/recv_multipart);
-- lean relay: the same relay with the cheapest pyzmq calls there are (client/zmqio.py: plain
+- lean relay: the same relay with the cheapest pyzmq calls there are (wire/zmqio.py: plain
              int flags, Frame.more), the stricter floor;
 - inferpool: client.Client -> broker -> identity worker -> back (the real server);
 - shm:       client.ShmClient, inputs written in place once, outputs read as handles (views)
@@ -48,9 +48,9 @@ import zmq
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from client import Client, ShmClient  # noqa: E402
-from client.zmqio import NOBLOCK, recv_frames, send_parts  # noqa: E402
-from shm.region import Region  # noqa: E402
+from inferpool.client import Client, ShmClient  # noqa: E402
+from inferpool.shm.region import Region  # noqa: E402
+from inferpool.wire.zmqio import NOBLOCK, recv_frames, send_parts  # noqa: E402
 
 SIZES = [("64 B", 64), ("1 MiB", 1 << 20), ("16 MiB", 16 << 20), ("64 MiB", 64 << 20)]
 ITERATIONS = {64: 3000, 1 << 20: 300, 16 << 20: 40, 64 << 20: 15, 256 << 20: 8}

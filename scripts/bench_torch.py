@@ -41,10 +41,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backends.pytorch.weights import ENV_RUN_ID
-from backends.testing import BackendHarness
-from client import Client
-from shm.runs import RunLock, regions_of_run
+from inferpool.backends.pytorch.weights import ENV_RUN_ID
+from inferpool.backends.testing import BackendHarness
+from inferpool.client import Client
+from inferpool.shm.runs import RunLock, regions_of_run
 
 Infer = Callable[[np.ndarray], Any]
 MLP_CONFIG = """

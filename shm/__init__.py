@@ -4,9 +4,9 @@ This package imports nothing else of inferpool, so every process (broker, worker
 can use it.
 """
 
-from shm.arena import Allocator, Arena, ArenaFull, Slot
-from shm.region import Region, RegionCache
-from shm.runs import PREFIX, RunLock, region_name, sweep_dead_runs
+from inferpool.shm.arena import Allocator, Arena, ArenaFull, Slot
+from inferpool.shm.region import Region, RegionCache
+from inferpool.shm.runs import PREFIX, RunLock, region_name, sweep_dead_runs
 
 __all__ = [
     "PREFIX",

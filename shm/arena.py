@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from shm.region import Region
+from inferpool.shm.region import Region
 
 ALIGN = 64  # cache line; also satisfies every numpy/torch dtype
 QUICK_BLOCKS = 8  # freed blocks kept per exact size before they are merged

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from shm.refs import CUDA_IPC_HANDLE_SIZE
+from inferpool.shm.refs import CUDA_IPC_HANDLE_SIZE
 
 
 class CudaUnavailable(RuntimeError):

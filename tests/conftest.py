@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from shm.runs import regions_of_run, run_is_alive
+from inferpool.shm.runs import regions_of_run, run_is_alive
 from tests.support import EXAMPLES, Server
 
 

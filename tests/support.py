@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-from client import Client
-from shm.runs import regions_of_run, run_of
+from inferpool.client import Client
+from inferpool.shm.runs import regions_of_run, run_of
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "model_repository"
@@ -94,6 +94,8 @@ class Server:
         *args: str,
         tcp: bool = False,
         env: dict[str, str] | None = None,
+        python: str = sys.executable,
+        cwd: Path | None = None,
     ) -> None:
         self.ipc = f"ipc://{tmp}/broker.sock"
         self.endpoints = [self.ipc]
@@ -103,7 +105,7 @@ class Server:
         self.log_path = tmp / "server.log"
         self.run_id = ""  # known once the server has started
         cmd = [
-            sys.executable,
+            python,
             "-m",
             "inferpool",
             "serve",
@@ -127,6 +129,7 @@ class Server:
             stderr=subprocess.STDOUT,
             start_new_session=True,
             env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
+            cwd=cwd or tmp,  # not the checkout: only the installed namespace may import
         )
 
     @property

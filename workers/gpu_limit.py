@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from client.errors import Code, InferpoolError
+from inferpool.wire.errors import Code, InferpoolError
 
 MemInfo = Callable[[int], tuple[int, int]]  # CUDA ordinal -> (free, total) bytes
 

@@ -16,7 +16,7 @@ from typing import Any
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2
 
-from backends.api import (
+from inferpool.backends.api import (
     Backend,
     Metric,
     MetricFamily,
@@ -26,8 +26,8 @@ from backends.api import (
     Response,
     iter_responses,
 )
-from backends.loader import find_backend
-from client.errors import Code, InferpoolError, internal
+from inferpool.backends.loader import find_backend
+from inferpool.wire.errors import Code, InferpoolError, internal
 
 API_VERSION = (1, 0)
 log = logging.getLogger("inferpool.worker")

@@ -1,4 +1,4 @@
-"""Worker entry point: ``python -m workers.main`` with the spec in INFERPOOL_WORKER_SPEC.
+"""Worker entry point: ``python -m inferpool.workers.main`` with the spec in INFERPOOL_WORKER_SPEC.
 
 Order matters: read the spec and pin the process (affinity, memory policy, visible devices)
 before anything heavy (numpy, zmq, torch) is imported, so their threads and first
@@ -13,10 +13,10 @@ import os
 import signal
 import sys
 
-from client.errors import InferpoolError
-from workers.lifeline import set_parent_death_signal
-from workers.pinning import apply
-from workers.spec import EXIT_BOOT_FAILED, EXIT_BROKER_GONE, WorkerSpec
+from inferpool.wire.errors import InferpoolError
+from inferpool.workers.lifeline import set_parent_death_signal
+from inferpool.workers.pinning import apply
+from inferpool.workers.spec import EXIT_BOOT_FAILED, EXIT_BROKER_GONE, WorkerSpec
 
 PARENT_PID_ENV = "INFERPOOL_BROKER_PID"
 
@@ -46,7 +46,7 @@ def main() -> int:
     )
     for warning in applied.warnings:
         logging.getLogger("inferpool.worker").warning("%s", warning)
-    from workers.worker import Worker
+    from inferpool.workers.worker import Worker
 
     return Worker(spec).run()
 

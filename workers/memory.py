@@ -15,13 +15,13 @@ from typing import Any
 import numpy as np
 import posix_ipc
 
-from backends.api import InputTensor, RequestedOutput
-from client import wire
-from client.errors import Code, InferpoolError
-from shm.arena import Allocator, ArenaFull
-from shm.cuda import CudaRegion, CudaUnavailable
-from shm.refs import parse_ref
-from shm.region import Region
+from inferpool.backends.api import InputTensor, RequestedOutput
+from inferpool.shm.arena import Allocator, ArenaFull
+from inferpool.shm.cuda import CudaRegion, CudaUnavailable
+from inferpool.shm.refs import parse_ref
+from inferpool.shm.region import Region
+from inferpool.wire import codec
+from inferpool.wire.errors import Code, InferpoolError
 
 
 class WorkerMemory:
@@ -52,9 +52,9 @@ class WorkerMemory:
             )
         if datatype == "BYTES":
             buf = mapping.buf[offset : offset + nbytes]
-            data = wire.array_from_buffer(buf, datatype, shape, f"input '{name}'")
+            data = codec.array_from_buffer(buf, datatype, shape, f"input '{name}'")
         else:
-            dtype = wire.numpy_dtype(datatype)
+            dtype = codec.numpy_dtype(datatype)
             data = np.frombuffer(
                 mapping.buf, dtype=dtype, count=nbytes // dtype.itemsize, offset=offset
             )
@@ -157,5 +157,5 @@ def _device_input(
     if datatype == "BYTES":
         raise InferpoolError(Code.UNSUPPORTED, f"input '{name}': BYTES tensors cannot be on a GPU")
     shape = list(reshape) if reshape is not None else shape
-    data = region.array(offset, nbytes).view(wire.numpy_dtype(datatype)).reshape(shape)
+    data = region.array(offset, nbytes).view(codec.numpy_dtype(datatype)).reshape(shape)
     return InputTensor(name, datatype, tuple(shape), data, nbytes, "gpu", region.device_id)

@@ -25,8 +25,8 @@ import platform
 from dataclasses import dataclass, field
 from typing import Any
 
-from client.errors import Code, InferpoolError
-from workers.spec import PinningSpec
+from inferpool.wire.errors import Code, InferpoolError
+from inferpool.workers.spec import PinningSpec
 
 MPOL_DEFAULT, MPOL_PREFERRED, MPOL_BIND, MPOL_INTERLEAVE = 0, 1, 2, 3
 _MODE_NAMES = {

@@ -2,7 +2,7 @@
 
 Triton's sequence batcher keeps a stateful model's ``sequence_batching.state`` outputs and
 feeds each back as the state input of the sequence's next request.  The broker sends every
-request of a sequence to one instance (broker/sequencer.py), so that instance's worker keeps
+request of a sequence to one instance (broker/models/sequencer.py), so that instance's worker keeps
 them: a state output stays where the backend wrote it, in this worker's output arena, and
 the next request of the same correlation id gets a read-only view of it as its state input
 (no copy, no round trip through the broker; clients never see state tensors).
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from backends.api import FLAG_SEQUENCE_START, InputTensor, Request, Response
-from workers.memory import WorkerMemory
+from inferpool.backends.api import FLAG_SEQUENCE_START, InputTensor, Request, Response
+from inferpool.workers.memory import WorkerMemory
 
 Spec = list[Any]  # [name, datatype, shape, region, offset, nbytes], as a work input
 

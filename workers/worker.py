@@ -26,17 +26,17 @@ from typing import Any
 
 import orjson
 
-from backends.api import Request, RequestedOutput, Response, batch_size_of, now_ns
-from client.errors import InferpoolError
-from workers.gpu_limit import check_load_limit
-from workers.host import BackendHost
-from workers.memory import WorkerMemory
-from workers.pinning import cuda_ordinal, read_back
-from workers.sequence_state import SequenceStates
-from workers.spec import EXIT_BOOT_FAILED, EXIT_OK, WorkerSpec
+from inferpool.backends.api import Request, RequestedOutput, Response, batch_size_of, now_ns
+from inferpool.wire.errors import InferpoolError
+from inferpool.workers.gpu_limit import check_load_limit
+from inferpool.workers.host import BackendHost
+from inferpool.workers.memory import WorkerMemory
+from inferpool.workers.pinning import cuda_ordinal, read_back
+from inferpool.workers.sequence_state import SequenceStates
+from inferpool.workers.spec import EXIT_BOOT_FAILED, EXIT_OK, WorkerSpec
 
 log = logging.getLogger("inferpool.worker")
-MAX_MESSAGE = 192 * 1024  # the broker's channel limit (broker/channel.py)
+MAX_MESSAGE = 192 * 1024  # the broker's channel limit (broker/pool/channel.py)
 
 
 class Worker:

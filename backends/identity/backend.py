@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import model_config_pb2
 
-from backends.api import (
+from inferpool.backends.api import (
     Backend,
     Model,
     ModelInstance,
@@ -26,8 +26,8 @@ from backends.api import (
     copy_into,
     now_ns,
 )
-from client import wire
-from client.errors import Code, InferpoolError, invalid_arg
+from inferpool.wire import codec
+from inferpool.wire.errors import Code, InferpoolError, invalid_arg
 
 
 def _shape_str(shape: list[int]) -> str:
@@ -104,7 +104,7 @@ class IdentityModel(Model):
                         f"expected input name to follow INPUT<index> pattern, got '{inp.name}'"
                     ) from None
                 self.optional_inputs[idx] = (
-                    wire.config_to_wire_datatype(in_type),
+                    codec.config_to_wire_datatype(in_type),
                     [1 if d == -1 else d for d in in_shape],
                 )
         for index, (out_type, out_shape) in outputs.items():

@@ -1,5 +1,5 @@
 """The python backend: ``backend: "python"`` serves a Triton python model's model.py."""
 
-from backends.python.backend import BACKEND
+from inferpool.backends.python.backend import BACKEND
 
 __all__ = ["BACKEND"]

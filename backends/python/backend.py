@@ -17,7 +17,7 @@ import os
 import sys
 from typing import Any
 
-from backends.api import (
+from inferpool.backends.api import (
     Backend,
     Model,
     ModelInstance,
@@ -26,16 +26,16 @@ from backends.api import (
     batch_size_of,
     now_ns,
 )
-from backends.python import pb_utils
-from backends.python.autocomplete import ModelConfig, config_to_dict, dict_to_config
-from backends.python.messages import (
+from inferpool.backends.python import pb_utils
+from inferpool.backends.python.autocomplete import ModelConfig, config_to_dict, dict_to_config
+from inferpool.backends.python.messages import (
     InferenceRequest,
     InferenceResponse,
     TritonError,
     to_api_response,
 )
-from backends.python.telemetry import calling
-from client.errors import Code, InferpoolError, internal, invalid_arg, not_found
+from inferpool.backends.python.telemetry import calling
+from inferpool.wire.errors import Code, InferpoolError, internal, invalid_arg, not_found
 
 UTILS_MODULE = "triton_python_backend_utils"
 MODEL_CLASS = "TritonPythonModel"
@@ -44,9 +44,9 @@ MODEL_CLASS = "TritonPythonModel"
 def load_model_class(path: str) -> type:
     """Import model.py as Triton's stub does and return its ``TritonPythonModel`` class.
 
-    ``import triton_python_backend_utils`` resolves to :mod:`backends.python.pb_utils`, and
-    the version and model directories are appended to ``sys.path`` (as Triton does) so that
-    modules beside model.py import.
+    ``import triton_python_backend_utils`` resolves to
+    :mod:`inferpool.backends.python.pb_utils`, and the version and model directories are
+    appended to ``sys.path`` (as Triton does) so that modules beside model.py import.
     """
     sys.modules[UTILS_MODULE] = pb_utils
     version_dir = os.path.dirname(os.path.abspath(path))

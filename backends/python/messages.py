@@ -1,6 +1,6 @@
 """Requests, responses, errors and response senders as ``triton_python_backend_utils`` has them.
 
-Each class wraps the backend API's object (:mod:`backends.api`); :func:`to_api_response`
+Each class wraps the backend API's object (:mod:`inferpool.backends.api`); :func:`to_api_response`
 turns a model's ``InferenceResponse`` into an API response whose outputs live in shared memory.
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from backends.api import Request, Response, ResponseSender
-from backends.python.tensor import Tensor, TritonModelException
-from client.errors import Code, InferpoolError
+from inferpool.backends.api import Request, Response, ResponseSender
+from inferpool.backends.python.tensor import Tensor, TritonModelException
+from inferpool.wire.errors import Code, InferpoolError
 
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1

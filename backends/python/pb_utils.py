@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from backends.python.autocomplete import ModelConfig
-from backends.python.messages import (
+from inferpool.backends.python.autocomplete import ModelConfig
+from inferpool.backends.python.messages import (
     TRITONSERVER_REQUEST_FLAG_SEQUENCE_END,
     TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
     TRITONSERVER_RESPONSE_COMPLETE_FINAL,
@@ -20,8 +20,8 @@ from backends.python.messages import (
     InferenceResponseSender,
     TritonError,
 )
-from backends.python.telemetry import Logger, LogLevel, MetricFamily
-from backends.python.tensor import (
+from inferpool.backends.python.telemetry import Logger, LogLevel, MetricFamily
+from inferpool.backends.python.tensor import (
     Tensor,
     TritonModelException,
     numpy_to_triton_type,

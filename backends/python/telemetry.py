@@ -12,8 +12,8 @@ import enum
 import logging
 from collections.abc import Iterator
 
-from backends.api import Metric, Model
-from backends.python.tensor import TritonModelException
+from inferpool.backends.api import Metric, Model
+from inferpool.backends.python.tensor import TritonModelException
 
 log = logging.getLogger("inferpool.backend.python")
 

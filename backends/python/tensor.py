@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import model_config_pb2
 
-from client import wire
-from client.errors import InferpoolError
+from inferpool.wire import codec
+from inferpool.wire.errors import InferpoolError
 
 # DLPack device types that numpy can view: kDLCPU and kDLCUDAHost (pinned host memory).
 _DLPACK_HOST_DEVICES = (1, 3)
@@ -31,15 +31,15 @@ def _config_type(datatype: str) -> str:
 
 
 def _wire_type(config_type: str) -> str:
-    datatype = wire.config_to_wire_datatype(config_type)
-    if datatype not in wire.DATATYPES:
+    datatype = codec.config_to_wire_datatype(config_type)
+    if datatype not in codec.DATATYPES:
         raise TritonModelException(f"unknown Triton data type '{config_type}'")
     return datatype
 
 
 def triton_string_to_numpy(triton_type_string: str) -> Any:
     """``"TYPE_FP32"`` -> ``np.float32`` (``np.object_`` for ``TYPE_STRING``)."""
-    return wire.numpy_dtype(_wire_type(triton_type_string)).type
+    return codec.numpy_dtype(_wire_type(triton_type_string)).type
 
 
 def triton_to_numpy_type(data_type: int) -> Any:
@@ -54,7 +54,7 @@ def triton_to_numpy_type(data_type: int) -> Any:
 def numpy_to_triton_type(dtype: Any) -> int:
     """A numpy dtype -> its ``model_config_pb2.DataType`` number (``TYPE_STRING`` for bytes)."""
     try:
-        datatype = wire.datatype_of(dtype)
+        datatype = codec.datatype_of(dtype)
     except (InferpoolError, TypeError) as exc:
         raise TritonModelException(f"numpy dtype {dtype!r} has no Triton data type") from exc
     return int(model_config_pb2.DataType.Value(_config_type(datatype)))
@@ -66,7 +66,7 @@ class Tensor:
     def __init__(self, name: str, numpy_array: Any) -> None:
         array = numpy_array if isinstance(numpy_array, np.ndarray) else np.asarray(numpy_array)
         try:
-            self._datatype = wire.datatype_of(array.dtype)
+            self._datatype = codec.datatype_of(array.dtype)
         except InferpoolError as err:
             raise TritonModelException(f"tensor '{name}': {err.message}") from None
         self._name = name
@@ -90,8 +90,8 @@ class Tensor:
         device_type, _ = dlpack.__dlpack_device__()
         if device_type in _DLPACK_HOST_DEVICES:
             array = np.from_dlpack(dlpack)
-            return cls._wrap(name, wire.datatype_of(array.dtype), array, cpu=True)
-        datatype = wire.datatype_of(np.dtype(str(dlpack.dtype).removeprefix("torch.")))
+            return cls._wrap(name, codec.datatype_of(array.dtype), array, cpu=True)
+        datatype = codec.datatype_of(np.dtype(str(dlpack.dtype).removeprefix("torch.")))
         return cls._wrap(name, datatype, dlpack, cpu=False)
 
     def name(self) -> str:

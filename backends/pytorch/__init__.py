@@ -5,7 +5,7 @@ Loads ``<version>/model.pt`` (TorchScript) or a ``model.pt2`` named by
 libtorch-backend semantics; see ``backend.py`` for the map of the package.
 """
 
-from backends.pytorch.backend import PyTorchBackend
+from inferpool.backends.pytorch.backend import PyTorchBackend
 
 BACKEND = PyTorchBackend
 

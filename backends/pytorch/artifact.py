@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree
 
-from backends.pytorch.naming import Arg
-from client.errors import unavailable
+from inferpool.backends.pytorch.naming import Arg
+from inferpool.wire.errors import unavailable
 
 DEFAULT_FILENAME = "model.pt"
 _TS_KINDS = {"TensorType": "tensor", "ListType": "list", "DictType": "dict"}

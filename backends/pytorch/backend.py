@@ -14,14 +14,14 @@ import os
 
 import torch
 
-from backends.api import Backend, Model, ModelInstance, Request, Response, now_ns
-from backends.pytorch import artifact, naming, sequence
-from backends.pytorch.device import Placement
-from backends.pytorch.inputs import InputAssembler, Prepared
-from backends.pytorch.outputs import OutputWriter, normalize
-from backends.pytorch.parameters import Settings
-from backends.pytorch.weights import ENV_RUN_ID, SharedWeights, region_key
-from client.errors import InferpoolError, internal, unsupported
+from inferpool.backends.api import Backend, Model, ModelInstance, Request, Response, now_ns
+from inferpool.backends.pytorch import artifact, naming, sequence
+from inferpool.backends.pytorch.device import Placement
+from inferpool.backends.pytorch.inputs import InputAssembler, Prepared
+from inferpool.backends.pytorch.outputs import OutputWriter, normalize
+from inferpool.backends.pytorch.parameters import Settings
+from inferpool.backends.pytorch.weights import ENV_RUN_ID, SharedWeights, region_key
+from inferpool.wire.errors import InferpoolError, internal, unsupported
 
 
 class PyTorchModel(Model):

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import torch
 
-from backends.api import now_ns
-from client.errors import unavailable
+from inferpool.backends.api import now_ns
+from inferpool.wire.errors import unavailable
 
 
 class Placement:

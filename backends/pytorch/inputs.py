@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from backends.api import InputTensor, Request
-from backends.pytorch import dtypes
-from backends.pytorch.naming import InputLayout, TensorSpec
-from backends.pytorch.sequence import Control, State
-from client.errors import InferpoolError, invalid_arg
+from inferpool.backends.api import InputTensor, Request
+from inferpool.backends.pytorch import dtypes
+from inferpool.backends.pytorch.naming import InputLayout, TensorSpec
+from inferpool.backends.pytorch.sequence import Control, State
+from inferpool.wire.errors import InferpoolError, invalid_arg
 
 
 def _shape_str(shape: Any) -> str:

@@ -20,9 +20,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from backends.pytorch.dtypes import config_type_name, supported, wire_datatype
-from backends.pytorch.sequence import CORRID, Control, State
-from client.errors import internal, invalid_arg
+from inferpool.backends.pytorch.dtypes import config_type_name, supported, wire_datatype
+from inferpool.backends.pytorch.sequence import CORRID, Control, State
+from inferpool.wire.errors import internal, invalid_arg
 
 
 class Convention(enum.Enum):

@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from backends.api import Response
-from backends.pytorch import dtypes
-from backends.pytorch.inputs import Prepared
-from backends.pytorch.naming import OutputSpec
-from client.errors import internal, invalid_arg
+from inferpool.backends.api import Response
+from inferpool.backends.pytorch import dtypes
+from inferpool.backends.pytorch.inputs import Prepared
+from inferpool.backends.pytorch.naming import OutputSpec
+from inferpool.wire.errors import internal, invalid_arg
 
 
 def _type_name(value: Any) -> str:

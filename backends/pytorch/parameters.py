@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from backends.api import Model
-from client.errors import invalid_arg
+from inferpool.backends.api import Model
+from inferpool.wire.errors import invalid_arg
 
 _TRUE = ("true", "on", "1")
 _FALSE = ("false", "off", "0")

@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import model_config_pb2
 
-from backends.api import Request
-from backends.pytorch.dtypes import config_type_name, wire_datatype
-from client import wire
-from client.errors import invalid_arg, unsupported
+from inferpool.backends.api import Request
+from inferpool.backends.pytorch.dtypes import config_type_name, wire_datatype
+from inferpool.wire import codec
+from inferpool.wire.errors import invalid_arg, unsupported
 
 START = "CONTROL_SEQUENCE_START"
 END = "CONTROL_SEQUENCE_END"
@@ -62,7 +62,7 @@ class Control:
             value = self.true_value if on else self.false_value
         shape = (batch, 1) if batching else (1,)
         try:
-            return np.full(shape, value, dtype=wire.numpy_dtype(self.datatype))
+            return np.full(shape, value, dtype=codec.numpy_dtype(self.datatype))
         except OverflowError:
             raise invalid_arg(
                 f"correlation id {value} of request '{request.id}' does not fit "
@@ -90,7 +90,7 @@ class State:
         shape = [batch, *dims] if batching else dims
         if self.datatype == "BYTES":
             return [""] * math.prod(shape)
-        return np.zeros(shape, dtype=wire.numpy_dtype(self.datatype))
+        return np.zeros(shape, dtype=codec.numpy_dtype(self.datatype))
 
 
 def controls(config: Any, model: str) -> list[Control]:

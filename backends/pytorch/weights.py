@@ -34,9 +34,9 @@ from dataclasses import dataclass
 
 import torch
 
-from client.errors import internal, invalid_arg, unavailable
-from shm.region import Region, exists
-from shm.runs import SHM_DIR, region_name, run_of
+from inferpool.shm.region import Region, exists
+from inferpool.shm.runs import SHM_DIR, region_name, run_of
+from inferpool.wire.errors import internal, invalid_arg, unavailable
 
 ENV_RUN_ID = "INFERPOOL_RUN_ID"
 LOCK_TIMEOUT_S = 600.0

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from client import Client
-from shm.runs import regions_of_run
+from inferpool.client import Client
+from inferpool.shm.runs import regions_of_run
 from tests.backends.pytorch import torch_models as tm
 from tests.support import Server
 

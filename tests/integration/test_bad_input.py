@@ -10,7 +10,7 @@ import orjson
 import pytest
 import zmq
 
-from client import InferpoolError
+from inferpool.client import InferpoolError
 from tests.support import Server, identity_config, write_model
 
 

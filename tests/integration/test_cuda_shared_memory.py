@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from client import ShmClient
-from shm import cuda
+from inferpool.client import ShmClient
+from inferpool.shm import cuda
 from tests.support import Server, identity_config, write_model
 
 REASON = cuda.unavailable_reason()

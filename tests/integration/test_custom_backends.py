@@ -17,7 +17,7 @@ from tests.support import ROOT, Server, identity_config, write_model
 RECORDER = """
 import os
 
-from backends.api import Backend, Model, ModelInstance
+from inferpool.backends.api import Backend, Model, ModelInstance
 
 LOG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lifecycle.txt")
 

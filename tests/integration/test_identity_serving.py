@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from client import Client, InferpoolError
+from inferpool.client import Client, InferpoolError
 from tests.support import ROOT, Server
 
 

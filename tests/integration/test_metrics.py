@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from client import InferpoolError
+from inferpool.client import InferpoolError
 from tests.lifecycle.helpers import wait_for
 from tests.support import EXAMPLES, Server, free_tcp_port, identity_config, write_model
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from client import AsyncClient, Code, InferpoolError
+from inferpool.client import AsyncClient, Code, InferpoolError
 from tests.support import EXAMPLES, Server, write_model
 
 # config.pbtxt names no inputs or outputs: auto_complete_config adds them, with batching

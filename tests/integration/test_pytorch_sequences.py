@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from client import Client, InferpoolError
+from inferpool.client import Client, InferpoolError
 from tests.backends.pytorch import torch_models as tm
 from tests.integration.pytorch_support import (
     ONE_THREAD,

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from client import InferpoolError
+from inferpool.client import InferpoolError
 from tests.backends.pytorch import torch_models as tm
 from tests.integration.pytorch_support import (
     ONE_THREAD,

@@ -18,8 +18,8 @@ import psutil
 import pytest
 import torch
 
-from backends.pytorch.weights import region_key
-from shm.runs import region_name, regions_of_run
+from inferpool.backends.pytorch.weights import region_key
+from inferpool.shm.runs import region_name, regions_of_run
 from tests.backends.pytorch import torch_models as tm
 from tests.integration.pytorch_support import ONE_THREAD, cpu_instances, model_dir, serving
 from tests.support import Server

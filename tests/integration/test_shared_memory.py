@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 import torch
 
-from client import AsyncShmClient, Client, InferpoolError, ShmClient
-from shm import cuda
-from shm.region import Region
+from inferpool.client import AsyncShmClient, Client, InferpoolError, ShmClient
+from inferpool.shm import cuda
+from inferpool.shm.region import Region
 from tests.support import EXAMPLES, Server
 
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from client import Client, InferpoolError
-from shm.runs import regions_of_run
+from inferpool.client import Client, InferpoolError
+from inferpool.shm.runs import regions_of_run
 from tests.support import Server, run_id_of, write_model
 
 # What the "act" model does, by the value of its input ACT[0].
@@ -33,7 +33,7 @@ class TritonPythonModel:
         self.instance = args["model_instance_name"]
 
     def report(self, with_torch):
-        from workers.pinning import read_back  # the worker's own view, via get_mempolicy
+        from inferpool.workers.pinning import read_back  # the worker's own view, via get_mempolicy
         info = {"pid": os.getpid(), "instance": self.instance, "value": VALUE,
                 "affinity": sorted(os.sched_getaffinity(0)), "placement": read_back()}
         if with_torch:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from broker.topology import Topology, format_cpu_list, parse_cpu_list
+from inferpool.broker.pool.topology import Topology, format_cpu_list, parse_cpu_list
 from tests.lifecycle.helpers import REPORT, TORCH, act, instance, serving, write_act_model
 from tests.support import ROOT, Server
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from client import InferpoolError
+from inferpool.client import InferpoolError
 from tests.lifecycle.helpers import REPORT, Stream, act, serving, wait_for, write_act_model
 from tests.support import identity_config, write_model
 

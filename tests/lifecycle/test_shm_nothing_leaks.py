@@ -16,14 +16,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from client import Client, InferpoolError, ShmClient
-from shm.runs import regions_of_run, run_is_alive
+from inferpool.client import Client, InferpoolError, ShmClient
+from inferpool.shm.runs import regions_of_run, run_is_alive
 from tests.support import ROOT, Server, identity_config, write_model
 
 HOLDER = """
 import sys
 import numpy as np
-from client import ShmClient
+from inferpool.client import ShmClient
 
 c = ShmClient(sys.argv[1], input_bytes=1 << 20)
 req = c.request("fast")

@@ -9,8 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from client import InferpoolError
-from shm.runs import regions_of_run, run_is_alive
+from inferpool.client import InferpoolError
+from inferpool.shm.runs import regions_of_run, run_is_alive
 from tests.lifecycle.helpers import (
     NAP,
     assert_run_gone,

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from client import Client
+from inferpool.client import Client
 from tests.lifecycle.helpers import assert_run_gone
 from tests.support import EXAMPLES, ROOT, Server, run_id_of
 

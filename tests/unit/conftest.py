@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from backends.testing import BackendHarness
-from client.errors import InferpoolError
+from inferpool.backends.testing import BackendHarness
+from inferpool.wire.errors import InferpoolError
 
 
 class PythonModels:

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 import zmq
 
-from client import AsyncClient, Code, InferpoolError, wire
-from client.zmqio import recv_frames, send_parts
+from inferpool.client import AsyncClient, Code, InferpoolError
+from inferpool.wire import codec
+from inferpool.wire.zmqio import recv_frames, send_parts
 
 Script = Callable[[zmq.Socket[Any], list[list[zmq.Frame]]], None]
 
@@ -42,7 +43,7 @@ class Peer:
 
 
 def answer(sock: zmq.Socket[Any], request: list[zmq.Frame], value: float) -> None:
-    header = wire.decode_header(request[2].bytes)
+    header = codec.decode_header(request[2].bytes)
     reply = {
         "type": "infer",
         "id": header["id"],
@@ -50,7 +51,7 @@ def answer(sock: zmq.Socket[Any], request: list[zmq.Frame], value: float) -> Non
         "model_version": "1",
         "outputs": [{"name": "Y", "datatype": "FP32", "shape": [1]}],
     }
-    send_parts(sock, [request[0], b"", wire.encode_header(reply), np.float32([value]).tobytes()])
+    send_parts(sock, [request[0], b"", codec.encode_header(reply), np.float32([value]).tobytes()])
 
 
 @pytest.fixture
@@ -70,7 +71,7 @@ def test_answers_in_any_order_reach_their_requests_and_junk_is_dropped(peer_fact
     def script(sock: zmq.Socket[Any], requests: list[list[zmq.Frame]]) -> None:
         envelope = requests[0][0]
         send_parts(sock, [envelope, b"", b"not json"])
-        send_parts(sock, [envelope, b"", wire.encode_header({"type": "infer", "id": "999"})])
+        send_parts(sock, [envelope, b"", codec.encode_header({"type": "infer", "id": "999"})])
         send_parts(sock, [envelope, b"no delimiter"])
         for i, request in reversed(list(enumerate(requests))):
             answer(sock, request, float(i))

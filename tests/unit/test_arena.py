@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shm.arena import ALIGN, Allocator, ArenaFull
+from inferpool.shm.arena import ALIGN, Allocator, ArenaFull
 
 
 def test_freed_blocks_are_reused_warm_then_by_best_fit() -> None:

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends import loader
-from backends.testing import BackendHarness
-from client.errors import Code, InferpoolError
+from inferpool.backends import loader
+from inferpool.backends.testing import BackendHarness
+from inferpool.wire.errors import Code, InferpoolError
 
 # A backend that records every hook into RECORD, fails in the hook named FAIL_IN, and tags
 # its responses with WHERE (which copy of it the search found).
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from backends.api import Backend, Model, ModelInstance, Response
-from client.errors import invalid_arg
+from inferpool.backends.api import Backend, Model, ModelInstance, Response
+from inferpool.wire.errors import invalid_arg
 
 RECORD = Path({record!r})
 FAIL_IN = {fail_in!r}
@@ -93,7 +93,7 @@ BACKEND = RecorderBackend
 STREAMER = """
 import numpy as np
 
-from backends.api import Backend, Model, ModelInstance
+from inferpool.backends.api import Backend, Model, ModelInstance
 
 
 class StreamerInstance(ModelInstance):
@@ -122,7 +122,7 @@ BACKEND = StreamerBackend
 
 # A backend that forgets to answer.
 LAZY = """
-from backends.api import Backend, Model, ModelInstance
+from inferpool.backends.api import Backend, Model, ModelInstance
 
 
 class LazyInstance(ModelInstance):
@@ -183,12 +183,12 @@ class Layout:
         path = self.path(where, name)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(source)
-        if where == "builtin":  # shipped as backends.<name>, as identity and python are
-            spec = importlib.util.spec_from_file_location(f"backends.{name}", path)
+        if where == "builtin":  # shipped as inferpool.backends.<name>, as identity and python are
+            spec = importlib.util.spec_from_file_location(f"inferpool.backends.{name}", path)
             assert spec is not None and spec.loader is not None
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
-            self._monkeypatch.setitem(sys.modules, f"backends.{name}", module)
+            self._monkeypatch.setitem(sys.modules, f"inferpool.backends.{name}", module)
             self._monkeypatch.setattr(loader, "BUILTIN", (*loader.BUILTIN, name))
         return path
 

@@ -1,4 +1,4 @@
-"""broker.completion: which completed configs a model version serves, and which it refuses."""
+"""inferpool.broker.models.completion: which completed configs a model version serves, and which it refuses."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from broker.completion import adopt
-from broker.config import load_config, to_dict
-from broker.models import ModelVersion
-from client.errors import Code, InferpoolError
+from inferpool.broker.models.completion import adopt
+from inferpool.broker.models.config import load_config, to_dict
+from inferpool.broker.models.registry import ModelVersion
+from inferpool.wire.errors import Code, InferpoolError
 from tests.support import write_model
 
 

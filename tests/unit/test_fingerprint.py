@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from broker.repository import fingerprint, scan_model
+from inferpool.broker.models.repository import fingerprint, scan_model
 from tests.support import identity_config, write_model
 
 

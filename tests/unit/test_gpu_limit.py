@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from broker.gpu_limit import check_gpu_limits, limit_for, parse_gpu_limits
-from broker.topology import Topology
-from client.errors import Code, InferpoolError
-from workers.gpu_limit import check_load_limit
+from inferpool.broker.pool.gpu_limit import check_gpu_limits, limit_for, parse_gpu_limits
+from inferpool.broker.pool.topology import Topology
+from inferpool.wire.errors import Code, InferpoolError
+from inferpool.workers.gpu_limit import check_load_limit
 
 TWO_GPUS = Topology(cpus=(0, 1), nodes={0: (0, 1)}, gpus=("0", "1"))
 NO_GPUS = Topology(cpus=(0, 1), nodes={0: (0, 1)})

@@ -7,8 +7,8 @@ import time
 import numpy as np
 import pytest
 
-from backends.testing import BackendHarness
-from client.errors import Code, InferpoolError
+from inferpool.backends.testing import BackendHarness
+from inferpool.wire.errors import Code, InferpoolError
 from tests.support import identity_config
 
 PAIRS = """

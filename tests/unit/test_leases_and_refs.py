@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shm.leases import LeaseTable
-from shm.refs import CUDA_IPC_HANDLE_SIZE, cuda_ref, parse_ref, posix_name, system_ref
+from inferpool.shm.leases import LeaseTable
+from inferpool.shm.refs import CUDA_IPC_HANDLE_SIZE, cuda_ref, parse_ref, posix_name, system_ref
 
 A, B = b"client-a", b"client-b"
 

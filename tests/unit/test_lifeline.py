@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = """
 import signal, sys, time
-from workers.lifeline import set_parent_death_signal
+from inferpool.workers.lifeline import set_parent_death_signal
 ok = set_parent_death_signal(signal.SIGTERM, parent_pid=int(sys.argv[1]))
 print("armed" if ok else "orphan", flush=True)
 time.sleep(60)
@@ -59,7 +59,7 @@ def test_child_dies_when_its_parent_does() -> None:
 
 def test_a_parent_that_is_not_the_expected_one_reports_false() -> None:
     code = (
-        "import os; from workers.lifeline import set_parent_death_signal as s; "
+        "import os; from inferpool.workers.lifeline import set_parent_death_signal as s; "
         "print(s(parent_pid=os.getppid() + 1), s(parent_pid=os.getppid()))"
     )
     out = subprocess.run(

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from backends.python import pb_utils
-from client.errors import Code
+from inferpool.backends.python import pb_utils
+from inferpool.wire.errors import Code
 
 if TYPE_CHECKING:
     from conftest import PythonModels

@@ -17,8 +17,8 @@ from typing import Any
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from broker.placement import parse_host_policies, plan_instances
-from broker.topology import Topology
+from inferpool.broker.pool.placement import parse_host_policies, plan_instances
+from inferpool.broker.pool.topology import Topology
 
 ROOT = Path(__file__).resolve().parents[2]
 CORES = sorted(os.sched_getaffinity(0))
@@ -26,9 +26,9 @@ LAST = CORES[-1]
 
 APPLY = """
 import json, sys
-from client.errors import InferpoolError
-from workers.pinning import apply, read_back
-from workers.spec import PinningSpec
+from inferpool.wire.errors import InferpoolError
+from inferpool.workers.pinning import apply, read_back
+from inferpool.workers.spec import PinningSpec
 spec = PinningSpec(**json.loads(sys.argv[1]))
 try:
     applied = apply(spec, policy=sys.argv[2])
@@ -59,9 +59,10 @@ def pin(policy: str = "", env: dict[str, str] | None = None, **spec: Any) -> dic
 
 def test_pinning_imports_only_the_stdlib() -> None:
     got = run(
-        "import json, sys, workers.pinning, workers.lifeline; print(json.dumps(sorted(m for m in"
-        " sys.modules if m.split('.')[0] in ('numpy', 'torch', 'zmq', 'cupy', 'broker',"
-        " 'backends', 'shm', 'google', 'tritonclient'))))"
+        "import json, sys, inferpool.workers.pinning, inferpool.workers.lifeline;"
+        " print(json.dumps(sorted(m for m in sys.modules if m.removeprefix('inferpool.')"
+        ".split('.')[0] in ('numpy', 'torch', 'zmq', 'cupy', 'broker', 'backends', 'shm',"
+        " 'google', 'tritonclient'))))"
     )
     assert got == []
 
@@ -102,8 +103,8 @@ def test_interleave_without_a_node_spans_the_online_nodes() -> None:
 def test_bind_then_preferred_in_one_process() -> None:
     code = """
 import json
-from workers.pinning import apply, read_back
-from workers.spec import PinningSpec
+from inferpool.workers.pinning import apply, read_back
+from inferpool.workers.spec import PinningSpec
 seen = []
 for mode in ("bind", "preferred", "bind"):
     apply(PinningSpec(cpus=[CORE], numa_node=0, mempolicy=mode))
@@ -124,8 +125,8 @@ def test_cuda_visible_devices_and_the_local_device() -> None:
 def test_affinity_covers_threads_that_already_run() -> None:
     code = """
 import json, threading, os
-from workers.pinning import apply
-from workers.spec import PinningSpec
+from inferpool.workers.pinning import apply
+from inferpool.workers.spec import PinningSpec
 ready, stop = threading.Event(), threading.Event()
 tid = []
 def body():

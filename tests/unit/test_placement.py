@@ -16,7 +16,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from broker.placement import (
+from inferpool.broker.pool.placement import (
     CoreUsage,
     HostPolicy,
     empty_pinning,
@@ -24,9 +24,9 @@ from broker.placement import (
     parse_host_policy,
     plan_instances,
 )
-from broker.topology import Topology, format_cpu_list, parse_cpu_list, visible_gpus
-from client.errors import Code, InferpoolError
-from workers.spec import InstanceSpec, PinningSpec
+from inferpool.broker.pool.topology import Topology, format_cpu_list, parse_cpu_list, visible_gpus
+from inferpool.wire.errors import Code, InferpoolError
+from inferpool.workers.spec import InstanceSpec, PinningSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 BIG = Topology(
@@ -145,9 +145,9 @@ def test_visible_gpus_reads_cuda_visible_devices_like_cuda() -> None:
 
 def test_broker_side_imports_nothing_of_the_worker_or_torch() -> None:
     code = (
-        "import sys, broker.placement, broker.topology; "
-        "bad = sorted(m for m in sys.modules "
-        "if m.split('.')[0] in ('workers', 'backends', 'torch', 'cupy', 'numpy')); "
+        "import sys, inferpool.broker.pool.placement, inferpool.broker.pool.topology; "
+        "bad = sorted(m for m in sys.modules if m.removeprefix('inferpool.').split('.')[0] "
+        "in ('workers', 'backends', 'torch', 'cupy', 'numpy')); "
         "print(bad)"
     )
     out = subprocess.run(

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from client.errors import Code, InferpoolError
+from inferpool.wire.errors import Code, InferpoolError
 
 if TYPE_CHECKING:
     from conftest import PythonModels

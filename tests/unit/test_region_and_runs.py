@@ -9,8 +9,8 @@ import numpy as np
 import posix_ipc
 import pytest
 
-from shm.region import Region, RegionCache
-from shm.runs import RunLock, region_name, regions_of_run, run_is_alive, sweep_dead_runs
+from inferpool.shm.region import Region, RegionCache
+from inferpool.shm.runs import RunLock, region_name, regions_of_run, run_is_alive, sweep_dead_runs
 from tests.support import ROOT
 
 
@@ -45,8 +45,8 @@ def test_sweep_removes_only_dead_runs() -> None:
             "-c",
             textwrap.dedent("""
         import os, signal, sys
-        from shm.runs import RunLock, region_name
-        from shm.region import Region
+        from inferpool.shm.runs import RunLock, region_name
+        from inferpool.shm.region import Region
         lock = RunLock()
         Region.create(region_name(lock.run_id, "arena"), 4096)
         print(lock.run_id, flush=True)

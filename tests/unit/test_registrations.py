@@ -8,10 +8,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from broker.registrations import Registrations
-from client.errors import Code, InferpoolError
-from shm.region import Region, exists
-from shm.runs import RunLock
+from inferpool.broker.front.registrations import Registrations
+from inferpool.shm.region import Region, exists
+from inferpool.shm.runs import RunLock
+from inferpool.wire.errors import Code, InferpoolError
 
 A, B = b"client-a", b"client-b"
 

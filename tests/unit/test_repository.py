@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from broker.config import load_config
-from broker.repository import scan, scan_model
-from client.errors import Code, InferpoolError
+from inferpool.broker.models.config import load_config
+from inferpool.broker.models.repository import scan, scan_model
+from inferpool.wire.errors import Code, InferpoolError
 from tests.support import identity_config, write_model
 
 

@@ -9,11 +9,11 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
-from broker.admission import FLAG_SEQUENCE_END, FLAG_SEQUENCE_START, PendingRequest
-from broker.models import ModelVersion
-from broker.scheduler import Scheduler
-from broker.sequencer import SequenceScheduler, scheduler_for
-from client.errors import Code, InferpoolError
+from inferpool.broker.front.admission import FLAG_SEQUENCE_END, FLAG_SEQUENCE_START, PendingRequest
+from inferpool.broker.models.registry import ModelVersion
+from inferpool.broker.models.scheduler import Scheduler
+from inferpool.broker.models.sequencer import SequenceScheduler, scheduler_for
+from inferpool.wire.errors import Code, InferpoolError
 
 START, END = FLAG_SEQUENCE_START, FLAG_SEQUENCE_END
 MS = 1_000_000

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends.template import create_backend, main
-from backends.testing import BackendHarness
-from client.errors import Code, InferpoolError
+from inferpool.backends.template import create_backend, main
+from inferpool.backends.testing import BackendHarness
+from inferpool.wire.errors import Code, InferpoolError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -154,7 +154,7 @@ def test_main_prints_what_it_wrote_and_next_steps(
 
 def test_runs_as_a_module(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "backends.template", "via_module", "--dir", str(tmp_path)],
+        [sys.executable, "-m", "inferpool.backends.template", "via_module", "--dir", str(tmp_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -6,31 +6,31 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from client import wire
-from client.errors import Code, InferpoolError
+from inferpool.wire import codec
+from inferpool.wire.errors import Code, InferpoolError
 
 
 def test_datatypes_round_trip_through_numpy() -> None:
-    for name in wire.DATATYPES - {"BYTES"}:
-        assert wire.datatype_of(wire.numpy_dtype(name)) == name
-    assert wire.numpy_dtype("BF16") == np.dtype(ml_dtypes.bfloat16)
-    assert wire.datatype_of(np.dtype(">f4")) == "FP32"  # byte order is the wire's business
-    assert wire.datatype_of(np.array(["a"]).dtype) == "BYTES"
-    assert wire.config_to_wire_datatype("TYPE_STRING") == "BYTES"
-    assert wire.config_to_wire_datatype("TYPE_INT8") == "INT8"
+    for name in codec.DATATYPES - {"BYTES"}:
+        assert codec.datatype_of(codec.numpy_dtype(name)) == name
+    assert codec.numpy_dtype("BF16") == np.dtype(ml_dtypes.bfloat16)
+    assert codec.datatype_of(np.dtype(">f4")) == "FP32"  # byte order is the wire's business
+    assert codec.datatype_of(np.array(["a"]).dtype) == "BYTES"
+    assert codec.config_to_wire_datatype("TYPE_STRING") == "BYTES"
+    assert codec.config_to_wire_datatype("TYPE_INT8") == "INT8"
 
 
 def test_unknown_datatype_is_invalid_arg() -> None:
     with pytest.raises(InferpoolError) as err:
-        wire.numpy_dtype("FP8")
+        codec.numpy_dtype("FP8")
     assert err.value.code is Code.INVALID_ARG and "unknown datatype 'FP8'" in err.value.message
 
 
 @given(st.lists(st.binary(max_size=40), max_size=20))
 def test_bytes_serialisation_round_trips(values: list[bytes]) -> None:
-    data = wire.serialize_bytes(values)
-    assert len(data) == wire.serialized_bytes_size(values)
-    assert wire.deserialize_bytes(data, len(values)) == values
+    data = codec.serialize_bytes(values)
+    assert len(data) == codec.serialized_bytes_size(values)
+    assert codec.deserialize_bytes(data, len(values)) == values
 
 
 @pytest.mark.parametrize(
@@ -43,23 +43,23 @@ def test_bytes_serialisation_round_trips(values: list[bytes]) -> None:
 )
 def test_malformed_bytes_are_named(data: bytes, count: int, message: str) -> None:
     with pytest.raises(InferpoolError, match=message):
-        wire.deserialize_bytes(data, count, "input 'X'")
+        codec.deserialize_bytes(data, count, "input 'X'")
 
 
 def test_array_from_buffer_is_a_view_and_checks_size() -> None:
     buf = bytearray(np.arange(6, dtype=np.int32).tobytes())
-    arr = wire.array_from_buffer(buf, "INT32", [2, 3], "x")
+    arr = codec.array_from_buffer(buf, "INT32", [2, 3], "x")
     buf[0] = 7
     assert arr[0, 0] == 7 and arr.shape == (2, 3)
     with pytest.raises(InferpoolError, match="expected 28 bytes for INT32 shape \\[7\\], got 24"):
-        wire.array_from_buffer(buf, "INT32", [7], "x")
+        codec.array_from_buffer(buf, "INT32", [7], "x")
 
 
 def test_headers_decode_or_fail_cleanly() -> None:
-    assert wire.decode_header(wire.encode_header({"a": np.int64(3)})) == {"a": 3}
+    assert codec.decode_header(codec.encode_header({"a": np.int64(3)})) == {"a": 3}
     for raw, text in ((b"\xff", "not valid UTF-8 JSON"), (b"3", "got int"), (b"", "not valid")):
         with pytest.raises(InferpoolError, match=text):
-            wire.decode_header(raw)
+            codec.decode_header(raw)
 
 
 def test_errors_cross_the_wire_typed() -> None:
@@ -75,6 +75,6 @@ def test_errors_cross_the_wire_typed() -> None:
 def test_torch_tensors_are_accepted_without_copy() -> None:
     torch = pytest.importorskip("torch")
     t = torch.arange(4, dtype=torch.float32)
-    arr = wire.as_array(t)
+    arr = codec.as_array(t)
     t[0] = 9
-    assert arr[0] == 9 and wire.datatype_of(arr.dtype) == "FP32"
+    assert arr[0] == 9 and codec.datatype_of(arr.dtype) == "FP32"

@@ -8,9 +8,9 @@ from pathlib import Path
 import posix_ipc
 import pytest
 
-from backends.pytorch.weights import ENV_RUN_ID
-from backends.testing import BackendHarness
-from shm.runs import RunLock, regions_of_run
+from inferpool.backends.pytorch.weights import ENV_RUN_ID
+from inferpool.backends.testing import BackendHarness
+from inferpool.shm.runs import RunLock, regions_of_run
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch_models as tm
 
-from client.errors import Code, InferpoolError
+from inferpool.wire.errors import Code, InferpoolError
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
 needs_cuda = pytest.mark.skipif(

@@ -9,7 +9,7 @@ import torch
 import torch_models as tm
 from torch import Tensor, nn
 
-from client.errors import Code, InferpoolError
+from inferpool.wire.errors import Code, InferpoolError
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
 

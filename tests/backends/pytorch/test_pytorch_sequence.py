@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch_models as tm
 
-from backends.api import FLAG_SEQUENCE_END, FLAG_SEQUENCE_START
-from client.errors import Code, InferpoolError
+from inferpool.backends.api import FLAG_SEQUENCE_END, FLAG_SEQUENCE_START
+from inferpool.wire.errors import Code, InferpoolError
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
 

@@ -12,11 +12,11 @@ import pytest
 import torch
 import torch_models as tm
 
-from backends.pytorch.weights import _HEADER, region_key
-from client.errors import Code, InferpoolError
+from inferpool.backends.pytorch.weights import _HEADER, region_key
+from inferpool.shm.region import Region
+from inferpool.shm.runs import region_name, regions_of_run
+from inferpool.wire.errors import Code, InferpoolError
 from scripts.bench_torch import measure_instances
-from shm.region import Region
-from shm.runs import region_name, regions_of_run
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
 

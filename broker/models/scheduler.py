@@ -13,9 +13,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from broker.admission import PendingRequest
-from broker.models import ModelVersion
-from client.errors import Code, InferpoolError
+from inferpool.broker.front.admission import PendingRequest
+from inferpool.broker.models.registry import ModelVersion
+from inferpool.wire.errors import Code, InferpoolError
 
 Dispatch = Callable[[Any, list[PendingRequest]], None]
 Reject = Callable[[PendingRequest, InferpoolError], None]

@@ -1,6 +1,6 @@
 """Worker processes: spawn, watch, respawn, stop.
 
-One worker per model instance, started as a fresh interpreter (``python -m workers.main``)
+One worker per model instance, started as a fresh interpreter (``python -m inferpool.workers.main``)
 with its spec in the environment.  Exit codes are a protocol: a worker that fails to boot is
 not respawned (its instance is FAILED with the reason); a worker that crashes after it was
 ready is respawned on the same slot and pinning with exponential backoff, until it crashes
@@ -22,20 +22,18 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-import broker
-from broker.channel import Channel
-from broker.config import to_json
-from broker.gpu_limit import limit_for
-from broker.models import ModelVersion
-from broker.options import ServerOptions
-from broker.outputs import OutputRegions
-from client.errors import Code, InferpoolError
+from inferpool.broker.models.config import to_json
+from inferpool.broker.models.registry import ModelVersion
+from inferpool.broker.options import ServerOptions
+from inferpool.broker.pool.channel import Channel
+from inferpool.broker.pool.gpu_limit import limit_for
+from inferpool.broker.pool.outputs import OutputRegions
+from inferpool.wire.errors import Code, InferpoolError
 
 log = logging.getLogger("inferpool.supervisor")
 
 EXIT_BOOT_FAILED = 3  # workers.spec.EXIT_BOOT_FAILED: the protocol between the two sides
 WORKER_SPEC_ENV = "INFERPOOL_WORKER_SPEC"
-_PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(broker.__file__)))
 
 
 class WorkerState(str, enum.Enum):
@@ -163,12 +161,9 @@ class Supervisor:
         env = dict(os.environ)
         env[WORKER_SPEC_ENV] = spec
         env["INFERPOOL_BROKER_PID"] = str(os.getpid())
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (_PROJECT_ROOT, env.get("PYTHONPATH", "")) if p
-        )
         try:
             handle.proc = subprocess.Popen(
-                [sys.executable, "-m", "workers.main"],
+                [sys.executable, "-m", "inferpool.workers.main"],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 close_fds=True,

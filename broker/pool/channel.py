@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from client.errors import Code, InferpoolError
+from inferpool.wire.errors import Code, InferpoolError
 
 BUFFER_BYTES = 4 << 20  # asked of the kernel; it caps this at net.core.{r,w}mem_max
 MAX_MESSAGE = 192 * 1024  # below the default cap, so a datagram always fits

@@ -17,10 +17,10 @@ import logging
 from collections import OrderedDict, deque
 from typing import Any
 
-from broker.admission import FLAG_SEQUENCE_END, FLAG_SEQUENCE_START, PendingRequest
-from broker.models import ModelVersion
-from broker.scheduler import Dispatch, Reject, Scheduler
-from client.errors import Code, InferpoolError, invalid_arg
+from inferpool.broker.front.admission import FLAG_SEQUENCE_END, FLAG_SEQUENCE_START, PendingRequest
+from inferpool.broker.models.registry import ModelVersion
+from inferpool.broker.models.scheduler import Dispatch, Reject, Scheduler
+from inferpool.wire.errors import Code, InferpoolError, invalid_arg
 
 log = logging.getLogger("inferpool.sequencer")
 DEFAULT_IDLE_US = 1_000_000  # Triton's default max_sequence_idle_microseconds

@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 from tritonclient.grpc import model_config_pb2 as pb
 
-from broker.config import to_dict, wire_datatype
-from broker.stats import ModelStats
-from client import wire
-from client.errors import Code, InferpoolError
+from inferpool.broker.models.config import to_dict, wire_datatype
+from inferpool.broker.models.stats import ModelStats
+from inferpool.wire import codec
+from inferpool.wire.errors import Code, InferpoolError
 
 if TYPE_CHECKING:
-    from broker.scheduler import Scheduler
-    from broker.supervisor import WorkerHandle
+    from inferpool.broker.models.scheduler import Scheduler
+    from inferpool.broker.pool.supervisor import WorkerHandle
 
 
 class State(str, enum.Enum):
@@ -50,7 +50,7 @@ def _spec(t: Any, optional: bool = False) -> TensorSpec:
     datatype = wire_datatype(t.data_type)
     dims = tuple(int(d) for d in t.dims)
     return TensorSpec(
-        t.name, datatype, dims, optional, wire.element_size(datatype), any(d < 0 for d in dims)
+        t.name, datatype, dims, optional, codec.element_size(datatype), any(d < 0 for d in dims)
     )
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from broker.topology import Topology
-from client.errors import invalid_arg
+from inferpool.broker.pool.topology import Topology
+from inferpool.wire.errors import invalid_arg
 
 NO_LIMIT = 1.0
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from shm.region import Region
-from shm.runs import region_name
+from inferpool.shm.region import Region
+from inferpool.shm.runs import region_name
 
 
 @dataclass

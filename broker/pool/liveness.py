@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 
-from broker.supervisor import Supervisor, WorkerHandle
+from inferpool.broker.pool.supervisor import Supervisor, WorkerHandle
 
 log = logging.getLogger("inferpool.liveness")
 FROZEN_STATES = ("T", "t")

@@ -17,9 +17,9 @@ from typing import Any
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as pb
 
-from broker.config import CONFIG_FILE, validate
-from broker.models import ModelVersion
-from client.errors import Code, InferpoolError
+from inferpool.broker.models.config import CONFIG_FILE, validate
+from inferpool.broker.models.registry import ModelVersion
+from inferpool.wire.errors import Code, InferpoolError
 
 # Acted upon before any worker starts (placement, versions, which backend): not completable.
 FIXED_FIELDS = ("name", "backend", "platform", "version_policy", "instance_group")

@@ -24,10 +24,10 @@ from typing import Any
 
 import posix_ipc
 
-from client.errors import Code, InferpoolError, invalid_arg, not_found
-from shm.refs import CUDA_IPC_HANDLE_SIZE, cuda_ref, posix_name, system_ref
-from shm.region import Region
-from shm.runs import PREFIX, SHM_DIR, region_name
+from inferpool.shm.refs import CUDA_IPC_HANDLE_SIZE, cuda_ref, posix_name, system_ref
+from inferpool.shm.region import Region
+from inferpool.shm.runs import PREFIX, SHM_DIR, region_name
+from inferpool.wire.errors import Code, InferpoolError, invalid_arg, not_found
 
 log = logging.getLogger("inferpool.shm")
 

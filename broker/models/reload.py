@@ -15,12 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from broker import repository
-from broker.models import ModelRecord
-from client.errors import InferpoolError
+from inferpool.broker.models import repository
+from inferpool.broker.models.registry import ModelRecord
+from inferpool.wire.errors import InferpoolError
 
 if TYPE_CHECKING:
-    from broker.manager import Manager
+    from inferpool.broker.models.manager import Manager
 
 log = logging.getLogger("inferpool.reload")
 Waiter = Callable[[InferpoolError | None], None]

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.admission import PendingRequest
-from broker.outputs import OutputRegions
-from client.errors import not_found
-from shm.leases import LeaseTable
+from inferpool.broker.front.admission import PendingRequest
+from inferpool.broker.pool.outputs import OutputRegions
+from inferpool.shm.leases import LeaseTable
+from inferpool.wire.errors import not_found
 
 
 class Handles:

@@ -26,11 +26,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from broker.supervisor import WorkerState
-from client.errors import Code, InferpoolError
+from inferpool.broker.pool.supervisor import WorkerState
+from inferpool.wire.errors import Code, InferpoolError
 
 if TYPE_CHECKING:
-    from broker.server import Broker
+    from inferpool.broker.server import Broker
 
 log = logging.getLogger("inferpool.metrics")
 SCRAPE_TIMEOUT_S = 5.0

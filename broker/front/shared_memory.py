@@ -13,15 +13,15 @@ import binascii
 import logging
 from typing import TYPE_CHECKING, Any
 
-from broker.clients import ClientTracker
-from broker.handles import Handles
-from broker.registrations import Registrations
-from client.errors import Code, InferpoolError, invalid_arg
-from shm import cuda
-from shm.leases import LeaseTable
+from inferpool.broker.front.clients import ClientTracker
+from inferpool.broker.front.handles import Handles
+from inferpool.broker.front.registrations import Registrations
+from inferpool.shm import cuda
+from inferpool.shm.leases import LeaseTable
+from inferpool.wire.errors import Code, InferpoolError, invalid_arg
 
 if TYPE_CHECKING:
-    from broker.server import Broker
+    from inferpool.broker.server import Broker
 
 log = logging.getLogger("inferpool.shm")
 EXTENSIONS = ["system_shared_memory", "cuda_shared_memory", "output_handles"]

@@ -3,7 +3,7 @@
 Small outputs are copied into the zmq message (cheaper than tracking); large ones are sent
 zero-copy straight from the worker's output region, and their slots are freed only when
 libzmq reports it is done with the memory.  Outputs that stay in shared memory (handles,
-client regions) carry no frame: ``broker.handles`` describes them.
+client regions) carry no frame: ``front.handles`` describes them.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from typing import Any
 
 import zmq
 
-from broker.admission import PendingRequest
-from broker.outputs import OutputRegions
-from client import wire
-from client.errors import InferpoolError
-from client.zmqio import SNDMORE, send_parts
+from inferpool.broker.front.admission import PendingRequest
+from inferpool.broker.pool.outputs import OutputRegions
+from inferpool.wire import codec
+from inferpool.wire.errors import InferpoolError
+from inferpool.wire.zmqio import SNDMORE, send_parts
 
 ZERO_COPY_MIN = 64 * 1024
 _EMPTY = b""
@@ -32,12 +32,12 @@ class Responder:
 
     # ------------------------------------------------------------------ plain messages
     def send(self, envelope: list[Any], header: dict[str, Any]) -> None:
-        send_parts(self.socket, [*envelope, _EMPTY, wire.encode_header(header)])
+        send_parts(self.socket, [*envelope, _EMPTY, codec.encode_header(header)])
 
     def send_error(
         self, envelope: list[Any], msg_type: str, request_id: Any, err: InferpoolError
     ) -> None:
-        self.send(envelope, wire.error_header(err, request_id, msg_type))
+        self.send(envelope, codec.error_header(err, request_id, msg_type))
 
     # ------------------------------------------------------------------ inference results
     def result(self, req: PendingRequest, item: dict[str, Any]) -> None:
@@ -66,7 +66,7 @@ class Responder:
         params = item.get("params") or {}
         if model.decoupled:
             params["triton_final_response"] = bool(item.get("final", True))
-        encoded = wire.encode_header(
+        encoded = codec.encode_header(
             {
                 "type": "infer",
                 "id": req.client_id,

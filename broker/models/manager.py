@@ -13,20 +13,20 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from broker import completion, repository
-from broker.admission import PendingRequest
-from broker.models import ModelRecord, ModelVersion, Registry, State
-from broker.options import ServerOptions
-from broker.outputs import OutputRegions
-from broker.placement import CoreUsage, HostPolicy, Topology, plan_instances
-from broker.reload import replace
-from broker.responder import Responder
-from broker.scheduler import Scheduler
-from broker.sequencer import scheduler_for
-from broker.stats import CustomMetrics
-from broker.supervisor import Supervisor, WorkerHandle, WorkerState
-from client.errors import Code, InferpoolError
-from shm.arena import Arena
+from inferpool.broker.front.admission import PendingRequest
+from inferpool.broker.front.responder import Responder
+from inferpool.broker.models import completion, repository
+from inferpool.broker.models.registry import ModelRecord, ModelVersion, Registry, State
+from inferpool.broker.models.reload import replace
+from inferpool.broker.models.scheduler import Scheduler
+from inferpool.broker.models.sequencer import scheduler_for
+from inferpool.broker.models.stats import CustomMetrics
+from inferpool.broker.options import ServerOptions
+from inferpool.broker.pool.outputs import OutputRegions
+from inferpool.broker.pool.placement import CoreUsage, HostPolicy, Topology, plan_instances
+from inferpool.broker.pool.supervisor import Supervisor, WorkerHandle, WorkerState
+from inferpool.shm.arena import Arena
+from inferpool.wire.errors import Code, InferpoolError
 
 log = logging.getLogger("inferpool.manager")
 Waiter = Callable[[InferpoolError | None], None]

@@ -13,8 +13,8 @@ from typing import Any
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
-from client import wire
-from client.errors import Code, InferpoolError
+from inferpool.wire import codec
+from inferpool.wire.errors import Code, InferpoolError
 
 CONFIG_FILE = "config.pbtxt"
 
@@ -101,8 +101,8 @@ def validate(config: pb.ModelConfig, model: str, path: str) -> None:
             seen.add(t.name)
             if t.data_type == pb.TYPE_INVALID:
                 raise config_error(model, path, f"{kind} '{t.name}' has no data_type")
-            datatype = wire.config_to_wire_datatype(pb.DataType.Name(t.data_type))
-            if datatype not in wire.DATATYPES:
+            datatype = codec.config_to_wire_datatype(pb.DataType.Name(t.data_type))
+            if datatype not in codec.DATATYPES:
                 raise config_error(
                     model,
                     path,
@@ -151,7 +151,7 @@ def _fixed_elements(dims: Any) -> int | None:
 
 
 def wire_datatype(data_type: int) -> str:
-    return wire.config_to_wire_datatype(pb.DataType.Name(data_type))
+    return codec.config_to_wire_datatype(pb.DataType.Name(data_type))
 
 
 def to_json(config: pb.ModelConfig) -> str:

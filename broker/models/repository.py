@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 from tritonclient.grpc import model_config_pb2 as pb
 
-from broker.config import load_config
-from client.errors import Code, InferpoolError
+from inferpool.broker.models.config import load_config
+from inferpool.wire.errors import Code, InferpoolError
 
 
 @dataclass

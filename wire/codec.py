@@ -16,7 +16,7 @@ import ml_dtypes
 import numpy as np
 import orjson
 
-from client.errors import Code, InferpoolError, invalid_arg
+from inferpool.wire.errors import Code, InferpoolError, invalid_arg
 
 PROTOCOL_VERSION = 1
 

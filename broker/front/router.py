@@ -11,14 +11,14 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import broker as broker_pkg
-from broker.admission import admit
-from broker.models import State
-from client import wire
-from client.errors import Code, InferpoolError, invalid_arg
+from inferpool import __version__
+from inferpool.broker.front.admission import admit
+from inferpool.broker.models.registry import State
+from inferpool.wire import codec
+from inferpool.wire.errors import Code, InferpoolError, invalid_arg
 
 if TYPE_CHECKING:
-    from broker.server import Broker
+    from inferpool.broker.server import Broker
 
 log = logging.getLogger("inferpool.frontend")
 Handler = Callable[[list[bytes], dict[str, Any], list[Any]], "dict[str, Any] | None"]
@@ -71,10 +71,10 @@ class Frontend:
         msg_type: Any = "error"
         request_id: Any = ""
         try:
-            header = wire.decode_header(frames[split + 1].bytes)
+            header = codec.decode_header(frames[split + 1].bytes)
             request_id = header.get("id", "")
             msg_type = header.get("type")
-            wire.protocol_check(header)
+            codec.protocol_check(header)
             handler = self.handlers.get(msg_type) if isinstance(msg_type, str) else None
             if handler is None:
                 raise invalid_arg(
@@ -123,8 +123,8 @@ class Frontend:
     def server_metadata(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
         return {
             "name": "inferpool",
-            "version": broker_pkg.__version__,
-            "protocol": wire.PROTOCOL_VERSION,
+            "version": __version__,
+            "protocol": codec.PROTOCOL_VERSION,
             "extensions": EXTENSIONS + self.b.extra_extensions,
             "run_id": self.b.run_id,  # every shared-memory region of this run: inferpool-<run_id>-*
         }

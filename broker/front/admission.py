@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from broker.models import ModelVersion
-from client.errors import Code, InferpoolError, invalid_arg
-from shm.arena import Arena, ArenaFull, Slot
+from inferpool.broker.models.registry import ModelVersion
+from inferpool.shm.arena import Arena, ArenaFull, Slot
+from inferpool.wire.errors import Code, InferpoolError, invalid_arg
 
 FLAG_SEQUENCE_START = 1
 FLAG_SEQUENCE_END = 2

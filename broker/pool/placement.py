@@ -4,7 +4,7 @@ The broker decides placement; the worker only applies it (``workers/pinning.py``
 every decision here ends as plain data: one :class:`Placement` per worker process, with an
 ``instance`` dict (the keys of ``workers.spec.InstanceSpec``) and a ``pinning`` dict (the
 keys of ``workers.spec.PinningSpec``).  The broker talks to workers only through messages,
-so this module imports nothing from ``workers``, nor torch (``broker/topology.py`` reads the
+so this module imports nothing from ``workers``, nor torch (``broker/pool/topology.py`` reads the
 machine).
 
 Semantics follow Triton (model_config_utils.cc, backend_model_instance.cc):
@@ -30,8 +30,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker.topology import Topology, format_cpu_list, parse_cpu_list
-from client.errors import invalid_arg
+from inferpool.broker.pool.topology import Topology, format_cpu_list, parse_cpu_list
+from inferpool.wire.errors import invalid_arg
 
 __all__ = [
     "CoreUsage",

@@ -2,7 +2,7 @@
 
 Read from sysfs and the broker's own affinity, and GPUs counted without importing CUDA
 (torch or cupy in the broker would cost seconds and a CUDA context nobody uses), so
-placement (``broker/placement.py``) stays plain data over plain data.
+placement (``broker/pool/placement.py``) stays plain data over plain data.
 """
 
 from __future__ import annotations

@@ -1,0 +1,2 @@
+"""The broker's front: client sockets, admission, responses, shared-memory registrations
+and leases."""

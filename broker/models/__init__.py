@@ -1,0 +1,2 @@
+"""The broker's models: the repository, configurations, load/unload/reload, the schedulers
+and statistics."""

@@ -1,0 +1,99 @@
+"""A real, non-editable install: the wheel puts only ``inferpool``, Triton's
+``triton_python_backend_utils`` and its dist-info into site-packages, and the installed
+``inferpool serve`` serves the embedded example repository."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+
+from tests.support import ROOT, Server
+
+
+def _build_wheel(out: Path) -> Path:
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(out),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+        cwd=out,
+    )
+    (wheel,) = out.glob("inferpool-*.whl")
+    return wheel
+
+
+def _fresh_venv(path: Path) -> tuple[str, Path]:
+    """A venv whose own site-packages starts empty; the dependencies come from this test's
+    environment through a .pth line (a .pth never runs the .pth files of the dirs it adds,
+    so this environment's editable install stays out)."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    python = str(path / "bin" / "python")
+    site = Path(
+        subprocess.run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
+    (site / "_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return python, site
+
+
+def test_wheel_installs_only_the_namespace_and_serves(short_tmp: Path) -> None:
+    (short_tmp / "dist").mkdir()
+    wheel = _build_wheel(short_tmp / "dist")
+    python, site = _fresh_venv(short_tmp / "venv")
+    before = set(os.listdir(site))
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", str(wheel)],
+        check=True,
+        capture_output=True,
+    )
+    gained = set(os.listdir(site)) - before
+    assert gained == {"inferpool", "triton_python_backend_utils", "inferpool-0.1.0.dist-info"}
+
+    where = subprocess.run(
+        [
+            python,
+            "-c",
+            "import inferpool.broker, triton_python_backend_utils as u; "
+            "print(inferpool.broker.__file__); print(u.__name__)",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=short_tmp,
+    ).stdout.split()
+    assert where[0].startswith(str(site / "inferpool" / "broker"))
+    assert where[1] == "inferpool.backends.python.pb_utils"
+
+    with (
+        Server(
+            short_tmp,
+            site / "inferpool" / "examples" / "model_repository",
+            python=python,
+            cwd=short_tmp,
+        ) as server,
+        server.client() as c,
+    ):
+        x = np.arange(4, dtype=np.float32)
+        np.testing.assert_array_equal(c.infer("identity", {"INPUT0": x})["OUTPUT0"], x)
+        out = c.infer("add_sub", {"INPUT0": x, "INPUT1": x})
+        np.testing.assert_array_equal(out["OUTPUT0"], x + x)
+    assert server.proc.returncode == 0, server.log()
