@@ -2,20 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
+from inferpool.wire.paths import DEFAULT_TCP, default_ipc_endpoint, default_run_dir
+
 MiB = 1 << 20
-DEFAULT_TCP = "tcp://127.0.0.1:8710"
-
-
-def default_run_dir() -> str:
-    base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
-    return os.path.join(base, f"inferpool-{os.getuid()}")
-
-
-def default_ipc_endpoint() -> str:
-    return f"ipc://{os.path.join(default_run_dir(), 'broker.sock')}"
 
 
 @dataclass

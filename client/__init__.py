@@ -14,7 +14,7 @@ _EXPORTS = {
     "AsyncClient": "inferpool.client.aio",
     "Client": "inferpool.client.sync",
     "InferResult": "inferpool.client.sync",
-    "default_endpoint": "inferpool.client.sync",
+    "default_endpoint": "inferpool.wire.paths",
     "ShmClient": "inferpool.client.shm",
     "AsyncShmClient": "inferpool.client.shm_async",
     "ShmRequest": "inferpool.client.shm_core",

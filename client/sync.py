@@ -10,7 +10,6 @@ Every call has a timeout; a server error raises InferpoolError with the server's
 from __future__ import annotations
 
 import itertools
-import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,19 +21,11 @@ import zmq
 from inferpool.client import control
 from inferpool.wire import codec
 from inferpool.wire.errors import Code, InferpoolError
+from inferpool.wire.paths import default_endpoint
 from inferpool.wire.zmqio import recv_frames, send_parts
 
 DEFAULT_TIMEOUT = 60.0
 T = TypeVar("T")
-
-
-def default_endpoint() -> str:
-    """$INFERPOOL_ENDPOINT, else the broker's default ipc endpoint for this user."""
-    env = os.environ.get("INFERPOOL_ENDPOINT")
-    if env:
-        return env
-    base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
-    return f"ipc://{os.path.join(base, f'inferpool-{os.getuid()}', 'broker.sock')}"
 
 
 @dataclass

@@ -10,9 +10,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from inferpool import __version__
-from inferpool.broker.options import DEFAULT_TCP, ServerOptions, default_ipc_endpoint
+from inferpool.broker.options import ServerOptions
 from inferpool.broker.pool.gpu_limit import parse_gpu_limits
 from inferpool.wire.errors import InferpoolError
+from inferpool.wire.paths import DEFAULT_TCP, default_ipc_endpoint
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 
