@@ -11,4 +11,4 @@ for f in inferpool/*.py; do ln -s "$PWD/$f" "$tree/inferpool/"; done
 for pkg in wire broker workers shm backends client examples; do ln -s "$PWD/$pkg" "$tree/inferpool/$pkg"; done
 ln -s "$PWD/triton_python_backend_utils" "$tree/triton_python_backend_utils"
 cd "$tree"
-exec mypy --config-file ../../pyproject.toml -p inferpool -p triton_python_backend_utils "$@"
+exec python -m mypy --config-file ../../pyproject.toml -p inferpool -p triton_python_backend_utils "$@"
