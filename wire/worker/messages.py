@@ -1,0 +1,342 @@
+"""The messages of a worker's channel, both directions, and how they travel.
+
+Every message and every record in one is a NamedTuple.  On the wire a message is the JSON
+array ``[kind, [field, ...]]`` and a record is the array of its fields: one orjson call each
+way, no field names in the bytes, and every record comes back out as its named type (the
+decoders check each record's arity).  Every request crosses the channel twice, so nothing
+here loops over fields in Python.
+
+broker -> worker  Execute (a batch to run), Free (slots and regions it is done with), Stop,
+                  RegionGrant (the answer to ShareRegion)
+worker -> broker  Ready (loaded: its placement and served config), Failed (why it cannot
+                  boot), Items (results mid-batch, decoupled models), Done (a batch's last
+                  results and its statistics), ShareRegion / RegionFilled (shared regions)
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import orjson
+
+from inferpool.wire.errors import Code, InferpoolError
+
+# One message per datagram; below the kernel's default socket buffer cap (net.core.wmem_max
+# is 208 KiB), so every datagram fits however the host is tuned.
+MAX_MESSAGE = 192 * 1024
+
+ErrorObject = dict[str, str]  # InferpoolError.to_wire()
+CorrelationId = int | str
+Parameters = dict[str, Any]
+
+
+class Kind(str, enum.Enum):
+    EXECUTE = "execute"
+    FREE = "free"
+    STOP = "stop"
+    REGION_GRANT = "region_grant"
+    READY = "ready"
+    FAILED = "failed"
+    ITEMS = "items"
+    DONE = "done"
+    SHARE_REGION = "share_region"
+    REGION_FILLED = "region_filled"
+
+
+# ---------------------------------------------------------------------------- records
+class TensorRef(NamedTuple):
+    """Where a tensor's bytes lie: a work item's input, a result's output, a held state."""
+
+    name: str
+    datatype: str
+    shape: Sequence[int]
+    region: str  # a region name, or a client region's reference (shm.refs)
+    offset: int
+    byte_size: int
+
+
+class Window(NamedTuple):
+    """Part of a client's registered region an output is to be written into."""
+
+    ref: str  # the region's reference (shm.refs)
+    offset: int
+    byte_size: int
+
+
+class WantedOutput(NamedTuple):
+    """An output the client asked for; ``window`` when it goes into the client's region."""
+
+    name: str
+    window: Window | None = None
+
+
+class Work(NamedTuple):
+    """One request of a batch, as the worker receives it."""
+
+    rid: int  # the broker's handle of the request; results name it
+    id: str  # the client's request id
+    correlation_id: CorrelationId  # 0: not part of a sequence
+    flags: int  # sequence start/end (backends.api.FLAG_SEQUENCE_*)
+    parameters: Parameters
+    inputs: Sequence[TensorRef]
+    outputs: Sequence[WantedOutput]
+
+
+class Slot(NamedTuple):
+    """An output slot in a worker's output region that the broker is done with."""
+
+    region: str
+    offset: int
+
+
+class Durations(NamedTuple):
+    """Triton's compute statistics of a request or a batch, in ns."""
+
+    compute_input: int
+    compute_infer: int
+    compute_output: int
+
+
+class Result(NamedTuple):
+    """One response to a request: outputs in shared memory, or an error."""
+
+    rid: int
+    final: bool  # the request's last response
+    outputs: Sequence[TensorRef]
+    parameters: Parameters | None = None
+    error: ErrorObject | None = None
+    durations: Durations | None = None  # set on results of Done
+
+
+class BatchStats(NamedTuple):
+    batch_size: int
+    durations: Durations
+
+
+class MetricFamilyInfo(NamedTuple):
+    name: str
+    description: str
+    kind: str  # "counter" or "gauge"
+
+
+class MetricOp(NamedTuple):
+    """A custom metric's update, folded per metric over a batch."""
+
+    family: str
+    labels: dict[str, str]
+    op: str  # "inc" or "set"
+    value: float
+
+
+class MetricsUpdate(NamedTuple):
+    families: Sequence[MetricFamilyInfo]
+    ops: Sequence[MetricOp]
+
+
+# ---------------------------------------------------------------------------- broker -> worker
+class Execute(NamedTuple):
+    """Run ``requests`` as one batch, after dropping what the other fields name."""
+
+    requests: Sequence[Work]
+    free: Sequence[Slot] = ()
+    unmap: Sequence[str] = ()  # client regions no request will name again
+    release: Sequence[CorrelationId] = ()  # sequences released as idle: drop their state
+
+
+class Free(NamedTuple):
+    """Slots and client regions the broker is done with, sent to an idle worker."""
+
+    free: Sequence[Slot]
+    unmap: Sequence[str]
+
+
+class Stop(NamedTuple):
+    """Finish: run the finalizers and exit with EXIT_OK."""
+
+
+class RegionGrant(NamedTuple):
+    """The broker's answer to ShareRegion: fill the region, or attach to a filled one."""
+
+    key: str
+    region: str  # the region's name ("" with an error)
+    fill: bool  # True: this worker fills it and then sends RegionFilled
+    error: ErrorObject | None = None
+
+
+# ---------------------------------------------------------------------------- worker -> broker
+class Ready(NamedTuple):
+    """The model loaded: the placement in force and the config it serves (completed)."""
+
+    placement: dict[str, Any]  # workers.pinning.read_back()
+    config: dict[str, Any]  # ModelConfig as protobuf JSON
+
+
+class Failed(NamedTuple):
+    """The worker cannot boot (pinning, start-up, model load); it exits EXIT_BOOT_FAILED."""
+
+    error: ErrorObject
+
+
+class Items(NamedTuple):
+    """Results sent while a batch runs (decoupled models) or after it (backend threads)."""
+
+    items: Sequence[Result]
+
+
+class Done(NamedTuple):
+    """A batch finished: its last results, its statistics, the custom metrics it moved."""
+
+    items: Sequence[Result]
+    batches: Sequence[BatchStats]
+    metrics: MetricsUpdate | None = None
+
+
+class ShareRegion(NamedTuple):
+    """Ask for the run's shared region ``key`` of ``byte_size`` bytes (shared weights)."""
+
+    key: str
+    byte_size: int
+
+
+class RegionFilled(NamedTuple):
+    """The worker a RegionGrant told to fill ``key`` has (``ok``) or has given up."""
+
+    key: str
+    ok: bool
+
+
+BrokerMessage = Execute | Free | Stop | RegionGrant
+WorkerMessage = Ready | Failed | Items | Done | ShareRegion | RegionFilled
+Message = BrokerMessage | WorkerMessage
+
+_KINDS: dict[type, Kind] = {
+    Execute: Kind.EXECUTE,
+    Free: Kind.FREE,
+    Stop: Kind.STOP,
+    RegionGrant: Kind.REGION_GRANT,
+    Ready: Kind.READY,
+    Failed: Kind.FAILED,
+    Items: Kind.ITEMS,
+    Done: Kind.DONE,
+    ShareRegion: Kind.SHARE_REGION,
+    RegionFilled: Kind.REGION_FILLED,
+}
+
+
+# ---------------------------------------------------------------------------- encoding
+def _fields(obj: Any) -> tuple[Any, ...]:
+    """orjson's fallback: a record (a NamedTuple) is the array of its fields."""
+    if isinstance(obj, tuple):
+        return tuple(obj)
+    raise TypeError(f"{type(obj).__name__} cannot travel on a worker channel")
+
+
+def encode(msg: Message) -> bytes:
+    return orjson.dumps((_KINDS[type(msg)], msg), default=_fields)
+
+
+# ---------------------------------------------------------------------------- decoding
+_ref = TensorRef._make
+_window = Window._make
+_durations = Durations._make
+
+
+def _wanted(raw: Sequence[Any]) -> WantedOutput:
+    name, window = raw
+    return WantedOutput(name, None if window is None else _window(window))
+
+
+def _work(raw: Sequence[Any]) -> Work:
+    rid, id_, correlation_id, flags, parameters, inputs, outputs = raw
+    return Work(
+        rid,
+        id_,
+        correlation_id,
+        flags,
+        parameters,
+        list(map(_ref, inputs)),
+        list(map(_wanted, outputs)),
+    )
+
+
+def _result(raw: Sequence[Any]) -> Result:
+    rid, final, outputs, parameters, error, durations = raw
+    return Result(
+        rid,
+        final,
+        list(map(_ref, outputs)),
+        parameters,
+        error,
+        None if durations is None else _durations(durations),
+    )
+
+
+def _batch(raw: Sequence[Any]) -> BatchStats:
+    batch_size, durations = raw
+    return BatchStats(batch_size, _durations(durations))
+
+
+def _execute(body: Sequence[Any]) -> Execute:
+    requests, free, unmap, release = body
+    return Execute(list(map(_work, requests)), list(map(Slot._make, free)), unmap, release)
+
+
+def _free(body: Sequence[Any]) -> Free:
+    free, unmap = body
+    return Free(list(map(Slot._make, free)), unmap)
+
+
+def _done(body: Sequence[Any]) -> Done:
+    items, batches, metrics = body
+    update = None
+    if metrics is not None:
+        families, ops = metrics
+        update = MetricsUpdate(
+            list(map(MetricFamilyInfo._make, families)), list(map(MetricOp._make, ops))
+        )
+    return Done(list(map(_result, items)), list(map(_batch, batches)), update)
+
+
+def _items(body: Sequence[Any]) -> Items:
+    (items,) = body
+    return Items(list(map(_result, items)))
+
+
+_FROM_BROKER: dict[str, Callable[[Any], Any]] = {
+    Kind.EXECUTE: _execute,
+    Kind.FREE: _free,
+    Kind.STOP: Stop._make,
+    Kind.REGION_GRANT: RegionGrant._make,
+}
+_FROM_WORKER: dict[str, Callable[[Any], Any]] = {
+    Kind.READY: Ready._make,
+    Kind.FAILED: Failed._make,
+    Kind.ITEMS: _items,
+    Kind.DONE: _done,
+    Kind.SHARE_REGION: ShareRegion._make,
+    Kind.REGION_FILLED: RegionFilled._make,
+}
+
+
+def _decode(data: bytes | memoryview, table: dict[str, Callable[[Any], Any]], sender: str) -> Any:
+    try:
+        kind, body = orjson.loads(data)
+        return table[kind](body)
+    except (ValueError, TypeError, KeyError) as exc:  # JSONDecodeError is a ValueError
+        raise InferpoolError(
+            Code.INTERNAL, f"unreadable message from the {sender}: {type(exc).__name__}: {exc}"
+        ) from None
+
+
+def decode_from_broker(data: bytes | memoryview) -> BrokerMessage:
+    """A message the broker sent; INTERNAL if it is not one."""
+    msg: BrokerMessage = _decode(data, _FROM_BROKER, "broker")
+    return msg
+
+
+def decode_from_worker(data: bytes | memoryview) -> WorkerMessage:
+    """A message a worker sent; INTERNAL if it is not one."""
+    msg: WorkerMessage = _decode(data, _FROM_WORKER, "worker")
+    return msg

@@ -1,0 +1,104 @@
+"""What the broker tells a worker when it spawns it, and the exit codes the worker answers with.
+
+The spec travels as JSON in one environment variable (:data:`SPEC_ENV`).  The broker builds
+it with :func:`spec_environment` and the worker reads it with :func:`read_spec`: nothing
+else writes or parses it.  Exit codes are a protocol, as in gunicorn's arbiter: a worker
+that fails to boot says why over its channel and exits with :data:`EXIT_BOOT_FAILED`, and
+the broker does not respawn it.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from inferpool.wire.errors import Code, InferpoolError
+
+SPEC_ENV = "INFERPOOL_WORKER_SPEC"
+
+EXIT_OK = 0
+EXIT_BOOT_FAILED = 3  # the model cannot load (reason sent as Failed): do not respawn
+EXIT_BROKER_GONE = 4  # the parent died before the worker could tie its life to it
+EXIT_NAMES = {EXIT_BOOT_FAILED: "boot failed", EXIT_BROKER_GONE: "broker gone"}
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceSpec:
+    """The model instance a worker hosts (Triton's instance name, kind and device)."""
+
+    name: str
+    kind: str = "CPU"  # CPU, GPU or MODEL
+    device_id: int = 0
+    index: int = 0  # within the model, over all instance groups
+    host_policy: str = ""
+    passive: bool = False  # loaded but never scheduled (Triton's passive instances)
+    secondary_devices: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class PinningSpec:
+    """Where the worker pins itself before any heavy import (workers/pinning.py)."""
+
+    cpus: list[int] = field(default_factory=list)  # empty: leave affinity alone
+    numa_node: int | None = None
+    mempolicy: str = ""  # "", "bind", "preferred", "interleave"
+    cuda_visible_devices: str | None = None
+    threads: int = 0  # torch intra-op threads; 0 = leave to the backend/torch
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    run_id: str  # the broker run: every region of it is named inferpool-<run_id>-...
+    broker_pid: int  # the worker exits at once if its parent is not this process
+    channel_fd: int  # this worker's end of its SOCK_SEQPACKET socketpair with the broker
+    identity: str  # "w<slot>.<generation>", for logs
+    model_name: str
+    model_version: int
+    backend: str
+    config_json: str  # the ModelConfig in protobuf JSON form, as the repository has it
+    repository_path: str  # <repo>/<model>
+    artifact_path: str  # <repo>/<model>/<version>
+    output_region: str  # this worker's output arena region
+    instance: InstanceSpec
+    pinning: PinningSpec = field(default_factory=PinningSpec)
+    backend_directory: str = ""
+    backend_config: dict[str, str] = field(default_factory=dict)  # this backend's settings
+    gpu_load_limit: float = 1.0  # --model-load-gpu-limit for this GPU instance's device
+    log_level: str = "INFO"
+
+
+def spec_environment(spec: WorkerSpec) -> dict[str, str]:
+    """The environment variables that hand ``spec`` to a worker process."""
+    return {SPEC_ENV: orjson.dumps(spec).decode()}
+
+
+def read_spec(environ: Mapping[str, str]) -> WorkerSpec:
+    """The spec a worker was started with; INTERNAL naming the problem if it is unreadable."""
+    text = environ.get(SPEC_ENV)
+    if text is None:
+        raise InferpoolError(
+            Code.INTERNAL,
+            f"${SPEC_ENV} is not set: workers are started by the broker (inferpool serve)",
+        )
+    try:
+        raw = orjson.loads(text)
+        instance = InstanceSpec(**raw.pop("instance"))
+        pinning = PinningSpec(**raw.pop("pinning", {}))
+        return WorkerSpec(**raw, instance=instance, pinning=pinning)
+    except (orjson.JSONDecodeError, TypeError, KeyError, AttributeError) as exc:
+        raise InferpoolError(Code.INTERNAL, f"unreadable ${SPEC_ENV}: {exc}") from None
+
+
+def describe_exit(code: int) -> str:
+    """How a worker ended, for logs and errors: a signal name or an exit code's meaning."""
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    name = EXIT_NAMES.get(code)
+    return f"exit code {code} ({name})" if name else f"exit code {code}"
