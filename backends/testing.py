@@ -3,7 +3,7 @@
     with BackendHarness("identity", CONFIG_PBTXT) as h:
         out = h.infer({"INPUT0": np.arange(4, dtype=np.int32)})
 
-The harness runs the real lifecycle host (the same contract checks as a worker) over
+The harness runs the real lifecycle host (``backends.host``, which workers run too) over
 ordinary process memory instead of shared memory.
 """
 
@@ -19,6 +19,7 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
 from inferpool.backends.api import InputTensor, Request, RequestedOutput, Response
+from inferpool.backends.host import BackendHost
 from inferpool.wire import codec
 from inferpool.wire.errors import InferpoolError
 
@@ -55,8 +56,6 @@ class BackendHarness(AbstractContextManager["BackendHarness"]):
         instance: dict[str, Any] | None = None,
         backend_directory: str = "",
     ) -> None:
-        from inferpool.workers.host import BackendHost  # the harness drives the worker's own host
-
         config = text_format.Parse(config_pbtxt, model_config_pb2.ModelConfig())
         self.config = config
         self.memory = HeapMemory()

@@ -27,9 +27,9 @@ from typing import Any
 import orjson
 
 from inferpool.backends.api import Request, RequestedOutput, Response, batch_size_of, now_ns
+from inferpool.backends.host import BackendHost
 from inferpool.wire.errors import InferpoolError
 from inferpool.workers.gpu_limit import check_load_limit
-from inferpool.workers.host import BackendHost
 from inferpool.workers.memory import WorkerMemory
 from inferpool.workers.pinning import cuda_ordinal, read_back
 from inferpool.workers.sequence_state import SequenceStates

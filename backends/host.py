@@ -1,4 +1,6 @@
-"""The backend host: runs one backend's lifecycle in this worker and enforces its contract.
+"""The backend host: runs one backend's lifecycle in this process and enforces its contract.
+
+A worker runs one (workers/worker.py), and so does ``backends.testing.BackendHarness``.
 
 Levels initialize in order (backend, model, instance) inside a ``contextlib.ExitStack``, so
 finalizers run in reverse for exactly the levels that succeeded.  ``execute`` makes sure
