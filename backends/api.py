@@ -42,7 +42,13 @@ from inferpool.backends.messages import (
     copy_into,
     now_ns,
 )
-from inferpool.backends.metrics import Metric, MetricFamily, MetricSink, StatisticsReporter
+from inferpool.backends.metrics import (
+    Metric,
+    MetricFamily,
+    MetricSink,
+    StatisticsReporter,
+    Timestamps,
+)
 from inferpool.wire.errors import Code, InferpoolError, internal, invalid_arg
 
 __all__ = [
@@ -63,6 +69,7 @@ __all__ = [
     "Response",
     "ResponseSender",
     "StatisticsReporter",
+    "Timestamps",
     "batch_size_of",
     "copy_into",
     "iter_responses",
@@ -181,9 +188,8 @@ class ModelInstance(_Level):
         exec_end: int,
     ) -> None:
         """TRITONBACKEND_ModelInstanceReportStatistics (monotonic ns timestamps)."""
-        self.model.stats.report_request(
-            request, success, exec_start, compute_start, compute_end, exec_end
-        )
+        stamps = Timestamps(exec_start, compute_start, compute_end, exec_end)
+        self.model.stats.report_request(request, success, stamps)
 
     def report_batch_statistics(
         self,
@@ -194,7 +200,8 @@ class ModelInstance(_Level):
         exec_end: int,
     ) -> None:
         """TRITONBACKEND_ModelInstanceReportBatchStatistics."""
-        self.model.stats.report_batch(batch_size, exec_start, compute_start, compute_end, exec_end)
+        stamps = Timestamps(exec_start, compute_start, compute_end, exec_end)
+        self.model.stats.report_batch(batch_size, stamps)
 
 
 def batch_size_of(request: Request, supports_batching: bool) -> int:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
-from dataclasses import dataclass, field
 from typing import Any
 
 from google.protobuf import json_format
@@ -20,8 +18,6 @@ from tritonclient.grpc import model_config_pb2
 
 from inferpool.backends.api import (
     Backend,
-    Metric,
-    MetricFamily,
     Model,
     ModelInstance,
     Request,
@@ -29,84 +25,13 @@ from inferpool.backends.api import (
     iter_responses,
 )
 from inferpool.backends.loader import find_backend
+from inferpool.backends.metrics import RequestTiming, StatsCollector
 from inferpool.wire.errors import Code, InferpoolError, internal
+from inferpool.wire.worker.messages import BatchStats
+from inferpool.wire.worker.spec import InstanceSpec
 
 API_VERSION = (1, 0)
 log = logging.getLogger("inferpool.worker")
-
-
-@dataclass
-class Timing:
-    """Per-request statistics in Triton's terms (monotonic ns)."""
-
-    success: bool
-    exec_start: int
-    compute_start: int
-    compute_end: int
-    exec_end: int
-
-
-@dataclass
-class StatsCollector:
-    """Collects what backends report (statistics, custom metrics) until the worker sends it."""
-
-    timings: dict[int, Timing] = field(default_factory=dict)  # keyed by id(request)
-    batches: list[tuple[int, int, int, int, int]] = field(default_factory=list)
-    families: list[dict[str, str]] = field(default_factory=list)
-    metric_ops: dict[Any, list[Any]] = field(default_factory=dict)  # Metric.key -> op
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    # StatisticsReporter
-    def report_request(
-        self,
-        request: Request,
-        success: bool,
-        exec_start: int,
-        compute_start: int,
-        compute_end: int,
-        exec_end: int,
-    ) -> None:
-        self.timings[id(request)] = Timing(
-            success, exec_start, compute_start, compute_end, exec_end
-        )
-
-    def report_batch(
-        self,
-        batch_size: int,
-        exec_start: int,
-        compute_start: int,
-        compute_end: int,
-        exec_end: int,
-    ) -> None:
-        self.batches.append((batch_size, exec_start, compute_start, compute_end, exec_end))
-
-    def metric_family(self, name: str, description: str, kind: str) -> MetricFamily:
-        family = MetricFamily(name, description, kind, self)
-        with self._lock:
-            self.families.append({"name": name, "description": description, "kind": kind})
-        return family
-
-    # MetricSink
-    def record(self, metric: Metric, op: str, value: float) -> None:
-        """Updates are folded per metric until sent: one entry per metric per batch."""
-        with self._lock:
-            entry = self.metric_ops.get(metric.key)
-            if entry is None:
-                self.metric_ops[metric.key] = [metric.family, metric.labels, op, value]
-            elif op == "inc":
-                entry[3] += value
-            else:
-                entry[2:] = [op, value]
-
-    def drain_metrics(self) -> dict[str, Any]:
-        with self._lock:
-            out: dict[str, Any] = {}
-            if self.families:
-                out["families"], self.families = self.families, []
-            if self.metric_ops:
-                out["ops"] = list(self.metric_ops.values())
-                self.metric_ops = {}
-            return out
 
 
 class BackendHost:
@@ -121,7 +46,7 @@ class BackendHost:
         config_json: str,
         repository_path: str,
         artifact_path: str,
-        instance: dict[str, Any],
+        instance: InstanceSpec,
         backend_directory: str = "",
         backend_config: dict[str, str] | None = None,
     ) -> None:
@@ -131,7 +56,7 @@ class BackendHost:
         self.config = json_format.Parse(config_json, model_config_pb2.ModelConfig())
         self.repository_path = repository_path
         self.artifact_path = artifact_path
-        self.instance_info = instance
+        self.instance_spec = instance
         self.backend_directory = backend_directory
         self.backend_config = backend_config or {}
         self.stats = StatsCollector()
@@ -187,14 +112,14 @@ class BackendHost:
             self.model = model
             self.config = model.config  # Model.set_config() may have completed it
 
-            info = self.instance_info
+            spec = self.instance_spec
             inst = cls.instance_class()
-            inst.name = info["name"]
-            inst.kind = info.get("kind", "CPU")
-            inst.device_id = int(info.get("device_id", 0))
-            inst.index = int(info.get("index", 0))
-            inst.host_policy = info.get("host_policy", "")
-            inst.secondary_devices = list(info.get("secondary_devices", []))
+            inst.name = spec.name
+            inst.kind = spec.kind
+            inst.device_id = spec.device_id
+            inst.index = spec.index
+            inst.host_policy = spec.host_policy
+            inst.secondary_devices = list(spec.secondary_devices)
             inst.model = model
             inst.log = logging.getLogger(f"inferpool.instance.{inst.name}")
             self._enter(inst, "TRITONBACKEND_ModelInstanceInitialize (ModelInstance.initialize)")
@@ -270,9 +195,9 @@ class BackendHost:
                 ),
             )
 
-    def timing_of(self, request: Request) -> Timing | None:
+    def timing_of(self, request: Request) -> RequestTiming | None:
         return self.stats.timings.pop(id(request), None)
 
-    def take_batches(self) -> list[tuple[int, int, int, int, int]]:
+    def take_batches(self) -> list[BatchStats]:
         batches, self.stats.batches = self.stats.batches, []
         return batches

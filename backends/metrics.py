@@ -1,12 +1,43 @@
 """Statistics and custom metrics, as TRITONBACKEND_ModelInstanceReportStatistics and
-TRITONSERVER_MetricFamily / TRITONSERVER_Metric: what a backend reports, in what shape."""
+TRITONSERVER_MetricFamily / TRITONSERVER_Metric: what a backend reports, in what shape, and
+the collector that holds it until the worker sends it to the broker."""
 
 from __future__ import annotations
 
-from typing import Protocol
+import threading
+from typing import NamedTuple, Protocol
 
 from inferpool.backends.messages import Request
 from inferpool.wire.errors import invalid_arg
+from inferpool.wire.worker.messages import (
+    BatchStats,
+    Durations,
+    MetricFamilyInfo,
+    MetricOp,
+    MetricsUpdate,
+)
+
+
+class Timestamps(NamedTuple):
+    """The instants of one execution that Triton's statistics are reported in (monotonic ns)."""
+
+    exec_start: int
+    compute_start: int  # inputs are ready
+    compute_end: int  # outputs are computed
+    exec_end: int
+
+    def durations(self) -> Durations:
+        """Compute input, infer and output time, as the broker's statistics count them."""
+        return Durations(
+            self.compute_start - self.exec_start,
+            self.compute_end - self.compute_start,
+            self.exec_end - self.compute_end,
+        )
+
+
+class RequestTiming(NamedTuple):
+    success: bool
+    stamps: Timestamps
 
 
 class Metric:
@@ -50,23 +81,56 @@ class MetricFamily:
 
 
 class StatisticsReporter(Protocol):
-    def report_request(
-        self,
-        request: Request,
-        success: bool,
-        exec_start: int,
-        compute_start: int,
-        compute_end: int,
-        exec_end: int,
-    ) -> None: ...
+    """Where ``ModelInstance.report_statistics`` and ``report_batch_statistics`` go."""
 
-    def report_batch(
-        self,
-        batch_size: int,
-        exec_start: int,
-        compute_start: int,
-        compute_end: int,
-        exec_end: int,
-    ) -> None: ...
+    def report_request(self, request: Request, success: bool, stamps: Timestamps) -> None: ...
+
+    def report_batch(self, batch_size: int, stamps: Timestamps) -> None: ...
 
     def metric_family(self, name: str, description: str, kind: str) -> MetricFamily: ...
+
+
+class StatsCollector:
+    """Collects what backends report (statistics, custom metrics) until the worker sends it.
+
+    Backend threads may update metrics while the worker drains them, hence the lock.
+    """
+
+    def __init__(self) -> None:
+        self.timings: dict[int, RequestTiming] = {}  # keyed by id(request)
+        self.batches: list[BatchStats] = []
+        self._families: list[MetricFamilyInfo] = []
+        self._ops: dict[tuple[str, tuple[tuple[str, str], ...]], MetricOp] = {}  # Metric.key ->
+        self._lock = threading.Lock()
+
+    # StatisticsReporter
+    def report_request(self, request: Request, success: bool, stamps: Timestamps) -> None:
+        self.timings[id(request)] = RequestTiming(success, stamps)
+
+    def report_batch(self, batch_size: int, stamps: Timestamps) -> None:
+        self.batches.append(BatchStats(batch_size, stamps.durations()))
+
+    def metric_family(self, name: str, description: str, kind: str) -> MetricFamily:
+        family = MetricFamily(name, description, kind, self)
+        with self._lock:
+            self._families.append(MetricFamilyInfo(name, description, kind))
+        return family
+
+    # MetricSink
+    def record(self, metric: Metric, op: str, value: float) -> None:
+        """Updates are folded per metric until sent: one entry per metric per batch."""
+        with self._lock:
+            entry = self._ops.get(metric.key)
+            if entry is not None and op == "inc":
+                value += entry.value
+                op = entry.op
+            self._ops[metric.key] = MetricOp(metric.family, metric.labels, op, value)
+
+    def drain_metrics(self) -> MetricsUpdate | None:
+        """The metric updates since the last drain, or None if there were none."""
+        with self._lock:
+            if not self._families and not self._ops:
+                return None
+            update = MetricsUpdate(self._families, list(self._ops.values()))
+            self._families, self._ops = [], {}
+            return update

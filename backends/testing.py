@@ -22,6 +22,7 @@ from inferpool.backends.api import InputTensor, Request, RequestedOutput, Respon
 from inferpool.backends.host import BackendHost
 from inferpool.wire import codec
 from inferpool.wire.errors import InferpoolError
+from inferpool.wire.worker.spec import InstanceSpec
 
 
 class HeapMemory:
@@ -67,7 +68,7 @@ class BackendHarness(AbstractContextManager["BackendHarness"]):
             config_json=json_format.MessageToJson(config, preserving_proto_field_name=True),
             repository_path=repository_path,
             artifact_path=os.path.join(repository_path, str(version)) if repository_path else "",
-            instance=instance or {"name": f"{config.name or 'model'}_0_0", "kind": "CPU"},
+            instance=InstanceSpec(**(instance or {"name": f"{config.name or 'model'}_0_0"})),
             backend_directory=backend_directory,
         )
         self.host.load()

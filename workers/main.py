@@ -1,24 +1,40 @@
-"""Worker entry point: ``python -m inferpool.workers.main`` with the spec in INFERPOOL_WORKER_SPEC.
+"""Worker entry point: ``python -m inferpool.workers.main``, started by the broker.
 
 Order matters: read the spec and pin the process (affinity, memory policy, visible devices)
 before anything heavy (numpy, zmq, torch) is imported, so their threads and first
-allocations land where the instance was placed.
+allocations land where the instance was placed.  Everything up to the pinning uses the
+standard library and orjson only.  From the moment the channel is open, a step that fails
+reaches the broker as a Failed message with its reason, and the worker exits
+EXIT_BOOT_FAILED (the broker does not respawn it).
 """
 
 from __future__ import annotations
 
-import json
+import faulthandler
 import logging
 import os
 import signal
+import socket
 import sys
+from typing import TYPE_CHECKING
 
-from inferpool.wire.errors import InferpoolError
+from inferpool.wire.errors import Code, InferpoolError
+from inferpool.wire.worker.link import Link
+from inferpool.wire.worker.messages import BrokerMessage, Failed, decode_from_broker
+from inferpool.wire.worker.spec import (
+    EXIT_BOOT_FAILED,
+    EXIT_BROKER_GONE,
+    EXIT_OK,
+    WorkerSpec,
+    read_spec,
+)
 from inferpool.workers.lifeline import set_parent_death_signal
 from inferpool.workers.pinning import apply
-from inferpool.workers.spec import EXIT_BOOT_FAILED, EXIT_BROKER_GONE, WorkerSpec
 
-PARENT_PID_ENV = "INFERPOOL_BROKER_PID"
+if TYPE_CHECKING:
+    from inferpool.workers.worker import Worker
+
+log = logging.getLogger("inferpool.worker")
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
@@ -26,29 +42,46 @@ def _on_sigterm(signum: int, frame: object) -> None:
 
 
 def main() -> int:
-    spec = WorkerSpec.from_env()
-    os.environ["INFERPOOL_RUN_ID"] = spec.run_id  # regions a backend creates carry the run id
-    parent = int(os.environ.get(PARENT_PID_ENV, "0")) or None
-    if not set_parent_death_signal(signal.SIGTERM, parent_pid=parent):
+    # A hung or frozen worker gets SIGABRT before SIGKILL: its threads' stacks go to the log.
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    try:
+        spec = read_spec(os.environ)
+    except InferpoolError as err:  # no channel to say it on: the log has it
+        print(f"inferpool worker: {err}", file=sys.stderr)
+        return EXIT_BOOT_FAILED
+    if not set_parent_death_signal(signal.SIGTERM, parent_pid=spec.broker_pid):
         return EXIT_BROKER_GONE
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the broker's to handle
     signal.signal(signal.SIGTERM, _on_sigterm)  # finalizers still run (SystemExit unwinds)
-    try:
-        applied = apply(spec.pinning, policy=spec.instance.host_policy)
-    except InferpoolError as err:
-        print(json.dumps({"op": "failed", "error": err.to_wire()}), file=sys.stderr)
-        return EXIT_BOOT_FAILED
     logging.basicConfig(
         level=getattr(logging, spec.log_level.upper(), logging.INFO),
         format=f"%(asctime)s %(levelname)s [{spec.instance.name} pid {os.getpid()}] "
         "%(name)s: %(message)s",
         stream=sys.stderr,
     )
-    for warning in applied.warnings:
-        logging.getLogger("inferpool.worker").warning("%s", warning)
-    from inferpool.workers.worker import Worker
+    link: Link[BrokerMessage] = Link(socket.socket(fileno=spec.channel_fd), decode_from_broker)
+    try:
+        worker = _boot(spec, link)
+    except Exception as exc:
+        failure = exc if isinstance(exc, InferpoolError) else None
+        failure = failure or InferpoolError.wrap(exc, Code.INTERNAL, "the worker could not start: ")
+        log.error("%s", failure)
+        link.send(Failed(failure.to_wire()))
+        return EXIT_BOOT_FAILED
+    worker.serve()
+    return EXIT_OK
 
-    return Worker(spec).run()
+
+def _boot(spec: WorkerSpec, link: Link[BrokerMessage]) -> Worker:
+    """Pin, import the worker and load the model; raises on any failure."""
+    applied = apply(spec.pinning, policy=spec.instance.host_policy)
+    for warning in applied.warnings:
+        log.warning("%s", warning)
+    from inferpool.workers.worker import Worker  # the heavy imports, after the pinning
+
+    worker = Worker(spec, link)
+    worker.load()
+    return worker
 
 
 if __name__ == "__main__":

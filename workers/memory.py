@@ -10,6 +10,7 @@ client's registered window when the request asked so; the broker sends arena slo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ from inferpool.shm.refs import parse_ref
 from inferpool.shm.region import Region
 from inferpool.wire import codec
 from inferpool.wire.errors import Code, InferpoolError
+from inferpool.wire.worker.messages import Slot, TensorRef, Window
 
 
 class WorkerMemory:
@@ -40,36 +42,36 @@ class WorkerMemory:
         return region
 
     # ------------------------------------------------------------------ inputs
-    def input_tensor(self, spec: list[Any], reshape: tuple[int, ...] | None) -> InputTensor:
-        """A read-only view of one input: [name, datatype, shape, region, offset, nbytes]."""
-        name, datatype, shape, region, offset, nbytes = spec
-        mapping = self._region(region)
+    def input_tensor(self, ref: TensorRef, reshape: tuple[int, ...] | None) -> InputTensor:
+        """A read-only view of one input (or of a held sequence state)."""
+        mapping = self._region(ref.region)
         if isinstance(mapping, CudaRegion):
-            return _device_input(mapping, spec, reshape)
+            return _device_input(mapping, ref, reshape)
+        name, datatype, offset, nbytes = ref.name, ref.datatype, ref.offset, ref.byte_size
         if offset < 0 or offset + nbytes > mapping.size:
             raise InferpoolError(
-                Code.INVALID_ARG, f"input '{name}' lies outside shared-memory region {region!r}"
+                Code.INVALID_ARG,
+                f"input '{name}' lies outside shared-memory region {ref.region!r}",
             )
         if datatype == "BYTES":
             buf = mapping.buf[offset : offset + nbytes]
-            data = codec.array_from_buffer(buf, datatype, shape, f"input '{name}'")
+            data = codec.array_from_buffer(buf, datatype, ref.shape, f"input '{name}'")
         else:
             dtype = codec.numpy_dtype(datatype)
             data = np.frombuffer(
                 mapping.buf, dtype=dtype, count=nbytes // dtype.itemsize, offset=offset
             )
             data.flags.writeable = False
-            if len(shape) != 1:
-                data = data.reshape(shape)
+            if len(ref.shape) != 1:
+                data = data.reshape(ref.shape)
         if reshape is not None:
             data = data.reshape(reshape)
-            shape = list(reshape)
-        return InputTensor(name, datatype, tuple(shape), data, nbytes)
+        return InputTensor(name, datatype, tuple(data.shape), data, nbytes)
 
     # ------------------------------------------------------------------ outputs
     def allocate(self, output: RequestedOutput | None, nbytes: int) -> tuple[str, int, Any]:
         if output is not None and output.target is not None:
-            return self._in_target(output.name, output.target, nbytes)
+            return self._in_window(output.name, output.target, nbytes)
         try:
             offset = self.allocator.alloc(nbytes)
         except ArenaFull as exc:
@@ -80,9 +82,9 @@ class WorkerMemory:
             ) from None
         return self.output.name, offset, self.output.buf[offset : offset + nbytes]
 
-    def _in_target(self, name: str, target: list[Any], nbytes: int) -> tuple[str, int, Any]:
-        """Output ``name`` goes into the window [ref, offset, byte size] a client gave."""
-        ref, offset, size = target
+    def _in_window(self, name: str, window: Window, nbytes: int) -> tuple[str, int, Any]:
+        """Output ``name`` goes into the part of a client's region the request named."""
+        ref, offset, size = window.ref, window.offset, window.byte_size
         if nbytes > size:
             raise InferpoolError(
                 Code.INVALID_ARG,
@@ -102,14 +104,14 @@ class WorkerMemory:
         if region == self.output.name:
             self.allocator.free(offset)
 
-    def free(self, frees: list[list[Any]]) -> None:
+    def free(self, slots: Sequence[Slot]) -> None:
         """Slots the broker is done with."""
         name = self.output.name
-        for region, offset in frees:
-            if region == name:
-                self.allocator.free(offset)
+        for slot in slots:
+            if slot.region == name:
+                self.allocator.free(slot.offset)
 
-    def unmap(self, refs: list[str]) -> None:
+    def unmap(self, refs: Sequence[str]) -> None:
         """Client regions the broker retired: no request will name them again."""
         for ref in refs:
             region = self._regions.pop(ref, None)
@@ -150,12 +152,15 @@ def _open(ref: str) -> Region | CudaRegion:
 
 
 def _device_input(
-    region: CudaRegion, spec: list[Any], reshape: tuple[int, ...] | None
+    region: CudaRegion, ref: TensorRef, reshape: tuple[int, ...] | None
 ) -> InputTensor:
     """An input in a client's CUDA region: a cupy array over device memory, no copy."""
-    name, datatype, shape, _ref, offset, nbytes = spec
-    if datatype == "BYTES":
-        raise InferpoolError(Code.UNSUPPORTED, f"input '{name}': BYTES tensors cannot be on a GPU")
-    shape = list(reshape) if reshape is not None else shape
-    data = region.array(offset, nbytes).view(codec.numpy_dtype(datatype)).reshape(shape)
-    return InputTensor(name, datatype, tuple(shape), data, nbytes, "gpu", region.device_id)
+    if ref.datatype == "BYTES":
+        raise InferpoolError(
+            Code.UNSUPPORTED, f"input '{ref.name}': BYTES tensors cannot be on a GPU"
+        )
+    shape = tuple(reshape if reshape is not None else ref.shape)
+    data = region.array(ref.offset, ref.byte_size).view(codec.numpy_dtype(ref.datatype))
+    return InputTensor(
+        ref.name, ref.datatype, shape, data.reshape(shape), ref.byte_size, "gpu", region.device_id
+    )

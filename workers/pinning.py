@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inferpool.wire.errors import Code, InferpoolError
-from inferpool.workers.spec import PinningSpec
+from inferpool.wire.worker.spec import PinningSpec
 
 MPOL_DEFAULT, MPOL_PREFERRED, MPOL_BIND, MPOL_INTERLEAVE = 0, 1, 2, 3
 _MODE_NAMES = {

@@ -8,26 +8,26 @@ the next request of the same correlation id gets a read-only view of it as its s
 (no copy, no round trip through the broker; clients never see state tensors).
 
 A sequence's state is dropped at its START (the backend starts it from zeros), after its END,
-and when the broker releases it as idle (the ``release`` list of a request).  Slots that
-the current batch may still read are freed when the next batch begins.
+and when the broker releases it as idle (``Execute.release``).  Slots that the current batch
+may still read are freed when the next batch begins.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from inferpool.backends.api import FLAG_SEQUENCE_START, InputTensor, Request, Response
+from inferpool.wire.worker.messages import CorrelationId, TensorRef, Work
 from inferpool.workers.memory import WorkerMemory
-
-Spec = list[Any]  # [name, datatype, shape, region, offset, nbytes], as a work input
 
 
 class SequenceStates:
     def __init__(self, inputs_of: dict[str, str], memory: WorkerMemory) -> None:
         self.inputs_of = inputs_of  # state output name -> state input name
         self.memory = memory
-        self.held: dict[Any, dict[str, Spec]] = {}  # correlation id -> state input -> slot
-        self.retired: list[Spec] = []
+        self.held: dict[CorrelationId, dict[str, TensorRef]] = {}  # -> state input -> slot
+        self.retired: list[TensorRef] = []
 
     @classmethod
     def of(cls, config: Any, memory: WorkerMemory) -> SequenceStates | None:
@@ -36,26 +36,25 @@ class SequenceStates:
             return None
         return cls({s.output_name: s.input_name for s in config.sequence_batching.state}, memory)
 
-    def begin(self, batch: list[dict[str, Any]]) -> None:
+    def begin(self, released: Sequence[CorrelationId]) -> None:
         """Before a batch: free what earlier batches no longer read, drop released sequences."""
-        for spec in self.retired:
-            self.memory.release(spec[3], spec[4])
+        for ref in self.retired:
+            self.memory.release(ref.region, ref.offset)
         self.retired = []
-        for work in batch:
-            for corr in work.get("release", ()):
-                self._drop(corr)
+        for corr in released:
+            self._drop(corr)
 
-    def feed(self, work: dict[str, Any], inputs: dict[str, InputTensor]) -> None:
+    def feed(self, work: Work, inputs: dict[str, InputTensor]) -> None:
         """Give a request its sequence's state inputs, before the backend sees it."""
-        corr = work.get("corr")
+        corr = work.correlation_id
         if not corr:
             return
-        if work.get("flags", 0) & FLAG_SEQUENCE_START:
+        if work.flags & FLAG_SEQUENCE_START:
             self._drop(corr)
             return
-        for name, spec in self.held.get(corr, {}).items():
+        for name, ref in self.held.get(corr, {}).items():
             if name not in inputs:
-                inputs[name] = self.memory.input_tensor(spec, None)
+                inputs[name] = self.memory.input_tensor(ref, None)
 
     def keep(self, request: Request, response: Response | None, final: bool) -> None:
         """Take the state outputs out of ``response`` and hold them for the next request."""
@@ -71,16 +70,11 @@ class SequenceStates:
                 old = held.get(in_name)
                 if old is not None:
                     self.retired.append(old)
-                held[in_name] = [
-                    in_name,
-                    out.datatype,
-                    list(out.shape),
-                    out.region,
-                    out.offset,
-                    out.byte_size,
-                ]
+                held[in_name] = TensorRef(
+                    in_name, out.datatype, out.shape, out.region, out.offset, out.byte_size
+                )
         if final and request.sequence_end:
             self._drop(corr)
 
-    def _drop(self, corr: Any) -> None:
+    def _drop(self, corr: CorrelationId) -> None:
         self.retired.extend(self.held.pop(corr, {}).values())

@@ -1,17 +1,9 @@
 """The worker loop: receive batches from the broker, run the backend, send results back.
 
-Messages are JSON datagrams on this worker's SOCK_SEQPACKET socketpair with the broker
-(inherited as ``spec.channel_fd``; the broker's internal protocol):
-
-broker -> worker   {"op": "execute", "requests": [...], "free": [...], "unmap": [...]},
-                   {"op": "free", "free": [...], "unmap": [...]}, {"op": "stop"}
-worker -> broker   {"op": "ready", "placement": {...}, "config": {...}} (the config as the backend
-                   completed it, protobuf JSON), {"op": "failed", "error": {...}},
-                   {"op": "items", "items": [...]}            (decoupled, mid-batch)
-                   {"op": "done", "items": [...], "stats": ..., "metrics": ...}
-
-A result item is {"rid", "final", "outputs": [[name, datatype, shape, region, offset,
-nbytes]], "params", "error", "t": [compute_input, compute_infer, compute_output] ns}.
+The broker and the worker speak the messages of ``wire.worker.messages`` over this worker's
+channel (``spec.channel_fd``, inherited): Execute, Free and Stop come in; Ready (or Failed)
+goes out once, then one Done per batch, and Items for results that come between (decoupled
+models, backend threads).  docs/internals.md describes the exchange.
 """
 
 from __future__ import annotations
@@ -20,36 +12,48 @@ import contextlib
 import logging
 import os
 import select
-import socket
 import threading
-from typing import Any
-
-import orjson
+from collections.abc import Sequence
 
 from inferpool.backends.api import Request, RequestedOutput, Response, batch_size_of, now_ns
 from inferpool.backends.host import BackendHost
-from inferpool.wire.errors import InferpoolError
+from inferpool.wire.errors import InferpoolError, internal
+from inferpool.wire.worker.link import Link, TooLarge
+from inferpool.wire.worker.messages import (
+    MAX_MESSAGE,
+    BatchStats,
+    BrokerMessage,
+    Done,
+    Durations,
+    Execute,
+    Free,
+    Items,
+    Ready,
+    Result,
+    Slot,
+    Stop,
+    TensorRef,
+    Work,
+)
+from inferpool.wire.worker.spec import WorkerSpec
 from inferpool.workers.gpu_limit import check_load_limit
 from inferpool.workers.memory import WorkerMemory
 from inferpool.workers.pinning import cuda_ordinal, read_back
 from inferpool.workers.sequence_state import SequenceStates
-from inferpool.workers.spec import EXIT_BOOT_FAILED, EXIT_OK, WorkerSpec
 
 log = logging.getLogger("inferpool.worker")
-MAX_MESSAGE = 192 * 1024  # the broker's channel limit (broker/pool/channel.py)
 
 
 class Worker:
-    def __init__(self, spec: WorkerSpec) -> None:
+    def __init__(self, spec: WorkerSpec, link: Link[BrokerMessage]) -> None:
         self.spec = spec
-        self.sock = socket.socket(fileno=spec.channel_fd)
-        self._buf = bytearray(MAX_MESSAGE)
+        self.link = link
         # responses emitted from backend threads wake the loop through this pipe
         self._wake_rx, self._wake_tx = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._wake_lock = threading.Lock()
-        self._items: list[dict[str, Any]] = []  # results of the batch in execution
+        self._items: list[Result] = []  # results of the batch in execution
         self._item_requests: list[Request | None] = []  # their requests, for statistics
-        self._async_items: list[dict[str, Any]] = []
+        self._async_items: list[Result] = []
         self._in_execute = False
         self._main_thread = threading.get_ident()
         self.memory = WorkerMemory(spec.output_region, spec.instance.name)
@@ -60,7 +64,7 @@ class Worker:
             config_json=spec.config_json,
             repository_path=spec.repository_path,
             artifact_path=spec.artifact_path,
-            instance=vars(spec.instance),
+            instance=spec.instance,
             backend_directory=spec.backend_directory,
             backend_config=spec.backend_config,
         )
@@ -69,16 +73,9 @@ class Worker:
         self.reshapes: dict[str, tuple[int, ...]] = {}
         self.states: SequenceStates | None = None  # sequence state, if the model keeps any
 
-    def send(self, msg: dict[str, Any]) -> None:
-        self.sock.send(orjson.dumps(msg))
-
-    def recv(self) -> dict[str, Any] | None:
-        """The broker's next message; None when the broker is gone (its end closed)."""
-        n = self.sock.recv_into(self._buf)
-        return orjson.loads(memoryview(self._buf)[:n]) if n else None
-
     # ------------------------------------------------------------------ lifecycle
-    def run(self) -> int:
+    def load(self) -> None:
+        """Load the model (raises InferpoolError, every level that loaded finalized)."""
         spec = self.spec
         try:
             self.host.load()
@@ -88,20 +85,20 @@ class Worker:
                 cuda_ordinal(spec.instance.device_id, spec.pinning.cuda_visible_devices),
                 spec.gpu_load_limit,
             )
-        except InferpoolError as err:
+        except InferpoolError:
             self.host.close()
-            log.error("%s", err)
-            self.send({"op": "failed", "error": err.to_wire()})
-            return EXIT_BOOT_FAILED
+            raise
         self._configure()
+
+    def serve(self) -> None:
+        """Report ready, then serve until the broker says stop or goes away."""
         # the broker serves the config as the backend completed it (auto-complete)
-        self.send({"op": "ready", "placement": read_back(), "config": self.host.config_dict()})
+        self.link.send(Ready(read_back(), self.host.config_dict()))
         try:
             self._loop()
         finally:
             self.host.close()
             self.memory.close()
-        return EXIT_OK
 
     def _configure(self) -> None:
         """Read the loaded model's config: Model.set_config() may have completed it."""
@@ -115,9 +112,9 @@ class Worker:
         """One message at a time.  A decoupled model's backend threads may answer between
         messages, so only then is the wake pipe polled beside the socket."""
         poller = select.poll()
-        poller.register(self.sock, select.POLLIN)
+        poller.register(self.link.fileno(), select.POLLIN)
         poller.register(self._wake_rx, select.POLLIN)
-        sock_fd = self.sock.fileno()
+        sock_fd = self.link.fileno()
         watch_threads = self.decoupled
         while True:
             if watch_threads:
@@ -126,35 +123,43 @@ class Worker:
                     self._flush_async()
                 if sock_fd not in events:
                     continue
-            msg = self.recv()
+            try:
+                msg = self.link.recv()
+            except InferpoolError as err:
+                log.error("%s", err.message)
+                continue
             if msg is None:
                 log.error("the broker closed the channel; exiting")
                 return
-            frees = msg.get("free")
-            if frees:
-                self.memory.free(frees)
-            unmaps = msg.get("unmap")
-            if unmaps:
-                self.memory.unmap(unmaps)
-            op = msg.get("op")
-            if op == "execute":
-                self._execute(msg["requests"])
+            if isinstance(msg, Execute):
+                self._drop(msg.free, msg.unmap)
+                self._execute(msg)
                 if self._async_items:
                     self._flush_async()
-            elif op == "stop":
+            elif isinstance(msg, Free):
+                self._drop(msg.free, msg.unmap)
+            elif isinstance(msg, Stop):
                 return
+            else:
+                log.error("unexpected %s message from the broker; ignored", type(msg).__name__)
+
+    def _drop(self, free: Sequence[Slot], unmap: Sequence[str]) -> None:
+        if free:
+            self.memory.free(free)
+        if unmap:
+            self.memory.unmap(unmap)
 
     # ------------------------------------------------------------------ execution
-    def _execute(self, batch: list[dict[str, Any]]) -> None:
+    def _execute(self, msg: Execute) -> None:
         exec_start = now_ns()
         if self.states is not None:
-            self.states.begin(batch)
+            self.states.begin(msg.release)
         requests: list[Request] = []
-        for work in batch:
+        for work in msg.requests:
             try:
                 request = self._request(work)
             except InferpoolError as err:
-                self._items.append({"rid": work["rid"], "final": True, "error": err.to_wire()})
+                self._items.append(Result(work.rid, True, (), None, err.to_wire()))
                 self._item_requests.append(None)
                 continue
             requests.append(request)
@@ -167,65 +172,90 @@ class Worker:
             self._in_execute = False
         compute_end = now_ns()
         host = self.host
-        batch_timing = [compute_start - exec_start, compute_end - compute_start, 0]
+        batch = Durations(compute_start - exec_start, compute_end - compute_start, 0)
         timings = host.stats.timings
+        items = []
         for item, owner in zip(self._items, self._item_requests, strict=True):
             timing = timings.pop(id(owner), None) if owner is not None else None
-            item["t"] = (
-                batch_timing
-                if timing is None
-                else [
-                    timing.compute_start - timing.exec_start,
-                    timing.compute_end - timing.compute_start,
-                    timing.exec_end - timing.compute_end,
-                ]
+            items.append(
+                item._replace(durations=batch if timing is None else timing.stamps.durations())
             )
-        self._item_requests = []
+        self._items, self._item_requests = [], []
         batches = host.take_batches()
-        if batches:
-            stats = [[b[0], b[2] - b[1], b[3] - b[2], b[4] - b[3]] for b in batches]
-        else:
-            size = sum(batch_size_of(r, self.batching) for r in requests) or len(batch)
-            stats = [[size, *batch_timing]]
-        msg: dict[str, Any] = {"op": "done", "items": self._items, "stats": stats}
-        metrics = host.stats.drain_metrics()
-        if metrics:
-            msg["metrics"] = metrics
-        self._items = []
-        self.send(msg)
+        if not batches:
+            size = sum(batch_size_of(r, self.batching) for r in requests) or len(msg.requests)
+            batches = [BatchStats(size, batch)]
+        self._send_done(items, batches)
 
-    def _request(self, work: dict[str, Any]) -> Request:
+    def _send_done(self, items: list[Result], batches: list[BatchStats]) -> None:
+        """One Done; results that would not fit in one datagram go ahead as Items."""
+        metrics = self.host.stats.drain_metrics()
+        while len(items) > 1:
+            try:
+                self.link.send(Done(items, batches, metrics))
+                return
+            except TooLarge:
+                half = len(items) // 2
+                self._send_items(items[:half])
+                items = items[half:]
+        try:
+            self.link.send(Done(items, batches, metrics))
+        except TooLarge:
+            self.link.send(Done([self._too_large(item) for item in items], batches, metrics))
+
+    def _send_items(self, items: list[Result]) -> None:
+        try:
+            self.link.send(Items(items))
+        except TooLarge:
+            if len(items) == 1:
+                self.link.send(Items([self._too_large(items[0])]))
+                return
+            half = len(items) // 2
+            self._send_items(items[:half])
+            self._send_items(items[half:])
+
+    def _too_large(self, item: Result) -> Result:
+        """A result too large for a datagram (its parameters) becomes an error."""
+        for out in item.outputs:
+            self.memory.release(out.region, out.offset)
+        err = internal(
+            f"response of request handle {item.rid} is too large for the worker channel "
+            f"({MAX_MESSAGE} bytes); send large data as outputs, not parameters"
+        )
+        return Result(item.rid, item.final, (), None, err.to_wire(), item.durations)
+
+    def _request(self, work: Work) -> Request:
         reshapes = self.reshapes
         inputs = {}
-        for spec in work["inputs"]:
-            reshape = reshapes.get(spec[0])
+        for ref in work.inputs:
+            reshape = reshapes.get(ref.name)
             if reshape is not None and self.batching:
-                reshape = (spec[2][0], *reshape)
-            tensor = self.memory.input_tensor(spec, reshape)
+                reshape = (ref.shape[0], *reshape)
+            tensor = self.memory.input_tensor(ref, reshape)
             inputs[tensor.name] = tensor
         if self.states is not None:
             self.states.feed(work, inputs)
         return Request(
-            id=work["id"],
+            id=work.id,
             inputs=inputs,
             requested_outputs={
-                name: RequestedOutput(name, target) for name, target in work["outputs"]
+                out.name: RequestedOutput(out.name, out.window) for out in work.outputs
             },
             memory=self.memory,
             emit=self._emit,
-            correlation_id=work.get("corr", 0),
-            flags=work.get("flags", 0),
-            parameters=work.get("params"),
+            correlation_id=work.correlation_id,
+            flags=work.flags,
+            parameters=work.parameters,
             decoupled=self.decoupled,
-            handle=work["rid"],
+            handle=work.rid,
         )
 
     def _emit(self, request: Request, response: Response | None, final: bool) -> None:
-        """Called by ResponseSender: turn a response into a result item for the broker."""
-        item = self._item(request, response, final)
+        """Called by ResponseSender: turn a response into a result for the broker."""
+        item = self._result(request, response, final)
         if threading.get_ident() == self._main_thread and self._in_execute:
             if self.decoupled:
-                self.send({"op": "items", "items": [item]})
+                self._send_items([item])
             else:
                 self._items.append(item)
                 self._item_requests.append(request)
@@ -235,29 +265,23 @@ class Worker:
         with contextlib.suppress(BlockingIOError):  # a full pipe already means "wake up"
             os.write(self._wake_tx, b"!")
 
-    def _item(self, request: Request, response: Response | None, final: bool) -> dict[str, Any]:
-        item: dict[str, Any] = {"rid": request.handle, "final": final}
+    def _result(self, request: Request, response: Response | None, final: bool) -> Result:
         if self.states is not None:
             self.states.keep(request, response, final)
         if response is None:
-            item["outputs"] = []
-            return item
+            return Result(request.handle, final, ())
         if response.error is not None:
             response.discard()
-            item["error"] = response.error.to_wire()
-            return item
+            return Result(request.handle, final, (), None, response.error.to_wire())
         outputs = []
         for name, out in response.outputs.items():
             if name not in request.requested_outputs:
                 self.memory.release(out.region, out.offset)
                 continue
             outputs.append(
-                [name, out.datatype, list(out.shape), out.region, out.offset, out.byte_size]
+                TensorRef(name, out.datatype, out.shape, out.region, out.offset, out.byte_size)
             )
-        item["outputs"] = outputs
-        if response.parameters:
-            item["params"] = response.parameters
-        return item
+        return Result(request.handle, final, outputs, response.parameters or None)
 
     def _flush_async(self) -> None:
         with contextlib.suppress(BlockingIOError):
@@ -266,4 +290,4 @@ class Worker:
         with self._wake_lock:
             items, self._async_items = self._async_items, []
         if items:
-            self.send({"op": "items", "items": items})
+            self._send_items(items)

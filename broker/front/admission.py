@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from inferpool.broker.models.registry import ModelVersion
 from inferpool.shm.arena import Arena, ArenaFull, Slot
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg
+from inferpool.wire.worker.messages import TensorRef, WantedOutput, Window, Work
 
 FLAG_SEQUENCE_START = 1
 FLAG_SEQUENCE_END = 2
@@ -28,7 +29,7 @@ class PendingRequest:
     envelope: list[Any]  # zmq routing frames of the client
     client_id: Any  # the request's own "id", echoed in every response
     model: ModelVersion
-    work: dict[str, Any]  # what the worker receives for this request
+    work: Work  # what the worker receives for this request
     slots: list[Slot]  # arena slots to return when the request ends
     outputs: dict[str, dict[str, Any]]  # requested output -> the client's output parameters
     batch_size: int
@@ -49,9 +50,9 @@ class SharedMemoryInputs(Protocol):
         """(region, offset, byte size) of the input's bytes, or an InferpoolError."""
         ...
 
-    def resolve_output(self, client: bytes, name: str, params: dict[str, Any]) -> Any:
-        """The worker-side target of an output written into a client region, or None
-        (``output_handle``: the worker's own arena, answered with a handle)."""
+    def resolve_output(self, client: bytes, name: str, params: dict[str, Any]) -> Window | None:
+        """Where in a client region the output is to be written, or None (``output_handle``:
+        the worker's own arena, answered with a handle)."""
         ...
 
 
@@ -85,7 +86,7 @@ def admit(
             f"request of {total} bytes for model '{name}' exceeds the server limit of "
             f"{limit} bytes (--max-request-bytes / --arena-size)"
         )
-    work_inputs: list[list[Any]] = []
+    work_inputs: list[TensorRef] = []
     slots: list[Slot] = []
     seen: set[str] = set()
     batch = 0
@@ -141,7 +142,7 @@ def admit(
                         Code.UNSUPPORTED, "shared-memory inputs are not enabled on this server"
                     )
                 region, offset, nbytes = shm.resolve_input(client, iname, params, expected_bytes)
-                work_inputs.append([iname, datatype, shape, region, offset, nbytes])
+                work_inputs.append(TensorRef(iname, datatype, shape, region, offset, nbytes))
                 continue
             if next_frame >= len(frames):
                 raise invalid_arg(
@@ -167,7 +168,7 @@ def admit(
             slots.append(slot)
             if nbytes:
                 arena.region.buf[slot.offset : slot.offset + nbytes] = frame.buffer
-            work_inputs.append([iname, datatype, shape, slot.region, slot.offset, nbytes])
+            work_inputs.append(TensorRef(iname, datatype, shape, slot.region, slot.offset, nbytes))
         if next_frame != len(frames):
             raise invalid_arg(
                 f"request for model '{name}' sent {len(frames)} tensor frame(s) but its inputs "
@@ -192,17 +193,17 @@ def admit(
             arena.free(slot)
         raise
     client_id = header.get("id", "")
-    work = {
-        "rid": rid,
-        "id": str(client_id),
-        "corr": corr,
-        "flags": flags,
-        "params": {k: v for k, v in parameters.items() if k not in _BROKER_PARAMETERS}
+    work = Work(
+        rid,
+        str(client_id),
+        corr,
+        flags,
+        {k: v for k, v in parameters.items() if k not in _BROKER_PARAMETERS}
         if parameters
         else parameters,
-        "inputs": work_inputs,
-        "outputs": work_outputs,
-    }
+        work_inputs,
+        work_outputs,
+    )
     return PendingRequest(
         rid=rid,
         envelope=envelope,
@@ -235,13 +236,13 @@ def _count(shape: tuple[int, ...]) -> int:
 
 def _outputs(
     raw: Any, model: ModelVersion, client: bytes, shm: SharedMemoryInputs | None
-) -> tuple[dict[str, dict[str, Any]], list[list[Any]], bool]:
+) -> tuple[dict[str, dict[str, Any]], list[WantedOutput], bool]:
     if not raw:
         return model.default_outputs, model.default_work_outputs, False
     if not isinstance(raw, list):
         raise invalid_arg("request 'outputs' must be a list")
     outputs: dict[str, dict[str, Any]] = {}
-    work: list[list[Any]] = []
+    work: list[WantedOutput] = []
     in_shm = False
     for i, out in enumerate(raw):
         oname = out.get("name") if isinstance(out, dict) else None
@@ -261,7 +262,7 @@ def _outputs(
             target = shm.resolve_output(client, oname, params)
             in_shm = True
         outputs[oname] = params
-        work.append([oname, target])
+        work.append(WantedOutput(oname, target))
     return outputs, work, in_shm
 
 

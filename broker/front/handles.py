@@ -9,12 +9,14 @@ window with the size actually written.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from inferpool.broker.front.admission import PendingRequest
 from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.shm.leases import LeaseTable
 from inferpool.wire.errors import not_found
+from inferpool.wire.worker.messages import TensorRef
 
 
 class Handles:
@@ -23,13 +25,14 @@ class Handles:
         self.outputs = outputs
 
     def place(
-        self, req: PendingRequest, outputs: Any, headers: list[dict[str, Any]]
-    ) -> list[list[Any]]:
+        self, req: PendingRequest, outputs: Sequence[TensorRef], headers: list[dict[str, Any]]
+    ) -> list[TensorRef]:
         """Describe the outputs that stay in shared memory; return those to send as frames."""
         framed = []
         wanted = req.outputs
         for out in outputs:
-            name, datatype, shape, region, offset, nbytes = out
+            name, datatype, shape = out.name, out.datatype, out.shape
+            region, offset, nbytes = out.region, out.offset, out.byte_size
             params = wanted.get(name)
             if params and "/" in region:  # written into the client's registered window
                 headers.append(

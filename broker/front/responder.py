@@ -8,6 +8,7 @@ client regions) carry no frame: ``front.handles`` describes them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import zmq
@@ -16,6 +17,7 @@ from inferpool.broker.front.admission import PendingRequest
 from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.wire import codec
 from inferpool.wire.errors import InferpoolError
+from inferpool.wire.worker.messages import Result, TensorRef
 from inferpool.wire.zmqio import SNDMORE, send_parts
 
 ZERO_COPY_MIN = 64 * 1024
@@ -40,17 +42,17 @@ class Responder:
         self.send(envelope, codec.error_header(err, request_id, msg_type))
 
     # ------------------------------------------------------------------ inference results
-    def result(self, req: PendingRequest, item: dict[str, Any]) -> None:
-        """Send one worker result item for ``req`` to its client and settle its output slots."""
+    def result(self, req: PendingRequest, item: Result) -> None:
+        """Send one worker result for ``req`` to its client and settle its output slots."""
         model = req.model
-        outputs = item.get("outputs") or ()
-        err = item.get("error")
+        outputs = item.outputs
+        err = item.error
         if err is not None:
             for out in outputs:
-                self.outputs.free(out[3], out[4], held=False)
+                self.outputs.free(out.region, out.offset, held=False)
             header: dict[str, Any] = {"type": "infer", "id": req.client_id, "error": err}
             if model.decoupled:
-                header["parameters"] = {"triton_final_response": bool(item.get("final", True))}
+                header["parameters"] = {"triton_final_response": item.final}
             self.send(req.envelope, header)
             return
         out_headers: list[dict[str, Any]] = []
@@ -59,13 +61,13 @@ class Responder:
         view = self.outputs.view
         if req.shm_outputs:
             outputs = self.handles.place(req, outputs, out_headers)
-        for name, datatype, shape, region, offset, nbytes in outputs:
-            out_headers.append({"name": name, "datatype": datatype, "shape": shape})
-            frames.append(view(region, offset, nbytes))
-            large = large or nbytes >= ZERO_COPY_MIN
-        params = item.get("params") or {}
+        for out in outputs:
+            out_headers.append({"name": out.name, "datatype": out.datatype, "shape": out.shape})
+            frames.append(view(out.region, out.offset, out.byte_size))
+            large = large or out.byte_size >= ZERO_COPY_MIN
+        params = item.parameters or {}
         if model.decoupled:
-            params["triton_final_response"] = bool(item.get("final", True))
+            params["triton_final_response"] = item.final
         encoded = codec.encode_header(
             {
                 "type": "infer",
@@ -79,12 +81,16 @@ class Responder:
         if not large:  # copied into the message: the slots are free again at once
             send_parts(self.socket, [*req.envelope, _EMPTY, encoded, *frames])
             for out in outputs:
-                self.outputs.free(out[3], out[4], held=False)
+                self.outputs.free(out.region, out.offset, held=False)
             return
         self._send_tracked(req.envelope, encoded, frames, outputs)
 
     def _send_tracked(
-        self, envelope: list[Any], header: bytes, frames: list[memoryview], outputs: Any
+        self,
+        envelope: list[Any],
+        header: bytes,
+        frames: list[memoryview],
+        outputs: Sequence[TensorRef],
     ) -> None:
         """Large frames go zero-copy from shared memory; their slots wait for libzmq."""
         sock = self.socket
@@ -100,7 +106,7 @@ class Responder:
                 trackers.append(sock.send(frame, flags, copy=False, track=True))
             else:
                 sock.send(frame, flags, copy=True)
-        slots = [(out[3], out[4]) for out in outputs]
+        slots = [(out.region, out.offset) for out in outputs]
         for region, _ in slots:
             self.outputs.hold(region)
         self._in_flight.append((trackers, slots))

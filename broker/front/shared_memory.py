@@ -19,6 +19,7 @@ from inferpool.broker.front.registrations import Registrations
 from inferpool.shm import cuda
 from inferpool.shm.leases import LeaseTable
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg
+from inferpool.wire.worker.messages import Window
 
 if TYPE_CHECKING:
     from inferpool.broker.server import Broker
@@ -70,7 +71,7 @@ class SharedMemory:
         reg, offset, size = self.registrations.window(client, "input", name, params, nbytes)
         return reg.ref, offset, size
 
-    def resolve_output(self, client: bytes, name: str, params: dict[str, Any]) -> Any:
+    def resolve_output(self, client: bytes, name: str, params: dict[str, Any]) -> Window | None:
         handle = params.get("output_handle", False)
         if not isinstance(handle, bool):
             raise invalid_arg(f"output '{name}': output_handle must be a boolean, got {handle!r}")
@@ -80,7 +81,7 @@ class SharedMemory:
                     f"output '{name}' asks for both a handle and a shared-memory region; choose one"
                 )
             reg, offset, size = self.registrations.window(client, "output", name, params, None)
-            return [reg.ref, offset, size]
+            return Window(reg.ref, offset, size)
         if handle:
             self._track(client)
         return None

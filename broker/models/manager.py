@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from inferpool.broker.front.admission import PendingRequest
 from inferpool.broker.front.responder import Responder
@@ -22,11 +21,22 @@ from inferpool.broker.models.scheduler import Scheduler
 from inferpool.broker.models.sequencer import scheduler_for
 from inferpool.broker.models.stats import CustomMetrics
 from inferpool.broker.options import ServerOptions
+from inferpool.broker.pool.channel import Garbled
 from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.broker.pool.placement import CoreUsage, HostPolicy, Topology, plan_instances
 from inferpool.broker.pool.supervisor import Supervisor, WorkerHandle, WorkerState
 from inferpool.shm.arena import Arena
 from inferpool.wire.errors import Code, InferpoolError
+from inferpool.wire.worker.messages import (
+    CorrelationId,
+    Done,
+    Durations,
+    Execute,
+    Free,
+    Items,
+    Result,
+    WorkerMessage,
+)
 
 log = logging.getLogger("inferpool.manager")
 Waiter = Callable[[InferpoolError | None], None]
@@ -280,7 +290,12 @@ class Manager:
         assert scheduler is not None
         self._note_wake(scheduler, scheduler.enqueue(req, now_ns))
 
-    def dispatch(self, handle: WorkerHandle, batch: list[PendingRequest]) -> None:
+    def dispatch(
+        self,
+        handle: WorkerHandle,
+        batch: list[PendingRequest],
+        release: Sequence[CorrelationId] = (),
+    ) -> None:
         now = time.monotonic_ns()
         stats = handle.model.stats
         for req in batch:
@@ -289,14 +304,10 @@ class Manager:
             stats.queue.add(now - req.received_ns)
         handle.busy = batch
         handle.exec_started = time.monotonic()
-        msg: dict[str, Any] = {"op": "execute", "requests": [r.work for r in batch]}
-        frees = self.outputs.take_frees(handle.output_region)
-        if frees:
-            msg["free"] = frees
-        if self.unmaps:
-            unmaps = self.unmaps.pop(handle.identity, None)
-            if unmaps:
-                msg["unmap"] = unmaps
+        unmaps = self.unmaps.pop(handle.identity, ()) if self.unmaps else ()
+        msg = Execute(
+            [r.work for r in batch], self.outputs.take_frees(handle.output_region), unmaps, release
+        )
         self.supervisor.send(handle, msg)
 
     def reject(self, req: PendingRequest, err: InferpoolError) -> None:
@@ -304,7 +315,7 @@ class Manager:
         self.responder.send_error(req.envelope, "infer", req.client_id, err)
         self.finish(req, success=False, timing=None)
 
-    def finish(self, req: PendingRequest, success: bool, timing: list[int] | None) -> None:
+    def finish(self, req: PendingRequest, success: bool, timing: Durations | None) -> None:
         if self.inflight.pop(req.rid, None) is None:
             return
         for slot in req.slots:
@@ -314,35 +325,34 @@ class Manager:
         )
 
     # ================================================================== results
-    def worker_message(self, handle: WorkerHandle, msg: dict[str, Any]) -> None:
-        op = msg.get("op")
-        if op in ("done", "items"):
-            self._results(msg.get("items") or ())
-            if op == "done":
-                self._batch_done(handle, msg)
-            else:  # a decoupled model made progress: its execute timeout starts over
-                handle.exec_started = time.monotonic()
+    def worker_message(self, handle: WorkerHandle, msg: WorkerMessage | Garbled) -> None:
+        if isinstance(msg, Done):
+            self._results(msg.items)
+            self._batch_done(handle, msg)
+        elif isinstance(msg, Items):
+            self._results(msg.items)
+            handle.exec_started = time.monotonic()  # progress: the execute timeout starts over
         else:
             self.supervisor.handle_message(handle, msg)
 
-    def _results(self, items: Any) -> None:
+    def _results(self, items: Sequence[Result]) -> None:
         responder = self.responder
         for item in items:
-            req = self.inflight.get(item["rid"])
+            req = self.inflight.get(item.rid)
             if req is None:  # answered already (e.g. timed out): just give the memory back
-                for out in item.get("outputs") or ():
-                    self.outputs.free(out[3], out[4], held=False)
+                for out in item.outputs:
+                    self.outputs.free(out.region, out.offset, held=False)
                 continue
             responder.result(req, item)
-            if item.get("final", True):
-                self.finish(req, "error" not in item, item.get("t"))
+            if item.final:
+                self.finish(req, item.error is None, item.durations)
 
-    def _batch_done(self, handle: WorkerHandle, msg: dict[str, Any]) -> None:
+    def _batch_done(self, handle: WorkerHandle, msg: Done) -> None:
         mv = handle.model
-        for size, *timing in msg.get("stats") or ():
-            mv.stats.batch_done(size, timing)
-        if "metrics" in msg:
-            self.metrics.apply(msg["metrics"])
+        for batch in msg.batches:
+            mv.stats.batch_done(batch.batch_size, batch.durations)
+        if msg.metrics is not None:
+            self.metrics.apply(msg.metrics)
         handle.busy = None
         if handle.state is WorkerState.STOPPING:
             return
@@ -378,4 +388,4 @@ class Manager:
                 frees = self.outputs.take_frees(handle.output_region)
                 unmaps = self.unmaps.pop(handle.identity, None) if self.unmaps else None
                 if frees or unmaps:
-                    self.supervisor.send(handle, {"op": "free", "free": frees, "unmap": unmaps})
+                    self.supervisor.send(handle, Free(frees, unmaps or ()))

@@ -16,6 +16,7 @@ from inferpool.broker.models.config import to_dict, wire_datatype
 from inferpool.broker.models.stats import ModelStats
 from inferpool.wire import codec
 from inferpool.wire.errors import Code, InferpoolError
+from inferpool.wire.worker.messages import WantedOutput
 
 if TYPE_CHECKING:
     from inferpool.broker.models.scheduler import Scheduler
@@ -83,7 +84,7 @@ class ModelVersion:
         self.all_outputs = tuple(self.outputs)
         # what a request that names no outputs gets (shared, never mutated)
         self.default_outputs: dict[str, dict[str, Any]] = {n: {} for n in self.outputs}
-        self.default_work_outputs: list[list[Any]] = [[n, None] for n in self.outputs]
+        self.default_work_outputs = [WantedOutput(n) for n in self.outputs]
 
     @property
     def label(self) -> str:

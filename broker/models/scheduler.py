@@ -10,14 +10,27 @@ from __future__ import annotations
 
 import contextlib
 from collections import deque
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from inferpool.broker.front.admission import PendingRequest
 from inferpool.broker.models.registry import ModelVersion
 from inferpool.wire.errors import Code, InferpoolError
+from inferpool.wire.worker.messages import CorrelationId
 
-Dispatch = Callable[[Any, list[PendingRequest]], None]
+
+class Dispatch(Protocol):
+    """Send ``batch`` to ``worker``; ``release`` names sequences whose state it drops first."""
+
+    def __call__(
+        self,
+        worker: Any,
+        batch: list[PendingRequest],
+        release: Sequence[CorrelationId] = (),
+        /,
+    ) -> None: ...
+
+
 Reject = Callable[[PendingRequest, InferpoolError], None]
 
 

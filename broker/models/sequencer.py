@@ -68,8 +68,8 @@ class SequenceScheduler(Scheduler):
                 self.owner[corr] = None
                 self.lost[corr] = why
         for req in self.queues.pop(worker, ()):
-            self.pending.pop(req.work["corr"], None)
-            self.reject(req, self._lost_error(req.work["corr"]))
+            self.pending.pop(req.work.correlation_id, None)
+            self.reject(req, self._lost_error(req.work.correlation_id))
 
     # ------------------------------------------------------------------ requests
     def enqueue(self, req: PendingRequest, now_ns: int) -> int | None:
@@ -78,7 +78,7 @@ class SequenceScheduler(Scheduler):
         except InferpoolError as err:
             self.reject(req, err)
             return None
-        corr = req.work["corr"]
+        corr = req.work.correlation_id
         self.pending[corr] = self.pending.get(corr, 0) + 1
         self._touch(corr, now_ns)
         self.queues.setdefault(worker, deque()).append(req)
@@ -89,7 +89,7 @@ class SequenceScheduler(Scheduler):
     def _route(self, req: PendingRequest) -> Any:
         """The instance for ``req`` (updating the sequence table), or Triton's error."""
         name = self.model.name
-        corr, flags = req.work["corr"], req.work["flags"]
+        corr, flags = req.work.correlation_id, req.work.flags
         if not corr:
             raise invalid_arg(
                 f"inference request to model '{name}' must specify a non-zero or non-empty "
@@ -155,17 +155,15 @@ class SequenceScheduler(Scheduler):
         batch = self._take_from(queue)
         self.idle.remove(worker)
         for req in batch:
-            corr = req.work["corr"]
+            corr = req.work.correlation_id
             left = self.pending[corr] - 1
             if left:
                 self.pending[corr] = left
             else:
                 del self.pending[corr]
             self._touch(corr, now_ns)
-        released = self.released.pop(worker, None)
-        if released:  # the worker drops their state before it runs this batch
-            batch[0].work["release"] = released
-        self.dispatch(worker, batch)
+        # the worker drops the state of released sequences before it runs this batch
+        self.dispatch(worker, batch, self.released.pop(worker, ()))
 
     def _take_from(self, queue: deque[PendingRequest]) -> list[PendingRequest]:
         """The oldest request of each sequence, oldest first, up to max_batch_size."""
@@ -174,7 +172,7 @@ class SequenceScheduler(Scheduler):
         seen: set[Any] = set()
         rest: deque[PendingRequest] = deque()
         for req in queue:
-            corr = req.work["corr"]
+            corr = req.work.correlation_id
             if len(batch) < limit and corr not in seen:
                 batch.append(req)
             else:

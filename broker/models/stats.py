@@ -6,6 +6,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from inferpool.wire.worker.messages import Durations, MetricsUpdate
+
 
 @dataclass(slots=True)
 class Duration:
@@ -43,9 +45,9 @@ class ModelStats:
     batches: dict[int, BatchStats] = field(default_factory=dict)
 
     def request_done(
-        self, success: bool, total_ns: int, batch_size: int, timing: list[int] | None
+        self, success: bool, total_ns: int, batch_size: int, timing: Durations | None
     ) -> None:
-        """One request finished: ``timing`` is [compute_input, compute_infer, compute_output] ns."""
+        """One request finished, with the compute durations its worker measured."""
         self.last_inference_ms = int(time.time() * 1000)
         d = self.success if success else self.fail  # (updated inline: this runs per request)
         d.count += 1
@@ -56,24 +58,20 @@ class ModelStats:
         if timing:
             ci, cf, co = self.compute_input, self.compute_infer, self.compute_output
             ci.count += 1
-            ci.ns += timing[0]
+            ci.ns += timing.compute_input
             cf.count += 1
-            cf.ns += timing[1]
+            cf.ns += timing.compute_infer
             co.count += 1
-            co.ns += timing[2]
+            co.ns += timing.compute_output
 
-    def batch_done(self, batch_size: int, timing: list[int]) -> None:
+    def batch_done(self, batch_size: int, timing: Durations) -> None:
         self.execution_count += 1
         b = self.batches.get(batch_size)
         if b is None:
             b = self.batches[batch_size] = BatchStats()
-        for d, ns in (
-            (b.compute_input, timing[0]),
-            (b.compute_infer, timing[1]),
-            (b.compute_output, timing[2]),
-        ):
-            d.count += 1
-            d.ns += ns
+        b.compute_input.add(timing.compute_input)
+        b.compute_infer.add(timing.compute_infer)
+        b.compute_output.add(timing.compute_output)
 
     def to_dict(self, name: str, version: int) -> dict[str, Any]:
         return {
@@ -109,15 +107,15 @@ class CustomMetrics:
         self.families: dict[str, dict[str, str]] = {}
         self.values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
 
-    def apply(self, update: dict[str, Any]) -> None:
-        for fam in update.get("families", ()):
-            self.families.setdefault(fam["name"], fam)
-        for family, labels, op, value in update.get("ops", ()):
-            key = (family, tuple(sorted(labels.items())))
-            if op == "inc":
-                self.values[key] = self.values.get(key, 0.0) + value
+    def apply(self, update: MetricsUpdate) -> None:
+        for fam in update.families:
+            self.families.setdefault(fam.name, fam._asdict())
+        for op in update.ops:
+            key = (op.family, tuple(sorted(op.labels.items())))
+            if op.op == "inc":
+                self.values[key] = self.values.get(key, 0.0) + op.value
             else:
-                self.values[key] = value
+                self.values[key] = op.value
 
     def to_list(self, model: str | None = None) -> list[dict[str, Any]]:
         out = []

@@ -1,5 +1,5 @@
-"""The broker's end of a worker's channel: a SOCK_SEQPACKET socketpair, one JSON message
-per datagram.
+"""The broker's end of a worker's channel: a SOCK_SEQPACKET socketpair carrying the messages of
+``wire.worker.messages``, one per datagram.
 
 Why not zmq for this hop: a zmq message crosses two libzmq I/O threads (the sender's and
 the receiver's), so on a shared core every batch and every result costs extra context
@@ -10,14 +10,25 @@ about liveness: when either process dies, the other end reads EOF at once.
 from __future__ import annotations
 
 import socket
-from typing import Any
-
-import orjson
+from typing import Final, NamedTuple
 
 from inferpool.wire.errors import Code, InferpoolError
+from inferpool.wire.worker.link import Link
+from inferpool.wire.worker.messages import (
+    MAX_MESSAGE,
+    BrokerMessage,
+    WorkerMessage,
+    decode_from_worker,
+)
 
 BUFFER_BYTES = 4 << 20  # asked of the kernel; it caps this at net.core.{r,w}mem_max
-MAX_MESSAGE = 192 * 1024  # below the default cap, so a datagram always fits
+NOTHING: Final = ()  # recv() found no datagram: falsy, unlike every message
+
+
+class Garbled(NamedTuple):
+    """A datagram from a worker that is not a message (a bug in the worker: it is killed)."""
+
+    reason: str
 
 
 class Channel:
@@ -26,13 +37,14 @@ class Channel:
     _buf = bytearray(MAX_MESSAGE)  # the broker is single-threaded: one buffer serves all
 
     def __init__(self) -> None:
-        self.sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._child: socket.socket | None = child
-        for s in (self.sock, child):
+        for s in (sock, child):
             s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, BUFFER_BYTES)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, BUFFER_BYTES)
-        self.sock.setblocking(False)
-        self.fd = self.sock.fileno()
+        sock.setblocking(False)
+        self.link = Link(sock, decode_from_worker, self._buf)
+        self.fd = sock.fileno()
 
     def child_fd(self) -> int:
         """The worker's end, to be inherited by the worker process (``pass_fds``)."""
@@ -45,32 +57,27 @@ class Channel:
             self._child.close()
             self._child = None
 
-    def send(self, msg: dict[str, Any]) -> None:
-        data = orjson.dumps(msg)
-        if len(data) > MAX_MESSAGE:
-            raise InferpoolError(
-                Code.INTERNAL, f"message of {len(data)} bytes exceeds the worker channel limit"
-            )
+    def send(self, msg: BrokerMessage) -> None:
+        """Send ``msg``; INTERNAL if it is too large, UNAVAILABLE if the worker stopped reading."""
         try:
-            self.sock.send(data)
+            self.link.send(msg)
         except BlockingIOError:
             raise InferpoolError(
                 Code.UNAVAILABLE, "the worker is not reading its channel (buffer full)"
             ) from None
 
-    def recv(self) -> dict[str, Any] | None:
-        """The next message; None once the worker's end is closed (it exited or died)."""
+    def recv(self) -> WorkerMessage | Garbled | tuple[()] | None:
+        """The next message; NOTHING if there is none yet; None once the worker's end is
+        closed (it exited or died)."""
         try:
-            n = self.sock.recv_into(self._buf)
+            return self.link.recv()
         except BlockingIOError:
-            return {}
+            return NOTHING
         except ConnectionResetError:
             return None
-        if n == 0:
-            return None
-        msg: dict[str, Any] = orjson.loads(memoryview(self._buf)[:n])
-        return msg
+        except InferpoolError as err:
+            return Garbled(err.message)
 
     def close(self) -> None:
         self.spawned()
-        self.sock.close()
+        self.link.close()

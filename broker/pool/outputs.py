@@ -13,6 +13,7 @@ from typing import Any
 
 from inferpool.shm.region import Region
 from inferpool.shm.runs import region_name
+from inferpool.wire.worker.messages import Slot
 
 
 @dataclass
@@ -20,7 +21,7 @@ class OutputRegion:
     region: Region
     owner: Any  # the WorkerHandle allocating in it; None once retired
     held: int = 0
-    pending_frees: list[list[Any]] = field(default_factory=list)
+    pending_frees: list[Slot] = field(default_factory=list)
 
 
 class OutputRegions:
@@ -52,11 +53,11 @@ class OutputRegions:
         if held:
             entry.held -= 1
         if entry.owner is not None:
-            entry.pending_frees.append([name, offset])
+            entry.pending_frees.append(Slot(name, offset))
         elif entry.held <= 0:
             self._destroy(name)
 
-    def take_frees(self, name: str) -> list[list[Any]]:
+    def take_frees(self, name: str) -> list[Slot]:
         entry = self._regions.get(name)
         if entry is None or not entry.pending_frees:
             return []

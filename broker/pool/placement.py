@@ -1,11 +1,9 @@
 """Where each model instance runs: host policies and the instance plan.
 
 The broker decides placement; the worker only applies it (``workers/pinning.py``), so
-every decision here ends as plain data: one :class:`Placement` per worker process, with an
-``instance`` dict (the keys of ``workers.spec.InstanceSpec``) and a ``pinning`` dict (the
-keys of ``workers.spec.PinningSpec``).  The broker talks to workers only through messages,
-so this module imports nothing from ``workers``, nor torch (``broker/pool/topology.py`` reads the
-machine).
+every decision here ends as plain data: one :class:`Placement` per worker process, with the
+``InstanceSpec`` and ``PinningSpec`` of its worker spec (``wire.worker.spec``).  Nothing
+here imports ``workers`` or torch (``broker/pool/topology.py`` reads the machine).
 
 Semantics follow Triton (model_config_utils.cc, backend_model_instance.cc):
 
@@ -32,13 +30,13 @@ from typing import Any
 
 from inferpool.broker.pool.topology import Topology, format_cpu_list, parse_cpu_list
 from inferpool.wire.errors import invalid_arg
+from inferpool.wire.worker.spec import InstanceSpec, PinningSpec
 
 __all__ = [
     "CoreUsage",
     "HostPolicy",
     "Placement",
     "Topology",
-    "empty_pinning",
     "parse_host_policies",
     "parse_host_policy",
     "plan_instances",
@@ -160,17 +158,9 @@ class CoreUsage:
 
     def release(self, placements: Iterable[Placement]) -> None:
         for p in placements:
-            for c in p.pinning["cpus"]:
+            for c in p.pinning.cpus:
                 if self.counts.get(c, 0) > 0:
                     self.counts[c] -= 1
-
-
-def empty_pinning() -> dict[str, Any]:
-    """A PinningSpec dict that changes nothing (``inferpool serve --pin none``)."""
-    return dict(cpus=[], numa_node=None, mempolicy="", cuda_visible_devices=None, threads=0)
-
-
-INSTANCE_KEYS = ("name", "kind", "device_id", "index", "host_policy", "passive")
 
 
 @dataclass(frozen=True)
@@ -187,12 +177,19 @@ class Placement:
     host_policy: str
     passive: bool
     secondary_devices: list[dict[str, Any]]
-    pinning: dict[str, Any]  # exactly the fields of workers.spec.PinningSpec
+    pinning: PinningSpec
 
-    def instance(self) -> dict[str, Any]:
-        """The ``InstanceSpec`` dict for the worker spec."""
-        out = {k: getattr(self, k) for k in INSTANCE_KEYS}
-        return {**out, "secondary_devices": [dict(d) for d in self.secondary_devices]}
+    def instance(self) -> InstanceSpec:
+        """The instance part of the worker spec."""
+        return InstanceSpec(
+            name=self.name,
+            kind=self.kind,
+            device_id=self.device_id,
+            index=self.index,
+            host_policy=self.host_policy,
+            passive=self.passive,
+            secondary_devices=[dict(d) for d in self.secondary_devices],
+        )
 
 
 def _threads_parameter(config: Any) -> int:
@@ -204,20 +201,19 @@ def _threads_parameter(config: Any) -> int:
 
 def _pinning(
     kind: str, gpu: int, policy: HostPolicy | None, topo: Topology, usage: CoreUsage, threads: int
-) -> dict[str, Any]:
-    pin = {**empty_pinning(), "threads": threads}
-    if kind == "GPU":
-        pin["cuda_visible_devices"] = topo.gpus[gpu]
+) -> PinningSpec:
+    visible = topo.gpus[gpu] if kind == "GPU" else None
+    numa_node, mempolicy, cpus = None, "", []
     if policy is not None and (policy.numa_node is not None or policy.cpu_cores):
         if policy.numa_node is not None:
-            pin.update(numa_node=policy.numa_node, mempolicy="bind")
-            pin["cpus"] = list(topo.nodes[policy.numa_node])
+            numa_node, mempolicy = policy.numa_node, "bind"
+            cpus = list(topo.nodes[policy.numa_node])
         if policy.cpu_cores:  # cpu-cores narrows (or, with numa-node, overrides) affinity
-            pin["cpus"] = list(policy.cpu_cores)
-        usage.add(pin["cpus"])
+            cpus = list(policy.cpu_cores)
+        usage.add(cpus)
     elif topo.cpus:
-        pin["cpus"] = [usage.take(topo.cpus)]
-    return pin
+        cpus = [usage.take(topo.cpus)]
+    return PinningSpec(cpus, numa_node, mempolicy, visible, threads)
 
 
 def _resolve_group(
@@ -299,7 +295,11 @@ def plan_instances(
                 default = {"CPU": "cpu", "GPU": f"gpu_{device}", "MODEL": "model"}[kind]
                 pname = group.host_policy or default
                 policy = policies.get(pname)
-                pinning = _pinning(kind, device, policy, topology, usage, threads) if pin else {}
+                pinning = (
+                    _pinning(kind, device, policy, topology, usage, threads)
+                    if pin
+                    else PinningSpec()
+                )
                 index = len(placements)
                 placements.append(
                     Placement(
@@ -313,7 +313,7 @@ def plan_instances(
                         host_policy=pname,
                         passive=bool(group.passive),
                         secondary_devices=secondary,
-                        pinning=pinning or empty_pinning(),
+                        pinning=pinning,
                     )
                 )
     return placements

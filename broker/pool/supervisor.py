@@ -1,20 +1,19 @@
 """Worker processes: spawn, watch, respawn, stop.
 
 One worker per model instance, started as a fresh interpreter (``python -m inferpool.workers.main``)
-with its spec in the environment.  Exit codes are a protocol: a worker that fails to boot is
-not respawned (its instance is FAILED with the reason); a worker that crashes after it was
-ready is respawned on the same slot and pinning with exponential backoff, until it crashes
-too often and is marked FAILED.
+with its spec in the environment (``wire.worker.spec``).  A worker that fails to boot says
+why (a Failed message) and is not respawned: its instance is FAILED with the reason.  A
+worker that crashes after it was ready is respawned on the same slot and pinning with
+exponential backoff, until it crashes too often and is marked FAILED.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
-import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -25,15 +24,26 @@ from typing import Any, Protocol
 from inferpool.broker.models.config import to_json
 from inferpool.broker.models.registry import ModelVersion
 from inferpool.broker.options import ServerOptions
-from inferpool.broker.pool.channel import Channel
+from inferpool.broker.pool.channel import Channel, Garbled
 from inferpool.broker.pool.gpu_limit import limit_for
 from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.wire.errors import Code, InferpoolError
+from inferpool.wire.worker.messages import (
+    BrokerMessage,
+    Failed,
+    Ready,
+    Stop,
+    WorkerMessage,
+)
+from inferpool.wire.worker.spec import (
+    InstanceSpec,
+    PinningSpec,
+    WorkerSpec,
+    describe_exit,
+    spec_environment,
+)
 
 log = logging.getLogger("inferpool.supervisor")
-
-EXIT_BOOT_FAILED = 3  # workers.spec.EXIT_BOOT_FAILED: the protocol between the two sides
-WORKER_SPEC_ENV = "INFERPOOL_WORKER_SPEC"
 
 
 class WorkerState(str, enum.Enum):
@@ -55,20 +65,11 @@ class Events(Protocol):
     def worker_stopped(self, handle: WorkerHandle) -> None: ...
 
 
-def describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"signal {-code}"
-    return f"exit code {code}"
-
-
 class WorkerHandle:
     """One instance slot: the process currently filling it and its history."""
 
     def __init__(
-        self, slot: int, model: ModelVersion, instance: dict[str, Any], pinning: dict[str, Any]
+        self, slot: int, model: ModelVersion, instance: InstanceSpec, pinning: PinningSpec
     ):
         self.slot = slot
         self.model = model
@@ -89,13 +90,13 @@ class WorkerHandle:
         self.boot_error: InferpoolError | None = None
         self.kill_reason = ""
         self.respawn_at = 0.0
-        self.passive = bool(instance.get("passive", False))
+        self.passive = instance.passive
         self.placement: dict[str, Any] = {}  # what the worker read back after pinning
         self.reported_config: Any = None  # the config its backend serves (broker.completion)
 
     @property
     def name(self) -> str:
-        return str(self.instance["name"])
+        return self.instance.name
 
     @property
     def pid(self) -> int | None:
@@ -111,14 +112,14 @@ class WorkerHandle:
             "version": self.model.version_str,
             "instance": self.name,
             "slot": self.slot,
-            "kind": self.instance.get("kind", "CPU"),
-            "device_id": self.instance.get("device_id", 0),
+            "kind": self.instance.kind,
+            "device_id": self.instance.device_id,
             "pid": self.pid,
             "state": self.state.value,
             "busy": self.busy is not None,
             "restarts": self.restarts,
             "last_error": self.last_error,
-            "pinning": self.pinning,
+            "pinning": dataclasses.asdict(self.pinning),
             "placement": self.placement,
         }
 
@@ -142,7 +143,7 @@ class Supervisor:
 
     # ------------------------------------------------------------------ spawning
     def add(
-        self, model: ModelVersion, instance: dict[str, Any], pinning: dict[str, Any]
+        self, model: ModelVersion, instance: InstanceSpec, pinning: PinningSpec
     ) -> WorkerHandle:
         handle = WorkerHandle(self._next_slot, model, instance, pinning)
         self._next_slot += 1
@@ -158,13 +159,10 @@ class Supervisor:
         handle.kill_reason = ""
         handle.busy = None
         spec = self._spec(handle, channel.child_fd())
-        env = dict(os.environ)
-        env[WORKER_SPEC_ENV] = spec
-        env["INFERPOOL_BROKER_PID"] = str(os.getpid())
         try:
             handle.proc = subprocess.Popen(
                 [sys.executable, "-m", "inferpool.workers.main"],
-                env=env,
+                env={**os.environ, **spec_environment(spec)},
                 stdin=subprocess.DEVNULL,
                 close_fds=True,
                 pass_fds=[channel.child_fd()],
@@ -181,46 +179,49 @@ class Supervisor:
         handle.set_state(WorkerState.STARTING)
         log.info("started worker %s (pid %d, slot %d)", handle.name, handle.proc.pid, handle.slot)
 
-    def _spec(self, handle: WorkerHandle, channel_fd: int) -> str:
+    def _spec(self, handle: WorkerHandle, channel_fd: int) -> WorkerSpec:
         model = handle.model
         opts = self.options
-        return json.dumps(
-            {
-                "run_id": self.run_id,
-                "channel_fd": channel_fd,
-                "identity": handle.identity,
-                "model_name": model.name,
-                "model_version": model.version,
-                "backend": model.config.backend,
-                "config_json": to_json(model.repository_config),  # each completes its own
-                "repository_path": model.path,
-                "artifact_path": os.path.join(model.path, str(model.version)),
-                "output_region": handle.output_region,
-                "instance": handle.instance,
-                "pinning": handle.pinning,
-                "backend_directory": opts.backend_directory,
-                "backend_config": opts.backend_config.get(model.config.backend, {}),
-                "gpu_load_limit": limit_for(
-                    opts.model_load_gpu_limit,
-                    handle.instance.get("kind", "CPU"),
-                    int(handle.instance.get("device_id", 0)),
-                ),
-                "log_level": opts.log_level,
-            }
+        backend = model.config.backend
+        return WorkerSpec(
+            run_id=self.run_id,
+            broker_pid=os.getpid(),
+            channel_fd=channel_fd,
+            identity=handle.identity,
+            model_name=model.name,
+            model_version=model.version,
+            backend=backend,
+            config_json=to_json(model.repository_config),  # each completes its own
+            repository_path=model.path,
+            artifact_path=os.path.join(model.path, str(model.version)),
+            output_region=handle.output_region,
+            instance=handle.instance,
+            pinning=handle.pinning,
+            backend_directory=opts.backend_directory,
+            backend_config=opts.backend_config.get(backend, {}),
+            gpu_load_limit=limit_for(
+                opts.model_load_gpu_limit, handle.instance.kind, handle.instance.device_id
+            ),
+            log_level=opts.log_level,
         )
 
     # ------------------------------------------------------------------ messages from workers
-    def handle_message(self, handle: WorkerHandle, msg: dict[str, Any]) -> None:
-        """Lifecycle messages (ready, failed); results are the broker's business."""
-        op = msg.get("op")
-        if op == "ready" and handle.state is WorkerState.STARTING:
-            handle.placement = msg.get("placement") or {}
-            handle.reported_config = msg.get("config")
-            handle.set_state(WorkerState.READY)
-            handle.last_error = handle.last_error if handle.restarts else ""
-            self.events.worker_ready(handle)
-        elif op == "failed":
-            handle.boot_error = InferpoolError.from_wire(msg.get("error"))
+    def handle_message(self, handle: WorkerHandle, msg: WorkerMessage | Garbled) -> None:
+        """Lifecycle messages (ready, failed); results are the manager's business."""
+        if isinstance(msg, Ready):
+            if handle.state is WorkerState.STARTING:
+                handle.placement = msg.placement
+                handle.reported_config = msg.config
+                handle.set_state(WorkerState.READY)
+                handle.last_error = handle.last_error if handle.restarts else ""
+                self.events.worker_ready(handle)
+        elif isinstance(msg, Failed):
+            handle.boot_error = InferpoolError.from_wire(msg.error)
+        elif isinstance(msg, Garbled):
+            log.error("worker %s: %s", handle.name, msg.reason)
+            self.kill(handle, f"was killed: {msg.reason}")
+        else:
+            log.error("worker %s sent an unexpected %s", handle.name, type(msg).__name__)
 
     # ------------------------------------------------------------------ exits and timers
     def reap(self) -> None:
@@ -239,7 +240,7 @@ class Supervisor:
             handle.channel.close()
             handle.channel = None
 
-    def send(self, handle: WorkerHandle, msg: dict[str, Any]) -> None:
+    def send(self, handle: WorkerHandle, msg: BrokerMessage) -> None:
         """A message to a worker; one that cannot take it is killed (handled as a crash)."""
         if handle.channel is None:
             return
@@ -351,7 +352,7 @@ class Supervisor:
                 self.events.worker_stopped(handle)
             return
         handle.set_state(WorkerState.STOPPING)
-        self.send(handle, {"op": "stop"})
+        self.send(handle, Stop())
 
     def forget(self, handle: WorkerHandle) -> None:
         self.handles.pop(handle.slot, None)

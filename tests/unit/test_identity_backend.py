@@ -159,5 +159,6 @@ def test_statistics_and_metric_are_reported() -> None:
         assert all(h.host.timing_of(r) is not None for r in reqs)
         [(batch_size, *_)] = h.host.take_batches()
         assert batch_size == 4
-        ops = h.host.stats.drain_metrics()["ops"]
-        assert [op[3] for op in ops] == [48]  # folded per metric until the batch is sent
+        update = h.host.stats.drain_metrics()
+        assert update is not None
+        assert [op.value for op in update.ops] == [48]  # folded per metric until the batch is sent

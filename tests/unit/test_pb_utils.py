@@ -14,6 +14,7 @@ import torch
 
 from inferpool.backends.python import pb_utils
 from inferpool.wire.errors import Code
+from inferpool.wire.worker.messages import MetricFamilyInfo, MetricOp
 
 if TYPE_CHECKING:
     from conftest import PythonModels
@@ -290,10 +291,9 @@ def test_logger_and_metrics(models: PythonModels, caplog: pytest.LogCaptureFixtu
     with models.load(model_dir) as h:
         h.execute([h.request({"IN": [1]}), h.request({"IN": [2]})])
         metrics = h.host.stats.drain_metrics()
-    assert metrics["families"] == [
-        {"name": "requests_seen", "description": "Requests seen", "kind": "counter"}
-    ]
-    assert metrics["ops"] == [["requests_seen", {"model": "m"}, "inc", 2]]
+    assert metrics is not None
+    assert metrics.families == [MetricFamilyInfo("requests_seen", "Requests seen", "counter")]
+    assert metrics.ops == [MetricOp("requests_seen", {"model": "m"}, "inc", 2)]
     records = [(r.levelname, r.getMessage(), Path(r.pathname).name) for r in caplog.records]
     assert records == [
         ("INFO", "ready", "model.py"),

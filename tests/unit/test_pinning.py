@@ -7,6 +7,7 @@ against node 0 and the last usable core, which exist on any machine.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -28,7 +29,7 @@ APPLY = """
 import json, sys
 from inferpool.wire.errors import InferpoolError
 from inferpool.workers.pinning import apply, read_back
-from inferpool.workers.spec import PinningSpec
+from inferpool.wire.worker.spec import PinningSpec
 spec = PinningSpec(**json.loads(sys.argv[1]))
 try:
     applied = apply(spec, policy=sys.argv[2])
@@ -57,9 +58,9 @@ def pin(policy: str = "", env: dict[str, str] | None = None, **spec: Any) -> dic
     return run(APPLY, json.dumps(spec), policy, env=env)
 
 
-def test_pinning_imports_only_the_stdlib() -> None:
+def test_what_runs_before_the_pinning_imports_only_the_stdlib_and_orjson() -> None:
     got = run(
-        "import json, sys, inferpool.workers.pinning, inferpool.workers.lifeline;"
+        "import json, sys, inferpool.workers.main;"
         " print(json.dumps(sorted(m for m in sys.modules if m.removeprefix('inferpool.')"
         ".split('.')[0] in ('numpy', 'torch', 'zmq', 'cupy', 'broker', 'backends', 'shm',"
         " 'google', 'tritonclient'))))"
@@ -104,7 +105,7 @@ def test_bind_then_preferred_in_one_process() -> None:
     code = """
 import json
 from inferpool.workers.pinning import apply, read_back
-from inferpool.workers.spec import PinningSpec
+from inferpool.wire.worker.spec import PinningSpec
 seen = []
 for mode in ("bind", "preferred", "bind"):
     apply(PinningSpec(cpus=[CORE], numa_node=0, mempolicy=mode))
@@ -126,7 +127,7 @@ def test_affinity_covers_threads_that_already_run() -> None:
     code = """
 import json, threading, os
 from inferpool.workers.pinning import apply
-from inferpool.workers.spec import PinningSpec
+from inferpool.wire.worker.spec import PinningSpec
 ready, stop = threading.Event(), threading.Event()
 tid = []
 def body():
@@ -174,7 +175,7 @@ def test_what_the_broker_plans_is_what_the_worker_gets() -> None:
     policies = parse_host_policies([f"local,numa-node={node}"], topo)
     for placement in plan_instances(cfg, topo, policies):
         asked = placement.pinning
-        back = pin(placement.host_policy, **asked)["back"]
-        assert back["cpus"] == sorted(asked["cpus"])
-        expected = (asked["mempolicy"] or "default", [node] if asked["mempolicy"] else [])
+        back = pin(placement.host_policy, **dataclasses.asdict(asked))["back"]
+        assert back["cpus"] == sorted(asked.cpus)
+        expected = (asked.mempolicy or "default", [node] if asked.mempolicy else [])
         assert (back["mempolicy"], back["numa_nodes"]) == expected

@@ -19,14 +19,13 @@ from tritonclient.grpc import model_config_pb2
 from inferpool.broker.pool.placement import (
     CoreUsage,
     HostPolicy,
-    empty_pinning,
     parse_host_policies,
     parse_host_policy,
     plan_instances,
 )
 from inferpool.broker.pool.topology import Topology, format_cpu_list, parse_cpu_list, visible_gpus
 from inferpool.wire.errors import Code, InferpoolError
-from inferpool.workers.spec import InstanceSpec, PinningSpec
+from inferpool.wire.worker.spec import InstanceSpec, PinningSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 BIG = Topology(
@@ -171,11 +170,11 @@ def test_names_kinds_and_spec_fields() -> None:
     ]
     assert plan[2].passive and not plan[0].passive
     assert plan[2].secondary_devices == [{"kind": "KIND_NVDLA", "device_id": 1}]
-    pinning_fields = [f.name for f in dataclasses.fields(PinningSpec)]
-    for p in plan:
-        assert list(p.pinning) == pinning_fields  # exactly PinningSpec, nothing more
-        PinningSpec(**p.pinning)
-        assert InstanceSpec(**p.instance()).name == p.name
+    for p in plan:  # the parts of the worker spec, as wire.worker.spec types them
+        assert isinstance(p.pinning, PinningSpec)
+        assert p.instance() == InstanceSpec(
+            p.name, p.kind, p.device_id, p.index, p.host_policy, p.passive, p.secondary_devices
+        )
 
 
 def test_no_instance_group_means_one_group_named_after_the_model() -> None:
@@ -198,18 +197,18 @@ def test_default_spreads_one_core_each_across_models() -> None:
     small = Topology(cpus=(0, 1, 2, 3), nodes={0: (0, 1, 2, 3)})
     a = plan_instances(config('name: "a" instance_group [{count: 3}]'), small, usage=usage)
     b = plan_instances(config('name: "b" instance_group [{count: 2}]'), small, usage=usage)
-    assert [p.pinning["cpus"] for p in a] == [[0], [1], [2]]
-    assert [p.pinning["cpus"] for p in b] == [[3], [0]]
-    assert all(p.pinning["mempolicy"] == "" and p.pinning["threads"] == 0 for p in a + b)
+    assert [p.pinning.cpus for p in a] == [[0], [1], [2]]
+    assert [p.pinning.cpus for p in b] == [[3], [0]]
+    assert all(p.pinning.mempolicy == "" and p.pinning.threads == 0 for p in a + b)
     usage.release(a)  # model a unloads: its cores are free again
     c = plan_instances(config('name: "c" instance_group [{count: 3}]'), small, usage=usage)
-    assert [p.pinning["cpus"] for p in c] == [[1], [2], [0]]
+    assert [p.pinning.cpus for p in c] == [[1], [2], [0]]
 
 
 def test_default_spread_on_this_machine_uses_every_core_before_doubling_up() -> None:
     n = len(HERE.cpus)
     plan = plan_instances(config(f'name: "m" instance_group [{{count: {n + 1}}}]'), HERE)
-    cores = [p.pinning["cpus"] for p in plan]
+    cores = [p.pinning.cpus for p in plan]
     assert sorted(c[0] for c in cores[:n]) == list(HERE.cpus)
     assert cores[n] == [HERE.cpus[0]]
 
@@ -226,16 +225,16 @@ def test_host_policies_pin_and_bind() -> None:
     assert (
         p[0].pinning
         == p[1].pinning
-        == {
-            "cpus": list(range(8, 16)),
-            "numa_node": 1,
-            "mempolicy": "bind",
-            "cuda_visible_devices": None,
-            "threads": 0,
-        }
+        == PinningSpec(
+            cpus=list(range(8, 16)),
+            numa_node=1,
+            mempolicy="bind",
+            cuda_visible_devices=None,
+            threads=0,
+        )
     )
-    assert p[2].pinning["cpus"] == [0, 1, 2, 3, 5] and p[2].pinning["mempolicy"] == ""
-    assert (p[3].pinning["cpus"], p[3].pinning["numa_node"]) == ([6, 7], 0)
+    assert p[2].pinning.cpus == [0, 1, 2, 3, 5] and p[2].pinning.mempolicy == ""
+    assert (p[3].pinning.cpus, p[3].pinning.numa_node) == ([6, 7], 0)
     assert [x.host_policy for x in p] == ["node1", "node1", "pool", "both"]
 
 
@@ -245,9 +244,9 @@ def test_policy_named_after_the_kind_applies_by_default_and_counts_in_the_spread
     cpu = plan_instances(
         config('name: "a"  instance_group [{kind: KIND_CPU}]'), BIG, policies, usage
     )
-    assert cpu[0].pinning["cpus"] == [0, 1]
+    assert cpu[0].pinning.cpus == [0, 1]
     model = plan_instances(config('name: "b" instance_group [{kind: KIND_MODEL}]'), BIG, {}, usage)
-    assert model[0].pinning["cpus"] == [2]  # 0 and 1 already carry an instance
+    assert model[0].pinning.cpus == [2]  # 0 and 1 already carry an instance
 
 
 def test_kind_gpu_makes_count_instances_per_gpu() -> None:
@@ -261,15 +260,15 @@ def test_kind_gpu_makes_count_instances_per_gpu() -> None:
         ("g_0_1", 1, "gpu_1"),
     ]
     assert [p.index for p in plan] == [0, 1, 2, 3]
-    assert [p.pinning["cuda_visible_devices"] for p in plan] == ["0", "1", "0", "1"]
-    assert plan[1].pinning["mempolicy"] == "bind" and plan[1].pinning["numa_node"] == 1
-    assert len(plan[0].pinning["cpus"]) == 1  # gpu_0 has no policy: one spread core
+    assert [p.pinning.cuda_visible_devices for p in plan] == ["0", "1", "0", "1"]
+    assert plan[1].pinning.mempolicy == "bind" and plan[1].pinning.numa_node == 1
+    assert len(plan[0].pinning.cpus) == 1  # gpu_0 has no policy: one spread core
 
 
 def test_kind_gpu_without_gpus_uses_all_and_follows_the_brokers_visible_devices() -> None:
     topo = dataclasses.replace(BIG, gpus=("2", "3"))  # broker ran with CUDA_VISIBLE_DEVICES=2,3
     plan = plan_instances(config('name: "g" instance_group [{kind: KIND_GPU}]'), topo)
-    assert [(p.device_id, p.pinning["cuda_visible_devices"]) for p in plan] == [(0, "2"), (1, "3")]
+    assert [(p.device_id, p.pinning.cuda_visible_devices) for p in plan] == [(0, "2"), (1, "3")]
 
 
 def test_kind_auto_resolves_like_triton() -> None:
@@ -280,7 +279,7 @@ def test_kind_auto_resolves_like_triton() -> None:
     assert plan_instances(auto, no_gpus)[0].kind == "CPU"
     missing = config('name: "a" instance_group [{kind: KIND_AUTO gpus: [0, 5]}]')
     (cpu,) = plan_instances(missing, BIG)
-    assert (cpu.kind, cpu.device_id, cpu.pinning["cuda_visible_devices"]) == ("CPU", 0, None)
+    assert (cpu.kind, cpu.device_id, cpu.pinning.cuda_visible_devices) == ("CPU", 0, None)
 
 
 def test_pin_none_leaves_everything_alone_but_still_validates() -> None:
@@ -290,14 +289,14 @@ def test_pin_none_leaves_everything_alone_but_still_validates() -> None:
     )
     plan = plan_instances(cfg, BIG, policies, pin=False)
     assert [p.kind for p in plan] == ["CPU", "CPU", "GPU", "GPU"]
-    assert [p.pinning for p in plan] == [empty_pinning()] * 4
+    assert [p.pinning for p in plan] == [PinningSpec()] * 4
     bad = config('name: "m" instance_group [{host_policy: "nope"}]')
     invalid(plan_instances, bad, BIG, policies, pin=False)
 
 
 def test_model_thread_parameter_sizes_threads() -> None:
     cfg = config('name: "t" parameters {key: "INTRA_OP_THREAD_COUNT" value: {string_value: "3"}}')
-    assert plan_instances(cfg, BIG)[0].pinning["threads"] == 3
+    assert plan_instances(cfg, BIG)[0].pinning.threads == 3
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,7 @@ from inferpool.broker.models.registry import ModelVersion
 from inferpool.broker.models.scheduler import Scheduler
 from inferpool.broker.models.sequencer import SequenceScheduler, scheduler_for
 from inferpool.wire.errors import Code, InferpoolError
+from inferpool.wire.worker.messages import Work
 
 START, END = FLAG_SEQUENCE_START, FLAG_SEQUENCE_END
 MS = 1_000_000
@@ -36,26 +38,30 @@ class Recorder:
         )
         self.model = ModelVersion("seq", 1, config, "/nowhere")
         self.dispatched: list[tuple[Instance, list[Any]]] = []
+        self.releases: list[Sequence[Any]] = []
         self.rejected: list[tuple[Any, InferpoolError]] = []
         self.scheduler = scheduler_for(self.model, self.dispatch, self.reject)
         self.rid = 0
 
-    def dispatch(self, worker: Instance, batch: list[PendingRequest]) -> None:
+    def dispatch(
+        self, worker: Instance, batch: list[PendingRequest], release: Sequence[Any] = ()
+    ) -> None:
         self.dispatched.append((worker, batch))
+        self.releases.append(release)
 
     def reject(self, req: PendingRequest, err: InferpoolError) -> None:
-        self.rejected.append((req.work["corr"], err))
+        self.rejected.append((req.work.correlation_id, err))
 
     def submit(self, corr: Any, flags: int = 0, now: int = 0, batch: int = 1) -> PendingRequest:
         self.rid += 1
-        work = {"rid": self.rid, "corr": corr, "flags": flags}
+        work = Work(self.rid, "", corr, flags, {}, [], [])
         req = PendingRequest(self.rid, [], "", self.model, work, [], {}, batch, now)
         self.scheduler.enqueue(req, now)
         return req
 
     def batches(self) -> list[tuple[str, list[Any]]]:
         """(instance, [correlation ids]) of each dispatch so far, then forgotten."""
-        out = [(w.name, [r.work["corr"] for r in b]) for w, b in self.dispatched]
+        out = [(w.name, [r.work.correlation_id for r in b]) for w, b in self.dispatched]
         self.dispatched.clear()
         return out
 
@@ -158,9 +164,8 @@ def test_an_idle_sequence_is_released_and_its_instance_told(idle_us: int) -> Non
     r.scheduler.expire(limit + 2)
     r.scheduler.instance_idle(w, limit + 2)
     r.submit("y", 0, now=limit + 2)  # y is still known
-    [(_, first), (_, second), (_, third)] = r.dispatched
-    assert second[0].work["release"] == ["x"]  # the worker drops x's state before this batch
-    assert "release" not in first[0].work and "release" not in third[0].work
+    assert len(r.dispatched) == 3
+    assert r.releases == [(), ["x"], ()]  # the worker drops x's state before the second batch
     r.submit("x", 0, now=limit + 3)
     [(corr, err)] = r.rejected
     assert corr == "x" and "must specify the START flag" in err.message

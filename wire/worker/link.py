@@ -35,7 +35,7 @@ class Link(Generic[In]):
         return self.sock.fileno()
 
     def send(self, msg: Message) -> None:
-        """Send ``msg``; INTERNAL if it is larger than a datagram may be.
+        """Send ``msg``; TooLarge (INTERNAL) if it is larger than a datagram may be.
 
         A non-blocking socket whose peer does not read raises BlockingIOError.
         """
@@ -61,8 +61,12 @@ class Link(Generic[In]):
         self.sock.close()
 
 
-def too_large(nbytes: int) -> InferpoolError:
-    return InferpoolError(
+class TooLarge(InferpoolError):
+    """A message that cannot travel in one datagram (nothing of it was sent or kept)."""
+
+
+def too_large(nbytes: int) -> TooLarge:
+    return TooLarge(
         Code.INTERNAL,
         f"a message of {nbytes} bytes exceeds the worker channel limit of {MAX_MESSAGE} bytes",
     )

@@ -37,7 +37,8 @@ def test_linear_batch_matches_torch_and_reports_statistics(repo, harness):
     )
     timing = h.host.timing_of(request)
     assert timing is not None and timing.success
-    assert timing.exec_start <= timing.compute_start <= timing.compute_end <= timing.exec_end
+    stamps = timing.stamps
+    assert stamps.exec_start <= stamps.compute_start <= stamps.compute_end <= stamps.exec_end
     [(batch_size, *_)] = h.host.take_batches()
     assert batch_size == 3
 
@@ -51,7 +52,7 @@ def test_requests_are_batched_together_and_split_back(repo, harness):
     for part, (_, response, _) in zip(parts, results, strict=True):
         got = h.outputs_of(response)["OUTPUT__0"]
         np.testing.assert_allclose(got, reference(tm.Linear(), part), rtol=1e-6)
-    assert [b[0] for b in h.host.take_batches()] == [6]
+    assert [b.batch_size for b in h.host.take_batches()] == [6]
 
 
 def test_a_bad_request_does_not_sink_the_batch(repo, harness):
