@@ -17,7 +17,8 @@ Finalizers run in reverse, only for the levels whose initialize succeeded.  Cont
 (names, config, device, logger) is set as attributes before ``initialize`` is called.
 
 Requests and responses live in ``backends.messages``, statistics and metrics in
-``backends.metrics``; everything a backend author needs is importable from here.
+``backends.metrics``, shared regions in ``backends.regions``; everything a backend author
+needs is importable from here.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from inferpool.backends.metrics import (
     StatisticsReporter,
     Timestamps,
 )
+from inferpool.backends.regions import SharedRegion, SharedRegions
 from inferpool.wire.errors import Code, InferpoolError, internal, invalid_arg
 
 __all__ = [
@@ -68,6 +70,8 @@ __all__ = [
     "RequestedOutput",
     "Response",
     "ResponseSender",
+    "SharedRegion",
+    "SharedRegions",
     "StatisticsReporter",
     "Timestamps",
     "batch_size_of",
@@ -124,6 +128,8 @@ class Model(_Level):
     artifact_path: str
     backend: Backend
     stats: StatisticsReporter
+    #: the broker's shared regions (backends.regions), None where no broker serves the model
+    shared_regions: SharedRegions | None
 
     @property
     def max_batch_size(self) -> int:

@@ -22,6 +22,7 @@ from inferpool.backends.api import (
     ModelInstance,
     Request,
     Response,
+    SharedRegions,
     iter_responses,
 )
 from inferpool.backends.loader import find_backend
@@ -49,6 +50,7 @@ class BackendHost:
         instance: InstanceSpec,
         backend_directory: str = "",
         backend_config: dict[str, str] | None = None,
+        shared_regions: SharedRegions | None = None,
     ) -> None:
         self.backend_name = backend_name
         self.model_name = model_name
@@ -60,6 +62,7 @@ class BackendHost:
         self.backend_directory = backend_directory
         self.backend_config = backend_config or {}
         self.stats = StatsCollector()
+        self.shared_regions = shared_regions
         self.backend: Backend | None = None
         self.model: Model | None = None
         self.instance: ModelInstance | None = None
@@ -107,6 +110,7 @@ class BackendHost:
             model.artifact_path = self.artifact_path
             model.backend = backend
             model.stats = self.stats
+            model.shared_regions = self.shared_regions
             model.log = logging.getLogger(f"inferpool.model.{self.model_name}")
             self._enter(model, "TRITONBACKEND_ModelInitialize (Model.initialize)")
             self.model = model

@@ -4,7 +4,8 @@
         out = h.infer({"INPUT0": np.arange(4, dtype=np.int32)})
 
 The harness runs the real lifecycle host (``backends.host``, which workers run too) over
-ordinary process memory instead of shared memory.
+ordinary process memory instead of shared memory.  Harnesses given one :class:`LocalRegions`
+share regions (weights) the way a broker's workers do, with this process in the broker's part.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from tritonclient.grpc import model_config_pb2
 
 from inferpool.backends.api import InputTensor, Request, RequestedOutput, Response
 from inferpool.backends.host import BackendHost
+from inferpool.backends.regions import SharedRegion
+from inferpool.shm.shared import SharedRegionTable
 from inferpool.wire import codec
-from inferpool.wire.errors import InferpoolError
+from inferpool.wire.errors import Code, InferpoolError
 from inferpool.wire.worker.spec import InstanceSpec
 
 
@@ -44,6 +47,42 @@ class HeapMemory:
         return self._buffers[offset]
 
 
+class LocalRegions:
+    """The broker's table of shared regions (``shm.shared``), kept in this process for the
+    harnesses given it; ``close()`` unlinks whatever is left."""
+
+    def __init__(self, run_id: str) -> None:
+        self.table = SharedRegionTable(run_id)
+
+    def close(self) -> None:
+        self.table.close()
+
+
+class _HarnessRegions:
+    """One harness's ``SharedRegions``: the harness is the owner, as a worker is."""
+
+    def __init__(self, regions: LocalRegions, owner: object) -> None:
+        self.table = regions.table
+        self.owner = owner
+
+    def share(self, key: str, byte_size: int) -> SharedRegion:
+        try:
+            grant = self.table.ask(self.owner, key, byte_size)
+        except (ValueError, OSError) as exc:
+            raise InferpoolError(Code.INVALID_ARG, f"cannot share region '{key}': {exc}") from None
+        if grant is None:  # one process, one load at a time: only a fill left undone
+            raise InferpoolError(
+                Code.UNAVAILABLE, f"shared region '{key}' was never filled by the harness asked to"
+            )
+        return SharedRegion(grant.name, grant.fill)
+
+    def filled(self, key: str, ok: bool) -> None:
+        self.table.filled(self.owner, key, ok)
+
+    def release(self) -> None:
+        self.table.release(self.owner)
+
+
 class BackendHarness(AbstractContextManager["BackendHarness"]):
     """Load ``backend`` for a model configured by ``config_pbtxt`` and send it requests."""
 
@@ -56,11 +95,13 @@ class BackendHarness(AbstractContextManager["BackendHarness"]):
         version: int = 1,
         instance: dict[str, Any] | None = None,
         backend_directory: str = "",
+        regions: LocalRegions | None = None,
     ) -> None:
         config = text_format.Parse(config_pbtxt, model_config_pb2.ModelConfig())
         self.config = config
         self.memory = HeapMemory()
         self.responses: list[tuple[Request, Response | None, bool]] = []
+        self._regions = _HarnessRegions(regions, self) if regions is not None else None
         self.host = BackendHost(
             backend_name=backend,
             model_name=config.name or "model",
@@ -70,8 +111,13 @@ class BackendHarness(AbstractContextManager["BackendHarness"]):
             artifact_path=os.path.join(repository_path, str(version)) if repository_path else "",
             instance=InstanceSpec(**(instance or {"name": f"{config.name or 'model'}_0_0"})),
             backend_directory=backend_directory,
+            shared_regions=self._regions,
         )
-        self.host.load()
+        try:
+            self.host.load()
+        except BaseException:
+            self._release()
+            raise
         self._next_id = 0
 
     def request(
@@ -143,9 +189,15 @@ class BackendHarness(AbstractContextManager["BackendHarness"]):
 
     def close(self) -> None:
         self.host.close()
+        self._release()
+
+    def _release(self) -> None:
+        """As the broker does when an instance stops: regions nobody else uses are unlinked."""
+        if self._regions is not None:
+            self._regions.release()
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-__all__ = ["BackendHarness", "HeapMemory", "InferpoolError"]
+__all__ = ["BackendHarness", "HeapMemory", "InferpoolError", "LocalRegions"]

@@ -12,16 +12,15 @@ broker<->worker hop and the client<->broker hop.  A path is one function that ta
 model repository and an ExitStack (for its clean-up) and returns ``infer(x) -> output``.
 Ratios against ``torch`` are printed last: compare within one run, never across machines.
 
-Memory: N real processes each load the same model as one instance, with and without
-ENABLE_WEIGHT_SHARING, and their RSS/PSS/USS are read while all are loaded
-(:func:`measure_instances`, also used by the tests).
+Memory: a real ``inferpool serve`` loads the same model as N instances (N workers), with and
+without ENABLE_WEIGHT_SHARING, and the workers' RSS/PSS/USS are read while all are loaded
+(:func:`measure_instances`).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import multiprocessing as mp
 import os
 import shutil
 import signal
@@ -41,10 +40,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from inferpool.backends.pytorch.weights import ENV_RUN_ID
 from inferpool.backends.testing import BackendHarness
 from inferpool.client import Client
-from inferpool.shm.runs import RunLock, regions_of_run
 
 Infer = Callable[[np.ndarray], Any]
 MLP_CONFIG = """
@@ -101,26 +98,39 @@ def backend_path(repo: Path, stack: contextlib.ExitStack) -> Infer:
     return infer
 
 
+def serve(repo: Path, stack: contextlib.ExitStack) -> Client:
+    """A real ``inferpool serve`` over ``repo``, stopped with ``stack``; its ready client."""
+    endpoint = f"ipc://{repo.parent}/broker.sock"
+    cmd = [sys.executable, "-m", "inferpool", "serve", "--model-repository", str(repo)]
+    cmd += ["--listen", endpoint, "--log-level", "WARNING"]
+    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL)
+    stack.callback(_stop, proc)
+    client = stack.enter_context(Client(endpoint, timeout=60))
+    client.wait_ready(120)
+    return client
+
+
+def model_repository(model_pt: Path, name: str, config: str, stack: contextlib.ExitStack) -> Path:
+    """A temporary repository (removed with ``stack``) holding one model: ``model_pt``."""
+    root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ipb-", dir="/tmp")))
+    model = root / "repo" / name
+    (model / "1").mkdir(parents=True)
+    shutil.copy(model_pt, model / "1" / "model.pt")
+    (model / "config.pbtxt").write_text(config)
+    return root / "repo"
+
+
 class Served:
     """``infer`` through a real ``inferpool serve`` (one worker, this process's torch threads)."""
 
     def __init__(self, repo: Path, stack: contextlib.ExitStack) -> None:
-        root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ipb-", dir="/tmp")))
-        model = root / "repo" / "mlp"
-        (model / "1").mkdir(parents=True)
-        shutil.copy(repo / "1" / "model.pt", model / "1" / "model.pt")
         threads = f'{{ string_value: "{torch.get_num_threads()}" }}'
-        (model / "config.pbtxt").write_text(
+        config = (
             f"{MLP_CONFIG}instance_group [{{ count: 1 kind: KIND_CPU }}]\n"
             f'parameters {{ key: "INTRA_OP_THREAD_COUNT" value: {threads} }}\n'
         )
-        endpoint = f"ipc://{root}/broker.sock"
-        cmd = [sys.executable, "-m", "inferpool", "serve", "--model-repository", str(root / "repo")]
-        cmd += ["--listen", endpoint, "--log-level", "WARNING"]
-        proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL)
-        stack.callback(_stop, proc)
-        self.client = stack.enter_context(Client(endpoint, timeout=60))
-        self.client.wait_ready(120)
+        served = model_repository(repo / "1" / "model.pt", "mlp", config, stack)
+        self.client = serve(served, stack)
 
     def __call__(self, x: np.ndarray) -> Any:
         return self.client.infer("mlp", {"INPUT__0": x})["OUTPUT__0"]
@@ -187,62 +197,30 @@ class InstanceMemory:
     uss: int
 
 
-def weights_config(share: bool, n_in: int) -> str:
+def weights_config(share: bool, n_in: int, instances: int) -> str:
     return f"""
 name: "weights"
 backend: "pytorch"
 max_batch_size: 4
 input [{{ name: "INPUT__0" data_type: TYPE_FP32 dims: [{n_in}] }}]
 output [{{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [-1] }}]
+instance_group [{{ count: {instances} kind: KIND_CPU }}]
 parameters {{ key: "ENABLE_WEIGHT_SHARING" value: {{ string_value: "{str(share).lower()}" }} }}
 parameters {{ key: "INTRA_OP_THREAD_COUNT" value: {{ string_value: "1" }} }}
 """
 
 
-def _instance(repo: str, config: str, n_in: int, run_id: str, conn: Any) -> None:
-    """One instance in its own process: load, infer once, report, wait, finalize."""
-    os.environ[ENV_RUN_ID] = run_id
-    with BackendHarness("pytorch", config, repository_path=repo) as harness:
-        harness.infer({"INPUT__0": np.ones((1, n_in), np.float32)})
-        conn.send("loaded")
-        conn.recv()
-    conn.send("closed")
-
-
-def measure_instances(
-    repo: Path, n_in: int, instances: int, share: bool, run_id: str, timeout_s: float = 120.0
-) -> list[InstanceMemory]:
-    """Memory of ``instances`` processes holding the model at once (spawned, never forked)."""
-    ctx = mp.get_context("spawn")
-    config = weights_config(share, n_in)
-    pipes, procs = [], []
-    try:
-        for _ in range(instances):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_instance, args=(str(repo), config, n_in, run_id, child))
-            proc.start()
-            pipes.append(parent)
-            procs.append(proc)
-        for pipe in pipes:
-            if not pipe.poll(timeout_s):
-                raise TimeoutError("an instance did not load in time")
-            assert pipe.recv() == "loaded"
+def measure_instances(repo: Path, n_in: int, instances: int, share: bool) -> list[InstanceMemory]:
+    """Memory of the workers of one served model with ``instances`` instances, all loaded."""
+    with contextlib.ExitStack() as stack:
+        config = weights_config(share, n_in, instances)
+        client = serve(model_repository(repo / "1" / "model.pt", "weights", config, stack), stack)
+        client.infer("weights", {"INPUT__0": np.ones((1, n_in), np.float32)})
         usage = []
-        for proc in procs:
-            info = psutil.Process(proc.pid).memory_full_info()
+        for row in client.status():
+            info = psutil.Process(row["pid"]).memory_full_info()
             usage.append(InstanceMemory(info.rss, info.pss, info.uss))
-        for pipe in pipes:
-            pipe.send("exit")
-        for pipe in pipes:
-            if not pipe.poll(timeout_s):
-                raise TimeoutError("an instance did not finalize in time")
-            pipe.recv()
         return usage
-    finally:
-        for proc in procs:
-            proc.join(timeout_s)
-            if proc.is_alive():
-                proc.kill()
 
 
 def _report_memory(instances: int, weights_mb: int) -> None:
@@ -252,20 +230,15 @@ def _report_memory(instances: int, weights_mb: int) -> None:
         repo = Path(tmp)
         torch.manual_seed(0)
         save_model(torch.nn.Linear(n_in, n_out, bias=False), repo)
-        lock = RunLock()
-        try:
-            for share in (False, True):
-                usage = measure_instances(repo, n_in, instances, share, lock.run_id)
-                mib = 2**20
-                print(
-                    f"{instances} instances, {weights_mb} MiB of weights, sharing={share!s:5}: "
-                    f"PSS sum {sum(u.pss for u in usage) / mib:7.1f} MiB, "
-                    f"USS/instance {statistics.fmean(u.uss for u in usage) / mib:6.1f} MiB, "
-                    f"RSS/instance {statistics.fmean(u.rss for u in usage) / mib:6.1f} MiB"
-                )
-            assert regions_of_run(lock.run_id) == [lock.name], "weight regions were left behind"
-        finally:
-            lock.release()
+        for share in (False, True):
+            usage = measure_instances(repo, n_in, instances, share)
+            mib = 2**20
+            print(
+                f"{instances} instances, {weights_mb} MiB of weights, sharing={share!s:5}: "
+                f"PSS sum {sum(u.pss for u in usage) / mib:7.1f} MiB, "
+                f"USS/instance {statistics.fmean(u.uss for u in usage) / mib:6.1f} MiB, "
+                f"RSS/instance {statistics.fmean(u.rss for u in usage) / mib:6.1f} MiB"
+            )
 
 
 def main() -> None:

@@ -39,6 +39,7 @@ from inferpool.wire.worker.spec import WorkerSpec
 from inferpool.workers.gpu_limit import check_load_limit
 from inferpool.workers.memory import WorkerMemory
 from inferpool.workers.pinning import cuda_ordinal, read_back
+from inferpool.workers.regions import ChannelRegions
 from inferpool.workers.sequence_state import SequenceStates
 
 log = logging.getLogger("inferpool.worker")
@@ -57,6 +58,7 @@ class Worker:
         self._in_execute = False
         self._main_thread = threading.get_ident()
         self.memory = WorkerMemory(spec.output_region, spec.instance.name)
+        self.regions = ChannelRegions(link)
         self.host = BackendHost(
             backend_name=spec.backend,
             model_name=spec.model_name,
@@ -67,6 +69,7 @@ class Worker:
             instance=spec.instance,
             backend_directory=spec.backend_directory,
             backend_config=spec.backend_config,
+            shared_regions=self.regions,
         )
         self.decoupled = False  # the rest is known once the model has completed its config
         self.batching = False
@@ -93,6 +96,7 @@ class Worker:
     def serve(self) -> None:
         """Report ready, then serve until the broker says stop or goes away."""
         # the broker serves the config as the backend completed it (auto-complete)
+        self.regions.loading = False
         self.link.send(Ready(read_back(), self.host.config_dict()))
         try:
             self._loop()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 
 import torch
 
@@ -20,7 +19,7 @@ from inferpool.backends.pytorch.device import Placement
 from inferpool.backends.pytorch.inputs import InputAssembler, Prepared
 from inferpool.backends.pytorch.outputs import OutputWriter, normalize
 from inferpool.backends.pytorch.parameters import Settings
-from inferpool.backends.pytorch.weights import ENV_RUN_ID, SharedWeights, region_key
+from inferpool.backends.pytorch.weights import SharedWeights, region_key
 from inferpool.wire.errors import InferpoolError, internal, unsupported
 
 
@@ -45,11 +44,6 @@ class PyTorchModel(Model):
         self.inputs = [naming.tensor_spec(i) for i in cfg.input]
         self.outputs = [naming.tensor_spec(o) for o in cfg.output]
 
-    @property
-    def run_id(self) -> str | None:
-        """The broker run that weight regions are named under (backend config, then env)."""
-        return self.backend.config.get("run_id") or os.environ.get(ENV_RUN_ID) or None
-
 
 class PyTorchInstance(ModelInstance):
     model: PyTorchModel
@@ -73,8 +67,6 @@ class PyTorchInstance(ModelInstance):
             )
             stack.callback(self._drop_model)
             self.weights = self._share_weights(path)
-            if self.weights is not None:
-                stack.callback(self.weights.close)
             batching = model.max_batch_size > 0
             layout = naming.input_layout(
                 self.artifact.args,
@@ -109,17 +101,17 @@ class PyTorchInstance(ModelInstance):
                 self.name,
             )
             return None
-        run_id = model.run_id
-        if run_id is None:
+        regions = model.shared_regions
+        if regions is None:
             self.log.warning(
-                "ENABLE_WEIGHT_SHARING: no run id (backend config 'run_id' or $%s); '%s' keeps "
-                "its own copy of the weights",
-                ENV_RUN_ID,
+                "ENABLE_WEIGHT_SHARING: no broker serves '%s' (a BackendHarness without "
+                "regions): it keeps its own copy of the weights",
                 self.name,
             )
             return None
+        key = f"weights-{region_key(path, 'cpu')}"
         with torch.inference_mode(model.settings.inference_mode):
-            return SharedWeights.share(module, run_id, region_key(path, "cpu"), self.log)
+            return SharedWeights.share(module, regions, key, self.log)
 
     def _drop_model(self) -> None:
         del self.artifact

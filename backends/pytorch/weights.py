@@ -1,20 +1,18 @@
 """ENABLE_WEIGHT_SHARING across worker processes: one copy of a model's weights in shared memory.
 
 Triton shares one module between the instances of a process; inferpool runs one instance
-per process, so the weights move instead.  Every instance loads the model, then, holding the
-exclusive *setup lock* (an ``flock`` on ``<region>.lock``):
+per process, so the weights move instead.  Every instance loads the model, then asks the
+broker for the shared region of its key (``backends.regions``) sized for its weights:
 
-* the first finds no region: it creates ``inferpool-<run>-weights-<key>`` (mode 0600),
-  copies every parameter and buffer storage in, and marks the header ready;
-* later ones attach to it and check that their own layout digest matches;
+* the first is told to fill it: it copies every parameter and buffer storage in, writes the
+  header (layout digest, ready mark) and reports the region filled;
+* the others get the region once it is filled, attach, and check that the layout matches;
 
 then each re-points its parameters and buffers at views of the region (``Tensor.data``), so
-its private copy is freed and every process maps the same pages.  Each instance holds a
-shared ``flock`` on the region file for as long as it lives; at finalize, under the setup
-lock, an instance that can upgrade it to exclusive is the last one and unlinks the region.
-Locks are per open file, so instances in one process behave like instances in many.  A
-region whose creator died half way lacks the ready mark and is rebuilt.  The broker sweeps
-whatever a crash leaves, because the name carries the run id.
+its private copy is freed and every process maps the same pages.  Only the broker creates
+and unlinks the region: it passes a fill that fails (or whose worker dies) to a waiting
+instance, unlinks the region when no instance that asked for it is left, and sweeps it with
+the run after a crash.
 
 ``key`` identifies the model file (path, size, mtime) and the device, so instances of any
 model loading the same file share it.
@@ -23,23 +21,18 @@ model loading the same file share it.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import logging
 import os
 import struct
-import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
-from inferpool.shm.region import Region, exists
-from inferpool.shm.runs import SHM_DIR, region_name, run_of
-from inferpool.wire.errors import internal, invalid_arg, unavailable
+from inferpool.backends.regions import SharedRegions
+from inferpool.shm.region import Region
+from inferpool.wire.errors import internal
 
-ENV_RUN_ID = "INFERPOOL_RUN_ID"
-LOCK_TIMEOUT_S = 600.0
 _MAGIC = b"IPWEIGHT"
 _HEADER = struct.Struct("<8sQ32sQ")  # magic, ready, layout digest, payload bytes
 _ALIGN = 64
@@ -51,12 +44,6 @@ def region_key(path: str, device: str) -> str:
     st = os.stat(path)
     ident = f"{os.path.realpath(path)}\0{st.st_size}\0{st.st_mtime_ns}\0{device}"
     return hashlib.sha256(ident.encode()).hexdigest()[:16]
-
-
-def check_run_id(run_id: str) -> str:
-    if run_of(region_name(run_id, "weights")) != run_id:
-        raise invalid_arg(f"run id '{run_id}' is not a broker run id (10 hexadecimal digits)")
-    return run_id
 
 
 @dataclass
@@ -103,138 +90,74 @@ def _layout(module: torch.nn.Module) -> _Layout:
     return _Layout(tensors, storages, offsets, storage_of, size, h.digest())
 
 
+@dataclass
 class SharedWeights:
-    """The shared-memory home of one instance's weights; ``close()`` at instance finalize."""
+    """The shared-memory home of one instance's weights (the broker owns the region)."""
 
-    def __init__(self, region: Region, users_fd: int, lock_path: str, created: bool) -> None:
-        self.region = region
-        self.created = created
-        self._users_fd: int | None = users_fd
-        self._lock_path = lock_path
+    region: Region
+    created: bool  # this instance filled it
 
     @classmethod
     def share(
-        cls, module: torch.nn.Module, run_id: str, key: str, log: logging.Logger
+        cls, module: torch.nn.Module, regions: SharedRegions, key: str, log: logging.Logger
     ) -> SharedWeights | None:
-        """Move ``module``'s parameters and buffers into the run's region for ``key``."""
+        """Move ``module``'s parameters and buffers into the broker's region for ``key``."""
         layout = _layout(module)
         if layout.size == 0:
             return None
-        name = region_name(check_run_id(run_id), f"weights-{key}")
-        lock_path = os.path.join(SHM_DIR, name + ".lock")
-        with _setup_lock(lock_path):
-            region, users_fd, created = _open_or_create(name, layout)
+        grant = regions.share(key, _DATA + layout.size)
+        if grant.fill:
+            region = _fill(grant.name, layout, regions, key)
+        else:
+            region = Region.attach(grant.name, populate=True)
             try:
-                _repoint(layout, region)
+                _check(region, layout)
             except BaseException:
-                os.close(users_fd)
+                region.close()
                 raise
+        _repoint(layout, region)
         log.info(
             "%s shared weights region '%s' (%d bytes)",
-            "created" if created else "attached to",
-            name,
+            "filled" if grant.fill else "attached to",
+            grant.name,
             layout.size,
         )
-        return cls(region, users_fd, lock_path, created)
-
-    def close(self) -> None:
-        """Drop this instance's hold; the last holder unlinks the region and its lock file.
-
-        The mapping itself is not closed here: the weight tensors reference it, and it is
-        unmapped when the last of them is freed, so a tensor can never outlive its memory.
-        """
-        if self._users_fd is None:
-            return
-        fd, self._users_fd = self._users_fd, None
-        try:
-            with _setup_lock(self._lock_path):
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    return  # other instances still use it
-                self.region.unlink()
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self._lock_path)
-        finally:
-            os.close(fd)
+        return cls(region, grant.fill)
 
 
-@contextlib.contextmanager
-def _setup_lock(path: str) -> Iterator[None]:
-    """Hold ``path``'s exclusive flock: creating, attaching and unlinking never interleave.
-
-    The lock file is unlinked by the last user; a waiter that then wins the lock on the
-    unlinked file notices (the inode changed) and starts over on a fresh one.
-    """
-    deadline = time.monotonic() + LOCK_TIMEOUT_S
-    while True:
-        fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
-        try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise unavailable(
-                            f"timed out after {LOCK_TIMEOUT_S:.0f} s waiting for another "
-                            f"instance to finish sharing weights ({path})"
-                        ) from None
-                    time.sleep(0.01)
-            try:
-                current = os.stat(path).st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:
-                current = False
-            if current:
-                yield
-                return
-        finally:
-            os.close(fd)
-
-
-def _users_lock(path: str) -> int:
-    """A shared flock on the region file itself, held for as long as the instance uses it."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+def _fill(name: str, layout: _Layout, regions: SharedRegions, key: str) -> Region:
+    """Copy the weights into the region, mark it ready and tell the broker (ok or not)."""
     try:
-        fcntl.flock(
-            fd, fcntl.LOCK_SH | fcntl.LOCK_NB
-        )  # only a finisher holding the setup lock excludes
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _open_or_create(name: str, layout: _Layout) -> tuple[Region, int, bool]:
-    """Attach to a complete region for this layout, or build it (under the setup lock).
-
-    Returns the region, the fd holding its users lock, and whether this call created it.
-    """
-    path = os.path.join(SHM_DIR, name)
-    if exists(name):
-        region = Region.attach(name, populate=True)
-        magic, ready, digest, size = _HEADER.unpack_from(region.buf, 0)
-        if magic == _MAGIC and ready == 1:
-            if digest != layout.digest or size != layout.size:
-                region.close()
-                raise internal(
-                    f"shared weights region '{name}' holds a different tensor layout than this "
-                    "model; the model file changed while instances were loading it"
+        region = Region.attach(name)
+        try:
+            for storage, offset in zip(layout.storages, layout.offsets, strict=True):
+                n = storage.nbytes()
+                dst = torch.frombuffer(
+                    region.buf, dtype=torch.uint8, count=n, offset=_DATA + offset
                 )
-            return region, _users_lock(path), False
-        region.close()  # a creator died before finishing it
-        region.unlink()
-    region = Region.create(name, _DATA + layout.size)
-    try:
-        for storage, offset in zip(layout.storages, layout.offsets, strict=True):
-            n = storage.nbytes()
-            dst = torch.frombuffer(region.buf, dtype=torch.uint8, count=n, offset=_DATA + offset)
-            dst.copy_(torch.empty(0, dtype=torch.uint8).set_(storage))
-        _HEADER.pack_into(region.buf, 0, _MAGIC, 1, layout.digest, layout.size)
-        return region, _users_lock(path), True
+                dst.copy_(torch.empty(0, dtype=torch.uint8).set_(storage))
+                del dst
+            _HEADER.pack_into(region.buf, 0, _MAGIC, 1, layout.digest, layout.size)
+        except BaseException:
+            region.close()
+            raise
     except BaseException:
-        region.destroy()
+        with contextlib.suppress(Exception):  # the broker may be gone; the error says more
+            regions.filled(key, False)
         raise
+    regions.filled(key, True)
+    return region
+
+
+def _check(region: Region, layout: _Layout) -> None:
+    magic, ready, digest, size = _HEADER.unpack_from(region.buf, 0)
+    if magic != _MAGIC or ready != 1:
+        raise internal(f"shared weights region '{region.name}' was granted but never filled")
+    if digest != layout.digest or size != layout.size:
+        raise internal(
+            f"shared weights region '{region.name}' holds a different tensor layout than this "
+            "model; the model file changed while instances were loading it"
+        )
 
 
 def _repoint(layout: _Layout, region: Region) -> None:

@@ -27,11 +27,14 @@ from inferpool.broker.options import ServerOptions
 from inferpool.broker.pool.channel import Channel, Garbled
 from inferpool.broker.pool.gpu_limit import limit_for
 from inferpool.broker.pool.outputs import OutputRegions
+from inferpool.broker.pool.sharing import SharedRegions
 from inferpool.wire.errors import Code, InferpoolError
 from inferpool.wire.worker.messages import (
     BrokerMessage,
     Failed,
     Ready,
+    RegionFilled,
+    ShareRegion,
     Stop,
     WorkerMessage,
 )
@@ -139,6 +142,7 @@ class Supervisor:
         self.events = events
         self.watch = watch  # (fd, handle) starts watching a channel, (fd, None) stops
         self.handles: dict[int, WorkerHandle] = {}
+        self.shared = SharedRegions(run_id, self.send)  # regions workers share (weights)
         self._next_slot = 0
 
     # ------------------------------------------------------------------ spawning
@@ -217,6 +221,10 @@ class Supervisor:
                 self.events.worker_ready(handle)
         elif isinstance(msg, Failed):
             handle.boot_error = InferpoolError.from_wire(msg.error)
+        elif isinstance(msg, ShareRegion):
+            self.shared.ask(handle, msg)
+        elif isinstance(msg, RegionFilled):
+            self.shared.filled(handle, msg)
         elif isinstance(msg, Garbled):
             log.error("worker %s: %s", handle.name, msg.reason)
             self.kill(handle, f"was killed: {msg.reason}")
@@ -251,6 +259,11 @@ class Supervisor:
             self.kill(handle, f"was killed: {err.message}")
 
     def _exited(self, handle: WorkerHandle, code: int) -> None:
+        self._settle(handle, code)
+        self.shared.exited(handle, handle.state in (WorkerState.STOPPED, WorkerState.FAILED))
+
+    def _settle(self, handle: WorkerHandle, code: int) -> None:
+        """The state a worker that exited with ``code`` leaves its slot in."""
         handle.proc = None
         self.close_channel(handle)
         self.outputs.retire(handle.output_region)
@@ -356,6 +369,7 @@ class Supervisor:
 
     def forget(self, handle: WorkerHandle) -> None:
         self.handles.pop(handle.slot, None)
+        self.shared.exited(handle, for_good=True)
 
     def alive(self) -> list[WorkerHandle]:
         return [h for h in self.handles.values() if h.proc is not None]
@@ -371,6 +385,7 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 log.error("worker %s (pid %s) would not die", handle.name, handle.pid)
         self.reap()
+        self.shared.close()
 
 
 def _earliest(a: float | None, b: float) -> float:

@@ -2,8 +2,9 @@
 
 Three instances of a 32 MiB model with sharing beside one instance of it without, in one
 server: the memory of the workers (psutil: USS, PSS, and the PSS of the weights mapping
-itself), the region's name under the run, and its end: SIGTERM unlinks it; after a SIGKILL
-of broker and workers, the next start sweeps it.
+itself), the region the broker created for them under the run, and its end: unloading the
+model unlinks it, so does SIGTERM; after a SIGKILL of broker and workers, the next start
+sweeps it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import pytest
 import torch
 
 from inferpool.backends.pytorch.weights import region_key
-from inferpool.shm.runs import region_name, regions_of_run
+from inferpool.shm.runs import regions_of_run
+from inferpool.shm.shared import SharedRegionTable
 from tests.backends.pytorch import torch_models as tm
 from tests.integration.pytorch_support import ONE_THREAD, cpu_instances, model_dir, serving
 from tests.support import Server
@@ -56,7 +58,7 @@ def build(repo: Path, counts: dict[str, int]) -> None:
 
 def weights_region(server: Server, repo: Path) -> str:
     key = region_key(str(repo / "shared" / "1" / "model.pt"), "cpu")
-    return region_name(server.run_id, f"weights-{key}")
+    return SharedRegionTable(server.run_id).name_of(f"weights-{key}")
 
 
 def memory(pid: int, region: str) -> tuple[int, int, int]:
@@ -67,15 +69,18 @@ def memory(pid: int, region: str) -> tuple[int, int, int]:
     return info.uss, info.pss, mapped
 
 
-def test_instances_share_one_copy_and_the_region_ends_with_the_run() -> None:
+def test_instances_share_one_copy_and_the_region_ends_with_the_model() -> None:
     x = np.random.default_rng(0).random((2, N_IN), dtype=np.float32)
     with torch.no_grad():
         expected = layer()(torch.from_numpy(x)).numpy()
-    built = serving(lambda repo: build(repo, {"shared": 3, "private": 1}))
+    built = serving(
+        lambda repo: build(repo, {"shared": 3, "private": 1}),
+        *("--model-control-mode", "explicit", "--load-model", "*"),
+    )
     with built as server, server.client() as c:
         region = weights_region(server, server.log_path.parent / "repo")
         run = server.run_id
-        assert [n for n in regions_of_run(run) if "-weights-" in n] == [region, region + ".lock"]
+        assert [n for n in regions_of_run(run) if "-weights-" in n] == [region]
         assert os.stat(f"/dev/shm/{region}").st_mode & 0o777 == 0o600
         for name in ("shared", "private"):
             out = c.infer(name, {"INPUT__0": x})["OUTPUT__0"]
@@ -95,7 +100,11 @@ def test_instances_share_one_copy_and_the_region_ends_with_the_run() -> None:
         assert uss_drop > 0.75 * WEIGHTS, report
         pss_saved = 3 * private_pss - sum(p for _, p, _ in shared)
         assert pss_saved > 0.75 * 2 * WEIGHTS, report
-    assert not os.path.exists(f"/dev/shm/{region}")  # SIGTERM: finalizers, then the broker
+        c.unload_model("shared")  # the broker unlinks the region with the model
+        assert not os.path.exists(f"/dev/shm/{region}")
+        c.load_model("shared")
+        assert os.path.exists(f"/dev/shm/{region}")
+    assert not os.path.exists(f"/dev/shm/{region}")  # SIGTERM: the run's regions go with it
 
 
 def test_a_killed_run_leaves_its_weights_to_the_next_start(short_tmp: Path) -> None:
@@ -111,6 +120,5 @@ def test_a_killed_run_leaves_its_weights_to_the_next_start(short_tmp: Path) -> N
     empty.mkdir()
     with Server(short_tmp, empty) as second:
         assert not os.path.exists(f"/dev/shm/{region}")
-        assert not os.path.exists(f"/dev/shm/{region}.lock")
     assert second.proc.returncode == 0
     assert first.proc.returncode == -signal.SIGKILL
