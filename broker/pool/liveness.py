@@ -12,6 +12,10 @@ What detects what, none of it through the worker's GIL:
   ``__refrigerator``, and ``/proc/<pid>/wchan`` names it).  One that is still frozen on
   the next look is killed, and the supervisor handles it like a crash: its in-flight
   requests are answered UNAVAILABLE and it is respawned.
+
+Either way the kill is ``Supervisor.kill``: SIGABRT (with SIGCONT, so a stopped process
+runs its handler) makes faulthandler write the stuck call's Python stack to the log, and
+SIGKILL follows a moment later.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import dataclasses
 import enum
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -47,6 +48,7 @@ from inferpool.wire.worker.spec import (
 )
 
 log = logging.getLogger("inferpool.supervisor")
+ABORT_GRACE_S = 1.0  # from SIGABRT (stacks to the log) to SIGKILL
 
 
 class WorkerState(str, enum.Enum):
@@ -92,6 +94,7 @@ class WorkerHandle:
         self.last_error = ""
         self.boot_error: InferpoolError | None = None
         self.kill_reason = ""
+        self.kill_at = 0.0  # aborted: SIGKILL then, if it has not died of the SIGABRT
         self.respawn_at = 0.0
         self.passive = instance.passive
         self.placement: dict[str, Any] = {}  # what the worker read back after pinning
@@ -161,6 +164,7 @@ class Supervisor:
         handle.output_region = self.outputs.create(f"out{handle.slot}g{handle.generation}", handle)
         handle.boot_error = None
         handle.kill_reason = ""
+        handle.kill_at = 0.0
         handle.busy = None
         spec = self._spec(handle, channel.child_fd())
         try:
@@ -312,7 +316,12 @@ class Supervisor:
         wake: float | None = None
         opts = self.options
         for handle in list(self.handles.values()):
-            if handle.state is WorkerState.BACKOFF:
+            if handle.kill_at and handle.proc is not None:  # aborted: it has nothing else due
+                if now >= handle.kill_at:
+                    self._sigkill(handle)
+                else:
+                    wake = _earliest(wake, handle.kill_at)
+            elif handle.state is WorkerState.BACKOFF:
                 if now >= handle.respawn_at:
                     handle.restarts += 1
                     try:
@@ -352,8 +361,24 @@ class Supervisor:
         return wake
 
     def kill(self, handle: WorkerHandle, reason: str) -> None:
+        """End a worker that will not end by itself, leaving a trace (as gunicorn does).
+
+        SIGABRT first: faulthandler (enabled in every worker) writes the Python stack of each
+        of its threads to the log, even while one holds the GIL.  SIGCONT with it, as a stopped
+        process handles SIGABRT only once continued.  SIGKILL follows ABORT_GRACE_S later if
+        the process is still there (``tick``).
+        """
+        if handle.proc is None or handle.kill_at:
+            return
+        handle.kill_reason = reason
+        handle.kill_at = time.monotonic() + ABORT_GRACE_S
+        with contextlib.suppress(ProcessLookupError):
+            handle.proc.send_signal(signal.SIGABRT)
+            handle.proc.send_signal(signal.SIGCONT)
+
+    @staticmethod
+    def _sigkill(handle: WorkerHandle) -> None:
         if handle.proc is not None:
-            handle.kill_reason = reason
             with contextlib.suppress(ProcessLookupError):
                 handle.proc.kill()
 
@@ -376,7 +401,8 @@ class Supervisor:
 
     def kill_all(self) -> None:
         for handle in self.alive():
-            self.kill(handle, "was killed at shutdown")
+            handle.kill_reason = "was killed at shutdown"
+            self._sigkill(handle)
         deadline = time.monotonic() + 5
         for handle in self.alive():
             assert handle.proc is not None

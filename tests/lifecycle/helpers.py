@@ -28,6 +28,15 @@ import triton_python_backend_utils as pb_utils
 VALUE = 1  # the test rewrites this line to change the model's behaviour
 
 
+def hold_the_gil():
+    while True:
+        pass
+
+
+def nap_for_a_minute():
+    time.sleep(60)
+
+
 class TritonPythonModel:
     def initialize(self, args):
         self.instance = args["model_instance_name"]
@@ -50,10 +59,9 @@ class TritonPythonModel:
             if act == 2:
                 ctypes.string_at(0)  # a real SIGSEGV
             if act == 3:
-                while True:  # holds the GIL
-                    pass
+                hold_the_gil()
             if act == 4:
-                time.sleep(60)
+                nap_for_a_minute()
             if act == 5 and self.instance.startswith("fragile"):
                 os._exit(9)
             out = np.array([self.report(act == 6)], dtype=np.object_)

@@ -8,6 +8,7 @@ nothing in /dev/shm (``serving``).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -79,6 +80,15 @@ def respawned(c, name: str, old_pid: int) -> dict:
     )
 
 
+def assert_stack_logged_before_respawn(server, name: str, function: str, new_pid: int) -> None:
+    """faulthandler's dump of the killed worker names the stuck function, and it reached the
+    log before the replacement started."""
+    log = server.log()
+    frame = re.search(rf'File "[^"]*/model\.py", line \d+ in {function}\n', log)
+    assert frame is not None, log[-3000:]
+    assert frame.start() < log.index(f"started worker {name} (pid {new_pid},")
+
+
 @pytest.mark.parametrize(
     ("model", "what", "how"),
     [("exiter", EXIT, "died with exit code 7"), ("segv", SEGFAULT, "died with signal SIGSEGV")],
@@ -139,8 +149,9 @@ def test_hung_executes_are_killed_after_the_execute_timeout(server) -> None:
             assert f"instance '{model}_0_0'" in message
             assert f"was killed: execute ran longer than {EXECUTE_TIMEOUT:g}s" in message
         assert time.monotonic() - start >= EXECUTE_TIMEOUT
-        for model in ("spin", "nap"):
-            respawned(a, f"{model}_0_0", pids[model])
+        for model, function in (("spin", "hold_the_gil"), ("nap", "nap_for_a_minute")):
+            after = respawned(a, f"{model}_0_0", pids[model])
+            assert_stack_logged_before_respawn(server, f"{model}_0_0", function, after["pid"])
             assert act(a, model, REPORT)["instance"] == f"{model}_0_0"
 
 
@@ -160,6 +171,8 @@ def test_a_stopped_worker_is_noticed_and_replaced(server) -> None:
         assert noticed < EXECUTE_TIMEOUT, noticed
         after = respawned(c, "frozen_0_0", pid)
         assert "was frozen (stopped)" in after["last_error"]
+        # continued to handle its SIGABRT: the stack of the call it was stopped in is logged
+        assert_stack_logged_before_respawn(server, "frozen_0_0", "nap_for_a_minute", after["pid"])
         wait_for(lambda: not os.path.exists(f"/proc/{pid}"), what="the stopped worker reaped")
         assert act(c, "frozen")["pid"] == after["pid"]
 
