@@ -227,8 +227,8 @@ class Manager:
         if mv.state in (State.LOADING, State.READY):
             try:
                 if completion.adopt(mv, handle.reported_config, handle.name):
-                    # still LOADING, so nothing is queued: batch by the completed config
-                    mv.scheduler = Scheduler(mv, self.dispatch, self.reject)
+                    # still LOADING, so nothing is queued: schedule by the completed config
+                    mv.scheduler = scheduler_for(mv, self.dispatch, self.reject)
             except InferpoolError as err:
                 self._version_failed(mv, err)
                 self.check_loaded(mv.name)
