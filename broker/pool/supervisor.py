@@ -22,13 +22,12 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from inferpool.broker.models.config import to_json
 from inferpool.broker.models.registry import ModelVersion
 from inferpool.broker.options import ServerOptions
 from inferpool.broker.pool.channel import Channel, Garbled
-from inferpool.broker.pool.gpu_limit import limit_for
 from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.broker.pool.sharing import SharedRegions
+from inferpool.broker.pool.specs import worker_spec
 from inferpool.wire.errors import Code, InferpoolError
 from inferpool.wire.worker.messages import (
     BrokerMessage,
@@ -42,7 +41,6 @@ from inferpool.wire.worker.messages import (
 from inferpool.wire.worker.spec import (
     InstanceSpec,
     PinningSpec,
-    WorkerSpec,
     describe_exit,
     spec_environment,
 )
@@ -166,7 +164,7 @@ class Supervisor:
         handle.kill_reason = ""
         handle.kill_at = 0.0
         handle.busy = None
-        spec = self._spec(handle, channel.child_fd())
+        spec = worker_spec(handle, channel.child_fd(), self.run_id, self.options)
         try:
             handle.proc = subprocess.Popen(
                 [sys.executable, "-m", "inferpool.workers.main"],
@@ -186,32 +184,6 @@ class Supervisor:
         self.watch(channel.fd, handle)
         handle.set_state(WorkerState.STARTING)
         log.info("started worker %s (pid %d, slot %d)", handle.name, handle.proc.pid, handle.slot)
-
-    def _spec(self, handle: WorkerHandle, channel_fd: int) -> WorkerSpec:
-        model = handle.model
-        opts = self.options
-        backend = model.config.backend
-        return WorkerSpec(
-            run_id=self.run_id,
-            broker_pid=os.getpid(),
-            channel_fd=channel_fd,
-            identity=handle.identity,
-            model_name=model.name,
-            model_version=model.version,
-            backend=backend,
-            config_json=to_json(model.repository_config),  # each completes its own
-            repository_path=model.path,
-            artifact_path=os.path.join(model.path, str(model.version)),
-            output_region=handle.output_region,
-            instance=handle.instance,
-            pinning=handle.pinning,
-            backend_directory=opts.backend_directory,
-            backend_config=opts.backend_config.get(backend, {}),
-            gpu_load_limit=limit_for(
-                opts.model_load_gpu_limit, handle.instance.kind, handle.instance.device_id
-            ),
-            log_level=opts.log_level,
-        )
 
     # ------------------------------------------------------------------ messages from workers
     def handle_message(self, handle: WorkerHandle, msg: WorkerMessage | Garbled) -> None:

@@ -10,8 +10,6 @@ the control parameters.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +17,7 @@ import numpy as np
 import pytest
 
 from inferpool.client import Client, Code, InferpoolError
+from tests.lifecycle.helpers import serving
 from tests.support import Server, write_model
 
 COUNTER = """
@@ -53,22 +52,19 @@ class TritonPythonModel:
 """
 
 
+def repo(tmp: Path) -> Path:
+    config = """
+        name: "counter"
+        backend: "python"
+        instance_group [ { count: 2 kind: KIND_CPU } ]
+    """
+    write_model(tmp / "repo", "counter", config, files={"1/model.py": COUNTER})
+    return tmp / "repo"
+
+
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    tmp = Path(tempfile.mkdtemp(prefix="ipq-", dir="/tmp"))
-    try:
-        config = """
-            name: "counter"
-            backend: "python"
-            instance_group [ { count: 2 kind: KIND_CPU } ]
-        """
-        write_model(tmp / "repo", "counter", config, files={"1/model.py": COUNTER})
-        with Server(tmp, tmp / "repo") as server:
-            yield server
-        assert server.proc.returncode == 0, server.log()
-        assert server.regions() == [], "the module's server left shared memory behind"
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    yield from serving(repo)
 
 
 def step(c: Client, corr: str, value: int, **flags: bool) -> dict[str, object]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -147,12 +148,12 @@ class Stream:
         assert self.sent == len(self.results) + len(self.errors)
 
 
-def serving(repo_of: Callable[[Path], Path], *args: str) -> Any:
+def serving(repo_of: Callable[[Path], Path], *args: str, python: str = sys.executable) -> Any:
     """A module fixture body: a server over the repository ``repo_of(tmp)`` builds; on the
     way out it must stop with 0 and leave nothing of its run in /dev/shm."""
     tmp = Path(tempfile.mkdtemp(prefix="ipt-", dir="/tmp"))
     try:
-        with Server(tmp, repo_of(tmp), *args) as server:
+        with Server(tmp, repo_of(tmp), *args, python=python) as server:
             run_id = run_id_of(server)
             yield server
             assert server.stop() == 0, server.log()

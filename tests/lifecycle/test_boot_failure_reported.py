@@ -9,10 +9,8 @@ without one serves beside it.
 from __future__ import annotations
 
 import platform
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,8 +18,8 @@ import numpy as np
 import pytest
 
 from tests.lifecycle import seccomp
-from tests.lifecycle.helpers import assert_run_gone
-from tests.support import Server, identity_config, run_id_of, write_model
+from tests.lifecycle.helpers import serving
+from tests.support import Server, identity_config, write_model
 
 pytestmark = pytest.mark.skipif(
     platform.machine() not in seccomp.ARCHES, reason="seccomp filter written for x86_64/aarch64"
@@ -31,28 +29,22 @@ REASON = (
 )
 
 
+def repo(tmp: Path) -> Path:
+    root = tmp / "repo"
+    bound = identity_config("bound", extra='instance_group [{host_policy: "numa0"}]')
+    write_model(root, "bound", bound)
+    write_model(root, "free", identity_config("free"))
+    return root
+
+
 @pytest.fixture(scope="module")
-def server() -> Iterator[Server]:
-    tmp = Path(tempfile.mkdtemp(prefix="ipt-", dir="/tmp"))
-    try:
-        repo = tmp / "repo"
-        write_model(
-            repo, "bound", identity_config("bound", extra='instance_group [{host_policy: "numa0"}]')
-        )
-        write_model(repo, "free", identity_config("free"))
-        python = tmp / "python-without-numa"
-        python.write_text(
-            f'#!/bin/sh\nexec "{sys.executable}" "{seccomp.__file__}" "{sys.executable}" "$@"\n'
-        )
-        python.chmod(0o755)
-        args = ("--host-policy", "numa0,numa-node=0")
-        with Server(tmp, repo, *args, python=str(python)) as server:
-            run_id = run_id_of(server)
-            yield server
-            assert server.stop() == 0, server.log()
-        assert_run_gone(run_id)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    python = tmp_path_factory.mktemp("seccomp") / "python-without-numa"
+    python.write_text(
+        f'#!/bin/sh\nexec "{sys.executable}" "{seccomp.__file__}" "{sys.executable}" "$@"\n'
+    )
+    python.chmod(0o755)
+    yield from serving(repo, "--host-policy", "numa0,numa-node=0", python=str(python))
 
 
 def cli(server: Server, command: str) -> str:

@@ -1,0 +1,46 @@
+"""The spec a new worker is started with, from what the broker knows of its slot.
+
+The fields are ``wire.worker.spec.WorkerSpec``'s; the supervisor hands the result to the
+worker with ``spec_environment``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from inferpool.broker.models.config import to_json
+from inferpool.broker.options import ServerOptions
+from inferpool.broker.pool.gpu_limit import limit_for
+from inferpool.wire.worker.spec import WorkerSpec
+
+if TYPE_CHECKING:
+    from inferpool.broker.pool.supervisor import WorkerHandle
+
+
+def worker_spec(
+    handle: WorkerHandle, channel_fd: int, run_id: str, options: ServerOptions
+) -> WorkerSpec:
+    model = handle.model
+    backend = model.config.backend
+    return WorkerSpec(
+        run_id=run_id,
+        broker_pid=os.getpid(),
+        channel_fd=channel_fd,
+        identity=handle.identity,
+        model_name=model.name,
+        model_version=model.version,
+        backend=backend,
+        config_json=to_json(model.repository_config),  # each worker completes its own
+        repository_path=model.path,
+        artifact_path=os.path.join(model.path, str(model.version)),
+        output_region=handle.output_region,
+        instance=handle.instance,
+        pinning=handle.pinning,
+        backend_directory=options.backend_directory,
+        backend_config=options.backend_config.get(backend, {}),
+        gpu_load_limit=limit_for(
+            options.model_load_gpu_limit, handle.instance.kind, handle.instance.device_id
+        ),
+        log_level=options.log_level,
+    )
