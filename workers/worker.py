@@ -181,9 +181,7 @@ class Worker:
         items = []
         for item, owner in zip(self._items, self._item_requests, strict=True):
             timing = timings.pop(id(owner), None) if owner is not None else None
-            items.append(
-                item._replace(durations=batch if timing is None else timing.stamps.durations())
-            )
+            items.append(item.timed(batch if timing is None else timing.stamps.durations()))
         self._items, self._item_requests = [], []
         batches = host.take_batches()
         if not batches:

@@ -213,3 +213,8 @@ def test_exits_are_described_by_their_meaning() -> None:
     assert describe_exit(7) == "exit code 7"
     assert describe_exit(-9) == "signal SIGKILL"
     assert describe_exit(-6) == "signal SIGABRT"
+
+
+def test_a_timed_result_is_the_result_with_its_durations() -> None:
+    timed = RESULTS[1].timed(DURATIONS)
+    assert type(timed) is m.Result and timed == RESULTS[1]._replace(durations=DURATIONS)

@@ -109,6 +109,11 @@ class Result(NamedTuple):
     error: ErrorObject | None = None
     durations: Durations | None = None  # set on results of Done
 
+    def timed(self, durations: Durations) -> Result:
+        """This result with its durations (cheaper than ``_replace``: it runs per request)."""
+        fields = (self.rid, self.final, self.outputs, self.parameters, self.error, durations)
+        return tuple.__new__(Result, fields)
+
 
 class BatchStats(NamedTuple):
     batch_size: int
@@ -238,70 +243,66 @@ def encode(msg: Message) -> bytes:
 
 
 # ---------------------------------------------------------------------------- decoding
+# Records are built with tuple.__new__ (no Python-level __new__ per record); unpacking a
+# composite record by its field names checks its arity, ``_make`` checks a leaf's.
+_new = tuple.__new__
 _ref = TensorRef._make
 _window = Window._make
+_slot = Slot._make
 _durations = Durations._make
 
 
 def _wanted(raw: Sequence[Any]) -> WantedOutput:
     name, window = raw
-    return WantedOutput(name, None if window is None else _window(window))
+    return _new(WantedOutput, (name, None if window is None else _window(window)))
 
 
 def _work(raw: Sequence[Any]) -> Work:
     rid, id_, correlation_id, flags, parameters, inputs, outputs = raw
-    return Work(
-        rid,
-        id_,
-        correlation_id,
-        flags,
-        parameters,
-        list(map(_ref, inputs)),
-        list(map(_wanted, outputs)),
+    inputs = list(map(_ref, inputs))
+    return _new(
+        Work, (rid, id_, correlation_id, flags, parameters, inputs, [*map(_wanted, outputs)])
     )
 
 
 def _result(raw: Sequence[Any]) -> Result:
     rid, final, outputs, parameters, error, durations = raw
-    return Result(
-        rid,
-        final,
-        list(map(_ref, outputs)),
-        parameters,
-        error,
-        None if durations is None else _durations(durations),
-    )
+    if outputs:
+        outputs = list(map(_ref, outputs))
+    if durations is not None:
+        durations = _durations(durations)
+    return _new(Result, (rid, final, outputs, parameters, error, durations))
 
 
 def _batch(raw: Sequence[Any]) -> BatchStats:
     batch_size, durations = raw
-    return BatchStats(batch_size, _durations(durations))
+    return _new(BatchStats, (batch_size, _durations(durations)))
 
 
 def _execute(body: Sequence[Any]) -> Execute:
     requests, free, unmap, release = body
-    return Execute(list(map(_work, requests)), list(map(Slot._make, free)), unmap, release)
+    if free:
+        free = list(map(_slot, free))
+    return _new(Execute, (list(map(_work, requests)), free, unmap, release))
 
 
 def _free(body: Sequence[Any]) -> Free:
     free, unmap = body
-    return Free(list(map(Slot._make, free)), unmap)
+    return _new(Free, (list(map(_slot, free)), unmap))
 
 
 def _done(body: Sequence[Any]) -> Done:
     items, batches, metrics = body
-    update = None
     if metrics is not None:
         families, ops = metrics
-        update = MetricsUpdate(
-            list(map(MetricFamilyInfo._make, families)), list(map(MetricOp._make, ops))
-        )
-    return Done(list(map(_result, items)), list(map(_batch, batches)), update)
+        families = list(map(MetricFamilyInfo._make, families))
+        metrics = _new(MetricsUpdate, (families, list(map(MetricOp._make, ops))))
+    return _new(Done, (list(map(_result, items)), list(map(_batch, batches)), metrics))
 
 
 def _items(body: Sequence[Any]) -> Items:
     (items,) = body
-    return Items(list(map(_result, items)))
+    return _new(Items, (list(map(_result, items)),))
 
 
 _FROM_BROKER: dict[str, Callable[[Any], Any]] = {
