@@ -12,7 +12,7 @@ from typing import Any
 
 import zmq
 
-from inferpool.broker.front.admission import PendingRequest
+from inferpool.broker.models.request import PendingRequest
 from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.wire import codec
 from inferpool.wire.errors import InferpoolError

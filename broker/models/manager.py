@@ -13,11 +13,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from inferpool.broker.front.admission import PendingRequest
 from inferpool.broker.front.responder import Responder
 from inferpool.broker.models import completion, repository
 from inferpool.broker.models.registry import ModelRecord, ModelVersion, Registry, State
 from inferpool.broker.models.reload import replace
+from inferpool.broker.models.request import PendingRequest
 from inferpool.broker.models.scheduler import Scheduler
 from inferpool.broker.models.sequencer import scheduler_for
 from inferpool.broker.models.stats import CustomMetrics

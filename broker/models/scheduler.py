@@ -13,8 +13,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from inferpool.broker.front.admission import PendingRequest
 from inferpool.broker.models.registry import ModelVersion
+from inferpool.broker.models.request import PendingRequest
 from inferpool.wire.errors import Code, InferpoolError
 
 Dispatch = Callable[[Any, list[PendingRequest]], None]
