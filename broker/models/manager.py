@@ -11,9 +11,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-from inferpool.broker.front.responder import Responder
 from inferpool.broker.models import completion, repository
 from inferpool.broker.models.registry import ModelRecord, ModelVersion, Registry, State
 from inferpool.broker.models.reload import replace
@@ -21,41 +20,52 @@ from inferpool.broker.models.request import PendingRequest
 from inferpool.broker.models.scheduler import Scheduler
 from inferpool.broker.models.sequencer import scheduler_for
 from inferpool.broker.models.stats import CustomMetrics
-from inferpool.broker.options import ServerOptions
 from inferpool.broker.pool.outputs import OutputRegions
-from inferpool.broker.pool.placement import CoreUsage, HostPolicy, Topology, plan_instances
-from inferpool.broker.pool.supervisor import Supervisor, WorkerHandle, WorkerState
+from inferpool.broker.pool.placement import Planner
+from inferpool.broker.pool.supervisor import Events, Supervisor, WorkerHandle, WorkerState
 from inferpool.shm.arena import Arena
 from inferpool.wire.errors import Code, InferpoolError
 
 log = logging.getLogger("inferpool.manager")
 Waiter = Callable[[InferpoolError | None], None]
+Worker = WorkerHandle[ModelVersion]  # the pool's handle of one instance's worker
 _DONE = (WorkerState.STOPPING, WorkerState.STOPPED, WorkerState.FAILED)
+
+
+class Replies(Protocol):
+    """How answers reach clients (the front's responder)."""
+
+    def result(self, req: PendingRequest, item: dict[str, Any]) -> None: ...
+
+    def send_error(
+        self, envelope: list[Any], msg_type: str, request_id: Any, err: InferpoolError
+    ) -> None: ...
 
 
 class Manager:
     def __init__(
         self,
-        options: ServerOptions,
+        repository: str,
         registry: Registry,
         arena: Arena,
         outputs: OutputRegions,
-        responder: Responder,
+        responder: Replies,
+        planner: Planner,
+        pool: Callable[[Events[ModelVersion]], Supervisor[ModelVersion]],
     ) -> None:
-        self.options = options
+        """``pool`` makes the supervisor that reports its workers' events to this manager."""
+        self.repository = repository
         self.registry = registry
         self.arena = arena
         self.outputs = outputs
         self.responder = responder
-        self.supervisor: Supervisor  # set by the broker once both exist
+        self.planner = planner
+        self.supervisor = pool(self)
         self.inflight: dict[int, PendingRequest] = {}
         # worker identity -> client regions it should stop mapping (sent with its next message)
         self.unmaps: dict[str, list[str]] = {}
         self.metrics = CustomMetrics()
         self.wakes: dict[Scheduler, int] = {}
-        self.topology = Topology.discover()
-        self.policies: dict[str, HostPolicy] = {}
-        self.core_usage = CoreUsage()
         self.pending: dict[str, ModelRecord] = {}  # replacements loading beside their model
         self.retiring: list[ModelRecord] = []  # records whose workers are stopping
         self.load_waiters: dict[str, list[Waiter]] = {}
@@ -89,7 +99,7 @@ class Manager:
 
     def build(self, name: str) -> ModelRecord:
         """A record for the model as it is on disk now, its workers starting."""
-        entry = repository.scan_model(self.options.model_repository, name)
+        entry = repository.scan_model(self.repository, name)
         record = ModelRecord(name, fingerprint=entry.fingerprint)
         if entry.error is not None or entry.config is None:
             record.error = entry.error
@@ -100,13 +110,7 @@ class Manager:
             record.versions[version] = mv
             mv.scheduler = scheduler_for(mv, self.dispatch, self.reject)
             try:
-                mv.placements = plan_instances(
-                    entry.config,
-                    self.topology,
-                    self.policies,
-                    self.core_usage,
-                    pin=self.options.pin,
-                )
+                mv.placements = self.planner.plan(entry.config)
                 for p in mv.placements:
                     mv.instances.append(self.supervisor.add(mv, p.instance(), p.pinning))
                 for handle in mv.instances:
@@ -190,7 +194,7 @@ class Manager:
         for mv in record.versions.values():
             for handle in mv.instances:
                 self.supervisor.forget(handle)
-            self.core_usage.release(mv.placements)
+            self.planner.release(mv.placements)
         if self.registry.records.get(record.name) is record:
             del self.registry.records[record.name]
             log.info("unloaded model '%s'", record.name)
@@ -212,7 +216,7 @@ class Manager:
                 self.supervisor.stop(handle)
 
     # ================================================================== supervisor events
-    def worker_ready(self, handle: WorkerHandle) -> None:
+    def worker_ready(self, handle: Worker) -> None:
         mv = handle.model
         if mv.state in (State.LOADING, State.READY):
             try:
@@ -235,7 +239,7 @@ class Manager:
         else:
             self.supervisor.stop(handle)
 
-    def worker_lost(self, handle: WorkerHandle, error: InferpoolError, booting: bool) -> None:
+    def worker_lost(self, handle: Worker, error: InferpoolError, booting: bool) -> None:
         mv = handle.model
         assert mv.scheduler is not None
         mv.scheduler.instance_gone(handle)
@@ -253,14 +257,14 @@ class Manager:
             self._stop_idle(mv)  # not respawned to finish a queue it may never get to
             self._check_drained(self._retiring_of(mv))
 
-    def worker_stopped(self, handle: WorkerHandle) -> None:
+    def worker_stopped(self, handle: Worker) -> None:
         mv = handle.model
         assert mv.scheduler is not None
         mv.scheduler.instance_gone(handle)
         if mv.state is State.UNLOADING:
             self._check_drained(self._retiring_of(mv))
 
-    def _idle(self, handle: WorkerHandle) -> None:
+    def _idle(self, handle: Worker) -> None:
         if handle.passive or handle.state is not WorkerState.READY:
             return
         mv = handle.model
@@ -280,7 +284,7 @@ class Manager:
         assert scheduler is not None
         self._note_wake(scheduler, scheduler.enqueue(req, now_ns))
 
-    def dispatch(self, handle: WorkerHandle, batch: list[PendingRequest]) -> None:
+    def dispatch(self, handle: Worker, batch: list[PendingRequest]) -> None:
         now = time.monotonic_ns()
         stats = handle.model.stats
         for req in batch:
@@ -314,7 +318,7 @@ class Manager:
         )
 
     # ================================================================== results
-    def worker_message(self, handle: WorkerHandle, msg: dict[str, Any]) -> None:
+    def worker_message(self, handle: Worker, msg: dict[str, Any]) -> None:
         op = msg.get("op")
         if op in ("done", "items"):
             self._results(msg.get("items") or ())
@@ -337,7 +341,7 @@ class Manager:
             if item.get("final", True):
                 self.finish(req, "error" not in item, item.get("t"))
 
-    def _batch_done(self, handle: WorkerHandle, msg: dict[str, Any]) -> None:
+    def _batch_done(self, handle: Worker, msg: dict[str, Any]) -> None:
         mv = handle.model
         for size, *timing in msg.get("stats") or ():
             mv.stats.batch_done(size, timing)

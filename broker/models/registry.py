@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from tritonclient.grpc import model_config_pb2 as pb
 
-from inferpool.broker.models.config import to_dict, wire_datatype
+from inferpool.broker.models.config import to_dict, to_json, wire_datatype
 from inferpool.broker.models.stats import ModelStats
 from inferpool.wire import codec
 from inferpool.wire.errors import Code, InferpoolError
@@ -67,7 +67,7 @@ class ModelVersion:
         self.reason = ""
         self.use_config(config)
         self.stats = ModelStats()
-        self.instances: list[WorkerHandle] = []
+        self.instances: list[WorkerHandle[ModelVersion]] = []
         self.placements: list[Any] = []  # broker.placement.Placement, one per instance
         self.scheduler: Scheduler | None = None
         self.version_str = str(version)
@@ -112,6 +112,10 @@ class ModelVersion:
 
     def config_dict(self) -> dict[str, Any]:
         return to_dict(self.config)
+
+    def worker_config_json(self) -> str:
+        """The config workers start from: each completes its own (see completion)."""
+        return to_json(self.repository_config)
 
 
 @dataclass

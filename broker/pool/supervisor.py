@@ -20,11 +20,9 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
-from inferpool.broker.models.config import to_json
-from inferpool.broker.models.registry import ModelVersion
-from inferpool.broker.options import ServerOptions
+from inferpool.broker.options import SupervisorOptions
 from inferpool.broker.pool.channel import Channel
 from inferpool.broker.pool.gpu_limit import limit_for
 from inferpool.broker.pool.outputs import OutputRegions
@@ -45,14 +43,37 @@ class WorkerState(str, enum.Enum):
     STOPPED = "STOPPED"
 
 
-class Events(Protocol):
-    """What the supervisor tells the broker."""
+class InstanceModel(Protocol):
+    """What the pool knows of the model version an instance serves: enough to start its
+    worker and to name it (the broker's ``models.registry.ModelVersion``)."""
 
-    def worker_ready(self, handle: WorkerHandle) -> None: ...
+    name: str
+    version: int
+    version_str: str
+    path: str  # <repo>/<model>
+    config: Any  # the ModelConfig served: names the backend
 
-    def worker_lost(self, handle: WorkerHandle, error: InferpoolError, booting: bool) -> None: ...
+    @property
+    def label(self) -> str: ...
 
-    def worker_stopped(self, handle: WorkerHandle) -> None: ...
+    def worker_config_json(self) -> str:
+        """The config a worker starts from (it completes its own), as protobuf JSON."""
+        ...
+
+
+M = TypeVar("M", bound=InstanceModel)
+
+
+class Events(Protocol[M]):
+    """What the supervisor tells the models' manager."""
+
+    def worker_ready(self, handle: WorkerHandle[M]) -> None: ...
+
+    def worker_lost(
+        self, handle: WorkerHandle[M], error: InferpoolError, booting: bool
+    ) -> None: ...
+
+    def worker_stopped(self, handle: WorkerHandle[M]) -> None: ...
 
 
 def describe_exit(code: int) -> str:
@@ -64,12 +85,10 @@ def describe_exit(code: int) -> str:
     return f"exit code {code}"
 
 
-class WorkerHandle:
+class WorkerHandle(Generic[M]):
     """One instance slot: the process currently filling it and its history."""
 
-    def __init__(
-        self, slot: int, model: ModelVersion, instance: dict[str, Any], pinning: dict[str, Any]
-    ):
+    def __init__(self, slot: int, model: M, instance: dict[str, Any], pinning: dict[str, Any]):
         self.slot = slot
         self.model = model
         self.instance = instance
@@ -123,33 +142,31 @@ class WorkerHandle:
         }
 
 
-class Supervisor:
+class Supervisor(Generic[M]):
     def __init__(
         self,
-        options: ServerOptions,
+        options: SupervisorOptions,
         run_id: str,
         outputs: OutputRegions,
-        events: Events,
-        watch: Callable[[int, WorkerHandle | None], None],
+        events: Events[M],
+        watch: Callable[[int, WorkerHandle[M] | None], None],
     ) -> None:
         self.options = options
         self.run_id = run_id
         self.outputs = outputs
         self.events = events
         self.watch = watch  # (fd, handle) starts watching a channel, (fd, None) stops
-        self.handles: dict[int, WorkerHandle] = {}
+        self.handles: dict[int, WorkerHandle[M]] = {}
         self._next_slot = 0
 
     # ------------------------------------------------------------------ spawning
-    def add(
-        self, model: ModelVersion, instance: dict[str, Any], pinning: dict[str, Any]
-    ) -> WorkerHandle:
+    def add(self, model: M, instance: dict[str, Any], pinning: dict[str, Any]) -> WorkerHandle[M]:
         handle = WorkerHandle(self._next_slot, model, instance, pinning)
         self._next_slot += 1
         self.handles[handle.slot] = handle
         return handle
 
-    def spawn(self, handle: WorkerHandle) -> None:
+    def spawn(self, handle: WorkerHandle[M]) -> None:
         handle.generation += 1
         handle.identity = f"w{handle.slot}.{handle.generation}"
         handle.channel = channel = Channel()
@@ -181,7 +198,7 @@ class Supervisor:
         handle.set_state(WorkerState.STARTING)
         log.info("started worker %s (pid %d, slot %d)", handle.name, handle.proc.pid, handle.slot)
 
-    def _spec(self, handle: WorkerHandle, channel_fd: int) -> str:
+    def _spec(self, handle: WorkerHandle[M], channel_fd: int) -> str:
         model = handle.model
         opts = self.options
         return json.dumps(
@@ -192,7 +209,7 @@ class Supervisor:
                 "model_name": model.name,
                 "model_version": model.version,
                 "backend": model.config.backend,
-                "config_json": to_json(model.repository_config),  # each completes its own
+                "config_json": model.worker_config_json(),
                 "repository_path": model.path,
                 "artifact_path": os.path.join(model.path, str(model.version)),
                 "output_region": handle.output_region,
@@ -210,7 +227,7 @@ class Supervisor:
         )
 
     # ------------------------------------------------------------------ messages from workers
-    def handle_message(self, handle: WorkerHandle, msg: dict[str, Any]) -> None:
+    def handle_message(self, handle: WorkerHandle[M], msg: dict[str, Any]) -> None:
         """Lifecycle messages (ready, failed); results are the broker's business."""
         op = msg.get("op")
         if op == "ready" and handle.state is WorkerState.STARTING:
@@ -232,14 +249,14 @@ class Supervisor:
             if code is not None:
                 self._exited(handle, code)
 
-    def close_channel(self, handle: WorkerHandle) -> None:
+    def close_channel(self, handle: WorkerHandle[M]) -> None:
         """Stop listening to a worker whose end closed (it exits; reap() will see how)."""
         if handle.channel is not None:
             self.watch(handle.channel.fd, None)
             handle.channel.close()
             handle.channel = None
 
-    def send(self, handle: WorkerHandle, msg: dict[str, Any]) -> None:
+    def send(self, handle: WorkerHandle[M], msg: dict[str, Any]) -> None:
         """A message to a worker; one that cannot take it is killed (handled as a crash)."""
         if handle.channel is None:
             return
@@ -249,7 +266,7 @@ class Supervisor:
             log.error("worker %s: %s", handle.name, err.message)
             self.kill(handle, f"was killed: {err.message}")
 
-    def _exited(self, handle: WorkerHandle, code: int) -> None:
+    def _exited(self, handle: WorkerHandle[M], code: int) -> None:
         handle.proc = None
         self.close_channel(handle)
         self.outputs.retire(handle.output_region)
@@ -337,13 +354,13 @@ class Supervisor:
                     wake = _earliest(wake, deadline)
         return wake
 
-    def kill(self, handle: WorkerHandle, reason: str) -> None:
+    def kill(self, handle: WorkerHandle[M], reason: str) -> None:
         if handle.proc is not None:
             handle.kill_reason = reason
             with contextlib.suppress(ProcessLookupError):
                 handle.proc.kill()
 
-    def stop(self, handle: WorkerHandle) -> None:
+    def stop(self, handle: WorkerHandle[M]) -> None:
         """Ask a worker to finish (its finalizers run); killed if it overstays."""
         if handle.proc is None:
             if handle.state is not WorkerState.STOPPED:
@@ -353,10 +370,10 @@ class Supervisor:
         handle.set_state(WorkerState.STOPPING)
         self.send(handle, {"op": "stop"})
 
-    def forget(self, handle: WorkerHandle) -> None:
+    def forget(self, handle: WorkerHandle[M]) -> None:
         self.handles.pop(handle.slot, None)
 
-    def alive(self) -> list[WorkerHandle]:
+    def alive(self) -> list[WorkerHandle[M]]:
         return [h for h in self.handles.values() if h.proc is not None]
 
     def kill_all(self) -> None:
