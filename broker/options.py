@@ -1,8 +1,8 @@
 """Server options: everything `inferpool serve` can be told, with the defaults it uses.
 
 Frozen: the broker reads them once while it builds its components, and each component gets
-only what it uses (a plain value, or a slice such as :class:`SupervisorOptions`), so no
-component can see, or change, another's settings.
+only what it uses (a plain value, or the slice it declares, such as the supervisor's
+``SupervisorOptions``), so no component can see, or change, another's settings.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from inferpool.broker.pool.supervisor import SupervisorOptions
 from inferpool.wire.paths import DEFAULT_TCP, default_ipc_endpoint, default_run_dir
 
 MiB = 1 << 20
@@ -18,21 +19,6 @@ MiB = 1 << 20
 def default_listen() -> tuple[str, ...]:
     """This user's ipc endpoint and the local tcp one."""
     return (default_ipc_endpoint(), DEFAULT_TCP)
-
-
-@dataclass(frozen=True, slots=True)
-class SupervisorOptions:
-    """What the supervisor needs to start, watch and restart workers."""
-
-    backend_directory: str
-    backend_config: Mapping[str, Mapping[str, str]]
-    model_load_gpu_limit: Mapping[int, float]  # device -> fraction
-    log_level: str
-    boot_timeout: float
-    execute_timeout: float  # 0: no limit
-    graceful_timeout: float
-    max_restarts: int  # crashes within restart_window before an instance is FAILED
-    restart_window: float
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,8 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from inferpool.broker.models.manager import Manager
 from inferpool.broker.models.registry import Registry
-from inferpool.broker.pool.supervisor import Supervisor, WorkerState
+from inferpool.broker.pool.handle import WorkerState
+from inferpool.broker.pool.supervisor import Supervisor
 from inferpool.shm.arena import Arena
 from inferpool.wire.errors import Code, InferpoolError
 

@@ -20,9 +20,10 @@ from inferpool.broker.models.request import PendingRequest
 from inferpool.broker.models.scheduler import Scheduler
 from inferpool.broker.models.sequencer import scheduler_for
 from inferpool.broker.models.stats import CustomMetrics
+from inferpool.broker.pool.handle import WorkerHandle, WorkerState
 from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.broker.pool.placement import Planner
-from inferpool.broker.pool.supervisor import Events, Supervisor, WorkerHandle, WorkerState
+from inferpool.broker.pool.supervisor import Events, Supervisor
 from inferpool.shm.arena import Arena
 from inferpool.wire.errors import Code, InferpoolError
 

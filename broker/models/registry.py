@@ -1,7 +1,7 @@
 """Served models: one ModelVersion per loaded version, with its I/O contract and state.
 
 The I/O tables are computed once at load (and once more if the backend completes the config,
-see broker.completion) so that checking a request is a few dict lookups.
+see models.completion) so that checking a request is a few dict lookups.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from inferpool.wire.errors import Code, InferpoolError
 
 if TYPE_CHECKING:
     from inferpool.broker.models.scheduler import Scheduler
-    from inferpool.broker.pool.supervisor import WorkerHandle
+    from inferpool.broker.pool.handle import WorkerHandle
 
 
 class State(str, enum.Enum):
@@ -68,7 +68,7 @@ class ModelVersion:
         self.use_config(config)
         self.stats = ModelStats()
         self.instances: list[WorkerHandle[ModelVersion]] = []
-        self.placements: list[Any] = []  # broker.placement.Placement, one per instance
+        self.placements: list[Any] = []  # pool.placement.Placement, one per instance
         self.scheduler: Scheduler | None = None
         self.version_str = str(version)
 

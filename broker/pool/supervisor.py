@@ -10,7 +10,6 @@ too often and is marked FAILED.
 from __future__ import annotations
 
 import contextlib
-import enum
 import json
 import logging
 import os
@@ -18,13 +17,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections import deque
-from collections.abc import Callable
-from typing import Any, Generic, Protocol, TypeVar
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol
 
-from inferpool.broker.options import SupervisorOptions
 from inferpool.broker.pool.channel import Channel
 from inferpool.broker.pool.gpu_limit import limit_for
+from inferpool.broker.pool.handle import M, WorkerHandle, WorkerState
 from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.wire.errors import Code, InferpoolError
 
@@ -32,36 +31,6 @@ log = logging.getLogger("inferpool.supervisor")
 
 EXIT_BOOT_FAILED = 3  # workers.spec.EXIT_BOOT_FAILED: the protocol between the two sides
 WORKER_SPEC_ENV = "INFERPOOL_WORKER_SPEC"
-
-
-class WorkerState(str, enum.Enum):
-    STARTING = "STARTING"
-    READY = "READY"
-    BACKOFF = "BACKOFF"  # crashed, waiting to respawn
-    FAILED = "FAILED"
-    STOPPING = "STOPPING"
-    STOPPED = "STOPPED"
-
-
-class InstanceModel(Protocol):
-    """What the pool knows of the model version an instance serves: enough to start its
-    worker and to name it (the broker's ``models.registry.ModelVersion``)."""
-
-    name: str
-    version: int
-    version_str: str
-    path: str  # <repo>/<model>
-    config: Any  # the ModelConfig served: names the backend
-
-    @property
-    def label(self) -> str: ...
-
-    def worker_config_json(self) -> str:
-        """The config a worker starts from (it completes its own), as protobuf JSON."""
-        ...
-
-
-M = TypeVar("M", bound=InstanceModel)
 
 
 class Events(Protocol[M]):
@@ -85,61 +54,19 @@ def describe_exit(code: int) -> str:
     return f"exit code {code}"
 
 
-class WorkerHandle(Generic[M]):
-    """One instance slot: the process currently filling it and its history."""
+@dataclass(frozen=True, slots=True)
+class SupervisorOptions:
+    """What the supervisor needs to start, watch and restart workers."""
 
-    def __init__(self, slot: int, model: M, instance: dict[str, Any], pinning: dict[str, Any]):
-        self.slot = slot
-        self.model = model
-        self.instance = instance
-        self.pinning = pinning
-        self.generation = -1
-        self.state = WorkerState.STARTING
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.identity = ""  # "w<slot>.<generation>": names this process in logs
-        self.channel: Channel | None = None
-        self.output_region = ""
-        self.busy: list[Any] | None = None  # the batch in flight
-        self.exec_started = 0.0
-        self.state_since = time.monotonic()
-        self.crashes: deque[float] = deque()
-        self.restarts = 0
-        self.last_error = ""
-        self.boot_error: InferpoolError | None = None
-        self.kill_reason = ""
-        self.respawn_at = 0.0
-        self.passive = bool(instance.get("passive", False))
-        self.placement: dict[str, Any] = {}  # what the worker read back after pinning
-        self.reported_config: Any = None  # the config its backend serves (broker.completion)
-
-    @property
-    def name(self) -> str:
-        return str(self.instance["name"])
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
-
-    def set_state(self, state: WorkerState) -> None:
-        self.state = state
-        self.state_since = time.monotonic()
-
-    def status(self) -> dict[str, Any]:
-        return {
-            "model": self.model.name,
-            "version": self.model.version_str,
-            "instance": self.name,
-            "slot": self.slot,
-            "kind": self.instance.get("kind", "CPU"),
-            "device_id": self.instance.get("device_id", 0),
-            "pid": self.pid,
-            "state": self.state.value,
-            "busy": self.busy is not None,
-            "restarts": self.restarts,
-            "last_error": self.last_error,
-            "pinning": self.pinning,
-            "placement": self.placement,
-        }
+    backend_directory: str
+    backend_config: Mapping[str, Mapping[str, str]]
+    model_load_gpu_limit: Mapping[int, float]  # device -> fraction
+    log_level: str
+    boot_timeout: float
+    execute_timeout: float  # 0: no limit
+    graceful_timeout: float
+    max_restarts: int  # crashes within restart_window before an instance is FAILED
+    restart_window: float
 
 
 class Supervisor(Generic[M]):
