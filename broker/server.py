@@ -30,7 +30,7 @@ from inferpool.broker.front.router import Router
 from inferpool.broker.front.shared_memory import EXTENSIONS, SharedMemory
 from inferpool.broker.models import repository
 from inferpool.broker.models.manager import Manager, Worker
-from inferpool.broker.models.registry import ModelVersion, Registry, State
+from inferpool.broker.models.registry import Registry, State
 from inferpool.broker.models.reload import reload_repository
 from inferpool.broker.notify import sd_notify
 from inferpool.broker.options import ServerOptions
@@ -38,7 +38,7 @@ from inferpool.broker.pool.gpu_limit import check_gpu_limits
 from inferpool.broker.pool.liveness import Liveness
 from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.broker.pool.placement import Planner, Topology, parse_host_policies
-from inferpool.broker.pool.supervisor import Events, Supervisor
+from inferpool.broker.pool.supervisor import Supervisor
 from inferpool.shm.arena import Arena
 from inferpool.shm.leases import LeaseTable
 from inferpool.shm.region import Region
@@ -64,41 +64,46 @@ class Broker:
         self._workers_stopping = False
         with contextlib.ExitStack() as stack:
             stack.callback(sd_notify, "STATUS=stopped")
+            # the run: what loads, where it may run, its lock, regions, signals and socket
             self._initial = _initial_models(opts)
             self._pending_start = set(self._initial)
             topology = Topology.discover()
             planner = Planner(topology, parse_host_policies(opts.host_policies, topology), opts.pin)
             check_gpu_limits(opts.model_load_gpu_limit, topology)
-            self.run_id = run_id = open_run(stack, opts.run_dir)
+            run_id = open_run(stack, opts.run_dir)
             arena_region = region_name(run_id, "arena")
-            self.arena = Arena(Region.create(arena_region, opts.arena_size, prefault=opts.prefault))
-            stack.callback(self.arena.destroy)
-            self.outputs = OutputRegions(run_id, opts.output_arena_size, opts.prefault)
-            stack.callback(self.outputs.close)
+            arena = Arena(Region.create(arena_region, opts.arena_size, prefault=opts.prefault))
+            stack.callback(arena.destroy)
+            outputs = OutputRegions(run_id, opts.output_arena_size, opts.prefault)
+            stack.callback(outputs.close)
             self._wake = self._catch_signals(stack)
-            self.ctx: zmq.Context[Any] = zmq.Context()
-            stack.callback(self.ctx.term)
-            self.frontend = listen(stack, self.ctx, opts.listen)
+            ctx: zmq.Context[Any] = zmq.Context()
+            stack.callback(ctx.term)
+            self.frontend = listen(stack, ctx, opts.listen)
             self.poller = zmq.Poller()
             self.poller.register(self.frontend, zmq.POLLIN)
             self.poller.register(self._wake, zmq.POLLIN)
             self.channels: dict[int, Worker] = {}  # worker channel fd -> its worker
-
-            handles = Handles(LeaseTable(run_id), self.outputs)
-            self.responder = Responder(self.frontend, self.outputs, handles)
+            # answers (the front's) first: the models answer requests through them
+            handles = Handles(LeaseTable(run_id), outputs)
+            self.responder = Responder(self.frontend, outputs, handles)
+            # models and their workers
             self.registry = Registry()
             self.manager = manager = Manager(
                 opts.model_repository,
                 self.registry,
-                self.arena,
-                self.outputs,
+                arena,
+                outputs,
                 self.responder,
                 planner,
-                pool=self._pool,
+                pool=lambda events: Supervisor(
+                    opts.supervisor(), run_id, outputs, events, self._watch
+                ),
             )
             self.supervisor = supervisor = manager.supervisor
             self.liveness = Liveness(supervisor, opts.heartbeat_ms)
             self.readiness = Readiness(self.registry, opts.strict_readiness)
+            # the front: the shared-memory extension, inference, control, the router
             registrations = Registrations(
                 run_id,
                 opts.max_client_shm,
@@ -112,7 +117,7 @@ class Broker:
             inference = Inference(
                 self.readiness,
                 self.registry,
-                self.arena,
+                arena,
                 self.shm,
                 manager.submit,
                 opts.request_limit,
@@ -123,7 +128,7 @@ class Broker:
                 manager=manager,
                 supervisor=supervisor,
                 responder=self.responder,
-                arena=self.arena,
+                arena=arena,
                 run_id=run_id,
                 extensions=EXTENSIONS,
                 explicit=opts.explicit,
@@ -135,17 +140,14 @@ class Broker:
             )
             self.metrics: MetricsEndpoint | None = None
             if opts.metrics_port:
-                collector = BrokerCollector(self.registry, manager, supervisor, self.arena)
+                collector = BrokerCollector(self.registry, manager, supervisor, arena)
                 self.metrics = MetricsEndpoint(
-                    collector, self.ctx, opts.metrics_address, opts.metrics_port
+                    collector, ctx, opts.metrics_address, opts.metrics_port
                 )
                 stack.callback(self.metrics.close)
                 self.poller.register(self.metrics.socket, zmq.POLLIN)
             stack.callback(supervisor.kill_all)
             self._stack = stack.pop_all()
-
-    def _pool(self, events: Events[ModelVersion]) -> Supervisor[ModelVersion]:
-        return Supervisor(self.options.supervisor(), self.run_id, self.outputs, events, self._watch)
 
     def _catch_signals(self, stack: contextlib.ExitStack) -> socket.socket:
         """Signals are recorded and wake the loop through a socketpair; restored at close."""
