@@ -34,6 +34,7 @@ def open_run(stack: contextlib.ExitStack, run_dir: str) -> str:
     lock = RunLock()
     stack.callback(lock.release)
     stack.callback(_unlink_run, lock.run_id)
+    log.info("run %s: its shared-memory regions are named inferpool-%s-*", lock.run_id, lock.run_id)
     return lock.run_id
 
 

@@ -70,7 +70,7 @@ class Broker:
             topology = Topology.discover()
             planner = Planner(topology, parse_host_policies(opts.host_policies, topology), opts.pin)
             check_gpu_limits(opts.model_load_gpu_limit, topology)
-            run_id = open_run(stack, opts.run_dir)
+            self.run_id = run_id = open_run(stack, opts.run_dir)
             arena_region = region_name(run_id, "arena")
             arena = Arena(Region.create(arena_region, opts.arena_size, prefault=opts.prefault))
             stack.callback(arena.destroy)
