@@ -8,7 +8,7 @@ only what it uses (a plain value, or the slice it declares, such as the supervis
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from inferpool.broker.pool.supervisor import SupervisorOptions
 from inferpool.wire.paths import DEFAULT_TCP, default_ipc_endpoint, default_run_dir
@@ -64,14 +64,6 @@ class ServerOptions:
         return min(self.max_request_bytes, self.arena_size)
 
     def supervisor(self) -> SupervisorOptions:
-        return SupervisorOptions(
-            backend_directory=self.backend_directory,
-            backend_config=self.backend_config,
-            model_load_gpu_limit=self.model_load_gpu_limit,
-            log_level=self.log_level,
-            boot_timeout=self.boot_timeout,
-            execute_timeout=self.execute_timeout,
-            graceful_timeout=self.graceful_timeout,
-            max_restarts=self.max_restarts,
-            restart_window=self.restart_window,
-        )
+        """The supervisor's slice (its fields are named as here)."""
+        names = (f.name for f in fields(SupervisorOptions))
+        return SupervisorOptions(**{name: getattr(self, name) for name in names})
