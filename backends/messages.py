@@ -17,12 +17,9 @@ import numpy as np
 
 from inferpool.wire import codec
 from inferpool.wire.errors import Code, InferpoolError, internal, invalid_arg, not_found
+from inferpool.wire.worker.messages import FLAG_SEQUENCE_END, FLAG_SEQUENCE_START
 
 ParameterValue = str | int | bool | float
-
-# Sequence-batcher control flags on a request, as TRITONSERVER_REQUEST_FLAG_*.
-FLAG_SEQUENCE_START = 1
-FLAG_SEQUENCE_END = 2
 
 
 now_ns = time.monotonic_ns  # the clock of every statistic a backend reports

@@ -1,18 +1,30 @@
-"""Server options: everything `inferpool serve` can be told, with the defaults it uses."""
+"""Server options: everything `inferpool serve` can be told, with the defaults it uses.
+
+Frozen: the broker reads them once while it builds its components, and each component gets
+only what it uses (a plain value, or the slice it declares, such as the supervisor's
+``SupervisorOptions``), so no component can see, or change, another's settings.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 
+from inferpool.broker.pool.supervisor import SupervisorOptions
 from inferpool.wire.paths import DEFAULT_TCP, default_ipc_endpoint, default_run_dir
 
 MiB = 1 << 20
 
 
-@dataclass
+def default_listen() -> tuple[str, ...]:
+    """This user's ipc endpoint and the local tcp one."""
+    return (default_ipc_endpoint(), DEFAULT_TCP)
+
+
+@dataclass(frozen=True)
 class ServerOptions:
     model_repository: str
-    listen: list[str] = field(default_factory=lambda: [default_ipc_endpoint(), DEFAULT_TCP])
+    listen: tuple[str, ...] = field(default_factory=default_listen)
     run_dir: str = field(default_factory=default_run_dir)
     # shared memory
     arena_size: int = 256 * MiB
@@ -23,12 +35,12 @@ class ServerOptions:
     lease_timeout: float = 60.0  # seconds a client holding leases may stay silent
     # models
     model_control_mode: str = "none"  # "none" or "explicit"
-    load_models: list[str] = field(default_factory=list)
+    load_models: tuple[str, ...] = ()
     strict_readiness: bool = True
     backend_directory: str = ""
-    backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
+    backend_config: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     # workers
-    host_policies: list[str] = field(default_factory=list)
+    host_policies: tuple[str, ...] = ()
     pin: bool = True
     boot_timeout: float = 120.0
     execute_timeout: float = 0.0  # 0: no limit
@@ -36,11 +48,22 @@ class ServerOptions:
     max_restarts: int = 5  # crashes within restart_window before an instance is FAILED
     restart_window: float = 60.0
     heartbeat_ms: int = 1000  # how often a frozen (stopped) worker is looked for; 0: never
-    model_load_gpu_limit: dict[int, float] = field(default_factory=dict)  # device -> fraction
+    model_load_gpu_limit: Mapping[int, float] = field(default_factory=dict)  # device -> fraction
     log_level: str = "INFO"
     metrics_port: int = 0  # 0: no Prometheus endpoint
     metrics_address: str = "127.0.0.1"
 
     @property
+    def explicit(self) -> bool:
+        """Models load and unload only when asked (``--model-control-mode explicit``)."""
+        return self.model_control_mode == "explicit"
+
+    @property
     def request_limit(self) -> int:
+        """The most tensor bytes one request may bring: it must fit in the arena."""
         return min(self.max_request_bytes, self.arena_size)
+
+    def supervisor(self) -> SupervisorOptions:
+        """The supervisor's slice (its fields are named as here)."""
+        names = (f.name for f in fields(SupervisorOptions))
+        return SupervisorOptions(**{name: getattr(self, name) for name in names})

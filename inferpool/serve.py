@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from inferpool import __version__
-from inferpool.broker.options import ServerOptions
+from inferpool.broker.options import ServerOptions, default_listen
 from inferpool.broker.pool.gpu_limit import parse_gpu_limits
 from inferpool.wire.errors import InferpoolError
 from inferpool.wire.paths import DEFAULT_TCP, default_ipc_endpoint
@@ -166,37 +166,35 @@ def add_serve(sub: Any) -> None:
 
 
 def options_from_args(args: argparse.Namespace) -> ServerOptions:
-    opts = ServerOptions(
-        model_repository=os.path.abspath(args.model_repository or default_repository())
+    return ServerOptions(
+        model_repository=os.path.abspath(args.model_repository or default_repository()),
+        listen=tuple(args.listen) if args.listen else default_listen(),
+        arena_size=args.arena_size,
+        output_arena_size=args.output_arena_size,
+        max_request_bytes=args.max_request_bytes,
+        prefault=not args.no_prefault,
+        max_client_shm=args.max_client_shm,
+        lease_timeout=args.lease_timeout,
+        model_control_mode=args.model_control_mode,
+        load_models=tuple(args.load_model),
+        strict_readiness=args.strict_readiness,
+        backend_directory=(
+            os.path.abspath(args.backend_directory) if args.backend_directory else ""
+        ),
+        backend_config=parse_backend_config(args.backend_config),
+        host_policies=tuple(args.host_policy),
+        pin=args.pin != "none",
+        execute_timeout=args.execute_timeout,
+        boot_timeout=args.boot_timeout,
+        graceful_timeout=args.graceful_timeout,
+        max_restarts=args.max_restarts,
+        restart_window=args.restart_window,
+        heartbeat_ms=args.heartbeat_ms,
+        model_load_gpu_limit=parse_gpu_limits(args.model_load_gpu_limit),
+        metrics_port=args.metrics_port,
+        metrics_address=args.metrics_address,
+        log_level=args.log_level.upper(),
     )
-    if args.listen:
-        opts.listen = list(args.listen)
-    opts.arena_size = args.arena_size
-    opts.output_arena_size = args.output_arena_size
-    opts.max_request_bytes = args.max_request_bytes
-    opts.prefault = not args.no_prefault
-    opts.max_client_shm = args.max_client_shm
-    opts.lease_timeout = args.lease_timeout
-    opts.model_control_mode = args.model_control_mode
-    opts.load_models = list(args.load_model)
-    opts.strict_readiness = args.strict_readiness
-    opts.backend_directory = (
-        os.path.abspath(args.backend_directory) if args.backend_directory else ""
-    )
-    opts.backend_config = parse_backend_config(args.backend_config)
-    opts.host_policies = list(args.host_policy)
-    opts.pin = args.pin != "none"
-    opts.execute_timeout = args.execute_timeout
-    opts.boot_timeout = args.boot_timeout
-    opts.graceful_timeout = args.graceful_timeout
-    opts.max_restarts = args.max_restarts
-    opts.restart_window = args.restart_window
-    opts.heartbeat_ms = args.heartbeat_ms
-    opts.model_load_gpu_limit = parse_gpu_limits(args.model_load_gpu_limit)
-    opts.metrics_port = args.metrics_port
-    opts.metrics_address = args.metrics_address
-    opts.log_level = args.log_level.upper()
-    return opts
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -207,7 +205,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         level=getattr(logging, opts.log_level, logging.INFO),
         format="%(asctime)s %(levelname)s [broker] %(name)s: %(message)s",
     )
-    broker = Broker(opts)
 
     def started(b: Broker) -> None:
         for row in b.registry.index():
@@ -218,13 +215,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
         sys.stdout.flush()
 
-    broker.on_started = started
     print(f"inferpool {__version__}: serving {opts.model_repository}")
     for endpoint in opts.listen:
         print(f"  listening on {endpoint}")
     sys.stdout.flush()
     try:
-        broker.start()
+        broker = Broker(opts, on_started=started)
     except InferpoolError as err:
         print(f"inferpool: {err}", file=sys.stderr)
         return 1

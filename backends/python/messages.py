@@ -9,13 +9,19 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from inferpool.backends.api import Request, Response, ResponseSender
+from inferpool.backends.api import (
+    FLAG_SEQUENCE_END,
+    FLAG_SEQUENCE_START,
+    Request,
+    Response,
+    ResponseSender,
+)
 from inferpool.backends.python.tensor import Tensor, TritonModelException
 from inferpool.wire.errors import Code, InferpoolError
 
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
-TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
-TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = FLAG_SEQUENCE_START
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = FLAG_SEQUENCE_END
 
 _BLS = (
     "BLS (pb_utils.InferenceRequest(...).exec()) is not supported by inferpool's python "

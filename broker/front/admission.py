@@ -7,38 +7,16 @@ if anything fails after a slot was taken, every slot is returned before the erro
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from inferpool.broker.models.registry import ModelVersion
+from inferpool.broker.models.request import FLAG_SEQUENCE_END, FLAG_SEQUENCE_START, PendingRequest
 from inferpool.shm.arena import Arena, ArenaFull, Slot
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg
 from inferpool.wire.worker.messages import TensorRef, WantedOutput, Window, Work
 
-FLAG_SEQUENCE_START = 1
-FLAG_SEQUENCE_END = 2
 _BROKER_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end", "priority", "timeout")
 _NO_PARAMETERS: dict[str, Any] = {}
-
-
-@dataclass(slots=True, eq=False)
-class PendingRequest:
-    """An admitted request, from admission until its final response."""
-
-    rid: int
-    envelope: list[Any]  # zmq routing frames of the client
-    client_id: Any  # the request's own "id", echoed in every response
-    model: ModelVersion
-    work: Work  # what the worker receives for this request
-    slots: list[Slot]  # arena slots to return when the request ends
-    outputs: dict[str, dict[str, Any]]  # requested output -> the client's output parameters
-    batch_size: int
-    received_ns: int
-    deadline_ns: int = 0  # queue timeout; 0: none
-    dispatched_ns: int = 0
-    worker: Any = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    shm_outputs: bool = False  # some output stays in shared memory (handle, client region)
 
 
 class SharedMemoryInputs(Protocol):

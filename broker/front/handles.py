@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from inferpool.broker.front.admission import PendingRequest
+from inferpool.broker.models.request import PendingRequest
 from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.shm.leases import LeaseTable
 from inferpool.wire.errors import not_found

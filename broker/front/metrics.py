@@ -19,18 +19,19 @@ import logging
 import threading
 from collections import defaultdict
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import zmq
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from inferpool.broker.pool.supervisor import WorkerState
+from inferpool.broker.models.manager import Manager
+from inferpool.broker.models.registry import Registry
+from inferpool.broker.pool.handle import WorkerState
+from inferpool.broker.pool.supervisor import Supervisor
+from inferpool.shm.arena import Arena
 from inferpool.wire.errors import Code, InferpoolError
-
-if TYPE_CHECKING:
-    from inferpool.broker.server import Broker
 
 log = logging.getLogger("inferpool.metrics")
 SCRAPE_TIMEOUT_S = 5.0
@@ -60,11 +61,15 @@ _DURATIONS = (
 class BrokerCollector(Collector):
     """Reads the broker's statistics at scrape time (in the broker's loop)."""
 
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
+    def __init__(
+        self, registry: Registry, manager: Manager, supervisor: Supervisor[Any], arena: Arena
+    ) -> None:
+        self.registry = registry
+        self.manager = manager
+        self.supervisor = supervisor
+        self.arena = arena
 
     def collect(self) -> Iterator[Metric]:
-        b = self.broker
         success = CounterMetricFamily(
             "nv_inference_request_success",
             "Number of successful inference requests, all batch sizes",
@@ -88,7 +93,7 @@ class BrokerCollector(Collector):
         durations = [
             (CounterMetricFamily(n, h, labels=_VERSION_LABELS), attr) for n, h, attr in _DURATIONS
         ]
-        for mv in b.registry.all_versions():
+        for mv in self.registry.all_versions():
             labels = [mv.name, mv.version_str]
             stats = mv.stats
             success.add_metric(labels, stats.success.count)
@@ -104,13 +109,13 @@ class BrokerCollector(Collector):
         arena = GaugeMetricFamily(
             "inferpool_arena_bytes", "Request input arena, by size and free", labels=["kind"]
         )
-        arena.add_metric(["size"], b.arena.size)
-        arena.add_metric(["free"], b.arena.free_bytes)
+        arena.add_metric(["size"], self.arena.size)
+        arena.add_metric(["free"], self.arena.free_bytes)
         yield arena
         yield GaugeMetricFamily(
             "inferpool_inflight_requests",
             "Requests admitted and not yet answered",
-            value=len(b.manager.inflight),
+            value=len(self.manager.inflight),
         )
 
     def _instances(self) -> Iterator[Metric]:
@@ -121,7 +126,7 @@ class BrokerCollector(Collector):
         restarts = CounterMetricFamily(
             "inferpool_instance_restarts", "Respawns of the instance's worker", labels=labels
         )
-        for h in self.broker.supervisor.handles.values():
+        for h in self.supervisor.handles.values():
             key = [h.model.name, h.model.version_str, h.name]
             ready.add_metric(key, 1.0 if h.state is WorkerState.READY else 0.0)
             restarts.add_metric(key, h.restarts)
@@ -130,7 +135,7 @@ class BrokerCollector(Collector):
 
     def _custom(self) -> Iterator[Metric]:
         """Backend metrics: one family per declared name, labels as the backend gave them."""
-        custom = self.broker.manager.metrics
+        custom = self.manager.metrics
         rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for row in custom.to_list():
             rows[row["family"]].append(row)
@@ -151,9 +156,11 @@ class BrokerCollector(Collector):
 class MetricsEndpoint:
     """The HTTP server thread and the broker-side end of its inproc bridge."""
 
-    def __init__(self, broker: Broker, ctx: zmq.Context[Any], address: str, port: int) -> None:
+    def __init__(
+        self, collector: Collector, ctx: zmq.Context[Any], address: str, port: int
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(BrokerCollector(broker))
+        self.registry.register(collector)
         endpoint = f"inproc://inferpool-metrics-{id(self)}"
         self.socket = ctx.socket(zmq.PAIR)  # polled by the broker's loop
         self.socket.setsockopt(zmq.LINGER, 0)

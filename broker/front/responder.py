@@ -13,7 +13,8 @@ from typing import Any
 
 import zmq
 
-from inferpool.broker.front.admission import PendingRequest
+from inferpool.broker.front.handles import Handles
+from inferpool.broker.models.request import PendingRequest
 from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.wire import codec
 from inferpool.wire.errors import InferpoolError
@@ -25,10 +26,11 @@ _EMPTY = b""
 
 
 class Responder:
-    def __init__(self, socket: zmq.Socket[Any], outputs: OutputRegions) -> None:
+    def __init__(self, socket: zmq.Socket[Any], outputs: OutputRegions, handles: Handles) -> None:
+        """``handles`` describes the outputs that stay in shared memory."""
         self.socket = socket
         self.outputs = outputs
-        self.handles: Any = None  # broker.handles.Handles, for outputs left in shared memory
+        self.handles = handles
         # (trackers, [(region, offset), ...]) for zero-copy sends still in libzmq's hands
         self._in_flight: list[tuple[list[zmq.MessageTracker], list[tuple[str, int]]]] = []
 

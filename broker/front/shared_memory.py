@@ -1,9 +1,9 @@
-"""The shared-memory extension of the broker: control messages and the wiring around them.
+"""The shared-memory extension of the broker's front.
 
-Registers, on the frontend, Triton's system and CUDA shared-memory messages, the
-server-made client region, lease release, keep-alive and lease status; answers the
-admission hook for inputs and outputs in shared memory (``broker.shm_inputs``); and wraps
-``infer`` so that a request may carry the releases of earlier leases (no extra round trip).
+Its messages (Triton's system and CUDA shared-memory messages, the server-made client
+region, lease release, keep-alive and lease status) are handlers of the router; it is the
+admission hook for inputs and outputs in shared memory and sees every inference request
+first (``front.inference``); and it ends what a client held when the client goes away.
 """
 
 from __future__ import annotations
@@ -11,58 +11,56 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import zmq
 
 from inferpool.broker.front.clients import ClientTracker
 from inferpool.broker.front.handles import Handles
 from inferpool.broker.front.registrations import Registrations
+from inferpool.broker.front.router import Handler
 from inferpool.shm import cuda
-from inferpool.shm.leases import LeaseTable
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg
 from inferpool.wire.worker.messages import Window
 
-if TYPE_CHECKING:
-    from inferpool.broker.server import Broker
-
 log = logging.getLogger("inferpool.shm")
-EXTENSIONS = ["system_shared_memory", "cuda_shared_memory", "output_handles"]
+EXTENSIONS = ("system_shared_memory", "cuda_shared_memory", "output_handles")
 
 
 class SharedMemory:
-    """Implements broker.admission.SharedMemoryInputs and the extension's messages."""
+    """The extension's messages and the admission hook (``front.inference.SharedMemoryHook``)."""
 
-    def __init__(self, broker: Broker) -> None:
-        opts = broker.options
-        manager = broker.manager
-        supervisor = broker.supervisor
-        self.frontend = broker.frontend_handler
-        self.registrations = Registrations(
-            broker.run_id,
-            opts.max_client_shm,
-            opts.prefault,
-            manager.inflight,
-            lambda: [h.identity for h in supervisor.alive()],
-            manager.unmaps,
-        )
-        self.handles = Handles(LeaseTable(broker.run_id), broker.outputs)
-        self.clients = ClientTracker(
-            broker.frontend, opts.lease_timeout, self._disconnected, self._silent
-        )
-        broker.responder.handles = self.handles
-        broker.extra_extensions.extend(EXTENSIONS)
-        fe = self.frontend
-        self._infer = fe.handlers["infer"]
-        fe.add_handler("infer", self.infer)
-        fe.add_handler("register_system_shared_memory", self.register_system)
-        fe.add_handler("unregister_system_shared_memory", self.unregister_system)
-        fe.add_handler("system_shared_memory_status", self.system_status)
-        fe.add_handler("create_shared_memory_region", self.create_region)
-        fe.add_handler("register_cuda_shared_memory", self.register_cuda)
-        fe.add_handler("unregister_cuda_shared_memory", self.unregister_cuda)
-        fe.add_handler("cuda_shared_memory_status", self.cuda_status)
-        fe.add_handler("release_leases", self.release_leases)
-        fe.add_handler("keepalive", self.keepalive)
-        fe.add_handler("lease_status", self.lease_status)
+    def __init__(
+        self,
+        registrations: Registrations,
+        handles: Handles,
+        socket: zmq.Socket[Any],
+        lease_timeout: float,
+    ) -> None:
+        """``socket``: the clients' ROUTER, whose disconnects end what a client held;
+        ``lease_timeout``: how long a client holding leases may stay silent."""
+        self.registrations = registrations
+        self.handles = handles
+        self.clients = ClientTracker(socket, lease_timeout, self._disconnected, self._silent)
+        self._source: Any = None  # the routing frame of the message being handled
+
+    def handlers(self) -> dict[str, Handler]:
+        return {
+            "register_system_shared_memory": self.register_system,
+            "unregister_system_shared_memory": self.unregister_system,
+            "system_shared_memory_status": self.system_status,
+            "create_shared_memory_region": self.create_region,
+            "register_cuda_shared_memory": self.register_cuda,
+            "unregister_cuda_shared_memory": self.unregister_cuda,
+            "cuda_shared_memory_status": self.cuda_status,
+            "release_leases": self.release_leases,
+            "keepalive": self.keepalive,
+            "lease_status": self.lease_status,
+        }
+
+    def arrived(self, source: Any) -> None:
+        """The router's: the routing frame of each message, which names its connection."""
+        self._source = source
 
     # ------------------------------------------------------------------ admission hook
     def resolve_input(
@@ -86,14 +84,12 @@ class SharedMemory:
             self._track(client)
         return None
 
-    # ------------------------------------------------------------------ inference
-    def infer(self, envelope: list[bytes], header: dict[str, Any], frames: list[Any]) -> Any:
-        """Releases carried by the request first, then the request itself."""
+    def request_arrived(self, client: bytes, header: dict[str, Any]) -> None:
+        """Releases carried by an inference request come first, then the request itself."""
         release = header.get("release")
         if release:
-            self.handles.release(envelope[0], release)
-        self.clients.seen(envelope[0])
-        return self._infer(envelope, header, frames)
+            self.handles.release(client, release)
+        self.clients.seen(client)
 
     # ------------------------------------------------------------------ system regions
     def register_system(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
@@ -180,7 +176,7 @@ class SharedMemory:
 
     # ------------------------------------------------------------------ clients coming and going
     def _track(self, client: bytes) -> None:
-        self.clients.track(client, self.frontend.source)
+        self.clients.track(client, self._source)
 
     def _disconnected(self, client: bytes) -> None:
         leases = self.handles.reclaim(client)
@@ -208,6 +204,7 @@ class SharedMemory:
         self.registrations.tick()
 
     def close(self) -> None:
+        """Stop watching the socket (before its context ends) and end every registration."""
         self.clients.close()
         self.registrations.close()
 

@@ -11,20 +11,20 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
-from inferpool.broker.front.admission import PendingRequest
-from inferpool.broker.front.responder import Responder
 from inferpool.broker.models import completion, repository
 from inferpool.broker.models.registry import ModelRecord, ModelVersion, Registry, State
 from inferpool.broker.models.reload import replace
+from inferpool.broker.models.request import PendingRequest
 from inferpool.broker.models.scheduler import Scheduler
 from inferpool.broker.models.sequencer import scheduler_for
 from inferpool.broker.models.stats import CustomMetrics
-from inferpool.broker.options import ServerOptions
 from inferpool.broker.pool.channel import Garbled
+from inferpool.broker.pool.handle import WorkerHandle, WorkerState
 from inferpool.broker.pool.outputs import OutputRegions
-from inferpool.broker.pool.placement import CoreUsage, HostPolicy, Topology, plan_instances
-from inferpool.broker.pool.supervisor import Supervisor, WorkerHandle, WorkerState
+from inferpool.broker.pool.placement import Planner
+from inferpool.broker.pool.supervisor import Events, Supervisor
 from inferpool.shm.arena import Arena
 from inferpool.wire.errors import Code, InferpoolError
 from inferpool.wire.worker.messages import (
@@ -40,32 +40,44 @@ from inferpool.wire.worker.messages import (
 
 log = logging.getLogger("inferpool.manager")
 Waiter = Callable[[InferpoolError | None], None]
+Worker = WorkerHandle[ModelVersion]  # the pool's handle of one instance's worker
 _DONE = (WorkerState.STOPPING, WorkerState.STOPPED, WorkerState.FAILED)
+
+
+class Replies(Protocol):
+    """How answers reach clients (the front's responder)."""
+
+    def result(self, req: PendingRequest, item: Result) -> None: ...
+
+    def send_error(
+        self, envelope: list[Any], msg_type: str, request_id: Any, err: InferpoolError
+    ) -> None: ...
 
 
 class Manager:
     def __init__(
         self,
-        options: ServerOptions,
+        repository: str,
         registry: Registry,
         arena: Arena,
         outputs: OutputRegions,
-        responder: Responder,
+        responder: Replies,
+        planner: Planner,
+        pool: Callable[[Events[ModelVersion]], Supervisor[ModelVersion]],
     ) -> None:
-        self.options = options
+        """``pool`` makes the supervisor that reports its workers' events to this manager."""
+        self.repository = repository
         self.registry = registry
         self.arena = arena
         self.outputs = outputs
         self.responder = responder
-        self.supervisor: Supervisor  # set by the broker once both exist
+        self.planner = planner
+        self.supervisor = pool(self)
         self.inflight: dict[int, PendingRequest] = {}
         # worker identity -> client regions it should stop mapping (sent with its next message)
         self.unmaps: dict[str, list[str]] = {}
         self.metrics = CustomMetrics()
         self.wakes: dict[Scheduler, int] = {}
-        self.topology = Topology.discover()
-        self.policies: dict[str, HostPolicy] = {}
-        self.core_usage = CoreUsage()
         self.pending: dict[str, ModelRecord] = {}  # replacements loading beside their model
         self.retiring: list[ModelRecord] = []  # records whose workers are stopping
         self.load_waiters: dict[str, list[Waiter]] = {}
@@ -99,7 +111,7 @@ class Manager:
 
     def build(self, name: str) -> ModelRecord:
         """A record for the model as it is on disk now, its workers starting."""
-        entry = repository.scan_model(self.options.model_repository, name)
+        entry = repository.scan_model(self.repository, name)
         record = ModelRecord(name, fingerprint=entry.fingerprint)
         if entry.error is not None or entry.config is None:
             record.error = entry.error
@@ -110,13 +122,7 @@ class Manager:
             record.versions[version] = mv
             mv.scheduler = scheduler_for(mv, self.dispatch, self.reject)
             try:
-                mv.placements = plan_instances(
-                    entry.config,
-                    self.topology,
-                    self.policies,
-                    self.core_usage,
-                    pin=self.options.pin,
-                )
+                mv.placements = self.planner.plan(entry.config)
                 for p in mv.placements:
                     mv.instances.append(self.supervisor.add(mv, p.instance(), p.pinning))
                 for handle in mv.instances:
@@ -200,7 +206,7 @@ class Manager:
         for mv in record.versions.values():
             for handle in mv.instances:
                 self.supervisor.forget(handle)
-            self.core_usage.release(mv.placements)
+            self.planner.release(mv.placements)
         if self.registry.records.get(record.name) is record:
             del self.registry.records[record.name]
             log.info("unloaded model '%s'", record.name)
@@ -222,7 +228,7 @@ class Manager:
                 self.supervisor.stop(handle)
 
     # ================================================================== supervisor events
-    def worker_ready(self, handle: WorkerHandle) -> None:
+    def worker_ready(self, handle: Worker) -> None:
         mv = handle.model
         if mv.state in (State.LOADING, State.READY):
             try:
@@ -245,7 +251,7 @@ class Manager:
         else:
             self.supervisor.stop(handle)
 
-    def worker_lost(self, handle: WorkerHandle, error: InferpoolError, booting: bool) -> None:
+    def worker_lost(self, handle: Worker, error: InferpoolError, booting: bool) -> None:
         mv = handle.model
         assert mv.scheduler is not None
         mv.scheduler.instance_gone(handle)
@@ -263,14 +269,14 @@ class Manager:
             self._stop_idle(mv)  # not respawned to finish a queue it may never get to
             self._check_drained(self._retiring_of(mv))
 
-    def worker_stopped(self, handle: WorkerHandle) -> None:
+    def worker_stopped(self, handle: Worker) -> None:
         mv = handle.model
         assert mv.scheduler is not None
         mv.scheduler.instance_gone(handle)
         if mv.state is State.UNLOADING:
             self._check_drained(self._retiring_of(mv))
 
-    def _idle(self, handle: WorkerHandle) -> None:
+    def _idle(self, handle: Worker) -> None:
         if handle.passive or handle.state is not WorkerState.READY:
             return
         mv = handle.model
@@ -292,7 +298,7 @@ class Manager:
 
     def dispatch(
         self,
-        handle: WorkerHandle,
+        handle: Worker,
         batch: list[PendingRequest],
         release: Sequence[CorrelationId] = (),
     ) -> None:
@@ -325,7 +331,7 @@ class Manager:
         )
 
     # ================================================================== results
-    def worker_message(self, handle: WorkerHandle, msg: WorkerMessage | Garbled) -> None:
+    def worker_message(self, handle: Worker, msg: WorkerMessage | Garbled) -> None:
         if isinstance(msg, Done):
             self._results(msg.items)
             self._batch_done(handle, msg)
@@ -347,7 +353,7 @@ class Manager:
             if item.final:
                 self.finish(req, item.error is None, item.durations)
 
-    def _batch_done(self, handle: WorkerHandle, msg: Done) -> None:
+    def _batch_done(self, handle: Worker, msg: Done) -> None:
         mv = handle.model
         for batch in msg.batches:
             mv.stats.batch_done(batch.batch_size, batch.durations)

@@ -1,7 +1,7 @@
 """Served models: one ModelVersion per loaded version, with its I/O contract and state.
 
 The I/O tables are computed once at load (and once more if the backend completes the config,
-see broker.completion) so that checking a request is a few dict lookups.
+see models.completion) so that checking a request is a few dict lookups.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from tritonclient.grpc import model_config_pb2 as pb
 
-from inferpool.broker.models.config import to_dict, wire_datatype
+from inferpool.broker.models.config import to_dict, to_json, wire_datatype
 from inferpool.broker.models.stats import ModelStats
 from inferpool.wire import codec
 from inferpool.wire.errors import Code, InferpoolError
@@ -20,7 +20,7 @@ from inferpool.wire.worker.messages import WantedOutput
 
 if TYPE_CHECKING:
     from inferpool.broker.models.scheduler import Scheduler
-    from inferpool.broker.pool.supervisor import WorkerHandle
+    from inferpool.broker.pool.handle import WorkerHandle
 
 
 class State(str, enum.Enum):
@@ -68,8 +68,8 @@ class ModelVersion:
         self.reason = ""
         self.use_config(config)
         self.stats = ModelStats()
-        self.instances: list[WorkerHandle] = []
-        self.placements: list[Any] = []  # broker.placement.Placement, one per instance
+        self.instances: list[WorkerHandle[ModelVersion]] = []
+        self.placements: list[Any] = []  # pool.placement.Placement, one per instance
         self.scheduler: Scheduler | None = None
         self.version_str = str(version)
 
@@ -113,6 +113,10 @@ class ModelVersion:
 
     def config_dict(self) -> dict[str, Any]:
         return to_dict(self.config)
+
+    def worker_config_json(self) -> str:
+        """The config workers start from: each completes its own (see completion)."""
+        return to_json(self.repository_config)
 
 
 @dataclass

@@ -40,7 +40,7 @@ class ReloadPlan:
 def plan_reload(manager: Manager) -> ReloadPlan:
     """Compare the repository on disk with what is loaded."""
     plan = ReloadPlan()
-    root = manager.options.model_repository
+    root = manager.repository
     records = manager.registry.records
     on_disk = repository.list_models(root)
     plan.unload = sorted(set(records) - set(on_disk))

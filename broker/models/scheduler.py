@@ -13,8 +13,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from inferpool.broker.front.admission import PendingRequest
 from inferpool.broker.models.registry import ModelVersion
+from inferpool.broker.models.request import PendingRequest
 from inferpool.wire.errors import Code, InferpoolError
 from inferpool.wire.worker.messages import CorrelationId
 

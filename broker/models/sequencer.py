@@ -17,8 +17,8 @@ import logging
 from collections import OrderedDict, deque
 from typing import Any
 
-from inferpool.broker.front.admission import FLAG_SEQUENCE_END, FLAG_SEQUENCE_START, PendingRequest
 from inferpool.broker.models.registry import ModelVersion
+from inferpool.broker.models.request import FLAG_SEQUENCE_END, FLAG_SEQUENCE_START, PendingRequest
 from inferpool.broker.models.scheduler import Dispatch, Reject, Scheduler
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import logging
 
-from inferpool.broker.pool.supervisor import Supervisor, WorkerHandle
+from inferpool.broker.pool.handle import WorkerHandle
+from inferpool.broker.pool.supervisor import Supervisor
 
 log = logging.getLogger("inferpool.liveness")
 FROZEN_STATES = ("T", "t")

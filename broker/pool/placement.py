@@ -36,6 +36,7 @@ __all__ = [
     "CoreUsage",
     "HostPolicy",
     "Placement",
+    "Planner",
     "Topology",
     "parse_host_policies",
     "parse_host_policy",
@@ -317,3 +318,21 @@ def plan_instances(
                     )
                 )
     return placements
+
+
+class Planner:
+    """Plans every model this broker serves on one machine, with its host policies, counting
+    cores over all of them (one per broker)."""
+
+    def __init__(self, topology: Topology, policies: Mapping[str, HostPolicy], pin: bool) -> None:
+        self.topology = topology
+        self.policies = policies
+        self.pin = pin
+        self._usage = CoreUsage()
+
+    def plan(self, config: Any) -> list[Placement]:
+        """:func:`plan_instances` for one model; its cores count until :meth:`release`."""
+        return plan_instances(config, self.topology, self.policies, self._usage, pin=self.pin)
+
+    def release(self, placements: Iterable[Placement]) -> None:
+        self._usage.release(placements)

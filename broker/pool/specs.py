@@ -7,19 +7,21 @@ worker with ``spec_environment``.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from inferpool.broker.models.config import to_json
-from inferpool.broker.options import ServerOptions
 from inferpool.broker.pool.gpu_limit import limit_for
+from inferpool.broker.pool.handle import WorkerHandle
 from inferpool.wire.worker.spec import WorkerSpec
 
 if TYPE_CHECKING:
-    from inferpool.broker.pool.supervisor import WorkerHandle
+    from inferpool.broker.pool.supervisor import SupervisorOptions
 
 
 def worker_spec(
-    handle: WorkerHandle, channel_fd: int, run_id: str, options: ServerOptions
+    handle: WorkerHandle[Any],
+    channel_fd: int,
+    run_id: str,
+    options: SupervisorOptions,
 ) -> WorkerSpec:
     model = handle.model
     backend = model.config.backend
@@ -31,14 +33,14 @@ def worker_spec(
         model_name=model.name,
         model_version=model.version,
         backend=backend,
-        config_json=to_json(model.repository_config),  # each worker completes its own
+        config_json=model.worker_config_json(),  # each worker completes its own
         repository_path=model.path,
         artifact_path=os.path.join(model.path, str(model.version)),
         output_region=handle.output_region,
         instance=handle.instance,
         pinning=handle.pinning,
         backend_directory=options.backend_directory,
-        backend_config=options.backend_config.get(backend, {}),
+        backend_config=dict(options.backend_config.get(backend, {})),
         gpu_load_limit=limit_for(
             options.model_load_gpu_limit, handle.instance.kind, handle.instance.device_id
         ),

@@ -10,21 +10,18 @@ exponential backoff, until it crashes too often and is marked FAILED.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import enum
 import logging
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections import deque
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Generic, Protocol
 
-from inferpool.broker.models.registry import ModelVersion
-from inferpool.broker.options import ServerOptions
 from inferpool.broker.pool.channel import Channel, Garbled
+from inferpool.broker.pool.handle import M, WorkerHandle, WorkerState
 from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.broker.pool.sharing import SharedRegions
 from inferpool.broker.pool.specs import worker_spec
@@ -38,124 +35,65 @@ from inferpool.wire.worker.messages import (
     Stop,
     WorkerMessage,
 )
-from inferpool.wire.worker.spec import (
-    InstanceSpec,
-    PinningSpec,
-    describe_exit,
-    spec_environment,
-)
+from inferpool.wire.worker.spec import InstanceSpec, PinningSpec, describe_exit, spec_environment
 
 log = logging.getLogger("inferpool.supervisor")
 ABORT_GRACE_S = 1.0  # from SIGABRT (stacks to the log) to SIGKILL
 
 
-class WorkerState(str, enum.Enum):
-    STARTING = "STARTING"
-    READY = "READY"
-    BACKOFF = "BACKOFF"  # crashed, waiting to respawn
-    FAILED = "FAILED"
-    STOPPING = "STOPPING"
-    STOPPED = "STOPPED"
+class Events(Protocol[M]):
+    """What the supervisor tells the models' manager."""
+
+    def worker_ready(self, handle: WorkerHandle[M]) -> None: ...
+
+    def worker_lost(
+        self, handle: WorkerHandle[M], error: InferpoolError, booting: bool
+    ) -> None: ...
+
+    def worker_stopped(self, handle: WorkerHandle[M]) -> None: ...
 
 
-class Events(Protocol):
-    """What the supervisor tells the broker."""
+@dataclass(frozen=True, slots=True)
+class SupervisorOptions:
+    """What the supervisor needs to start, watch and restart workers."""
 
-    def worker_ready(self, handle: WorkerHandle) -> None: ...
-
-    def worker_lost(self, handle: WorkerHandle, error: InferpoolError, booting: bool) -> None: ...
-
-    def worker_stopped(self, handle: WorkerHandle) -> None: ...
-
-
-class WorkerHandle:
-    """One instance slot: the process currently filling it and its history."""
-
-    def __init__(
-        self, slot: int, model: ModelVersion, instance: InstanceSpec, pinning: PinningSpec
-    ):
-        self.slot = slot
-        self.model = model
-        self.instance = instance
-        self.pinning = pinning
-        self.generation = -1
-        self.state = WorkerState.STARTING
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.identity = ""  # "w<slot>.<generation>": names this process in logs
-        self.channel: Channel | None = None
-        self.output_region = ""
-        self.busy: list[Any] | None = None  # the batch in flight
-        self.exec_started = 0.0
-        self.state_since = time.monotonic()
-        self.crashes: deque[float] = deque()
-        self.restarts = 0
-        self.last_error = ""
-        self.boot_error: InferpoolError | None = None
-        self.kill_reason = ""
-        self.kill_at = 0.0  # aborted: SIGKILL then, if it has not died of the SIGABRT
-        self.respawn_at = 0.0
-        self.passive = instance.passive
-        self.placement: dict[str, Any] = {}  # what the worker read back after pinning
-        self.reported_config: Any = None  # the config its backend serves (broker.completion)
-
-    @property
-    def name(self) -> str:
-        return self.instance.name
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
-
-    def set_state(self, state: WorkerState) -> None:
-        self.state = state
-        self.state_since = time.monotonic()
-
-    def status(self) -> dict[str, Any]:
-        return {
-            "model": self.model.name,
-            "version": self.model.version_str,
-            "instance": self.name,
-            "slot": self.slot,
-            "kind": self.instance.kind,
-            "device_id": self.instance.device_id,
-            "pid": self.pid,
-            "state": self.state.value,
-            "busy": self.busy is not None,
-            "restarts": self.restarts,
-            "last_error": self.last_error,
-            "pinning": dataclasses.asdict(self.pinning),
-            "placement": self.placement,
-        }
+    backend_directory: str
+    backend_config: Mapping[str, Mapping[str, str]]
+    model_load_gpu_limit: Mapping[int, float]  # device -> fraction
+    log_level: str
+    boot_timeout: float
+    execute_timeout: float  # 0: no limit
+    graceful_timeout: float
+    max_restarts: int  # crashes within restart_window before an instance is FAILED
+    restart_window: float
 
 
-class Supervisor:
+class Supervisor(Generic[M]):
     def __init__(
         self,
-        options: ServerOptions,
+        options: SupervisorOptions,
         run_id: str,
         outputs: OutputRegions,
-        events: Events,
-        watch: Callable[[int, WorkerHandle | None], None],
+        events: Events[M],
+        watch: Callable[[int, WorkerHandle[M] | None], None],
     ) -> None:
         self.options = options
         self.run_id = run_id
         self.outputs = outputs
         self.events = events
         self.watch = watch  # (fd, handle) starts watching a channel, (fd, None) stops
-        self.handles: dict[int, WorkerHandle] = {}
+        self.handles: dict[int, WorkerHandle[M]] = {}
         self.shared = SharedRegions(run_id, self.send)  # regions workers share (weights)
         self._next_slot = 0
 
     # ------------------------------------------------------------------ spawning
-    def add(
-        self, model: ModelVersion, instance: InstanceSpec, pinning: PinningSpec
-    ) -> WorkerHandle:
+    def add(self, model: M, instance: InstanceSpec, pinning: PinningSpec) -> WorkerHandle[M]:
         handle = WorkerHandle(self._next_slot, model, instance, pinning)
         self._next_slot += 1
         self.handles[handle.slot] = handle
         return handle
 
-    def spawn(self, handle: WorkerHandle) -> None:
+    def spawn(self, handle: WorkerHandle[M]) -> None:
         handle.generation += 1
         handle.identity = f"w{handle.slot}.{handle.generation}"
         handle.channel = channel = Channel()
@@ -186,7 +124,7 @@ class Supervisor:
         log.info("started worker %s (pid %d, slot %d)", handle.name, handle.proc.pid, handle.slot)
 
     # ------------------------------------------------------------------ messages from workers
-    def handle_message(self, handle: WorkerHandle, msg: WorkerMessage | Garbled) -> None:
+    def handle_message(self, handle: WorkerHandle[M], msg: WorkerMessage | Garbled) -> None:
         """Lifecycle messages (ready, failed); results are the manager's business."""
         if isinstance(msg, Ready):
             if handle.state is WorkerState.STARTING:
@@ -217,14 +155,14 @@ class Supervisor:
             if code is not None:
                 self._exited(handle, code)
 
-    def close_channel(self, handle: WorkerHandle) -> None:
+    def close_channel(self, handle: WorkerHandle[M]) -> None:
         """Stop listening to a worker whose end closed (it exits; reap() will see how)."""
         if handle.channel is not None:
             self.watch(handle.channel.fd, None)
             handle.channel.close()
             handle.channel = None
 
-    def send(self, handle: WorkerHandle, msg: BrokerMessage) -> None:
+    def send(self, handle: WorkerHandle[M], msg: BrokerMessage) -> None:
         """A message to a worker; one that cannot take it is killed (handled as a crash)."""
         if handle.channel is None:
             return
@@ -234,11 +172,11 @@ class Supervisor:
             log.error("worker %s: %s", handle.name, err.message)
             self.kill(handle, f"was killed: {err.message}")
 
-    def _exited(self, handle: WorkerHandle, code: int) -> None:
+    def _exited(self, handle: WorkerHandle[M], code: int) -> None:
         self._settle(handle, code)
         self.shared.exited(handle, handle.state in (WorkerState.STOPPED, WorkerState.FAILED))
 
-    def _settle(self, handle: WorkerHandle, code: int) -> None:
+    def _settle(self, handle: WorkerHandle[M], code: int) -> None:
         """The state a worker that exited with ``code`` leaves its slot in."""
         handle.proc = None
         self.close_channel(handle)
@@ -332,7 +270,7 @@ class Supervisor:
                     wake = _earliest(wake, deadline)
         return wake
 
-    def kill(self, handle: WorkerHandle, reason: str) -> None:
+    def kill(self, handle: WorkerHandle[M], reason: str) -> None:
         """End a worker that will not end by itself, leaving a trace (as gunicorn does).
 
         SIGABRT first: faulthandler (enabled in every worker) writes the Python stack of each
@@ -349,12 +287,12 @@ class Supervisor:
             handle.proc.send_signal(signal.SIGCONT)
 
     @staticmethod
-    def _sigkill(handle: WorkerHandle) -> None:
+    def _sigkill(handle: WorkerHandle[M]) -> None:
         if handle.proc is not None:
             with contextlib.suppress(ProcessLookupError):
                 handle.proc.kill()
 
-    def stop(self, handle: WorkerHandle) -> None:
+    def stop(self, handle: WorkerHandle[M]) -> None:
         """Ask a worker to finish (its finalizers run); killed if it overstays."""
         if handle.proc is None:
             if handle.state is not WorkerState.STOPPED:
@@ -364,11 +302,11 @@ class Supervisor:
         handle.set_state(WorkerState.STOPPING)
         self.send(handle, Stop())
 
-    def forget(self, handle: WorkerHandle) -> None:
+    def forget(self, handle: WorkerHandle[M]) -> None:
         self.handles.pop(handle.slot, None)
         self.shared.exited(handle, for_good=True)
 
-    def alive(self) -> list[WorkerHandle]:
+    def alive(self) -> list[WorkerHandle[M]]:
         return [h for h in self.handles.values() if h.proc is not None]
 
     def kill_all(self) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import numpy as np
@@ -39,8 +38,8 @@ def _build_wheel(out: Path) -> Path:
 
 def _fresh_venv(path: Path) -> tuple[str, Path]:
     """A venv whose own site-packages starts empty; the dependencies come from this test's
-    environment through a .pth line (a .pth never runs the .pth files of the dirs it adds,
-    so this environment's editable install stays out)."""
+    environment's site directories through a .pth (a .pth never runs the .pth files of the
+    dirs it adds, so this environment's editable install stays out)."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
     python = str(path / "bin" / "python")
     site = Path(
@@ -51,7 +50,8 @@ def _fresh_venv(path: Path) -> tuple[str, Path]:
             text=True,
         ).stdout.strip()
     )
-    (site / "_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    deps = [p for p in sys.path if p.endswith("site-packages") and os.path.isdir(p)]
+    (site / "_deps.pth").write_text("\n".join(deps) + "\n")
     return python, site
 
 

@@ -10,8 +10,8 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
-from inferpool.broker.front.admission import FLAG_SEQUENCE_END, FLAG_SEQUENCE_START, PendingRequest
 from inferpool.broker.models.registry import ModelVersion
+from inferpool.broker.models.request import FLAG_SEQUENCE_END, FLAG_SEQUENCE_START, PendingRequest
 from inferpool.broker.models.scheduler import Scheduler
 from inferpool.broker.models.sequencer import SequenceScheduler, scheduler_for
 from inferpool.wire.errors import Code, InferpoolError

@@ -72,13 +72,18 @@ class WantedOutput(NamedTuple):
     window: Window | None = None
 
 
+# Sequence-batcher control flags of a Work item, as Triton's TRITONSERVER_REQUEST_FLAG_*.
+FLAG_SEQUENCE_START = 1
+FLAG_SEQUENCE_END = 2
+
+
 class Work(NamedTuple):
     """One request of a batch, as the worker receives it."""
 
     rid: int  # the broker's handle of the request; results name it
     id: str  # the client's request id
     correlation_id: CorrelationId  # 0: not part of a sequence
-    flags: int  # sequence start/end (backends.api.FLAG_SEQUENCE_*)
+    flags: int  # FLAG_SEQUENCE_START | FLAG_SEQUENCE_END
     parameters: Parameters
     inputs: Sequence[TensorRef]
     outputs: Sequence[WantedOutput]

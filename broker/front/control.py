@@ -1,0 +1,156 @@
+"""Every client message but ``infer`` and the shared-memory extension's: health, metadata,
+the repository index, explicit model control, statistics and the instances' status.
+
+:class:`Readiness` is the broker's answer to "may I send requests?": the broker marks it
+started once the initial models settled, and stopping when it begins to shut down.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from inferpool import __version__
+from inferpool.broker.front.responder import Responder
+from inferpool.broker.front.router import Handler
+from inferpool.broker.models.manager import Manager, Waiter
+from inferpool.broker.models.registry import Registry, State
+from inferpool.broker.pool.supervisor import Supervisor
+from inferpool.shm.arena import Arena
+from inferpool.wire import codec
+from inferpool.wire.errors import Code, InferpoolError, invalid_arg
+
+EXTENSIONS = ("model_repository", "statistics", "sequence", "binary_tensor_data", "parameters")
+
+
+@dataclass
+class Readiness:
+    registry: Registry
+    strict: bool  # ready only while every model is (--strict-readiness)
+    started: bool = False
+    stopping: bool = False
+
+    def ready(self) -> bool:
+        if not self.started or self.stopping:
+            return False
+        if not self.strict:
+            return True
+        return all(r["state"] == State.READY.value for r in self.registry.index())
+
+
+class Control:
+    def __init__(
+        self,
+        *,
+        readiness: Readiness,
+        registry: Registry,
+        manager: Manager,
+        supervisor: Supervisor[Any],
+        responder: Responder,
+        arena: Arena,
+        run_id: str,
+        extensions: Sequence[str],
+        explicit: bool,
+    ) -> None:
+        """``extensions``: those of the other parts (shared memory); ``explicit``: models load
+        and unload on request (``--model-control-mode explicit``)."""
+        self.readiness = readiness
+        self.registry = registry
+        self.manager = manager
+        self.supervisor = supervisor
+        self.responder = responder
+        self.arena = arena
+        self.explicit = explicit
+        self.metadata = {
+            "name": "inferpool",
+            "version": __version__,
+            "protocol": codec.PROTOCOL_VERSION,
+            "extensions": [*EXTENSIONS, *extensions],
+            "run_id": run_id,  # every shared-memory region of this run: inferpool-<run_id>-*
+        }
+
+    def handlers(self) -> dict[str, Handler]:
+        return {
+            "health_live": lambda e, h, f: {"live": True},
+            "health_ready": lambda e, h, f: {"ready": self.readiness.ready()},
+            "server_metadata": lambda e, h, f: dict(self.metadata),
+            "model_ready": self.model_ready,
+            "model_metadata": self.model_metadata,
+            "model_config": self.model_config,
+            "repository_index": self.repository_index,
+            "load": self.load,
+            "unload": self.unload,
+            "statistics": self.statistics,
+            "status": self.status,
+        }
+
+    # ------------------------------------------------------------------ metadata
+    def model_ready(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
+        try:
+            self.registry.resolve(h.get("model_name"), h.get("model_version"))
+        except InferpoolError as err:
+            if err.code is Code.UNAVAILABLE:
+                return {"ready": False}
+            raise
+        return {"ready": True}
+
+    def model_metadata(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
+        mv = self.registry.resolve(h.get("model_name"), h.get("model_version"))
+        record = self.registry.records[mv.name]
+        meta = mv.metadata()
+        meta["versions"] = [v.version_str for v in record.ready_versions()]
+        return meta
+
+    def model_config(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
+        mv = self.registry.resolve(h.get("model_name"), h.get("model_version"))
+        return {"config": mv.config_dict()}
+
+    def repository_index(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
+        return {"models": self.registry.index(ready_only=bool(h.get("ready", False)))}
+
+    def statistics(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
+        name = h.get("model_name") or ""
+        if name:
+            versions = [self.registry.resolve(name, h.get("model_version"))]
+        else:
+            versions = [mv for mv in self.registry.all_versions() if mv.state is State.READY]
+        return {
+            "model_stats": [mv.stats.to_dict(mv.name, mv.version) for mv in versions],
+            "custom_metrics": self.manager.metrics.to_list(name or None),
+            "arena": {"size": self.arena.size, "free": self.arena.free_bytes},
+            "inflight": len(self.manager.inflight),
+        }
+
+    def status(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
+        return {"instances": [hd.status() for hd in self.supervisor.handles.values()]}
+
+    # ------------------------------------------------------------------ model control
+    def _model_name(self, what: str, h: dict[str, Any]) -> str:
+        if not self.explicit:
+            raise InferpoolError(
+                Code.UNSUPPORTED,
+                f"explicit model {what} is not allowed unless the server runs with "
+                "--model-control-mode explicit",
+            )
+        name = h.get("model_name")
+        if not isinstance(name, str) or not name:
+            raise invalid_arg(f"{what} needs a model_name")
+        return name
+
+    def load(self, envelope: list[bytes], h: dict[str, Any], f: list[Any]) -> None:
+        name = self._model_name("load", h)
+        self.manager.load(name, self._deferred(envelope, "load", h.get("id", "")))
+
+    def unload(self, envelope: list[bytes], h: dict[str, Any], f: list[Any]) -> None:
+        name = self._model_name("unload", h)
+        self.manager.unload(name, self._deferred(envelope, "unload", h.get("id", "")))
+
+    def _deferred(self, envelope: list[bytes], msg_type: str, request_id: Any) -> Waiter:
+        def done(err: InferpoolError | None) -> None:
+            if err is None:
+                self.responder.send(envelope, {"type": msg_type, "id": request_id})
+            else:
+                self.responder.send_error(envelope, msg_type, request_id, err)
+
+        return done

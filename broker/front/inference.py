@@ -1,0 +1,73 @@
+"""The ``infer`` message: check it against its model, place its inputs, queue it.
+
+Admission (``front.admission``) does the checking and placing; the request then belongs to
+the models' manager, which answers it through the responder when its worker is done.  The
+shared-memory extension sees each request first: a request may carry the releases of
+earlier leases (no extra round trip), and it keeps its sender's leases alive.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from inferpool.broker.front.admission import SharedMemoryInputs, admit
+from inferpool.broker.front.control import Readiness
+from inferpool.broker.front.router import Handler
+from inferpool.broker.models.registry import Registry
+from inferpool.broker.models.request import PendingRequest
+from inferpool.shm.arena import Arena
+from inferpool.wire.errors import Code, InferpoolError
+
+
+class SharedMemoryHook(SharedMemoryInputs, Protocol):
+    def request_arrived(self, client: bytes, header: dict[str, Any]) -> None:
+        """Before admission: the leases the request releases, and its sender is alive."""
+        ...
+
+
+class Inference:
+    def __init__(
+        self,
+        readiness: Readiness,
+        registry: Registry,
+        arena: Arena,
+        shm: SharedMemoryHook,
+        submit: Callable[[PendingRequest, int], None],
+        limit: int,
+    ) -> None:
+        """``submit`` queues an admitted request (the manager's); ``limit``: the most tensor
+        bytes one request may bring."""
+        self.readiness = readiness
+        self.registry = registry
+        self.arena = arena
+        self.shm = shm
+        self.submit = submit
+        self.limit = limit
+        self._next_rid = 0
+
+    def handlers(self) -> dict[str, Handler]:
+        return {"infer": self.infer}
+
+    def infer(self, envelope: list[bytes], header: dict[str, Any], frames: list[Any]) -> None:
+        client = envelope[0]
+        self.shm.request_arrived(client, header)
+        if self.readiness.stopping:
+            raise InferpoolError(Code.UNAVAILABLE, "the server is shutting down")
+        model = self.registry.resolve(header.get("model_name"), header.get("model_version"))
+        self._next_rid += 1
+        now = time.monotonic_ns()
+        req = admit(
+            header,
+            frames,
+            model,
+            self.arena,
+            rid=self._next_rid,
+            envelope=envelope,
+            client=client,
+            limit=self.limit,
+            now_ns=now,
+            shm=self.shm,
+        )
+        self.submit(req, now)

@@ -1,0 +1,35 @@
+"""An admitted request as the schedulers and the manager see it.
+
+The front builds it (``front.admission``) and answers it; everything in between (queues,
+batches, sequences, timeouts) happens in ``models``, so the type lives here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from inferpool.broker.models.registry import ModelVersion
+from inferpool.shm.arena import Slot
+from inferpool.wire.worker.messages import FLAG_SEQUENCE_END, FLAG_SEQUENCE_START, Work
+
+__all__ = ["FLAG_SEQUENCE_END", "FLAG_SEQUENCE_START", "PendingRequest"]
+
+
+@dataclass(slots=True, eq=False)
+class PendingRequest:
+    """An admitted request, from admission until its final response."""
+
+    rid: int
+    envelope: list[Any]  # zmq routing frames of the client
+    client_id: Any  # the request's own "id", echoed in every response
+    model: ModelVersion
+    work: Work  # what the worker receives for this request
+    slots: list[Slot]  # arena slots to return when the request ends
+    outputs: dict[str, dict[str, Any]]  # requested output -> the client's output parameters
+    batch_size: int
+    received_ns: int
+    deadline_ns: int = 0  # queue timeout; 0: none
+    dispatched_ns: int = 0
+    worker: Any = None
+    shm_outputs: bool = False  # some output stays in shared memory (handle, client region)

@@ -1,0 +1,107 @@
+"""One instance slot of the pool: the worker process filling it, its state and history.
+
+The pool knows the model an instance serves only as an :class:`InstanceModel` (enough to
+start its worker and to name it); the handle is generic in it, so the broker's models keep
+their own type and the pool never imports them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import subprocess
+import time
+from collections import deque
+from typing import Any, Generic, Protocol, TypeVar
+
+from inferpool.broker.pool.channel import Channel
+from inferpool.wire.errors import InferpoolError
+from inferpool.wire.worker.spec import InstanceSpec, PinningSpec
+
+
+class WorkerState(str, enum.Enum):
+    STARTING = "STARTING"
+    READY = "READY"
+    BACKOFF = "BACKOFF"  # crashed, waiting to respawn
+    FAILED = "FAILED"
+    STOPPING = "STOPPING"
+    STOPPED = "STOPPED"
+
+
+class InstanceModel(Protocol):
+    """What the pool knows of the model version an instance serves: enough to start its
+    worker and to name it (the broker's ``models.registry.ModelVersion``)."""
+
+    name: str
+    version: int
+    version_str: str
+    path: str  # <repo>/<model>
+    config: Any  # the ModelConfig served: names the backend
+
+    @property
+    def label(self) -> str: ...
+
+    def worker_config_json(self) -> str:
+        """The config a worker starts from (it completes its own), as protobuf JSON."""
+        ...
+
+
+M = TypeVar("M", bound=InstanceModel)
+
+
+class WorkerHandle(Generic[M]):
+    """One instance slot: the process currently filling it and its history."""
+
+    def __init__(self, slot: int, model: M, instance: InstanceSpec, pinning: PinningSpec):
+        self.slot = slot
+        self.model = model
+        self.instance = instance
+        self.pinning = pinning
+        self.generation = -1
+        self.state = WorkerState.STARTING
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.identity = ""  # "w<slot>.<generation>": names this process in logs
+        self.channel: Channel | None = None
+        self.output_region = ""
+        self.busy: list[Any] | None = None  # the batch in flight
+        self.exec_started = 0.0
+        self.state_since = time.monotonic()
+        self.crashes: deque[float] = deque()
+        self.restarts = 0
+        self.last_error = ""
+        self.boot_error: InferpoolError | None = None
+        self.kill_reason = ""
+        self.kill_at = 0.0  # aborted: SIGKILL then, if it has not died of the SIGABRT
+        self.respawn_at = 0.0
+        self.passive = instance.passive
+        self.placement: dict[str, Any] = {}  # what the worker read back after pinning
+        self.reported_config: Any = None  # the config its backend serves (models.completion)
+
+    @property
+    def name(self) -> str:
+        return self.instance.name
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def set_state(self, state: WorkerState) -> None:
+        self.state = state
+        self.state_since = time.monotonic()
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "model": self.model.name,
+            "version": self.model.version_str,
+            "instance": self.name,
+            "slot": self.slot,
+            "kind": self.instance.kind,
+            "device_id": self.instance.device_id,
+            "pid": self.pid,
+            "state": self.state.value,
+            "busy": self.busy is not None,
+            "restarts": self.restarts,
+            "last_error": self.last_error,
+            "pinning": dataclasses.asdict(self.pinning),
+            "placement": self.placement,
+        }

@@ -1,0 +1,104 @@
+"""The broker's import arrows, read from its code (ast), TYPE_CHECKING imports included.
+
+Inside the broker: front -> models -> pool, never back; its top-level modules (server,
+options, endpoints, notify) compose the three, and no sub-package imports them.  Of the
+rest of inferpool the broker imports only ``wire`` and ``shm`` (and the version from the
+namespace's ``__init__``): never workers, backends, client or the CLI.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.support import ROOT
+
+BROKER = ROOT / "broker"
+PARTS = ("front", "models", "pool")
+MAY_IMPORT = {"front": {"front", "models", "pool"}, "models": {"models", "pool"}, "pool": {"pool"}}
+OUTSIDE = ("wire", "shm")
+OURS = ("wire", "shm", "broker", "workers", "backends", "client", "examples")
+
+
+def part_of(relative: Path) -> str:
+    """``front``, ``models`` or ``pool``; ``top`` for the broker's own modules."""
+    return relative.parts[0] if len(relative.parts) > 1 and relative.parts[0] in PARTS else "top"
+
+
+def imported_names(tree: ast.AST, package: str) -> list[tuple[int, str]]:
+    """(line, dotted name) of everything imported; ``from a import b`` gives ``a.b``."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
+    return found
+
+
+def violation(part: str, name: str) -> str | None:
+    """Why importing ``name`` from the broker's ``part`` breaks an arrow, or None."""
+    parts = name.split(".")
+    if parts[0] in OURS:
+        return "spelled without the inferpool. namespace"
+    if parts[0] != "inferpool":
+        return None  # the standard library or a third-party package
+    if len(parts) == 2 and parts[1] == "__version__":
+        return None
+    if parts[1] in OUTSIDE:
+        return None
+    if parts[1] != "broker":
+        return f"the broker imports only {' and '.join(OUTSIDE)} of inferpool"
+    target = parts[2] if len(parts) > 3 and parts[2] in PARTS else "top"
+    if part == "top":
+        return None
+    if target == "top":
+        return f"broker.{part} imports the broker's top-level module {'.'.join(parts[1:3])}"
+    if target not in MAY_IMPORT[part]:
+        return f"broker.{part} imports broker.{target}: arrows run front -> models -> pool"
+    return None
+
+
+def check(path: Path, text: str) -> list[str]:
+    relative = path.relative_to(BROKER)
+    part = part_of(relative)
+    package = ".".join(("inferpool", "broker", *relative.parts[:-1]))
+    problems = []
+    for line, name in imported_names(ast.parse(text), package):
+        why = violation(part, name)
+        if why:
+            problems.append(f"broker/{relative}:{line}: {name}: {why}")
+    return problems
+
+
+def test_broker_imports_follow_the_arrows() -> None:
+    modules = sorted(BROKER.rglob("*.py"))
+    assert len(modules) > 30 and {part_of(m.relative_to(BROKER)) for m in modules} == {
+        *PARTS,
+        "top",
+    }
+    problems = [p for m in modules for p in check(m, m.read_text(encoding="utf-8"))]
+    assert problems == []
+
+
+def test_the_check_sees_each_kind_of_wrong_arrow() -> None:
+    cases = {
+        "models/x.py": "from inferpool.broker.front.responder import Responder",
+        "pool/x.py": "from inferpool.broker.models.registry import ModelVersion",
+        "front/x.py": "from inferpool.broker.options import ServerOptions",
+        "top.py": "import inferpool.workers.main",
+        "pool/y.py": "from ..models import registry",
+        "front/y.py": "from client.sync import Client",
+    }
+    for where, source in cases.items():
+        (problem,) = check(BROKER / where, "from typing import TYPE_CHECKING\n" + source)
+        assert problem.startswith(f"broker/{where}:2: ")
+    allowed = (
+        "from inferpool.broker.pool.handle import WorkerHandle\n"
+        "from inferpool.wire.errors import Code\nfrom inferpool import __version__\nimport zmq"
+    )
+    assert check(BROKER / "front" / "z.py", allowed) == []
