@@ -129,7 +129,7 @@ class Registrations:
                 f"{CUDA_IPC_HANDLE_SIZE}-byte cudaIpcMemHandle_t, got {len(handle)} bytes"
             )
         self._serial += 1
-        ref = cuda_ref(self._serial, device_id, handle)
+        ref = cuda_ref(self._serial, size, handle)
         self._add(owner, Registration(name, "cuda", "", 0, size, ref, device_id=device_id))
 
     def _check_free(self, owner: bytes, name: str) -> None:

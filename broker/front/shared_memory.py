@@ -35,6 +35,7 @@ class SharedMemory:
         manager = broker.manager
         supervisor = broker.supervisor
         self.frontend = broker.frontend_handler
+        self.gpus = len(manager.topology.gpus)  # counted without CUDA
         self.registrations = Registrations(
             broker.run_id,
             opts.max_client_shm,
@@ -130,7 +131,7 @@ class SharedMemory:
             ) from None
         device_id = _count(h, "device_id")
         size = _count(h, "byte_size")
-        reason = cuda.unavailable_reason()
+        reason = cuda.support_reason(self.gpus)  # never CUDA itself on the event loop
         if reason is not None:
             raise InferpoolError(
                 Code.UNSUPPORTED, f"CUDA shared memory is not available on this server: {reason}"
