@@ -190,6 +190,7 @@ class BackendHost:
             inst.name = info["name"]
             inst.kind = info.get("kind", "CPU")
             inst.device_id = int(info.get("device_id", 0))
+            inst.cuda_ordinal = int(info.get("cuda_ordinal", inst.device_id))
             inst.index = int(info.get("index", 0))
             inst.host_policy = info.get("host_policy", "")
             inst.secondary_devices = list(info.get("secondary_devices", []))

@@ -60,7 +60,12 @@ class Worker:
             config_json=spec.config_json,
             repository_path=spec.repository_path,
             artifact_path=spec.artifact_path,
-            instance=vars(spec.instance),
+            instance={  # backends get the CUDA ordinal: a GPU worker sees only its device
+                **vars(spec.instance),
+                "cuda_ordinal": cuda_ordinal(
+                    spec.instance.device_id, spec.pinning.cuda_visible_devices
+                ),
+            },
             backend_directory=spec.backend_directory,
             backend_config=spec.backend_config,
         )
