@@ -8,6 +8,7 @@ broker -> worker   {"op": "execute", "requests": [...], "free": [...], "unmap": 
 worker -> broker   {"op": "ready", "placement": {...}, "config": {...}} (the config as the backend
                    completed it, protobuf JSON), {"op": "failed", "error": {...}},
                    {"op": "items", "items": [...]}            (decoupled, mid-batch)
+                   {"op": "unmapped", "refs": [...]}          (mappings of ``unmap`` closed)
                    {"op": "done", "items": [...], "stats": ..., "metrics": ...}
 
 A result item is {"rid", "final", "outputs": [[name, datatype, shape, region, offset,
@@ -141,6 +142,7 @@ class Worker:
             unmaps = msg.get("unmap")
             if unmaps:
                 self.memory.unmap(unmaps)
+                self.send({"op": "unmapped", "refs": unmaps})  # a CUDA unregister waits for it
             op = msg.get("op")
             if op == "execute":
                 self._execute(msg["requests"])

@@ -44,6 +44,8 @@ class SharedMemory:
             lambda: [h.identity for h in supervisor.alive()],
             manager.unmaps,
         )
+        manager.unmapped = self.registrations.unmapped
+        self.responder = broker.responder
         self.handles = Handles(LeaseTable(broker.run_id), broker.outputs)
         self.clients = ClientTracker(
             broker.frontend, opts.lease_timeout, self._disconnected, self._silent
@@ -140,8 +142,15 @@ class SharedMemory:
         self.registrations.register_cuda(e[0], name, handle, device_id, size)
         return {}
 
-    def unregister_cuda(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
-        return {"unregistered": self.registrations.unregister(e[0], _opt_text(h, "name"), True)}
+    def unregister_cuda(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> None:
+        """Answered once no worker maps the regions: the client may free the memory then."""
+        request_id = h.get("id", "")
+
+        def closed(names: list[str]) -> None:
+            reply = {"type": h["type"], "id": request_id, "unregistered": names}
+            self.responder.send(e, reply)
+
+        self.registrations.unregister(e[0], _opt_text(h, "name"), True, closed)
 
     def cuda_status(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
         return {"regions": self.registrations.status(e[0], _opt_text(h, "name"), True)}

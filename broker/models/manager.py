@@ -51,6 +51,8 @@ class Manager:
         self.inflight: dict[int, PendingRequest] = {}
         # worker identity -> client regions it should stop mapping (sent with its next message)
         self.unmaps: dict[str, list[str]] = {}
+        # told when a worker has closed them (the shared-memory extension sets it)
+        self.unmapped: Callable[[str, list[str]], None] = lambda identity, refs: None
         self.metrics = CustomMetrics()
         self.wakes: dict[Scheduler, int] = {}
         self.topology = Topology.discover()
@@ -322,6 +324,8 @@ class Manager:
                 self._batch_done(handle, msg)
             else:  # a decoupled model made progress: its execute timeout starts over
                 handle.exec_started = time.monotonic()
+        elif op == "unmapped":
+            self.unmapped(handle.identity, msg.get("refs") or [])
         else:
             self.supervisor.handle_message(handle, msg)
 
