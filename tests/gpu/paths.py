@@ -65,7 +65,9 @@ class Outcome:
         if self.failures:
             verdict = f"fails: {self.failures[0]}"
         elif self.ran:
-            verdict = "works"
+            verdict = "works" + (
+                f" ({len(self.skips)} skipped: {self.skips[0]})" if self.skips else ""
+            )
         elif self.skips:
             verdict = f"skipped: {self.skips[0]}"
         else:
