@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from inferpool.broker.pool.topology import discover_gpus
+from inferpool.client import ShmClient
 from inferpool.shm import cuda
+from tests.support import Server
 
 IPC_REASON = cuda.unavailable_reason()
 needs_cuda_ipc = pytest.mark.skipif(
@@ -30,6 +32,20 @@ def device_buffer(nbytes: int, device: int = 0) -> Iterator[cuda.CudaBuffer]:
         yield buffer
     finally:
         buffer.free()
+
+
+@contextlib.contextmanager
+def cuda_client(
+    server: Server, nbytes: int, values: Any = None
+) -> Iterator[tuple[ShmClient, cuda.CudaBuffer]]:
+    """A client with a CUDA buffer registered as "gpu" (``values`` written at its start),
+    unregistered (answered once no worker maps it) before the buffer is freed."""
+    with device_buffer(nbytes) as buffer, ShmClient(server.endpoint, input_bytes=0) as c:
+        if values is not None:
+            write(buffer, values)
+        c.register_cuda_shared_memory("gpu", buffer)
+        yield c, buffer
+        assert c.unregister_cuda_shared_memory() == ["gpu"]
 
 
 def write(buffer: cuda.CudaBuffer, values: Any, offset: int = 0) -> None:

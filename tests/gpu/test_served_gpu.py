@@ -17,11 +17,10 @@ import numpy as np
 import pytest
 import torch
 
-from inferpool.client import ShmClient
 from tests.backends.pytorch import torch_models as tm
 from tests.gpu import paths
 from tests.gpu.paths import path
-from tests.gpu.support import GPUS, LAST_GPU, device_buffer, needs_cuda_ipc, needs_torch_cuda, write
+from tests.gpu.support import GPUS, LAST_GPU, cuda_client, needs_cuda_ipc, needs_torch_cuda
 from tests.support import Server, identity_config, write_model
 
 pytestmark = [needs_torch_cuda, pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")]
@@ -128,9 +127,7 @@ def test_pytorch_reads_and_writes_cuda_regions(server: Server) -> None:
     import cupy
 
     x = rows(2)
-    with device_buffer(4096) as buffer, ShmClient(server.endpoint, input_bytes=0) as c:
-        write(buffer, x)
-        c.register_cuda_shared_memory("gpu", buffer)
+    with cuda_client(server, 4096, x) as (c, buffer):
         req = c.request("linear_last", outputs=[])
         req.input_from("INPUT__0", "gpu", [2, 4], "FP32", x.nbytes)
         req.output_to("OUTPUT__0", "gpu", 16, offset=1024)
@@ -138,21 +135,17 @@ def test_pytorch_reads_and_writes_cuda_regions(server: Server) -> None:
             out = result["OUTPUT__0"]
             assert isinstance(out, cupy.ndarray) and out.data.ptr == buffer.ptr + 1024
             np.testing.assert_allclose(cupy.asnumpy(out), expected(x), rtol=1e-5, atol=1e-6)
-        assert c.unregister_cuda_shared_memory() == ["gpu"]
 
 
 @path(paths.PYTORCH_CUDA_TO_CPU)
 @needs_cuda_ipc
 def test_cuda_inputs_reach_a_kind_cpu_instance(server: Server) -> None:
     x = rows(4)
-    with device_buffer(4096) as buffer, ShmClient(server.endpoint, input_bytes=0) as c:
-        write(buffer, x)
-        c.register_cuda_shared_memory("gpu", buffer)
+    with cuda_client(server, 4096, x) as (c, _):
         req = c.request("linear_cpu", outputs=["OUTPUT__0"])
         req.input_from("INPUT__0", "gpu", [4, 4], "FP32", x.nbytes)
         with c.run(req) as result:
             np.testing.assert_allclose(result["OUTPUT__0"], expected(x), rtol=1e-5, atol=1e-6)
-        c.unregister_cuda_shared_memory()
 
 
 # ---------------------------------------------------------------------------- identity, 256 MiB
@@ -162,11 +155,10 @@ def test_identity_copies_256_mib_from_gpu_to_gpu(server: Server) -> None:
     import cupy
 
     count = BIG // 4
-    with device_buffer(2 * BIG) as buffer, ShmClient(server.endpoint, input_bytes=0) as c:
+    with cuda_client(server, 2 * BIG) as (c, buffer):
         source = buffer.array(0, BIG).view(cupy.int32)
         source[:] = cupy.arange(count, dtype=cupy.int32)
         buffer.synchronize()
-        c.register_cuda_shared_memory("gpu", buffer)
         req = c.request("identity", outputs=[])
         req.input_from("INPUT0", "gpu", [count], "INT32", BIG)
         req.output_to("OUTPUT0", "gpu", BIG, offset=BIG)
@@ -174,21 +166,17 @@ def test_identity_copies_256_mib_from_gpu_to_gpu(server: Server) -> None:
             out = result["OUTPUT0"]
             assert out.data.ptr == buffer.ptr + BIG
             assert bool(cupy.array_equal(out, source))
-        c.unregister_cuda_shared_memory()
 
 
 @path(paths.IDENTITY_GPU_TO_HOST)
 @needs_cuda_ipc
 def test_identity_copies_256_mib_from_gpu_to_host(server: Server) -> None:
     values = np.arange(BIG // 4, dtype=np.int32)
-    with device_buffer(BIG) as buffer, ShmClient(server.endpoint, input_bytes=0) as c:
-        write(buffer, values)
-        c.register_cuda_shared_memory("gpu", buffer)
+    with cuda_client(server, BIG, values) as (c, _):
         req = c.request("identity", outputs=["OUTPUT0"])
         req.input_from("INPUT0", "gpu", [values.size], "INT32", BIG)
         with c.run(req) as result:
             np.testing.assert_array_equal(result["OUTPUT0"], values)
-        c.unregister_cuda_shared_memory()
 
 
 # ---------------------------------------------------------------------------- python backend
@@ -199,9 +187,7 @@ def test_python_models_get_cpu_inputs_unless_they_ask(server: Server, model, on_
     import cupy
 
     x = np.arange(4, dtype=np.int32)
-    with device_buffer(4096) as buffer, ShmClient(server.endpoint, input_bytes=0) as c:
-        write(buffer, x)
-        c.register_cuda_shared_memory("gpu", buffer)
+    with cuda_client(server, 4096, x) as (c, _):
         req = c.request(model, outputs=[])
         req.input_from("IN", "gpu", [4], "INT32", 16)
         req.output_to("OUT", "gpu", 16, offset=1024)
@@ -212,7 +198,6 @@ def test_python_models_get_cpu_inputs_unless_they_ask(server: Server, model, on_
         handle.input_from("IN", "gpu", [4], "INT32", 16)
         with c.run(handle) as result:  # the same output into the host arena
             np.testing.assert_array_equal(result["OUT"], x * 2)
-        c.unregister_cuda_shared_memory()
 
 
 # ---------------------------------------------------------------------------- load limit
