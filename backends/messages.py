@@ -315,8 +315,8 @@ def copy_into(dst: Any, src: Any) -> None:
     device, and the response waits for it before it leaves.
     """
     if isinstance(dst, np.ndarray):
-        on_device = codec.device_of(src) is not None
-        if on_device and callable(getattr(src, "get", None)) and src.dtype == dst.dtype:
+        same = codec.device_of(src) is not None and (src.dtype, src.shape) == (dst.dtype, dst.shape)
+        if same and callable(getattr(src, "get", None)):
             src.get(out=dst)  # cupy: device -> host, straight into place (blocks)
         else:
             np.copyto(dst, codec.host_array(src), casting="same_kind")
