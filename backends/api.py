@@ -168,7 +168,12 @@ class ModelInstance(_Level):
     name: str
     #: "CPU", "GPU" or "MODEL"
     kind: str
+    #: Triton's device id: for names, statistics and metrics
     device_id: int
+    #: the CUDA ordinal of ``device_id`` in this worker process, for ``torch.device`` and
+    #: ``cupy.cuda.Device``: a KIND_GPU instance's worker sees only its own GPU
+    #: (``CUDA_VISIBLE_DEVICES``), as ordinal 0
+    cuda_ordinal: int
     #: index of this instance within the model (0..count-1 over all instance groups)
     index: int
     host_policy: str

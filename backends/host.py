@@ -121,6 +121,7 @@ class BackendHost:
             inst.name = spec.name
             inst.kind = spec.kind
             inst.device_id = spec.device_id
+            inst.cuda_ordinal = spec.device_id if spec.cuda_ordinal is None else spec.cuda_ordinal
             inst.index = spec.index
             inst.host_policy = spec.host_policy
             inst.secondary_devices = list(spec.secondary_devices)

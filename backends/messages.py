@@ -2,7 +2,10 @@
 
 Inputs are zero-copy views of shared memory; a response allocates its outputs in shared
 memory (through the worker's OutputMemory) and the backend writes into them in place.
-Every response leaves through Request._deliver, which keeps the answer-exactly-once rule.
+Every response leaves through Request._deliver, which keeps the answer-exactly-once rule
+and, when outputs were written into device memory (a client's CUDA region), first waits
+for the device to finish writing them: copies on a GPU are queued on a stream, and the
+client must not be told its outputs are there before they are.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from inferpool.shm import cuda
 from inferpool.wire import codec
 from inferpool.wire.errors import Code, InferpoolError, internal, invalid_arg, not_found
 from inferpool.wire.worker.messages import FLAG_SEQUENCE_END, FLAG_SEQUENCE_START
@@ -88,6 +92,7 @@ class Response:
         self.outputs: dict[str, OutputTensor] = {}
         self.parameters: dict[str, ParameterValue] = {}
         self.error = error
+        self.devices: set[int] = set()  # GPUs outputs were written on: waited for on delivery
 
     @classmethod
     def from_error(cls, request: Request, error: BaseException | str) -> Response:
@@ -112,7 +117,16 @@ class Response:
         return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
 
     def set_output(self, name: str, value: Any, datatype: str | None = None) -> None:
-        """Copy an array (or a list of str/bytes for BYTES) into output ``name``."""
+        """Copy an array (or a list of str/bytes for BYTES) into output ``name``.
+
+        A device array (cupy, torch on a GPU) is copied by the device, never through numpy.
+        """
+        if codec.device_of(value) is not None:
+            datatype = datatype or codec.datatype_of(value.dtype)
+            if datatype == "BYTES":
+                raise invalid_arg(f"output '{name}': BYTES tensors cannot be in GPU memory")
+            copy_into(self.output(name, tuple(value.shape), datatype), value)
+            return
         arr = codec.as_array(value, datatype)
         datatype = datatype or codec.datatype_of(arr.dtype)
         if datatype == "BYTES":
@@ -133,6 +147,9 @@ class Response:
         requested = self._request.requested_outputs.get(name)
         region, offset, buf = self._request._memory.allocate(requested, nbytes)
         self.outputs[name] = OutputTensor(name, datatype, tuple(shape), region, offset, nbytes)
+        device = codec.device_of(buf)
+        if device is not None:
+            self.devices.add(device)
         return buf
 
     def discard(self) -> None:
@@ -200,7 +217,8 @@ class Request:
         self._final = False
 
     def _deliver(self, response: Response | None, final: bool) -> None:
-        """The one place a response leaves: checks the answer-exactly-once contract."""
+        """The one place a response leaves: checks the answer-exactly-once contract, and
+        waits for outputs written on a GPU before they are announced."""
         if self._final:
             raise internal(f"request '{self.id}' already received its final response")
         if response is None:
@@ -210,6 +228,8 @@ class Request:
             raise internal(f"request '{self.id}' is not decoupled: only one response is allowed")
         else:
             self._sent += 1
+            if response.devices:
+                response = _settled(response)
         self._final = final
         self._emit(self, response, final)
 
@@ -271,15 +291,33 @@ class Request:
         return bool(self.flags & FLAG_SEQUENCE_END)
 
 
+def _settled(response: Response) -> Response:
+    """``response`` once the GPUs have finished writing its outputs, or the error why not."""
+    devices, response.devices = response.devices, set()
+    try:
+        cuda.synchronize(devices)
+    except Exception as exc:  # a failed kernel surfaces here: the outputs are not valid
+        response.discard()
+        return Response.from_error(
+            response._request, internal(f"writing outputs on the GPU failed: {exc}")
+        )
+    return response
+
+
 def copy_into(dst: Any, src: Any) -> None:
-    """Copy ``src`` into ``dst``; either may be a device (cupy) array, as GPU inputs and
-    outputs into a client's CUDA region are."""
+    """Copy ``src`` into ``dst``; either may be in device memory, as GPU inputs, torch CUDA
+    tensors and outputs into a client's CUDA region are.
+
+    Copies between host and device block; a copy from device to device is queued on the
+    device, and the response waits for it before it leaves.
+    """
     if isinstance(dst, np.ndarray):
-        if isinstance(src, np.ndarray):
-            np.copyto(dst, src, casting="same_kind")
+        same = codec.device_of(src) is not None and (src.dtype, src.shape) == (dst.dtype, dst.shape)
+        if same and callable(getattr(src, "get", None)):
+            src.get(out=dst)  # cupy: device -> host, straight into place (blocks)
         else:
-            src.get(out=dst)  # device -> host
-    elif isinstance(src, np.ndarray):
-        dst.set(np.ascontiguousarray(src, dtype=dst.dtype))  # host -> device
+            np.copyto(dst, codec.host_array(src), casting="same_kind")
+    elif codec.device_of(src) is None:
+        dst.set(np.ascontiguousarray(codec.host_array(src), dtype=dst.dtype))  # host -> device
     else:
-        dst[...] = src
+        dst[...] = cuda.as_cupy(src)

@@ -44,6 +44,7 @@ from inferpool.shm.leases import LeaseTable
 from inferpool.shm.region import Region
 from inferpool.shm.runs import region_name
 from inferpool.wire.errors import Code, InferpoolError
+from inferpool.wire.worker.messages import Unmapped
 from inferpool.wire.zmqio import NOBLOCK, recv_frames
 
 log = logging.getLogger("inferpool.broker")
@@ -112,7 +113,15 @@ class Broker:
                 lambda: [h.identity for h in supervisor.alive()],
                 manager.unmaps,
             )
-            self.shm = SharedMemory(registrations, handles, self.frontend, opts.lease_timeout)
+            self.registrations = registrations
+            self.shm = SharedMemory(
+                registrations,
+                handles,
+                self.frontend,
+                opts.lease_timeout,
+                self.responder.send,
+                len(topology.gpus),
+            )
             stack.callback(self.shm.close)  # its socket monitor must go before the context
             inference = Inference(
                 self.readiness,
@@ -252,6 +261,8 @@ class Broker:
         msg = handle.channel.recv()
         if msg is None:  # its end closed: the process is exiting; reap() will say how
             self.supervisor.close_channel(handle)
+        elif isinstance(msg, Unmapped):  # a CUDA unregister may be waiting for it
+            self.registrations.unmapped(handle.identity, msg.refs)
         elif msg:
             self.manager.worker_message(handle, msg)
 

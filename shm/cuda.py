@@ -1,15 +1,27 @@
 """CUDA IPC memory: device buffers shared between processes, behind the POSIX path's shape.
 
-cupy (the ``gpu`` extra, ``cupy-cuda12x``) is imported on first use only, so machines
-without a GPU never load it.  A :class:`CudaBuffer` is device memory a client allocates and
-exports; a :class:`CudaRegion` is the same memory opened in another process from its IPC
-handle (once per region: opening costs milliseconds).  Both hand out cupy arrays that view
-the memory without a copy; ``torch.from_dlpack`` turns those into torch tensors.
+cupy (the ``gpu`` extra) is imported on first use only, so machines without a GPU never
+load it.  A :class:`CudaBuffer` is device memory a client allocates and exports; a
+:class:`CudaRegion` is the same memory opened in another process from its IPC handle
+(once per region: opening costs milliseconds).  Both hand out cupy arrays that view the
+memory without a copy; ``torch.from_dlpack`` turns those into torch tensors.
+
+Device numbers are per process: a GPU instance's worker sees only its own GPU, as device
+0 (``CUDA_VISIBLE_DEVICES``), so a region is opened on the worker's current device, never
+on the device number the client registered, which names a device of the client's process.
+CUDA maps memory of another device, even one the process does not see, with peer access.
+
+Writes into device memory are queued on a stream and finish later: whoever wrote must
+:func:`synchronize` before telling another process the bytes are there (a client after
+writing its inputs, a worker before answering with outputs in a client's region).
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import importlib.util
+from collections.abc import Iterable
 from typing import Any
 
 from inferpool.shm.refs import CUDA_IPC_HANDLE_SIZE
@@ -19,18 +31,38 @@ class CudaUnavailable(RuntimeError):
     """cupy or a GPU is missing; the message says which."""
 
 
+class RegionTooLarge(ValueError):
+    """A registration claims more bytes than the device allocation behind its handle has."""
+
+
+INSTALL_HINT = "pip install 'inferpool[gpu]' (CUDA 12) or 'inferpool[gpu-cuda13]'"
+
+
 @functools.cache
 def unavailable_reason() -> str | None:
-    """Why CUDA IPC cannot work in this process, or None when it can."""
+    """Why CUDA IPC cannot work in this process, or None when it can (imports cupy and
+    initialises CUDA: seconds, the first time)."""
     try:
         import cupy
     except ImportError as exc:
-        return f"cupy is not installed (pip install 'inferpool[gpu]'): {exc}"
+        return f"cupy is not installed ({INSTALL_HINT}): {exc}"
     try:
         count = int(cupy.cuda.runtime.getDeviceCount())
     except Exception as exc:  # CUDARuntimeError without a driver
         return f"no usable CUDA device: {exc}"
     return None if count > 0 else "no CUDA device is visible"
+
+
+def support_reason(gpus: int) -> str | None:
+    """Why this machine cannot serve CUDA shared memory, judged without CUDA.
+
+    For the broker: it neither imports cupy nor initialises CUDA (seconds of stall on its
+    event loop, and a context nobody uses), so it asks only whether cupy is installed for
+    its workers and whether it counted a GPU (``gpus``, from its topology).
+    """
+    if importlib.util.find_spec("cupy") is None:
+        return f"cupy is not installed ({INSTALL_HINT})"
+    return None if gpus > 0 else "no GPU is visible to the server"
 
 
 def _cupy() -> Any:
@@ -42,31 +74,71 @@ def _cupy() -> Any:
     return cupy
 
 
-def _view(cupy: Any, ptr: int, nbytes: int, owner: Any, device_id: int) -> Any:
-    memory = cupy.cuda.UnownedMemory(ptr, nbytes, owner, device_id=device_id)
+def _view(cupy: Any, ptr: int, nbytes: int, owner: Any, device: int) -> Any:
+    memory = cupy.cuda.UnownedMemory(ptr, nbytes, owner, device_id=device)
     return cupy.ndarray((nbytes,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(memory, 0))
 
 
-class CudaRegion:
-    """Device memory another process exported, opened here from its IPC handle."""
+@functools.cache
+def _libcuda() -> Any:
+    return ctypes.CDLL("libcuda.so.1")
 
-    def __init__(self, handle: bytes, device_id: int) -> None:
+
+def allocation_size(ptr: int) -> int:
+    """Bytes from ``ptr`` to the end of the device allocation it lies in.
+
+    ``cuMemGetAddressRange`` of the driver API, which cupy does not wrap, through ctypes;
+    the driver library is there wherever cupy found a GPU.
+    """
+    lib = _libcuda()
+    base, size = ctypes.c_uint64(), ctypes.c_size_t()
+    status = lib.cuMemGetAddressRange_v2(
+        ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(ptr)
+    )
+    if status != 0:
+        name = ctypes.c_char_p()
+        lib.cuGetErrorName(status, ctypes.byref(name))
+        what = name.value.decode() if name.value else f"error {status}"
+        raise RuntimeError(f"cuMemGetAddressRange failed: {what}")
+    return int(base.value + size.value - ptr)
+
+
+class CudaRegion:
+    """Device memory another process exported, opened here from its IPC handle.
+
+    Opened on this thread's current device (0 in a GPU instance's worker), with lazy peer
+    access when the memory lives on another device.  ``byte_size`` (what the client
+    registered) is checked against the allocation, as Triton does when it registers a
+    CUDA region, so no window can reach past the memory.
+    """
+
+    def __init__(self, handle: bytes, byte_size: int) -> None:
         if len(handle) != CUDA_IPC_HANDLE_SIZE:
             raise ValueError(
                 f"a CUDA IPC handle has {CUDA_IPC_HANDLE_SIZE} bytes, not {len(handle)}"
             )
         self._cupy = _cupy()
-        self.device_id = device_id
-        with self._cupy.cuda.Device(device_id):
-            self.ptr: int = self._cupy.cuda.runtime.ipcOpenMemHandle(handle)
+        runtime = self._cupy.cuda.runtime
+        self.device: int = int(runtime.getDevice())
+        self.ptr: int = runtime.ipcOpenMemHandle(handle)
+        try:
+            self.size = allocation_size(self.ptr)
+            if byte_size > self.size:
+                raise RegionTooLarge(
+                    f"byte_size {byte_size} exceeds the {self.size} bytes of the CUDA "
+                    "allocation the handle names"
+                )
+        except BaseException:
+            self.close()
+            raise
 
     def array(self, offset: int, nbytes: int) -> Any:
         """A cupy uint8 array over ``[offset, offset + nbytes)`` of the region."""
-        return _view(self._cupy, self.ptr + offset, nbytes, self, self.device_id)
+        return _view(self._cupy, self.ptr + offset, nbytes, self, self.device)
 
     def close(self) -> None:
         if self.ptr:
-            with self._cupy.cuda.Device(self.device_id):
+            with self._cupy.cuda.Device(self.device):
                 self._cupy.cuda.runtime.ipcCloseMemHandle(self.ptr)
             self.ptr = 0
 
@@ -95,8 +167,27 @@ class CudaBuffer:
             raise ValueError(f"[{offset}, {offset + size}) is outside a buffer of {self.nbytes}")
         return _view(self._cupy, self.ptr + offset, size, self, self.device_id)
 
+    def synchronize(self) -> None:
+        """Wait for the work queued on this buffer's device: call it after writing inputs
+        and before sending the request, so the server reads finished data."""
+        synchronize([self.device_id])
+
     def free(self) -> None:
         if self.ptr:
             with self._cupy.cuda.Device(self.device_id):
                 self._cupy.cuda.runtime.free(self.ptr)
             self.ptr = 0
+
+
+def synchronize(devices: Iterable[int]) -> None:
+    """Wait until every stream of each device has finished what was queued on it."""
+    cupy = _cupy()
+    for device in sorted(set(devices)):
+        with cupy.cuda.Device(device):
+            cupy.cuda.runtime.deviceSynchronize()
+
+
+def as_cupy(array: Any) -> Any:
+    """A cupy array over a device array (cupy, torch or any DLPack producer), no copy."""
+    cupy = _cupy()
+    return array if isinstance(array, cupy.ndarray) else cupy.from_dlpack(array)

@@ -6,7 +6,11 @@ the same key registered again (perhaps a new object under an old name) is a new
 reference, so a worker never reads through a mapping of the object it replaced.
 
     sys/<serial>/<key>                        a POSIX object the client created
-    cuda/<serial>/<device>/<handle as hex>    device memory exported with CUDA IPC
+    cuda/<serial>/<byte size>/<handle as hex> device memory exported with CUDA IPC
+
+A CUDA reference carries the registered byte size, which the worker that opens the handle
+checks against the allocation, and no device number: the client's device numbers are not
+the worker's.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ CUDA_IPC_HANDLE_SIZE = 64  # sizeof(cudaIpcMemHandle_t)
 class RegionRef:
     kind: str  # "posix" (the broker's own), "sys" or "cuda"
     name: str  # the POSIX name (no leading slash); "" for cuda
-    device_id: int = 0
+    byte_size: int = 0  # cuda: the registered size
     handle: bytes = b""
 
 
@@ -33,8 +37,8 @@ def system_ref(serial: int, key: str) -> str:
     return f"sys/{serial}/{posix_name(key)}"
 
 
-def cuda_ref(serial: int, device_id: int, handle: bytes) -> str:
-    return f"cuda/{serial}/{device_id}/{handle.hex()}"
+def cuda_ref(serial: int, byte_size: int, handle: bytes) -> str:
+    return f"cuda/{serial}/{byte_size}/{handle.hex()}"
 
 
 def parse_ref(ref: str) -> RegionRef:

@@ -52,7 +52,9 @@ def numpy_dtype(datatype: str) -> np.dtype[Any]:
 
 
 def datatype_of(dtype: Any) -> str:
-    """The wire datatype of a numpy dtype (str/bytes/object arrays are BYTES)."""
+    """The wire datatype of a numpy (or torch, cupy) dtype (str/bytes/object arrays are BYTES)."""
+    if type(dtype).__module__ == "torch":  # torch.float32 -> "float32", as numpy names it
+        dtype = str(dtype).removeprefix("torch.")
     dt = np.dtype(dtype)
     if dt.kind in "OSU":
         return "BYTES"
@@ -154,15 +156,44 @@ def array_from_buffer(buf: Any, datatype: str, shape: Sequence[int], what: str) 
     return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
 
 
+# DLPack device types numpy can view: kDLCPU and kDLCUDAHost (pinned host memory).
+DLPACK_HOST_DEVICES = (1, 3)
+
+
+def device_of(value: Any) -> int | None:
+    """The GPU ordinal a DLPack array (cupy, torch) lives on; None for host memory."""
+    probe = getattr(value, "__dlpack_device__", None)
+    if probe is None or isinstance(value, np.ndarray):
+        return None
+    kind, index = probe()
+    return None if kind in DLPACK_HOST_DEVICES else int(index)
+
+
+def host_array(value: Any) -> np.ndarray:
+    """``value`` as a numpy array: a view of host memory, a blocking copy of device memory.
+
+    numpy refuses device memory (``np.from_dlpack`` of a cupy array raises), so device
+    arrays are copied by their own library: torch's ``cpu()``, cupy's ``get()``.
+    """
+    if isinstance(value, np.ndarray):
+        return value
+    if hasattr(value, "detach"):  # torch: numpy() views a CPU tensor, cpu() copies a GPU one
+        return np.asarray(value.detach().cpu().numpy())
+    if device_of(value) is None:
+        return np.from_dlpack(value) if hasattr(value, "__dlpack__") else np.asarray(value)
+    if callable(getattr(value, "get", None)):  # cupy and its likes: device -> host
+        return np.asarray(value.get())
+    raise invalid_arg(
+        f"cannot copy a {type(value).__name__} out of GPU memory; use a cupy array or a "
+        "torch tensor"
+    )
+
+
 def as_array(value: Any, datatype: str | None = None) -> np.ndarray:
-    """Accept numpy arrays, torch tensors (CPU), lists and scalars as input tensors."""
+    """Accept numpy arrays, torch tensors, cupy arrays (copied to host memory), lists and
+    scalars as tensors."""
     if hasattr(value, "__dlpack__") and not isinstance(value, np.ndarray):
-        if hasattr(value, "detach"):  # torch: from_dlpack keeps it zero-copy on the CPU
-            value = value.detach()
-            if getattr(value, "is_cuda", False):
-                value = value.cpu()
-            return np.asarray(value.numpy())
-        value = np.from_dlpack(value)
+        value = host_array(value)
     if datatype == "BYTES":
         arr = np.asarray(value, dtype=np.object_)
     elif datatype is not None:

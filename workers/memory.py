@@ -18,7 +18,7 @@ import posix_ipc
 
 from inferpool.backends.api import InputTensor, RequestedOutput
 from inferpool.shm.arena import Allocator, ArenaFull
-from inferpool.shm.cuda import CudaRegion, CudaUnavailable
+from inferpool.shm.cuda import CudaRegion, CudaUnavailable, RegionTooLarge
 from inferpool.shm.refs import parse_ref
 from inferpool.shm.region import Region
 from inferpool.wire import codec
@@ -132,9 +132,13 @@ def _open(ref: str) -> Region | CudaRegion:
         raise InferpoolError(Code.INVALID_ARG, str(exc)) from None
     if parsed.kind == "cuda":
         try:
-            return CudaRegion(parsed.handle, parsed.device_id)
+            return CudaRegion(parsed.handle, parsed.byte_size)
         except CudaUnavailable as exc:
             raise InferpoolError(Code.UNSUPPORTED, f"CUDA shared memory: {exc}") from None
+        except RegionTooLarge as exc:  # Triton refuses it at registration, as INVALID_ARG
+            raise InferpoolError(
+                Code.INVALID_ARG, f"invalid CUDA shared-memory registration: {exc}"
+            ) from None
         except Exception as exc:  # cupy's CUDARuntimeError: a bad or foreign handle
             raise InferpoolError(
                 Code.INVALID_ARG, f"cannot open the CUDA IPC handle of a region: {exc}"
@@ -162,5 +166,5 @@ def _device_input(
     shape = tuple(reshape if reshape is not None else ref.shape)
     data = region.array(ref.offset, ref.byte_size).view(codec.numpy_dtype(ref.datatype))
     return InputTensor(
-        ref.name, ref.datatype, shape, data.reshape(shape), ref.byte_size, "gpu", region.device_id
+        ref.name, ref.datatype, shape, data.reshape(shape), ref.byte_size, "gpu", region.device
     )

@@ -2,13 +2,15 @@
 
 The broker and the worker speak the messages of ``wire.worker.messages`` over this worker's
 channel (``spec.channel_fd``, inherited): Execute, Free and Stop come in; Ready (or Failed)
-goes out once, then one Done per batch, and Items for results that come between (decoupled
-models, backend threads).  docs/internals.md describes the exchange.
+goes out once, then one Done per batch, Items for results that come between (decoupled
+models, backend threads), and Unmapped once the client regions it was told to unmap are
+closed.  docs/internals.md describes the exchange.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import select
@@ -33,6 +35,7 @@ from inferpool.wire.worker.messages import (
     Slot,
     Stop,
     TensorRef,
+    Unmapped,
     Work,
 )
 from inferpool.wire.worker.spec import WorkerSpec
@@ -66,7 +69,12 @@ class Worker:
             config_json=spec.config_json,
             repository_path=spec.repository_path,
             artifact_path=spec.artifact_path,
-            instance=spec.instance,
+            instance=dataclasses.replace(  # a GPU worker sees only its device
+                spec.instance,
+                cuda_ordinal=cuda_ordinal(
+                    spec.instance.device_id, spec.pinning.cuda_visible_devices
+                ),
+            ),
             backend_directory=spec.backend_directory,
             backend_config=spec.backend_config,
             shared_regions=self.regions,
@@ -152,6 +160,7 @@ class Worker:
             self.memory.free(free)
         if unmap:
             self.memory.unmap(unmap)
+            self.link.send(Unmapped(unmap))  # a CUDA unregister waits for it
 
     # ------------------------------------------------------------------ execution
     def _execute(self, msg: Execute) -> None:

@@ -5,6 +5,10 @@ own shared memory; an inferpool worker already is a separate process whose input
 shared memory, so model.py runs right here.  The lifecycle maps as in Triton: the model
 level imports model.py and runs ``auto_complete_config``; each instance creates its own
 ``TritonPythonModel`` and calls ``initialize(args)``, ``execute(requests)``, ``finalize()``.
+
+As in Triton, inputs reach the model in host memory (``as_numpy()`` works) unless the config
+sets ``FORCE_CPU_ONLY_INPUT_TENSORS`` to ``"no"``: then an input in a client's CUDA region
+stays on the GPU (``is_cpu()`` is False; ``to_dlpack()`` hands it over without a copy).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from inferpool.wire.errors import Code, InferpoolError, internal, invalid_arg, n
 
 UTILS_MODULE = "triton_python_backend_utils"
 MODEL_CLASS = "TritonPythonModel"
+CPU_ONLY_PARAMETER = "FORCE_CPU_ONLY_INPUT_TENSORS"
 
 
 def load_model_class(path: str) -> type:
@@ -83,6 +88,21 @@ class PythonModel(Model):
             self._auto_complete(hook)
         self.config_json = json.dumps(config_to_dict(self.config))  # args["model_config"]
         self.supports_batching = self.max_batch_size > 0
+        self.cpu_only_inputs = self._cpu_only_inputs()
+
+    def _cpu_only_inputs(self) -> bool:
+        """Triton's ``FORCE_CPU_ONLY_INPUT_TENSORS``: "yes" (the default) or "no"."""
+        value = self.parameter(CPU_ONLY_PARAMETER, "yes")
+        if value not in ("yes", "no"):
+            raise InferpoolError(
+                Code.UNSUPPORTED,
+                f'Incorrect value for {CPU_ONLY_PARAMETER}: \'{value}\' ("yes" or "no")',
+            )
+        if value == "no":
+            self.log.info(
+                "Input tensors can be both in CPU and GPU. %s is off.", CPU_ONLY_PARAMETER
+            )
+        return value == "yes"
 
     def finalize(self) -> None:
         sys.modules.pop(self.model_class.__module__, None)
@@ -129,13 +149,18 @@ class PythonInstance(ModelInstance):
             self._call("initialize()", hook, self._args())
 
     def _args(self) -> dict[str, str]:
-        """Triton's ``initialize(args)``: every key and value a string."""
+        """Triton's ``initialize(args)``: every key and value a string.
+
+        ``model_instance_device_id`` is the CUDA ordinal in this worker (0 for a KIND_GPU
+        instance, whose worker sees only its GPU), so ``torch.device("cuda", int(...))``
+        in a model written for Triton picks the instance's GPU.
+        """
         model = self.model
         return {
             "model_config": model.config_json,
             "model_instance_kind": self.kind,
             "model_instance_name": self.name,
-            "model_instance_device_id": str(self.device_id),
+            "model_instance_device_id": str(self.cuda_ordinal),
             "model_repository": model.repository_path,
             "model_version": str(model.version),
             "model_name": model.name,
@@ -156,7 +181,8 @@ class PythonInstance(ModelInstance):
         exec_start = now_ns()
         try:
             with calling(self.model):
-                result = self.user.execute([InferenceRequest._wrap(r) for r in requests])
+                cpu_only = self.model.cpu_only_inputs
+                result = self.user.execute([InferenceRequest._wrap(r, cpu_only) for r in requests])
                 if inspect.isawaitable(result):  # ``async def execute``, run to completion
                     result = self._event_loop().run_until_complete(result)
         except TritonError as err:

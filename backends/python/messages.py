@@ -12,11 +12,13 @@ from typing import Any
 from inferpool.backends.api import (
     FLAG_SEQUENCE_END,
     FLAG_SEQUENCE_START,
+    InputTensor,
     Request,
     Response,
     ResponseSender,
 )
 from inferpool.backends.python.tensor import Tensor, TritonModelException
+from inferpool.wire import codec
 from inferpool.wire.errors import Code, InferpoolError
 
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
@@ -149,22 +151,34 @@ class InferenceRequest:
 
     _request: Request
     _sender: InferenceResponseSender | None
+    _cpu_only: bool
+    _inputs: list[Tensor] | None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TritonModelException(_BLS)
 
     @classmethod
-    def _wrap(cls, request: Request) -> InferenceRequest:
+    def _wrap(cls, request: Request, cpu_only: bool = True) -> InferenceRequest:
+        """``cpu_only``: GPU inputs are copied to host memory first, as Triton does unless
+        FORCE_CPU_ONLY_INPUT_TENSORS is "no"."""
         wrapped = cls.__new__(cls)
         wrapped._request = request
         wrapped._sender = None
+        wrapped._cpu_only = cpu_only
+        wrapped._inputs = None
         return wrapped
 
     def inputs(self) -> list[Tensor]:
-        return [
-            Tensor._wrap(t.name, t.datatype, t.data, cpu=t.memory == "cpu")
-            for t in self._request.inputs.values()
-        ]
+        if self._inputs is None:  # GPU inputs are copied once, on first use
+            self._inputs = [self._tensor(t) for t in self._request.inputs.values()]
+        return list(self._inputs)
+
+    def _tensor(self, tensor: InputTensor) -> Tensor:
+        if tensor.memory == "cpu" or not self._cpu_only:
+            return Tensor._wrap(tensor.name, tensor.datatype, tensor.data, tensor.memory == "cpu")
+        host = codec.host_array(tensor.data)  # a blocking copy out of the GPU
+        host.flags.writeable = False  # read-only, as every input a model gets
+        return Tensor._wrap(tensor.name, tensor.datatype, host, cpu=True)
 
     def request_id(self) -> str:
         return self._request.id

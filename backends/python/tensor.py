@@ -15,9 +15,6 @@ from tritonclient.grpc import model_config_pb2
 from inferpool.wire import codec
 from inferpool.wire.errors import InferpoolError
 
-# DLPack device types that numpy can view: kDLCPU and kDLCUDAHost (pinned host memory).
-_DLPACK_HOST_DEVICES = (1, 3)
-
 
 class TritonModelException(Exception):
     """Raised by pb_utils calls the model made wrongly; ``message()`` as in Triton."""
@@ -87,12 +84,10 @@ class Tensor:
             import torch.utils.dlpack
 
             dlpack = torch.utils.dlpack.from_dlpack(dlpack)
-        device_type, _ = dlpack.__dlpack_device__()
-        if device_type in _DLPACK_HOST_DEVICES:
+        if codec.device_of(dlpack) is None:
             array = np.from_dlpack(dlpack)
             return cls._wrap(name, codec.datatype_of(array.dtype), array, cpu=True)
-        datatype = codec.datatype_of(np.dtype(str(dlpack.dtype).removeprefix("torch.")))
-        return cls._wrap(name, datatype, dlpack, cpu=False)
+        return cls._wrap(name, codec.datatype_of(dlpack.dtype), dlpack, cpu=False)
 
     def name(self) -> str:
         return self._name

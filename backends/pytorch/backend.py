@@ -57,7 +57,7 @@ class PyTorchInstance(ModelInstance):
             self.device_id,
         )
         with contextlib.ExitStack() as stack:  # a failed load releases what it had taken
-            self.placement = Placement(self.kind, self.device_id, self.name)
+            self.placement = Placement(self.kind, self.device_id, self.cuda_ordinal, self.name)
             stack.callback(self.placement.close)
             path = artifact.find(
                 model.artifact_path, model.config.default_model_filename, self.name

@@ -1,8 +1,10 @@
 """Where an instance runs: its device, its CUDA streams and events, and compute timing.
 
-KIND_CPU runs on the CPU, KIND_GPU on ``cuda:<device_id>`` with its own stream, KIND_MODEL
+KIND_CPU runs on the CPU, KIND_GPU on ``cuda:<ordinal>`` with its own stream, KIND_MODEL
 wherever the model puts itself, with one stream per visible GPU (as the seed, which cannot
-know which devices such a model uses).  On a machine without CUDA nothing here touches
+know which devices such a model uses).  The ordinal is the instance's device in this
+process: a KIND_GPU worker sees only its GPU, as ``cuda:0``, whatever Triton's device id
+(which names the instance in messages).  On a machine without CUDA nothing here touches
 ``torch.cuda`` beyond asking how many devices there are, so everything imports and runs.
 """
 
@@ -20,7 +22,7 @@ from inferpool.wire.errors import unavailable
 class Placement:
     """Device, streams and the three timing marks of one execution (input, infer, output)."""
 
-    def __init__(self, kind: str, device_id: int, instance: str) -> None:
+    def __init__(self, kind: str, device_id: int, ordinal: int, instance: str) -> None:
         self.kind = kind
         self.device: torch.device | None = torch.device("cpu")
         self.streams: list[torch.cuda.Stream] = []
@@ -29,15 +31,15 @@ class Placement:
         self._marked: set[int] = set()
         device_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if kind == "GPU":
-            if device_id >= device_count:
+            if ordinal >= device_count:
                 raise unavailable(
-                    f"instance '{instance}' is KIND_GPU on device {device_id}, but torch sees "
-                    f"{device_count} CUDA device(s) (torch.cuda.is_available() is "
-                    f"{torch.cuda.is_available()})"
+                    f"instance '{instance}' is KIND_GPU on device {device_id} (CUDA device "
+                    f"{ordinal} of its worker), but torch sees {device_count} CUDA device(s) "
+                    f"(torch.cuda.is_available() is {torch.cuda.is_available()})"
                 )
-            self.device = torch.device("cuda", device_id)
+            self.device = torch.device("cuda", ordinal)
             self.streams = [torch.cuda.Stream(device=self.device)]
-            self._events = self._new_events(device_id)
+            self._events = self._new_events(ordinal)
         elif kind == "MODEL":
             self.device = None  # the model places itself
             self.streams = [torch.cuda.Stream(device=i) for i in range(device_count)]
@@ -62,17 +64,23 @@ class Placement:
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
-        """Make this instance's streams (and, for KIND_GPU, its device) current."""
+        """Make this instance's streams current, and its device: KIND_GPU's own, for
+        KIND_MODEL the one that was current (the model chooses its devices itself).
+
+        ``torch.cuda.set_stream`` also makes the stream's device current, so after one
+        stream per GPU the last GPU would be; the device is set back once they are set.
+        """
         if not self.streams:
             yield
             return
         with contextlib.ExitStack() as stack:
-            if self.kind == "GPU":
-                stack.enter_context(torch.cuda.device(self.device))
+            before = torch.cuda.current_device()
+            stack.callback(torch.cuda.set_device, before)  # runs last: the device as found
             for stream in self.streams:
                 previous = torch.cuda.current_stream(stream.device)
                 torch.cuda.set_stream(stream)
                 stack.callback(torch.cuda.set_stream, previous)
+            torch.cuda.set_device(self.device if self.device is not None else before)
             yield
 
     def begin(self) -> None:

@@ -1,4 +1,4 @@
-"""Datatypes between the model config, the wire and torch, and zero-copy numpy<->torch views.
+"""Datatypes between the model config, the wire and torch, and zero-copy views as tensors.
 
 The config types torch can hold are those of the seed's ``ModelConfigDataTypeToTorchType``;
 ``TYPE_STRING`` is not a tensor type but travels as ``List[str]``.
@@ -6,7 +6,9 @@ The config types torch can hold are those of the seed's ``ModelConfigDataTypeToT
 Read-only arrays become tensors through DLPack rather than ``torch.from_numpy``: inputs are
 read-only views of shared memory, DLPack says so, and torch takes them without a copy and
 without the "non-writable array" warning ``from_numpy`` raises (torch has no read-only
-tensors; the backend never writes to an input).
+tensors; the backend never writes to an input).  Device arrays (GPU inputs, outputs in a
+client's CUDA region: cupy arrays) go through DLPack too: numpy's calls and attributes
+(``flags.writeable``, ``torch.from_numpy``) do not apply to them.
 """
 
 from __future__ import annotations
@@ -53,17 +55,13 @@ def datatype_of(dtype: torch.dtype) -> str:
     return _WIRE.get(dtype, "INVALID")
 
 
-def as_tensor(array: np.ndarray) -> torch.Tensor:
-    """A tensor over the same memory as ``array`` (no copy), bfloat16 included."""
+def as_tensor(array: Any) -> torch.Tensor:
+    """A tensor over the same memory as ``array`` (no copy): a numpy array, bfloat16
+    included, or a device array (cupy, torch: any DLPack producer)."""
+    if not isinstance(array, np.ndarray):
+        return array if isinstance(array, torch.Tensor) else torch.from_dlpack(array)
     if array.dtype.itemsize == 2 and array.dtype.name == "bfloat16":
         return as_tensor(array.view(np.uint16)).view(torch.bfloat16)
     if array.flags.writeable:
         return torch.from_numpy(array)  # the cheaper call, where numpy has nothing to warn of
     return torch.from_dlpack(array)
-
-
-def from_device_array(data: Any) -> torch.Tensor:
-    """A tensor over a GPU input (any DLPack producer: cupy, torch), without a copy."""
-    if isinstance(data, torch.Tensor):
-        return data
-    return torch.from_dlpack(data)

@@ -8,6 +8,10 @@ are then joined along the batch dimension:
 * several requests whose inputs lie back to back in one buffer (as a batcher that places a
   batch in consecutive arena slots leaves them): one view over the whole span, no copy;
 * otherwise one copy of each request into a batch tensor on the instance's device.
+
+Copies to a GPU are queued on the instance's stream (the forward pass follows on it); a
+copy from a GPU to the CPU (a GPU input to a KIND_CPU or KIND_MODEL instance) blocks, as
+the forward pass reads it on the CPU at once.
 """
 
 from __future__ import annotations
@@ -144,7 +148,7 @@ class InputAssembler:
                 f"{_shape_str(expected)}, got {_shape_str(tensor.shape)}"
             )
         if tensor.memory != "cpu":
-            return dtypes.from_device_array(tensor.data)
+            return dtypes.as_tensor(tensor.data)
         if tensor.datatype == "BYTES":
             return _strings(tensor)
         return tensor.data
@@ -195,20 +199,24 @@ class InputAssembler:
         if isinstance(parts[0], list):
             return [s for part in parts for s in part]
         if len(parts) == 1:
-            one = parts[0]
-            tensor = dtypes.as_tensor(one) if isinstance(one, np.ndarray) else one
-            tensor = tensor.to(device, non_blocking=True)
+            tensor = dtypes.as_tensor(parts[0]).to(device, non_blocking=_queued(device))
         elif (
             all(isinstance(p, np.ndarray) for p in parts)
             and (span := contiguous_span(parts)) is not None
         ):
-            tensor = dtypes.as_tensor(span).to(device, non_blocking=True)
+            tensor = dtypes.as_tensor(span).to(device, non_blocking=_queued(device))
         else:
             tensor = _copy_into_batch(parts, device)
         reshape = self.specs[name].reshape
         if reshape is not None:
             tensor = tensor.reshape((tensor.shape[0], *reshape) if self.batching else reshape)
         return tensor
+
+
+def _queued(device: torch.device) -> bool:
+    """Whether a copy to ``device`` may be queued: only on a GPU, whose stream orders it
+    before the forward pass; a copy to the CPU must have landed before the CPU reads it."""
+    return device.type != "cpu"
 
 
 def _strings(tensor: InputTensor) -> list[str]:
@@ -271,11 +279,11 @@ def contiguous_span(arrays: list[np.ndarray]) -> np.ndarray | None:
 
 
 def _copy_into_batch(parts: list[Any], device: torch.device) -> torch.Tensor:
-    tensors = [dtypes.as_tensor(p) if isinstance(p, np.ndarray) else p for p in parts]
+    tensors = [dtypes.as_tensor(p) for p in parts]
     rows = sum(t.shape[0] for t in tensors)
     out = torch.empty((rows, *tensors[0].shape[1:]), dtype=tensors[0].dtype, device=device)
     row = 0
     for t in tensors:
-        out[row : row + t.shape[0]].copy_(t, non_blocking=True)
+        out[row : row + t.shape[0]].copy_(t, non_blocking=_queued(device))
         row += t.shape[0]
     return out

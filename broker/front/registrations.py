@@ -11,14 +11,16 @@ client, so another client's name is NOT_FOUND.  Three kinds:
 Ending a registration never pulls memory from under a request in flight: the region is
 retired only once every request admitted before the end has finished; then workers are
 told to drop their mappings (piggybacked on their next message) and a created region is
-unlinked.
+unlinked.  Ending a CUDA registration is answered only once every worker has closed its
+mapping (each confirms with ``unmapped``): the client frees the memory next, and freeing
+device memory another process still has mapped is undefined behaviour in CUDA.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +32,7 @@ from inferpool.shm.runs import PREFIX, SHM_DIR, region_name
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg, not_found
 
 log = logging.getLogger("inferpool.shm")
+Closed = Callable[[list[str]], None]  # called with the names of the ended registrations
 
 
 @dataclass
@@ -72,6 +75,8 @@ class Registrations:
         self._unmaps = unmaps  # worker identity -> refs to drop with its next message
         self._by_owner: dict[bytes, dict[str, Registration]] = {}
         self._retiring: list[tuple[int, Registration]] = []
+        self._mapped_in: dict[str, set[str]] = {}  # retired CUDA ref -> workers yet to close it
+        self._waiters: list[tuple[set[str], list[str], Closed]] = []  # refs, names, callback
         self._serial = 0
 
     # ------------------------------------------------------------------ registering
@@ -129,7 +134,7 @@ class Registrations:
                 f"{CUDA_IPC_HANDLE_SIZE}-byte cudaIpcMemHandle_t, got {len(handle)} bytes"
             )
         self._serial += 1
-        ref = cuda_ref(self._serial, device_id, handle)
+        ref = cuda_ref(self._serial, size, handle)
         self._add(owner, Registration(name, "cuda", "", 0, size, ref, device_id=device_id))
 
     def _check_free(self, owner: bytes, name: str) -> None:
@@ -145,8 +150,14 @@ class Registrations:
         self._by_owner.setdefault(owner, {})[reg.name] = reg
 
     # ------------------------------------------------------------------ ending
-    def unregister(self, owner: bytes, name: str, cuda: bool) -> list[str]:
-        """End ``name`` (all of this client's regions of the kind when empty)."""
+    def unregister(
+        self, owner: bytes, name: str, cuda: bool, closed: Closed | None = None
+    ) -> list[str]:
+        """End ``name`` (all of this client's regions of the kind when empty).
+
+        ``closed(names)`` is called once no worker maps the ended CUDA regions any more
+        (at once when none does).
+        """
         mine = self._by_owner.get(owner, {})
         if name:
             reg = mine.get(name)
@@ -160,7 +171,11 @@ class Registrations:
             self._retire_later(reg)
         if not mine:
             self._by_owner.pop(owner, None)
-        return [r.name for r in ended]
+        names = [r.name for r in ended]
+        if closed is not None:
+            self._waiters.append(({r.ref for r in ended if r.kind == "cuda"}, names, closed))
+            self._settle()
+        return names
 
     def drop_owner(self, owner: bytes) -> int:
         """The client is gone: end all its registrations."""
@@ -177,8 +192,17 @@ class Registrations:
 
     def tick(self) -> None:
         """Retire regions no request admitted before their end can still be using."""
-        if not self._retiring:
-            return
+        if self._retiring:
+            self._retire()
+        if self._mapped_in:  # a worker that died has closed everything
+            alive = set(self._workers())
+            for ref, holders in list(self._mapped_in.items()):
+                holders &= alive
+                if not holders:
+                    del self._mapped_in[ref]
+        self._settle()
+
+    def _retire(self) -> None:
         oldest = next(iter(self._inflight)) if self._inflight else None
         keep = []
         for newest, reg in self._retiring:
@@ -190,9 +214,31 @@ class Registrations:
                 self._unmaps.setdefault(identity, []).append(reg.ref)
             for identity in [i for i in self._unmaps if i not in workers]:
                 del self._unmaps[identity]  # a worker that died needs no word
+            if reg.kind == "cuda" and workers:
+                self._mapped_in[reg.ref] = set(workers)
             if reg.created is not None:
                 reg.created.destroy()
         self._retiring = keep
+
+    def unmapped(self, worker: str, refs: Sequence[str]) -> None:
+        """``worker`` has closed its mappings of ``refs`` (its ``unmapped`` message)."""
+        for ref in refs:
+            holders = self._mapped_in.get(ref)
+            if holders is not None:
+                holders.discard(worker)
+                if not holders:
+                    del self._mapped_in[ref]
+        self._settle()
+
+    def _settle(self) -> None:
+        """Call back the unregisters none of whose CUDA regions is mapped any more."""
+        if not self._waiters:
+            return
+        busy = set(self._mapped_in).union(reg.ref for _, reg in self._retiring)
+        done = [w for w in self._waiters if not w[0] & busy]
+        self._waiters = [w for w in self._waiters if w[0] & busy]
+        for _, names, closed in done:
+            closed(names)
 
     def close(self) -> None:
         for mine in self._by_owner.values():
@@ -204,6 +250,8 @@ class Registrations:
                 reg.created.destroy()
         self._by_owner.clear()
         self._retiring = []
+        self._mapped_in.clear()
+        self._waiters = []
 
     # ------------------------------------------------------------------ looking up
     def _mine(self, owner: bytes) -> list[Registration]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -36,11 +37,17 @@ class SharedMemory:
         handles: Handles,
         socket: zmq.Socket[Any],
         lease_timeout: float,
+        send: Callable[[list[Any], dict[str, Any]], None],
+        gpus: int,
     ) -> None:
         """``socket``: the clients' ROUTER, whose disconnects end what a client held;
-        ``lease_timeout``: how long a client holding leases may stay silent."""
+        ``lease_timeout``: how long a client holding leases may stay silent; ``send``: the
+        responder's, for answers that come later (a CUDA unregister); ``gpus``: the GPUs the
+        broker counted (without CUDA)."""
         self.registrations = registrations
         self.handles = handles
+        self._send = send
+        self.gpus = gpus
         self.clients = ClientTracker(socket, lease_timeout, self._disconnected, self._silent)
         self._source: Any = None  # the routing frame of the message being handled
 
@@ -127,7 +134,7 @@ class SharedMemory:
             ) from None
         device_id = _count(h, "device_id")
         size = _count(h, "byte_size")
-        reason = cuda.unavailable_reason()
+        reason = cuda.support_reason(self.gpus)  # never CUDA itself on the event loop
         if reason is not None:
             raise InferpoolError(
                 Code.UNSUPPORTED, f"CUDA shared memory is not available on this server: {reason}"
@@ -136,8 +143,15 @@ class SharedMemory:
         self.registrations.register_cuda(e[0], name, handle, device_id, size)
         return {}
 
-    def unregister_cuda(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
-        return {"unregistered": self.registrations.unregister(e[0], _opt_text(h, "name"), True)}
+    def unregister_cuda(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> None:
+        """Answered once no worker maps the regions: the client may free the memory then."""
+        request_id = h.get("id", "")
+
+        def closed(names: list[str]) -> None:
+            reply = {"type": h["type"], "id": request_id, "unregistered": names}
+            self._send(e, reply)
+
+        self.registrations.unregister(e[0], _opt_text(h, "name"), True, closed)
 
     def cuda_status(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
         return {"regions": self.registrations.status(e[0], _opt_text(h, "name"), True)}

@@ -2,7 +2,8 @@
 
 Device memory the client allocates and exports with CUDA IPC (shm.cuda.CudaBuffer) is
 registered, an input read from it and an output written into it; the result views the
-client's own device memory.  Skipped, with the reason, where CUDA IPC cannot work.
+client's own device memory.  The client synchronises after writing its input, before it
+sends the request.  Skipped, with the reason, where CUDA IPC cannot work.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ import pytest
 
 from inferpool.client import ShmClient
 from inferpool.shm import cuda
+from tests.gpu.paths import SERVED_CUDA_SHM, path
+from tests.gpu.support import needs_cuda_ipc
 from tests.support import Server, identity_config, write_model
 
-REASON = cuda.unavailable_reason()
-pytestmark = pytest.mark.skipif(REASON is not None, reason=f"CUDA IPC unavailable: {REASON}")
+pytestmark = [needs_cuda_ipc, path(SERVED_CUDA_SHM)]
 
 
 @pytest.fixture
@@ -35,6 +37,7 @@ def test_cuda_region_inputs_outputs_and_handles(server: Server) -> None:
     buffer = cuda.CudaBuffer(4096)
     try:
         buffer.array(0, 16).view(cupy.float32)[:] = cupy.arange(4, dtype=cupy.float32)
+        buffer.synchronize()  # the server must read finished data
         with ShmClient(server.endpoint, input_bytes=0) as c:
             c.register_cuda_shared_memory("gpu", buffer)
             assert c.cuda_shared_memory_status() == [

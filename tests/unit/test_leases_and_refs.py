@@ -47,8 +47,8 @@ def test_region_references_round_trip() -> None:
     # the same key registered again is a different reference (a worker maps it afresh)
     assert system_ref(3, "/k") != system_ref(4, "/k")
     handle = bytes(range(CUDA_IPC_HANDLE_SIZE))
-    ref = parse_ref(cuda_ref(9, 1, handle))
-    assert (ref.kind, ref.device_id, ref.handle) == ("cuda", 1, handle)
+    ref = parse_ref(cuda_ref(9, 4096, handle))  # the registered size, for the worker's check
+    assert (ref.kind, ref.byte_size, ref.handle) == ("cuda", 4096, handle)
 
 
 @pytest.mark.parametrize(

@@ -101,3 +101,33 @@ def test_regions_retire_only_after_the_requests_admitted_before(regs, user_objec
     refs = sorted(unmaps[b"w0"])
     assert refs == sorted(unmaps[b"w1"]) and len(refs) == 2
     assert exists(user_object)  # the client's own object is the client's to unlink
+
+
+def test_a_cuda_unregister_is_answered_once_every_worker_closed_its_mapping() -> None:
+    inflight: dict[int, object] = {}
+    unmaps: dict[str, list[str]] = {}
+    workers = ["w0", "w1", "w2"]
+    r = Registrations("0123456789", 0, False, inflight, lambda: list(workers), unmaps)
+    r.register_cuda(A, "g", bytes(64), 0, 4096)
+    inflight[7] = object()  # a request that may read the region
+    answers: list[list[str]] = []
+    assert r.unregister(A, "", True, answers.append) == ["g"]
+    r.tick()
+    assert answers == [] and unmaps == {}  # the request still runs: nothing retired yet
+    del inflight[7]
+    r.tick()
+    [ref] = unmaps["w0"]
+    assert ref.startswith("cuda/") and unmaps["w1"] == unmaps["w2"] == [ref]
+    r.unmapped("w0", [ref])
+    r.unmapped("w1", ["sys/3/other", ref])
+    assert answers == []  # w2 still maps it: the client must not free the memory yet
+    workers.remove("w2")  # ...unless w2 died, which closes every mapping it had
+    r.tick()
+    assert answers == [["g"]]
+    # a region no request used waits for the workers' word all the same
+    r.register_cuda(A, "h", bytes(64), 0, 4096)
+    r.unregister(A, "h", True, answers.append)
+    r.unmapped("w0", unmaps["w0"][-1:])
+    r.unmapped("w1", unmaps["w1"][-1:])
+    assert answers == [["g"], ["h"]]
+    assert r.unregister(A, "", True, answers.append) == [] and answers[-1] == []

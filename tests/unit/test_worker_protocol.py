@@ -67,6 +67,7 @@ FROM_WORKER = [
     ),
     m.ShareRegion("weights-0123abcd", 1 << 20),
     m.RegionFilled("weights-0123abcd", True),
+    m.Unmapped(["cuda/0011aabb/4096", "inferpool-ab12cd34-c7-input"]),
 ]
 
 

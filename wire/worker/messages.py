@@ -10,7 +10,8 @@ broker -> worker  Execute (a batch to run), Free (slots and regions it is done w
                   RegionGrant (the answer to ShareRegion)
 worker -> broker  Ready (loaded: its placement and served config), Failed (why it cannot
                   boot), Items (results mid-batch, decoupled models), Done (a batch's last
-                  results and its statistics), ShareRegion / RegionFilled (shared regions)
+                  results and its statistics), ShareRegion / RegionFilled (shared regions),
+                  Unmapped (client regions it has closed)
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class Kind(str, enum.Enum):
     DONE = "done"
     SHARE_REGION = "share_region"
     REGION_FILLED = "region_filled"
+    UNMAPPED = "unmapped"
 
 
 # ---------------------------------------------------------------------------- records
@@ -217,8 +219,15 @@ class RegionFilled(NamedTuple):
     ok: bool
 
 
+class Unmapped(NamedTuple):
+    """The worker has closed its mappings of these client regions (an Execute's or a Free's
+    ``unmap``): a CUDA region's unregister is answered only then."""
+
+    refs: Sequence[str]
+
+
 BrokerMessage = Execute | Free | Stop | RegionGrant
-WorkerMessage = Ready | Failed | Items | Done | ShareRegion | RegionFilled
+WorkerMessage = Ready | Failed | Items | Done | ShareRegion | RegionFilled | Unmapped
 Message = BrokerMessage | WorkerMessage
 
 _KINDS: dict[type, Kind] = {
@@ -232,6 +241,7 @@ _KINDS: dict[type, Kind] = {
     Done: Kind.DONE,
     ShareRegion: Kind.SHARE_REGION,
     RegionFilled: Kind.REGION_FILLED,
+    Unmapped: Kind.UNMAPPED,
 }
 
 
@@ -323,6 +333,7 @@ _FROM_WORKER: dict[str, Callable[[Any], Any]] = {
     Kind.DONE: _done,
     Kind.SHARE_REGION: ShareRegion._make,
     Kind.REGION_FILLED: RegionFilled._make,
+    Kind.UNMAPPED: Unmapped._make,
 }
 
 

@@ -37,6 +37,9 @@ class InstanceSpec:
     host_policy: str = ""
     passive: bool = False  # loaded but never scheduled (Triton's passive instances)
     secondary_devices: list[dict[str, Any]] = field(default_factory=list)
+    # device_id's CUDA ordinal in the worker, which sees only its CUDA_VISIBLE_DEVICES (the
+    # worker sets it after pinning); None: device_id itself
+    cuda_ordinal: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,13 +1,21 @@
-"""Instance kinds: KIND_CPU (elsewhere), KIND_MODEL, and KIND_GPU where CUDA exists."""
+"""Instance kinds: KIND_CPU (elsewhere), KIND_MODEL, and KIND_GPU where CUDA exists.
+
+The backend runs in this process here (no ``CUDA_VISIBLE_DEVICES``), so an instance's
+CUDA ordinal is its device id; tests/gpu serves them from narrowed workers.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
 import torch
 import torch_models as tm
 
+from inferpool.backends.pytorch.device import Placement
 from inferpool.wire.errors import Code, InferpoolError
+from tests.gpu.paths import PYTORCH_KIND_MODEL, PYTORCH_LAST_GPU, path
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
 needs_cuda = pytest.mark.skipif(
@@ -25,8 +33,8 @@ def expected(x: np.ndarray) -> np.ndarray:
     return tm.Linear()(torch.from_numpy(x)).detach().numpy()  # type: ignore[no-any-return]
 
 
-def instance(kind: str, device_id: int = 0) -> dict[str, object]:
-    return {"name": "m_0_0", "kind": kind, "device_id": device_id}
+def instance(kind: str, device_id: int = 0, **more: object) -> dict[str, object]:
+    return {"name": "m_0_0", "kind": kind, "device_id": device_id, **more}
 
 
 def test_kind_model_runs_where_the_model_put_itself(repo, harness):
@@ -39,15 +47,16 @@ def test_kind_model_runs_where_the_model_put_itself(repo, harness):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a CUDA-less machine")
 def test_kind_gpu_without_cuda_is_unavailable(repo, harness):
     tm.save(tm.Linear(), repo)
-    with pytest.raises(InferpoolError) as info:
-        harness(CONFIG, instance=instance("GPU"))
+    with pytest.raises(InferpoolError) as info:  # the worker of GPU 3 sees it as its device 0
+        harness(CONFIG, instance=instance("GPU", 3, cuda_ordinal=0))
     assert info.value.code is Code.UNAVAILABLE
     assert (
-        "instance 'm_0_0' is KIND_GPU on device 0, but torch sees 0 CUDA device(s) "
-        "(torch.cuda.is_available() is False)"
+        "instance 'm_0_0' is KIND_GPU on device 3 (CUDA device 0 of its worker), but torch "
+        "sees 0 CUDA device(s) (torch.cuda.is_available() is False)"
     ) in info.value.message
 
 
+@path(PYTORCH_LAST_GPU)
 @needs_cuda
 @pytest.mark.parametrize("cache_cleaning", ["false", "true"])
 def test_kind_gpu_loads_on_its_device_and_times_with_events(repo, harness, cache_cleaning):
@@ -68,12 +77,61 @@ def test_kind_gpu_loads_on_its_device_and_times_with_events(repo, harness, cache
     assert stamps.exec_start <= stamps.compute_start <= stamps.compute_end
 
 
+@path(PYTORCH_KIND_MODEL)
 @needs_cuda
 def test_kind_model_with_cuda_uses_a_stream_per_device(repo, harness):
-    tm.save(tm.Linear().cuda(), repo)
+    tm.save(tm.FollowsItsWeights().to(f"cuda:{torch.cuda.device_count() - 1}"), repo)
     h = harness(CONFIG, instance=instance("MODEL"))
     assert len(h.host.instance.placement.streams) == torch.cuda.device_count()
     x = np.ones((2, 4), np.float32)
     np.testing.assert_allclose(
         h.infer({"INPUT__0": x})["OUTPUT__0"], expected(x), rtol=1e-5, atol=1e-6
     )
+    assert torch.cuda.current_device() == 0
+
+
+class Stream:
+    def __init__(self, device: int) -> None:
+        self.device = torch.device("cuda", device)
+
+
+class FakeCuda:
+    """torch.cuda's current device and streams, as its C++ side keeps them: setting a
+    stream makes its device current (``THCPModule_setStream_wrap``)."""
+
+    def __init__(self, count: int) -> None:
+        self.device = 0
+        self.defaults = [Stream(d) for d in range(count)]
+        self.current = list(self.defaults)
+
+    def set_stream(self, stream: Stream) -> None:
+        self.device = stream.device.index
+        self.current[self.device] = stream
+
+    def current_stream(self, device: torch.device) -> Stream:
+        return self.current[device.index]
+
+    def set_device(self, device: int | torch.device) -> None:
+        self.device = device.index if isinstance(device, torch.device) else device
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCuda]:
+    fake = FakeCuda(3)
+    for name in ("set_stream", "current_stream", "set_device"):
+        monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: fake.device)
+    yield fake
+
+
+@pytest.mark.parametrize(("kind", "devices"), [("MODEL", (0, 1, 2)), ("GPU", (1,))])
+def test_setting_the_streams_leaves_the_instances_device_current(fake_cuda, kind, devices):
+    placement = Placement("CPU", 0, 0, "m_0_0")  # given the streams of a CUDA machine by hand
+    placement.kind, placement.streams = kind, [Stream(d) for d in devices]  # type: ignore[list-item]
+    placement.device = torch.device("cuda", devices[0]) if kind == "GPU" else None
+    with placement.active():
+        # KIND_GPU on its own device; KIND_MODEL where it was, not on the last stream's
+        assert fake_cuda.device == (devices[0] if kind == "GPU" else 0)
+        assert [fake_cuda.current[d] for d in devices] == placement.streams
+    assert fake_cuda.device == 0
+    assert fake_cuda.current == fake_cuda.defaults

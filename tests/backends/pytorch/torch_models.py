@@ -18,6 +18,18 @@ class Linear(nn.Module):
         return self.linear(x)
 
 
+class FollowsItsWeights(nn.Module):
+    """A KIND_MODEL model: it moves its input to wherever its weights are."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(4, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear(x.to(self.linear.weight.device))
+
+
 class AddSub(nn.Module):
     """Two inputs, two outputs: (a + b, a - b)."""
 

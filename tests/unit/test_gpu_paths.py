@@ -1,0 +1,233 @@
+"""The GPU paths' logic where no GPU exists: a small cupy stand-in (``fake_cupy``) records
+what the code asks of CUDA.  The same paths run for real in tests/gpu on a GPU machine
+(``scripts/check_gpu.sh``).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+
+from inferpool.backends.api import InputTensor, Request, RequestedOutput, Response, copy_into
+from inferpool.backends.testing import HeapMemory
+from inferpool.shm import cuda
+from inferpool.shm.refs import CUDA_IPC_HANDLE_SIZE, cuda_ref
+from inferpool.wire import codec
+from inferpool.wire.errors import Code, InferpoolError
+from inferpool.workers.memory import _open
+from tests.unit.conftest import PythonModels
+from tests.unit.fake_cupy import DeviceArray, FakeCupy
+
+HANDLE = bytes(range(CUDA_IPC_HANDLE_SIZE))
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeCupy:
+    """A cupy stand-in whose IPC handles name 4096-byte allocations."""
+    fake = FakeCupy()
+    monkeypatch.setattr(cuda, "_cupy", lambda: fake)
+    monkeypatch.setattr(cuda, "allocation_size", lambda ptr: 4096)
+    monkeypatch.setattr(
+        cuda, "_view", lambda _, ptr, n, owner, device: fake.array(np.zeros(n, np.uint8), device)
+    )
+    return fake
+
+
+# ---------------------------------------------------------------------------- opening regions
+def test_a_region_opens_and_closes_on_the_device_current_in_the_worker(fake: FakeCupy) -> None:
+    fake.current = 1  # whatever the client registered: its device numbers are not ours
+    region = _open(cuda_ref(7, 4096, HANDLE))
+    assert isinstance(region, cuda.CudaRegion)
+    assert (region.device, region.size) == (1, 4096)
+    assert region.array(1024, 16).device == 1  # arrays are tagged with the opening device
+    fake.current = 0
+    region.close()
+    assert fake.calls == [("open", 1), ("close", 1)]
+
+
+def test_a_registration_larger_than_its_allocation_is_refused_and_closed(fake: FakeCupy) -> None:
+    with pytest.raises(InferpoolError) as info:
+        _open(cuda_ref(7, 8192, HANDLE))
+    assert info.value.code is Code.INVALID_ARG
+    assert info.value.message == (
+        "invalid CUDA shared-memory registration: byte_size 8192 exceeds the 4096 bytes of "
+        "the CUDA allocation the handle names"
+    )
+    assert fake.calls == [("open", 0), ("close", 0)]  # nothing stays mapped
+
+
+def test_the_broker_judges_cuda_support_without_importing_cupy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    found: Any = None
+    monkeypatch.setattr(cuda.importlib.util, "find_spec", lambda name: found)
+    assert cuda.support_reason(1) == (
+        "cupy is not installed (pip install 'inferpool[gpu]' (CUDA 12) or 'inferpool[gpu-cuda13]')"
+    )
+    found = object()
+    assert cuda.support_reason(0) == "no GPU is visible to the server"
+    assert cuda.support_reason(2) is None
+    assert "cupy" not in sys.modules
+
+
+# ---------------------------------------------------------------------------- replying
+class CudaWindow:
+    """OutputMemory that places outputs in a client's CUDA region (device 0)."""
+
+    def __init__(self, fake: FakeCupy) -> None:
+        self.fake = fake
+        self.released: list[int] = []
+
+    def allocate(self, output: RequestedOutput | None, nbytes: int) -> tuple[str, int, Any]:
+        return "cuda/1/4096/00", 0, self.fake.array(np.zeros(nbytes, np.uint8))
+
+    def release(self, region: str, offset: int) -> None:
+        self.released.append(offset)
+
+
+def request(memory: Any, replies: list[Any]) -> Request:
+    def emit(request: Request, response: Response | None, final: bool) -> None:
+        replies.append(("reply", response))
+
+    return Request(
+        id="1",
+        inputs={},
+        requested_outputs={"OUT": RequestedOutput("OUT", target=["cuda/1/4096/00", 0, 4096])},
+        memory=memory,
+        emit=emit,
+    )
+
+
+def test_outputs_written_on_the_gpu_are_waited_for_before_the_reply(fake: FakeCupy) -> None:
+    req = request(CudaWindow(fake), fake.calls)
+    response = req.response()
+    copy_into(response.output("OUT", [4], "FP32"), fake.array(np.arange(4, dtype=np.float32)))
+    req.respond(response)
+    assert fake.calls == [("device copy", 0), ("synchronize", 0), ("reply", response)]
+
+
+def test_host_outputs_are_replied_without_waiting_for_a_gpu(fake: FakeCupy) -> None:
+    req = request(HeapMemory(), fake.calls)
+    response = req.response()
+    response.set_output("OUT", fake.array(np.arange(4, dtype=np.float32)))
+    req.respond(response)
+    assert fake.calls == [("get", 0), ("reply", response)]  # the copy to the host blocks
+
+
+def test_a_failed_gpu_write_answers_with_its_error_and_frees_the_output(fake: FakeCupy) -> None:
+    fake.fail_sync = True
+    memory = CudaWindow(fake)
+    req = request(memory, fake.calls)
+    response = req.response()
+    response.output("OUT", [4], "FP32")
+    req.respond(response)
+    (_, sent) = fake.calls[-1]
+    assert sent.error.code is Code.INTERNAL
+    assert "writing outputs on the GPU failed: cudaErrorIllegalAddress" in sent.error.message
+    assert memory.released == [0]
+
+
+# ---------------------------------------------------------------------------- device arrays
+def test_device_arrays_are_copied_by_their_library_never_through_numpy(fake: FakeCupy) -> None:
+    values = np.arange(6, dtype=np.int32).reshape(2, 3)
+    device = fake.array(values.copy())
+    assert codec.device_of(device) == 0 and codec.device_of(values) is None
+    np.testing.assert_array_equal(codec.as_array(device), values)  # a client's frame input
+    host = np.zeros((2, 3), np.int32)
+    copy_into(host, device)  # GPU input -> host arena
+    np.testing.assert_array_equal(host, values)
+    target = fake.array(np.zeros((2, 3), np.int32))
+    copy_into(target, values)  # host -> client's CUDA region
+    assert fake.calls == [("get", 0), ("get", 0), ("set", 0)]
+    assert codec.datatype_of(device.dtype) == "INT32"
+
+
+def test_device_arrays_become_tensors_through_dlpack(
+    fake: FakeCupy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    torch = pytest.importorskip("torch")
+    from inferpool.backends.pytorch import dtypes
+
+    taken: list[Any] = []
+    monkeypatch.setattr(torch, "from_dlpack", lambda a: taken.append(a) or torch.zeros(1))
+    device = fake.array(np.zeros(4, np.float32))  # has no flags.writeable: numpy's attribute
+    dtypes.as_tensor(device)
+    assert taken == [device]
+    assert codec.datatype_of(torch.bfloat16) == "BF16"
+
+
+# ---------------------------------------------------------------------------- python backend
+GPU_AWARE_MODEL = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.device = args["model_instance_device_id"]
+
+    def execute(self, requests):
+        responses = []
+        for r in requests:
+            t = pb_utils.get_input_tensor_by_name(r, "IN")
+            outputs = [pb_utils.Tensor("OUT", t.as_numpy() + 1)] if t.is_cpu() else []
+            parameters = {"is_cpu": t.is_cpu(), "device": self.device}
+            responses.append(pb_utils.InferenceResponse(outputs, parameters=parameters))
+        return responses
+"""
+GPU_INSTANCE = {"name": "m_0_0", "kind": "GPU", "device_id": 3, "cuda_ordinal": 0}
+
+
+def gpu_request(h: Any, fake: FakeCupy) -> Request:
+    req = h.request({"IN": np.zeros(3, np.int32)})
+    data = fake.array(np.array([1, 2, 3], np.int32))
+    req.inputs["IN"] = InputTensor("IN", "INT32", (3,), data, 12, "gpu", 0)
+    return req
+
+
+def run(h: Any, req: Request) -> Response:
+    [(_, response, _)] = h.execute([req])
+    assert response is not None and response.error is None, response
+    return response
+
+
+def test_python_models_get_gpu_inputs_on_the_cpu_by_default(
+    models: PythonModels, fake: FakeCupy
+) -> None:
+    model_dir = models.make("m", models.io_config(), {"1/model.py": GPU_AWARE_MODEL})
+    with models.load(model_dir, instance=GPU_INSTANCE) as h:
+        response = run(h, gpu_request(h, fake))
+        assert response.parameters == {"is_cpu": True, "device": "0"}  # the CUDA ordinal
+        np.testing.assert_array_equal(h.outputs_of(response)["OUT"], [2, 3, 4])
+    assert fake.calls == [("get", 0)]
+
+
+def test_force_cpu_only_input_tensors_no_leaves_them_on_the_gpu(
+    models: PythonModels, fake: FakeCupy
+) -> None:
+    extra = 'parameters { key: "FORCE_CPU_ONLY_INPUT_TENSORS" value: { string_value: "no" } }'
+    model_dir = models.make("m", models.io_config(extra), {"1/model.py": GPU_AWARE_MODEL})
+    with models.load(model_dir, instance=GPU_INSTANCE) as h:
+        assert run(h, gpu_request(h, fake)).parameters["is_cpu"] is False
+    assert fake.calls == []
+
+
+def test_force_cpu_only_input_tensors_takes_yes_or_no(models: PythonModels) -> None:
+    extra = 'parameters { key: "FORCE_CPU_ONLY_INPUT_TENSORS" value: { string_value: "on" } }'
+    model_dir = models.make("m", models.io_config(extra), {"1/model.py": GPU_AWARE_MODEL})
+    err = models.load_error(model_dir)
+    assert err.code is Code.UNSUPPORTED
+    assert "Incorrect value for FORCE_CPU_ONLY_INPUT_TENSORS: 'on'" in err.message
+
+
+def test_fake_device_arrays_refuse_numpy(fake: FakeCupy) -> None:
+    """The stand-in fails where cupy fails, so the tests above prove numpy was not used."""
+    device: DeviceArray = fake.array(np.zeros(2))
+    with pytest.raises(TypeError):
+        np.asarray(device)
+    with pytest.raises(BufferError):
+        np.from_dlpack(device)
+    with pytest.raises(AttributeError):
+        device.flags  # noqa: B018
