@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from inferpool.client import AsyncClient, Client  # noqa: E402
-from inferpool.client.sync import encode_inputs, infer_header  # noqa: E402
+from inferpool.client.core import encode_inputs, infer_header  # noqa: E402
 from inferpool.wire import codec  # noqa: E402
 from inferpool.wire.zmqio import SNDMORE, recv_frames, send_parts  # noqa: E402
 
