@@ -29,15 +29,18 @@ class Connection:
     ) -> None:
         """``endpoint``: where the server listens (default: $INFERPOOL_ENDPOINT, else the
         default ipc endpoint); ``timeout``: seconds a call waits unless it says otherwise;
-        ``context``: a zmq context to share; ``routing_id``: the socket's identity."""
+        ``context``: a zmq context (default: the process's shared one); ``routing_id``: the
+        socket's identity."""
         self._core = core = self._new_core(endpoint or default_endpoint(), timeout)
-        self._own_ctx = context is None
-        self._ctx = context or zmq.Context()
+        # one context (one zmq I/O thread) per process unless given: a client that is never
+        # closed then leaves its sockets to the garbage collector, not a context to terminate
+        self._ctx = context or zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         if routing_id:  # how the server knows this client (its leases, its regions)
             self._sock.setsockopt(zmq.ROUTING_ID, routing_id)
         self._monitor: zmq.Socket[Any] | None = self._sock.get_monitor_socket()
+        self._monitor.setsockopt(zmq.LINGER, 0)
         self._sock.connect(core.endpoint)
         self._setup()
 
@@ -99,5 +102,3 @@ class Connection:
     def _close_socket(self) -> None:
         self._end_monitor()
         self._sock.close(0)
-        if self._own_ctx:
-            self._ctx.term()
