@@ -82,6 +82,7 @@ class AsyncClient(Connection):
             events = cast(int, sock.getsockopt(EVENTS))
             if events & POLLOUT and self._writable:
                 _wake(self._writable)
+                self._writable.clear()
             if not events & POLLIN:
                 return
             try:
@@ -94,13 +95,14 @@ class AsyncClient(Connection):
                     waiter.set_result(None)
 
     def _on_monitor(self) -> None:
-        if self._answered():
-            _wake(self._connecting)
+        self._answered()
 
     def _end_monitor(self) -> None:
+        """Connected (or closing): the callers waiting for the handshake go on."""
         if self._monitor is not None and self._loop is not None:
             self._loop.remove_reader(self._monitor.FD)
         super()._end_monitor()
+        _wake(self._connecting)
 
     # ------------------------------------------------------------------ transport
     async def _run(self, exchange: Exchange[T]) -> T:
@@ -114,7 +116,7 @@ class AsyncClient(Connection):
     async def _start(self, exchange: Exchange[Any]) -> None:
         loop = self._attach()
         limit = exchange.limit
-        if self._monitor is not None:
+        if self._monitor is not None or self._connecting:
             await self._connect(loop, limit)
         sock = self._sock
         while True:  # the first part waits for room; the rest of the message always fits
@@ -140,17 +142,23 @@ class AsyncClient(Connection):
         return self._core.take(exchange)
 
     async def _connect(self, loop: asyncio.AbstractEventLoop, limit: float) -> None:
-        """Once: wait for a server's handshake, or fail fast (UNAVAILABLE) without one."""
-        if self._answered():
+        """Once: wait for a server's handshake, or fail fast (UNAVAILABLE) without one.
+
+        Callers go on in the order they came (so their requests are sent in that order),
+        those that come while earlier ones are still on their way after them.
+        """
+        if not self._connecting and self._answered():
             return
-        self._check_path()
+        if self._monitor is not None:
+            self._check_path()
         future: asyncio.Future[None] = loop.create_future()
         self._connecting.append(future)
+        if self._monitor is None:
+            future.set_result(None)  # connected already: after those woken before
         try:
             await self._wait(future, self._core.handshake.window(limit), "")
         finally:
-            if future in self._connecting:
-                self._connecting.remove(future)
+            self._connecting.remove(future)
 
     async def _wait(self, future: asyncio.Future[None], limit: float, what: str) -> None:
         """Until ``future`` is done or ``limit`` has passed: TIMEOUT ``what`` (no response
@@ -277,4 +285,3 @@ def _wake(futures: list[asyncio.Future[None]]) -> None:
     for future in futures:
         if not future.done():
             future.set_result(None)
-    futures.clear()

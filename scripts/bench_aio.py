@@ -94,10 +94,11 @@ async def run_zmq_asyncio(endpoint: str, n: int) -> float:
         ctx.term()
 
 
-def echo(endpoint: str) -> None:
+def echo(endpoint: str, bound: Any) -> None:
     """The bare peer: every message goes back as it came."""
     sock = zmq.Context().socket(zmq.ROUTER)
     sock.bind(endpoint)
+    bound.set()
     while True:
         send_parts(sock, recv_frames(sock), copy=False)
 
@@ -139,8 +140,11 @@ def main() -> int:
     args = parser.parse_args()
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="ipb-", dir="/tmp") as tmp:
-        peer = mp.get_context("spawn").Process(target=echo, args=(f"ipc://{tmp}/echo.sock",))
+        spawn = mp.get_context("spawn")
+        bound = spawn.Event()
+        peer = spawn.Process(target=echo, args=(f"ipc://{tmp}/echo.sock", bound))
         peer.start()
+        bound.wait(60)  # a client finds out at once when nothing listens yet
         try:
             results["echo"] = measure(f"ipc://{tmp}/echo.sock", args.requests, args.rounds)
         finally:
