@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypedDict, TypeVar
@@ -154,7 +153,7 @@ class Exchange(Generic[T]):
         self.frames = frames  # the tensor frames, sent without a copy
         self.read = read
         self.limit = limit  # seconds each wait (to send, for a response) may take
-        self.replies: deque[Message | InferpoolError] = deque()
+        self.replies: list[Message | InferpoolError] = []  # few: a list is cheapest
         self.done = False  # its final response (or an error) has been taken
 
 
@@ -183,9 +182,8 @@ class ClientCore:
             raise InferpoolError(Code.CANCELLED, "the client is closed")
         request_id = f"{next(self._ids)}"
         header["id"] = request_id
-        exchange = Exchange(
-            request_id, codec.encode_header(header), frames, read, self.limit(timeout)
-        )
+        limit = self.timeout if timeout is None else timeout
+        exchange = Exchange(request_id, codec.encode_header(header), frames, read, limit)
         self._waiting[request_id] = exchange
         return exchange
 
@@ -241,7 +239,7 @@ class ClientCore:
     def take(self, exchange: Exchange[Any]) -> Message:
         """The next response received for ``exchange`` (it has one); after the final one the
         request waits no more."""
-        got = exchange.replies.popleft()
+        got = exchange.replies.pop(0)
         if isinstance(got, InferpoolError):
             exchange.done = True
             raise got
