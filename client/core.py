@@ -198,6 +198,7 @@ class ClientCore:
         datatypes: Mapping[str, str] | None = None,
         timeout: float | None = None,
     ) -> Exchange[InferResult]:
+        """An infer request; fixed-size inputs go as zero-copy frames."""
         specs, frames = encode_inputs(inputs, datatypes)
         header = infer_header(model, specs, outputs, version, parameters)
         return self.open(header, frames, decode_result, timeout)
