@@ -4,6 +4,7 @@ of I/O; how they wait is theirs)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 from typing import Any, cast
 
@@ -16,6 +17,7 @@ from inferpool.wire.zmqio import NOBLOCK, SNDMORE, recv_frames, send_parts
 EVENTS = int(zmq.EVENTS)  # plain ints: pyzmq's attribute and enum sugar costs per call
 POLLIN = int(zmq.POLLIN)
 POLLOUT = int(zmq.POLLOUT)
+_MONITORS = itertools.count()
 
 
 class Connection:
@@ -39,7 +41,9 @@ class Connection:
         self._sock.setsockopt(zmq.LINGER, 0)
         if routing_id:  # how the server knows this client (its leases, its regions)
             self._sock.setsockopt(zmq.ROUTING_ID, routing_id)
-        self._monitor: zmq.Socket[Any] | None = self._sock.get_monitor_socket()
+        self._monitor: zmq.Socket[Any] | None = self._sock.get_monitor_socket(
+            addr=f"inproc://inferpool-monitor-{os.getpid()}-{next(_MONITORS)}"
+        )  # pyzmq's default address reuses the socket's fd number: unsafe in a shared context
         self._monitor.setsockopt(zmq.LINGER, 0)
         self._sock.connect(core.endpoint)
         self._setup()

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from inferpool.client import AsyncClient, AsyncShmClient, Client, Code, InferpoolError, ShmClient
-from tests.support import EXAMPLES, Server, free_tcp_port
+from tests.support import EXAMPLES, Server
 
 
 def unavailable(call: Callable[[], Any]) -> tuple[str, float]:
@@ -30,6 +30,11 @@ def unavailable(call: Callable[[], Any]) -> tuple[str, float]:
         call()
     assert err.value.code is Code.UNAVAILABLE, err.value
     return err.value.message, time.monotonic() - start
+
+
+def sync_call(endpoint: str, timeout: float = 60.0) -> None:
+    with Client(endpoint, timeout=timeout) as c:
+        c.models()
 
 
 def async_call(endpoint: str, timeout: float = 60.0) -> None:
@@ -51,7 +56,7 @@ def async_shm(endpoint: str) -> None:
 def test_no_socket_file_fails_at_once_and_says_what_to_check(short_tmp: Path) -> None:
     endpoint = f"ipc://{short_tmp}/nothing.sock"
     calls = {
-        "Client": lambda: Client(endpoint).models(),
+        "Client": lambda: sync_call(endpoint),
         "AsyncClient": lambda: async_call(endpoint),
         "ShmClient": lambda: ShmClient(endpoint),
         "AsyncShmClient": lambda: async_shm(endpoint),
@@ -68,10 +73,12 @@ def test_a_stale_socket_file_and_a_closed_port_are_unavailable(short_tmp: Path) 
     stale = short_tmp / "stale.sock"
     with socket.socket(socket.AF_UNIX) as s:
         s.bind(str(stale))  # a socket file nobody listens on, as a killed server leaves it
-    message, _ = unavailable(lambda: Client(f"ipc://{stale}", timeout=0.5).is_live())
+    message, _ = unavailable(lambda: sync_call(f"ipc://{stale}", timeout=0.5))
     assert f"the socket file {stale} refuses connections" in message
-    port = free_tcp_port()
-    message, _ = unavailable(lambda: async_call(f"127.0.0.1:{port}", timeout=0.5))
+    with socket.socket() as held:  # bound, not listening: refused, and no one else's port
+        held.bind(("127.0.0.1", 0))
+        port = held.getsockname()[1]
+        message, _ = unavailable(lambda: async_call(f"127.0.0.1:{port}", timeout=0.5))
     assert f"at tcp://127.0.0.1:{port}: the connection was refused" in message
 
 
@@ -95,7 +102,7 @@ def not_zmq() -> Iterator[int]:
 
 
 def test_a_peer_that_does_not_speak_zmq_is_unavailable(not_zmq: int) -> None:
-    message, _ = unavailable(lambda: Client(f"localhost:{not_zmq}", timeout=1).status())
+    message, _ = unavailable(lambda: sync_call(f"localhost:{not_zmq}", timeout=1))
     assert f"at tcp://localhost:{not_zmq}: the peer there does not speak ZeroMQ" in message
 
 
