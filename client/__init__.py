@@ -1,8 +1,7 @@
-"""inferpool clients: the zmq client, the shared-memory clients (sync and asyncio), and the
-wire codec they share.
+"""inferpool clients: the zmq clients and the shared-memory clients, each sync and asyncio,
+thin wrappers that do the I/O of one protocol core (client.core, client.shm_core).
 
-Imports are lazy, so ``from client.errors import ...`` stays light (workers import it
-before pinning, when numpy and zmq must not be loaded yet).
+Imports are lazy, so ``import inferpool.client`` stays light until a name is used.
 """
 
 from __future__ import annotations
@@ -13,12 +12,12 @@ from typing import Any
 _EXPORTS = {
     "AsyncClient": "inferpool.client.aio",
     "Client": "inferpool.client.sync",
-    "InferResult": "inferpool.client.sync",
+    "InferResult": "inferpool.client.core",
     "default_endpoint": "inferpool.wire.paths",
     "ShmClient": "inferpool.client.shm",
     "AsyncShmClient": "inferpool.client.shm_async",
-    "ShmRequest": "inferpool.client.shm_core",
-    "ShmResult": "inferpool.client.shm_core",
+    "ShmRequest": "inferpool.client.shm_request",
+    "ShmResult": "inferpool.client.shm_request",
     "Code": "inferpool.wire.errors",
     "InferpoolError": "inferpool.wire.errors",
 }

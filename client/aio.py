@@ -6,11 +6,10 @@
         async for result in c.stream("decoupled_model", {"IN": x}):
             ...
 
-One reader, called by the event loop when the socket's descriptor signals, receives every
-response and hands it to the inbox of the request whose ``id`` it echoes, so callers never
-wait on the socket themselves.  Every wait has a timeout (TIMEOUT), and a response to a
-request that was given up on is dropped.  Messages are encoded and decoded by the sync
-client's helpers; the control calls are client.control's.
+The messages are client.core's, as for the sync client.  One reader, called by the event
+loop when the socket's descriptor signals, hands every response to the core, which files it
+with the request whose ``id`` it echoes; the caller waiting for that request wakes.  Every
+wait has a timeout (TIMEOUT), and a response to a request that was given up on is dropped.
 
 The socket is pyzmq's plain one, watched with ``loop.add_reader`` as zmq.asyncio does
 underneath: zmq.asyncio's futures on every send and receive alone cost as much per request as
@@ -21,84 +20,50 @@ is kept to one callback.
 from __future__ import annotations
 
 import asyncio
-import itertools
-import logging
-import time
-from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any, TypeVar, cast
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 import zmq
 
 from inferpool.client import control
-from inferpool.client.sync import (
-    DEFAULT_TIMEOUT,
-    InferResult,
-    decode_result,
-    default_endpoint,
-    prepare,
-)
-from inferpool.wire import codec
+from inferpool.client.connection import EVENTS, POLLIN, POLLOUT, Connection
+from inferpool.client.core import ClientCore, Exchange, InferResult, Message, Retry
 from inferpool.wire.errors import Code, InferpoolError
 from inferpool.wire.zmqio import NOBLOCK, SNDMORE, recv_frames
 
+if TYPE_CHECKING:
+    from typing import Unpack
+
+    from inferpool.client.core import Header, InferOptions, Inputs, Outputs
+
 T = TypeVar("T")
-Message = tuple[dict[str, Any], list[Any]]  # response header, tensor frames
-_EVENTS = int(zmq.EVENTS)  # plain ints: pyzmq's attribute and enum sugar costs per call
-_POLLIN = int(zmq.POLLIN)
-_POLLOUT = int(zmq.POLLOUT)
-log = logging.getLogger("inferpool.client")
 
 
-class _Inbox:
-    """The responses to one request, in order, and the caller waiting for the next."""
-
-    __slots__ = ("items", "waiter")
-
-    def __init__(self) -> None:
-        self.items: deque[Message | InferpoolError] = deque()
-        self.waiter: asyncio.Future[None] | None = None
-
-    def put(self, item: Message | InferpoolError) -> None:
-        self.items.append(item)
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(None)
-
-
-def _expire(future: asyncio.Future[None], error: InferpoolError) -> None:
+def _expire(future: asyncio.Future[None], core: ClientCore, what: str, limit: float) -> None:
     if not future.done():
+        error = core.timed_out(what, limit) if what else core.handshake.failure(limit)
         future.set_exception(error)
 
 
-class AsyncClient:
+class AsyncClient(Connection):
     """An asyncio client; use it from one event loop, with as many concurrent calls as wanted."""
 
-    def __init__(
-        self,
-        endpoint: str | None = None,
-        *,
-        timeout: float = DEFAULT_TIMEOUT,
-        context: zmq.Context[Any] | None = None,
-    ) -> None:
-        self.endpoint = endpoint or default_endpoint()
-        self.timeout = timeout
-        self._own_ctx = context is None
-        self._ctx = context or zmq.Context()
-        self._sock = self._ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.connect(self.endpoint)
-        self._ids = itertools.count(1)
-        self._inboxes: dict[str, _Inbox] = {}  # request id -> its responses
-        self._writable: list[asyncio.Future[None]] = []  # senders held back by the HWM
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._closed = False
+    _loop: asyncio.AbstractEventLoop | None = None  # the one it serves, once used
 
-    # ------------------------------------------------------------------ the reader
+    def _setup(self) -> None:
+        super()._setup()
+        self._waiters: dict[str, asyncio.Future[None]] = {}  # request id -> its caller
+        self._writable: list[asyncio.Future[None]] = []  # senders held back by the HWM
+        self._connecting: list[asyncio.Future[None]] = []  # callers waiting for a handshake
+
+    # ------------------------------------------------------------------ the readers
     def _attach(self) -> asyncio.AbstractEventLoop:
         loop = asyncio.get_running_loop()
         if self._loop is None:
             loop.add_reader(self._sock.FD, self._on_events)
+            if self._monitor is not None:
+                loop.add_reader(self._monitor.FD, self._on_monitor)
             self._loop = loop
         elif loop is not self._loop:
             raise InferpoolError(
@@ -112,162 +77,137 @@ class AsyncClient:
         The descriptor is edge-triggered: reading EVENTS re-arms it, so this drains fully
         and is also run after each send (a send may consume the edge of an arrival).
         """
-        sock = self._sock
-        while not self._closed:
-            events = cast(int, sock.getsockopt(_EVENTS))
-            if events & _POLLOUT and self._writable:
-                for future in self._writable:
-                    if not future.done():
-                        future.set_result(None)
+        sock, core = self._sock, self._core
+        while not core.closed:
+            events = cast(int, sock.getsockopt(EVENTS))
+            if events & POLLOUT and self._writable:
+                _wake(self._writable)
                 self._writable.clear()
-            if not events & _POLLIN:
+            if not events & POLLIN:
                 return
             try:
-                self._dispatch(recv_frames(sock, NOBLOCK))
+                exchange = core.receive(recv_frames(sock, NOBLOCK))
             except zmq.Again:
                 return
+            if exchange is not None:
+                waiter = self._waiters.get(exchange.id)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(None)
 
-    def _dispatch(self, parts: list[Any]) -> None:
-        if len(parts) < 2 or len(parts[0]) != 0:
-            return  # not a response of the protocol
-        try:
-            header = codec.decode_header(parts[1].bytes)
-        except InferpoolError as err:
-            log.warning("dropped an unreadable response from %s: %s", self.endpoint, err)
-            return
-        inbox = self._inboxes.get(str(header.get("id")))
-        if inbox is not None:  # else: a response to a request given up on
-            inbox.put((header, parts[2:]))
+    def _on_monitor(self) -> None:
+        self._answered()
+
+    def _end_monitor(self) -> None:
+        """Connected (or closing): the callers waiting for the handshake go on."""
+        if self._monitor is not None and self._loop is not None:
+            self._loop.remove_reader(self._monitor.FD)
+        super()._end_monitor()
+        _wake(self._connecting)
 
     # ------------------------------------------------------------------ transport
-    async def _send(
-        self, header: dict[str, Any], frames: Sequence[Any], timeout: float | None
-    ) -> tuple[str, _Inbox]:
-        if self._closed:
-            raise InferpoolError(Code.CANCELLED, "the client is closed")
+    async def _run(self, exchange: Exchange[T]) -> T:
+        """Send one request, read its (first) response."""
+        try:
+            await self._start(exchange)
+            return exchange.read(await self._next(exchange))
+        finally:
+            self._core.forget(exchange)
+
+    async def _start(self, exchange: Exchange[Any]) -> None:
         loop = self._attach()
-        request_id = f"{next(self._ids)}"
-        header["id"] = request_id
-        parts = [b"", codec.encode_header(header), *frames]
+        limit = exchange.limit
+        if self._monitor is not None or self._connecting:
+            await self._connect(loop, limit)
         sock = self._sock
         while True:  # the first part waits for room; the rest of the message always fits
             try:
-                sock.send(parts[0], SNDMORE | NOBLOCK)
+                sock.send(b"", SNDMORE | NOBLOCK)
                 break
             except zmq.Again:
                 future: asyncio.Future[None] = loop.create_future()
                 self._writable.append(future)
                 self._on_events()
-                await self._wait(future, timeout, "could not send to")
-        last = len(parts) - 1
-        for i in range(1, len(parts)):
-            # copy=False: large tensors go zero-copy (pyzmq still copies parts under 64 KiB)
-            sock.send(parts[i], SNDMORE if i < last else 0, copy=False)
-        inbox = self._inboxes[request_id] = _Inbox()
+                await self._wait(future, limit, "could not send to")
+        self._send_rest(exchange)
         self._on_events()
-        return request_id, inbox
 
-    async def _next(self, inbox: _Inbox, timeout: float | None) -> Message:
-        if not inbox.items:
+    async def _next(self, exchange: Exchange[Any]) -> Message:
+        if not exchange.replies:
             assert self._loop is not None
-            inbox.waiter = self._loop.create_future()
+            waiter = self._waiters[exchange.id] = self._loop.create_future()
             try:
-                await self._wait(inbox.waiter, timeout, "no response from")
+                await self._wait(waiter, exchange.limit, "no response from")
             finally:
-                inbox.waiter = None
-        got = inbox.items.popleft()
-        if isinstance(got, InferpoolError):
-            raise got
-        return got
+                del self._waiters[exchange.id]
+        return self._core.take(exchange)
 
-    async def _wait(self, future: asyncio.Future[None], timeout: float | None, what: str) -> None:
-        limit = self.timeout if timeout is None else timeout
-        error = InferpoolError(Code.TIMEOUT, f"{what} {self.endpoint} within {limit:g}s")
+    async def _connect(self, loop: asyncio.AbstractEventLoop, limit: float) -> None:
+        """Once: wait for a server's handshake, or fail fast (UNAVAILABLE) without one.
+
+        Callers go on in the order they came (so their requests are sent in that order),
+        those that come while earlier ones are still on their way after them.
+        """
+        if not self._connecting and self._answered():
+            return
+        if self._monitor is not None:
+            self._check_path()
+        future: asyncio.Future[None] = loop.create_future()
+        self._connecting.append(future)
+        if self._monitor is None:
+            future.set_result(None)  # connected already: after those woken before
+        try:
+            await self._wait(future, self._core.handshake.window(limit), "")
+        finally:
+            self._connecting.remove(future)
+
+    async def _wait(self, future: asyncio.Future[None], limit: float, what: str) -> None:
+        """Until ``future`` is done or ``limit`` has passed: TIMEOUT ``what`` (no response
+        from, could not send to) the endpoint, or UNAVAILABLE for a handshake (no ``what``)."""
         assert self._loop is not None
-        timer = self._loop.call_later(limit, _expire, future, error)
+        timer = self._loop.call_later(limit, _expire, future, self._core, what, limit)
         try:
             await future
         finally:
             timer.cancel()
 
-    async def _request(
-        self, header: dict[str, Any], frames: Sequence[Any] = (), timeout: float | None = None
-    ) -> Message:
-        """Send one request and wait for its (single) response."""
-        request_id, inbox = await self._send(header, frames, timeout)
-        try:
-            return await self._next(inbox, timeout)
-        finally:
-            del self._inboxes[request_id]
-
-    async def call(
-        self, msg_type: str, timeout: float | None = None, **fields: Any
-    ) -> dict[str, Any]:
+    async def call(self, msg_type: str, timeout: float | None = None, **fields: Any) -> Header:
         """Send a control message and return its (error-checked) response header."""
-        header, _ = await self._request({"type": msg_type, **fields}, timeout=timeout)
-        codec.raise_for_error(header)
-        return header
+        return await self._run(self._core.call(msg_type, fields, timeout))
 
     # ------------------------------------------------------------------ inference
     async def infer(
-        self,
-        model: str,
-        inputs: Mapping[str, Any],
-        outputs: Sequence[str] | None = None,
-        **options: Any,
+        self, model: str, inputs: Inputs, outputs: Outputs = None, **options: Unpack[InferOptions]
     ) -> dict[str, np.ndarray]:
         """Run one inference; returns the outputs as numpy arrays (options: infer_result's)."""
-        result = await self.infer_result(model, inputs, outputs, **options)
-        return result.outputs
+        return (await self.infer_result(model, inputs, outputs, **options)).outputs
 
     async def infer_result(
-        self,
-        model: str,
-        inputs: Mapping[str, Any],
-        outputs: Sequence[str] | None = None,
-        *,
-        version: str | int = "",
-        parameters: Mapping[str, Any] | None = None,
-        datatypes: Mapping[str, str] | None = None,
-        timeout: float | None = None,
+        self, model: str, inputs: Inputs, outputs: Outputs = None, **options: Unpack[InferOptions]
     ) -> InferResult:
-        """Like infer(), with the response's parameters and model version."""
-        header, frames = prepare(
-            model, inputs, outputs, version=version, parameters=parameters, datatypes=datatypes
-        )
-        return decode_result(*await self._request(header, frames, timeout))
+        """Like infer(), with the response's parameters and model version (``options``:
+        version, parameters, datatypes, timeout)."""
+        return await self._run(self._core.infer(model, inputs, outputs, **options))
 
     async def stream(
-        self,
-        model: str,
-        inputs: Mapping[str, Any],
-        outputs: Sequence[str] | None = None,
-        *,
-        timeout: float | None = None,
-        **request: Any,
+        self, model: str, inputs: Inputs, outputs: Outputs = None, **options: Unpack[InferOptions]
     ) -> AsyncIterator[InferResult]:
         """Responses of a decoupled model as they arrive, until the final one
-        (``triton_final_response``); ``timeout`` bounds each wait; ``request``: version,
-        parameters, datatypes as for infer_result().
-
-        The final response is yielded only if it carries outputs.
-        """
-        header, frames = prepare(model, inputs, outputs, **request)
-        request_id, inbox = await self._send(header, frames, timeout)
+        (``triton_final_response``); that one is yielded only if it carries outputs.
+        ``timeout`` bounds each wait."""
+        exchange = self._core.infer(model, inputs, outputs, **options)
         try:
-            while True:
-                result = decode_result(*await self._next(inbox, timeout))
+            await self._start(exchange)
+            while not exchange.done:
+                result = exchange.read(await self._next(exchange))
                 if result.streamed:
                     yield result
-                if result.final:
-                    return
         finally:
-            del self._inboxes[request_id]
+            self._core.forget(exchange)
 
     # ------------------------------------------------------------------ control
     async def control(self, call: control.Call[T], timeout: float | None = None) -> T:
         """Run one control call (client.control) and read its answer."""
-        return call.read(await self.call(call.type, timeout, **call.fields))
+        return await self._run(self._core.control(call, timeout))
 
     async def is_live(self, timeout: float | None = None) -> bool:
         return await self.control(control.live(), timeout)
@@ -303,39 +243,45 @@ class AsyncClient:
         return await self.control(control.status())
 
     async def wait_ready(self, timeout: float = 60.0) -> None:
-        """Wait until the server answers ready (or raise TIMEOUT)."""
-        deadline = time.monotonic() + timeout
+        """Wait until the server answers ready, whether or not it is up yet (else TIMEOUT)."""
+        retry = Retry(self.endpoint, timeout)
         while True:
-            try:
-                if await self.is_ready(timeout=min(1.0, max(0.05, deadline - time.monotonic()))):
+            with retry:
+                if await self.is_ready(retry.attempt()):
                     return
-            except InferpoolError as err:
-                if err.code is not Code.TIMEOUT:
-                    raise
-            if time.monotonic() >= deadline:
-                raise InferpoolError(Code.TIMEOUT, f"{self.endpoint} not ready within {timeout:g}s")
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(retry.pause())
 
     # ------------------------------------------------------------------ lifetime
     async def close(self) -> None:
-        """Close the socket; calls still waiting get CANCELLED."""
-        if self._closed:
+        """Say goodbye (the shm client's releases), close the socket; calls still waiting
+        get CANCELLED."""
+        if self._core.closed:
             return
-        self._closed = True
-        if self._loop is not None:
-            self._loop.remove_reader(self._sock.FD)
+        for exchange in self._core.goodbye():
+            try:
+                await self._run(exchange)
+            except InferpoolError:
+                break  # the server is gone or busy: it reclaims all when we disconnect
+        for exchange in self._core.close():
+            waiter = self._waiters.get(exchange.id)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)  # it takes the CANCELLED the core queued
         err = InferpoolError(Code.CANCELLED, "the client was closed")
-        for inbox in self._inboxes.values():
-            inbox.put(err)
-        for future in self._writable:
+        for future in (*self._writable, *self._connecting):
             if not future.done():
                 future.set_exception(err)
-        self._sock.close(0)
-        if self._own_ctx:
-            self._ctx.term()
+        if self._loop is not None:
+            self._loop.remove_reader(self._sock.FD)
+        self._close_socket()
 
     async def __aenter__(self) -> AsyncClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _wake(futures: list[asyncio.Future[None]]) -> None:
+    for future in futures:
+        if not future.done():
+            future.set_result(None)

@@ -1,32 +1,38 @@
-"""What the shared-memory clients (sync and asyncio) share: requests, results, leases.
+"""The shared-memory clients' protocol core (sync and asyncio alike), without I/O.
 
-A session owns the client's input region, which the broker created for it (``inputs``,
-mode 0600): requests allocate their inputs in it locally (an ``Allocator``, no round
-trip) and the caller writes them in place, so only a small header crosses the socket.
-Outputs come back as handles; each handle's region is mapped read-only once per session
-and cached, and the result's arrays view it in place until the result is released.
-Releases are queued and travel with the next request (or ``flush``).
+A session is a :class:`~inferpool.client.core.ClientCore` that also owns the client's input
+region, which the broker created for it (``inputs``, mode 0600): requests allocate their
+inputs in it locally and the caller writes them in place, so only a small header crosses
+the socket.  Outputs come back as handles; each handle's region is mapped read-only once
+per session and cached, and a result's arrays view it in place until it is released.
+Releases are queued and travel with the next request (or ``flush``).  The server reclaims
+the leases of a client it has not heard from for its lease timeout, so the session also
+says when a keep-alive is due: while leases are held and the client is quiet.
 """
 
 from __future__ import annotations
 
+import base64
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import orjson
 
+from inferpool.client.control import Call
+from inferpool.client.core import ClientCore, Exchange, Header, Message
+from inferpool.client.shm_request import INPUT_REGION, ShmRequest, ShmResult
 from inferpool.shm.arena import Allocator, ArenaFull
 from inferpool.shm.refs import posix_name
 from inferpool.shm.region import Region, RegionCache
 from inferpool.wire import codec
 from inferpool.wire.errors import Code, InferpoolError
 
-INPUT_REGION = "inputs"  # the name of the session's input region, as registered
+CLOSE_TIMEOUT = 2.0  # seconds each goodbye message may take: a server that is gone cleans up
 SWEEP_S = 1.0  # how often mappings of regions the server has unlinked are dropped
+KEEPALIVE_S = 1.0  # the keep-alive interval until the server has said its lease timeout
 
 
 @dataclass
@@ -39,19 +45,31 @@ class Window:
     buffer: Any = None  # shm.cuda.CudaBuffer (cuda)
 
 
-class ShmSession:
-    def __init__(self) -> None:
+class ShmSession(ClientCore):
+    def __init__(self, endpoint: str, timeout: float) -> None:
+        super().__init__(endpoint, timeout)
         self.region: Region | None = None
         self.allocator: Allocator | None = None
         self.mapped = RegionCache(readonly=True)
         self.windows: dict[str, Window] = {}
         self.pending: list[str] = []  # lease tokens to release with the next message
         self.held: dict[str, int] = {}  # mapped region -> leases still held in it
+        self.outputs: dict[tuple[str, str], list[str]] = {}  # a model's outputs, once asked
+        self._leases = 0  # leases held, released or not
         self._next_sweep = time.monotonic() + SWEEP_S
+        self._interval = 0.0  # between keep-alives: a third of the lease timeout; 0: ask it
+        self._heard = time.monotonic()  # when the server last heard from this client
 
     # ------------------------------------------------------------------ the input region
-    def attach_inputs(self, reply: dict[str, Any]) -> None:
-        """Map the region the broker created (``create_shared_memory_region``'s reply)."""
+    def create_inputs(self, byte_size: int) -> Call[None]:
+        """Ask the server for an input region of ``byte_size`` and map it."""
+        return Call(
+            "create_shared_memory_region",
+            self._attach_inputs,
+            {"name": INPUT_REGION, "byte_size": byte_size},
+        )
+
+    def _attach_inputs(self, reply: Header) -> None:
         self.region = Region.attach(posix_name(reply["key"]))
         self.allocator = Allocator(self.region.size)
         self.windows[INPUT_REGION] = Window("system", self.region.name)
@@ -75,9 +93,52 @@ class ShmSession:
         if self.allocator is not None:
             self.allocator.free(offset)
 
+    # ------------------------------------------------------------------ requests
+    def request(
+        self,
+        model: str,
+        outputs: Sequence[str] | None,
+        version: str | int = "",
+        parameters: dict[str, Any] | None = None,
+    ) -> ShmRequest:
+        """A reusable request; ``outputs`` default to every output of the model."""
+        if outputs is None:
+            outputs = self.outputs.get((model, str(version)))
+        return ShmRequest(self, model, outputs, version, parameters)
+
+    def describe(self, request: ShmRequest) -> Call[None]:
+        """Ask the model's outputs for a request made without them."""
+
+        def read(meta: Header) -> None:
+            names = self.outputs[(request.model, request.version)] = [
+                o["name"] for o in meta["outputs"]
+            ]
+            request.resolve(names)
+
+        fields = {"model_name": request.model, "model_version": request.version}
+        return Call("model_metadata", read, fields)
+
+    def run(self, request: ShmRequest, timeout: float | None = None) -> Exchange[ShmResult]:
+        """``request`` (resolved), with the releases queued since the last message."""
+        header = request.header
+        if self.pending:
+            header = {**header, "release": self.pending}
+            self.pending = []
+        self._heard = time.monotonic()
+        return self.open(header, (), self.decode, timeout)
+
+    def flush(self, timeout: float | None = None) -> Exchange[int] | None:
+        """The queued releases as a message of their own; None when none are queued."""
+        if not self.pending:
+            return None
+        leases, self.pending = self.pending, []
+        self._heard = time.monotonic()
+        return self.open({"type": "release_leases", "leases": leases}, (), _released, timeout)
+
     # ------------------------------------------------------------------ results
-    def decode(self, header: dict[str, Any], frames: list[Any]) -> ShmResult:
+    def decode(self, message: Message) -> ShmResult:
         """A result whose outputs view shared memory (handles) or the received frames."""
+        header, frames = message
         codec.raise_for_error(header)
         outputs: dict[str, Any] = {}
         leases: list[tuple[str, str]] = []
@@ -105,6 +166,7 @@ class ShmSession:
                 buf, offset = frame.buffer if hasattr(frame, "buffer") else frame, 0
                 nbytes = memoryview(buf).nbytes
             outputs[name] = _view(buf, offset, nbytes, spec)
+        self._leases += len(leases)
         return ShmResult(
             self,
             header.get("model_name", ""),
@@ -132,6 +194,7 @@ class ShmSession:
         for token, region in leases:
             self.pending.append(token)
             held[region] -= 1
+        self._leases -= len(leases)
         now = time.monotonic()
         if now >= self._next_sweep:
             self._next_sweep = now + SWEEP_S
@@ -140,16 +203,96 @@ class ShmSession:
                     del held[region]
                     self.mapped.drop(region)
 
-    def take_releases(self) -> list[str]:
-        pending, self.pending = self.pending, []
-        return pending
+    # ------------------------------------------------------------------ registered regions
+    def register_system(self, name: str, key: str, byte_size: int, offset: int) -> Call[None]:
+        """Register a POSIX object the caller created (Triton's system shared memory)."""
+        window = Window("system", posix_name(key), offset)
+        fields = {"name": name, "key": key, "offset": offset, "byte_size": byte_size}
+        return Call("register_system_shared_memory", self._add(name, window), fields)
 
-    def close(self) -> None:
+    def register_cuda(self, name: str, buffer: Any, byte_size: int) -> Call[None]:
+        """Register a :class:`shm.cuda.CudaBuffer` (device memory, CUDA IPC)."""
+        fields = {
+            "name": name,
+            "raw_handle": base64.b64encode(buffer.handle).decode(),
+            "device_id": buffer.device_id,
+            "byte_size": byte_size or buffer.nbytes,
+        }
+        return Call(
+            "register_cuda_shared_memory", self._add(name, Window("cuda", buffer=buffer)), fields
+        )
+
+    def _add(self, name: str, window: Window) -> Callable[[Header], None]:
+        """Reads a registration's answer: outputs written into ``name`` can be viewed now."""
+
+        def read(reply: Header) -> None:
+            self.windows[name] = window
+
+        return read
+
+    def unregister(self, kind: str, name: str = "") -> Call[list[str]]:
+        """End a registration of ``kind`` ("system" or "cuda"), or all of them (no name)."""
+
+        def read(reply: Header) -> list[str]:
+            names = list(reply["unregistered"])
+            for n in names:
+                self.windows.pop(n, None)
+            return names
+
+        return Call(f"unregister_{kind}_shared_memory", read, {"name": name})
+
+    @staticmethod
+    def region_status(kind: str, name: str = "") -> Call[list[dict[str, Any]]]:
+        return Call(f"{kind}_shared_memory_status", lambda h: list(h["regions"]), {"name": name})
+
+    def goodbye(self) -> list[Exchange[Any]]:
+        """What a closing client sends: its queued releases, the end of its registrations
+        (the server unlinks the input region), each given CLOSE_TIMEOUT."""
+        flush = self.flush(CLOSE_TIMEOUT)
+        kinds = sorted({w.kind for w in self.windows.values()})
+        unregister = [self.control(self.unregister(kind), CLOSE_TIMEOUT) for kind in kinds]
+        return [flush, *unregister] if flush else unregister
+
+    # ------------------------------------------------------------------ keep-alive
+    def keepalive_in(self) -> float:
+        """Seconds until a keep-alive is due (0: now): the first asks the server's lease
+        timeout; then one whenever leases are held and the server has not heard from this
+        client for a third of that timeout."""
+        if not self._interval:
+            return 0.0
+        if not (self._leases or self.pending):
+            return self._interval
+        return max(0.0, self._heard + self._interval - time.monotonic())
+
+    def keepalive(self, client: bytes = b"") -> Call[float]:
+        """The keep-alive message (for the client with routing id ``client`` when it comes
+        from another socket); its answer, the lease timeout, sets the interval."""
+        self._heard = time.monotonic()
+        self._interval = self._interval or KEEPALIVE_S
+        return Call("keepalive", self._lease_timeout, {"client": client.hex()} if client else {})
+
+    def _lease_timeout(self, reply: Header) -> float:
+        timeout = reply.get("lease_timeout")
+        if isinstance(timeout, int | float) and timeout > 0:
+            self._interval = max(0.05, timeout / 3)
+            return float(timeout)
+        return 0.0
+
+    def close(self) -> list[Exchange[Any]]:
+        """Cancel what waits, unmap every region."""
+        waiting = super().close()
         self.mapped.close()
         if self.region is not None:
             self.region.close()
             self.region = None
             self.allocator = None
+        return waiting
+
+
+def _released(message: Message) -> int:
+    header = message[0]
+    codec.raise_for_error(header)
+    return int(header["released"])
 
 
 def _view(buf: Any, offset: int, nbytes: int, spec: dict[str, Any]) -> np.ndarray:
@@ -170,191 +313,3 @@ def _view(buf: Any, offset: int, nbytes: int, spec: dict[str, Any]) -> np.ndarra
 def _device_view(buffer: Any, offset: int, nbytes: int, spec: dict[str, Any]) -> Any:
     dtype = codec.numpy_dtype(spec["datatype"])
     return buffer.array(offset, nbytes).view(dtype).reshape(spec["shape"])
-
-
-class ShmResult:
-    """A response whose outputs view shared memory in place: use them, then release.
-
-    ``with client.run(req) as result:`` releases on leaving the block; the arrays must not
-    be used after that (the server reuses the memory).
-    """
-
-    def __init__(
-        self,
-        session: ShmSession,
-        model_name: str,
-        model_version: str,
-        outputs: dict[str, Any],
-        parameters: dict[str, Any],
-        leases: list[tuple[str, str]],
-    ) -> None:
-        self._session = session
-        self.model_name = model_name
-        self.model_version = model_version
-        self.outputs = outputs
-        self.parameters = parameters
-        self._leases = leases
-
-    def __getitem__(self, name: str) -> Any:
-        return self.outputs[name]
-
-    def as_torch(self, name: str) -> Any:
-        """Output ``name`` as a torch tensor over the same memory (DLPack, no copy)."""
-        import torch
-
-        return torch.from_dlpack(self.outputs[name])
-
-    @property
-    def leases(self) -> list[str]:
-        return [token for token, _ in self._leases]
-
-    def release(self) -> None:
-        """Give the outputs' memory back (sent with the client's next message)."""
-        if self._leases:
-            self._session.release(self._leases)
-            self._leases = []
-
-    def __enter__(self) -> ShmResult:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-
-class ShmRequest:
-    """A reusable request: inputs live in the client's input region, written in place."""
-
-    def __init__(
-        self,
-        session: ShmSession,
-        model: str,
-        outputs: Sequence[str],
-        version: str | int = "",
-        parameters: dict[str, Any] | None = None,
-    ) -> None:
-        self._session = session
-        self._inputs: dict[str, dict[str, Any]] = {}
-        self._slots: dict[str, int] = {}  # input -> offset in the session's input region
-        self._header: dict[str, Any] = {
-            "type": "infer",
-            "model_name": model,
-            "model_version": str(version),
-            "inputs": [],
-            "outputs": [{"name": n, "parameters": {"output_handle": True}} for n in outputs],
-        }
-        if parameters:
-            self._header["parameters"] = dict(parameters)
-
-    # ------------------------------------------------------------------ inputs
-    def input(self, name: str, shape: Sequence[int], dtype: Any) -> np.ndarray:
-        """A writable array for input ``name`` in shared memory: write the tensor into it.
-
-        ``torch.from_numpy`` of the array is a tensor over the same memory.
-        """
-        dt = np.dtype(_numpy_dtype(dtype))
-        datatype = codec.datatype_of(dt)
-        if datatype == "BYTES":
-            raise InferpoolError(Code.INVALID_ARG, f"input '{name}': use set_input() for BYTES")
-        shape = codec.check_shape(list(shape), f"input '{name}'")
-        count = codec.element_count(shape)
-        offset = self._place(name, datatype, shape, count * dt.itemsize)
-        region = self._session.region
-        assert region is not None
-        return np.frombuffer(region.buf, dtype=dt, count=count, offset=offset).reshape(shape)
-
-    def set_input(self, name: str, value: Any, datatype: str | None = None) -> None:
-        """Copy ``value`` (numpy, torch, list; str/bytes for BYTES) into input ``name``."""
-        arr = codec.as_array(value, datatype)
-        datatype = datatype or codec.datatype_of(arr.dtype)
-        if datatype == "BYTES":
-            payload = codec.serialize_bytes(arr.reshape(-1))
-            offset = self._place(name, datatype, list(arr.shape), len(payload))
-            region = self._session.region
-            assert region is not None
-            region.buf[offset : offset + len(payload)] = payload
-        else:
-            np.copyto(self.input(name, arr.shape, codec.numpy_dtype(datatype)), arr)
-
-    def input_from(
-        self,
-        name: str,
-        region: str,
-        shape: Sequence[int],
-        datatype: str,
-        byte_size: int,
-        offset: int = 0,
-    ) -> None:
-        """Input ``name`` is already in a region this client registered (system or CUDA)."""
-        self._drop(name)
-        self._set(name, datatype, list(shape), region, offset, byte_size)
-
-    def _place(self, name: str, datatype: str, shape: list[int], nbytes: int) -> int:
-        self._drop(name)
-        offset = self._session.alloc(nbytes, f"input '{name}'")
-        self._slots[name] = offset
-        self._set(name, datatype, shape, INPUT_REGION, offset, nbytes)
-        return offset
-
-    def _set(
-        self, name: str, datatype: str, shape: list[int], region: str, offset: int, nbytes: int
-    ) -> None:
-        self._inputs[name] = {
-            "name": name,
-            "datatype": datatype,
-            "shape": shape,
-            "parameters": {
-                "shared_memory_region": region,
-                "shared_memory_offset": offset,
-                "shared_memory_byte_size": nbytes,
-            },
-        }
-        self._header["inputs"] = list(self._inputs.values())
-
-    def _drop(self, name: str) -> None:
-        offset = self._slots.pop(name, None)
-        if offset is not None:
-            self._session.free(offset)
-        self._inputs.pop(name, None)
-
-    # ------------------------------------------------------------------ outputs
-    def output_to(self, name: str, region: str, byte_size: int, offset: int = 0) -> None:
-        """Have output ``name`` written into a region this client registered, not a handle."""
-        params = {
-            "shared_memory_region": region,
-            "shared_memory_offset": offset,
-            "shared_memory_byte_size": byte_size,
-        }
-        outputs = [o for o in self._header["outputs"] if o["name"] != name]
-        self._header["outputs"] = [*outputs, {"name": name, "parameters": params}]
-
-    # ------------------------------------------------------------------ wire
-    def encode(self, request_id: str, releases: list[str]) -> bytes:
-        header = self._header
-        header["id"] = request_id
-        if releases:
-            header["release"] = releases
-            try:
-                return orjson.dumps(header)
-            finally:
-                del header["release"]
-        return orjson.dumps(header)
-
-    def close(self) -> None:
-        """Give the inputs' memory back to the client's input region."""
-        for name in list(self._slots):
-            self._drop(name)
-
-    def __enter__(self) -> ShmRequest:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _numpy_dtype(dtype: Any) -> Any:
-    """numpy dtypes as they are; torch dtypes through their numpy twin."""
-    if type(dtype).__module__ == "torch":
-        import torch
-
-        return torch.empty(0, dtype=dtype).numpy().dtype
-    return dtype

@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from inferpool.client import AsyncClient, Client  # noqa: E402
-from inferpool.client.sync import encode_inputs, infer_header  # noqa: E402
+from inferpool.client.core import encode_inputs, infer_header  # noqa: E402
 from inferpool.wire import codec  # noqa: E402
 from inferpool.wire.zmqio import SNDMORE, recv_frames, send_parts  # noqa: E402
 
@@ -94,10 +94,11 @@ async def run_zmq_asyncio(endpoint: str, n: int) -> float:
         ctx.term()
 
 
-def echo(endpoint: str) -> None:
+def echo(endpoint: str, bound: Any) -> None:
     """The bare peer: every message goes back as it came."""
     sock = zmq.Context().socket(zmq.ROUTER)
     sock.bind(endpoint)
+    bound.set()
     while True:
         send_parts(sock, recv_frames(sock), copy=False)
 
@@ -139,8 +140,11 @@ def main() -> int:
     args = parser.parse_args()
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="ipb-", dir="/tmp") as tmp:
-        peer = mp.get_context("spawn").Process(target=echo, args=(f"ipc://{tmp}/echo.sock",))
+        spawn = mp.get_context("spawn")
+        bound = spawn.Event()
+        peer = spawn.Process(target=echo, args=(f"ipc://{tmp}/echo.sock", bound))
         peer.start()
+        bound.wait(60)  # a client finds out at once when nothing listens yet
         try:
             results["echo"] = measure(f"ipc://{tmp}/echo.sock", args.requests, args.rounds)
         finally:

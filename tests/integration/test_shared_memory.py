@@ -301,8 +301,8 @@ def test_async_client_with_many_requests_in_flight(server: Server) -> None:
     async def main() -> list[list[float]]:
         async with AsyncShmClient(server.endpoint, input_bytes=1 << 20) as c:
             reqs = []
-            for i in range(8):
-                req = await c.request("identity", outputs=["OUTPUT0"])
+            for i in range(8):  # a plain call; without outputs, the first run asks for them
+                req = c.request("identity", outputs=["OUTPUT0"] if i % 2 else None)
                 req.input("INPUT0", (3,), np.float32)[:] = i
                 reqs.append(req)
             results = await asyncio.gather(*(c.run(r) for r in reqs))
@@ -314,6 +314,27 @@ def test_async_client_with_many_requests_in_flight(server: Server) -> None:
             return values
 
     assert asyncio.run(main()) == [[float(i)] * 3 for i in range(8)]
+
+
+def test_async_client_registers_regions_as_the_sync_one_does(server: Server, user_region) -> None:
+    data = np.frombuffer(user_region.buf, np.float32)
+    data[:4] = [5, 6, 7, 8]
+
+    async def main() -> None:
+        async with AsyncShmClient(server.endpoint, input_bytes=0) as c:
+            await c.register_system_shared_memory("data", "/" + user_region.name, 4096)
+            [status] = await c.system_shared_memory_status("data")
+            assert status["key"] == "/" + user_region.name
+            req = c.request("identity", outputs=[])
+            req.input_from("INPUT0", "data", [4], "FP32", 16)
+            req.output_to("OUTPUT0", "data", 16, offset=64)
+            with await c.run(req) as result:
+                assert result["OUTPUT0"].tolist() == [5, 6, 7, 8]
+            assert data[16:20].tolist() == [5, 6, 7, 8]
+            assert await c.unregister_system_shared_memory() == ["data"]
+            assert await c.cuda_shared_memory_status() == []
+
+    asyncio.run(main())
 
 
 @pytest.mark.skipif(cuda.unavailable_reason() is None, reason="this machine has a GPU")

@@ -16,6 +16,7 @@ import zmq
 from inferpool.client import AsyncClient, Code, InferpoolError
 from inferpool.wire import codec
 from inferpool.wire.zmqio import recv_frames, send_parts
+from tests.support import free_tcp_port
 
 Script = Callable[[zmq.Socket[Any], list[list[zmq.Frame]]], None]
 
@@ -23,11 +24,12 @@ Script = Callable[[zmq.Socket[Any], list[list[zmq.Frame]]], None]
 class Peer:
     """A ROUTER that collects ``expect`` requests, then answers them as ``script`` says."""
 
-    def __init__(self, tmp: Path, expect: int, script: Script) -> None:
+    def __init__(self, tmp: Path, expect: int, script: Script, endpoint: str = "") -> None:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
-        self.endpoint = f"ipc://{tmp}/peer.sock"
+        self.endpoint = endpoint or f"ipc://{tmp}/peer.sock"
+        self.handshakes = self.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
         self.sock.bind(self.endpoint)
         self.thread = threading.Thread(target=self._run, args=(expect, script), daemon=True)
         self.thread.start()
@@ -36,8 +38,14 @@ class Peer:
         requests = [recv_frames(self.sock) for _ in range(expect)]
         script(self.sock, requests)
 
+    def shook_hands(self) -> None:
+        """Until a client has completed zmq's handshake with this peer."""
+        assert self.handshakes.poll(10_000), "no client shook hands within 10 s"
+
     def close(self) -> None:
         self.thread.join(10)
+        self.sock.disable_monitor()
+        self.handshakes.close(0)
         self.sock.close(0)
         self.ctx.term()
 
@@ -58,8 +66,8 @@ def answer(sock: zmq.Socket[Any], request: list[zmq.Frame], value: float) -> Non
 def peer_factory(short_tmp: Path) -> Iterator[Callable[[int, Script], Peer]]:
     peers: list[Peer] = []
 
-    def make(expect: int, script: Script) -> Peer:
-        peers.append(Peer(short_tmp, expect, script))
+    def make(expect: int, script: Script, endpoint: str = "") -> Peer:
+        peers.append(Peer(short_tmp, expect, script, endpoint))
         return peers[-1]
 
     yield make
@@ -84,6 +92,26 @@ def test_answers_in_any_order_reach_their_requests_and_junk_is_dropped(peer_fact
             return [float(o["Y"][0]) for o in outs]
 
     assert asyncio.run(main()) == [0.0, 1.0, 2.0]
+
+
+def test_calls_made_before_the_server_is_up_are_sent_in_order_once_it_is(peer_factory) -> None:
+    endpoint = f"tcp://127.0.0.1:{free_tcp_port()}"
+
+    def script(sock: zmq.Socket[Any], requests: list[list[zmq.Frame]]) -> None:
+        for i, request in enumerate(requests):  # each answer: the request's place on arrival
+            answer(sock, request, float(i))
+
+    async def main() -> list[float]:
+        async with AsyncClient(endpoint, timeout=10) as c:
+            calls = [asyncio.create_task(c.infer("m", {"X": np.ones(1)})) for _ in range(8)]
+            await asyncio.sleep(0)  # every call now waits for a server's handshake
+            assert not any(call.done() for call in calls)
+            peer = peer_factory(9, script, endpoint)  # the server comes up and shakes
+            peer.shook_hands()  # hands before this loop has heard of it: a call made now
+            calls.append(asyncio.create_task(c.infer("m", {"X": np.ones(1)})))  # goes last
+            return [float(out["Y"][0]) for out in await asyncio.gather(*calls)]
+
+    assert asyncio.run(main()) == [float(i) for i in range(9)]
 
 
 def test_every_wait_times_out(peer_factory) -> None:

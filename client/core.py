@@ -1,0 +1,306 @@
+"""The client's protocol core, without I/O, the way h11 and wsproto keep protocol state apart
+from sockets.
+
+It builds every request a client sends (an :class:`Exchange`: the header and tensor frames,
+and how to read an answer), matches each response to its request by ``id``, decodes results
+and errors, and knows the client's endpoint and whether a server has answered there.
+:class:`~inferpool.client.sync.Client` and :class:`~inferpool.client.aio.AsyncClient` only
+move its bytes over a zmq socket and wait the way their callers wait.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypedDict, TypeVar
+
+import numpy as np
+
+from inferpool.client.control import Call
+from inferpool.client.endpoint import Handshake, parse_endpoint
+from inferpool.wire import codec
+from inferpool.wire.errors import Code, InferpoolError
+
+DEFAULT_TIMEOUT = 60.0
+T = TypeVar("T")
+Header = dict[str, Any]
+Message = tuple[Header, list[Any]]  # a response: its header and its tensor frames
+Inputs = Mapping[str, Any]  # input name -> numpy array, torch tensor, list or scalar
+Outputs = Sequence[str] | Sequence[dict[str, Any]] | None  # names, or entries with parameters
+
+
+class InferOptions(TypedDict, total=False):
+    """An infer request's options beyond model, inputs and outputs."""
+
+    version: str | int  # "" (or absent): the highest ready version
+    parameters: Mapping[str, Any] | None  # request parameters (sequence_id, priority, ...)
+    datatypes: Mapping[str, str] | None  # an input's wire datatype, where numpy's won't do
+    timeout: float | None  # seconds to wait for a response (None: the client's timeout)
+
+
+@dataclass
+class InferResult:
+    """One response: outputs by name (read-only arrays over the received bytes) and parameters."""
+
+    model_name: str
+    model_version: str
+    outputs: dict[str, np.ndarray]
+    parameters: dict[str, Any] = field(default_factory=dict)
+    id: Any = ""
+
+    @property
+    def final(self) -> bool:
+        return bool(self.parameters.get("triton_final_response", True))
+
+    @property
+    def streamed(self) -> bool:
+        """Whether a stream yields it: all but an empty final response (the end marker)."""
+        return bool(self.outputs) or not self.final
+
+    def as_numpy(self, name: str) -> np.ndarray:
+        return self.outputs[name]
+
+
+def encode_inputs(
+    inputs: Inputs, datatypes: Mapping[str, str] | None = None
+) -> tuple[list[dict[str, Any]], list[Any]]:
+    """Input descriptors and their frames (zero-copy buffers for fixed-size types)."""
+    specs: list[dict[str, Any]] = []
+    frames: list[Any] = []
+    for name, value in inputs.items():
+        datatype = (datatypes or {}).get(name)
+        arr = codec.as_array(value, datatype)
+        datatype = datatype or codec.datatype_of(arr.dtype)
+        specs.append({"name": name, "datatype": datatype, "shape": list(arr.shape)})
+        frames.append(codec.tensor_bytes(arr, datatype))
+    return specs, frames
+
+
+def infer_header(
+    model: str,
+    inputs: list[dict[str, Any]],
+    outputs: Outputs,
+    version: str | int = "",
+    parameters: Mapping[str, Any] | None = None,
+) -> Header:
+    header: Header = {
+        "type": "infer",
+        "model_name": model,
+        "model_version": str(version) if version not in (None, "") else "",
+        "inputs": inputs,
+    }
+    if outputs:
+        header["outputs"] = [o if isinstance(o, dict) else {"name": o} for o in outputs]
+    if parameters:
+        header["parameters"] = dict(parameters)
+    return header
+
+
+def decode_result(message: Message) -> InferResult:
+    """An infer response as outputs over its frames, or the error it carries, raised."""
+    header, frames = message
+    codec.raise_for_error(header)
+    outputs: dict[str, np.ndarray] = {}
+    framed = [o for o in header.get("outputs") or () if not codec.in_shared_memory(o)]
+    if len(framed) > len(frames):
+        raise InferpoolError(
+            Code.INTERNAL, f"response lists {len(framed)} outputs but carries {len(frames)} frames"
+        )
+    for spec, frame in zip(framed, frames, strict=False):
+        outputs[spec["name"]] = codec.array_from_buffer(
+            frame.buffer if hasattr(frame, "buffer") else frame,
+            spec["datatype"],
+            spec["shape"],
+            f"output '{spec['name']}'",
+        )
+    return InferResult(
+        header.get("model_name", ""),
+        str(header.get("model_version", "")),
+        outputs,
+        header.get("parameters") or {},
+        header.get("id", ""),
+    )
+
+
+def checked(message: Message) -> Header:
+    """A control response's header, or the error it carries, raised."""
+    codec.raise_for_error(message[0])
+    return message[0]
+
+
+def _as_sent(message: Message) -> Message:
+    return message
+
+
+class Exchange(Generic[T]):
+    """One request: what to send, how to read a response, how long to wait for one, the
+    responses not read yet."""
+
+    __slots__ = ("done", "frames", "header", "id", "limit", "read", "replies")
+
+    def __init__(
+        self,
+        request_id: str,
+        header: bytes,
+        frames: Sequence[Any],
+        read: Callable[[Message], T],
+        limit: float,
+    ) -> None:
+        self.id = request_id
+        self.header = header  # the encoded header frame (after the empty delimiter)
+        self.frames = frames  # the tensor frames, sent without a copy
+        self.read = read
+        self.limit = limit  # seconds each wait (to send, for a response) may take
+        self.replies: list[Message | InferpoolError] = []  # few: a list is cheapest
+        self.done = False  # its final response (or an error) has been taken
+
+
+class ClientCore:
+    """One client's protocol state: request ids, the requests waiting for responses, the
+    endpoint and its handshake.  Not thread-safe, like the socket it serves."""
+
+    def __init__(self, endpoint: str, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.handshake = Handshake(parse_endpoint(endpoint))
+        self.endpoint = self.handshake.endpoint.url
+        self.timeout = timeout
+        self.closed = False
+        self._ids = itertools.count(1)
+        self._waiting: dict[str, Exchange[Any]] = {}
+
+    # ------------------------------------------------------------------ requests
+    def open(
+        self,
+        header: Header,
+        frames: Sequence[Any],
+        read: Callable[[Message], T],
+        timeout: float | None = None,
+    ) -> Exchange[T]:
+        """A request with the next id, waiting for its responses from now on."""
+        if self.closed:
+            raise InferpoolError(Code.CANCELLED, "the client is closed")
+        request_id = f"{next(self._ids)}"
+        header["id"] = request_id
+        limit = self.timeout if timeout is None else timeout
+        exchange = Exchange(request_id, codec.encode_header(header), frames, read, limit)
+        self._waiting[request_id] = exchange
+        return exchange
+
+    def infer(
+        self,
+        model: str,
+        inputs: Inputs,
+        outputs: Outputs = None,
+        *,
+        version: str | int = "",
+        parameters: Mapping[str, Any] | None = None,
+        datatypes: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> Exchange[InferResult]:
+        """An infer request; fixed-size inputs go as zero-copy frames."""
+        specs, frames = encode_inputs(inputs, datatypes)
+        header = infer_header(model, specs, outputs, version, parameters)
+        return self.open(header, frames, decode_result, timeout)
+
+    def control(self, call: Call[T], timeout: float | None = None) -> Exchange[T]:
+        """A control message (client.control) whose answer is read as ``call`` says."""
+        header = {"type": call.type, **call.fields}
+        return self.open(header, (), lambda m: call.read(checked(m)), timeout)
+
+    def call(
+        self, msg_type: str, fields: Mapping[str, Any], timeout: float | None = None
+    ) -> Exchange[Header]:
+        """Any control message; its answer is the response header, error-checked."""
+        return self.open({"type": msg_type, **fields}, (), checked, timeout)
+
+    def raw(self, header: Header, frames: Sequence[Any] = ()) -> Exchange[Message]:
+        """A message as given, answered as received (errors not raised): for protocol tests."""
+        return self.open(dict(header), frames, _as_sent)
+
+    def goodbye(self) -> list[Exchange[Any]]:
+        """What a closing client sends before it closes (nothing: the shm session says more)."""
+        return []
+
+    # ------------------------------------------------------------------ responses
+    def receive(self, parts: list[Any]) -> Exchange[Any] | None:
+        """File one received message with the request it answers; None when it answers none
+        waiting (a request given up on) or is not a message of the protocol."""
+        if len(parts) < 2 or len(parts[0]) != 0:
+            return None
+        try:
+            header = codec.decode_header(parts[1].bytes)
+        except InferpoolError:
+            return None
+        exchange = self._waiting.get(str(header.get("id")))
+        if exchange is not None:
+            exchange.replies.append((header, parts[2:]))
+        return exchange
+
+    def take(self, exchange: Exchange[Any]) -> Message:
+        """The next response received for ``exchange`` (it has one); after the final one the
+        request waits no more."""
+        got = exchange.replies.pop(0)
+        if isinstance(got, InferpoolError):
+            exchange.done = True
+            raise got
+        params = got[0].get("parameters")
+        if not params or params.get("triton_final_response", True):
+            exchange.done = True
+            self._waiting.pop(exchange.id, None)
+        return got
+
+    def waiting(self, request_id: str) -> Exchange[Any]:
+        return self._waiting[request_id]
+
+    def forget(self, exchange: Exchange[Any]) -> None:
+        """Stop waiting for ``exchange`` (given up on, or read all that was wanted)."""
+        self._waiting.pop(exchange.id, None)
+
+    def close(self) -> list[Exchange[Any]]:
+        """No more requests; every request still waiting gets CANCELLED (returned, to wake)."""
+        self.closed = True
+        err = InferpoolError(Code.CANCELLED, "the client was closed")
+        waiting = list(self._waiting.values())
+        for exchange in waiting:
+            exchange.replies.append(err)
+        self._waiting.clear()
+        return waiting
+
+    # ------------------------------------------------------------------ time
+    def limit(self, timeout: float | None) -> float:
+        return self.timeout if timeout is None else timeout
+
+    def timed_out(self, what: str, limit: float) -> InferpoolError:
+        """TIMEOUT: ``what`` ("no response from", "could not send to") the endpoint in time."""
+        return InferpoolError(Code.TIMEOUT, f"{what} {self.endpoint} within {limit:g}s")
+
+
+class Retry:
+    """Asking until a server is ready (wait_ready): no answer yet, or no server yet, means
+    ask again after a pause, until the deadline.  Use each attempt as a ``with`` block."""
+
+    PAUSE = 0.05
+
+    def __init__(self, endpoint: str, timeout: float) -> None:
+        self._endpoint = endpoint
+        self._timeout = timeout
+        self._deadline = time.monotonic() + timeout
+
+    def attempt(self) -> float:
+        """How long one attempt may wait."""
+        return min(1.0, max(0.05, self._deadline - time.monotonic()))
+
+    def pause(self) -> float:
+        """How long to pause before the next attempt; TIMEOUT once the deadline is past."""
+        if time.monotonic() >= self._deadline:
+            raise InferpoolError(
+                Code.TIMEOUT, f"{self._endpoint} not ready within {self._timeout:g}s"
+            )
+        return self.PAUSE
+
+    def __enter__(self) -> Retry:
+        return self
+
+    def __exit__(self, kind: object, err: BaseException | None, tb: object) -> bool:
+        return isinstance(err, InferpoolError) and err.code in (Code.TIMEOUT, Code.UNAVAILABLE)

@@ -1,0 +1,219 @@
+"""A shared-memory request and its result: inputs written in place, outputs read in place.
+
+A :class:`ShmRequest` places its inputs in the client's input region (the session's
+allocator, no round trip) and is sent as a small header, as often as wanted.  A
+:class:`ShmResult` views its outputs where the server wrote them until it is released.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from inferpool.client.core import Header
+from inferpool.wire import codec
+from inferpool.wire.errors import Code, InferpoolError
+
+if TYPE_CHECKING:
+    from inferpool.client.shm_core import ShmSession
+
+INPUT_REGION = "inputs"  # the name of the session's input region, as registered
+HANDLE = {"output_handle": True}
+
+
+class ShmResult:
+    """A response whose outputs view shared memory in place: use them, then release.
+
+    ``with client.run(req) as result:`` releases on leaving the block; the arrays must not
+    be used after that (the server reuses the memory).
+    """
+
+    def __init__(
+        self,
+        session: ShmSession,
+        model_name: str,
+        model_version: str,
+        outputs: dict[str, Any],
+        parameters: dict[str, Any],
+        leases: list[tuple[str, str]],
+    ) -> None:
+        self._session = session
+        self.model_name = model_name
+        self.model_version = model_version
+        self.outputs = outputs
+        self.parameters = parameters
+        self._leases = leases  # (token, region)
+
+    def __getitem__(self, name: str) -> Any:
+        return self.outputs[name]
+
+    def as_torch(self, name: str) -> Any:
+        """Output ``name`` as a torch tensor over the same memory (DLPack, no copy)."""
+        import torch
+
+        return torch.from_dlpack(self.outputs[name])
+
+    @property
+    def leases(self) -> list[str]:
+        return [token for token, _ in self._leases]
+
+    def release(self) -> None:
+        """Give the outputs' memory back (sent with the client's next message)."""
+        if self._leases:
+            self._session.release(self._leases)
+            self._leases = []
+
+    def __enter__(self) -> ShmResult:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class ShmRequest:
+    """A reusable request: inputs live in the client's input region, written in place.
+
+    Made by the client's ``request()``, which never waits: with no ``outputs`` given and
+    none known for the model yet, the first ``run`` asks the server for them.
+    """
+
+    def __init__(
+        self,
+        session: ShmSession,
+        model: str,
+        outputs: Sequence[str] | None,
+        version: str | int = "",
+        parameters: dict[str, Any] | None = None,
+    ) -> None:
+        self._session = session
+        self.model = model
+        self.version = str(version)
+        self._inputs: dict[str, dict[str, Any]] = {}
+        self._slots: dict[str, int] = {}  # input -> offset in the session's input region
+        self._outputs: dict[str, dict[str, Any]] = {}  # output -> its parameters
+        self.header: Header = {
+            "type": "infer",
+            "model_name": model,
+            "model_version": self.version,
+            "inputs": [],
+            "outputs": [],
+        }
+        if parameters:
+            self.header["parameters"] = dict(parameters)
+        self.resolve(outputs or ())
+        self.resolved = outputs is not None  # whether every wanted output is known
+
+    def resolve(self, outputs: Sequence[str]) -> None:
+        """Ask for ``outputs`` as handles (those placed by output_to() stay where they are)."""
+        for name in outputs:
+            self._outputs.setdefault(name, HANDLE)
+        self.resolved = True
+        self._update()
+
+    # ------------------------------------------------------------------ inputs
+    def input(self, name: str, shape: Sequence[int], dtype: Any) -> np.ndarray:
+        """A writable array for input ``name`` in shared memory: write the tensor into it.
+
+        ``torch.from_numpy`` of the array is a tensor over the same memory.
+        """
+        dt = np.dtype(_numpy_dtype(dtype))
+        datatype = codec.datatype_of(dt)
+        if datatype == "BYTES":
+            raise InferpoolError(Code.INVALID_ARG, f"input '{name}': use set_input() for BYTES")
+        shape = codec.check_shape(list(shape), f"input '{name}'")
+        count = codec.element_count(shape)
+        offset = self._place(name, datatype, shape, count * dt.itemsize)
+        return np.frombuffer(self._buffer(), dtype=dt, count=count, offset=offset).reshape(shape)
+
+    def set_input(self, name: str, value: Any, datatype: str | None = None) -> None:
+        """Copy ``value`` (numpy, torch, list; str/bytes for BYTES) into input ``name``."""
+        arr = codec.as_array(value, datatype)
+        datatype = datatype or codec.datatype_of(arr.dtype)
+        if datatype == "BYTES":
+            payload = codec.serialize_bytes(arr.reshape(-1))
+            offset = self._place(name, datatype, list(arr.shape), len(payload))
+            self._buffer()[offset : offset + len(payload)] = payload
+        else:
+            np.copyto(self.input(name, arr.shape, codec.numpy_dtype(datatype)), arr)
+
+    def input_from(
+        self,
+        name: str,
+        region: str,
+        shape: Sequence[int],
+        datatype: str,
+        byte_size: int,
+        offset: int = 0,
+    ) -> None:
+        """Input ``name`` is already in a region this client registered (system or CUDA)."""
+        self._drop(name)
+        self._set(name, datatype, list(shape), region, offset, byte_size)
+
+    def _buffer(self) -> memoryview:
+        region = self._session.region
+        assert region is not None  # _place allocated in it
+        return region.buf
+
+    def _place(self, name: str, datatype: str, shape: list[int], nbytes: int) -> int:
+        self._drop(name)
+        offset = self._session.alloc(nbytes, f"input '{name}'")
+        self._slots[name] = offset
+        self._set(name, datatype, shape, INPUT_REGION, offset, nbytes)
+        return offset
+
+    def _set(
+        self, name: str, datatype: str, shape: list[int], region: str, offset: int, nbytes: int
+    ) -> None:
+        self._inputs[name] = {
+            "name": name,
+            "datatype": datatype,
+            "shape": shape,
+            "parameters": _window(region, offset, nbytes),
+        }
+        self.header["inputs"] = list(self._inputs.values())
+
+    def _drop(self, name: str) -> None:
+        offset = self._slots.pop(name, None)
+        if offset is not None:
+            self._session.free(offset)
+        self._inputs.pop(name, None)
+
+    # ------------------------------------------------------------------ outputs
+    def output_to(self, name: str, region: str, byte_size: int, offset: int = 0) -> None:
+        """Have output ``name`` written into a region this client registered, not a handle."""
+        self._outputs[name] = _window(region, offset, byte_size)
+        self._update()
+
+    def _update(self) -> None:
+        self.header["outputs"] = [{"name": n, "parameters": p} for n, p in self._outputs.items()]
+
+    # ------------------------------------------------------------------ lifetime
+    def close(self) -> None:
+        """Give the inputs' memory back to the client's input region."""
+        for name in list(self._slots):
+            self._drop(name)
+
+    def __enter__(self) -> ShmRequest:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _window(region: str, offset: int, nbytes: int) -> dict[str, Any]:
+    return {
+        "shared_memory_region": region,
+        "shared_memory_offset": offset,
+        "shared_memory_byte_size": nbytes,
+    }
+
+
+def _numpy_dtype(dtype: Any) -> Any:
+    """numpy dtypes as they are; torch dtypes through their numpy twin."""
+    if type(dtype).__module__ == "torch":
+        import torch
+
+        return torch.empty(0, dtype=dtype).numpy().dtype
+    return dtype
