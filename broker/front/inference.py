@@ -56,6 +56,13 @@ class Inference:
         if self.readiness.stopping:
             raise InferpoolError(Code.UNAVAILABLE, "the server is shutting down")
         model = self.registry.resolve(header.get("model_name"), header.get("model_version"))
+        if model.decoupled and header.get("single_response"):
+            raise InferpoolError(
+                Code.UNSUPPORTED,
+                f"model '{model.name}' has a decoupled transaction policy (any number of "
+                "responses per request) and this request takes exactly one (single_response); "
+                "use a stream",
+            )
         self._next_rid += 1
         now = time.monotonic_ns()
         req = admit(
