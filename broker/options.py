@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
+from inferpool.broker.kserve.service import FrontendOptions
 from inferpool.broker.pool.supervisor import SupervisorOptions
 from inferpool.wire.paths import DEFAULT_TCP, default_ipc_endpoint, default_run_dir
 
@@ -52,6 +53,13 @@ class ServerOptions:
     log_level: str = "INFO"
     metrics_port: int = 0  # 0: no Prometheus endpoint
     metrics_address: str = "127.0.0.1"
+    # the KServe frontends (0: off; `inferpool serve` defaults to Triton's 8000 and 8001)
+    http_port: int = 0
+    http_address: str = "127.0.0.1"
+    grpc_port: int = 0
+    grpc_address: str = "127.0.0.1"
+    health_port: int = 0  # the health routes alone
+    health_address: str = "127.0.0.1"
 
     @property
     def explicit(self) -> bool:
@@ -62,6 +70,13 @@ class ServerOptions:
     def request_limit(self) -> int:
         """The most tensor bytes one request may bring: it must fit in the arena."""
         return min(self.max_request_bytes, self.arena_size)
+
+    def frontends(self) -> FrontendOptions:
+        """The KServe frontends' slice, with the broker's request limit."""
+        names = (f.name for f in fields(FrontendOptions) if f.name != "request_limit")
+        return FrontendOptions(
+            request_limit=self.request_limit, **{name: getattr(self, name) for name in names}
+        )
 
     def supervisor(self) -> SupervisorOptions:
         """The supervisor's slice (its fields are named as here)."""

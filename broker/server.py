@@ -28,6 +28,7 @@ from inferpool.broker.front.registrations import Registrations
 from inferpool.broker.front.responder import Responder
 from inferpool.broker.front.router import Router
 from inferpool.broker.front.shared_memory import EXTENSIONS, SharedMemory
+from inferpool.broker.kserve.service import Frontends
 from inferpool.broker.models import repository
 from inferpool.broker.models.manager import Manager, Worker
 from inferpool.broker.models.registry import Registry, State
@@ -155,6 +156,12 @@ class Broker:
                 )
                 stack.callback(self.metrics.close)
                 self.poller.register(self.metrics.socket, zmq.POLLIN)
+            # the KServe frontends: their own thread, a zmq client of the ROUTER over inproc
+            frontends = opts.frontends()
+            if frontends.enabled:
+                inproc = f"inproc://inferpool-kserve-{run_id}"
+                self.frontend.bind(inproc)
+                stack.callback(Frontends(ctx, inproc, frontends).close)
             stack.callback(supervisor.kill_all)
             self._stack = stack.pop_all()
 

@@ -42,6 +42,17 @@ def parse_size(text: str) -> int:
         ) from None
 
 
+def parse_port(text: str) -> int:
+    """A TCP port, 0 (off) to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"not a port: {text!r} (0 turns it off; up to 65535)")
+    return port
+
+
 def parse_backend_config(items: Sequence[str]) -> dict[str, dict[str, str]]:
     """Triton's --backend-config=<backend>,<key>=<value>."""
     out: dict[str, dict[str, str]] = {}
@@ -161,6 +172,31 @@ def add_serve(sub: Any) -> None:
         "--metrics-port", type=int, default=0, help="serve Prometheus metrics here (0: off)"
     )
     p.add_argument("--metrics-address", default="127.0.0.1")
+    kserve = p.add_argument_group(
+        "KServe v2 frontends", "Triton's HTTP/REST and gRPC protocols, for Triton's clients"
+    )
+    kserve.add_argument(
+        "--http-port",
+        type=parse_port,
+        default=8000,
+        help="serve KServe v2 HTTP/REST here, health included (default 8000; 0: off)",
+    )
+    kserve.add_argument("--http-address", default="127.0.0.1")
+    kserve.add_argument(
+        "--grpc-port",
+        type=parse_port,
+        default=8001,
+        help="serve KServe v2 gRPC here (default 8001; 0: off)",
+    )
+    kserve.add_argument("--grpc-address", default="127.0.0.1")
+    kserve.add_argument(
+        "--health-port",
+        type=parse_port,
+        default=0,
+        help="serve only the health endpoints (/v2/health/live, /v2/health/ready, "
+        "/v2/models/<m>/ready) here, e.g. for probes while --http-port is 0 (default 0: off)",
+    )
+    kserve.add_argument("--health-address", default="127.0.0.1")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=cmd_serve)
 
@@ -193,6 +229,12 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         model_load_gpu_limit=parse_gpu_limits(args.model_load_gpu_limit),
         metrics_port=args.metrics_port,
         metrics_address=args.metrics_address,
+        http_port=args.http_port,
+        http_address=args.http_address,
+        grpc_port=args.grpc_port,
+        grpc_address=args.grpc_address,
+        health_port=args.health_port,
+        health_address=args.health_address,
         log_level=args.log_level.upper(),
     )
 
@@ -218,6 +260,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"inferpool {__version__}: serving {opts.model_repository}")
     for endpoint in opts.listen:
         print(f"  listening on {endpoint}")
+    for what, address, port in (
+        ("KServe HTTP", opts.http_address, opts.http_port),
+        ("KServe gRPC", opts.grpc_address, opts.grpc_port),
+        ("health", opts.health_address, opts.health_port),
+    ):
+        if port:
+            print(f"  {what} on {address}:{port}")
     sys.stdout.flush()
     try:
         broker = Broker(opts, on_started=started)

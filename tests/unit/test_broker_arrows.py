@@ -1,7 +1,8 @@
 """The broker's import arrows, read from its code (ast), TYPE_CHECKING imports included.
 
-Inside the broker: front -> models -> pool, never back; its top-level modules (server,
-options, endpoints, notify) compose the three, and no sub-package imports them.  Of the
+Inside the broker: front -> models -> pool, never back; the KServe frontends (kserve) import
+none of them (they reach the broker only in the zmq protocol); its top-level modules (server,
+options, endpoints, notify) compose the four, and no sub-package imports them.  Of the
 rest of inferpool the broker imports only ``wire`` and ``shm`` (and the version from the
 namespace's ``__init__``): never workers, backends, client or the CLI.
 """
@@ -14,14 +15,19 @@ from pathlib import Path
 from tests.support import ROOT
 
 BROKER = ROOT / "broker"
-PARTS = ("front", "models", "pool")
-MAY_IMPORT = {"front": {"front", "models", "pool"}, "models": {"models", "pool"}, "pool": {"pool"}}
+PARTS = ("front", "models", "pool", "kserve")
+MAY_IMPORT = {
+    "front": {"front", "models", "pool"},
+    "models": {"models", "pool"},
+    "pool": {"pool"},
+    "kserve": {"kserve"},
+}
 OUTSIDE = ("wire", "shm")
 OURS = ("wire", "shm", "broker", "workers", "backends", "client", "examples")
 
 
 def part_of(relative: Path) -> str:
-    """``front``, ``models`` or ``pool``; ``top`` for the broker's own modules."""
+    """``front``, ``models``, ``pool`` or ``kserve``; ``top`` for the broker's own modules."""
     return relative.parts[0] if len(relative.parts) > 1 and relative.parts[0] in PARTS else "top"
 
 
@@ -59,6 +65,8 @@ def violation(part: str, name: str) -> str | None:
     if target == "top":
         return f"broker.{part} imports the broker's top-level module {'.'.join(parts[1:3])}"
     if target not in MAY_IMPORT[part]:
+        if part == "kserve":
+            return "broker.kserve speaks to the broker only in the zmq protocol"
         return f"broker.{part} imports broker.{target}: arrows run front -> models -> pool"
     return None
 
@@ -93,6 +101,7 @@ def test_the_check_sees_each_kind_of_wrong_arrow() -> None:
         "top.py": "import inferpool.workers.main",
         "pool/y.py": "from ..models import registry",
         "front/y.py": "from client.sync import Client",
+        "kserve/x.py": "from inferpool.broker.front.router import Router",
     }
     for where, source in cases.items():
         (problem,) = check(BROKER / where, "from typing import TYPE_CHECKING\n" + source)

@@ -1,0 +1,125 @@
+"""The frontends' end of the broker's socket: an inproc DEALER driven by an asyncio loop.
+
+Every HTTP or gRPC call becomes one message of the zmq protocol (docs/PROTOCOL.md), sent to
+the broker's ROUTER over an inproc connection, so it takes the zmq clients' own path: the
+router, admission, the schedulers and the responder.  The broker's loop reads it like any
+client's message; nothing here runs in that loop, and nothing here blocks this one.
+
+Replies are matched by a tag frame the DEALER puts before the empty delimiter: the ROUTER
+keeps it in the envelope and sends it back unchanged, so the request's own ``id`` stays the
+client's.  Tensor frames of 64 KiB and more travel without a copy (the broker copies them
+once, into its arena); replies arrive as zero-copy frames.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import zmq
+
+from inferpool.wire import codec
+from inferpool.wire.errors import Code, InferpoolError
+from inferpool.wire.zmqio import NOBLOCK, SNDMORE, recv_frames
+
+log = logging.getLogger("inferpool.kserve")
+ZERO_COPY_MIN = 64 * 1024
+POLLIN = int(zmq.POLLIN)
+EVENTS = int(zmq.EVENTS)
+_EMPTY = b""
+Message = tuple[dict[str, Any], list[zmq.Frame]]  # a reply: its header and its tensor frames
+Listener = Callable[[dict[str, Any], list[zmq.Frame]], None]
+
+
+class BrokerChannel:
+    """Requests to the broker and their replies, for coroutines of one asyncio loop."""
+
+    def __init__(self, ctx: zmq.Context[Any], endpoint: str) -> None:
+        """``endpoint``: the inproc address the broker's ROUTER is bound to (same ``ctx``)."""
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 0)  # never refuse a send: the loop must not block
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.connect(endpoint)
+        self._sock = sock
+        self._tags = itertools.count(1)
+        self._listeners: dict[bytes, Listener] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start reading replies in ``loop`` (the thread that runs it owns the socket)."""
+        self._loop = loop
+        loop.add_reader(self._sock.getsockopt(zmq.FD), self._drain)
+
+    def close(self) -> None:
+        if self._loop is not None:
+            self._loop.remove_reader(self._sock.getsockopt(zmq.FD))
+        self._sock.close(0)
+        self._listeners.clear()
+
+    # ------------------------------------------------------------------ requests
+    async def call(
+        self, header: dict[str, Any], frames: Sequence[Any] = (), timeout: float | None = None
+    ) -> Message:
+        """Send one request and wait for its reply; an error reply is raised."""
+        assert self._loop is not None
+        done: asyncio.Future[Message] = self._loop.create_future()
+
+        def settle(reply: dict[str, Any], tensors: list[zmq.Frame]) -> None:
+            if not done.done():
+                done.set_result((reply, tensors))
+
+        tag = self.open(header, frames, settle)
+        try:
+            reply, tensors = await asyncio.wait_for(done, timeout)
+        except asyncio.TimeoutError:
+            raise InferpoolError(
+                Code.UNAVAILABLE, f"the server did not answer within {timeout:g}s"
+            ) from None
+        finally:
+            self.forget(tag)
+        codec.raise_for_error(reply)
+        return reply, tensors
+
+    def open(self, header: dict[str, Any], frames: Sequence[Any], listener: Listener) -> bytes:
+        """Send a request whose replies (several, for a decoupled model) go to ``listener``
+        until :meth:`forget` is called with the tag returned."""
+        tag = next(self._tags).to_bytes(8, "little")
+        self._listeners[tag] = listener
+        sock = self._sock
+        sock.send(tag, SNDMORE)
+        sock.send(_EMPTY, SNDMORE)
+        if frames:
+            sock.send(codec.encode_header(header), SNDMORE)
+            last = len(frames) - 1
+            for i, frame in enumerate(frames):
+                big = memoryview(frame).nbytes >= ZERO_COPY_MIN
+                sock.send(frame, 0 if i == last else SNDMORE, copy=not big)
+        else:
+            sock.send(codec.encode_header(header))
+        # the socket's fd is edge-triggered: a reply that came in meanwhile raises no new edge
+        if sock.getsockopt(EVENTS) & POLLIN and self._loop is not None:
+            self._loop.call_soon(self._drain)
+        return tag
+
+    def forget(self, tag: bytes) -> None:
+        """No more replies are wanted for ``tag`` (a late one is dropped)."""
+        self._listeners.pop(tag, None)
+
+    # ------------------------------------------------------------------ replies
+    def _drain(self) -> None:
+        sock = self._sock
+        while sock.getsockopt(EVENTS) & POLLIN:
+            frames = recv_frames(sock, NOBLOCK)
+            if len(frames) < 3:
+                continue
+            listener = self._listeners.get(frames[0].bytes)
+            if listener is None:
+                continue  # its caller went away (a closed HTTP connection, a cancelled call)
+            try:
+                listener(codec.decode_header(frames[2].bytes), frames[3:])
+            except Exception:  # one caller's bug must not stop the replies of the others
+                log.exception("handling a reply from the broker failed")

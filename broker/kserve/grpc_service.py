@@ -1,0 +1,290 @@
+"""The KServe v2 gRPC frontend: Triton's ``inference.GRPCInferenceService``.
+
+Served with the servicer base class and message types tritonclient ships (the protobuf
+layer is theirs), on ``grpc.aio`` in the frontends' asyncio loop.  Each RPC is one zmq
+protocol message through the channel; an error reply aborts the RPC with the broker's
+message and Triton's status code, except in ``ModelStreamInfer``, where, as in Triton, it
+travels in the stream as ``error_message`` and the stream goes on.  RPCs inferpool does
+not have (trace and log settings) are UNIMPLEMENTED, the base class's answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import AsyncIterator
+from typing import Any, NoReturn, TypeAlias
+
+import grpc
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc.service_pb2_grpc import GRPCInferenceServiceServicer
+
+from inferpool.broker.kserve.channel import BrokerChannel
+from inferpool.broker.kserve.grpc_infer import infer_message, infer_response
+from inferpool.broker.kserve.health import HEALTH_TIMEOUT_S
+from inferpool.broker.kserve.status import GRPC_STATUS
+from inferpool.wire.errors import Code, InferpoolError
+
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+
+
+async def _abort(context: Context, err: InferpoolError) -> NoReturn:
+    await context.abort(GRPC_STATUS[err.code], err.message)
+    raise AssertionError("unreachable: abort raises")
+
+
+def _unsupported_repository(name: str) -> None:
+    if name:
+        raise InferpoolError(Code.UNSUPPORTED, "'repository_name' specification is not supported")
+
+
+class InferenceServicer(GRPCInferenceServiceServicer):
+    def __init__(self, channel: BrokerChannel) -> None:
+        self.channel = channel
+
+    async def _ask(
+        self, context: Context, header: dict[str, Any], timeout: float | None = None
+    ) -> dict[str, Any]:
+        try:
+            reply, _ = await self.channel.call(header, timeout=timeout)
+        except InferpoolError as err:
+            await _abort(context, err)
+        return reply
+
+    # ------------------------------------------------------------------ health
+    async def ServerLive(self, request: Any, context: Context) -> pb.ServerLiveResponse:
+        reply = await self._ask(context, {"type": "health_live"}, HEALTH_TIMEOUT_S)
+        return pb.ServerLiveResponse(live=bool(reply.get("live")))
+
+    async def ServerReady(self, request: Any, context: Context) -> pb.ServerReadyResponse:
+        reply = await self._ask(context, {"type": "health_ready"}, HEALTH_TIMEOUT_S)
+        return pb.ServerReadyResponse(ready=bool(reply.get("ready")))
+
+    async def ModelReady(self, request: Any, context: Context) -> pb.ModelReadyResponse:
+        header = {
+            "type": "model_ready",
+            "model_name": request.name,
+            "model_version": request.version,
+        }
+        try:
+            reply, _ = await self.channel.call(header, timeout=HEALTH_TIMEOUT_S)
+        except InferpoolError as err:
+            if err.code is not Code.NOT_FOUND:  # Triton: an unknown model is not ready
+                await _abort(context, err)
+            return pb.ModelReadyResponse(ready=False)
+        return pb.ModelReadyResponse(ready=bool(reply.get("ready")))
+
+    # ------------------------------------------------------------------ metadata
+    async def ServerMetadata(self, request: Any, context: Context) -> pb.ServerMetadataResponse:
+        reply = await self._ask(context, {"type": "server_metadata"})
+        return pb.ServerMetadataResponse(
+            name=reply["name"], version=reply["version"], extensions=reply["extensions"]
+        )
+
+    def _model(self, request: Any, kind: str) -> dict[str, Any]:
+        return {"type": kind, "model_name": request.name, "model_version": request.version}
+
+    async def ModelMetadata(self, request: Any, context: Context) -> pb.ModelMetadataResponse:
+        reply = await self._ask(context, self._model(request, "model_metadata"))
+        tensor = pb.ModelMetadataResponse.TensorMetadata
+        return pb.ModelMetadataResponse(
+            name=reply["name"],
+            versions=reply["versions"],
+            platform=reply["platform"],
+            inputs=[tensor(**t) for t in reply["inputs"]],
+            outputs=[tensor(**t) for t in reply["outputs"]],
+        )
+
+    async def ModelConfig(self, request: Any, context: Context) -> pb.ModelConfigResponse:
+        reply = await self._ask(context, self._model(request, "model_config"))
+        config = json_format.ParseDict(
+            reply["config"], model_config_pb2.ModelConfig(), ignore_unknown_fields=True
+        )
+        return pb.ModelConfigResponse(config=config)
+
+    async def ModelStatistics(self, request: Any, context: Context) -> pb.ModelStatisticsResponse:
+        reply = await self._ask(context, self._model(request, "statistics"))
+        return json_format.ParseDict(
+            {"model_stats": reply["model_stats"]},
+            pb.ModelStatisticsResponse(),
+            ignore_unknown_fields=True,
+        )
+
+    # ------------------------------------------------------------------ repository
+    async def RepositoryIndex(self, request: Any, context: Context) -> pb.RepositoryIndexResponse:
+        try:
+            _unsupported_repository(request.repository_name)
+        except InferpoolError as err:
+            await _abort(context, err)
+        reply = await self._ask(context, {"type": "repository_index", "ready": request.ready})
+        row = pb.RepositoryIndexResponse.ModelIndex
+        return pb.RepositoryIndexResponse(models=[row(**r) for r in reply["models"]])
+
+    async def _control(self, request: Any, context: Context, action: str) -> None:
+        try:
+            _unsupported_repository(request.repository_name)
+            if action == "load" and any(
+                k == "config" or k.startswith("file:") for k in request.parameters
+            ):
+                raise InferpoolError(
+                    Code.UNSUPPORTED,
+                    "loading a model with a 'config' or 'file:' override is not supported; "
+                    "change the model repository and load the model again",
+                )
+        except InferpoolError as err:
+            await _abort(context, err)
+        await self._ask(context, {"type": action, "model_name": request.model_name})
+
+    async def RepositoryModelLoad(
+        self, request: Any, context: Context
+    ) -> pb.RepositoryModelLoadResponse:
+        await self._control(request, context, "load")
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(
+        self, request: Any, context: Context
+    ) -> pb.RepositoryModelUnloadResponse:
+        await self._control(request, context, "unload")
+        return pb.RepositoryModelUnloadResponse()
+
+    # ------------------------------------------------------------------ shared memory
+    async def SystemSharedMemoryStatus(
+        self, request: Any, context: Context
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        header = {"type": "system_shared_memory_status", "name": request.name}
+        reply = await self._ask(context, header)
+        status = pb.SystemSharedMemoryStatusResponse
+        return status(regions={r["name"]: status.RegionStatus(**r) for r in reply["regions"]})
+
+    async def SystemSharedMemoryRegister(
+        self, request: Any, context: Context
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        header = {
+            "type": "register_system_shared_memory",
+            "name": request.name,
+            "key": request.key,
+            "offset": request.offset,
+            "byte_size": request.byte_size,
+        }
+        await self._ask(context, header)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def SystemSharedMemoryUnregister(
+        self, request: Any, context: Context
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        await self._ask(context, {"type": "unregister_system_shared_memory", "name": request.name})
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    async def CudaSharedMemoryStatus(
+        self, request: Any, context: Context
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        reply = await self._ask(
+            context, {"type": "cuda_shared_memory_status", "name": request.name}
+        )
+        status = pb.CudaSharedMemoryStatusResponse
+        return status(regions={r["name"]: status.RegionStatus(**r) for r in reply["regions"]})
+
+    async def CudaSharedMemoryRegister(
+        self, request: Any, context: Context
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        header = {
+            "type": "register_cuda_shared_memory",
+            "name": request.name,
+            "raw_handle": base64.b64encode(request.raw_handle).decode(),
+            "device_id": request.device_id,
+            "byte_size": request.byte_size,
+        }
+        await self._ask(context, header)
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    async def CudaSharedMemoryUnregister(
+        self, request: Any, context: Context
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        await self._ask(context, {"type": "unregister_cuda_shared_memory", "name": request.name})
+        return pb.CudaSharedMemoryUnregisterResponse()
+
+    # ------------------------------------------------------------------ inference
+    async def ModelInfer(self, request: Any, context: Context) -> pb.ModelInferResponse:
+        try:
+            header, frames, _ = infer_message(request, single_response=True)
+            reply, outputs = await self.channel.call(header, frames)
+        except InferpoolError as err:
+            await _abort(context, err)
+        return infer_response(reply, outputs)
+
+    async def ModelStreamInfer(
+        self, request_iterator: AsyncIterator[Any], context: Context
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        stream = _Stream(self.channel)
+        reader = asyncio.ensure_future(stream.read(request_iterator))
+        try:
+            while (response := await stream.queue.get()) is not None:
+                yield response
+        finally:
+            reader.cancel()
+            stream.close()
+
+
+class _Stream:
+    """One ``ModelStreamInfer`` call: requests go out as they come, responses are queued as
+    the broker sends them (a decoupled model's several per request); ``None`` ends it."""
+
+    def __init__(self, channel: BrokerChannel) -> None:
+        self.channel = channel
+        self.queue: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        self.open: set[bytes] = set()
+        self.reading = True
+
+    async def read(self, requests: AsyncIterator[Any]) -> None:
+        async for request in requests:
+            try:
+                header, frames, empty_final = infer_message(request, single_response=False)
+            except InferpoolError as err:
+                self.queue.put_nowait(_stream_error(request, err.message))
+                continue
+            self._send(request, header, frames, empty_final)
+        self.reading = False
+        self._maybe_end()
+
+    def _send(
+        self, request: Any, header: dict[str, Any], frames: list[Any], empty_final: bool
+    ) -> None:
+        tag = b""
+
+        def reply(answer: dict[str, Any], outputs: list[Any]) -> None:
+            params = answer.get("parameters") or {}
+            decoupled = "triton_final_response" in params
+            final = bool(params.get("triton_final_response", True))
+            err = answer.get("error")
+            if err is not None:
+                self.queue.put_nowait(_stream_error(request, str(err.get("message", "")), final))
+            elif answer.get("outputs") or not (decoupled and final) or empty_final:
+                # a decoupled model's empty final response only marks the end: sent on request
+                response = infer_response(answer, outputs, final)
+                self.queue.put_nowait(pb.ModelStreamInferResponse(infer_response=response))
+            if final:
+                self.channel.forget(tag)
+                self.open.discard(tag)
+                self._maybe_end()
+
+        tag = self.channel.open(header, frames, reply)
+        self.open.add(tag)
+
+    def _maybe_end(self) -> None:
+        if not self.reading and not self.open:
+            self.queue.put_nowait(None)
+
+    def close(self) -> None:
+        for tag in self.open:
+            self.channel.forget(tag)
+        self.open.clear()
+
+
+def _stream_error(request: Any, message: str, final: bool = True) -> pb.ModelStreamInferResponse:
+    response = pb.ModelInferResponse(
+        id=request.id, model_name=request.model_name, model_version=request.model_version
+    )
+    response.parameters["triton_final_response"].bool_param = final
+    return pb.ModelStreamInferResponse(error_message=message, infer_response=response)

@@ -1,0 +1,60 @@
+"""Health over HTTP, Triton's way: ``/v2/health/live``, ``/v2/health/ready`` and
+``/v2/models/{model}[/versions/{version}]/ready``.
+
+The HTTP frontend serves these routes among its others; ``--health-port`` serves them alone,
+for systemd, load balancers and Kubernetes probes when the KServe frontends are off (or must
+not be exposed).  Each answer comes from the broker's loop through the channel, as a zmq
+client's ``health_live`` / ``health_ready`` / ``model_ready`` would, so a loop that does not
+answer within ``HEALTH_TIMEOUT_S`` is reported with 503 rather than guessed.
+
+As in Triton: 200 when live / ready, 400 when not (empty bodies; a model that is not ready
+says ``Model version not ready``).  New probes are new routes in :func:`routes`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from inferpool.broker.kserve.channel import BrokerChannel
+from inferpool.broker.kserve.http_base import error_response
+from inferpool.wire.errors import Code, InferpoolError
+
+HEALTH_TIMEOUT_S = 5.0
+_MODEL = "/v2/models/{model}"
+_VERSION = "/versions/{version:[0-9]+}"
+
+
+def routes(channel: BrokerChannel) -> list[web.RouteDef]:
+    async def ask(header: dict[str, Any], field: str) -> bool:
+        reply, _ = await channel.call(header, timeout=HEALTH_TIMEOUT_S)
+        return bool(reply.get(field))
+
+    async def live(request: web.Request) -> web.Response:
+        return web.Response(status=200 if await ask({"type": "health_live"}, "live") else 400)
+
+    async def ready(request: web.Request) -> web.Response:
+        return web.Response(status=200 if await ask({"type": "health_ready"}, "ready") else 400)
+
+    async def model_ready(request: web.Request) -> web.Response:
+        info = request.match_info
+        header = {
+            "type": "model_ready",
+            "model_name": info["model"],
+            "model_version": info.get("version", ""),
+        }
+        try:
+            ok = await ask(header, "ready")
+        except InferpoolError as err:
+            if err.code is not Code.NOT_FOUND:  # Triton: an unknown model is not ready
+                raise
+            ok = False
+        return web.Response() if ok else error_response(400, "Model version not ready")
+
+    return [
+        web.get("/v2/health/live", live, allow_head=False),
+        web.get("/v2/health/ready", ready, allow_head=False),
+        web.get(_MODEL + "/ready", model_ready, allow_head=False),
+        web.get(_MODEL + _VERSION + "/ready", model_ready, allow_head=False),
+    ]

@@ -1,0 +1,191 @@
+"""The KServe v2 HTTP/REST frontend: Triton's endpoints, each one zmq protocol message.
+
+Routes, methods, bodies and status codes follow Triton's HTTP server (``/v2``, health,
+model metadata, config, statistics, inference with the binary tensor extension, the
+repository and the system / CUDA shared-memory extensions).  Each handler builds the
+message a zmq client would send, awaits the broker's reply over the channel and reshapes
+it into Triton's JSON; errors keep the broker's message and get Triton's status code.
+
+Regions registered here belong to the frontends as one client of the broker (HTTP and gRPC
+share them), which is Triton's rule: any HTTP or gRPC client may use any registered name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from inferpool.broker.kserve import health
+from inferpool.broker.kserve.channel import BrokerChannel
+from inferpool.broker.kserve.http_base import JSON, application, json_response
+from inferpool.broker.kserve.http_infer import parse_request, response_body
+from inferpool.wire.errors import Code, InferpoolError, invalid_arg
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+_MODEL = "/v2/models/{model}"
+_VERSIONED = (_MODEL, _MODEL + "/versions/{version:[0-9]+}")
+_METADATA_FIELDS = ("name", "versions", "platform", "inputs", "outputs")
+
+
+def build(channel: BrokerChannel, max_body: int) -> web.Application:
+    """The app: every Triton endpoint inferpool has, bodies up to ``max_body`` bytes."""
+    api = _Api(channel)
+    routes = [
+        *health.routes(channel),
+        web.get("/v2", api.server_metadata, allow_head=False),
+        web.get("/v2/models/stats", api.statistics, allow_head=False),
+        web.post("/v2/repository/index", api.repository_index),
+        web.post("/v2/repository/models/{model}/{action:load|unload}", api.model_control),
+        web.post("/v2/repository/{repository}/index", api.named_repository),
+        web.post("/v2/repository/{repository}/models/{model}/{action}", api.named_repository),
+    ]
+    for base in _VERSIONED:
+        routes += [
+            web.get(base, api.model_metadata, allow_head=False),
+            web.get(base + "/config", api.model_config, allow_head=False),
+            web.get(base + "/stats", api.statistics, allow_head=False),
+            web.post(base + "/infer", api.infer),
+        ]
+    for kind in ("system", "cuda"):
+        for base in (f"/v2/{kind}sharedmemory", f"/v2/{kind}sharedmemory/region/{{region}}"):
+            routes += [
+                web.get(base + "/status", api.shm_status, allow_head=False),
+                web.post(base + "/unregister", api.shm_unregister),
+            ]
+        routes.append(web.post(f"/v2/{kind}sharedmemory/region/{{region}}/register", api.register))
+    return application(routes, max_body)
+
+
+def _model(request: web.Request) -> dict[str, str]:
+    info = request.match_info
+    return {"model_name": info["model"], "model_version": info.get("version", "")}
+
+
+def _kind(request: web.Request) -> str:
+    """``system`` or ``cuda``, from the path."""
+    return "cuda" if request.path.startswith("/v2/cuda") else "system"
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    """The request's JSON object; an empty body is an empty object."""
+    raw = await request.read()
+    if not raw:
+        return {}
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
+    if not isinstance(body, dict):
+        raise invalid_arg("failed to parse the request JSON buffer: expected an object")
+    return body
+
+
+class _Api:
+    def __init__(self, channel: BrokerChannel) -> None:
+        self.channel = channel
+
+    async def ask(self, header: dict[str, Any]) -> dict[str, Any]:
+        reply, _ = await self.channel.call(header)
+        return reply
+
+    # ------------------------------------------------------------------ metadata
+    async def server_metadata(self, request: web.Request) -> web.Response:
+        reply = await self.ask({"type": "server_metadata"})
+        return json_response({k: reply[k] for k in ("name", "version", "extensions")})
+
+    async def model_metadata(self, request: web.Request) -> web.Response:
+        reply = await self.ask({"type": "model_metadata", **_model(request)})
+        return json_response({k: reply[k] for k in _METADATA_FIELDS if k in reply})
+
+    async def model_config(self, request: web.Request) -> web.Response:
+        reply = await self.ask({"type": "model_config", **_model(request)})
+        return json_response(reply["config"])
+
+    async def statistics(self, request: web.Request) -> web.Response:
+        header = {"type": "statistics"}
+        if "model" in request.match_info:
+            header.update(_model(request))
+        reply = await self.ask(header)
+        return json_response({"model_stats": reply["model_stats"]})
+
+    # ------------------------------------------------------------------ inference
+    async def infer(self, request: web.Request) -> web.Response:
+        length = request.headers.get(HEADER_LENGTH)
+        body = await request.read()
+        header_length = None
+        if length is not None:
+            try:
+                header_length = int(length)
+            except ValueError:
+                raise invalid_arg(f"Unable to parse {HEADER_LENGTH}, got: {length}") from None
+            if not 0 <= header_length <= len(body):
+                raise invalid_arg(
+                    f"inference header size should be in range (0, {len(body)}), got: {length}"
+                )
+        info = _model(request)
+        call = parse_request(body, header_length, info["model_name"], info["model_version"])
+        reply, frames = await self.channel.call(call.header, call.frames)
+        out, json_length = response_body(call, reply, frames)
+        if not json_length:
+            return web.Response(body=out, content_type=JSON)
+        return web.Response(
+            body=out,
+            content_type="application/octet-stream",
+            headers={HEADER_LENGTH: str(json_length)},
+        )
+
+    # ------------------------------------------------------------------ repository
+    async def repository_index(self, request: web.Request) -> web.Response:
+        ready = (await _json_body(request)).get("ready", False)
+        if not isinstance(ready, bool):
+            raise invalid_arg("Invalid value for 'ready': expected a boolean")
+        reply = await self.ask({"type": "repository_index", "ready": ready})
+        return json_response(reply["models"])
+
+    async def model_control(self, request: web.Request) -> web.Response:
+        action = request.match_info["action"]
+        params = (await _json_body(request)).get("parameters") or {}
+        if action == "load" and any(k == "config" or k.startswith("file:") for k in params):
+            raise InferpoolError(
+                Code.UNSUPPORTED,
+                "loading a model with a 'config' or 'file:' override is not supported; change "
+                "the model repository and load the model again",
+            )
+        await self.ask({"type": action, "model_name": request.match_info["model"]})
+        return web.Response(content_type=JSON)
+
+    async def named_repository(self, request: web.Request) -> web.Response:
+        raise InferpoolError(Code.UNSUPPORTED, "'repository_name' specification is not supported")
+
+    # ------------------------------------------------------------------ shared memory
+    async def shm_status(self, request: web.Request) -> web.Response:
+        header = {"type": f"{_kind(request)}_shared_memory_status"}
+        if "region" in request.match_info:
+            header["name"] = request.match_info["region"]
+        return json_response((await self.ask(header))["regions"])
+
+    async def register(self, request: web.Request) -> web.Response:
+        body = await _json_body(request)
+        header: dict[str, Any] = {
+            "type": f"register_{_kind(request)}_shared_memory",
+            "name": request.match_info["region"],
+            "byte_size": body.get("byte_size"),
+        }
+        if _kind(request) == "cuda":
+            handle = body.get("raw_handle")
+            header["raw_handle"] = handle.get("b64") if isinstance(handle, dict) else None
+            header["device_id"] = body.get("device_id")
+        else:
+            header["key"] = body.get("key")
+            header["offset"] = body.get("offset", 0)
+        await self.ask(header)
+        return web.Response(content_type=JSON)
+
+    async def shm_unregister(self, request: web.Request) -> web.Response:
+        header = {"type": f"unregister_{_kind(request)}_shared_memory"}
+        if "region" in request.match_info:
+            header["name"] = request.match_info["region"]
+        await self.ask(header)
+        return web.Response(content_type=JSON)

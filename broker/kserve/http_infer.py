@@ -1,0 +1,245 @@
+"""An HTTP inference request as a zmq ``infer`` message, and its reply as the HTTP body.
+
+KServe v2's JSON already uses the zmq protocol's field names, so a request maps almost one
+to one: each input brings its bytes as JSON ``data`` (encoded here), as binary data after
+the JSON header (Triton's binary tensor extension: ``Inference-Header-Content-Length`` and
+``binary_data_size``; the bytes are sliced out of the body, not copied), or from a
+registered region (``shared_memory_*`` parameters, passed through).  Outputs come back as
+JSON ``data`` or, when ``binary_data`` (or the request's ``binary_data_output``) asks,
+as binary data after the JSON header.  Checks that belong to admission (names, datatypes,
+shapes, sizes) are left to the broker, whose messages the client reads unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+from inferpool.wire import codec
+from inferpool.wire.errors import Code, InferpoolError, invalid_arg
+
+# what a request's ``parameters`` may not set: Triton keeps the prefix for itself
+_RESERVED = "triton_"
+_SHM_KEYS = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
+
+
+@dataclass
+class InferCall:
+    """The zmq message of one HTTP inference request and how to shape its answer."""
+
+    header: dict[str, Any]
+    frames: list[Any]
+    binary: dict[str, bool] = field(default_factory=dict)  # output -> binary (else JSON)
+    binary_default: bool = False  # for outputs the request did not name
+
+
+def parse_request(body: bytes, header_length: int | None, model: str, version: str) -> InferCall:
+    """The request ``body`` (JSON, then binary tensors when ``header_length`` is given)."""
+    view = memoryview(body)
+    end = len(body) if header_length is None else header_length
+    try:
+        request = orjson.loads(view[:end])
+    except orjson.JSONDecodeError as exc:
+        raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
+    if not isinstance(request, dict):
+        raise invalid_arg("failed to parse the request JSON buffer: expected an object")
+    inputs = request.get("inputs")
+    if not isinstance(inputs, list):
+        raise invalid_arg("Unable to parse 'inputs'")
+    request_id = request.get("id", "")
+    if not isinstance(request_id, str):
+        raise invalid_arg("Unable to parse 'id'")
+    frames: list[Any] = []
+    wire_inputs = []
+    pos = end
+    for inp in inputs:
+        if not isinstance(inp, dict):
+            raise invalid_arg("Unable to parse 'inputs'")
+        name, datatype, shape = _describe(inp)
+        params = dict(inp.get("parameters") or {})
+        source = _content_kind(inp, params)
+        if source == "binary":
+            size = params.pop("binary_data_size")
+            if header_length is None:
+                raise invalid_arg(
+                    "must specify valid 'Infer-Header-Content-Length' in request header and "
+                    "'binary_data_size' when passing inputs in binary data format"
+                )
+            if type(size) is not int or size < 0:
+                raise invalid_arg("Unable to parse 'binary_data_size'")
+            if pos + size > len(body):
+                raise invalid_arg(
+                    f"unexpected size for input '{name}', expecting {pos + size - len(body)} "
+                    f"additional bytes for model '{model}'"
+                )
+            frames.append(view[pos : pos + size])
+            pos += size
+        elif source == "data":
+            frames.append(json_to_bytes(name, datatype, shape, inp["data"]))
+        wire: dict[str, Any] = {"name": name, "datatype": datatype, "shape": shape}
+        if params:
+            wire["parameters"] = params
+        wire_inputs.append(wire)
+    if pos != len(body):
+        raise invalid_arg(f"unexpected additional input data for model '{model}'")
+    parameters = dict(request.get("parameters") or {})
+    binary_default = parameters.pop("binary_data_output", False)
+    if not isinstance(binary_default, bool):
+        raise invalid_arg("Unable to parse 'binary_data_output'")
+    if any(k.startswith(_RESERVED) for k in parameters):
+        raise invalid_arg(
+            "parameter keys starting with 'triton_' are reserved for Triton usage and should "
+            "not be specified."
+        )
+    header: dict[str, Any] = {
+        "type": "infer",
+        "id": request_id,
+        "model_name": model,
+        "model_version": version,
+        "inputs": wire_inputs,
+        "single_response": True,
+    }
+    if parameters:
+        header["parameters"] = parameters
+    call = InferCall(header, frames, binary_default=binary_default)
+    outputs = request.get("outputs")
+    if outputs:
+        header["outputs"] = _outputs(outputs, call)
+    return call
+
+
+def _describe(inp: dict[str, Any]) -> tuple[str, str, list[int]]:
+    name, datatype, shape = inp.get("name"), inp.get("datatype"), inp.get("shape")
+    if not isinstance(name, str):
+        raise invalid_arg("Unable to parse 'name'")
+    if not isinstance(datatype, str):
+        raise invalid_arg("Unable to parse 'datatype'")
+    if not isinstance(shape, list):
+        raise invalid_arg("Unable to parse 'shape'")
+    return name, datatype, shape
+
+
+def _content_kind(inp: dict[str, Any], params: dict[str, Any]) -> str:
+    """``data``, ``binary`` or ``shm``: exactly one, in Triton's words otherwise."""
+    found = [
+        kind
+        for kind, present in (
+            ("data", "data" in inp),
+            ("binary", "binary_data_size" in params),
+            ("shm", "shared_memory_region" in params),
+        )
+        if present
+    ]
+    if len(found) == 1:
+        return found[0]
+    names = {"data": "'data'", "binary": "'binary_data_size'", "shm": "'shared_memory_region'"}
+    detail = " no field is set" if not found else " set " + " ".join(names[k] for k in found)
+    raise invalid_arg(
+        "Input must set only one of the following fields: 'data', 'binary_data_size' in "
+        "'parameters', 'shared_memory_region' in 'parameters'. But" + detail
+    )
+
+
+def _outputs(raw: Any, call: InferCall) -> list[dict[str, Any]]:
+    if not isinstance(raw, list):
+        raise invalid_arg("Unable to parse 'outputs'")
+    wire = []
+    for out in raw:
+        name = out.get("name") if isinstance(out, dict) else None
+        if not isinstance(name, str):
+            raise invalid_arg("Unable to parse 'name'")
+        params = out.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise invalid_arg(f"parameters of output '{name}' must be an object")
+        if "classification" in params:
+            raise InferpoolError(
+                Code.UNSUPPORTED, "the classification extension is not supported by inferpool"
+            )
+        binary = params.get("binary_data", call.binary_default)
+        if not isinstance(binary, bool):
+            raise invalid_arg("Unable to set 'binary_data'")
+        entry: dict[str, Any] = {"name": name}
+        if "shared_memory_region" in params:
+            if params.get("binary_data"):
+                raise invalid_arg("Output can't set both 'shared_memory_region' and 'binary_data'")
+            entry["parameters"] = {k: params[k] for k in _SHM_KEYS if k in params}
+        call.binary[name] = binary
+        wire.append(entry)
+    return wire
+
+
+# ============================================================================ JSON tensors
+def json_to_bytes(name: str, datatype: str, shape: list[int], data: Any) -> bytes:
+    """An input's JSON ``data`` (flat or nested, row-major) as its wire bytes."""
+    if datatype in ("FP16", "BF16"):
+        raise invalid_arg(
+            f"receiving {datatype} data via JSON is not supported. Please use the binary data "
+            f"format for input {name}"
+        )
+    try:
+        if datatype == "BYTES":
+            flat = np.asarray(data, dtype=np.object_).reshape(-1)
+            expected = codec.element_count(shape)
+            if flat.size != expected:
+                raise ValueError(f"{flat.size} elements for {expected}")
+            return codec.serialize_bytes(flat)
+        array = np.asarray(data, dtype=codec.numpy_dtype(datatype))
+    except InferpoolError:
+        raise
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise invalid_arg(f"Unable to parse 'data' of input '{name}': {exc}") from None
+    if array.size != codec.element_count(shape):
+        raise invalid_arg(
+            f"Unable to parse 'data' of input '{name}': shape does not match true shape of "
+            f"'data' field ({array.size} elements for shape {shape})"
+        )
+    return array.tobytes()
+
+
+def bytes_to_json(name: str, datatype: str, shape: list[int], buf: Any) -> list[Any]:
+    """An output's wire bytes as the flat JSON ``data`` list Triton writes."""
+    array = codec.array_from_buffer(buf, datatype, shape, f"output '{name}'").reshape(-1)
+    if datatype != "BYTES":
+        return list(array.tolist())
+    try:
+        return [bytes(b).decode("utf-8") for b in array]
+    except UnicodeDecodeError:
+        raise invalid_arg(
+            f"output '{name}' holds bytes that are not UTF-8; request it with binary_data"
+        ) from None
+
+
+# ============================================================================ the answer
+def response_body(call: InferCall, reply: dict[str, Any], frames: list[Any]) -> tuple[bytes, int]:
+    """The HTTP body and the length of its JSON header (0 when it is all JSON)."""
+    body: dict[str, Any] = {}
+    if call.header["id"]:
+        body["id"] = call.header["id"]
+    body["model_name"] = reply.get("model_name", "")
+    body["model_version"] = reply.get("model_version", "")
+    if reply.get("parameters"):
+        body["parameters"] = reply["parameters"]
+    outputs = []
+    binaries: list[Any] = []
+    it = iter(frames)
+    for out in reply.get("outputs", ()):
+        name, datatype, shape = out["name"], out["datatype"], out["shape"]
+        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": shape}
+        if codec.in_shared_memory(out):
+            entry["parameters"] = out["parameters"]
+        else:
+            buf = next(it).buffer
+            if call.binary.get(name, call.binary_default):
+                entry["parameters"] = {"binary_data_size": len(buf)}
+                binaries.append(buf)
+            else:
+                entry["data"] = bytes_to_json(name, datatype, shape, buf)
+        outputs.append(entry)
+    body["outputs"] = outputs
+    head = orjson.dumps(body)
+    if not binaries:
+        return head, 0
+    return b"".join([head, *binaries]), len(head)
