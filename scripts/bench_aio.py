@@ -107,6 +107,7 @@ def serve(tmp: str) -> tuple[subprocess.Popen[bytes], str]:
     endpoint = f"ipc://{tmp}/bench.sock"
     repo = ROOT / "examples" / "model_repository"
     cmd = [sys.executable, "-m", "inferpool", "serve", "--model-repository", str(repo)]
+    cmd += ["--http-port", "0", "--grpc-port", "0"]  # the zmq path only
     cmd += ["--listen", endpoint, "--arena-size", "32M", "--output-arena-size", "16M"]
     proc = subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True

@@ -93,6 +93,7 @@ class Server:
         repo: Path | str = EXAMPLES,
         *args: str,
         tcp: bool = False,
+        kserve: bool = False,
         env: dict[str, str] | None = None,
         python: str = sys.executable,
         cwd: Path | None = None,
@@ -102,6 +103,9 @@ class Server:
         if tcp:
             self.tcp = f"tcp://127.0.0.1:{free_tcp_port()}"
             self.endpoints.append(self.tcp)
+        # the KServe frontends on free ports when asked (never Triton's 8000 / 8001)
+        self.http_port = free_tcp_port() if kserve else 0
+        self.grpc_port = free_tcp_port() if kserve else 0
         self.log_path = tmp / "server.log"
         self.run_id = ""  # known once the server has started
         cmd = [
@@ -118,6 +122,10 @@ class Server:
             "--no-prefault",
             "--graceful-timeout",
             "10",
+            "--http-port",
+            str(self.http_port),
+            "--grpc-port",
+            str(self.grpc_port),
         ]
         for ep in self.endpoints:
             cmd += ["--listen", ep]
@@ -131,6 +139,15 @@ class Server:
             env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
             cwd=cwd or tmp,  # not the checkout: only the installed namespace may import
         )
+
+    @property
+    def http_url(self) -> str:
+        """host:port of the KServe HTTP frontend, as tritonclient takes it."""
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
 
     @property
     def endpoint(self) -> str:

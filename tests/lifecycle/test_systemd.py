@@ -82,7 +82,8 @@ def test_exec_start_reload_and_stop_as_systemd_runs_them(short_tmp, shm_clean) -
         INFERPOOL_MODEL_REPOSITORY=str(EXAMPLES),
         INFERPOOL_LISTEN=listen,
         INFERPOOL_GRACEFUL_TIMEOUT="10",
-        INFERPOOL_ARGS="--arena-size 32M --output-arena-size 16M --no-prefault",
+        INFERPOOL_ARGS="--arena-size 32M --output-arena-size 16M --no-prefault "
+        "--http-port 0 --grpc-port 0",
     )
     argv = expand(svc["ExecStart"][0], env)
     assert argv[0] == BINARY
