@@ -1,0 +1,62 @@
+"""What the KServe frontend tests share: their repository and a server that serves it.
+
+The example models (identity: FP32; identity_batched: INT32 and BYTES), a decoupled python
+model (``repeat``: N responses, then an empty final one) and ``spare``, an identity model
+the tests unload and load again (the server runs with explicit model control).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from tests.support import EXAMPLES, Server, identity_config, write_model
+
+REPEAT = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            n = int(pb_utils.get_input_tensor_by_name(request, "N").as_numpy()[0])
+            sender = request.get_response_sender()
+            for i in range(n):
+                out = pb_utils.Tensor("OUT", np.array([i], np.int32))
+                sender.send(pb_utils.InferenceResponse([out]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+REPEAT_CONFIG = """
+    name: "repeat"
+    backend: "python"
+    input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
+    output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+    model_transaction_policy { decoupled: true }
+"""
+
+
+def write_repository(repo: Path) -> None:
+    for name in ("identity", "identity_batched"):
+        shutil.copytree(EXAMPLES / name, repo / name)
+    write_model(repo, "repeat", REPEAT_CONFIG, files={"1/model.py": REPEAT})
+    write_model(repo, "spare", identity_config("spare"))
+
+
+@contextlib.contextmanager
+def kserve_server() -> Iterator[Server]:
+    """The repository above, served with both frontends on free ports."""
+    tmp = Path(tempfile.mkdtemp(prefix="ipk-", dir="/tmp"))
+    try:
+        write_repository(tmp / "repo")
+        args = ("--model-control-mode", "explicit", "--load-model", "*")
+        with Server(tmp, tmp / "repo", *args, kserve=True) as server:
+            yield server
+        assert server.proc.returncode == 0, server.log()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

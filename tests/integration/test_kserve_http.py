@@ -1,0 +1,298 @@
+"""The KServe v2 HTTP frontend with Triton's own client (tritonclient.http) and with curl.
+
+One server for the module (tests/integration/kserve_support.py); the health port alone and a
+port in use each start their own.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException
+
+from inferpool.client import InferpoolError
+from tests.integration.kserve_support import kserve_server
+from tests.support import EXAMPLES, Server, free_tcp_port, write_model
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    with kserve_server() as s:
+        yield s
+
+
+@pytest.fixture
+def client(server: Server) -> Iterator[httpclient.InferenceServerClient]:
+    c = httpclient.InferenceServerClient(server.http_url)
+    yield c
+    c.close()
+
+
+def infer_input(name: str, array: np.ndarray, datatype: str, binary: bool = True) -> Any:
+    inp = httpclient.InferInput(name, list(array.shape), datatype)
+    inp.set_data_from_numpy(array, binary_data=binary)
+    return inp
+
+
+def curl(*args: str) -> tuple[int, str]:
+    """(status, body) of ``curl args``."""
+    done = subprocess.run(
+        ["curl", "-s", "-o", "-", "-w", "\n%{http_code}", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    body, _, status = done.stdout.rpartition("\n")
+    return int(status), body
+
+
+def zmq_error(server: Server, model: str, inputs: dict[str, np.ndarray]) -> InferpoolError:
+    """The error a zmq client gets for the same request."""
+    with server.client() as c, pytest.raises(InferpoolError) as err:
+        c.infer(model, inputs)
+    return err.value
+
+
+# ============================================================================ health, metadata
+def test_health_metadata_and_config(server: Server, client: Any) -> None:
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("identity") and not client.is_model_ready("missing")
+    meta = client.get_server_metadata()
+    assert meta["name"] == "inferpool" and "binary_tensor_data" in meta["extensions"]
+    model = client.get_model_metadata("identity_batched")
+    assert model == {
+        "name": "identity_batched",
+        "versions": ["1"],
+        "platform": "identity",
+        "inputs": [
+            {"name": "INPUT0", "datatype": "INT32", "shape": [-1, -1]},
+            {"name": "INPUT1", "datatype": "BYTES", "shape": [-1, 1]},
+        ],
+        "outputs": [
+            {"name": "OUTPUT0", "datatype": "INT32", "shape": [-1, -1]},
+            {"name": "OUTPUT1", "datatype": "BYTES", "shape": [-1, 1]},
+        ],
+    }
+    with server.client() as zc:
+        assert client.get_model_config("identity_batched") == zc.model_config("identity_batched")
+    with pytest.raises(InferenceServerException) as err:
+        client.get_model_metadata("missing")
+    assert err.value.status() == "404"
+    assert "Request for unknown model: 'missing' is not found" in err.value.message()
+
+
+def test_health_and_errors_with_curl(server: Server) -> None:
+    base = f"http://{server.http_url}"
+    assert curl(f"{base}/v2/health/live") == (200, "")
+    assert curl(f"{base}/v2/health/ready") == (200, "")
+    assert curl(f"{base}/v2/models/identity/ready") == (200, "")
+    assert curl(f"{base}/v2/models/identity/versions/1/ready") == (200, "")
+    assert curl(f"{base}/v2/models/missing/ready") == (400, '{"error":"Model version not ready"}')
+    assert curl(f"{base}/v2/no/such/path") == (404, '{"error":"Not Found"}')
+    assert curl("-X", "POST", f"{base}/v2/health/live") == (405, '{"error":"Method Not Allowed"}')
+    status, body = curl("-X", "POST", "-d", "{not json", f"{base}/v2/models/identity/infer")
+    assert status == 400 and "failed to parse the request JSON buffer" in json.loads(body)["error"]
+
+
+# ============================================================================ inference
+def test_infer_fp32_binary_and_json(client: Any) -> None:
+    x = np.linspace(-1, 1, 100, dtype=np.float32)
+    for binary in (True, False):
+        out = httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary)
+        result = client.infer(
+            "identity", [infer_input("INPUT0", x, "FP32", binary)], outputs=[out], request_id="r1"
+        )
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x)
+        response = result.get_response()
+        assert response["id"] == "r1" and response["model_version"] == "1"
+        assert response["parameters"]["param1"] == 42  # the backend's response parameters
+        assert ("data" in response["outputs"][0]) is not binary
+
+
+def test_infer_int32_and_bytes(client: Any) -> None:
+    ints = np.arange(12, dtype=np.int32).reshape(3, 4)
+    words = np.array([[b"alpha"], [b""], ["gr\u00fc\u00df".encode()]], dtype=np.object_)
+    for binary in (True, False):
+        inputs = [
+            infer_input("INPUT0", ints, "INT32", binary),
+            infer_input("INPUT1", words, "BYTES", binary),
+        ]
+        outputs = [
+            httpclient.InferRequestedOutput(n, binary_data=binary) for n in ("OUTPUT0", "OUTPUT1")
+        ]
+        result = client.infer("identity_batched", inputs, outputs=outputs)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), ints)
+        got = [
+            [w if isinstance(w, bytes) else w.encode() for w in row]
+            for row in result.as_numpy("OUTPUT1").tolist()
+        ]
+        assert got == words.tolist()
+
+
+def test_infer_json_with_curl(server: Server) -> None:
+    request = {
+        "id": "curl-1",
+        "inputs": [
+            {"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [[1, 2], [3, 4.5]]}
+        ],
+    }
+    status, body = curl(
+        "-X",
+        "POST",
+        "-d",
+        json.dumps(request),
+        f"http://{server.http_url}/v2/models/identity/infer",
+    )
+    assert status == 200
+    answer = json.loads(body)
+    assert answer["id"] == "curl-1" and answer["model_name"] == "identity"
+    assert answer["outputs"] == [
+        {"name": "OUTPUT0", "datatype": "FP32", "shape": [4], "data": [1.0, 2.0, 3.0, 4.5]}
+    ]
+
+
+def test_admission_errors_carry_the_zmq_message_and_tritons_status(
+    server: Server, client: Any
+) -> None:
+    ints = np.arange(4, dtype=np.int32)
+    cases = [
+        ("identity", {"INPUT0": ints}, "INT32", "400"),  # wrong datatype
+        ("missing", {"INPUT0": ints}, "INT32", "404"),  # unknown model
+        ("identity_batched", {"INPUT0": ints}, "INT32", "400"),  # no batch dimension
+    ]
+    for model, inputs, datatype, status in cases:
+        expected = zmq_error(server, model, inputs)
+        with pytest.raises(InferenceServerException) as err:
+            client.infer(model, [infer_input(n, a, datatype) for n, a in inputs.items()])
+        assert (err.value.status(), err.value.message()) == (status, expected.message), model
+    # a decoupled model needs a stream: Triton's HTTP answer is 501
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("repeat", [infer_input("N", np.array([2], np.int32), "INT32")])
+    assert err.value.status() == "501" and "decoupled transaction policy" in err.value.message()
+    # an input must bring its data one way only (Triton's words)
+    status, body = curl(
+        "-X",
+        "POST",
+        "-d",
+        json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1]}]}),
+        f"http://{server.http_url}/v2/models/identity/infer",
+    )
+    assert status == 400 and json.loads(body)["error"].startswith(
+        "Input must set only one of the following fields: 'data', 'binary_data_size' in "
+        "'parameters', 'shared_memory_region' in 'parameters'. But no field is set"
+    )
+    # the server is unharmed
+    x = np.ones(3, np.float32)
+    np.testing.assert_array_equal(
+        client.infer("identity", [infer_input("INPUT0", x, "FP32")]).as_numpy("OUTPUT0"), x
+    )
+
+
+# ============================================================================ statistics, repository
+def test_statistics_and_repository(server: Server, client: Any) -> None:
+    x = np.ones(5, np.float32)
+    before = client.get_inference_statistics("identity")["model_stats"][0]["inference_count"]
+    for _ in range(3):
+        client.infer("identity", [infer_input("INPUT0", x, "FP32")])
+    stats = client.get_inference_statistics("identity")["model_stats"]
+    assert [s["name"] for s in stats] == ["identity"]
+    assert stats[0]["inference_count"] == before + 3
+    assert stats[0]["inference_stats"]["success"]["count"] >= 3
+    everything = client.get_inference_statistics()["model_stats"]
+    assert {"identity", "identity_batched", "repeat"} <= {s["name"] for s in everything}
+    index = {m["name"]: m["state"] for m in client.get_model_repository_index()}
+    assert index["identity"] == "READY"
+    client.unload_model("spare")
+    assert not client.is_model_ready("spare")
+    client.load_model("spare")
+    assert client.is_model_ready("spare")
+    with pytest.raises(InferenceServerException) as err:
+        client.load_model("spare", config='{"max_batch_size": 2}')
+    assert err.value.status() == "501"
+
+
+# ============================================================================ shared memory
+def test_system_shared_memory_inputs_and_outputs(client: Any) -> None:
+    x = np.arange(16, dtype=np.float32)
+    key_in, key_out = f"/ipk-in-{id(x)}", f"/ipk-out-{id(x)}"
+    h_in = shm.create_shared_memory_region("in", key_in, x.nbytes)
+    h_out = shm.create_shared_memory_region("out", key_out, x.nbytes)
+    try:
+        shm.set_shared_memory_region(h_in, [x])
+        client.register_system_shared_memory("in", key_in, x.nbytes)
+        client.register_system_shared_memory("out", key_out, x.nbytes)
+        status = {r["name"]: r for r in client.get_system_shared_memory_status()}
+        assert status["in"] == {"name": "in", "key": key_in, "offset": 0, "byte_size": 64}
+        with pytest.raises(InferenceServerException) as err:
+            client.register_system_shared_memory("in", key_in, x.nbytes)
+        assert err.value.status() == "400"  # ALREADY_EXISTS
+        inp = httpclient.InferInput("INPUT0", [16], "FP32")
+        inp.set_shared_memory("in", x.nbytes)
+        out = httpclient.InferRequestedOutput("OUTPUT0")
+        out.set_shared_memory("out", x.nbytes)
+        result = client.infer("identity", [inp], outputs=[out])
+        written = result.get_output("OUTPUT0")  # in the region, not in the body
+        assert "data" not in written and written["parameters"]["shared_memory_byte_size"] == 64
+        np.testing.assert_array_equal(shm.get_contents_as_numpy(h_out, np.float32, [16]), x)
+        client.unregister_system_shared_memory()
+        assert client.get_system_shared_memory_status() == []
+    finally:
+        shm.destroy_shared_memory_region(h_in)
+        shm.destroy_shared_memory_region(h_out)
+
+
+# ============================================================================ ports
+def test_health_port_alone_when_the_kserve_frontends_are_off(short_tmp: Path) -> None:
+    repo = short_tmp / "repo"
+    shutil.copytree(EXAMPLES / "identity", repo / "identity")
+    port = free_tcp_port()
+    with Server(short_tmp, repo, "--health-port", str(port)) as server:
+        base = f"http://127.0.0.1:{port}"
+        assert curl(f"{base}/v2/health/live") == (200, "")
+        assert curl(f"{base}/v2/health/ready") == (200, "")
+        assert curl(f"{base}/v2/models/identity/ready") == (200, "")
+        assert curl(f"{base}/v2") == (404, '{"error":"Not Found"}')  # health only
+    assert server.proc.returncode == 0, server.log()
+
+
+def test_a_port_in_use_fails_the_start_with_one_line(short_tmp: Path) -> None:
+    write_model(short_tmp / "repo", "m", 'name: "m"\nbackend: "identity"\n')
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "inferpool",
+                "serve",
+                "--model-repository",
+                str(short_tmp / "repo"),
+                "--listen",
+                f"ipc://{short_tmp}/b.sock",
+                "--http-port",
+                str(port),
+                "--grpc-port",
+                "0",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=short_tmp,
+        )
+    assert done.returncode == 1
+    assert f"inferpool: UNAVAILABLE: cannot serve HTTP on 127.0.0.1:{port}: " in done.stderr
+    assert "Traceback" not in done.stderr
