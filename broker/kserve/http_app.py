@@ -19,19 +19,22 @@ from aiohttp import web
 
 from inferpool.broker.kserve import health
 from inferpool.broker.kserve.channel import BrokerChannel
-from inferpool.broker.kserve.http_base import JSON, application, json_response
+from inferpool.broker.kserve.http_base import JSON, application, json_response, read_body
 from inferpool.broker.kserve.http_infer import parse_request, response_body
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
+BINARY = "application/octet-stream"
+STREAM_MIN = 64 * 1024  # binary outputs from this size on are written without being joined
 _MODEL = "/v2/models/{model}"
 _VERSIONED = (_MODEL, _MODEL + "/versions/{version:[0-9]+}")
 _METADATA_FIELDS = ("name", "versions", "platform", "inputs", "outputs")
+CONTROL_MAX = 1 << 20  # the body of a call that is not an inference
 
 
 def build(channel: BrokerChannel, max_body: int) -> web.Application:
     """The app: every Triton endpoint inferpool has, bodies up to ``max_body`` bytes."""
-    api = _Api(channel)
+    api = _Api(channel, max_body)
     routes = [
         *health.routes(channel),
         web.get("/v2", api.server_metadata, allow_head=False),
@@ -70,7 +73,7 @@ def _kind(request: web.Request) -> str:
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
     """The request's JSON object; an empty body is an empty object."""
-    raw = await request.read()
+    raw = await read_body(request, CONTROL_MAX)
     if not raw:
         return {}
     try:
@@ -83,8 +86,9 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
 
 
 class _Api:
-    def __init__(self, channel: BrokerChannel) -> None:
+    def __init__(self, channel: BrokerChannel, max_body: int) -> None:
         self.channel = channel
+        self.max_body = max_body
 
     async def ask(self, header: dict[str, Any]) -> dict[str, Any]:
         reply, _ = await self.channel.call(header)
@@ -113,7 +117,7 @@ class _Api:
     # ------------------------------------------------------------------ inference
     async def infer(self, request: web.Request) -> web.Response:
         length = request.headers.get(HEADER_LENGTH)
-        body = await request.read()
+        body = await read_body(request, self.max_body)
         header_length = None
         if length is not None:
             try:
@@ -127,14 +131,24 @@ class _Api:
         info = _model(request)
         call = parse_request(body, header_length, info["model_name"], info["model_version"])
         reply, frames = await self.channel.call(call.header, call.frames)
-        out, json_length = response_body(call, reply, frames)
-        if not json_length:
-            return web.Response(body=out, content_type=JSON)
-        return web.Response(
-            body=out,
-            content_type="application/octet-stream",
-            headers={HEADER_LENGTH: str(json_length)},
-        )
+        head, binaries = response_body(call, reply, frames)
+        if not binaries:
+            return web.Response(body=head, content_type=JSON)
+        size = sum(len(b) for b in binaries)
+        headers = {HEADER_LENGTH: str(len(head))}
+        if size < STREAM_MIN:  # one write: headers, JSON and tensors joined
+            body = b"".join([head, *binaries])
+            return web.Response(body=body, content_type=BINARY, headers=headers)
+        # large tensors go to the socket from where they lie (the broker's output region)
+        response = web.StreamResponse(headers=headers)
+        response.content_type = BINARY
+        response.content_length = len(head) + size
+        await response.prepare(request)
+        await response.write(head)
+        for tensor in binaries:
+            await response.write(tensor)
+        await response.write_eof()
+        return response
 
     # ------------------------------------------------------------------ repository
     async def repository_index(self, request: web.Request) -> web.Response:

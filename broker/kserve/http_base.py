@@ -39,10 +39,27 @@ async def triton_errors(request: web.Request, handler: Handler) -> web.StreamRes
     except web.HTTPException as exc:  # aiohttp's own: no route, wrong method, body too large
         if exc.status < 400:
             raise
-        return error_response(exc.status, exc.reason)
+        detail = exc.text if exc.status not in (404, 405) and exc.text else exc.reason
+        return error_response(exc.status, detail or exc.reason)
     except Exception as exc:
         log.exception("HTTP %s %s failed", request.method, request.path)
         return error_response(500, f"{type(exc).__name__}: {exc}")
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The whole body, refused (413) beyond ``limit`` bytes: the chunks as they came off the
+    socket, joined once (aiohttp's ``read`` copies twice)."""
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=declared)
+    chunks = []
+    size = 0
+    while chunk := await request.content.readany():
+        size += len(chunk)
+        if size > limit:
+            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=size)
+        chunks.append(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def application(routes: Iterable[web.RouteDef], client_max_size: int) -> web.Application:

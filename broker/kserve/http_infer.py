@@ -213,8 +213,10 @@ def bytes_to_json(name: str, datatype: str, shape: list[int], buf: Any) -> list[
 
 
 # ============================================================================ the answer
-def response_body(call: InferCall, reply: dict[str, Any], frames: list[Any]) -> tuple[bytes, int]:
-    """The HTTP body and the length of its JSON header (0 when it is all JSON)."""
+def response_body(
+    call: InferCall, reply: dict[str, Any], frames: list[Any]
+) -> tuple[bytes, list[Any]]:
+    """The JSON header of the HTTP body and the binary outputs that follow it."""
     body: dict[str, Any] = {}
     if call.header["id"]:
         body["id"] = call.header["id"]
@@ -239,7 +241,4 @@ def response_body(call: InferCall, reply: dict[str, Any], frames: list[Any]) -> 
                 entry["data"] = bytes_to_json(name, datatype, shape, buf)
         outputs.append(entry)
     body["outputs"] = outputs
-    head = orjson.dumps(body)
-    if not binaries:
-        return head, 0
-    return b"".join([head, *binaries]), len(head)
+    return orjson.dumps(body), binaries
