@@ -12,6 +12,9 @@ In one run, with the same pinning for both:
 - shm:       client.ShmClient, inputs written in place once, outputs read as handles (views)
              and released with the next request; next to it, one numpy copy of each size
              (the identity backend's own copy, input -> output, is the only copy allowed).
+- kserve:    Triton's clients (tritonclient.http, tritonclient.grpc; binary tensors) through
+             the same server's KServe v2 frontends, next to the zmq client at 64 B and 1 MiB:
+             what each frontend adds over the zmq path.
 
 Sizes 64 B, 1 MiB, 16 MiB, 64 MiB (shm also 256 MiB); 1 and 4 concurrent client processes.
 The systems are measured in alternating rounds (noise on a shared machine hits them alike).
@@ -22,6 +25,7 @@ Prints tables, writes JSON (``--json``, default bench-latency.json).  Layouts (`
 
     python scripts/bench_latency.py --quick          # a short smoke run
     python scripts/bench_latency.py --part shm       # the shared-memory client table only
+    python scripts/bench_latency.py --part kserve    # HTTP and gRPC next to zmq
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import multiprocessing as mp
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -152,6 +157,37 @@ def inferpool_client(
     out.put((t0, time.perf_counter(), lat))
 
 
+def kserve_client(
+    protocol: str, endpoint: str, nbytes: int, iterations: int, cpu: int, start: Any, out: Any
+) -> None:
+    """tritonclient.http or tritonclient.grpc, binary tensors both ways (their defaults)."""
+    pin(cpu)
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    tc: Any = httpclient if protocol == "http" else grpcclient
+    x = np.frombuffer(np.random.bytes(nbytes), dtype=np.uint8).reshape(1, nbytes)
+    client = tc.InferenceServerClient(endpoint)
+    inp = tc.InferInput("INPUT0", [1, nbytes], "UINT8")
+    inp.set_data_from_numpy(x)
+    wanted = [tc.InferRequestedOutput("OUTPUT0")]
+
+    def once() -> None:
+        client.infer("bench", [inp], outputs=wanted).as_numpy("OUTPUT0")
+
+    for _ in range(max(5, iterations // 10)):
+        once()
+    start.wait()
+    lat = []
+    t0 = time.perf_counter()
+    for _ in range(iterations):
+        t = time.perf_counter()
+        once()
+        lat.append(time.perf_counter() - t)
+    client.close()
+    out.put((t0, time.perf_counter(), lat))
+
+
 BENCH_CONFIG = """
 name: "bench"
 backend: "identity"
@@ -163,11 +199,19 @@ instance_group [ { count: 1 kind: KIND_CPU host_policy: "bench" } ]
 """
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def start_inferpool(tmp: Path, layout: dict[str, int]) -> tuple[subprocess.Popen[bytes], str]:
+    """The server, with its KServe frontends on free ports (``kserve_endpoints``)."""
     repo = tmp / "repo"
     (repo / "bench" / "1").mkdir(parents=True, exist_ok=True)
     (repo / "bench" / "config.pbtxt").write_text(BENCH_CONFIG)
     endpoint = f"ipc://{tmp}/b.sock"
+    KSERVE.update(http=f"127.0.0.1:{free_port()}", grpc=f"127.0.0.1:{free_port()}")
     cmd = [
         sys.executable,
         "-m",
@@ -184,6 +228,10 @@ def start_inferpool(tmp: Path, layout: dict[str, int]) -> tuple[subprocess.Popen
         "--max-request-bytes",
         "128M",
         f"--host-policy=bench,cpu-cores={layout['worker']}",
+        "--http-port",
+        KSERVE["http"].rpartition(":")[2],
+        "--grpc-port",
+        KSERVE["grpc"].rpartition(":")[2],
         "--log-level",
         "WARNING",
     ]
@@ -201,6 +249,7 @@ def start_inferpool(tmp: Path, layout: dict[str, int]) -> tuple[subprocess.Popen
 
 # ============================================================================ measuring
 ROUNDS = 3  # each system is measured in this many alternating chunks
+KSERVE: dict[str, str] = {}  # protocol -> host:port of the running server's frontend
 
 
 def _chunk(
@@ -271,7 +320,7 @@ def started(layout: dict[str, int]) -> Iterator[dict[str, str]]:
     time.sleep(0.3)
     server, endpoints["inferpool"] = start_inferpool(tmp, layout)
     try:
-        yield endpoints
+        yield {**endpoints, **KSERVE}
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(60)
@@ -439,6 +488,52 @@ def print_shm_row(r: dict[str, Any]) -> None:
     )
 
 
+# ============================================================================ KServe frontends
+KSERVE_SIZES = SIZES[:2]
+
+
+def run_kserve_layout(name: str, layout: dict[str, int]) -> list[dict[str, Any]]:
+    """tritonclient over HTTP and gRPC next to the zmq client and the relay, same server."""
+    rows: list[dict[str, Any]] = []
+    with started(layout) as endpoints:
+        systems = {
+            "relay": (functools.partial(relay_client, lean=False), endpoints["relay"]),
+            "zmq": (inferpool_client, endpoints["inferpool"]),
+            "http": (functools.partial(kserve_client, "http"), endpoints["http"]),
+            "grpc": (functools.partial(kserve_client, "grpc"), endpoints["grpc"]),
+        }
+        for label, nbytes in KSERVE_SIZES:
+            m = measure(systems, nbytes, 1, layout["client"])
+            zmq_p50 = m["zmq"]["p50_us"]
+            row: dict[str, Any] = {"layout": name, "size": label, "bytes": nbytes, **m}
+            for protocol in ("http", "grpc"):
+                row[f"{protocol}_over_zmq"] = m[protocol]["p50_us"] / zmq_p50
+                row[f"{protocol}_adds_us"] = m[protocol]["p50_us"] - zmq_p50
+            rows.append(row)
+            print_kserve_row(row)
+    return rows
+
+
+KSERVE_HEADER = (
+    f"{'layout':6} {'size':>7} | {'relay p50':>9} | {'zmq p50':>8} {'p99':>7} | "
+    f"{'http p50':>8} {'p99':>7} {'x zmq':>5} {'+us':>6} | "
+    f"{'grpc p50':>8} {'p99':>7} {'x zmq':>5} {'+us':>6}"
+)
+
+
+def print_kserve_row(r: dict[str, Any]) -> None:
+    z, h, g = r["zmq"], r["http"], r["grpc"]
+    print(
+        f"{r['layout']:6} {r['size']:>7} | {r['relay']['p50_us']:7.0f}us | "
+        f"{z['p50_us']:6.0f}us {z['p99_us']:5.0f}us | "
+        f"{h['p50_us']:6.0f}us {h['p99_us']:5.0f}us {r['http_over_zmq']:5.2f} "
+        f"{r['http_adds_us']:6.0f} | "
+        f"{g['p50_us']:6.0f}us {g['p99_us']:5.0f}us {r['grpc_over_zmq']:5.2f} "
+        f"{r['grpc_adds_us']:6.0f}",
+        flush=True,
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -447,7 +542,7 @@ def main() -> int:
     parser.add_argument(
         "--quick", action="store_true", help="64 B and 1 MiB only, fewer iterations"
     )
-    parser.add_argument("--part", choices=["frames", "shm", "all"], default="all")
+    parser.add_argument("--part", choices=["frames", "shm", "kserve", "all"], default="all")
     parser.add_argument("--json", default="bench-latency.json")
     args = parser.parse_args()
     sizes = SIZES[:2] if args.quick else SIZES
@@ -481,9 +576,22 @@ def main() -> int:
         )
         print(SHM_HEADER)
         shm_rows = [r for name in layouts for r in run_shm_layout(name, LAYOUTS[name], shm_sizes)]
+    kserve_rows: list[dict[str, Any]] = []
+    if args.part in ("kserve", "all"):
+        print(
+            "KServe frontends: tritonclient (binary tensors) through the same server as the zmq "
+            "client; x zmq = p50 / zmq p50, +us = p50 - zmq p50 (what the frontend adds)"
+        )
+        print(KSERVE_HEADER)
+        kserve_rows = [r for name in layouts for r in run_kserve_layout(name, LAYOUTS[name])]
     Path(args.json).write_text(
         json.dumps(
-            {"rows": rows, "shm_rows": shm_rows, "cores": sorted(os.sched_getaffinity(0))},
+            {
+                "rows": rows,
+                "shm_rows": shm_rows,
+                "kserve_rows": kserve_rows,
+                "cores": sorted(os.sched_getaffinity(0)),
+            },
             indent=1,
         )
     )
