@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -123,7 +125,7 @@ class Frontends:
         try:
             await web.TCPSite(runner, address, port).start()
         except OSError as exc:
-            raise _bind_error(what, flag, address, port, exc.strerror or str(exc)) from None
+            raise _bind_error(what, flag, address, port, _reason(exc)) from None
         log.info("%s on http://%s:%d", what, _host(address), port)
 
     async def _serve_grpc(self, channel: BrokerChannel, address: str, port: int) -> None:
@@ -131,8 +133,10 @@ class Frontends:
         add_GRPCInferenceServiceServicer_to_server(InferenceServicer(channel), server)
         try:
             server.add_insecure_port(f"{_host(address)}:{port}")
-        except RuntimeError:
-            raise _bind_error("gRPC", "--grpc-port", address, port, "cannot bind") from None
+        except RuntimeError:  # grpc does not say why: a plain bind on the address does
+            raise _bind_error(
+                "gRPC", "--grpc-port", address, port, _why_not(address, port)
+            ) from None
         await server.start()
         self._stack.push_async_callback(server.stop, STOP_GRACE_S)
         log.info("gRPC on %s:%d", _host(address), port)
@@ -146,6 +150,19 @@ class Frontends:
 
 def _host(address: str) -> str:
     return f"[{address}]" if ":" in address else address
+
+
+def _reason(exc: OSError) -> str:
+    return os.strerror(exc.errno) if exc.errno else str(exc)
+
+
+def _why_not(address: str, port: int) -> str:
+    """Why ``address:port`` cannot be bound, as the kernel says it."""
+    try:
+        with socket.create_server((address, port)):
+            return "the address cannot be bound"
+    except OSError as exc:
+        return _reason(exc)
 
 
 def _bind_error(what: str, flag: str, address: str, port: int, why: str) -> InferpoolError:
