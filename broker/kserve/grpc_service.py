@@ -238,15 +238,19 @@ class _Stream:
         self.reading = True
 
     async def read(self, requests: AsyncIterator[Any]) -> None:
-        async for request in requests:
-            try:
-                header, frames, empty_final = infer_message(request, single_response=False)
-            except InferpoolError as err:
-                self.queue.put_nowait(_stream_error(request, err.message))
-                continue
-            self._send(request, header, frames, empty_final)
-        self.reading = False
-        self._maybe_end()
+        """Send each request as it comes; the stream ends once the client's side has ended
+        (or failed) and every request sent has had its final response."""
+        try:
+            async for request in requests:
+                try:
+                    header, frames, empty_final = infer_message(request, single_response=False)
+                except InferpoolError as err:
+                    self.queue.put_nowait(_stream_error(request, err.message))
+                    continue
+                self._send(request, header, frames, empty_final)
+        finally:
+            self.reading = False
+            self._maybe_end()
 
     def _send(
         self, request: Any, header: dict[str, Any], frames: list[Any], empty_final: bool

@@ -117,9 +117,7 @@ def _describe(inp: dict[str, Any]) -> tuple[str, str, list[int]]:
         raise invalid_arg("Unable to parse 'name'")
     if not isinstance(datatype, str):
         raise invalid_arg("Unable to parse 'datatype'")
-    if not isinstance(shape, list):
-        raise invalid_arg("Unable to parse 'shape'")
-    return name, datatype, shape
+    return name, datatype, codec.check_shape(shape, f"input '{name}'")
 
 
 def _content_kind(inp: dict[str, Any], params: dict[str, Any]) -> str:
