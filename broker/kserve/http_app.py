@@ -115,7 +115,7 @@ class _Api:
         return json_response({"model_stats": reply["model_stats"]})
 
     # ------------------------------------------------------------------ inference
-    async def infer(self, request: web.Request) -> web.Response:
+    async def infer(self, request: web.Request) -> web.StreamResponse:
         length = request.headers.get(HEADER_LENGTH)
         body = await read_body(request, self.max_body)
         header_length = None
