@@ -1,10 +1,11 @@
 """The Node.js client (scripts/clients/node, the `zeromq` npm package) against a live broker:
-several requests in flight on one DEALER, matched by id; a server error; health; and no
-server at all, which zmq alone would not report."""
+several requests in flight on one DEALER, matched by id; a server error; health; no server at
+all, which zmq alone would not report; and PROTOCOL.md's Node.js snippet as written."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -70,3 +71,19 @@ def test_node_client_says_when_no_server_answers(node_client: Path, short_tmp: P
         held.bind(("127.0.0.1", 0))
         silent = run(node_client, f"tcp://127.0.0.1:{held.getsockname()[1]}", timeout_ms=1000)
     assert silent.returncode == 3 and "no answer from tcp://127.0.0.1:" in silent.stderr
+
+
+def test_the_protocol_docs_node_snippet_runs(node_client: Path, example_server: Server) -> None:
+    text = (ROOT / "docs" / "PROTOCOL.md").read_text()
+    (snippet,) = re.findall(r"```js\n(.*?)```", text, re.S)
+    snippet = snippet.replace("tcp://127.0.0.1:8710", example_server.tcp)
+    done = subprocess.run(
+        ["node", "--input-type=module", "-e", snippet],
+        cwd=NODE_DIR,  # where its node_modules are
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "name: 'OUTPUT0', datatype: 'FP32', shape: [ 2 ]" in done.stdout
+    assert "Float32Array(2) [ 1, 2 ]" in done.stdout
