@@ -105,17 +105,15 @@ class Frontends:
         max_body = opts.request_limit + BODY_SLACK
         if opts.http_port:
             app = http_app.build(channel, max_body)
-            await self._serve_http(app, "HTTP", "--http-port", opts.http_address, opts.http_port)
+            await self._serve_http(app, "HTTP", "http", opts.http_address, opts.http_port)
         if opts.health_port:
             app = application(health.routes(channel), 1 << 16)
-            await self._serve_http(
-                app, "health", "--health-port", opts.health_address, opts.health_port
-            )
+            await self._serve_http(app, "health", "health", opts.health_address, opts.health_port)
         if opts.grpc_port:
             await self._serve_grpc(channel, opts.grpc_address, opts.grpc_port)
 
     async def _serve_http(
-        self, app: web.Application, what: str, flag: str, address: str, port: int
+        self, app: web.Application, what: str, flags: str, address: str, port: int
     ) -> None:
         runner = web.AppRunner(
             app, handle_signals=False, access_log=None, shutdown_timeout=STOP_GRACE_S
@@ -125,7 +123,7 @@ class Frontends:
         try:
             await web.TCPSite(runner, address, port).start()
         except OSError as exc:
-            raise _bind_error(what, flag, address, port, _reason(exc)) from None
+            raise _bind_error(what, flags, address, port, _reason(exc)) from None
         log.info("%s on http://%s:%d", what, _host(address), port)
 
     async def _serve_grpc(self, channel: BrokerChannel, address: str, port: int) -> None:
@@ -134,9 +132,7 @@ class Frontends:
         try:
             server.add_insecure_port(f"{_host(address)}:{port}")
         except RuntimeError:  # grpc does not say why: a plain bind on the address does
-            raise _bind_error(
-                "gRPC", "--grpc-port", address, port, _why_not(address, port)
-            ) from None
+            raise _bind_error("gRPC", "grpc", address, port, _why_not(address, port)) from None
         await server.start()
         self._stack.push_async_callback(server.stop, STOP_GRACE_S)
         log.info("gRPC on %s:%d", _host(address), port)
@@ -153,7 +149,10 @@ def _host(address: str) -> str:
 
 
 def _reason(exc: OSError) -> str:
-    return os.strerror(exc.errno) if exc.errno else str(exc)
+    """The kernel's (or the resolver's) words, without asyncio's preamble."""
+    if exc.errno and exc.errno > 0:
+        return os.strerror(exc.errno)
+    return exc.strerror or str(exc)
 
 
 def _why_not(address: str, port: int) -> str:
@@ -165,9 +164,10 @@ def _why_not(address: str, port: int) -> str:
         return _reason(exc)
 
 
-def _bind_error(what: str, flag: str, address: str, port: int, why: str) -> InferpoolError:
+def _bind_error(what: str, flags: str, address: str, port: int, why: str) -> InferpoolError:
+    """``flags``: the listener's flags' stem (``http``: --http-port, --http-address)."""
     return InferpoolError(
         Code.UNAVAILABLE,
-        f"cannot serve {what} on {_host(address)}:{port}: {why} (choose another {flag}, "
-        "or 0 to turn it off)",
+        f"cannot serve {what} on {_host(address)}:{port}: {why} (choose another "
+        f"--{flags}-port or --{flags}-address, or --{flags}-port 0 to turn it off)",
     )

@@ -267,14 +267,14 @@ def test_health_port_alone_when_the_kserve_frontends_are_off(short_tmp: Path) ->
     assert server.proc.returncode == 0, server.log()
 
 
-@pytest.mark.parametrize("flag,what", [("--http-port", "HTTP"), ("--grpc-port", "gRPC")])
-def test_a_port_in_use_fails_the_start_with_one_line(short_tmp: Path, flag: str, what: str) -> None:
+@pytest.mark.parametrize("stem,what", [("http", "HTTP"), ("grpc", "gRPC")])
+def test_a_port_in_use_fails_the_start_with_one_line(short_tmp: Path, stem: str, what: str) -> None:
     write_model(short_tmp / "repo", "m", 'name: "m"\nbackend: "identity"\n')
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        ports = {"--http-port": "0", "--grpc-port": "0", flag: str(port)}
+        ports = {"--http-port": "0", "--grpc-port": "0", f"--{stem}-port": str(port)}
         command = [sys.executable, "-m", "inferpool", "serve", "--model-repository"]
         command += [str(short_tmp / "repo"), "--listen", f"ipc://{short_tmp}/b.sock"]
         command += [word for pair in ports.items() for word in pair]
@@ -282,6 +282,6 @@ def test_a_port_in_use_fails_the_start_with_one_line(short_tmp: Path, flag: str,
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1] == (
         f"inferpool: UNAVAILABLE: cannot serve {what} on 127.0.0.1:{port}: Address already in use "
-        f"(choose another {flag}, or 0 to turn it off)"
+        f"(choose another --{stem}-port or --{stem}-address, or --{stem}-port 0 to turn it off)"
     )
     assert "Traceback" not in done.stderr
