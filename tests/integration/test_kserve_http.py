@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
@@ -141,6 +142,22 @@ def test_infer_int32_and_bytes(client: Any) -> None:
         assert got == words.tolist()
 
 
+def test_concurrent_requests_get_their_own_answers(server: Server) -> None:
+    client = httpclient.InferenceServerClient(server.http_url, concurrency=8)
+    try:
+        xs = [np.full(4 + i, i, np.float32) for i in range(16)]
+        pending = [
+            client.async_infer("identity", [infer_input("INPUT0", x, "FP32")], request_id=str(i))
+            for i, x in enumerate(xs)
+        ]
+        for i, (x, request) in enumerate(zip(xs, pending, strict=True)):
+            result = request.get_result()
+            assert result.get_response()["id"] == str(i)
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x)
+    finally:
+        client.close()
+
+
 def test_infer_json_with_curl(server: Server) -> None:
     request = {
         "id": "curl-1",
@@ -224,7 +241,7 @@ def test_statistics_and_repository(server: Server, client: Any) -> None:
 
 
 # ============================================================================ shared memory
-def test_system_shared_memory_inputs_and_outputs(client: Any) -> None:
+def test_system_shared_memory_inputs_and_outputs(server: Server, client: Any) -> None:
     x = np.arange(16, dtype=np.float32)
     key_in, key_out = f"/ipk-in-{id(x)}", f"/ipk-out-{id(x)}"
     h_in = shm.create_shared_memory_region("in", key_in, x.nbytes)
@@ -235,6 +252,8 @@ def test_system_shared_memory_inputs_and_outputs(client: Any) -> None:
         client.register_system_shared_memory("out", key_out, x.nbytes)
         status = {r["name"]: r for r in client.get_system_shared_memory_status()}
         assert status["in"] == {"name": "in", "key": key_in, "offset": 0, "byte_size": 64}
+        with grpcclient.InferenceServerClient(server.grpc_url) as other:  # shared, as in Triton
+            assert set(other.get_system_shared_memory_status().regions) == {"in", "out"}
         with pytest.raises(InferenceServerException) as err:
             client.register_system_shared_memory("in", key_in, x.nbytes)
         assert err.value.status() == "400"  # ALREADY_EXISTS
