@@ -66,6 +66,19 @@ def parse_backend_config(items: Sequence[str]) -> dict[str, dict[str, str]]:
 
 
 # ============================================================================ serve
+# the KServe frontends' listeners: flag stem, default port (Triton's), what it serves
+LISTENERS = (
+    ("http", 8000, "serve KServe v2 HTTP/REST here, health included"),
+    ("grpc", 8001, "serve KServe v2 gRPC here"),
+    (
+        "health",
+        0,
+        "serve only the health endpoints (/v2/health/live, /v2/health/ready, "
+        "/v2/models/<m>/ready) here, e.g. for probes while --http-port is 0",
+    ),
+)
+
+
 def add_serve(sub: Any) -> None:
     p = sub.add_parser("serve", help="serve a model repository")
     p.add_argument(
@@ -175,28 +188,14 @@ def add_serve(sub: Any) -> None:
     kserve = p.add_argument_group(
         "KServe v2 frontends", "Triton's HTTP/REST and gRPC protocols, for Triton's clients"
     )
-    kserve.add_argument(
-        "--http-port",
-        type=parse_port,
-        default=8000,
-        help="serve KServe v2 HTTP/REST here, health included (default 8000; 0: off)",
-    )
-    kserve.add_argument("--http-address", default="127.0.0.1")
-    kserve.add_argument(
-        "--grpc-port",
-        type=parse_port,
-        default=8001,
-        help="serve KServe v2 gRPC here (default 8001; 0: off)",
-    )
-    kserve.add_argument("--grpc-address", default="127.0.0.1")
-    kserve.add_argument(
-        "--health-port",
-        type=parse_port,
-        default=0,
-        help="serve only the health endpoints (/v2/health/live, /v2/health/ready, "
-        "/v2/models/<m>/ready) here, e.g. for probes while --http-port is 0 (default 0: off)",
-    )
-    kserve.add_argument("--health-address", default="127.0.0.1")
+    for stem, port, serves in LISTENERS:
+        kserve.add_argument(
+            f"--{stem}-port",
+            type=parse_port,
+            default=port,
+            help=f"{serves} (default {port}; 0: off)" if port else f"{serves} (default 0: off)",
+        )
+        kserve.add_argument(f"--{stem}-address", default="127.0.0.1")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=cmd_serve)
 
@@ -229,12 +228,11 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         model_load_gpu_limit=parse_gpu_limits(args.model_load_gpu_limit),
         metrics_port=args.metrics_port,
         metrics_address=args.metrics_address,
-        http_port=args.http_port,
-        http_address=args.http_address,
-        grpc_port=args.grpc_port,
-        grpc_address=args.grpc_address,
-        health_port=args.health_port,
-        health_address=args.health_address,
+        **{
+            f"{stem}_{what}": getattr(args, f"{stem}_{what}")
+            for stem, _, _ in LISTENERS
+            for what in ("port", "address")
+        },
         log_level=args.log_level.upper(),
     )
 

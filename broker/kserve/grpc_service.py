@@ -150,13 +150,20 @@ class InferenceServicer(GRPCInferenceServiceServicer):
         return pb.RepositoryModelUnloadResponse()
 
     # ------------------------------------------------------------------ shared memory
+    async def _regions(self, context: Context, kind: str, name: str, status: Any) -> Any:
+        """``status`` (the RPC's response type) of the ``kind`` regions, or of ``name``."""
+        reply = await self._ask(context, {"type": f"{kind}_shared_memory_status", "name": name})
+        return status(regions={r["name"]: status.RegionStatus(**r) for r in reply["regions"]})
+
+    async def _unregister(self, context: Context, kind: str, name: str) -> None:
+        await self._ask(context, {"type": f"unregister_{kind}_shared_memory", "name": name})
+
     async def SystemSharedMemoryStatus(
         self, request: Any, context: Context
     ) -> pb.SystemSharedMemoryStatusResponse:
-        header = {"type": "system_shared_memory_status", "name": request.name}
-        reply = await self._ask(context, header)
-        status = pb.SystemSharedMemoryStatusResponse
-        return status(regions={r["name"]: status.RegionStatus(**r) for r in reply["regions"]})
+        return await self._regions(
+            context, "system", request.name, pb.SystemSharedMemoryStatusResponse
+        )
 
     async def SystemSharedMemoryRegister(
         self, request: Any, context: Context
@@ -174,17 +181,13 @@ class InferenceServicer(GRPCInferenceServiceServicer):
     async def SystemSharedMemoryUnregister(
         self, request: Any, context: Context
     ) -> pb.SystemSharedMemoryUnregisterResponse:
-        await self._ask(context, {"type": "unregister_system_shared_memory", "name": request.name})
+        await self._unregister(context, "system", request.name)
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def CudaSharedMemoryStatus(
         self, request: Any, context: Context
     ) -> pb.CudaSharedMemoryStatusResponse:
-        reply = await self._ask(
-            context, {"type": "cuda_shared_memory_status", "name": request.name}
-        )
-        status = pb.CudaSharedMemoryStatusResponse
-        return status(regions={r["name"]: status.RegionStatus(**r) for r in reply["regions"]})
+        return await self._regions(context, "cuda", request.name, pb.CudaSharedMemoryStatusResponse)
 
     async def CudaSharedMemoryRegister(
         self, request: Any, context: Context
@@ -202,7 +205,7 @@ class InferenceServicer(GRPCInferenceServiceServicer):
     async def CudaSharedMemoryUnregister(
         self, request: Any, context: Context
     ) -> pb.CudaSharedMemoryUnregisterResponse:
-        await self._ask(context, {"type": "unregister_cuda_shared_memory", "name": request.name})
+        await self._unregister(context, "cuda", request.name)
         return pb.CudaSharedMemoryUnregisterResponse()
 
     # ------------------------------------------------------------------ inference
