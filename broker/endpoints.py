@@ -19,7 +19,7 @@ from typing import Any
 import posix_ipc
 import zmq
 
-from inferpool.shm.runs import RunLock, regions_of_run, sweep_dead_runs
+from inferpool.shm.runs import SHM_DIR, RunLock, ours, regions_of_run, sweep_dead_runs
 from inferpool.wire.errors import Code, InferpoolError
 
 log = logging.getLogger("inferpool.broker")
@@ -64,9 +64,10 @@ def listen(
 
 
 def _unlink_run(run_id: str) -> None:
-    """Every region of the run but its lock (e.g. weights a worker asked to share)."""
+    """Every region of the run but its lock (e.g. weights a worker asked to share); a name
+    someone else planted under the run's prefix is not ours to unlink."""
     for name in regions_of_run(run_id):
-        if not name.endswith("-lock"):
+        if not name.endswith("-lock") and ours(os.path.join(SHM_DIR, name)):
             with contextlib.suppress(posix_ipc.ExistentialError):
                 posix_ipc.unlink_shared_memory("/" + name)
 
