@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from inferpool.shm.names import check_name
+
 CUDA_IPC_HANDLE_SIZE = 64  # sizeof(cudaIpcMemHandle_t)
 
 
@@ -49,7 +51,7 @@ def parse_ref(ref: str) -> RegionRef:
     if kind == "sys":
         _serial, sep, key = rest.partition("/")
         if sep and key and "/" not in key:
-            return RegionRef("sys", key)
+            return RegionRef("sys", check_name(key))
     elif kind == "cuda":
         parts = rest.split("/")
         if len(parts) == 3 and parts[1].isdigit():

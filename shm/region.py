@@ -13,6 +13,8 @@ from typing import Any
 
 import posix_ipc
 
+from inferpool.shm.names import check_name
+
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
 _PAGE = mmap.PAGESIZE
 
@@ -38,6 +40,7 @@ class Region:
         """Create ``name`` exclusively (mode 0600 by default) and map it read-write."""
         if size <= 0:
             raise ValueError(f"region size must be positive, got {size}")
+        check_name(name)
         shm = posix_ipc.SharedMemory("/" + name, posix_ipc.O_CREX, mode=mode, size=size)
         try:
             try:
@@ -55,6 +58,7 @@ class Region:
     def attach(cls, name: str, *, readonly: bool = False, populate: bool = False) -> Region:
         """Map an existing region; ``populate`` fills the page tables now instead of on touch."""
         flags = posix_ipc.O_RDONLY if readonly else 0
+        check_name(name)
         shm = posix_ipc.SharedMemory("/" + name, flags, read_only=readonly)
         try:
             size = shm.size

@@ -26,6 +26,7 @@ from typing import Any
 
 import posix_ipc
 
+from inferpool.shm.names import check_name
 from inferpool.shm.refs import CUDA_IPC_HANDLE_SIZE, cuda_ref, posix_name, system_ref
 from inferpool.shm.region import Region
 from inferpool.shm.runs import PREFIX, SHM_DIR, region_name
@@ -82,9 +83,7 @@ class Registrations:
     # ------------------------------------------------------------------ registering
     def register_system(self, owner: bytes, name: str, key: str, offset: int, size: int) -> None:
         self._check_free(owner, name)
-        key = posix_name(key)
-        if not key or "/" in key:
-            raise invalid_arg(f"shared-memory key {'/' + key!r} is not a valid POSIX name")
+        key = _posix_key(key)
         if key.startswith(PREFIX):
             raise invalid_arg(
                 f"shared-memory key '/{key}' is reserved for the server's own regions; "
@@ -300,6 +299,14 @@ class Registrations:
 def _unknown(name: str, cuda: bool) -> str:
     kind = "CUDA" if cuda else "system"
     return f"unable to find {kind} shared memory region: '{name}'"
+
+
+def _posix_key(key: str) -> str:
+    """The client's key without its slash, if it can name an object; INVALID_ARG naming it."""
+    try:
+        return check_name(posix_name(key))
+    except ValueError as exc:
+        raise invalid_arg(f"shared-memory key {key!r} is not a valid POSIX name: {exc}") from None
 
 
 def _object_size(key: str) -> int:

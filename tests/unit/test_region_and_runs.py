@@ -12,6 +12,8 @@ import numpy as np
 import posix_ipc
 import pytest
 
+from inferpool.shm.names import check_name
+from inferpool.shm.refs import parse_ref
 from inferpool.shm.region import Region, RegionCache
 from inferpool.shm.runs import RunLock, region_name, regions_of_run, run_is_alive, sweep_dead_runs
 from tests.support import ROOT
@@ -145,3 +147,16 @@ def test_a_fifo_named_like_a_lock_does_not_hang_a_broker_start(planted, short_tm
     )
     assert done.returncode == 0, done.stderr
     assert not regions_of_run(done.stdout.strip())
+
+
+@pytest.mark.parametrize(
+    "name", ["", ".", "..", "a/b", "x\x00y", "line\nbreak", "k" * 256, "\udc80", None]
+)
+def test_names_that_cannot_name_an_object_never_reach_posix_ipc(name) -> None:
+    with pytest.raises(ValueError):
+        check_name(name)
+    with pytest.raises(ValueError):
+        Region.attach(name)  # type: ignore[arg-type]
+    if name is not None:
+        with pytest.raises(ValueError):
+            parse_ref(f"sys/1/{name}")
