@@ -50,6 +50,12 @@ from inferpool.wire.zmqio import NOBLOCK, recv_frames
 log = logging.getLogger("inferpool.broker")
 HOUSEKEEPING_S = 0.05
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+MiB = 1 << 20
+
+
+class StartInterrupted(Exception):
+    """SIGTERM or SIGINT arrived while the broker was being built: nothing it made is left."""
 
 
 class Broker:
@@ -65,7 +71,9 @@ class Broker:
         self._workers_stopping = False
         with contextlib.ExitStack() as stack:
             stack.callback(sd_notify, "STATUS=stopped")
-            # the run: what loads, where it may run, its lock, regions, signals and socket
+            # signals first: a stop asked for while the run is built undoes what exists
+            self._wake = self._catch_signals(stack)
+            # the run: what loads, where it may run, its lock, regions and socket
             self._initial = _initial_models(opts)
             self._pending_start = set(self._initial)
             topology = Topology.discover()
@@ -73,11 +81,15 @@ class Broker:
             check_gpu_limits(opts.model_load_gpu_limit, topology)
             self.run_id = run_id = open_run(stack, opts.run_dir)
             arena_region = region_name(run_id, "arena")
-            arena = Arena(Region.create(arena_region, opts.arena_size, prefault=opts.prefault))
+            if opts.prefault:
+                log.info("pre-faulting the input arena (%d MiB)", opts.arena_size // MiB)
+            region = Region.create(
+                arena_region, opts.arena_size, prefault=opts.prefault, interrupt=self._interrupted
+            )
+            arena = Arena(region)
             stack.callback(arena.destroy)
             outputs = OutputRegions(run_id, opts.output_arena_size, opts.prefault)
             stack.callback(outputs.close)
-            self._wake = self._catch_signals(stack)
             ctx: zmq.Context[Any] = zmq.Context()
             stack.callback(ctx.term)
             self.frontend = listen(stack, ctx, opts.listen)
@@ -156,6 +168,7 @@ class Broker:
                 stack.callback(self.metrics.close)
                 self.poller.register(self.metrics.socket, zmq.POLLIN)
             stack.callback(supervisor.kill_all)
+            self._interrupted()
             self._stack = stack.pop_all()
 
     def _catch_signals(self, stack: contextlib.ExitStack) -> socket.socket:
@@ -170,6 +183,14 @@ class Broker:
         for sig in SIGNALS:
             stack.callback(signal.signal, sig, signal.signal(sig, self._on_signal))
         return wake_r
+
+    def _interrupted(self) -> None:
+        """While the run is built: raise StartInterrupted if a stop signal has come."""
+        for signum in self._signals:
+            if signum in STOP_SIGNALS:
+                name = signal.Signals(signum).name
+                log.info("the start was interrupted by %s: undoing what was made", name)
+                raise StartInterrupted(f"the start was interrupted by {name}")
 
     def close(self) -> None:
         """Release everything this run created; safe to call more than once."""
@@ -288,7 +309,7 @@ class Broker:
         for signum in signals:
             if signum == signal.SIGCHLD:
                 self.supervisor.reap()
-            elif signum in (signal.SIGTERM, signal.SIGINT):
+            elif signum in STOP_SIGNALS:
                 self.begin_shutdown(f"received {signal.Signals(signum).name}")
             elif signum == signal.SIGHUP:
                 self.reload()

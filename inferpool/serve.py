@@ -198,7 +198,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from inferpool.broker.server import Broker
+    from inferpool.broker.server import Broker, StartInterrupted
 
     opts = options_from_args(args)
     logging.basicConfig(
@@ -224,4 +224,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except InferpoolError as err:
         print(f"inferpool: {err}", file=sys.stderr)
         return 1
+    except StartInterrupted as stop:
+        print(f"inferpool: {stop}; nothing of the run is left", file=sys.stderr)
+        return 0
     return broker.run()

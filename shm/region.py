@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+from collections.abc import Callable
 from typing import Any
 
 import posix_ipc
@@ -17,6 +18,7 @@ from inferpool.shm.names import check_name
 
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
 _PAGE = mmap.PAGESIZE
+_PREFAULT_CHUNK = 64 << 20  # between chunks, a start being stopped can say so
 
 
 class Region:
@@ -36,8 +38,19 @@ class Region:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def create(cls, name: str, size: int, *, prefault: bool = True, mode: int = 0o600) -> Region:
-        """Create ``name`` exclusively (mode 0600 by default) and map it read-write."""
+    def create(
+        cls,
+        name: str,
+        size: int,
+        *,
+        prefault: bool = True,
+        mode: int = 0o600,
+        interrupt: Callable[[], None] | None = None,
+    ) -> Region:
+        """Create ``name`` exclusively (mode 0600 by default) and map it read-write.
+
+        ``interrupt`` is called between chunks of the pre-fault: what it raises ends the
+        creation (the name unlinked) and propagates."""
         if size <= 0:
             raise ValueError(f"region size must be positive, got {size}")
         check_name(name)
@@ -48,7 +61,7 @@ class Region:
             finally:
                 shm.close_fd()
             if prefault:
-                _prefault(mapping, size)
+                _prefault(mapping, size, interrupt)
             return cls(name, mapping, size, owner=True, readonly=False)
         except BaseException:
             posix_ipc.unlink_shared_memory("/" + name)
@@ -114,14 +127,20 @@ class Region:
         self.destroy()
 
 
-def _prefault(mapping: mmap.mmap, size: int) -> None:
+def _prefault(mapping: mmap.mmap, size: int, interrupt: Callable[[], None] | None) -> None:
     """Allocate every page now, so the request path never takes a first-touch fault."""
+    view = memoryview(mapping)
     try:
-        mapping.madvise(_MADV_POPULATE_WRITE, 0, size)
-    except OSError:
-        view = memoryview(mapping)
-        for off in range(0, size, _PAGE):
-            view[off] = 0
+        for start in range(0, size, _PREFAULT_CHUNK):
+            if interrupt is not None:
+                interrupt()
+            length = min(_PREFAULT_CHUNK, size - start)
+            try:
+                mapping.madvise(_MADV_POPULATE_WRITE, start, length)
+            except OSError:
+                for off in range(start, start + length, _PAGE):
+                    view[off] = 0
+    finally:
         view.release()
 
 

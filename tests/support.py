@@ -96,6 +96,7 @@ class Server:
         env: dict[str, str] | None = None,
         python: str = sys.executable,
         cwd: Path | None = None,
+        prefault: bool = False,
     ) -> None:
         self.ipc = f"ipc://{tmp}/broker.sock"
         self.endpoints = [self.ipc]
@@ -115,10 +116,11 @@ class Server:
             "32M",
             "--output-arena-size",
             "16M",
-            "--no-prefault",
             "--graceful-timeout",
             "10",
         ]
+        if not prefault:
+            cmd.append("--no-prefault")
         for ep in self.endpoints:
             cmd += ["--listen", ep]
         cmd += list(args)

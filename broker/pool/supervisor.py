@@ -293,14 +293,22 @@ class Supervisor(Generic[M]):
                 handle.proc.kill()
 
     def stop(self, handle: WorkerHandle[M]) -> None:
-        """Ask a worker to finish (its finalizers run); killed if it overstays."""
+        """Ask a worker to finish (its finalizers run); killed if it overstays.
+
+        A worker still loading reads its channel only once loaded, so it gets SIGTERM
+        instead: it has no requests, and the finalizers of what it loaded still run."""
         if handle.proc is None:
             if handle.state is not WorkerState.STOPPED:
                 handle.set_state(WorkerState.STOPPED)
                 self.events.worker_stopped(handle)
             return
+        booting = handle.state is WorkerState.STARTING
         handle.set_state(WorkerState.STOPPING)
-        self.send(handle, Stop())
+        if booting:
+            with contextlib.suppress(ProcessLookupError):
+                handle.proc.terminate()
+        else:
+            self.send(handle, Stop())
 
     def forget(self, handle: WorkerHandle[M]) -> None:
         self.handles.pop(handle.slot, None)
