@@ -28,6 +28,8 @@ class Region:
     /dev/shm.  Only creators unlink; attachers just close their mapping.
     """
 
+    base = 0  # the object's byte that buf[0] is (a whole region: its first)
+
     def __init__(self, name: str, mapping: mmap.mmap, size: int, owner: bool, readonly: bool):
         self.name = name
         self.size = size

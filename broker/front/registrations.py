@@ -24,12 +24,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import posix_ipc
-
 from inferpool.shm.names import check_name
 from inferpool.shm.refs import CUDA_IPC_HANDLE_SIZE, cuda_ref, posix_name, system_ref
 from inferpool.shm.region import Region
 from inferpool.shm.runs import PREFIX, SHM_DIR, region_name
+from inferpool.shm.window import open_object
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg, not_found
 
 log = logging.getLogger("inferpool.shm")
@@ -46,6 +45,7 @@ class Registration:
     ref: str  # how work items name it (shm.refs)
     device_id: int = 0
     created: Region | None = None
+    inode: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the object checked at registration
 
     def status(self) -> dict[str, Any]:
         if self.kind == "cuda":
@@ -89,13 +89,14 @@ class Registrations:
                 f"shared-memory key '/{key}' is reserved for the server's own regions; "
                 "use create_shared_memory_region for a server-made region"
             )
-        total = _object_size(key)
-        if offset + size > total:
+        st = _object_status(key)
+        if offset + size > st.st_size:
             raise invalid_arg(
                 f"invalid offset + byte size for shared memory region '{name}': "
-                f"{offset} + {size} exceeds the {total} bytes of '/{key}'"
+                f"{offset} + {size} exceeds the {st.st_size} bytes of '/{key}'"
             )
-        self._add(owner, Registration(name, "system", key, offset, size, ""))
+        reg = Registration(name, "system", key, offset, size, "", inode=(st.st_dev, st.st_ino))
+        self._add(owner, reg)
 
     def create(self, owner: bytes, name: str, size: int) -> Registration:
         """A region the broker makes for the client (mode 0600, named under this run)."""
@@ -119,7 +120,9 @@ class Registrations:
             region_name(self.run_id, f"c{self._serial}"), size, prefault=self.prefault
         )
         region.close()  # the broker never touches the bytes; the name keeps the memory
-        reg = Registration(name, "created", region.name, 0, size, "", created=region)
+        made = os.stat(os.path.join(SHM_DIR, region.name))
+        inode = (made.st_dev, made.st_ino)
+        reg = Registration(name, "created", region.name, 0, size, "", created=region, inode=inode)
         self._add(owner, reg)
         return reg
 
@@ -145,7 +148,7 @@ class Registrations:
     def _add(self, owner: bytes, reg: Registration) -> None:
         if not reg.ref:
             self._serial += 1
-            reg.ref = system_ref(self._serial, reg.key)
+            reg.ref = system_ref(self._serial, reg.key, reg.inode, reg.offset, reg.byte_size)
         self._by_owner.setdefault(owner, {})[reg.name] = reg
 
     # ------------------------------------------------------------------ ending
@@ -309,15 +312,17 @@ def _posix_key(key: str) -> str:
         raise invalid_arg(f"shared-memory key {key!r} is not a valid POSIX name: {exc}") from None
 
 
-def _object_size(key: str) -> int:
-    """The size of POSIX object ``key``, opened read-write as the workers will open it."""
+def _object_status(key: str) -> os.stat_result:
+    """The status of POSIX object ``key``, opened read-write as the workers will open it."""
     try:
-        shm = posix_ipc.SharedMemory("/" + key)
-    except posix_ipc.ExistentialError:
+        fd, st = open_object(key)
+    except FileNotFoundError:
         raise not_found(f"shared-memory object '/{key}' does not exist") from None
-    except posix_ipc.PermissionsError:
-        raise invalid_arg(f"shared-memory object '/{key}' cannot be opened read-write") from None
-    try:
-        return int(shm.size)
-    finally:
-        shm.close_fd()
+    except OSError as exc:
+        raise invalid_arg(
+            f"shared-memory object '/{key}' cannot be opened read-write: {exc.strerror}"
+        ) from None
+    except ValueError as exc:
+        raise invalid_arg(str(exc)) from None
+    os.close(fd)
+    return st

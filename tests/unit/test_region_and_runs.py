@@ -159,4 +159,4 @@ def test_names_that_cannot_name_an_object_never_reach_posix_ipc(name) -> None:
         Region.attach(name)  # type: ignore[arg-type]
     if name is not None:
         with pytest.raises(ValueError):
-            parse_ref(f"sys/1/{name}")
+            parse_ref(f"sys/1/2.3/0/8/{name}")
