@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
+from inferpool.broker.curve import CurveKeys, load_server_keys
 from inferpool.broker.pool.supervisor import SupervisorOptions
+from inferpool.wire.errors import invalid_arg
 from inferpool.wire.paths import DEFAULT_TCP, default_ipc_endpoint, default_run_dir
 
 MiB = 1 << 20
@@ -26,6 +28,10 @@ class ServerOptions:
     model_repository: str
     listen: tuple[str, ...] = field(default_factory=default_listen)
     run_dir: str = field(default_factory=default_run_dir)
+    # who may connect: the ipc socket's directory ("user": 0700, "group": 0750), CURVE on tcp
+    ipc_access: str = "user"
+    curve_secret_key: str = ""  # the server's certificate (with its secret key)
+    curve_authorized_keys: str = ""  # a directory of the clients' public certificates
     # shared memory
     arena_size: int = 256 * MiB
     output_arena_size: int = 256 * MiB
@@ -62,6 +68,17 @@ class ServerOptions:
     def request_limit(self) -> int:
         """The most tensor bytes one request may bring: it must fit in the arena."""
         return min(self.max_request_bytes, self.arena_size)
+
+    def curve_keys(self) -> CurveKeys | None:
+        """The CURVE keys of the tcp endpoints (None: plain tcp); INVALID_ARG if unusable."""
+        if not self.curve_secret_key and not self.curve_authorized_keys:
+            return None
+        if not self.curve_secret_key or not self.curve_authorized_keys:
+            raise invalid_arg(
+                "CURVE needs both --curve-secret-key (the server's key) and "
+                "--curve-authorized-keys (the clients it lets in)"
+            )
+        return load_server_keys(self.curve_secret_key, self.curve_authorized_keys)
 
     def supervisor(self) -> SupervisorOptions:
         """The supervisor's slice (its fields are named as here)."""

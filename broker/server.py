@@ -24,6 +24,7 @@ from inferpool.broker.front.control import Control, Readiness
 from inferpool.broker.front.handles import Handles
 from inferpool.broker.front.inference import Inference
 from inferpool.broker.front.metrics import BrokerCollector, MetricsEndpoint
+from inferpool.broker.front.peers import SECURE_TAG
 from inferpool.broker.front.registrations import Registrations
 from inferpool.broker.front.responder import Responder
 from inferpool.broker.front.router import Router
@@ -92,14 +93,17 @@ class Broker:
             stack.callback(outputs.close)
             ctx: zmq.Context[Any] = zmq.Context()
             stack.callback(ctx.term)
-            self.frontend = listen(stack, ctx, opts.listen)
+            curve = opts.curve_keys()
+            fronts = listen(stack, ctx, opts.listen, opts.ipc_access == "group", curve)
+            self.frontend, self.secure = fronts.plain, fronts.secure
             self.poller = zmq.Poller()
-            self.poller.register(self.frontend, zmq.POLLIN)
+            for sock in fronts.sockets:
+                self.poller.register(sock, zmq.POLLIN)
             self.poller.register(self._wake, zmq.POLLIN)
             self.channels: dict[int, Worker] = {}  # worker channel fd -> its worker
             # answers (the front's) first: the models answer requests through them
             handles = Handles(LeaseTable(run_id), outputs)
-            self.responder = Responder(self.frontend, outputs, handles)
+            self.responder = Responder(self.frontend, outputs, handles, self.secure)
             # models and their workers
             self.registry = Registry()
             self.manager = manager = Manager(
@@ -129,7 +133,7 @@ class Broker:
             self.shm = SharedMemory(
                 registrations,
                 handles,
-                self.frontend,
+                fronts.sockets,
                 opts.lease_timeout,
                 self.responder.send,
                 len(topology.gpus),
@@ -158,6 +162,7 @@ class Broker:
                 self.responder,
                 [control.handlers(), inference.handlers(), self.shm.handlers()],
                 self.shm.arrived,
+                reserved=SECURE_TAG if self.secure is not None else b"",
             )
             self.metrics: MetricsEndpoint | None = None
             if opts.metrics_port:
@@ -260,6 +265,8 @@ class Broker:
                         self._from_worker(handle)
                 if self.frontend in events:
                     self._drain_frontend()
+                if self.secure is not None and self.secure in events:
+                    self.router.handle(recv_frames(self.secure, NOBLOCK), SECURE_TAG)
                 if metrics is not None and metrics.socket in events:
                     metrics.answer()
                 if self._wake.fileno() in events or self._signals:

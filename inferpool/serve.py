@@ -71,6 +71,26 @@ def add_serve(sub: Any) -> None:
         f"and {DEFAULT_TCP})",
     )
     p.add_argument(
+        "--ipc-access",
+        choices=("user", "group"),
+        default="user",
+        help="who may connect to an ipc endpoint: its directory is made 0700 (user) or 0750 "
+        "with the socket 0660 (group: members of the directory's group)",
+    )
+    p.add_argument(
+        "--curve-secret-key",
+        default="",
+        metavar="FILE",
+        help="serve tcp endpoints with CURVE encryption and authentication: the server's "
+        "secret certificate (inferpool keygen); needs --curve-authorized-keys",
+    )
+    p.add_argument(
+        "--curve-authorized-keys",
+        default="",
+        metavar="DIR",
+        help="the public certificates (*.key) of the clients allowed on tcp endpoints",
+    )
+    p.add_argument(
         "--arena-size",
         type=parse_size,
         default="256M",
@@ -169,6 +189,9 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
     return ServerOptions(
         model_repository=os.path.abspath(args.model_repository or default_repository()),
         listen=tuple(args.listen) if args.listen else default_listen(),
+        ipc_access=args.ipc_access,
+        curve_secret_key=args.curve_secret_key,
+        curve_authorized_keys=args.curve_authorized_keys,
         arena_size=args.arena_size,
         output_arena_size=args.output_arena_size,
         max_request_bytes=args.max_request_bytes,

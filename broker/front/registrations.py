@@ -24,11 +24,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from inferpool.broker.front.objects import check_object
+from inferpool.broker.front.peers import Peer
 from inferpool.shm.names import check_name
 from inferpool.shm.refs import CUDA_IPC_HANDLE_SIZE, cuda_ref, posix_name, system_ref
 from inferpool.shm.region import Region
 from inferpool.shm.runs import PREFIX, SHM_DIR, region_name
-from inferpool.shm.window import open_object
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg, not_found
 
 log = logging.getLogger("inferpool.shm")
@@ -81,7 +82,10 @@ class Registrations:
         self._serial = 0
 
     # ------------------------------------------------------------------ registering
-    def register_system(self, owner: bytes, name: str, key: str, offset: int, size: int) -> None:
+    def register_system(
+        self, owner: bytes, name: str, key: str, offset: int, size: int, peer: Peer
+    ) -> None:
+        """A window of object ``key``, if ``peer`` could open it itself (``front.objects``)."""
         self._check_free(owner, name)
         key = _posix_key(key)
         if key.startswith(PREFIX):
@@ -89,7 +93,7 @@ class Registrations:
                 f"shared-memory key '/{key}' is reserved for the server's own regions; "
                 "use create_shared_memory_region for a server-made region"
             )
-        st = _object_status(key)
+        st = check_object(key, peer)
         if offset + size > st.st_size:
             raise invalid_arg(
                 f"invalid offset + byte size for shared memory region '{name}': "
@@ -310,19 +314,3 @@ def _posix_key(key: str) -> str:
         return check_name(posix_name(key))
     except ValueError as exc:
         raise invalid_arg(f"shared-memory key {key!r} is not a valid POSIX name: {exc}") from None
-
-
-def _object_status(key: str) -> os.stat_result:
-    """The status of POSIX object ``key``, opened read-write as the workers will open it."""
-    try:
-        fd, st = open_object(key)
-    except FileNotFoundError:
-        raise not_found(f"shared-memory object '/{key}' does not exist") from None
-    except OSError as exc:
-        raise invalid_arg(
-            f"shared-memory object '/{key}' cannot be opened read-write: {exc.strerror}"
-        ) from None
-    except ValueError as exc:
-        raise invalid_arg(str(exc)) from None
-    os.close(fd)
-    return st

@@ -14,6 +14,7 @@ from typing import Any
 import zmq
 
 from inferpool.broker.front.handles import Handles
+from inferpool.broker.front.peers import SECURE_TAG
 from inferpool.broker.models.request import PendingRequest
 from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.wire import codec
@@ -26,17 +27,32 @@ _EMPTY = b""
 
 
 class Responder:
-    def __init__(self, socket: zmq.Socket[Any], outputs: OutputRegions, handles: Handles) -> None:
-        """``handles`` describes the outputs that stay in shared memory."""
+    def __init__(
+        self,
+        socket: zmq.Socket[Any],
+        outputs: OutputRegions,
+        handles: Handles,
+        secure: zmq.Socket[Any] | None = None,
+    ) -> None:
+        """``handles`` describes the outputs that stay in shared memory; ``secure``: the
+        CURVE socket, whose clients' owner keys carry ``SECURE_TAG``."""
         self.socket = socket
+        self.secure = secure
         self.outputs = outputs
         self.handles = handles
         # (trackers, [(region, offset), ...]) for zero-copy sends still in libzmq's hands
         self._in_flight: list[tuple[list[zmq.MessageTracker], list[tuple[str, int]]]] = []
 
     # ------------------------------------------------------------------ plain messages
+    def _route(self, envelope: list[Any]) -> tuple[zmq.Socket[Any], list[Any]]:
+        """The socket a client's answers go out on, and its routing frames there."""
+        if self.secure is not None and envelope and envelope[0].startswith(SECURE_TAG):
+            return self.secure, [envelope[0][len(SECURE_TAG) :], *envelope[1:]]
+        return self.socket, envelope
+
     def send(self, envelope: list[Any], header: dict[str, Any]) -> None:
-        send_parts(self.socket, [*envelope, _EMPTY, codec.encode_header(header)])
+        sock, envelope = self._route(envelope)
+        send_parts(sock, [*envelope, _EMPTY, codec.encode_header(header)])
 
     def send_error(
         self, envelope: list[Any], msg_type: str, request_id: Any, err: InferpoolError
@@ -81,7 +97,8 @@ class Responder:
             }
         )
         if not large:  # copied into the message: the slots are free again at once
-            send_parts(self.socket, [*req.envelope, _EMPTY, encoded, *frames])
+            sock, envelope = self._route(req.envelope)
+            send_parts(sock, [*envelope, _EMPTY, encoded, *frames])
             for out in outputs:
                 self.outputs.free(out.region, out.offset, held=False)
             return
@@ -95,7 +112,7 @@ class Responder:
         outputs: Sequence[TensorRef],
     ) -> None:
         """Large frames go zero-copy from shared memory; their slots wait for libzmq."""
-        sock = self.socket
+        sock, envelope = self._route(envelope)
         for part in envelope:
             sock.send(part, SNDMORE, copy=True)
         sock.send(_EMPTY, SNDMORE)

@@ -11,7 +11,10 @@ import mmap
 import os
 import secrets
 import shutil
+import subprocess
+import sys
 import tempfile
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +23,7 @@ import numpy as np
 import pytest
 
 from inferpool.client import Client, InferpoolError, ShmClient
+from inferpool.shm.region import Region
 from tests.support import EXAMPLES, Server
 
 
@@ -27,7 +31,8 @@ from tests.support import EXAMPLES, Server
 def server() -> Iterator[Server]:
     tmp = Path(tempfile.mkdtemp(prefix="ipt-", dir="/tmp"))
     try:
-        with Server(tmp, EXAMPLES, "--max-client-shm", "8M", tcp=True) as srv:
+        args = ("--max-client-shm", "8M", "--ipc-access", "group")  # group root: nobody below
+        with Server(tmp, EXAMPLES, *args, tcp=True) as srv:
             yield srv
         assert srv.proc.returncode == 0, srv.log()
     finally:
@@ -145,3 +150,102 @@ def test_a_small_window_of_a_sparse_gigabyte_maps_only_the_window(server, own_ob
         grown = rss_kib(pid) - rss_before
     assert 0 < mapped <= 2 * mmap.PAGESIZE, mapped  # the page(s) around the window only
     assert grown < 16 << 10, f"the worker's RSS grew by {grown} KiB for a 16-byte window"
+
+
+NOBODY = 65534
+
+
+def as_nobody(code: str) -> subprocess.CompletedProcess[str]:
+    """``code`` in a client process of user nobody (group root: it may reach the socket)."""
+    setpriv = ["setpriv", f"--reuid={NOBODY}", "--regid=0", "--clear-groups"]
+    return subprocess.run(
+        [*setpriv, sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+    )
+
+
+def test_another_users_object_is_refused_under_any_name(server, own_object) -> None:
+    """A region of root (this test) mode 0600: user nobody may not register it, however it
+    names it, and reads nothing through the server; root itself may."""
+    name, fd = own_object
+    os.ftruncate(fd, 4096)
+    os.pwrite(fd, b"secret!!", 0)
+    done = as_nobody(
+        f"""
+        from inferpool.client import ShmClient, InferpoolError
+        with ShmClient({server.ipc!r}, input_bytes=0) as c:
+            try:
+                c.register_system_shared_memory("theirs", "/{name}", 4096)
+            except InferpoolError as err:
+                print(err.code.value, err.message)
+            else:
+                print("REGISTERED")
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("INVALID_ARG"), done.stdout
+    assert f"'/{name}'" in done.stdout and f"uid {NOBODY}" in done.stdout, done.stdout
+    with ShmClient(server.endpoint, input_bytes=0) as c:  # its owner may
+        c.register_system_shared_memory("mine", "/" + name, 4096)
+
+
+def test_a_world_readable_object_of_another_user_is_theirs_to_share(server, own_object) -> None:
+    name, fd = own_object
+    os.ftruncate(fd, 4096)
+    os.fchmod(fd, 0o666)
+    done = as_nobody(
+        f"""
+        from inferpool.client import ShmClient
+        with ShmClient({server.ipc!r}, input_bytes=0) as c:
+            c.register_system_shared_memory("shared", "/{name}", 4096)
+            print("REGISTERED")
+        """
+    )
+    assert done.stdout.strip() == "REGISTERED", done.stderr
+
+
+def test_the_servers_own_memory_is_refused_even_under_another_name(server) -> None:
+    arena = f"/dev/shm/inferpool-{server.run_id}-arena"
+    link = f"/dev/shm/ipt-{os.getpid()}-{secrets.token_hex(3)}"
+    with (
+        ShmClient(server.endpoint, input_bytes=1 << 20) as a,
+        ShmClient(server.endpoint, input_bytes=0) as b,
+    ):
+        targets = [arena, f"/dev/shm/{a.session.region.name}"]  # the arena, A's server-made region
+        for target in targets:
+            os.link(target, link)
+            try:
+                with pytest.raises(InferpoolError, match="the server's own") as err:
+                    b.register_system_shared_memory("stolen", link[len("/dev/shm") :], 64)
+                assert err.value.code.value == "INVALID_ARG"
+            finally:
+                os.unlink(link)
+
+
+def test_plain_tcp_clients_may_register_no_memory(server, own_object) -> None:
+    name, fd = own_object
+    os.ftruncate(fd, 4096)
+    with Client(server.tcp, timeout=10) as c:
+        for msg, fields in [
+            ("register_system_shared_memory", {"name": "r", "key": "/" + name, "byte_size": 8}),
+            ("create_shared_memory_region", {"name": "r", "byte_size": 4096}),
+        ]:
+            with pytest.raises(InferpoolError, match="CURVE") as err:
+                c.call(msg, **fields)
+            assert err.value.code.value == "UNSUPPORTED", err.value
+        x = np.ones(2, np.float32)  # inference itself is open to it
+        np.testing.assert_array_equal(c.infer("identity", {"INPUT0": x})["OUTPUT0"], x)
+
+
+def test_input_slots_are_scrubbed_once_the_request_is_done(server) -> None:
+    pattern = np.full(1 << 18, 1234.5, np.float32)  # 1 MiB
+    with server.client() as c:
+        np.testing.assert_array_equal(c.infer("identity", {"INPUT0": pattern})["OUTPUT0"], pattern)
+    with Region.attach(f"inferpool-{server.run_id}-arena", readonly=True) as arena:
+        arena_data = np.frombuffer(arena.buf, np.float32)
+        found = int(np.count_nonzero(arena_data == np.float32(1234.5)))
+        del arena_data
+    assert found == 0, f"{found} values of an earlier request are still in the arena"
