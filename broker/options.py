@@ -37,7 +37,9 @@ class ServerOptions:
     output_arena_size: int = 256 * MiB
     max_request_bytes: int = 256 * MiB
     prefault: bool = True
-    max_client_shm: int = 1024 * MiB  # server-made regions per client
+    max_client_shm: int = 1024 * MiB  # server-made regions per client process (tcp: host)
+    max_shm_total: int = 4096 * MiB  # server-made regions of all clients together
+    client_output_share: int = 0  # output bytes one client may hold; 0: half an output arena
     lease_timeout: float = 60.0  # seconds a client holding leases may stay silent
     # models
     model_control_mode: str = "none"  # "none" or "explicit"
@@ -63,6 +65,11 @@ class ServerOptions:
     def explicit(self) -> bool:
         """Models load and unload only when asked (``--model-control-mode explicit``)."""
         return self.model_control_mode == "explicit"
+
+    @property
+    def output_share(self) -> int:
+        """The output bytes one client (process, tcp host) may hold before it must read."""
+        return self.client_output_share or self.output_arena_size // 2
 
     @property
     def request_limit(self) -> int:

@@ -29,6 +29,7 @@ from inferpool.broker.front.registrations import Registrations
 from inferpool.broker.front.responder import Responder
 from inferpool.broker.front.router import Router
 from inferpool.broker.front.shared_memory import EXTENSIONS, SharedMemory
+from inferpool.broker.front.shares import OutputShares
 from inferpool.broker.models import repository
 from inferpool.broker.models.manager import Manager, Worker
 from inferpool.broker.models.registry import Registry, State
@@ -102,7 +103,8 @@ class Broker:
             self.poller.register(self._wake, zmq.POLLIN)
             self.channels: dict[int, Worker] = {}  # worker channel fd -> its worker
             # answers (the front's) first: the models answer requests through them
-            handles = Handles(LeaseTable(run_id), outputs)
+            shares = OutputShares(opts.output_share, lambda client: self.shm.principal(client))
+            handles = Handles(LeaseTable(run_id), outputs, shares)
             self.responder = Responder(self.frontend, outputs, handles, self.secure)
             # models and their workers
             self.registry = Registry()
@@ -124,6 +126,7 @@ class Broker:
             registrations = Registrations(
                 run_id,
                 opts.max_client_shm,
+                opts.max_shm_total,
                 opts.prefault,
                 manager.inflight,
                 lambda: [h.identity for h in supervisor.alive()],

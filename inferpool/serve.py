@@ -112,7 +112,21 @@ def add_serve(sub: Any) -> None:
         "--max-client-shm",
         type=parse_size,
         default="1G",
-        help="shared memory the server creates for one client's inputs (default 1G)",
+        help="shared memory the server creates for the inputs of one client process (all "
+        "its connections; a tcp host) (default 1G)",
+    )
+    p.add_argument(
+        "--max-shm-total",
+        type=parse_size,
+        default="4G",
+        help="shared memory the server creates for the inputs of all clients (default 4G)",
+    )
+    p.add_argument(
+        "--client-output-share",
+        type=parse_size,
+        default="0",
+        help="output memory one client process (a tcp host) may hold unread or as handles "
+        "before its requests are refused (default: half of --output-arena-size)",
     )
     p.add_argument(
         "--lease-timeout",
@@ -197,6 +211,8 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         max_request_bytes=args.max_request_bytes,
         prefault=not args.no_prefault,
         max_client_shm=args.max_client_shm,
+        max_shm_total=args.max_shm_total,
+        client_output_share=args.client_output_share,
         lease_timeout=args.lease_timeout,
         model_control_mode=args.model_control_mode,
         load_models=tuple(args.load_model),

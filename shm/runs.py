@@ -21,8 +21,6 @@ import secrets
 import stat
 from collections import defaultdict
 
-import posix_ipc
-
 PREFIX = "inferpool-"
 SHM_DIR = "/dev/shm"
 _NAME = re.compile(r"^inferpool-([0-9a-f]{10})-(.+)$")
@@ -78,10 +76,10 @@ def ours(path: str) -> bool:
     return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
 
 
-def run_is_alive(run_id: str) -> bool:
+def run_is_alive(run_id: str, shm_dir: str = SHM_DIR) -> bool:
     """Whether the run's lock is held; a lock that is not a regular file of ours counts as
     alive: not ours to judge (and never opened in a way that could block)."""
-    path = os.path.join(SHM_DIR, region_name(run_id, "lock"))
+    path = os.path.join(shm_dir, region_name(run_id, "lock"))
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -113,19 +111,16 @@ def sweep_dead_runs(shm_dir: str = SHM_DIR) -> list[str]:
             by_run[run].append(entry)
     removed: list[str] = []
     for run, names in by_run.items():
-        if run_is_alive(run):
+        if run_is_alive(run, shm_dir):
             continue
         lock = region_name(run, "lock")
         for name in sorted(names, key=lambda n: n == lock):  # the lock goes last
             if not ours(os.path.join(shm_dir, name)):
                 continue
             try:
-                if name == lock:
-                    os.unlink(os.path.join(shm_dir, name))
-                else:
-                    posix_ipc.unlink_shared_memory("/" + name)
+                os.unlink(os.path.join(shm_dir, name))  # shm_unlink is this, in /dev/shm
                 removed.append(name)
-            except (FileNotFoundError, posix_ipc.ExistentialError, PermissionError):
+            except (FileNotFoundError, PermissionError):
                 pass
     return removed
 

@@ -2,8 +2,10 @@
 
 Small outputs are copied into the zmq message (cheaper than tracking); large ones are sent
 zero-copy straight from the worker's output region, and their slots are freed only when
-libzmq reports it is done with the memory.  Outputs that stay in shared memory (handles,
-client regions) carry no frame: ``front.handles`` describes them.
+libzmq reports it is done with the memory: until then they count against the client's share
+of output memory (``front.shares``), and a client over its share gets copies instead.
+Outputs that stay in shared memory (handles, client regions) carry no frame:
+``front.handles`` describes them.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from inferpool.wire.zmqio import SNDMORE, send_parts
 
 ZERO_COPY_MIN = 64 * 1024
 _EMPTY = b""
+_InFlight = tuple[list[zmq.MessageTracker], list[tuple[str, int]], bytes, int]
 
 
 class Responder:
@@ -40,8 +43,9 @@ class Responder:
         self.secure = secure
         self.outputs = outputs
         self.handles = handles
-        # (trackers, [(region, offset), ...]) for zero-copy sends still in libzmq's hands
-        self._in_flight: list[tuple[list[zmq.MessageTracker], list[tuple[str, int]]]] = []
+        self.shares = handles.shares
+        # zero-copy sends still in libzmq's hands: (trackers, [(region, offset)], client, bytes)
+        self._in_flight: list[_InFlight] = []
 
     # ------------------------------------------------------------------ plain messages
     def _route(self, envelope: list[Any]) -> tuple[zmq.Socket[Any], list[Any]]:
@@ -96,7 +100,7 @@ class Responder:
                 "parameters": params,
             }
         )
-        if not large:  # copied into the message: the slots are free again at once
+        if not large or self.shares.over(req.envelope[0]):  # copied: the slots are free at once
             sock, envelope = self._route(req.envelope)
             send_parts(sock, [*envelope, _EMPTY, encoded, *frames])
             for out in outputs:
@@ -112,8 +116,8 @@ class Responder:
         outputs: Sequence[TensorRef],
     ) -> None:
         """Large frames go zero-copy from shared memory; their slots wait for libzmq."""
-        sock, envelope = self._route(envelope)
-        for part in envelope:
+        sock, route = self._route(envelope)
+        for part in route:
             sock.send(part, SNDMORE, copy=True)
         sock.send(_EMPTY, SNDMORE)
         sock.send(header, SNDMORE, copy=True)
@@ -128,21 +132,22 @@ class Responder:
         slots = [(out.region, out.offset) for out in outputs]
         for region, _ in slots:
             self.outputs.hold(region)
-        self._in_flight.append((trackers, slots))
-
-    def _release_slots(self, slots: list[tuple[str, int]]) -> None:
-        for region, offset in slots:
-            self.outputs.free(region, offset)
+        nbytes = sum(out.byte_size for out in outputs)
+        self.shares.hold(envelope[0], nbytes)
+        self._in_flight.append((trackers, slots, envelope[0], nbytes))
 
     def poll(self) -> bool:
         """Free the slots of zero-copy sends libzmq has finished; True while some remain."""
         if not self._in_flight:
             return False
         still = []
-        for trackers, slots in self._in_flight:
+        for sent in self._in_flight:
+            trackers, slots, client, nbytes = sent
             if all(t.done for t in trackers):
-                self._release_slots(slots)
+                for region, offset in slots:
+                    self.outputs.free(region, offset)
+                self.shares.free(client, nbytes)
             else:
-                still.append((trackers, slots))
+                still.append(sent)
         self._in_flight = still
         return bool(still)

@@ -18,7 +18,7 @@ import zmq
 
 from inferpool.broker.front.clients import ClientTracker
 from inferpool.broker.front.handles import Handles
-from inferpool.broker.front.peers import SECURE_TAG, Peer, require_access
+from inferpool.broker.front.peers import SECURE_TAG, UNKNOWN, Peer, require_access
 from inferpool.broker.front.registrations import Registrations
 from inferpool.broker.front.router import Handler
 from inferpool.shm import cuda
@@ -93,11 +93,18 @@ class SharedMemory:
         return None
 
     def request_arrived(self, client: bytes, header: dict[str, Any]) -> None:
-        """Releases carried by an inference request come first, then the request itself."""
+        """Releases carried by an inference request come first, then the request itself,
+        unless its client is over its share of output memory."""
         release = header.get("release")
         if release:
             self.handles.release(client, release)
         self.clients.seen(client)
+        self.clients.peer(client, self._source)  # known from now on, for its outputs' share
+        self.handles.shares.admit(client)
+
+    def principal(self, client: bytes) -> str:
+        """Whose limits ``client`` counts against (a connection looked at already)."""
+        return (self.clients.known(client) or UNKNOWN).principal
 
     # ------------------------------------------------------------------ system regions
     def register_system(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
@@ -112,8 +119,9 @@ class SharedMemory:
         size = _count(h, "byte_size")
         if size == 0:
             raise invalid_arg("create_shared_memory_region needs a byte_size above 0")
-        require_access(self._track(e[0]), "create shared-memory regions")
-        reg = self.registrations.create(e[0], name, size)
+        peer = self._track(e[0])
+        require_access(peer, "create shared-memory regions")
+        reg = self.registrations.create(e[0], name, size, peer.principal)
         return {"key": "/" + reg.key, "byte_size": reg.byte_size}
 
     def unregister_system(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
@@ -190,6 +198,7 @@ class SharedMemory:
         return {"lease_timeout": self.clients.silence_s}
 
     def lease_status(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
+        self.clients.peer(e[0], self._source)
         leases = self.handles.leases
         return {
             "leases": leases.held_by(e[0]),
@@ -197,6 +206,8 @@ class SharedMemory:
             "clients": len(self.clients),
             "registrations": len(self.registrations),
             "lease_timeout": self.clients.silence_s,
+            "output_held": self.handles.shares.held_by(e[0]),
+            "output_share": self.handles.shares.share,
         }
 
     # ------------------------------------------------------------------ clients coming and going

@@ -6,7 +6,6 @@ import secrets
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 
 import numpy as np
 import posix_ipc
@@ -87,64 +86,53 @@ def _in_child(code: str, timeout: float = 10) -> subprocess.CompletedProcess[str
     )
 
 
-@pytest.fixture
-def planted() -> Iterator[list[str]]:
-    """Paths a test plants in /dev/shm under names of runs that do not exist; removed after."""
-    paths: list[str] = []
-    yield paths
-    for path in paths:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-
-
-def test_sweep_neither_blocks_on_nor_follows_nor_trusts_foreign_files(planted, tmp_path) -> None:
+def test_sweep_neither_blocks_on_nor_follows_nor_trusts_foreign_files(tmp_path) -> None:
     """A FIFO, a symlink or another user's file named like a run's lock or region: the sweep
-    returns at once, touches no target, and leaves what is not ours alone."""
-    fifo_run, link_run, foreign_run = (secrets.token_hex(5) for _ in range(3))
-    fifo = f"/dev/shm/{region_name(fifo_run, 'lock')}"
-    os.mkfifo(fifo, 0o600)
-    planted.append(fifo)
+    returns at once, touches no target, and leaves what is not ours alone.  (In a directory
+    standing in for /dev/shm: a FIFO in the real one would hang other brokers' older code.)"""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    fifo_run, link_run, foreign_run, dead_run = (secrets.token_hex(5) for _ in range(4))
+    os.mkfifo(shm / region_name(fifo_run, "lock"), 0o600)
     target = tmp_path / "precious"
     target.write_text("keep me")
-    for tag in ("lock", "arena"):  # a dead run whose lock and region are symlinks
-        path = f"/dev/shm/{region_name(link_run, tag)}"
-        os.symlink(target, path)
-        planted.append(path)
-    for tag in ("lock", "arena"):  # a run of another user (nobody): not ours to judge
-        path = f"/dev/shm/{region_name(foreign_run, tag)}"
-        with open(path, "w"):
-            pass
-        os.chown(path, 65534, 65534)
-        planted.append(path)
+    for tag in ("lock", "arena"):
+        os.symlink(target, shm / region_name(link_run, tag))  # a dead run's names as symlinks
+        other = shm / region_name(foreign_run, tag)  # a run of another user (nobody)
+        other.touch()
+        os.chown(other, 65534, 65534)
+        (shm / region_name(dead_run, tag)).touch()  # a dead run of ours: swept
     done = _in_child(
-        """
-        from inferpool.shm.runs import sweep_dead_runs, run_is_alive
-        removed = sweep_dead_runs()
-        print(sorted(removed))
+        f"""
+        from inferpool.shm.runs import sweep_dead_runs
+        print(sorted(sweep_dead_runs({str(shm)!r})))
         """
     )
     assert done.returncode == 0, done.stderr
     assert target.read_text() == "keep me"
-    for tag in ("lock", "arena"):
-        assert os.path.exists(f"/dev/shm/{region_name(foreign_run, tag)}")
-    for tag in ("lock", "arena"):  # not regular files of ours: left alone, not followed
-        assert os.path.islink(f"/dev/shm/{region_name(link_run, tag)}")
-    assert os.path.exists(fifo)
-
-
-def test_a_fifo_named_like_a_lock_does_not_hang_a_broker_start(planted, short_tmp) -> None:
-    fifo = f"/dev/shm/{region_name('0123456789', 'lock')}"
-    if not os.path.exists(fifo):
-        os.mkfifo(fifo, 0o600)
-        planted.append(fifo)
-    done = _in_child(
-        f"""
-        import contextlib
-        from inferpool.broker.endpoints import open_run
-        with contextlib.ExitStack() as stack:
-            print(open_run(stack, {str(short_tmp / "run")!r}))
-        """
+    assert sorted(os.listdir(shm)) == sorted(
+        [region_name(fifo_run, "lock")]
+        + [region_name(run, tag) for run in (link_run, foreign_run) for tag in ("lock", "arena")]
     )
+    assert done.stdout.strip() == str(sorted(region_name(dead_run, t) for t in ("arena", "lock")))
+
+
+def test_a_fifo_named_like_a_lock_does_not_hang_a_broker_start(short_tmp) -> None:
+    fifo = f"/dev/shm/{region_name(secrets.token_hex(5), 'lock')}"
+    os.mkfifo(fifo, 0o600)
+    try:
+        done = _in_child(
+            f"""
+            import contextlib
+            from inferpool.broker.endpoints import open_run
+            with contextlib.ExitStack() as stack:
+                print(open_run(stack, {str(short_tmp / "run")!r}))
+            """
+        )
+    finally:
+        with contextlib.suppress(OSError):  # free any other program's sweep blocked on it
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        os.unlink(fifo)
     assert done.returncode == 0, done.stderr
     assert not regions_of_run(done.stdout.strip())
 

@@ -24,7 +24,9 @@ def regs(shm_clean: None) -> Iterator[tuple[Registrations, dict[int, object], di
     lock = RunLock()
     inflight: dict[int, object] = {}
     unmaps: dict[bytes, list[str]] = {}
-    r = Registrations(lock.run_id, 1 << 20, False, inflight, lambda: [b"w0", b"w1"], unmaps)
+    r = Registrations(
+        lock.run_id, 1 << 20, 1 << 21, False, inflight, lambda: [b"w0", b"w1"], unmaps
+    )
     try:
         yield r, inflight, unmaps
     finally:
@@ -82,14 +84,14 @@ def test_bad_registrations_say_what_is_wrong(regs, user_object) -> None:
     assert code is Code.INVALID_ARG and "reserved" in msg
     code, msg = code_of(r.register_cuda, A, "g", b"short", 0, 8)
     assert code is Code.INVALID_ARG and "64-byte" in msg
-    code, msg = code_of(r.create, A, "big", 2 << 20)
+    code, msg = code_of(r.create, A, "big", 2 << 20, "process 1")
     assert code is Code.INVALID_ARG and "--max-client-shm" in msg
     assert code_of(r.unregister, A, "x", False)[0] is Code.NOT_FOUND
 
 
 def test_regions_retire_only_after_the_requests_admitted_before(regs, user_object) -> None:
     r, inflight, unmaps = regs
-    created = r.create(A, "inputs", 64 << 10)
+    created = r.create(A, "inputs", 64 << 10, "process 1")
     assert created.created is not None and exists(created.key)
     assert os.stat(f"/dev/shm/{created.key}").st_mode & 0o777 == 0o600
     r.register_system(A, "user", user_object, 0, 4096, ME)
@@ -110,7 +112,7 @@ def test_a_cuda_unregister_is_answered_once_every_worker_closed_its_mapping() ->
     inflight: dict[int, object] = {}
     unmaps: dict[str, list[str]] = {}
     workers = ["w0", "w1", "w2"]
-    r = Registrations("0123456789", 0, False, inflight, lambda: list(workers), unmaps)
+    r = Registrations("0123456789", 0, 0, False, inflight, lambda: list(workers), unmaps)
     r.register_cuda(A, "g", bytes(64), 0, 4096)
     inflight[7] = object()  # a request that may read the region
     answers: list[list[str]] = []
