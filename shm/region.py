@@ -104,9 +104,7 @@ class Region:
         """Drop this process's mapping.  Views still alive keep it until they are released."""
         if self._map is None:
             return
-        self.buf.release()
-        with contextlib.suppress(BufferError):  # live numpy views keep it until they go
-            self._map.close()
+        unmap(self.buf, self._map)
         self._map = None
 
     def unlink(self) -> None:
@@ -127,6 +125,13 @@ class Region:
 
     def __exit__(self, *exc: Any) -> None:
         self.destroy()
+
+
+def unmap(buf: memoryview, mapping: mmap.mmap) -> None:
+    """Release ``buf`` and close ``mapping`` (live numpy views keep it until they go)."""
+    buf.release()
+    with contextlib.suppress(BufferError):
+        mapping.close()
 
 
 def _prefault(mapping: mmap.mmap, size: int, interrupt: Callable[[], None] | None) -> None:

@@ -19,12 +19,12 @@ instance (``broker.models.blame``: the worker is respawned, the crash is not cou
 
 from __future__ import annotations
 
-import contextlib
 import mmap
 import os
 import stat
 
 from inferpool.shm.names import check_name
+from inferpool.shm.region import unmap
 
 SHM_DIR = "/dev/shm"
 PAGE = mmap.PAGESIZE
@@ -99,9 +99,7 @@ class ObjectWindow:
     def close(self) -> None:
         if self._map is None:
             return
-        self.buf.release()
-        with contextlib.suppress(BufferError):  # live numpy views keep it until they go
-            self._map.close()
+        unmap(self.buf, self._map)
         self._map = None
         os.close(self._fd)
 

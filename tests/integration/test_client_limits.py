@@ -4,34 +4,25 @@ server, and a share of output memory per client, with real clients in real proce
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from inferpool.client import Client, InferpoolError, ShmClient
-from tests.support import EXAMPLES, Server
+from tests.support import Server, serving_examples
 
 MiB = 1 << 20
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    tmp = Path(tempfile.mkdtemp(prefix="ipt-", dir="/tmp"))
     limits = ["--max-client-shm", "4M", "--max-shm-total", "6M", "--client-output-share", "4M"]
-    try:
-        with Server(tmp, EXAMPLES, *limits) as srv:
-            yield srv
-        assert srv.proc.returncode == 0, srv.log()
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    yield from serving_examples(*limits)
 
 
 def client_process(server: Server, code: str) -> subprocess.Popen[str]:

@@ -4,11 +4,9 @@ quickly and clearly), and an ipc socket's directory that must be the server's ow
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +16,7 @@ import pytest
 
 from inferpool.client import Client, InferpoolError, ShmClient
 from inferpool.shm.region import Region
-from tests.support import EXAMPLES, Server
+from tests.support import EXAMPLES, Server, serving_examples
 
 
 def keygen(directory: Path, name: str) -> None:
@@ -45,15 +43,9 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(keys: Path) -> Iterator[Server]:
-    tmp = Path(tempfile.mkdtemp(prefix="ipt-", dir="/tmp"))  # ipc paths must stay short
     args = ["--curve-secret-key", str(keys / "server.key_secret")]
     args += ["--curve-authorized-keys", str(keys / "authorized")]
-    try:
-        with Server(tmp, EXAMPLES, *args, tcp=True) as srv:
-            yield srv
-        assert srv.proc.returncode == 0, srv.log()
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    yield from serving_examples(*args, tcp=True)
 
 
 def refused_quickly(endpoint: str, **keys: str) -> InferpoolError:

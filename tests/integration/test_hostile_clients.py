@@ -10,13 +10,10 @@ import contextlib
 import mmap
 import os
 import secrets
-import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,19 +21,13 @@ import pytest
 
 from inferpool.client import Client, InferpoolError, ShmClient
 from inferpool.shm.region import Region
-from tests.support import EXAMPLES, Server
+from tests.support import Server, serving_examples, shm_input
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    tmp = Path(tempfile.mkdtemp(prefix="ipt-", dir="/tmp"))
-    try:
-        args = ("--max-client-shm", "8M", "--ipc-access", "group")  # group root: nobody below
-        with Server(tmp, EXAMPLES, *args, tcp=True) as srv:
-            yield srv
-        assert srv.proc.returncode == 0, srv.log()
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    # --ipc-access group: user nobody in group root (below) may connect
+    yield from serving_examples("--max-client-shm", "8M", "--ipc-access", "group", tcp=True)
 
 
 def refused(c: Client, **fields: object) -> InferpoolError:
@@ -75,18 +66,7 @@ def infer_from(c: Client, region: str, nbytes: int, offset: int = 0) -> dict[str
     header = {
         "type": "infer",
         "model_name": "identity",
-        "inputs": [
-            {
-                "name": "INPUT0",
-                "datatype": "FP32",
-                "shape": [nbytes // 4],
-                "parameters": {
-                    "shared_memory_region": region,
-                    "shared_memory_offset": offset,
-                    "shared_memory_byte_size": nbytes,
-                },
-            }
-        ],
+        "inputs": [shm_input(region, nbytes, offset)],
     }
     reply, _frames = c._recv(c._send(header), 20)
     return reply
