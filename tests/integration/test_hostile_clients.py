@@ -229,3 +229,20 @@ def test_input_slots_are_scrubbed_once_the_request_is_done(server) -> None:
         found = int(np.count_nonzero(arena_data == np.float32(1234.5)))
         del arena_data
     assert found == 0, f"{found} values of an earlier request are still in the arena"
+
+
+def test_only_a_clients_own_process_may_keep_it_alive(server) -> None:
+    with ShmClient(server.endpoint, input_bytes=1 << 20) as mine:
+        c = mine.routing_id.hex()
+        mine.call("keepalive", client=c)  # its own helper socket does this
+        done = as_nobody(
+            f"""
+            from inferpool.client import Client, InferpoolError
+            with Client({server.ipc!r}) as c:
+                try:
+                    c.call("keepalive", client={c!r})
+                except InferpoolError as err:
+                    print(err.code.value, err.message)
+            """
+        )
+        assert done.stdout.startswith("INVALID_ARG") and "own process" in done.stdout, done
