@@ -130,7 +130,8 @@ def test_an_existing_ipc_directory_is_made_the_servers_alone(short_tmp) -> None:
     mine = short_tmp / "open"
     mine.mkdir()
     os.chmod(mine, 0o777)
-    server = Server(mine, EXAMPLES)
+    (short_tmp / "empty").mkdir()
+    server = Server(mine, short_tmp / "empty")
     with server:
         assert stat.S_IMODE(os.stat(mine).st_mode) == 0o700
     assert server.proc.returncode == 0
