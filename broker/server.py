@@ -81,6 +81,7 @@ class Broker:
             topology = Topology.discover()
             planner = Planner(topology, parse_host_policies(opts.host_policies, topology), opts.pin)
             check_gpu_limits(opts.model_load_gpu_limit, topology)
+            curve = opts.curve_keys()  # unusable keys fail the start before anything is made
             self.run_id = run_id = open_run(stack, opts.run_dir)
             arena_region = region_name(run_id, "arena")
             if opts.prefault:
@@ -94,7 +95,6 @@ class Broker:
             stack.callback(outputs.close)
             ctx: zmq.Context[Any] = zmq.Context()
             stack.callback(ctx.term)
-            curve = opts.curve_keys()
             fronts = listen(stack, ctx, opts.listen, opts.ipc_access == "group", curve)
             self.frontend, self.secure = fronts.plain, fronts.secure
             self.poller = zmq.Poller()
