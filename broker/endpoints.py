@@ -1,9 +1,14 @@
 """What a run owns outside its components: the run lock with the run's regions, and the
-clients' socket with its endpoints.
+clients' sockets with their endpoints.
 
 Each is entered in the broker's ExitStack as it is made, with its undoing: the run's
 regions are unlinked (anything a worker asked for included) before the lock that marks the
 run alive is released; an ipc endpoint's path is removed with the socket.
+
+An ipc socket's directory decides who may connect, so it must be the server's own: a
+directory of another user, a symlink, or a shared one like /tmp (sticky) is refused, and
+the directory is made 0700 (0750 with ``--ipc-access group``: members of its group may
+connect, the socket made 0660) even when it existed already.
 """
 
 from __future__ import annotations
@@ -13,13 +18,16 @@ import errno
 import logging
 import os
 import socket
+import stat
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import posix_ipc
 import zmq
 
-from inferpool.shm.runs import RunLock, regions_of_run, sweep_dead_runs
+from inferpool.broker.curve import CurveKeys, secure
+from inferpool.shm.runs import SHM_DIR, RunLock, ours, regions_of_run, sweep_dead_runs
 from inferpool.wire.errors import Code, InferpoolError
 
 log = logging.getLogger("inferpool.broker")
@@ -38,35 +46,81 @@ def open_run(stack: contextlib.ExitStack, run_dir: str) -> str:
     return lock.run_id
 
 
+@dataclass(frozen=True)
+class Frontends:
+    """The clients' ROUTER sockets: ``plain`` (ipc, and tcp without CURVE) and ``secure``
+    (the tcp endpoints, when CURVE is on)."""
+
+    plain: zmq.Socket[Any]
+    secure: zmq.Socket[Any] | None = None
+
+    @property
+    def sockets(self) -> list[zmq.Socket[Any]]:
+        return [self.plain] if self.secure is None else [self.plain, self.secure]
+
+
 def listen(
-    stack: contextlib.ExitStack, ctx: zmq.Context[Any], endpoints: Iterable[str]
-) -> zmq.Socket[Any]:
-    """The clients' ROUTER socket, bound to every endpoint."""
-    sock = ctx.socket(zmq.ROUTER)
-    stack.callback(sock.close, 0)
-    sock.setsockopt(zmq.LINGER, 0)
+    stack: contextlib.ExitStack,
+    ctx: zmq.Context[Any],
+    endpoints: Iterable[str],
+    ipc_group: bool = False,
+    curve: CurveKeys | None = None,
+) -> Frontends:
+    """The clients' ROUTER sockets, bound to every endpoint."""
+    plain = _router(stack, ctx)
+    tcp = None
+    if curve is not None:
+        tcp = _router(stack, ctx)
+        secure(stack, ctx, tcp, curve)
     for endpoint in endpoints:
         path = endpoint[len("ipc://") :] if endpoint.startswith("ipc://") else ""
-        if path:
-            os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+        if path and not path.startswith("@"):
+            _socket_directory(endpoint, os.path.dirname(os.path.abspath(path)), ipc_group)
             if _unix_socket_in_use(path):
                 raise InferpoolError(
                     Code.UNAVAILABLE, f"cannot listen on {endpoint}: another server is using it"
                 )
+        sock = tcp if tcp is not None and endpoint.startswith("tcp://") else plain
         try:
             sock.bind(endpoint)
         except zmq.ZMQError as exc:
             raise InferpoolError(Code.UNAVAILABLE, f"cannot listen on {endpoint}: {exc}") from None
-        if path:
+        if path and not path.startswith("@"):
             stack.callback(_remove, path)
-        log.info("listening on %s", endpoint)
+            if ipc_group:
+                os.chmod(path, 0o660)
+        log.info("listening on %s%s", endpoint, " (CURVE)" if sock is tcp else "")
+    return Frontends(plain, tcp)
+
+
+def _router(stack: contextlib.ExitStack, ctx: zmq.Context[Any]) -> zmq.Socket[Any]:
+    sock = ctx.socket(zmq.ROUTER)
+    stack.callback(sock.close, 0)
+    sock.setsockopt(zmq.LINGER, 0)
     return sock
 
 
+def _socket_directory(endpoint: str, directory: str, group: bool) -> None:
+    """Make ``directory`` the server's own (0700, or 0750 for ``group``), or refuse it."""
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    st = os.lstat(directory)
+    why = ""
+    if not stat.S_ISDIR(st.st_mode):
+        why = "is not a directory (a symlink?)"
+    elif st.st_uid != os.geteuid():
+        why = f"belongs to uid {st.st_uid}, not to this server's user (uid {os.geteuid()})"
+    elif st.st_mode & stat.S_ISVTX:
+        why = "is shared by every user (like /tmp): give the socket a directory of its own"
+    if why:
+        raise InferpoolError(Code.UNAVAILABLE, f"cannot listen on {endpoint}: {directory} {why}")
+    os.chmod(directory, 0o750 if group else 0o700)
+
+
 def _unlink_run(run_id: str) -> None:
-    """Every region of the run but its lock (e.g. weights a worker asked to share)."""
+    """Every region of the run but its lock (e.g. weights a worker asked to share); a name
+    someone else planted under the run's prefix is not ours to unlink."""
     for name in regions_of_run(run_id):
-        if not name.endswith("-lock"):
+        if not name.endswith("-lock") and ours(os.path.join(SHM_DIR, name)):
             with contextlib.suppress(posix_ipc.ExistentialError):
                 posix_ipc.unlink_shared_memory("/" + name)
 

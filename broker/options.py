@@ -10,8 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
+from inferpool.broker.curve import CurveKeys, load_server_keys
 from inferpool.broker.kserve.service import FrontendOptions
 from inferpool.broker.pool.supervisor import SupervisorOptions
+from inferpool.wire.errors import invalid_arg
 from inferpool.wire.paths import DEFAULT_TCP, default_ipc_endpoint, default_run_dir
 
 MiB = 1 << 20
@@ -27,12 +29,18 @@ class ServerOptions:
     model_repository: str
     listen: tuple[str, ...] = field(default_factory=default_listen)
     run_dir: str = field(default_factory=default_run_dir)
+    # who may connect: the ipc socket's directory ("user": 0700, "group": 0750), CURVE on tcp
+    ipc_access: str = "user"
+    curve_secret_key: str = ""  # the server's certificate (with its secret key)
+    curve_authorized_keys: str = ""  # a directory of the clients' public certificates
     # shared memory
     arena_size: int = 256 * MiB
     output_arena_size: int = 256 * MiB
     max_request_bytes: int = 256 * MiB
     prefault: bool = True
-    max_client_shm: int = 1024 * MiB  # server-made regions per client
+    max_client_shm: int = 1024 * MiB  # server-made regions per client process (tcp: host)
+    max_shm_total: int = 4096 * MiB  # server-made regions of all clients together
+    client_output_share: int = 0  # output bytes one client may hold; 0: half an output arena
     lease_timeout: float = 60.0  # seconds a client holding leases may stay silent
     # models
     model_control_mode: str = "none"  # "none" or "explicit"
@@ -67,6 +75,11 @@ class ServerOptions:
         return self.model_control_mode == "explicit"
 
     @property
+    def output_share(self) -> int:
+        """The output bytes one client (process, tcp host) may hold before it must read."""
+        return self.client_output_share or self.output_arena_size // 2
+
+    @property
     def request_limit(self) -> int:
         """The most tensor bytes one request may bring: it must fit in the arena."""
         return min(self.max_request_bytes, self.arena_size)
@@ -77,6 +90,17 @@ class ServerOptions:
         return FrontendOptions(
             request_limit=self.request_limit, **{name: getattr(self, name) for name in names}
         )
+
+    def curve_keys(self) -> CurveKeys | None:
+        """The CURVE keys of the tcp endpoints (None: plain tcp); INVALID_ARG if unusable."""
+        if not self.curve_secret_key and not self.curve_authorized_keys:
+            return None
+        if not self.curve_secret_key or not self.curve_authorized_keys:
+            raise invalid_arg(
+                "CURVE needs both --curve-secret-key (the server's key) and "
+                "--curve-authorized-keys (the clients it lets in)"
+            )
+        return load_server_keys(self.curve_secret_key, self.curve_authorized_keys)
 
     def supervisor(self) -> SupervisorOptions:
         """The supervisor's slice (its fields are named as here)."""

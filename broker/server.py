@@ -24,10 +24,12 @@ from inferpool.broker.front.control import Control, Readiness
 from inferpool.broker.front.handles import Handles
 from inferpool.broker.front.inference import Inference
 from inferpool.broker.front.metrics import BrokerCollector, MetricsEndpoint
+from inferpool.broker.front.peers import SECURE_TAG
 from inferpool.broker.front.registrations import Registrations
 from inferpool.broker.front.responder import Responder
 from inferpool.broker.front.router import Router
 from inferpool.broker.front.shared_memory import EXTENSIONS, SharedMemory
+from inferpool.broker.front.shares import OutputShares
 from inferpool.broker.kserve.service import Frontends
 from inferpool.broker.models import repository
 from inferpool.broker.models.manager import Manager, Worker
@@ -51,6 +53,12 @@ from inferpool.wire.zmqio import NOBLOCK, recv_frames
 log = logging.getLogger("inferpool.broker")
 HOUSEKEEPING_S = 0.05
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+MiB = 1 << 20
+
+
+class StartInterrupted(Exception):
+    """SIGTERM or SIGINT arrived while the broker was being built: nothing it made is left."""
 
 
 class Broker:
@@ -66,29 +74,39 @@ class Broker:
         self._workers_stopping = False
         with contextlib.ExitStack() as stack:
             stack.callback(sd_notify, "STATUS=stopped")
-            # the run: what loads, where it may run, its lock, regions, signals and socket
+            # signals first: a stop asked for while the run is built undoes what exists
+            self._wake = self._catch_signals(stack)
+            # the run: what loads, where it may run, its lock, regions and socket
             self._initial = _initial_models(opts)
             self._pending_start = set(self._initial)
             topology = Topology.discover()
             planner = Planner(topology, parse_host_policies(opts.host_policies, topology), opts.pin)
             check_gpu_limits(opts.model_load_gpu_limit, topology)
+            curve = opts.curve_keys()  # unusable keys fail the start before anything is made
             self.run_id = run_id = open_run(stack, opts.run_dir)
             arena_region = region_name(run_id, "arena")
-            arena = Arena(Region.create(arena_region, opts.arena_size, prefault=opts.prefault))
+            if opts.prefault:
+                log.info("pre-faulting the input arena (%d MiB)", opts.arena_size // MiB)
+            region = Region.create(
+                arena_region, opts.arena_size, prefault=opts.prefault, interrupt=self._interrupted
+            )
+            arena = Arena(region)
             stack.callback(arena.destroy)
             outputs = OutputRegions(run_id, opts.output_arena_size, opts.prefault)
             stack.callback(outputs.close)
-            self._wake = self._catch_signals(stack)
             ctx: zmq.Context[Any] = zmq.Context()
             stack.callback(ctx.term)
-            self.frontend = listen(stack, ctx, opts.listen)
+            fronts = listen(stack, ctx, opts.listen, opts.ipc_access == "group", curve)
+            self.frontend, self.secure = fronts.plain, fronts.secure
             self.poller = zmq.Poller()
-            self.poller.register(self.frontend, zmq.POLLIN)
+            for sock in fronts.sockets:
+                self.poller.register(sock, zmq.POLLIN)
             self.poller.register(self._wake, zmq.POLLIN)
             self.channels: dict[int, Worker] = {}  # worker channel fd -> its worker
             # answers (the front's) first: the models answer requests through them
-            handles = Handles(LeaseTable(run_id), outputs)
-            self.responder = Responder(self.frontend, outputs, handles)
+            shares = OutputShares(opts.output_share, lambda client: self.shm.principal(client))
+            handles = Handles(LeaseTable(run_id), outputs, shares)
+            self.responder = Responder(self.frontend, outputs, handles, self.secure)
             # models and their workers
             self.registry = Registry()
             self.manager = manager = Manager(
@@ -109,6 +127,7 @@ class Broker:
             registrations = Registrations(
                 run_id,
                 opts.max_client_shm,
+                opts.max_shm_total,
                 opts.prefault,
                 manager.inflight,
                 lambda: [h.identity for h in supervisor.alive()],
@@ -118,7 +137,7 @@ class Broker:
             self.shm = SharedMemory(
                 registrations,
                 handles,
-                self.frontend,
+                fronts.sockets,
                 opts.lease_timeout,
                 self.responder.send,
                 len(topology.gpus),
@@ -147,6 +166,7 @@ class Broker:
                 self.responder,
                 [control.handlers(), inference.handlers(), self.shm.handlers()],
                 self.shm.arrived,
+                reserved=SECURE_TAG if self.secure is not None else b"",
             )
             self.metrics: MetricsEndpoint | None = None
             if opts.metrics_port:
@@ -163,6 +183,7 @@ class Broker:
                 self.frontend.bind(inproc)
                 stack.callback(Frontends(ctx, inproc, frontends).close)
             stack.callback(supervisor.kill_all)
+            self._interrupted()
             self._stack = stack.pop_all()
 
     def _catch_signals(self, stack: contextlib.ExitStack) -> socket.socket:
@@ -177,6 +198,14 @@ class Broker:
         for sig in SIGNALS:
             stack.callback(signal.signal, sig, signal.signal(sig, self._on_signal))
         return wake_r
+
+    def _interrupted(self) -> None:
+        """While the run is built: raise StartInterrupted if a stop signal has come."""
+        for signum in self._signals:
+            if signum in STOP_SIGNALS:
+                name = signal.Signals(signum).name
+                log.info("the start was interrupted by %s: undoing what was made", name)
+                raise StartInterrupted(f"the start was interrupted by {name}")
 
     def close(self) -> None:
         """Release everything this run created; safe to call more than once."""
@@ -246,6 +275,8 @@ class Broker:
                         self._from_worker(handle)
                 if self.frontend in events:
                     self._drain_frontend()
+                if self.secure is not None and self.secure in events:
+                    self.router.handle(recv_frames(self.secure, NOBLOCK), SECURE_TAG)
                 if metrics is not None and metrics.socket in events:
                     metrics.answer()
                 if self._wake.fileno() in events or self._signals:
@@ -295,7 +326,7 @@ class Broker:
         for signum in signals:
             if signum == signal.SIGCHLD:
                 self.supervisor.reap()
-            elif signum in (signal.SIGTERM, signal.SIGINT):
+            elif signum in STOP_SIGNALS:
                 self.begin_shutdown(f"received {signal.Signals(signum).name}")
             elif signum == signal.SIGHUP:
                 self.reload()

@@ -95,7 +95,10 @@ class AsyncClient(Connection):
                     waiter.set_result(None)
 
     def _on_monitor(self) -> None:
-        self._answered()
+        if not self._answered() and self._core.handshake.refusal:
+            for future in self._connecting:  # the server refused: no use waiting
+                if not future.done():
+                    future.set_exception(self._core.handshake.failure(0))
 
     def _end_monitor(self) -> None:
         """Connected (or closing): the callers waiting for the handshake go on."""

@@ -11,6 +11,7 @@ from typing import Any, cast
 import zmq
 
 from inferpool.client.core import DEFAULT_TIMEOUT, ClientCore, Exchange
+from inferpool.client.curve import client_keys
 from inferpool.wire.paths import default_endpoint
 from inferpool.wire.zmqio import NOBLOCK, SNDMORE, recv_frames, send_parts
 
@@ -28,12 +29,19 @@ class Connection:
         timeout: float = DEFAULT_TIMEOUT,
         context: zmq.Context[Any] | None = None,
         routing_id: bytes | None = None,
+        curve_server_key: str | bytes | None = None,
+        curve_secret_key: str | None = None,
     ) -> None:
         """``endpoint``: where the server listens (default: $INFERPOOL_ENDPOINT, else the
         default ipc endpoint); ``timeout``: seconds a call waits unless it says otherwise;
         ``context``: a zmq context (default: the process's shared one); ``routing_id``: the
-        socket's identity."""
+        socket's identity; ``curve_server_key`` (the server's public certificate file or
+        key) and ``curve_secret_key`` (this client's secret certificate file): for a tcp
+        endpoint that requires CURVE (client.curve; default: from the environment)."""
         self._core = core = self._new_core(endpoint or default_endpoint(), timeout)
+        tcp = core.endpoint.startswith("tcp://")
+        self._curve = client_keys(curve_server_key, curve_secret_key) if tcp else None
+        core.handshake.curve = self._curve is not None
         # one context (one zmq I/O thread) per process unless given: a client that is never
         # closed then leaves its sockets to the garbage collector, not a context to terminate
         self._ctx = context or zmq.Context.instance()
@@ -41,6 +49,7 @@ class Connection:
         self._sock.setsockopt(zmq.LINGER, 0)
         if routing_id:  # how the server knows this client (its leases, its regions)
             self._sock.setsockopt(zmq.ROUTING_ID, routing_id)
+        self._secure(self._sock)
         self._monitor: zmq.Socket[Any] | None = self._sock.get_monitor_socket(
             addr=f"inproc://inferpool-monitor-{os.getpid()}-{next(_MONITORS)}"
         )  # pyzmq's default address reuses the socket's fd number: unsafe in a shared context
@@ -50,6 +59,11 @@ class Connection:
 
     def _setup(self) -> None:
         """What a subclass adds to a new client (each calls its parent's first)."""
+
+    def _secure(self, sock: zmq.Socket[Any]) -> None:
+        """Give a socket of this client's (before it connects) the client's CURVE keys."""
+        if self._curve is not None:
+            self._curve.apply(sock)
 
     def _new_core(self, endpoint: str, timeout: float) -> ClientCore:
         return ClientCore(endpoint, timeout)

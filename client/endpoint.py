@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import zmq
 
+from inferpool.client.curve import SECRET_KEY_ENV, SERVER_KEY_ENV
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg
 from inferpool.wire.paths import ENDPOINT_ENV
 
@@ -28,6 +29,7 @@ _HANDSHAKE_FAILED = (
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_AUTH
 )
+_MECHANISM_MISMATCH = int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
 _FORMS = "ipc:///path/to/broker.sock, tcp://host:port or host:port"
 
 
@@ -70,14 +72,31 @@ class Handshake:
     def __init__(self, endpoint: Endpoint) -> None:
         self.endpoint = endpoint
         self.done = False
+        self.curve = False  # whether this client speaks CURVE (the client sets it)
+        self.refusal = ""  # why the server's security refused the handshake: no use waiting
         self._seen = 0  # every event so far, or-ed
 
     def event(self, parts: list[zmq.Frame]) -> None:
         """One monitor message (its event id and value, then the endpoint)."""
-        event, _ = _EVENT.unpack_from(parts[0].buffer)
+        event, value = _EVENT.unpack_from(parts[0].buffer)
         self._seen |= event
         if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self.done = True
+        elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            self.refusal = (
+                "the server refused this client's CURVE key: it is not among the keys the "
+                "server authorized (--curve-authorized-keys)"
+            )
+        elif event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == _MECHANISM_MISMATCH:
+            self.refusal = (
+                "the server uses CURVE on this endpoint and this client does not: give it "
+                f"the keys (curve_server_key and curve_secret_key, or ${SERVER_KEY_ENV} and "
+                f"${SECRET_KEY_ENV})"
+                if not self.curve
+                else "this client uses CURVE but the server does not on this endpoint"
+            )
+        elif event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and self.curve:
+            self.refusal = "the CURVE handshake failed: is the server key the server's public key?"
 
     @staticmethod
     def window(limit: float) -> float:
@@ -87,10 +106,19 @@ class Handshake:
     def failure(self, waited: float, missing: bool = False) -> InferpoolError:
         """UNAVAILABLE naming the endpoint, what was seen there and what to check."""
         path = self.endpoint.path
+        if self.refusal:
+            return InferpoolError(
+                Code.UNAVAILABLE, f"cannot connect to {self.endpoint.url}: {self.refusal}"
+            )
         if missing:
             seen = f"the socket file {path} does not exist"
         elif self._seen & _HANDSHAKE_FAILED:
-            seen = "the peer there does not speak ZeroMQ's protocol: is it an inferpool server?"
+            seen = (
+                "the peer there does not speak ZeroMQ's protocol: is it an inferpool server? "
+                "(or one that uses CURVE on this endpoint: give this client the keys, "
+                f"curve_server_key and curve_secret_key or ${SERVER_KEY_ENV} and "
+                f"${SECRET_KEY_ENV})"
+            )
         elif self._seen & zmq.EVENT_CONNECTED:
             seen = f"a connection was accepted but no ZeroMQ handshake came within {waited:g}s"
         elif self._seen & zmq.EVENT_CONNECT_RETRIED and path:

@@ -17,6 +17,7 @@ socket of its own, so a client that holds leases and is quiet keeps them.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -43,7 +44,7 @@ class ShmClient(ShmBase, Client):
             if self._input_bytes:
                 self.control(self.session.create_inputs(self._input_bytes))
             if self._keepalive:
-                self._keeper = _KeepAlive(self._ctx, self.session, self.routing_id)
+                self._keeper = _KeepAlive(self._ctx, self.session, self.routing_id, self._secure)
                 self._keeper.start()
         except BaseException:
             self.close()
@@ -103,9 +104,17 @@ class _KeepAlive(threading.Thread):
     """Sends the keep-alives the session asks for, naming the client, on a socket of its own
     (the client's socket belongs to the caller's thread)."""
 
-    def __init__(self, ctx: zmq.Context[Any], session: ShmSession, routing_id: bytes) -> None:
+    def __init__(
+        self,
+        ctx: zmq.Context[Any],
+        session: ShmSession,
+        routing_id: bytes,
+        secure: Callable[[zmq.Socket[Any]], None],
+    ) -> None:
+        """``secure`` gives its socket the client's CURVE keys."""
         super().__init__(name="inferpool-keepalive", daemon=True)
         self._ctx = ctx
+        self._secure = secure
         self._session = session
         self._routing_id = routing_id
         self._halt = threading.Event()
@@ -115,6 +124,7 @@ class _KeepAlive(threading.Thread):
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDTIMEO, 0)  # a server that is gone must not pile them up
+        self._secure(sock)
         sock.connect(session.endpoint)
         try:
             while not self._halt.wait(session.keepalive_in()):

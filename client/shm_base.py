@@ -28,14 +28,23 @@ class ShmBase(Connection):
         input_bytes: int = DEFAULT_INPUT_BYTES,
         keepalive: bool = True,
         context: zmq.Context[Any] | None = None,
+        curve_server_key: str | bytes | None = None,
+        curve_secret_key: str | None = None,
     ) -> None:
         """``input_bytes``: size of the input region the server creates for this client
         (0: none, for callers that only read outputs as handles); ``keepalive``: keep the
-        leases of a quiet client (on by default)."""
+        leases of a quiet client (on by default); the rest as for Client."""
         self.routing_id = b"shm." + secrets.token_bytes(12)  # names it in keep-alives
         self._input_bytes = input_bytes
         self._keepalive = keepalive
-        super().__init__(endpoint, timeout=timeout, context=context, routing_id=self.routing_id)
+        super().__init__(
+            endpoint,
+            timeout=timeout,
+            context=context,
+            routing_id=self.routing_id,
+            curve_server_key=curve_server_key,
+            curve_secret_key=curve_secret_key,
+        )
 
     def _new_core(self, endpoint: str, timeout: float) -> ClientCore:
         self.session = ShmSession(endpoint, timeout)

@@ -87,6 +87,8 @@ class Client(Connection):
         while self._monitor is not None and (left := deadline - time.monotonic()) > 0:
             if self._monitor.poll(max(1, int(left * 1000))) and self._answered():
                 return
+            if self._core.handshake.refusal:
+                break
         raise self._core.handshake.failure(window)
 
     def _send(self, header: Header, frames: Sequence[Any] = ()) -> str:

@@ -95,6 +95,26 @@ def add_serve(sub: Any) -> None:
         f"and {DEFAULT_TCP})",
     )
     p.add_argument(
+        "--ipc-access",
+        choices=("user", "group"),
+        default="user",
+        help="who may connect to an ipc endpoint: its directory is made 0700 (user) or 0750 "
+        "with the socket 0660 (group: members of the directory's group)",
+    )
+    p.add_argument(
+        "--curve-secret-key",
+        default="",
+        metavar="FILE",
+        help="serve tcp endpoints with CURVE encryption and authentication: the server's "
+        "secret certificate (inferpool keygen); needs --curve-authorized-keys",
+    )
+    p.add_argument(
+        "--curve-authorized-keys",
+        default="",
+        metavar="DIR",
+        help="the public certificates (*.key) of the clients allowed on tcp endpoints",
+    )
+    p.add_argument(
         "--arena-size",
         type=parse_size,
         default="256M",
@@ -116,7 +136,21 @@ def add_serve(sub: Any) -> None:
         "--max-client-shm",
         type=parse_size,
         default="1G",
-        help="shared memory the server creates for one client's inputs (default 1G)",
+        help="shared memory the server creates for the inputs of one client process (all "
+        "its connections; a tcp host) (default 1G)",
+    )
+    p.add_argument(
+        "--max-shm-total",
+        type=parse_size,
+        default="4G",
+        help="shared memory the server creates for the inputs of all clients (default 4G)",
+    )
+    p.add_argument(
+        "--client-output-share",
+        type=parse_size,
+        default="0",
+        help="output memory one client process (a tcp host) may hold unread or as handles "
+        "before its requests are refused (default: half of --output-arena-size)",
     )
     p.add_argument(
         "--lease-timeout",
@@ -204,11 +238,16 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
     return ServerOptions(
         model_repository=os.path.abspath(args.model_repository or default_repository()),
         listen=tuple(args.listen) if args.listen else default_listen(),
+        ipc_access=args.ipc_access,
+        curve_secret_key=args.curve_secret_key,
+        curve_authorized_keys=args.curve_authorized_keys,
         arena_size=args.arena_size,
         output_arena_size=args.output_arena_size,
         max_request_bytes=args.max_request_bytes,
         prefault=not args.no_prefault,
         max_client_shm=args.max_client_shm,
+        max_shm_total=args.max_shm_total,
+        client_output_share=args.client_output_share,
         lease_timeout=args.lease_timeout,
         model_control_mode=args.model_control_mode,
         load_models=tuple(args.load_model),
@@ -238,7 +277,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from inferpool.broker.server import Broker
+    from inferpool.broker.server import Broker, StartInterrupted
 
     opts = options_from_args(args)
     logging.basicConfig(
@@ -271,4 +310,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except InferpoolError as err:
         print(f"inferpool: {err}", file=sys.stderr)
         return 1
+    except StartInterrupted as stop:
+        print(f"inferpool: {stop}; nothing of the run is left", file=sys.stderr)
+        return 0
     return broker.run()

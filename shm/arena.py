@@ -10,6 +10,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
+import numpy as np
+
 from inferpool.shm.region import Region
 
 ALIGN = 64  # cache line; also satisfies every numpy/torch dtype
@@ -138,11 +140,16 @@ class Allocator:
 
 
 class Arena:
-    """A region plus its allocator: hands out Slots whose memory is a view of the region."""
+    """A region plus its allocator: hands out Slots whose memory is a view of the region.
 
-    def __init__(self, region: Region, align: int = ALIGN) -> None:
+    A freed slot is zeroed (``scrub``): whoever gets the block next, or reads the arena
+    by any path, never sees the bytes of the request that held it.
+    """
+
+    def __init__(self, region: Region, align: int = ALIGN, scrub: bool = True) -> None:
         self.region = region
         self.allocator = Allocator(region.size, align)
+        self._bytes: np.ndarray | None = np.frombuffer(region.buf, np.uint8) if scrub else None
 
     @property
     def name(self) -> str:
@@ -161,9 +168,12 @@ class Arena:
 
     def free(self, slot: Slot) -> None:
         self.allocator.free(slot.offset)
+        if self._bytes is not None and slot.nbytes:
+            self._bytes[slot.offset : slot.offset + slot.nbytes] = 0
 
     def view(self, slot: Slot) -> memoryview:
         return self.region.view(slot.offset, slot.nbytes)
 
     def destroy(self) -> None:
+        self._bytes = None  # its export of the mapping would keep it open
         self.region.destroy()

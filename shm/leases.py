@@ -20,6 +20,7 @@ class Lease:
     owner: bytes
     region: str
     offset: int
+    nbytes: int = 0
 
 
 class LeaseTable:
@@ -29,10 +30,10 @@ class LeaseTable:
         self._leases: dict[str, Lease] = {}
         self._by_owner: dict[bytes, set[str]] = {}
 
-    def grant(self, owner: bytes, region: str, offset: int) -> str:
+    def grant(self, owner: bytes, region: str, offset: int, nbytes: int = 0) -> str:
         self._next += 1
         token = f"{self._prefix}{self._next}"
-        self._leases[token] = Lease(token, owner, region, offset)
+        self._leases[token] = Lease(token, owner, region, offset, nbytes)
         tokens = self._by_owner.get(owner)
         if tokens is None:
             self._by_owner[owner] = tokens = set()

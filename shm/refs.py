@@ -5,8 +5,14 @@ client registered travels as a reference that carries the registration's serial 
 the same key registered again (perhaps a new object under an old name) is a new
 reference, so a worker never reads through a mapping of the object it replaced.
 
-    sys/<serial>/<key>                        a POSIX object the client created
+    sys/<serial>/<dev>.<inode>/<offset>/<byte size>/<key>
+                                              a window of a POSIX object (a client's, or
+                                              one the broker created for it)
     cuda/<serial>/<byte size>/<handle as hex> device memory exported with CUDA IPC
+
+A system reference carries the window the client registered, so a worker maps only that,
+and the inode the broker checked, so a worker refuses an object swapped in under the name
+since (``shm.window``).
 
 A CUDA reference carries the registered byte size, which the worker that opens the handle
 checks against the allocation, and no device number: the client's device numbers are not
@@ -17,6 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from inferpool.shm.names import check_name
+
 CUDA_IPC_HANDLE_SIZE = 64  # sizeof(cudaIpcMemHandle_t)
 
 
@@ -24,8 +32,10 @@ CUDA_IPC_HANDLE_SIZE = 64  # sizeof(cudaIpcMemHandle_t)
 class RegionRef:
     kind: str  # "posix" (the broker's own), "sys" or "cuda"
     name: str  # the POSIX name (no leading slash); "" for cuda
-    byte_size: int = 0  # cuda: the registered size
+    byte_size: int = 0  # sys, cuda: the registered size
     handle: bytes = b""
+    offset: int = 0  # sys: where the registered window starts in the object
+    inode: tuple[int, int] = (0, 0)  # sys: (st_dev, st_ino) of the object the broker checked
 
 
 def posix_name(key: str) -> str:
@@ -33,8 +43,8 @@ def posix_name(key: str) -> str:
     return key[1:] if key.startswith("/") else key
 
 
-def system_ref(serial: int, key: str) -> str:
-    return f"sys/{serial}/{posix_name(key)}"
+def system_ref(serial: int, key: str, inode: tuple[int, int], offset: int, byte_size: int) -> str:
+    return f"sys/{serial}/{inode[0]}.{inode[1]}/{offset}/{byte_size}/{posix_name(key)}"
 
 
 def cuda_ref(serial: int, byte_size: int, handle: bytes) -> str:
@@ -47,9 +57,14 @@ def parse_ref(ref: str) -> RegionRef:
         return RegionRef("posix", ref)
     kind, _, rest = ref.partition("/")
     if kind == "sys":
-        _serial, sep, key = rest.partition("/")
-        if sep and key and "/" not in key:
-            return RegionRef("sys", key)
+        parts = rest.split("/", 4)
+        if len(parts) == 5 and all(p.isdigit() for p in parts[2:4]):
+            dev, dot, ino = parts[1].partition(".")
+            if dot and dev.isdigit() and ino.isdigit():
+                size, offset = int(parts[3]), int(parts[2])
+                return RegionRef(
+                    "sys", check_name(parts[4]), size, b"", offset, (int(dev), int(ino))
+                )
     elif kind == "cuda":
         parts = rest.split("/")
         if len(parts) == 3 and parts[1].isdigit():

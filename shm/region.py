@@ -9,12 +9,16 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+from collections.abc import Callable
 from typing import Any
 
 import posix_ipc
 
+from inferpool.shm.names import check_name
+
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
 _PAGE = mmap.PAGESIZE
+_PREFAULT_CHUNK = 64 << 20  # between chunks, a start being stopped can say so
 
 
 class Region:
@@ -23,6 +27,8 @@ class Region:
     ``name`` is the POSIX name without the leading slash, which is also the file name in
     /dev/shm.  Only creators unlink; attachers just close their mapping.
     """
+
+    base = 0  # the object's byte that buf[0] is (a whole region: its first)
 
     def __init__(self, name: str, mapping: mmap.mmap, size: int, owner: bool, readonly: bool):
         self.name = name
@@ -34,10 +40,22 @@ class Region:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def create(cls, name: str, size: int, *, prefault: bool = True, mode: int = 0o600) -> Region:
-        """Create ``name`` exclusively (mode 0600 by default) and map it read-write."""
+    def create(
+        cls,
+        name: str,
+        size: int,
+        *,
+        prefault: bool = True,
+        mode: int = 0o600,
+        interrupt: Callable[[], None] | None = None,
+    ) -> Region:
+        """Create ``name`` exclusively (mode 0600 by default) and map it read-write.
+
+        ``interrupt`` is called between chunks of the pre-fault: what it raises ends the
+        creation (the name unlinked) and propagates."""
         if size <= 0:
             raise ValueError(f"region size must be positive, got {size}")
+        check_name(name)
         shm = posix_ipc.SharedMemory("/" + name, posix_ipc.O_CREX, mode=mode, size=size)
         try:
             try:
@@ -45,7 +63,7 @@ class Region:
             finally:
                 shm.close_fd()
             if prefault:
-                _prefault(mapping, size)
+                _prefault(mapping, size, interrupt)
             return cls(name, mapping, size, owner=True, readonly=False)
         except BaseException:
             posix_ipc.unlink_shared_memory("/" + name)
@@ -55,6 +73,7 @@ class Region:
     def attach(cls, name: str, *, readonly: bool = False, populate: bool = False) -> Region:
         """Map an existing region; ``populate`` fills the page tables now instead of on touch."""
         flags = posix_ipc.O_RDONLY if readonly else 0
+        check_name(name)
         shm = posix_ipc.SharedMemory("/" + name, flags, read_only=readonly)
         try:
             size = shm.size
@@ -85,9 +104,7 @@ class Region:
         """Drop this process's mapping.  Views still alive keep it until they are released."""
         if self._map is None:
             return
-        self.buf.release()
-        with contextlib.suppress(BufferError):  # live numpy views keep it until they go
-            self._map.close()
+        unmap(self.buf, self._map)
         self._map = None
 
     def unlink(self) -> None:
@@ -110,14 +127,27 @@ class Region:
         self.destroy()
 
 
-def _prefault(mapping: mmap.mmap, size: int) -> None:
+def unmap(buf: memoryview, mapping: mmap.mmap) -> None:
+    """Release ``buf`` and close ``mapping`` (live numpy views keep it until they go)."""
+    buf.release()
+    with contextlib.suppress(BufferError):
+        mapping.close()
+
+
+def _prefault(mapping: mmap.mmap, size: int, interrupt: Callable[[], None] | None) -> None:
     """Allocate every page now, so the request path never takes a first-touch fault."""
+    view = memoryview(mapping)
     try:
-        mapping.madvise(_MADV_POPULATE_WRITE, 0, size)
-    except OSError:
-        view = memoryview(mapping)
-        for off in range(0, size, _PAGE):
-            view[off] = 0
+        for start in range(0, size, _PREFAULT_CHUNK):
+            if interrupt is not None:
+                interrupt()
+            length = min(_PREFAULT_CHUNK, size - start)
+            try:
+                mapping.madvise(_MADV_POPULATE_WRITE, start, length)
+            except OSError:
+                for off in range(start, start + length, _PAGE):
+                    view[off] = 0
+    finally:
         view.release()
 
 

@@ -4,6 +4,11 @@ Every region of a broker run is named ``inferpool-<run>-<tag>``.  The run holds 
 ``flock`` on its lock object ``inferpool-<run>-lock`` for as long as it lives; the kernel drops
 that lock when the process dies, however it dies.  A sweep therefore unlinks exactly the
 regions whose run no longer holds its lock, and never touches a live run's regions.
+
+/dev/shm is writable by every local user, so nothing found there is trusted by its name: a
+lock or region counts only if it is a regular file owned by this user, opened without
+following a symlink or blocking on a FIFO.  Anything else is another user's business (or
+an attack) and is left alone.
 """
 
 from __future__ import annotations
@@ -13,9 +18,8 @@ import fcntl
 import os
 import re
 import secrets
+import stat
 from collections import defaultdict
-
-import posix_ipc
 
 PREFIX = "inferpool-"
 SHM_DIR = "/dev/shm"
@@ -43,7 +47,7 @@ class RunLock:
         self.name = region_name(self.run_id, "lock")
         self._fd: int | None = os.open(
             os.path.join(SHM_DIR, self.name),
-            os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC,
+            os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC,
             0o600,
         )
         try:
@@ -63,15 +67,29 @@ class RunLock:
         self._fd = None
 
 
-def run_is_alive(run_id: str) -> bool:
-    path = os.path.join(SHM_DIR, region_name(run_id, "lock"))
+def ours(path: str) -> bool:
+    """Whether ``path`` is a regular file owned by this user (a symlink is not followed)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
+
+
+def run_is_alive(run_id: str, shm_dir: str = SHM_DIR) -> bool:
+    """Whether the run's lock is held; a lock that is not a regular file of ours counts as
+    alive: not ours to judge (and never opened in a way that could block)."""
+    path = os.path.join(shm_dir, region_name(run_id, "lock"))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return False  # a run without its lock is dead or finishing its own cleanup
-    except PermissionError:
-        return True  # another user's run: not ours to judge
+    except OSError:
+        return True  # a symlink (ELOOP), another user's (EACCES): not ours to judge
     try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            return True
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return True
@@ -81,7 +99,7 @@ def run_is_alive(run_id: str) -> bool:
 
 
 def sweep_dead_runs(shm_dir: str = SHM_DIR) -> list[str]:
-    """Unlink every ``inferpool-`` region whose run is dead; return the names removed."""
+    """Unlink every ``inferpool-`` region of ours whose run is dead; return the names removed."""
     by_run: dict[str, list[str]] = defaultdict(list)
     try:
         entries = os.listdir(shm_dir)
@@ -93,17 +111,16 @@ def sweep_dead_runs(shm_dir: str = SHM_DIR) -> list[str]:
             by_run[run].append(entry)
     removed: list[str] = []
     for run, names in by_run.items():
-        if run_is_alive(run):
+        if run_is_alive(run, shm_dir):
             continue
         lock = region_name(run, "lock")
         for name in sorted(names, key=lambda n: n == lock):  # the lock goes last
+            if not ours(os.path.join(shm_dir, name)):
+                continue
             try:
-                if name == lock:
-                    os.unlink(os.path.join(shm_dir, name))
-                else:
-                    posix_ipc.unlink_shared_memory("/" + name)
+                os.unlink(os.path.join(shm_dir, name))  # shm_unlink is this, in /dev/shm
                 removed.append(name)
-            except (FileNotFoundError, posix_ipc.ExistentialError, PermissionError):
+            except (FileNotFoundError, PermissionError):
                 pass
     return removed
 

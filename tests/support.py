@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -97,6 +100,7 @@ class Server:
         env: dict[str, str] | None = None,
         python: str = sys.executable,
         cwd: Path | None = None,
+        prefault: bool = False,
     ) -> None:
         self.ipc = f"ipc://{tmp}/broker.sock"
         self.endpoints = [self.ipc]
@@ -119,7 +123,6 @@ class Server:
             "32M",
             "--output-arena-size",
             "16M",
-            "--no-prefault",
             "--graceful-timeout",
             "10",
             "--http-port",
@@ -127,6 +130,8 @@ class Server:
             "--grpc-port",
             str(self.grpc_port),
         ]
+        if not prefault:
+            cmd.append("--no-prefault")
         for ep in self.endpoints:
             cmd += ["--listen", ep]
         cmd += list(args)
@@ -213,3 +218,30 @@ class Server:
         finally:
             if self.proc.poll() is None:
                 self.kill()
+
+
+def serving_examples(*args: str, tcp: bool = False) -> Iterator[Server]:
+    """A module fixture body: the example repository served from a short temporary directory
+    (ipc paths must stay short); on the way out the server must stop with 0."""
+    tmp = Path(tempfile.mkdtemp(prefix="ipt-", dir="/tmp"))
+    try:
+        with Server(tmp, EXAMPLES, *args, tcp=tcp) as srv:
+            yield srv
+        assert srv.proc.returncode == 0, srv.log()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def shm_input(region: str, nbytes: int, offset: int = 0, **kw: Any) -> dict[str, Any]:
+    """An FP32 input named INPUT0 whose bytes are in a registered region."""
+    return {
+        "name": "INPUT0",
+        "datatype": "FP32",
+        "shape": [nbytes // 4],
+        "parameters": {
+            "shared_memory_region": region,
+            "shared_memory_offset": offset,
+            "shared_memory_byte_size": nbytes,
+            **kw,
+        },
+    }

@@ -2,7 +2,10 @@
 
 Regions are mapped once and cached: the broker's arena and this worker's output region by
 their POSIX names, regions clients registered by their reference (``shm.refs``), which the
-broker retires with an ``unmap`` once no request can use them any more.  The worker
+broker retires with an ``unmap`` once no request can use them any more.  Of a client's
+object only the registered window is mapped, and it is checked once per batch that uses
+it (``shm.window``): a client that shrank its object gets a request error, not a worker
+killed by SIGBUS.  The worker
 allocates outputs inside the region the broker created for it, or writes them into a
 client's registered window when the request asked so; the broker sends arena slots back
 (``free``) once the client has them.
@@ -21,6 +24,7 @@ from inferpool.shm.arena import Allocator, ArenaFull
 from inferpool.shm.cuda import CudaRegion, CudaUnavailable, RegionTooLarge
 from inferpool.shm.refs import parse_ref
 from inferpool.shm.region import Region
+from inferpool.shm.window import ObjectChanged, ObjectWindow
 from inferpool.wire import codec
 from inferpool.wire.errors import Code, InferpoolError
 from inferpool.wire.worker.messages import Slot, TensorRef, Window
@@ -32,13 +36,19 @@ class WorkerMemory:
     def __init__(self, output_region: str, instance_name: str) -> None:
         self.instance_name = instance_name
         self.output = Region.attach(output_region, populate=True)
-        self._regions: dict[str, Region | CudaRegion] = {self.output.name: self.output}
+        self._regions: dict[str, Mapped] = {self.output.name: self.output}
         self.allocator = Allocator(self.output.size)
+        self.batch = 0  # advanced by the worker before each batch
 
-    def _region(self, ref: str) -> Region | CudaRegion:
+    def _region(self, ref: str) -> Mapped:
         region = self._regions.get(ref)
         if region is None:
             region = self._regions[ref] = _open(ref)
+        if type(region) is ObjectWindow:
+            try:
+                region.check(self.batch)
+            except ObjectChanged as exc:
+                raise InferpoolError(Code.INVALID_ARG, str(exc)) from None
         return region
 
     # ------------------------------------------------------------------ inputs
@@ -47,7 +57,8 @@ class WorkerMemory:
         mapping = self._region(ref.region)
         if isinstance(mapping, CudaRegion):
             return _device_input(mapping, ref, reshape)
-        name, datatype, offset, nbytes = ref.name, ref.datatype, ref.offset, ref.byte_size
+        name, datatype, nbytes = ref.name, ref.datatype, ref.byte_size
+        offset = ref.offset - mapping.base
         if offset < 0 or offset + nbytes > mapping.size:
             raise InferpoolError(
                 Code.INVALID_ARG,
@@ -94,11 +105,12 @@ class WorkerMemory:
         region = self._region(ref)
         if isinstance(region, CudaRegion):
             return ref, offset, region.array(offset, nbytes)
-        if offset + nbytes > region.size:
+        local = offset - region.base
+        if local < 0 or local + nbytes > region.size:
             raise InferpoolError(
                 Code.INVALID_ARG, f"output '{name}' lies outside its shared-memory region"
             )
-        return ref, offset, region.buf[offset : offset + nbytes]
+        return ref, offset, region.buf[local : local + nbytes]
 
     def release(self, region: str, offset: int) -> None:
         if region == self.output.name:
@@ -124,7 +136,10 @@ class WorkerMemory:
         self._regions.clear()
 
 
-def _open(ref: str) -> Region | CudaRegion:
+Mapped = Region | ObjectWindow | CudaRegion
+
+
+def _open(ref: str) -> Mapped:
     """Map the region a work item names (once: the caller caches it)."""
     try:
         parsed = parse_ref(ref)
@@ -144,8 +159,10 @@ def _open(ref: str) -> Region | CudaRegion:
                 Code.INVALID_ARG, f"cannot open the CUDA IPC handle of a region: {exc}"
             ) from None
     try:
+        if parsed.kind == "sys":
+            return ObjectWindow(parsed.name, parsed.inode, parsed.offset, parsed.byte_size)
         return Region.attach(parsed.name, populate=True)
-    except posix_ipc.ExistentialError:
+    except (posix_ipc.ExistentialError, FileNotFoundError):
         raise InferpoolError(
             Code.NOT_FOUND, f"shared-memory object '/{parsed.name}' no longer exists"
         ) from None

@@ -165,6 +165,7 @@ class Worker:
     # ------------------------------------------------------------------ execution
     def _execute(self, msg: Execute) -> None:
         exec_start = now_ns()
+        self.memory.batch += 1  # client regions are checked again, once each
         if self.states is not None:
             self.states.begin(msg.release)
         requests: list[Request] = []

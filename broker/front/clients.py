@@ -1,10 +1,11 @@
-"""Which clients are still there: disconnects from the socket monitor, silence by the clock.
+"""Which clients are still there: disconnects from the socket monitors, silence by the clock.
 
-Only clients that hold something (registrations, leases) are tracked.  A client's zmq
-routing id is tied to its connection through the fd its message came from
-(``zmq.SRCFD``); the ROUTER's monitor reports that fd when the connection closes, however
-the client died.  A client that stays connected but says nothing for longer than the lease
-timeout loses its leases (a live one keeps them with ``keepalive`` messages).
+A client's zmq routing id is tied to its connection through the fd its message came from
+(``zmq.SRCFD``), which also says who the peer is (``front.peers``, looked up once per
+connection, when a rule needs it).  Each ROUTER's monitor reports that fd when the
+connection closes, however the client died: what it held ends then.  Of the clients that
+hold something (registrations, leases), one that stays connected but says nothing for longer
+than the lease timeout loses its leases (a live one keeps them with ``keepalive`` messages).
 """
 
 from __future__ import annotations
@@ -12,43 +13,68 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from inferpool.broker.front.peers import SECURE_TAG, UNKNOWN, Peer, peer_of
+
 log = logging.getLogger("inferpool.clients")
 
 
 @dataclass
 class _Client:
-    fd: int
     last_seen: float
 
 
 class ClientTracker:
     def __init__(
         self,
-        socket: zmq.Socket[Any],
+        sockets: Sequence[zmq.Socket[Any]],
         silence_s: float,
         on_disconnect: Callable[[bytes], None],
         on_silent: Callable[[bytes], None],
     ) -> None:
         self.silence_s = silence_s
-        self._socket = socket
-        self._monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        self._monitor.setsockopt(zmq.LINGER, 0)
+        self._sockets = sockets
+        self._monitors = [s.get_monitor_socket(zmq.EVENT_DISCONNECTED) for s in sockets]
+        for monitor in self._monitors:
+            monitor.setsockopt(zmq.LINGER, 0)
         self._on_disconnect = on_disconnect
         self._on_silent = on_silent
-        self._clients: dict[bytes, _Client] = {}
+        self._clients: dict[bytes, _Client] = {}  # those that hold something
+        self._peers: dict[bytes, Peer] = {}  # every connection looked at, by client
+        self._fds: dict[bytes, int] = {}
         self._by_fd: dict[int, bytes] = {}
 
     def track(self, client: bytes, source: Any) -> None:
         """Start watching ``client``; ``source`` is a frame of the message it just sent."""
         if client in self._clients:
             return
+        self._connection(client, source)
+        self._clients[client] = _Client(time.monotonic())
+
+    def peer(self, client: bytes, source: Any) -> Peer:
+        """Who ``client`` is (``source``: a frame of the message it just sent)."""
+        peer = self._peers.get(client)
+        if peer is None:
+            fd = self._connection(client, source)
+            peer = peer_of(fd, client.startswith(SECURE_TAG)) if fd >= 0 else UNKNOWN
+            self._peers[client] = peer
+        return peer
+
+    def known(self, client: bytes) -> Peer | None:
+        """Who ``client`` is, if it was looked at already."""
+        return self._peers.get(client)
+
+    def _connection(self, client: bytes, source: Any) -> int:
+        """The fd of ``client``'s connection, watched for its end from now on (-1: none)."""
+        fd = self._fds.get(client)
+        if fd is not None:
+            return fd
         self._drain()  # a closed connection's fd may be reused by this one: settle that first
         try:
             fd = int(source.get(zmq.SRCFD))
@@ -59,7 +85,8 @@ class ClientTracker:
             if stale is not None:
                 self._gone(stale)
             self._by_fd[fd] = client
-        self._clients[client] = _Client(fd, time.monotonic())
+            self._fds[client] = fd
+        return fd
 
     def seen(self, client: bytes) -> None:
         state = self._clients.get(client)
@@ -75,26 +102,29 @@ class ClientTracker:
                 self._on_silent(client)
 
     def _drain(self) -> None:
-        while True:
-            try:
-                event = recv_monitor_message(self._monitor, zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            client = self._by_fd.pop(int(event["value"]), None)
-            if client is not None:
-                self._clients.pop(client, None)
-                self._on_disconnect(client)
+        for monitor in self._monitors:
+            while True:
+                try:
+                    event = recv_monitor_message(monitor, zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                client = self._by_fd.get(int(event["value"]))
+                if client is not None:
+                    self._gone(client)
 
     def _gone(self, client: bytes) -> None:
-        state = self._clients.pop(client, None)
-        if state is not None:
-            self._by_fd.pop(state.fd, None)
+        fd = self._fds.pop(client, None)
+        if fd is not None:
+            self._by_fd.pop(fd, None)
+        self._peers.pop(client, None)
+        if self._clients.pop(client, None) is not None:
             self._on_disconnect(client)
 
     def __len__(self) -> int:
         return len(self._clients)
 
     def close(self) -> None:
-        with contextlib.suppress(zmq.ZMQError):
-            self._socket.disable_monitor()
-        self._monitor.close(0)
+        for sock, monitor in zip(self._sockets, self._monitors, strict=True):
+            with contextlib.suppress(zmq.ZMQError):
+                sock.disable_monitor()
+            monitor.close(0)

@@ -12,17 +12,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from inferpool.broker.front.shares import OutputShares
 from inferpool.broker.models.request import PendingRequest
 from inferpool.broker.pool.outputs import OutputRegions
-from inferpool.shm.leases import LeaseTable
+from inferpool.shm.leases import Lease, LeaseTable
 from inferpool.wire.errors import not_found
 from inferpool.wire.worker.messages import TensorRef
 
 
 class Handles:
-    def __init__(self, leases: LeaseTable, outputs: OutputRegions) -> None:
+    def __init__(self, leases: LeaseTable, outputs: OutputRegions, shares: OutputShares) -> None:
+        """``shares``: what each client holds counts against its share of output memory."""
         self.leases = leases
         self.outputs = outputs
+        self.shares = shares
 
     def place(
         self, req: PendingRequest, outputs: Sequence[TensorRef], headers: list[dict[str, Any]]
@@ -49,6 +52,8 @@ class Handles:
                 )
             elif params and params.get("output_handle"):
                 self.outputs.hold(region)
+                owner = req.envelope[0]
+                self.shares.hold(owner, nbytes)
                 headers.append(
                     {
                         "name": name,
@@ -58,7 +63,7 @@ class Handles:
                             "handle_region": region,
                             "handle_offset": offset,
                             "handle_byte_size": nbytes,
-                            "handle_lease": self.leases.grant(req.envelope[0], region, offset),
+                            "handle_lease": self.leases.grant(owner, region, offset, nbytes),
                         },
                     }
                 )
@@ -71,8 +76,7 @@ class Handles:
         if not isinstance(tokens, list):
             tokens = [tokens]
         ended, bad = self.leases.release(owner, tokens)
-        for lease in ended:
-            self.outputs.free(lease.region, lease.offset)
+        self._end(ended)
         if bad:
             shown = ", ".join(repr(t) for t in bad[:5]) + (" ..." if len(bad) > 5 else "")
             raise not_found(
@@ -84,6 +88,10 @@ class Handles:
 
     def reclaim(self, owner: bytes) -> int:
         ended = self.leases.reclaim(owner)
+        self._end(ended)
+        return len(ended)
+
+    def _end(self, ended: list[Lease]) -> None:
         for lease in ended:
             self.outputs.free(lease.region, lease.offset)
-        return len(ended)
+            self.shares.free(lease.owner, lease.nbytes)

@@ -24,8 +24,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import posix_ipc
-
+from inferpool.broker.front.objects import check_object
+from inferpool.broker.front.peers import Peer
+from inferpool.shm.names import check_name
 from inferpool.shm.refs import CUDA_IPC_HANDLE_SIZE, cuda_ref, posix_name, system_ref
 from inferpool.shm.region import Region
 from inferpool.shm.runs import PREFIX, SHM_DIR, region_name
@@ -45,6 +46,8 @@ class Registration:
     ref: str  # how work items name it (shm.refs)
     device_id: int = 0
     created: Region | None = None
+    inode: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the object checked at registration
+    principal: str = ""  # created: whose limit its bytes count against (Peer.principal)
 
     def status(self) -> dict[str, Any]:
         if self.kind == "cuda":
@@ -62,14 +65,18 @@ class Registrations:
         self,
         run_id: str,
         max_created_bytes: int,
+        max_total_bytes: int,
         prefault: bool,
         inflight: dict[int, Any],
         workers: Callable[[], list[str]],
         unmaps: dict[str, list[str]],
     ) -> None:
         self.run_id = run_id
-        self.max_created_bytes = max_created_bytes
+        self.max_created_bytes = max_created_bytes  # per client process (tcp: host)
+        self.max_total_bytes = max_total_bytes  # for every client together
         self.prefault = prefault
+        self._created: dict[str, int] = {}  # server-made bytes by principal
+        self._created_total = 0
         self._inflight = inflight  # rid -> request, in admission order
         self._workers = workers  # identities of the live workers
         self._unmaps = unmaps  # worker identity -> refs to drop with its next message
@@ -80,33 +87,43 @@ class Registrations:
         self._serial = 0
 
     # ------------------------------------------------------------------ registering
-    def register_system(self, owner: bytes, name: str, key: str, offset: int, size: int) -> None:
+    def register_system(
+        self, owner: bytes, name: str, key: str, offset: int, size: int, peer: Peer
+    ) -> None:
+        """A window of object ``key``, if ``peer`` could open it itself (``front.objects``)."""
         self._check_free(owner, name)
-        key = posix_name(key)
-        if not key or "/" in key:
-            raise invalid_arg(f"shared-memory key {'/' + key!r} is not a valid POSIX name")
+        key = _posix_key(key)
         if key.startswith(PREFIX):
             raise invalid_arg(
                 f"shared-memory key '/{key}' is reserved for the server's own regions; "
                 "use create_shared_memory_region for a server-made region"
             )
-        total = _object_size(key)
-        if offset + size > total:
+        st = check_object(key, peer)
+        if offset + size > st.st_size:
             raise invalid_arg(
                 f"invalid offset + byte size for shared memory region '{name}': "
-                f"{offset} + {size} exceeds the {total} bytes of '/{key}'"
+                f"{offset} + {size} exceeds the {st.st_size} bytes of '/{key}'"
             )
-        self._add(owner, Registration(name, "system", key, offset, size, ""))
+        reg = Registration(name, "system", key, offset, size, "", inode=(st.st_dev, st.st_ino))
+        self._add(owner, reg)
 
-    def create(self, owner: bytes, name: str, size: int) -> Registration:
-        """A region the broker makes for the client (mode 0600, named under this run)."""
+    def create(self, owner: bytes, name: str, size: int, principal: str) -> Registration:
+        """A region the broker makes for the client (mode 0600, named under this run); its
+        bytes count against ``principal`` (every connection of a process alike)."""
         self._check_free(owner, name)
-        mine = sum(r.byte_size for r in self._mine(owner) if r.kind == "created")
-        if mine + size > self.max_created_bytes:
+        mine = self._created.get(principal, 0) + size
+        if mine > self.max_created_bytes:
             raise invalid_arg(
-                f"shared-memory region '{name}' of {size} bytes would bring this client's "
-                f"server-made regions to {mine + size} bytes, over the server limit of "
+                f"shared-memory region '{name}' of {size} bytes would bring the server-made "
+                f"regions of {principal} to {mine} bytes, over the per-client limit of "
                 f"{self.max_created_bytes} (--max-client-shm)"
+            )
+        if self._created_total + size > self.max_total_bytes:
+            raise InferpoolError(
+                Code.UNAVAILABLE,
+                f"shared-memory region '{name}' of {size} bytes would bring the server-made "
+                f"regions of all clients to {self._created_total + size} bytes, over the "
+                f"server's limit of {self.max_total_bytes} (--max-shm-total)",
             )
         st = os.statvfs(SHM_DIR)
         if st.f_bavail * st.f_frsize < size * 2:
@@ -120,7 +137,12 @@ class Registrations:
             region_name(self.run_id, f"c{self._serial}"), size, prefault=self.prefault
         )
         region.close()  # the broker never touches the bytes; the name keeps the memory
+        made = os.stat(os.path.join(SHM_DIR, region.name))
+        inode = (made.st_dev, made.st_ino)
         reg = Registration(name, "created", region.name, 0, size, "", created=region)
+        reg.inode, reg.principal = inode, principal
+        self._created[principal] = mine
+        self._created_total += size
         self._add(owner, reg)
         return reg
 
@@ -146,7 +168,7 @@ class Registrations:
     def _add(self, owner: bytes, reg: Registration) -> None:
         if not reg.ref:
             self._serial += 1
-            reg.ref = system_ref(self._serial, reg.key)
+            reg.ref = system_ref(self._serial, reg.key, reg.inode, reg.offset, reg.byte_size)
         self._by_owner.setdefault(owner, {})[reg.name] = reg
 
     # ------------------------------------------------------------------ ending
@@ -216,9 +238,21 @@ class Registrations:
                 del self._unmaps[identity]  # a worker that died needs no word
             if reg.kind == "cuda" and workers:
                 self._mapped_in[reg.ref] = set(workers)
-            if reg.created is not None:
-                reg.created.destroy()
+            self._destroy(reg)
         self._retiring = keep
+
+    def _destroy(self, reg: Registration) -> None:
+        """Unlink a server-made region; its bytes no longer count against anyone."""
+        if reg.created is None:
+            return
+        reg.created.destroy()
+        reg.created = None
+        left = self._created.get(reg.principal, 0) - reg.byte_size
+        if left > 0:
+            self._created[reg.principal] = left
+        else:
+            self._created.pop(reg.principal, None)
+        self._created_total -= reg.byte_size
 
     def unmapped(self, worker: str, refs: Sequence[str]) -> None:
         """``worker`` has closed its mappings of ``refs`` (its ``unmapped`` message)."""
@@ -243,11 +277,9 @@ class Registrations:
     def close(self) -> None:
         for mine in self._by_owner.values():
             for reg in mine.values():
-                if reg.created is not None:
-                    reg.created.destroy()
+                self._destroy(reg)
         for _, reg in self._retiring:
-            if reg.created is not None:
-                reg.created.destroy()
+            self._destroy(reg)
         self._by_owner.clear()
         self._retiring = []
         self._mapped_in.clear()
@@ -302,15 +334,9 @@ def _unknown(name: str, cuda: bool) -> str:
     return f"unable to find {kind} shared memory region: '{name}'"
 
 
-def _object_size(key: str) -> int:
-    """The size of POSIX object ``key``, opened read-write as the workers will open it."""
+def _posix_key(key: str) -> str:
+    """The client's key without its slash, if it can name an object; INVALID_ARG naming it."""
     try:
-        shm = posix_ipc.SharedMemory("/" + key)
-    except posix_ipc.ExistentialError:
-        raise not_found(f"shared-memory object '/{key}' does not exist") from None
-    except posix_ipc.PermissionsError:
-        raise invalid_arg(f"shared-memory object '/{key}' cannot be opened read-write") from None
-    try:
-        return int(shm.size)
-    finally:
-        shm.close_fd()
+        return check_name(posix_name(key))
+    except ValueError as exc:
+        raise invalid_arg(f"shared-memory key {key!r} is not a valid POSIX name: {exc}") from None

@@ -2,8 +2,10 @@
 
 Small outputs are copied into the zmq message (cheaper than tracking); large ones are sent
 zero-copy straight from the worker's output region, and their slots are freed only when
-libzmq reports it is done with the memory.  Outputs that stay in shared memory (handles,
-client regions) carry no frame: ``front.handles`` describes them.
+libzmq reports it is done with the memory: until then they count against the client's share
+of output memory (``front.shares``), and a client over its share gets copies instead.
+Outputs that stay in shared memory (handles, client regions) carry no frame:
+``front.handles`` describes them.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 import zmq
 
 from inferpool.broker.front.handles import Handles
+from inferpool.broker.front.peers import SECURE_TAG
 from inferpool.broker.models.request import PendingRequest
 from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.wire import codec
@@ -23,20 +26,37 @@ from inferpool.wire.zmqio import SNDMORE, send_parts
 
 ZERO_COPY_MIN = 64 * 1024
 _EMPTY = b""
+_InFlight = tuple[list[zmq.MessageTracker], list[tuple[str, int]], bytes, int]
 
 
 class Responder:
-    def __init__(self, socket: zmq.Socket[Any], outputs: OutputRegions, handles: Handles) -> None:
-        """``handles`` describes the outputs that stay in shared memory."""
+    def __init__(
+        self,
+        socket: zmq.Socket[Any],
+        outputs: OutputRegions,
+        handles: Handles,
+        secure: zmq.Socket[Any] | None = None,
+    ) -> None:
+        """``handles`` describes the outputs that stay in shared memory; ``secure``: the
+        CURVE socket, whose clients' owner keys carry ``SECURE_TAG``."""
         self.socket = socket
+        self.secure = secure
         self.outputs = outputs
         self.handles = handles
-        # (trackers, [(region, offset), ...]) for zero-copy sends still in libzmq's hands
-        self._in_flight: list[tuple[list[zmq.MessageTracker], list[tuple[str, int]]]] = []
+        self.shares = handles.shares
+        # zero-copy sends still in libzmq's hands: (trackers, [(region, offset)], client, bytes)
+        self._in_flight: list[_InFlight] = []
 
     # ------------------------------------------------------------------ plain messages
+    def _route(self, envelope: list[Any]) -> tuple[zmq.Socket[Any], list[Any]]:
+        """The socket a client's answers go out on, and its routing frames there."""
+        if self.secure is not None and envelope and envelope[0].startswith(SECURE_TAG):
+            return self.secure, [envelope[0][len(SECURE_TAG) :], *envelope[1:]]
+        return self.socket, envelope
+
     def send(self, envelope: list[Any], header: dict[str, Any]) -> None:
-        send_parts(self.socket, [*envelope, _EMPTY, codec.encode_header(header)])
+        sock, envelope = self._route(envelope)
+        send_parts(sock, [*envelope, _EMPTY, codec.encode_header(header)])
 
     def send_error(
         self, envelope: list[Any], msg_type: str, request_id: Any, err: InferpoolError
@@ -80,8 +100,9 @@ class Responder:
                 "parameters": params,
             }
         )
-        if not large:  # copied into the message: the slots are free again at once
-            send_parts(self.socket, [*req.envelope, _EMPTY, encoded, *frames])
+        if not large or self.shares.over(req.envelope[0]):  # copied: the slots are free at once
+            sock, envelope = self._route(req.envelope)
+            send_parts(sock, [*envelope, _EMPTY, encoded, *frames])
             for out in outputs:
                 self.outputs.free(out.region, out.offset, held=False)
             return
@@ -95,8 +116,8 @@ class Responder:
         outputs: Sequence[TensorRef],
     ) -> None:
         """Large frames go zero-copy from shared memory; their slots wait for libzmq."""
-        sock = self.socket
-        for part in envelope:
+        sock, route = self._route(envelope)
+        for part in route:
             sock.send(part, SNDMORE, copy=True)
         sock.send(_EMPTY, SNDMORE)
         sock.send(header, SNDMORE, copy=True)
@@ -111,21 +132,22 @@ class Responder:
         slots = [(out.region, out.offset) for out in outputs]
         for region, _ in slots:
             self.outputs.hold(region)
-        self._in_flight.append((trackers, slots))
-
-    def _release_slots(self, slots: list[tuple[str, int]]) -> None:
-        for region, offset in slots:
-            self.outputs.free(region, offset)
+        nbytes = sum(out.byte_size for out in outputs)
+        self.shares.hold(envelope[0], nbytes)
+        self._in_flight.append((trackers, slots, envelope[0], nbytes))
 
     def poll(self) -> bool:
         """Free the slots of zero-copy sends libzmq has finished; True while some remain."""
         if not self._in_flight:
             return False
         still = []
-        for trackers, slots in self._in_flight:
+        for sent in self._in_flight:
+            trackers, slots, client, nbytes = sent
             if all(t.done for t in trackers):
-                self._release_slots(slots)
+                for region, offset in slots:
+                    self.outputs.free(region, offset)
+                self.shares.free(client, nbytes)
             else:
-                still.append((trackers, slots))
+                still.append(sent)
         self._in_flight = still
         return bool(still)

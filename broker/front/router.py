@@ -28,11 +28,14 @@ class Router:
         responder: Responder,
         tables: Iterable[Mapping[str, Handler]],
         arrived: Callable[[Any], None],
+        reserved: bytes = b"",
     ) -> None:
         """``tables``: each part's handlers by message type; ``arrived`` hears the routing
         frame of each message before its handler runs (the connection it came on:
-        ``front.clients`` ties a client to it)."""
+        ``front.clients`` ties a client to it); ``reserved``: a prefix of the owner keys of
+        another socket's clients, refused as a routing id here."""
         self.responder = responder
+        self._reserved = reserved
         self.handlers: dict[str, Handler] = {}
         for table in tables:
             taken = self.handlers.keys() & table.keys()
@@ -42,7 +45,8 @@ class Router:
         self._arrived = arrived
         self._expected = ", ".join(sorted(self.handlers))
 
-    def handle(self, frames: list[Any]) -> None:
+    def handle(self, frames: list[Any], tag: bytes = b"") -> None:
+        """One message; ``tag`` prefixes its client's owner key (the CURVE socket's)."""
         responder = self.responder
         if frames:
             self._arrived(frames[0])
@@ -51,7 +55,7 @@ class Router:
         else:
             split = next((i for i, f in enumerate(frames) if len(f) == 0), -1)
         if split < 1 or split + 1 >= len(frames):
-            envelope = [frames[0].bytes] if frames else []
+            envelope = [tag + frames[0].bytes] if frames else []
             responder.send_error(
                 envelope,
                 "error",
@@ -62,6 +66,11 @@ class Router:
             )
             return
         envelope = [f.bytes for f in frames[:split]]
+        if tag:
+            envelope[0] = tag + envelope[0]
+        elif self._reserved and envelope[0].startswith(self._reserved):
+            log.warning("dropped a message whose routing id poses as a CURVE client's")
+            return  # no answer: the id names a client of the other socket
         msg_type: Any = "error"
         request_id: Any = ""
         try:

@@ -11,13 +11,14 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import zmq
 
 from inferpool.broker.front.clients import ClientTracker
 from inferpool.broker.front.handles import Handles
+from inferpool.broker.front.peers import SECURE_TAG, UNKNOWN, Peer, require_access
 from inferpool.broker.front.registrations import Registrations
 from inferpool.broker.front.router import Handler
 from inferpool.shm import cuda
@@ -35,12 +36,12 @@ class SharedMemory:
         self,
         registrations: Registrations,
         handles: Handles,
-        socket: zmq.Socket[Any],
+        sockets: Sequence[zmq.Socket[Any]],
         lease_timeout: float,
         send: Callable[[list[Any], dict[str, Any]], None],
         gpus: int,
     ) -> None:
-        """``socket``: the clients' ROUTER, whose disconnects end what a client held;
+        """``sockets``: the clients' ROUTERs, whose disconnects end what a client held;
         ``lease_timeout``: how long a client holding leases may stay silent; ``send``: the
         responder's, for answers that come later (a CUDA unregister); ``gpus``: the GPUs the
         broker counted (without CUDA)."""
@@ -48,7 +49,7 @@ class SharedMemory:
         self.handles = handles
         self._send = send
         self.gpus = gpus
-        self.clients = ClientTracker(socket, lease_timeout, self._disconnected, self._silent)
+        self.clients = ClientTracker(sockets, lease_timeout, self._disconnected, self._silent)
         self._source: Any = None  # the routing frame of the message being handled
 
     def handlers(self) -> dict[str, Handler]:
@@ -92,19 +93,25 @@ class SharedMemory:
         return None
 
     def request_arrived(self, client: bytes, header: dict[str, Any]) -> None:
-        """Releases carried by an inference request come first, then the request itself."""
+        """Releases carried by an inference request come first, then the request itself,
+        unless its client is over its share of output memory."""
         release = header.get("release")
         if release:
             self.handles.release(client, release)
         self.clients.seen(client)
+        self.clients.peer(client, self._source)  # known from now on, for its outputs' share
+        self.handles.shares.admit(client)
+
+    def principal(self, client: bytes) -> str:
+        """Whose limits ``client`` counts against (a connection looked at already)."""
+        return (self.clients.known(client) or UNKNOWN).principal
 
     # ------------------------------------------------------------------ system regions
     def register_system(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
         name = _text(h, "name")
-        self._track(e[0])
-        self.registrations.register_system(
-            e[0], name, _text(h, "key"), _count(h, "offset", 0), _count(h, "byte_size")
-        )
+        key, offset, size = _text(h, "key"), _count(h, "offset", 0), _count(h, "byte_size")
+        peer = self._track(e[0])
+        self.registrations.register_system(e[0], name, key, offset, size, peer)
         return {}
 
     def create_region(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
@@ -112,8 +119,9 @@ class SharedMemory:
         size = _count(h, "byte_size")
         if size == 0:
             raise invalid_arg("create_shared_memory_region needs a byte_size above 0")
-        self._track(e[0])
-        reg = self.registrations.create(e[0], name, size)
+        peer = self._track(e[0])
+        require_access(peer, "create shared-memory regions")
+        reg = self.registrations.create(e[0], name, size, peer.principal)
         return {"key": "/" + reg.key, "byte_size": reg.byte_size}
 
     def unregister_system(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
@@ -139,7 +147,7 @@ class SharedMemory:
             raise InferpoolError(
                 Code.UNSUPPORTED, f"CUDA shared memory is not available on this server: {reason}"
             )
-        self._track(e[0])
+        require_access(self._track(e[0]), "register CUDA shared memory")
         self.registrations.register_cuda(e[0], name, handle, device_id, size)
         return {}
 
@@ -165,7 +173,8 @@ class SharedMemory:
         return {"released": self.handles.release(e[0], leases)}
 
     def keepalive(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
-        """Refresh the sender, or the client named by ``client`` (hex of its routing id)."""
+        """Refresh the sender, or the client named by ``client`` (hex of its routing id): a
+        connection of the same process (or tcp host) as the sender."""
         client = e[0]
         named = h.get("client")
         if named is not None:
@@ -175,10 +184,21 @@ class SharedMemory:
                 client = b""
             if not client:
                 raise invalid_arg(f"keepalive 'client' must be a routing id in hex, got {named!r}")
+            if e[0].startswith(SECURE_TAG):
+                client = SECURE_TAG + client
+            known = self.clients.known(client)
+            if (
+                known is not None
+                and known.principal != self.clients.peer(e[0], self._source).principal
+            ):
+                raise invalid_arg(
+                    f"keepalive may name only a connection of the sender's own {_whose(known)}"
+                )
         self.clients.seen(client)
         return {"lease_timeout": self.clients.silence_s}
 
     def lease_status(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
+        self.clients.peer(e[0], self._source)
         leases = self.handles.leases
         return {
             "leases": leases.held_by(e[0]),
@@ -186,11 +206,15 @@ class SharedMemory:
             "clients": len(self.clients),
             "registrations": len(self.registrations),
             "lease_timeout": self.clients.silence_s,
+            "output_held": self.handles.shares.held_by(e[0]),
+            "output_share": self.handles.shares.share,
         }
 
     # ------------------------------------------------------------------ clients coming and going
-    def _track(self, client: bytes) -> None:
+    def _track(self, client: bytes) -> Peer:
+        """Watch ``client`` (it is about to hold something); who it is."""
         self.clients.track(client, self._source)
+        return self.clients.peer(client, self._source)
 
     def _disconnected(self, client: bytes) -> None:
         leases = self.handles.reclaim(client)
@@ -221,6 +245,10 @@ class SharedMemory:
         """Stop watching the socket (before its context ends) and end every registration."""
         self.clients.close()
         self.registrations.close()
+
+
+def _whose(peer: Peer) -> str:
+    return "process" if peer.transport == "ipc" else "host"
 
 
 def _text(h: dict[str, Any], key: str) -> str:

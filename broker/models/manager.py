@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from inferpool.broker.models import completion, repository
+from inferpool.broker.models.blame import client_fault
 from inferpool.broker.models.registry import ModelRecord, ModelVersion, Registry, State
 from inferpool.broker.models.reload import replace
 from inferpool.broker.models.request import PendingRequest
@@ -268,6 +269,9 @@ class Manager:
         elif mv.state is State.UNLOADING:
             self._stop_idle(mv)  # not respawned to finish a queue it may never get to
             self._check_drained(self._retiring_of(mv))
+
+    def crash_blame(self, handle: Worker, code: int) -> str:
+        return client_fault(handle.busy, code)
 
     def worker_stopped(self, handle: Worker) -> None:
         mv = handle.model

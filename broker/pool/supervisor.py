@@ -52,6 +52,10 @@ class Events(Protocol[M]):
 
     def worker_stopped(self, handle: WorkerHandle[M]) -> None: ...
 
+    def crash_blame(self, handle: WorkerHandle[M], code: int) -> str:
+        """Why a worker's death (exit ``code``) is a client's doing; "" when it is not."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class SupervisorOptions:
@@ -197,14 +201,16 @@ class Supervisor(Generic[M]):
             log.error("worker %s failed to boot: %s", handle.name, err)
             self.events.worker_lost(handle, err, booting=True)
             return
-        reason = handle.kill_reason or f"died with {pid_text}"
+        blame = "" if handle.kill_reason else self.events.crash_blame(handle, code)
+        reason = handle.kill_reason or f"died with {pid_text}" + (f" {blame}" if blame else "")
         err = InferpoolError(
             Code.UNAVAILABLE,
             f"instance '{handle.name}' of model {handle.model.label} {reason}",
         )
         handle.last_error = err.message
         now = time.monotonic()
-        handle.crashes.append(now)
+        if not blame:
+            handle.crashes.append(now)
         while handle.crashes and now - handle.crashes[0] > self.options.restart_window:
             handle.crashes.popleft()
         if len(handle.crashes) > self.options.max_restarts:
@@ -293,14 +299,22 @@ class Supervisor(Generic[M]):
                 handle.proc.kill()
 
     def stop(self, handle: WorkerHandle[M]) -> None:
-        """Ask a worker to finish (its finalizers run); killed if it overstays."""
+        """Ask a worker to finish (its finalizers run); killed if it overstays.
+
+        A worker still loading reads its channel only once loaded, so it gets SIGTERM
+        instead: it has no requests, and the finalizers of what it loaded still run."""
         if handle.proc is None:
             if handle.state is not WorkerState.STOPPED:
                 handle.set_state(WorkerState.STOPPED)
                 self.events.worker_stopped(handle)
             return
+        booting = handle.state is WorkerState.STARTING
         handle.set_state(WorkerState.STOPPING)
-        self.send(handle, Stop())
+        if booting:
+            with contextlib.suppress(ProcessLookupError):
+                handle.proc.terminate()
+        else:
+            self.send(handle, Stop())
 
     def forget(self, handle: WorkerHandle[M]) -> None:
         self.handles.pop(handle.slot, None)

@@ -11,8 +11,6 @@ import base64
 import contextlib
 import os
 import secrets
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,18 +23,12 @@ import torch
 from inferpool.client import AsyncShmClient, Client, InferpoolError, ShmClient
 from inferpool.shm import cuda
 from inferpool.shm.region import Region
-from tests.support import EXAMPLES, Server
+from tests.support import Server, serving_examples, shm_input
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    tmp = Path(tempfile.mkdtemp(prefix="ipt-", dir="/tmp"))
-    try:
-        with Server(tmp, EXAMPLES, "--max-client-shm", "8M") as srv:
-            yield srv
-        assert srv.proc.returncode == 0, srv.log()
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    yield from serving_examples("--max-client-shm", "8M")
 
 
 @pytest.fixture
@@ -47,20 +39,6 @@ def user_region() -> Iterator[Region]:
         yield region
     finally:
         region.destroy()
-
-
-def shm_input(region: str, nbytes: int, offset: int = 0, **kw: Any) -> dict[str, Any]:
-    return {
-        "name": "INPUT0",
-        "datatype": "FP32",
-        "shape": [nbytes // 4],
-        "parameters": {
-            "shared_memory_region": region,
-            "shared_memory_offset": offset,
-            "shared_memory_byte_size": nbytes,
-            **kw,
-        },
-    }
 
 
 def exchange(c: Client, header: dict[str, Any], frames: list[Any] | None = None) -> Any:

@@ -72,6 +72,7 @@ def test_the_unit_is_a_notify_service_that_the_broker_stops_itself() -> None:
     argv = expand(svc["ExecStart"][0], environment(svc))
     assert argv[:2] == [BINARY, "serve"]
     assert "--graceful-timeout" in argv and "--metrics-port" in argv
+    assert argv[argv.index("--ipc-access") + 1] == "group"  # group inferpool may connect
 
 
 def test_exec_start_reload_and_stop_as_systemd_runs_them(short_tmp, shm_clean) -> None:

@@ -42,17 +42,32 @@ def test_tokens_of_another_run_are_not_found() -> None:
 def test_region_references_round_trip() -> None:
     assert posix_name("/input_data") == "input_data" and posix_name("x") == "x"
     assert parse_ref("inferpool-0123456789-arena").kind == "posix"
-    ref = parse_ref(system_ref(3, "/input_data"))
-    assert (ref.kind, ref.name) == ("sys", "input_data")
+    ref = parse_ref(system_ref(3, "/input_data", (45, 1207), 4096, 64))
+    assert (ref.kind, ref.name, ref.inode, ref.offset, ref.byte_size) == (
+        "sys",
+        "input_data",
+        (45, 1207),
+        4096,
+        64,
+    )
     # the same key registered again is a different reference (a worker maps it afresh)
-    assert system_ref(3, "/k") != system_ref(4, "/k")
+    assert system_ref(3, "/k", (1, 2), 0, 8) != system_ref(4, "/k", (1, 2), 0, 8)
     handle = bytes(range(CUDA_IPC_HANDLE_SIZE))
     ref = parse_ref(cuda_ref(9, 4096, handle))  # the registered size, for the worker's check
     assert (ref.kind, ref.byte_size, ref.handle) == ("cuda", 4096, handle)
 
 
 @pytest.mark.parametrize(
-    "bad", ["sys/1", "sys/1/a/b", "cuda/1/0/abcd", "cuda/1/x/" + "00" * 64, "nfs/1/x"]
+    "bad",
+    [
+        "sys/1",
+        "sys/1/a/b",
+        "sys/1/2.3/0/x/k",
+        "sys/1/23/0/8/k",
+        "cuda/1/0/abcd",
+        "cuda/1/x/" + "00" * 64,
+        "nfs/1/x",
+    ],
 )
 def test_malformed_references_are_refused(bad: str) -> None:
     with pytest.raises(ValueError, match="not a region reference"):

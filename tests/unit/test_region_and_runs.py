@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 import subprocess
 import sys
 import textwrap
@@ -9,6 +11,8 @@ import numpy as np
 import posix_ipc
 import pytest
 
+from inferpool.shm.names import check_name
+from inferpool.shm.refs import parse_ref
 from inferpool.shm.region import Region, RegionCache
 from inferpool.shm.runs import RunLock, region_name, regions_of_run, run_is_alive, sweep_dead_runs
 from tests.support import ROOT
@@ -69,3 +73,78 @@ def test_sweep_removes_only_dead_runs() -> None:
     finally:
         live_region.destroy()
         live.release()
+
+
+def _in_child(code: str, timeout: float = 10) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter, so a sweep that blocks fails the test, not hangs it."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
+def test_sweep_neither_blocks_on_nor_follows_nor_trusts_foreign_files(tmp_path) -> None:
+    """A FIFO, a symlink or another user's file named like a run's lock or region: the sweep
+    returns at once, touches no target, and leaves what is not ours alone.  (In a directory
+    standing in for /dev/shm: a FIFO in the real one would hang other brokers' older code.)"""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    fifo_run, link_run, foreign_run, dead_run = (secrets.token_hex(5) for _ in range(4))
+    os.mkfifo(shm / region_name(fifo_run, "lock"), 0o600)
+    target = tmp_path / "precious"
+    target.write_text("keep me")
+    for tag in ("lock", "arena"):
+        os.symlink(target, shm / region_name(link_run, tag))  # a dead run's names as symlinks
+        other = shm / region_name(foreign_run, tag)  # a run of another user (nobody)
+        other.touch()
+        os.chown(other, 65534, 65534)
+        (shm / region_name(dead_run, tag)).touch()  # a dead run of ours: swept
+    done = _in_child(
+        f"""
+        from inferpool.shm.runs import sweep_dead_runs
+        print(sorted(sweep_dead_runs({str(shm)!r})))
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert target.read_text() == "keep me"
+    assert sorted(os.listdir(shm)) == sorted(
+        [region_name(fifo_run, "lock")]
+        + [region_name(run, tag) for run in (link_run, foreign_run) for tag in ("lock", "arena")]
+    )
+    assert done.stdout.strip() == str(sorted(region_name(dead_run, t) for t in ("arena", "lock")))
+
+
+def test_a_fifo_named_like_a_lock_does_not_hang_a_broker_start(short_tmp) -> None:
+    fifo = f"/dev/shm/{region_name(secrets.token_hex(5), 'lock')}"
+    os.mkfifo(fifo, 0o600)
+    try:
+        done = _in_child(
+            f"""
+            import contextlib
+            from inferpool.broker.endpoints import open_run
+            with contextlib.ExitStack() as stack:
+                print(open_run(stack, {str(short_tmp / "run")!r}))
+            """
+        )
+    finally:
+        with contextlib.suppress(OSError):  # free any other program's sweep blocked on it
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        os.unlink(fifo)
+    assert done.returncode == 0, done.stderr
+    assert not regions_of_run(done.stdout.strip())
+
+
+@pytest.mark.parametrize(
+    "name", ["", ".", "..", "a/b", "x\x00y", "line\nbreak", "k" * 256, "\udc80", None]
+)
+def test_names_that_cannot_name_an_object_never_reach_posix_ipc(name) -> None:
+    with pytest.raises(ValueError):
+        check_name(name)
+    with pytest.raises(ValueError):
+        Region.attach(name)  # type: ignore[arg-type]
+    if name is not None:
+        with pytest.raises(ValueError):
+            parse_ref(f"sys/1/2.3/0/8/{name}")

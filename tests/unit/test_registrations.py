@@ -8,12 +8,15 @@ from collections.abc import Iterator
 
 import pytest
 
+from inferpool.broker.front.objects import may_read_write
+from inferpool.broker.front.peers import Peer
 from inferpool.broker.front.registrations import Registrations
 from inferpool.shm.region import Region, exists
 from inferpool.shm.runs import RunLock
 from inferpool.wire.errors import Code, InferpoolError
 
 A, B = b"client-a", b"client-b"
+ME = Peer("ipc", os.getpid(), os.getuid(), frozenset({os.getgid()}))  # this process, over ipc
 
 
 @pytest.fixture
@@ -21,7 +24,9 @@ def regs(shm_clean: None) -> Iterator[tuple[Registrations, dict[int, object], di
     lock = RunLock()
     inflight: dict[int, object] = {}
     unmaps: dict[bytes, list[str]] = {}
-    r = Registrations(lock.run_id, 1 << 20, False, inflight, lambda: [b"w0", b"w1"], unmaps)
+    r = Registrations(
+        lock.run_id, 1 << 20, 1 << 21, False, inflight, lambda: [b"w0", b"w1"], unmaps
+    )
     try:
         yield r, inflight, unmaps
     finally:
@@ -48,12 +53,12 @@ def code_of(fn, *args) -> tuple[Code, str]:
 
 def test_names_belong_to_their_client_and_windows_are_checked(regs, user_object) -> None:
     r, _, _ = regs
-    r.register_system(A, "in", "/" + user_object, 1024, 2048)
+    r.register_system(A, "in", "/" + user_object, 1024, 2048, ME)
     assert r.status(A, "", False) == [
         {"name": "in", "key": "/" + user_object, "offset": 1024, "byte_size": 2048}
     ]
-    assert code_of(r.register_system, A, "in", user_object, 0, 16)[0] is Code.ALREADY_EXISTS
-    r.register_system(B, "in", user_object, 0, 4096)  # B's own "in": a different region
+    assert code_of(r.register_system, A, "in", user_object, 0, 16, ME)[0] is Code.ALREADY_EXISTS
+    r.register_system(B, "in", user_object, 0, 4096, ME)  # B's own "in": a different region
 
     def win(owner: bytes, nbytes: int | None, **params) -> tuple:
         return r.window(owner, "input", "X", {"shared_memory_region": "in", **params}, nbytes)
@@ -72,24 +77,24 @@ def test_names_belong_to_their_client_and_windows_are_checked(regs, user_object)
 
 def test_bad_registrations_say_what_is_wrong(regs, user_object) -> None:
     r, _, _ = regs
-    assert code_of(r.register_system, A, "x", "/nope-" + user_object, 0, 8)[0] is Code.NOT_FOUND
-    code, msg = code_of(r.register_system, A, "x", user_object, 4000, 100)
+    assert code_of(r.register_system, A, "x", "/nope-" + user_object, 0, 8, ME)[0] is Code.NOT_FOUND
+    code, msg = code_of(r.register_system, A, "x", user_object, 4000, 100, ME)
     assert code is Code.INVALID_ARG and "exceeds the 4096 bytes" in msg
-    code, msg = code_of(r.register_system, A, "x", f"/inferpool-{r.run_id}-arena", 0, 8)
+    code, msg = code_of(r.register_system, A, "x", f"/inferpool-{r.run_id}-arena", 0, 8, ME)
     assert code is Code.INVALID_ARG and "reserved" in msg
     code, msg = code_of(r.register_cuda, A, "g", b"short", 0, 8)
     assert code is Code.INVALID_ARG and "64-byte" in msg
-    code, msg = code_of(r.create, A, "big", 2 << 20)
+    code, msg = code_of(r.create, A, "big", 2 << 20, "process 1")
     assert code is Code.INVALID_ARG and "--max-client-shm" in msg
     assert code_of(r.unregister, A, "x", False)[0] is Code.NOT_FOUND
 
 
 def test_regions_retire_only_after_the_requests_admitted_before(regs, user_object) -> None:
     r, inflight, unmaps = regs
-    created = r.create(A, "inputs", 64 << 10)
+    created = r.create(A, "inputs", 64 << 10, "process 1")
     assert created.created is not None and exists(created.key)
     assert os.stat(f"/dev/shm/{created.key}").st_mode & 0o777 == 0o600
-    r.register_system(A, "user", user_object, 0, 4096)
+    r.register_system(A, "user", user_object, 0, 4096, ME)
     inflight[7] = object()  # a request admitted before the client went away
     assert r.drop_owner(A) == 2
     assert r.status(A, "", False) == []  # the names are gone at once...
@@ -107,7 +112,7 @@ def test_a_cuda_unregister_is_answered_once_every_worker_closed_its_mapping() ->
     inflight: dict[int, object] = {}
     unmaps: dict[str, list[str]] = {}
     workers = ["w0", "w1", "w2"]
-    r = Registrations("0123456789", 0, False, inflight, lambda: list(workers), unmaps)
+    r = Registrations("0123456789", 0, 0, False, inflight, lambda: list(workers), unmaps)
     r.register_cuda(A, "g", bytes(64), 0, 4096)
     inflight[7] = object()  # a request that may read the region
     answers: list[list[str]] = []
@@ -131,3 +136,21 @@ def test_a_cuda_unregister_is_answered_once_every_worker_closed_its_mapping() ->
     r.unmapped("w1", unmaps["w1"][-1:])
     assert answers == [["g"], ["h"]]
     assert r.unregister(A, "", True, answers.append) == [] and answers[-1] == []
+
+
+@pytest.mark.parametrize(
+    "mode, owner, group, uid, gids, allowed",
+    [
+        (0o600, 1000, 1000, 1000, {1000}, True),  # its own
+        (0o400, 1000, 1000, 1000, {1000}, False),  # its own, read-only: no
+        (0o600, 1000, 1000, 2000, {1000}, False),  # another user's, group has nothing
+        (0o660, 1000, 50, 2000, {50}, True),  # shared with a group it is in
+        (0o660, 1000, 50, 2000, {51}, False),  # ... and one it is not in
+        (0o606, 1000, 50, 2000, {50}, False),  # group bits apply to members, not others'
+        (0o666, 1000, 1000, 2000, set(), True),  # open to all
+        (0o000, 1000, 1000, 0, set(), True),  # root opens anything
+    ],
+)
+def test_a_client_may_register_what_its_user_could_open(mode, owner, group, uid, gids, allowed):
+    st = os.stat_result((0o100000 | mode, 1, 1, 1, owner, group, 4096, 0, 0, 0))
+    assert may_read_write(st, uid, frozenset(gids)) is allowed

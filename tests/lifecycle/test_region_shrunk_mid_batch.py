@@ -1,0 +1,86 @@
+"""A client that shrinks its registered object while a batch reads it kills the worker with
+SIGBUS (nothing in user space prevents that): the broker blames the client's region, not the
+instance, so the death does not count towards FAILED, and the request is told why."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inferpool.client import InferpoolError, ShmClient
+from tests.lifecycle.helpers import wait_for
+from tests.support import Server, write_model
+
+READER = """
+import os, time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            print("reader has its input", flush=True)
+            while not os.path.exists(MARKER):
+                time.sleep(0.01)
+            total = np.array([x.sum()], dtype=np.float32)  # reads the pages
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", total)]))
+        return responses
+"""
+
+
+@pytest.fixture
+def server(short_tmp: Path) -> Iterator[Server]:
+    repo = short_tmp / "repo"
+    marker = short_tmp / "go"
+    write_model(
+        repo,
+        "reader",
+        """
+        name: "reader"
+        backend: "python"
+        input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+        output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+        """,
+        files={"1/model.py": READER.replace("MARKER", repr(str(marker)))},
+    )
+    with Server(short_tmp, repo, "--max-restarts", "0") as srv:
+        yield srv
+
+
+def test_a_region_shrunk_while_read_is_blamed_not_the_instance(server, short_tmp) -> None:
+    name = f"ipt-{os.getpid()}-{secrets.token_hex(3)}"
+    path = f"/dev/shm/{name}"
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, 1 << 20)
+        with ShmClient(server.endpoint, input_bytes=0) as c:
+            c.register_system_shared_memory("mine", "/" + name, 1 << 20)
+            req = c.request("reader", outputs=["OUTPUT0"])
+            req.input_from("INPUT0", "mine", [1 << 18], "FP32", 1 << 20)
+            with ThreadPoolExecutor(1) as pool:
+                answer = pool.submit(c.run, req, 30)
+                wait_for(lambda: "reader has its input" in server.log())
+                os.ftruncate(fd, 0)  # shrunk under the batch that reads it
+                (short_tmp / "go").touch()
+                with pytest.raises(InferpoolError) as err:
+                    answer.result(60)
+            message = err.value.message
+            assert "SIGBUS" in message and f"'/{name}'" in message, message
+        # not counted (with --max-restarts 0 a counted crash is FAILED): it serves again
+        with server.client() as plain:
+            wait_for(lambda: plain.is_model_ready("reader"))
+            out = plain.infer("reader", {"INPUT0": np.ones(4, np.float32)})
+            assert out["OUTPUT0"].tolist() == [4.0]
+    finally:
+        os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
