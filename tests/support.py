@@ -40,6 +40,22 @@ def run_id_of(server: Server | int) -> str:
     raise AssertionError(f"broker pid {pid} holds no run lock")
 
 
+NOBODY = 65534
+
+
+def as_nobody(code: str) -> subprocess.CompletedProcess[str]:
+    """``code`` in a client process of user nobody (group root: it may reach a socket of
+    ``--ipc-access group``)."""
+    setpriv = ["setpriv", f"--reuid={NOBODY}", "--regid=0", "--clear-groups"]
+    return subprocess.run(
+        [*setpriv, sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+    )
+
+
 def free_tcp_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -10,9 +10,6 @@ import contextlib
 import mmap
 import os
 import secrets
-import subprocess
-import sys
-import textwrap
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +18,7 @@ import pytest
 
 from inferpool.client import Client, InferpoolError, ShmClient
 from inferpool.shm.region import Region
-from tests.support import Server, serving_examples, shm_input
+from tests.support import NOBODY, Server, as_nobody, serving_examples, shm_input
 
 
 @pytest.fixture(scope="module")
@@ -130,21 +127,6 @@ def test_a_small_window_of_a_sparse_gigabyte_maps_only_the_window(server, own_ob
         grown = rss_kib(pid) - rss_before
     assert 0 < mapped <= 2 * mmap.PAGESIZE, mapped  # the page(s) around the window only
     assert grown < 16 << 10, f"the worker's RSS grew by {grown} KiB for a 16-byte window"
-
-
-NOBODY = 65534
-
-
-def as_nobody(code: str) -> subprocess.CompletedProcess[str]:
-    """``code`` in a client process of user nobody (group root: it may reach the socket)."""
-    setpriv = ["setpriv", f"--reuid={NOBODY}", "--regid=0", "--clear-groups"]
-    return subprocess.run(
-        [*setpriv, sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd="/",
-    )
 
 
 def test_another_users_object_is_refused_under_any_name(server, own_object) -> None:
