@@ -12,6 +12,7 @@ share them), which is Triton's rule: any HTTP or gRPC client may use any registe
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import orjson
@@ -22,6 +23,8 @@ from inferpool.broker.kserve.channel import BrokerChannel
 from inferpool.broker.kserve.http_base import JSON, application, json_response, read_body
 from inferpool.broker.kserve.http_infer import parse_request, response_body
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg
+
+log = logging.getLogger("inferpool.kserve")
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 BINARY = "application/octet-stream"
@@ -143,11 +146,18 @@ class _Api:
         response = web.StreamResponse(headers=headers)
         response.content_type = BINARY
         response.content_length = len(head) + size
-        await response.prepare(request)
-        await response.write(head)
-        for tensor in binaries:
-            await response.write(tensor)
-        await response.write_eof()
+        try:
+            await response.prepare(request)
+            await response.write(head)
+            for tensor in binaries:
+                await response.write(tensor)
+            await response.write_eof()
+        except ConnectionError as exc:
+            # The client went away.  The error's traceback holds the frames of the writes,
+            # and so the tensors and the output memory they lie in (the caller's share of
+            # it), in a cycle only a garbage collection would end: drop it, they go now.
+            exc.__traceback__ = None
+            log.info("HTTP client %s went away before reading its response", request.remote)
         return response
 
     # ------------------------------------------------------------------ repository
