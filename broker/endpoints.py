@@ -27,6 +27,7 @@ import posix_ipc
 import zmq
 
 from inferpool.broker.curve import CurveKeys, secure
+from inferpool.broker.front.peers import KSERVE_TAG, SECURE_TAG
 from inferpool.shm.runs import SHM_DIR, RunLock, ours, regions_of_run, sweep_dead_runs
 from inferpool.wire.errors import Code, InferpoolError
 
@@ -48,15 +49,23 @@ def open_run(stack: contextlib.ExitStack, run_dir: str) -> str:
 
 @dataclass(frozen=True)
 class Frontends:
-    """The clients' ROUTER sockets: ``plain`` (ipc, and tcp without CURVE) and ``secure``
-    (the tcp endpoints, when CURVE is on)."""
+    """The clients' ROUTER sockets: ``plain`` (ipc, and tcp without CURVE), ``secure`` (the
+    tcp endpoints, when CURVE is on) and ``kserve`` (inproc, the KServe frontends' alone)."""
 
     plain: zmq.Socket[Any]
     secure: zmq.Socket[Any] | None = None
+    kserve: zmq.Socket[Any] | None = None
 
     @property
     def sockets(self) -> list[zmq.Socket[Any]]:
+        """Those whose clients connect from other processes (their disconnects matter)."""
         return [self.plain] if self.secure is None else [self.plain, self.secure]
+
+    @property
+    def tagged(self) -> dict[bytes, zmq.Socket[Any]]:
+        """The sockets other than ``plain``, by the tag of their clients' owner keys."""
+        tags = {SECURE_TAG: self.secure, KSERVE_TAG: self.kserve}
+        return {tag: sock for tag, sock in tags.items() if sock is not None}
 
 
 def listen(
@@ -65,13 +74,19 @@ def listen(
     endpoints: Iterable[str],
     ipc_group: bool = False,
     curve: CurveKeys | None = None,
+    inproc: str = "",
 ) -> Frontends:
-    """The clients' ROUTER sockets, bound to every endpoint."""
+    """The clients' ROUTER sockets, bound to every endpoint, and one bound to ``inproc`` for
+    the KServe frontends when it is given."""
     plain = _router(stack, ctx)
     tcp = None
     if curve is not None:
         tcp = _router(stack, ctx)
         secure(stack, ctx, tcp, curve)
+    kserve = None
+    if inproc:
+        kserve = _router(stack, ctx)
+        kserve.bind(inproc)
     for endpoint in endpoints:
         path = endpoint[len("ipc://") :] if endpoint.startswith("ipc://") else ""
         if path and not path.startswith("@"):
@@ -90,7 +105,7 @@ def listen(
             if ipc_group:
                 os.chmod(path, 0o660)
         log.info("listening on %s%s", endpoint, " (CURVE)" if sock is tcp else "")
-    return Frontends(plain, tcp)
+    return Frontends(plain, tcp, kserve)
 
 
 def _router(stack: contextlib.ExitStack, ctx: zmq.Context[Any]) -> zmq.Socket[Any]:

@@ -24,7 +24,6 @@ from inferpool.broker.front.control import Control, Readiness
 from inferpool.broker.front.handles import Handles
 from inferpool.broker.front.inference import Inference
 from inferpool.broker.front.metrics import BrokerCollector, MetricsEndpoint
-from inferpool.broker.front.peers import SECURE_TAG
 from inferpool.broker.front.registrations import Registrations
 from inferpool.broker.front.responder import Responder
 from inferpool.broker.front.router import Router
@@ -96,17 +95,19 @@ class Broker:
             stack.callback(outputs.close)
             ctx: zmq.Context[Any] = zmq.Context()
             stack.callback(ctx.term)
-            fronts = listen(stack, ctx, opts.listen, opts.ipc_access == "group", curve)
-            self.frontend, self.secure = fronts.plain, fronts.secure
+            frontends = opts.frontends()  # the KServe frontends' socket: inproc, their own
+            inproc = f"inproc://inferpool-kserve-{run_id}" if frontends.enabled else ""
+            fronts = listen(stack, ctx, opts.listen, opts.ipc_access == "group", curve, inproc)
+            self.frontend, self.tagged = fronts.plain, fronts.tagged
             self.poller = zmq.Poller()
-            for sock in fronts.sockets:
+            for sock in [fronts.plain, *self.tagged.values()]:
                 self.poller.register(sock, zmq.POLLIN)
             self.poller.register(self._wake, zmq.POLLIN)
             self.channels: dict[int, Worker] = {}  # worker channel fd -> its worker
             # answers (the front's) first: the models answer requests through them
             shares = OutputShares(opts.output_share, lambda client: self.shm.principal(client))
             handles = Handles(LeaseTable(run_id), outputs, shares)
-            self.responder = Responder(self.frontend, outputs, handles, self.secure)
+            self.responder = Responder(self.frontend, outputs, handles, self.tagged)
             # models and their workers
             self.registry = Registry()
             self.manager = manager = Manager(
@@ -166,7 +167,6 @@ class Broker:
                 self.responder,
                 [control.handlers(), inference.handlers(), self.shm.handlers()],
                 self.shm.arrived,
-                reserved=SECURE_TAG if self.secure is not None else b"",
             )
             self.metrics: MetricsEndpoint | None = None
             if opts.metrics_port:
@@ -176,11 +176,8 @@ class Broker:
                 )
                 stack.callback(self.metrics.close)
                 self.poller.register(self.metrics.socket, zmq.POLLIN)
-            # the KServe frontends: their own thread, a zmq client of the ROUTER over inproc
-            frontends = opts.frontends()
-            if frontends.enabled:
-                inproc = f"inproc://inferpool-kserve-{run_id}"
-                self.frontend.bind(inproc)
+            # the KServe frontends: their own thread, a zmq client of their ROUTER over inproc
+            if inproc:
                 stack.callback(Frontends(ctx, inproc, frontends).close)
             stack.callback(supervisor.kill_all)
             self._interrupted()
@@ -275,8 +272,9 @@ class Broker:
                         self._from_worker(handle)
                 if self.frontend in events:
                     self._drain_frontend()
-                if self.secure is not None and self.secure in events:
-                    self.router.handle(recv_frames(self.secure, NOBLOCK), SECURE_TAG)
+                for tag, sock in self.tagged.items():
+                    if sock in events:
+                        self.router.handle(recv_frames(sock, NOBLOCK), tag)
                 if metrics is not None and metrics.socket in events:
                     metrics.answer()
                 if self._wake.fileno() in events or self._signals:

@@ -2,7 +2,9 @@
 
 A client's zmq routing id is tied to its connection through the fd its message came from
 (``zmq.SRCFD``), which also says who the peer is (``front.peers``, looked up once per
-connection, when a rule needs it).  Each ROUTER's monitor reports that fd when the
+connection, when a rule needs it).  The KServe frontends' callers have no connection of their
+own: each of their messages names its caller, and what they register lasts until they
+unregister it (as in Triton).  Each ROUTER's monitor reports that fd when the
 connection closes, however the client died: what it held ends then.  Of the clients that
 hold something (registrations, leases), one that stays connected but says nothing for longer
 than the lease timeout loses its leases (a live one keeps them with ``keepalive`` messages).
@@ -20,7 +22,7 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from inferpool.broker.front.peers import SECURE_TAG, UNKNOWN, Peer, peer_of
+from inferpool.broker.front.peers import KSERVE_TAG, SECURE_TAG, UNKNOWN, Peer, caller_peer, peer_of
 
 log = logging.getLogger("inferpool.clients")
 
@@ -52,13 +54,15 @@ class ClientTracker:
 
     def track(self, client: bytes, source: Any) -> None:
         """Start watching ``client``; ``source`` is a frame of the message it just sent."""
-        if client in self._clients:
+        if client in self._clients or client.startswith(KSERVE_TAG):
             return
         self._connection(client, source)
         self._clients[client] = _Client(time.monotonic())
 
     def peer(self, client: bytes, source: Any) -> Peer:
         """Who ``client`` is (``source``: a frame of the message it just sent)."""
+        if client.startswith(KSERVE_TAG):
+            return caller_peer(client)
         peer = self._peers.get(client)
         if peer is None:
             fd = self._connection(client, source)
@@ -68,6 +72,8 @@ class ClientTracker:
 
     def known(self, client: bytes) -> Peer | None:
         """Who ``client`` is, if it was looked at already."""
+        if client.startswith(KSERVE_TAG):
+            return caller_peer(client)
         return self._peers.get(client)
 
     def _connection(self, client: bytes, source: Any) -> int:

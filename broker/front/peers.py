@@ -3,50 +3,64 @@
 A ROUTER message carries the descriptor of the connection it came on (``zmq.SRCFD``).  Over
 ipc the kernel knows the peer's process, user and groups (``SO_PEERCRED``); over tcp only
 its address, and whether it came through the CURVE socket, whose handshake proved that it
-holds an authorized key.  What a client may register, and whose limits it counts against,
-are decided from this.
+holds an authorized key.  The KServe frontends' socket (inproc, in the broker's own process)
+carries no peer of its own: each of its messages names its HTTP or gRPC caller
+(``wire.caller``), whom the frontends identified the same way (the owner of a loopback
+client's socket).  What a client may register, and whose limits it counts against, are
+decided from this.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import socket
 import struct
 from dataclasses import dataclass
 
+from inferpool.wire import caller
 from inferpool.wire.errors import Code, InferpoolError
 
-# The owner key of a client of the CURVE socket is this tag and its routing id: a plain
-# socket's ids are 5 bytes when zmq makes them, so a longer id with this tag is refused there
+# The owner key of a client of a tagged socket is the socket's tag and the frame of its
+# messages that names it: a CURVE client's routing id, the caller frame of the frontends'
+# messages (which follows their own routing id).  A plain socket's ids are 5 bytes when zmq
+# makes them, so a longer id with a tag is refused there: no client can pose as another's.
 SECURE_TAG = b"\x00curve:"
+KSERVE_TAG = b"\x00kserve:"
+NAMED_BY = {SECURE_TAG: 0, KSERVE_TAG: 1}  # which routing frame names a tagged socket's client
+RESERVED = tuple(NAMED_BY)
 _UCRED = struct.Struct("3i")  # pid, uid, gid
 
 
 @dataclass(frozen=True, slots=True)
 class Peer:
-    transport: str  # "ipc", "tcp", or "" when the connection could not be looked at
+    transport: str  # "ipc", "tcp", "kserve", or "" when the connection could not be looked at
     pid: int = 0
-    uid: int = -1
+    uid: int = -1  # kserve: -1 when the caller could not be identified
     gids: frozenset[int] = frozenset()
-    address: str = ""  # tcp: the peer's host
+    address: str = ""  # tcp, unidentified kserve callers: the peer's host
     authenticated: bool = False  # tcp: through the CURVE socket, with an authorized key
 
     @property
     def principal(self) -> str:
-        """What per-client limits count against: a process over ipc, a host over tcp."""
+        """What per-client limits count against: a process over ipc, a host over tcp, a user
+        (a host when unidentified) over HTTP/gRPC."""
         if self.transport == "ipc":
             return f"process {self.pid} (uid {self.uid})"
         if self.transport == "tcp":
             return f"tcp host {self.address}"
+        if self.transport == "kserve":
+            who = f"uid {self.uid}" if self.uid >= 0 else f"host {self.address}"
+            return f"{who} over HTTP/gRPC"
         return "an unidentified peer"
 
     @property
     def access_uid(self) -> int | None:
-        """Whose rights the client has over shared-memory objects: its own user's over ipc,
-        the server's user's over authenticated tcp (the operator authorized its key), none
-        over plain tcp."""
-        if self.transport == "ipc":
+        """Whose rights the client has over shared-memory objects: its own user's over ipc
+        and over HTTP/gRPC from loopback, the server's user's over authenticated tcp (the
+        operator authorized its key), none over plain tcp or HTTP/gRPC from elsewhere."""
+        if self.transport == "ipc" or (self.transport == "kserve" and self.uid >= 0):
             return self.uid
         if self.authenticated:
             return os.geteuid()
@@ -59,14 +73,21 @@ UNKNOWN = Peer("")
 def require_access(peer: Peer, what: str) -> int:
     """``peer.access_uid``, or UNSUPPORTED: a client over plain tcp may not ``what``."""
     uid = peer.access_uid
-    if uid is None:
+    if uid is not None:
+        return uid
+    if peer.transport == "kserve":
         raise InferpoolError(
             Code.UNSUPPORTED,
-            f"a client over plain tcp ({peer.principal}) may not {what}: connect over the ipc "
-            "endpoint (the server checks the client's user), or over tcp with a CURVE key "
-            "the server authorized (--curve-authorized-keys)",
+            f"an HTTP/gRPC client the server cannot identify ({peer.principal}) may not "
+            f"{what}: only a client over loopback (127.0.0.1, ::1) on the server's own host "
+            "has a user the server can check",
         )
-    return uid
+    raise InferpoolError(
+        Code.UNSUPPORTED,
+        f"a client over plain tcp ({peer.principal}) may not {what}: connect over the ipc "
+        "endpoint (the server checks the client's user), or over tcp with a CURVE key "
+        "the server authorized (--curve-authorized-keys)",
+    )
 
 
 def peer_of(fd: int, authenticated: bool) -> Peer:
@@ -87,6 +108,17 @@ def peer_of(fd: int, authenticated: bool) -> Peer:
         except OSError:
             pass
     return UNKNOWN
+
+
+@functools.lru_cache(maxsize=1024)
+def caller_peer(client: bytes) -> Peer:
+    """The HTTP or gRPC caller a frontends' owner key (``KSERVE_TAG`` and the caller frame)
+    names."""
+    try:
+        who = caller.parse(client[len(KSERVE_TAG) :])
+    except ValueError:
+        return Peer("kserve", address="unknown")
+    return Peer("kserve", uid=who.uid, gids=who.groups, address=who.host)
 
 
 def _groups(pid: int) -> frozenset[int]:

@@ -10,13 +10,12 @@ Outputs that stay in shared memory (handles, client regions) carry no frame:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import zmq
 
 from inferpool.broker.front.handles import Handles
-from inferpool.broker.front.peers import SECURE_TAG
 from inferpool.broker.models.request import PendingRequest
 from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.wire import codec
@@ -35,12 +34,13 @@ class Responder:
         socket: zmq.Socket[Any],
         outputs: OutputRegions,
         handles: Handles,
-        secure: zmq.Socket[Any] | None = None,
+        tagged: Mapping[bytes, zmq.Socket[Any]],
     ) -> None:
-        """``handles`` describes the outputs that stay in shared memory; ``secure``: the
-        CURVE socket, whose clients' owner keys carry ``SECURE_TAG``."""
+        """``handles`` describes the outputs that stay in shared memory; ``tagged``: the
+        other sockets by their tag (``front.peers``): the owner keys of their clients start
+        with it, and their routing frames follow."""
         self.socket = socket
-        self.secure = secure
+        self.tagged = dict(tagged)
         self.outputs = outputs
         self.handles = handles
         self.shares = handles.shares
@@ -50,8 +50,10 @@ class Responder:
     # ------------------------------------------------------------------ plain messages
     def _route(self, envelope: list[Any]) -> tuple[zmq.Socket[Any], list[Any]]:
         """The socket a client's answers go out on, and its routing frames there."""
-        if self.secure is not None and envelope and envelope[0].startswith(SECURE_TAG):
-            return self.secure, [envelope[0][len(SECURE_TAG) :], *envelope[1:]]
+        if envelope:
+            for tag, sock in self.tagged.items():
+                if envelope[0].startswith(tag):
+                    return sock, envelope[1:]
         return self.socket, envelope
 
     def send(self, envelope: list[Any], header: dict[str, Any]) -> None:

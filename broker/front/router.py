@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from inferpool.broker.front.peers import NAMED_BY, RESERVED
 from inferpool.broker.front.responder import Responder
 from inferpool.wire import codec
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg
@@ -28,14 +29,11 @@ class Router:
         responder: Responder,
         tables: Iterable[Mapping[str, Handler]],
         arrived: Callable[[Any], None],
-        reserved: bytes = b"",
     ) -> None:
         """``tables``: each part's handlers by message type; ``arrived`` hears the routing
         frame of each message before its handler runs (the connection it came on:
-        ``front.clients`` ties a client to it); ``reserved``: a prefix of the owner keys of
-        another socket's clients, refused as a routing id here."""
+        ``front.clients`` ties a client to it)."""
         self.responder = responder
-        self._reserved = reserved
         self.handlers: dict[str, Handler] = {}
         for table in tables:
             taken = self.handlers.keys() & table.keys()
@@ -46,7 +44,13 @@ class Router:
         self._expected = ", ".join(sorted(self.handlers))
 
     def handle(self, frames: list[Any], tag: bytes = b"") -> None:
-        """One message; ``tag`` prefixes its client's owner key (the CURVE socket's)."""
+        """One message; ``tag``: that of the socket it came on, if not the plain one.
+
+        A tagged socket's message gets its client's owner key (the tag and the frame that
+        names the client, ``front.peers.NAMED_BY``) in front of its routing frames; on the
+        plain socket, a routing id that starts with a tag poses as another socket's client:
+        the message is dropped (its answer would go to that client).
+        """
         responder = self.responder
         if frames:
             self._arrived(frames[0])
@@ -55,7 +59,9 @@ class Router:
         else:
             split = next((i for i, f in enumerate(frames) if len(f) == 0), -1)
         if split < 1 or split + 1 >= len(frames):
-            envelope = [tag + frames[0].bytes] if frames else []
+            envelope = [f.bytes for f in frames[:1]]
+            if tag and envelope:
+                envelope.insert(0, tag + envelope[0])
             responder.send_error(
                 envelope,
                 "error",
@@ -67,10 +73,14 @@ class Router:
             return
         envelope = [f.bytes for f in frames[:split]]
         if tag:
-            envelope[0] = tag + envelope[0]
-        elif self._reserved and envelope[0].startswith(self._reserved):
-            log.warning("dropped a message whose routing id poses as a CURVE client's")
-            return  # no answer: the id names a client of the other socket
+            named = NAMED_BY[tag]
+            if named >= split:
+                log.warning("dropped a message without the frame that names its client")
+                return
+            envelope.insert(0, tag + envelope[named])
+        elif envelope[0].startswith(RESERVED):
+            log.warning("dropped a message whose routing id poses as another socket's client")
+            return  # no answer: the id names a client of another socket
         msg_type: Any = "error"
         request_id: Any = ""
         try:

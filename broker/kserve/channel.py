@@ -1,14 +1,17 @@
 """The frontends' end of the broker's socket: an inproc DEALER driven by an asyncio loop.
 
-Every HTTP or gRPC call becomes one message of the zmq protocol (docs/PROTOCOL.md), sent to
-the broker's ROUTER over an inproc connection, so it takes the zmq clients' own path: the
-router, admission, the schedulers and the responder.  The broker's loop reads it like any
-client's message; nothing here runs in that loop, and nothing here blocks this one.
+Every HTTP or gRPC call becomes one message of the zmq protocol (docs/PROTOCOL.md), sent over
+an inproc connection to a ROUTER the broker keeps for the frontends alone, so it takes the
+zmq clients' own path: the router, admission, the schedulers and the responder.  The
+broker's loop reads it like any client's message; nothing here runs in that loop, and
+nothing here blocks this one.
 
-Replies are matched by a tag frame the DEALER puts before the empty delimiter: the ROUTER
-keeps it in the envelope and sends it back unchanged, so the request's own ``id`` stays the
-client's.  Tensor frames of 64 KiB and more travel without a copy (the broker copies them
-once, into its arena); replies arrive as zero-copy frames.
+Each message names its caller in its first frame (``wire.caller``: the HTTP or gRPC client
+it is for, whose registrations and limits it counts against), which the broker believes on
+this socket only.  Replies are matched by a tag frame that follows it, before the empty
+delimiter: the ROUTER keeps both in the envelope and sends them back unchanged, so the
+request's own ``id`` stays the client's.  Tensor frames of 64 KiB and more travel without a
+copy (the broker copies them once, into its arena); replies arrive as zero-copy frames.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ class BrokerChannel:
     """Requests to the broker and their replies, for coroutines of one asyncio loop."""
 
     def __init__(self, ctx: zmq.Context[Any], endpoint: str) -> None:
-        """``endpoint``: the inproc address the broker's ROUTER is bound to (same ``ctx``)."""
+        """``endpoint``: the inproc address of the broker's ROUTER for the frontends (same
+        ``ctx``)."""
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 0)  # never refuse a send: the loop must not block
@@ -62,9 +66,14 @@ class BrokerChannel:
 
     # ------------------------------------------------------------------ requests
     async def call(
-        self, header: dict[str, Any], frames: Sequence[Any] = (), timeout: float | None = None
+        self,
+        caller: bytes,
+        header: dict[str, Any],
+        frames: Sequence[Any] = (),
+        timeout: float | None = None,
     ) -> Message:
-        """Send one request and wait for its reply; an error reply is raised."""
+        """Send one request for ``caller`` (``kserve.callers``) and wait for its reply; an
+        error reply is raised."""
         assert self._loop is not None
         done: asyncio.Future[Message] = self._loop.create_future()
 
@@ -72,7 +81,7 @@ class BrokerChannel:
             if not done.done():
                 done.set_result((reply, tensors))
 
-        tag = self.open(header, frames, settle)
+        tag = self.open(caller, header, frames, settle)
         try:
             reply, tensors = await asyncio.wait_for(done, timeout)
         except asyncio.TimeoutError:
@@ -84,12 +93,15 @@ class BrokerChannel:
         codec.raise_for_error(reply)
         return reply, tensors
 
-    def open(self, header: dict[str, Any], frames: Sequence[Any], listener: Listener) -> bytes:
-        """Send a request whose replies (several, for a decoupled model) go to ``listener``
-        until :meth:`forget` is called with the tag returned."""
+    def open(
+        self, caller: bytes, header: dict[str, Any], frames: Sequence[Any], listener: Listener
+    ) -> bytes:
+        """Send a request for ``caller`` whose replies (several, for a decoupled model) go to
+        ``listener`` until :meth:`forget` is called with the tag returned."""
         tag = next(self._tags).to_bytes(8, "little")
         self._listeners[tag] = listener
         sock = self._sock
+        sock.send(caller, SNDMORE)
         sock.send(tag, SNDMORE)
         sock.send(_EMPTY, SNDMORE)
         if frames:
@@ -113,13 +125,13 @@ class BrokerChannel:
     def _drain(self) -> None:
         sock = self._sock
         while sock.getsockopt(EVENTS) & POLLIN:
-            frames = recv_frames(sock, NOBLOCK)
-            if len(frames) < 3:
+            frames = recv_frames(sock, NOBLOCK)  # caller, tag, delimiter, header, tensors
+            if len(frames) < 4:
                 continue
-            listener = self._listeners.get(frames[0].bytes)
+            listener = self._listeners.get(frames[1].bytes)
             if listener is None:
                 continue  # its caller went away (a closed HTTP connection, a cancelled call)
             try:
-                listener(codec.decode_header(frames[2].bytes), frames[3:])
+                listener(codec.decode_header(frames[3].bytes), frames[4:])
             except Exception:  # one caller's bug must not stop the replies of the others
                 log.exception("handling a reply from the broker failed")

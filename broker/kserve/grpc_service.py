@@ -5,7 +5,8 @@ layer is theirs), on ``grpc.aio`` in the frontends' asyncio loop.  Each RPC is o
 protocol message through the channel; an error reply aborts the RPC with the broker's
 message and Triton's status code, except in ``ModelStreamInfer``, where, as in Triton, it
 travels in the stream as ``error_message`` and the stream goes on.  RPCs inferpool does
-not have (trace and log settings) are UNIMPLEMENTED, the base class's answer.
+not have (trace and log settings) are UNIMPLEMENTED, the base class's answer.  Each call is
+made for its caller (``kserve.callers``), looked up once per call (once per stream).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tritonclient.grpc import model_config_pb2
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc.service_pb2_grpc import GRPCInferenceServiceServicer
 
+from inferpool.broker.kserve.callers import Callers
 from inferpool.broker.kserve.channel import BrokerChannel
 from inferpool.broker.kserve.grpc_infer import infer_message, infer_response
 from inferpool.broker.kserve.health import HEALTH_TIMEOUT_S
@@ -41,14 +43,21 @@ def _unsupported_repository(name: str) -> None:
 
 
 class InferenceServicer(GRPCInferenceServiceServicer):
-    def __init__(self, channel: BrokerChannel) -> None:
+    def __init__(self, channel: BrokerChannel, callers: Callers, address: str, port: int) -> None:
+        """``address``, ``port``: where this servicer's server listens."""
         self.channel = channel
+        self.callers = callers
+        self.address = address
+        self.port = port
+
+    def _caller(self, context: Context) -> bytes:
+        return self.callers.of_grpc(context, self.address, self.port)
 
     async def _ask(
         self, context: Context, header: dict[str, Any], timeout: float | None = None
     ) -> dict[str, Any]:
         try:
-            reply, _ = await self.channel.call(header, timeout=timeout)
+            reply, _ = await self.channel.call(self._caller(context), header, timeout=timeout)
         except InferpoolError as err:
             await _abort(context, err)
         return reply
@@ -69,7 +78,8 @@ class InferenceServicer(GRPCInferenceServiceServicer):
             "model_version": request.version,
         }
         try:
-            reply, _ = await self.channel.call(header, timeout=HEALTH_TIMEOUT_S)
+            caller = self._caller(context)
+            reply, _ = await self.channel.call(caller, header, timeout=HEALTH_TIMEOUT_S)
         except InferpoolError as err:
             if err.code is not Code.NOT_FOUND:  # Triton: an unknown model is not ready
                 await _abort(context, err)
@@ -212,7 +222,7 @@ class InferenceServicer(GRPCInferenceServiceServicer):
     async def ModelInfer(self, request: Any, context: Context) -> pb.ModelInferResponse:
         try:
             header, frames, _ = infer_message(request, single_response=True)
-            reply, outputs = await self.channel.call(header, frames)
+            reply, outputs = await self.channel.call(self._caller(context), header, frames)
         except InferpoolError as err:
             await _abort(context, err)
         return infer_response(reply, outputs)
@@ -220,7 +230,7 @@ class InferenceServicer(GRPCInferenceServiceServicer):
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[Any], context: Context
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        stream = _Stream(self.channel)
+        stream = _Stream(self.channel, self._caller(context))
         reader = asyncio.ensure_future(stream.read(request_iterator))
         try:
             while (response := await stream.queue.get()) is not None:
@@ -234,8 +244,9 @@ class _Stream:
     """One ``ModelStreamInfer`` call: requests go out as they come, responses are queued as
     the broker sends them (a decoupled model's several per request); ``None`` ends it."""
 
-    def __init__(self, channel: BrokerChannel) -> None:
+    def __init__(self, channel: BrokerChannel, caller: bytes) -> None:
         self.channel = channel
+        self.caller = caller
         self.queue: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
         self.open: set[bytes] = set()
         self.reading = True
@@ -276,7 +287,7 @@ class _Stream:
                 self.open.discard(tag)
                 self._maybe_end()
 
-        tag = self.channel.open(header, frames, reply)
+        tag = self.channel.open(self.caller, header, frames, reply)
         self.open.add(tag)
 
     def _maybe_end(self) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
+from inferpool.broker.kserve.callers import Callers
 from inferpool.broker.kserve.channel import BrokerChannel
 from inferpool.broker.kserve.http_base import error_response
 from inferpool.wire.errors import Code, InferpoolError
@@ -26,16 +27,19 @@ _MODEL = "/v2/models/{model}"
 _VERSION = "/versions/{version:[0-9]+}"
 
 
-def routes(channel: BrokerChannel) -> list[web.RouteDef]:
-    async def ask(header: dict[str, Any], field: str) -> bool:
-        reply, _ = await channel.call(header, timeout=HEALTH_TIMEOUT_S)
+def routes(channel: BrokerChannel, callers: Callers) -> list[web.RouteDef]:
+    async def ask(request: web.Request, header: dict[str, Any], field: str) -> bool:
+        caller = callers.of_http(request)
+        reply, _ = await channel.call(caller, header, timeout=HEALTH_TIMEOUT_S)
         return bool(reply.get(field))
 
     async def live(request: web.Request) -> web.Response:
-        return web.Response(status=200 if await ask({"type": "health_live"}, "live") else 400)
+        live = await ask(request, {"type": "health_live"}, "live")
+        return web.Response(status=200 if live else 400)
 
     async def ready(request: web.Request) -> web.Response:
-        return web.Response(status=200 if await ask({"type": "health_ready"}, "ready") else 400)
+        ready = await ask(request, {"type": "health_ready"}, "ready")
+        return web.Response(status=200 if ready else 400)
 
     async def model_ready(request: web.Request) -> web.Response:
         info = request.match_info
@@ -45,7 +49,7 @@ def routes(channel: BrokerChannel) -> list[web.RouteDef]:
             "model_version": info.get("version", ""),
         }
         try:
-            ok = await ask(header, "ready")
+            ok = await ask(request, header, "ready")
         except InferpoolError as err:
             if err.code is not Code.NOT_FOUND:  # Triton: an unknown model is not ready
                 raise

@@ -6,8 +6,9 @@ repository and the system / CUDA shared-memory extensions).  Each handler builds
 message a zmq client would send, awaits the broker's reply over the channel and reshapes
 it into Triton's JSON; errors keep the broker's message and get Triton's status code.
 
-Regions registered here belong to the frontends as one client of the broker (HTTP and gRPC
-share them), which is Triton's rule: any HTTP or gRPC client may use any registered name.
+Each call is made for its caller (``kserve.callers``): regions registered here belong to
+the caller's user, and every HTTP and gRPC client of that user may use them (Triton's rule,
+within one user); a client the frontends cannot identify may register none.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import orjson
 from aiohttp import web
 
 from inferpool.broker.kserve import health
+from inferpool.broker.kserve.callers import Callers
 from inferpool.broker.kserve.channel import BrokerChannel
 from inferpool.broker.kserve.http_base import JSON, application, json_response, read_body
 from inferpool.broker.kserve.http_infer import parse_request, response_body
@@ -35,11 +37,11 @@ _METADATA_FIELDS = ("name", "versions", "platform", "inputs", "outputs")
 CONTROL_MAX = 1 << 20  # the body of a call that is not an inference
 
 
-def build(channel: BrokerChannel, max_body: int) -> web.Application:
+def build(channel: BrokerChannel, callers: Callers, max_body: int) -> web.Application:
     """The app: every Triton endpoint inferpool has, bodies up to ``max_body`` bytes."""
-    api = _Api(channel, max_body)
+    api = _Api(channel, callers, max_body)
     routes = [
-        *health.routes(channel),
+        *health.routes(channel, callers),
         web.get("/v2", api.server_metadata, allow_head=False),
         web.get("/v2/models/stats", api.statistics, allow_head=False),
         web.post("/v2/repository/index", api.repository_index),
@@ -89,32 +91,33 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
 
 
 class _Api:
-    def __init__(self, channel: BrokerChannel, max_body: int) -> None:
+    def __init__(self, channel: BrokerChannel, callers: Callers, max_body: int) -> None:
         self.channel = channel
+        self.callers = callers
         self.max_body = max_body
 
-    async def ask(self, header: dict[str, Any]) -> dict[str, Any]:
-        reply, _ = await self.channel.call(header)
+    async def ask(self, request: web.Request, header: dict[str, Any]) -> dict[str, Any]:
+        reply, _ = await self.channel.call(self.callers.of_http(request), header)
         return reply
 
     # ------------------------------------------------------------------ metadata
     async def server_metadata(self, request: web.Request) -> web.Response:
-        reply = await self.ask({"type": "server_metadata"})
+        reply = await self.ask(request, {"type": "server_metadata"})
         return json_response({k: reply[k] for k in ("name", "version", "extensions")})
 
     async def model_metadata(self, request: web.Request) -> web.Response:
-        reply = await self.ask({"type": "model_metadata", **_model(request)})
+        reply = await self.ask(request, {"type": "model_metadata", **_model(request)})
         return json_response({k: reply[k] for k in _METADATA_FIELDS if k in reply})
 
     async def model_config(self, request: web.Request) -> web.Response:
-        reply = await self.ask({"type": "model_config", **_model(request)})
+        reply = await self.ask(request, {"type": "model_config", **_model(request)})
         return json_response(reply["config"])
 
     async def statistics(self, request: web.Request) -> web.Response:
         header = {"type": "statistics"}
         if "model" in request.match_info:
             header.update(_model(request))
-        reply = await self.ask(header)
+        reply = await self.ask(request, header)
         return json_response({"model_stats": reply["model_stats"]})
 
     # ------------------------------------------------------------------ inference
@@ -133,7 +136,8 @@ class _Api:
                 )
         info = _model(request)
         call = parse_request(body, header_length, info["model_name"], info["model_version"])
-        reply, frames = await self.channel.call(call.header, call.frames)
+        caller = self.callers.of_http(request)
+        reply, frames = await self.channel.call(caller, call.header, call.frames)
         head, binaries = response_body(call, reply, frames)
         if not binaries:
             return web.Response(body=head, content_type=JSON)
@@ -165,7 +169,7 @@ class _Api:
         ready = (await _json_body(request)).get("ready", False)
         if not isinstance(ready, bool):
             raise invalid_arg("Invalid value for 'ready': expected a boolean")
-        reply = await self.ask({"type": "repository_index", "ready": ready})
+        reply = await self.ask(request, {"type": "repository_index", "ready": ready})
         return json_response(reply["models"])
 
     async def model_control(self, request: web.Request) -> web.Response:
@@ -177,7 +181,7 @@ class _Api:
                 "loading a model with a 'config' or 'file:' override is not supported; change "
                 "the model repository and load the model again",
             )
-        await self.ask({"type": action, "model_name": request.match_info["model"]})
+        await self.ask(request, {"type": action, "model_name": request.match_info["model"]})
         return web.Response(content_type=JSON)
 
     async def named_repository(self, request: web.Request) -> web.Response:
@@ -188,7 +192,7 @@ class _Api:
         header = {"type": f"{_kind(request)}_shared_memory_status"}
         if "region" in request.match_info:
             header["name"] = request.match_info["region"]
-        return json_response((await self.ask(header))["regions"])
+        return json_response((await self.ask(request, header))["regions"])
 
     async def register(self, request: web.Request) -> web.Response:
         body = await _json_body(request)
@@ -204,12 +208,12 @@ class _Api:
         else:
             header["key"] = body.get("key")
             header["offset"] = body.get("offset", 0)
-        await self.ask(header)
+        await self.ask(request, header)
         return web.Response(content_type=JSON)
 
     async def shm_unregister(self, request: web.Request) -> web.Response:
         header = {"type": f"unregister_{_kind(request)}_shared_memory"}
         if "region" in request.match_info:
             header["name"] = request.match_info["region"]
-        await self.ask(header)
+        await self.ask(request, header)
         return web.Response(content_type=JSON)

@@ -26,9 +26,11 @@ from aiohttp import web
 from tritonclient.grpc.service_pb2_grpc import add_GRPCInferenceServiceServicer_to_server
 
 from inferpool.broker.kserve import health, http_app
+from inferpool.broker.kserve.callers import Callers
 from inferpool.broker.kserve.channel import BrokerChannel
 from inferpool.broker.kserve.grpc_service import InferenceServicer
 from inferpool.broker.kserve.http_base import application
+from inferpool.broker.kserve.socket_owner import SocketOwners
 from inferpool.wire.errors import Code, InferpoolError
 
 log = logging.getLogger("inferpool.kserve")
@@ -64,7 +66,8 @@ class Frontends:
     """The thread, its loop and the listeners the options ask for."""
 
     def __init__(self, ctx: zmq.Context[Any], endpoint: str, options: FrontendOptions) -> None:
-        """Bind every listener; ``endpoint``: the inproc address of the broker's ROUTER."""
+        """Bind every listener; ``endpoint``: the inproc address of the broker's ROUTER for
+        the frontends."""
         self._ctx = ctx
         self._endpoint = endpoint
         self._options = options
@@ -102,15 +105,19 @@ class Frontends:
         channel = BrokerChannel(self._ctx, self._endpoint)
         channel.attach(self._loop)
         stack.callback(channel.close)  # runs last: the servers stop first
+        owners = SocketOwners()
+        stack.callback(owners.close)
+        callers = Callers(owners)
         max_body = opts.request_limit + BODY_SLACK
         if opts.http_port:
-            app = http_app.build(channel, max_body)
+            app = http_app.build(channel, callers, max_body)
             await self._serve_http(app, "HTTP", "http", opts.http_address, opts.http_port)
         if opts.health_port:
-            app = application(health.routes(channel), 1 << 16)
+            app = application(health.routes(channel, callers), 1 << 16)
             await self._serve_http(app, "health", "health", opts.health_address, opts.health_port)
         if opts.grpc_port:
-            await self._serve_grpc(channel, opts.grpc_address, opts.grpc_port)
+            servicer = InferenceServicer(channel, callers, opts.grpc_address, opts.grpc_port)
+            await self._serve_grpc(servicer, opts.grpc_address, opts.grpc_port)
 
     async def _serve_http(
         self, app: web.Application, what: str, flags: str, address: str, port: int
@@ -126,9 +133,9 @@ class Frontends:
             raise _bind_error(what, flags, address, port, _reason(exc)) from None
         log.info("%s on http://%s:%d", what, _host(address), port)
 
-    async def _serve_grpc(self, channel: BrokerChannel, address: str, port: int) -> None:
+    async def _serve_grpc(self, servicer: InferenceServicer, address: str, port: int) -> None:
         server = grpc.aio.server(options=_GRPC_OPTIONS)
-        add_GRPCInferenceServiceServicer_to_server(InferenceServicer(channel), server)
+        add_GRPCInferenceServiceServicer_to_server(servicer, server)
         try:
             server.add_insecure_port(f"{_host(address)}:{port}")
         except RuntimeError:  # grpc does not say why: a plain bind on the address does
