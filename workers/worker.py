@@ -43,6 +43,7 @@ from inferpool.workers.gpu_limit import check_load_limit
 from inferpool.workers.memory import WorkerMemory
 from inferpool.workers.pinning import cuda_ordinal, read_back
 from inferpool.workers.regions import ChannelRegions
+from inferpool.workers.reshape import OutputReshape, output_reshapes, to_config_shape
 from inferpool.workers.sequence_state import SequenceStates
 
 log = logging.getLogger("inferpool.worker")
@@ -82,6 +83,7 @@ class Worker:
         self.decoupled = False  # the rest is known once the model has completed its config
         self.batching = False
         self.reshapes: dict[str, tuple[int, ...]] = {}
+        self.output_reshapes: dict[str, OutputReshape] = {}
         self.states: SequenceStates | None = None  # sequence state, if the model keeps any
 
     # ------------------------------------------------------------------ lifecycle
@@ -118,6 +120,7 @@ class Worker:
         self.decoupled = self.host.decoupled
         self.batching = cfg.max_batch_size > 0
         self.reshapes = {t.name: tuple(t.reshape.shape) for t in cfg.input if t.HasField("reshape")}
+        self.output_reshapes = output_reshapes(cfg)
         self.states = SequenceStates.of(cfg, self.memory)
 
     def _loop(self) -> None:
@@ -285,12 +288,16 @@ class Worker:
             response.discard()
             return Result(request.handle, final, (), None, response.error.to_wire())
         outputs = []
+        reshapes = self.output_reshapes
         for name, out in response.outputs.items():
             if name not in request.requested_outputs:
                 self.memory.release(out.region, out.offset)
                 continue
+            shape = out.shape
+            if name in reshapes:  # the client sees the config's dims
+                shape = to_config_shape(shape, reshapes[name], self.batching)
             outputs.append(
-                TensorRef(name, out.datatype, out.shape, out.region, out.offset, out.byte_size)
+                TensorRef(name, out.datatype, shape, out.region, out.offset, out.byte_size)
             )
         return Result(request.handle, final, outputs, response.parameters or None)
 
