@@ -59,6 +59,7 @@ class Worker:
         self._items: list[Result] = []  # results of the batch in execution
         self._item_requests: list[Request | None] = []  # their requests, for statistics
         self._async_items: list[Result] = []
+        self._response_start: dict[int, int] = {}  # a decoupled request -> its last response
         self._in_execute = False
         self._main_thread = threading.get_ident()
         self.memory = WorkerMemory(spec.output_region, spec.instance.name)
@@ -107,7 +108,7 @@ class Worker:
         """Report ready, then serve until the broker says stop or goes away."""
         # the broker serves the config as the backend completed it (auto-complete)
         self.regions.loading = False
-        self.link.send(Ready(read_back(), self.host.config_dict()))
+        self.link.send(Ready(read_back(), self.host.config_dict(), self.host.stats.memory_usage()))
         try:
             self._loop()
         finally:
@@ -179,6 +180,9 @@ class Worker:
                 self._item_requests.append(None)
                 continue
             requests.append(request)
+        if self.decoupled:  # a response's compute time runs from the one before it
+            for request in requests:
+                self._response_start[request.handle] = exec_start
         compute_start = now_ns()
         self._in_execute = True
         try:
@@ -266,7 +270,15 @@ class Worker:
 
     def _emit(self, request: Request, response: Response | None, final: bool) -> None:
         """Called by ResponseSender: turn a response into a result for the broker."""
+        sent = now_ns()
         item = self._result(request, response, final)
+        if self.decoupled:  # Triton's response statistics: producing it, delivering it
+            starts = self._response_start
+            begun = starts.pop(request.handle, sent) if final else starts.get(request.handle, sent)
+            end = now_ns()
+            item = item.timed(Durations(0, sent - begun, end - sent))
+            if not final:
+                starts[request.handle] = end
         if threading.get_ident() == self._main_thread and self._in_execute:
             if self.decoupled:
                 self._send_items([item])
