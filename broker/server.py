@@ -32,6 +32,7 @@ from inferpool.broker.models import repository
 from inferpool.broker.models.manager import Manager, Worker
 from inferpool.broker.models.registry import Registry, State
 from inferpool.broker.models.reload import reload_repository
+from inferpool.broker.models.response_cache import ResponseCache
 from inferpool.broker.notify import sd_notify
 from inferpool.broker.options import ServerOptions
 from inferpool.broker.pool.gpu_limit import check_gpu_limits
@@ -63,6 +64,7 @@ class Broker:
         self._signals: list[int] = []
         self._stop_deadline = 0.0
         self._workers_stopping = False
+        self._next_poll = time.monotonic() + options.repository_poll_secs
         with contextlib.ExitStack() as stack:
             stack.callback(sd_notify, "STATUS=stopped")
             # the run: what loads, where it may run, its lock, regions, signals and socket
@@ -102,6 +104,11 @@ class Broker:
                 ),
             )
             self.supervisor = supervisor = manager.supervisor
+            stack.callback(manager.overrides.close)
+            if opts.cache_size:
+                manager.cache = ResponseCache.create(
+                    run_id, opts.cache_size, opts.prefault, arena, outputs, self.responder
+                )
             self.liveness = Liveness(supervisor, opts.heartbeat_ms)
             self.readiness = Readiness(self.registry, opts.strict_readiness)
             # the front: the shared-memory extension, inference, control, the router
@@ -273,6 +280,9 @@ class Broker:
         self.manager.tick(time.monotonic_ns())
         self.shm.tick(now)
         self.manager.flush_frees()
+        if self.options.polling and now >= self._next_poll and not self.readiness.stopping:
+            self._next_poll = now + self.options.repository_poll_secs
+            reload_repository(self.manager)  # poll mode: what changed on disk is applied
 
     # ================================================================== signals
     def _on_signal(self, signum: int, frame: Any) -> None:
