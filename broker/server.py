@@ -29,7 +29,9 @@ from inferpool.broker.front.responder import Responder
 from inferpool.broker.front.router import Router
 from inferpool.broker.front.shared_memory import EXTENSIONS, SharedMemory
 from inferpool.broker.models import repository
+from inferpool.broker.models.config_support import ConfigSupport
 from inferpool.broker.models.manager import Manager, Worker
+from inferpool.broker.models.rate_limiter import RateLimiter
 from inferpool.broker.models.registry import Registry, State
 from inferpool.broker.models.reload import reload_repository
 from inferpool.broker.models.response_cache import ResponseCache
@@ -105,6 +107,10 @@ class Broker:
             )
             self.supervisor = supervisor = manager.supervisor
             stack.callback(manager.overrides.close)
+            limited = opts.rate_limit == "execution_count"
+            manager.support = ConfigSupport(cache=opts.cache_size > 0, rate_limit=limited)
+            if limited:
+                manager.gate.limiter = RateLimiter.from_options(opts.rate_limit_resources)
             if opts.cache_size:
                 manager.cache = ResponseCache.create(
                     run_id, opts.cache_size, opts.prefault, arena, outputs, self.responder

@@ -14,7 +14,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from inferpool.broker.models import completion
+from inferpool.broker.models.config_support import ConfigSupport
 from inferpool.broker.models.overrides import Override, Overrides
+from inferpool.broker.models.rate_limiter import Gate
 from inferpool.broker.models.registry import ModelRecord, ModelVersion, Registry, State
 from inferpool.broker.models.reload import replace
 from inferpool.broker.models.request import PendingRequest
@@ -81,6 +83,8 @@ class Manager:
         self.metrics = CustomMetrics()
         self.cache: ResponseCache | None = None  # --cache-size > 0
         self.overrides = Overrides(repository)  # explicit loads with a config or files
+        self.gate = Gate(self._send, None)  # a RateLimiter with --rate-limit execution_count
+        self.support = ConfigSupport()  # what the server's flags make work
         self.wakes: dict[Scheduler, int] = {}
         self.pending: dict[str, ModelRecord] = {}  # replacements loading beside their model
         self.retiring: list[ModelRecord] = []  # records whose workers are stopping
@@ -120,6 +124,8 @@ class Manager:
     def build(self, name: str) -> ModelRecord:
         """A record for the model as it is on disk now, its workers starting."""
         entry = self.overrides.scan(name)
+        if entry.config is not None and entry.error is None:
+            entry.error = self.support.check(entry.config)  # warns of what it ignores
         record = ModelRecord(name, fingerprint=entry.fingerprint)
         if entry.error is not None or entry.config is None:
             record.error = entry.error
@@ -132,7 +138,9 @@ class Manager:
             try:
                 mv.placements = self.planner.plan(entry.config)
                 for p in mv.placements:
-                    mv.instances.append(self.supervisor.add(mv, p.instance(), p.pinning))
+                    handle = self.supervisor.add(mv, p.instance(), p.pinning)
+                    mv.instances.append(handle)
+                    self.gate.add(handle, entry.config, p.group, p.device_id)
                 for handle in mv.instances:
                     self.supervisor.spawn(handle)
             except InferpoolError as err:
@@ -214,6 +222,7 @@ class Manager:
         for mv in record.versions.values():
             for handle in mv.instances:
                 self.supervisor.forget(handle)
+                self.gate.remove(handle)
             self.planner.release(mv.placements)
             self.overrides.release(mv.path)
         if self.registry.forget(record):
@@ -266,6 +275,7 @@ class Manager:
         handle.busy = None
         for req in [r for r in self.inflight.values() if r.worker is handle]:
             self.reject(req, error)
+        self.gate.done(handle, gone=True)
         if mv.state is State.LOADING and (booting or handle.state is WorkerState.FAILED):
             self._version_failed(mv, error)
             self.check_loaded(mv.name)
@@ -281,6 +291,12 @@ class Manager:
         mv = handle.model
         assert mv.scheduler is not None
         mv.scheduler.instance_gone(handle)
+        if handle.busy is not None:  # a batch the rate limiter never let run
+            err = InferpoolError(Code.UNAVAILABLE, f"instance {handle.name} stopped")
+            for req in [r for r in self.inflight.values() if r.worker is handle]:
+                self.reject(req, err)
+            handle.busy = None
+        self.gate.done(handle, gone=True)
         if mv.state is State.UNLOADING:
             self._check_drained(self._retiring_of(mv))
 
@@ -319,6 +335,11 @@ class Manager:
             req.worker = handle
             stats.queue.add(now - req.received_ns)
         handle.busy = batch
+        self.gate.dispatch(handle, batch, release)
+
+    def _send(
+        self, handle: Worker, batch: list[PendingRequest], release: Sequence[CorrelationId]
+    ) -> None:
         handle.exec_started = time.monotonic()
         unmaps = self.unmaps.pop(handle.identity, ()) if self.unmaps else ()
         msg = Execute(
@@ -359,8 +380,7 @@ class Manager:
                 for out in item.outputs:
                     self.outputs.free(out.region, out.offset, held=False)
                 continue
-            if req.cache_key is not None and item.final and item.error is None:
-                assert self.cache is not None
+            if req.cache_key is not None and self.cache is not None:
                 self.cache.store(req, item)
             responder.result(req, item)
             decoupled = req.model.decoupled
@@ -377,8 +397,12 @@ class Manager:
         if msg.metrics is not None:
             self.metrics.apply(msg.metrics)
         handle.busy = None
-        if handle.state is WorkerState.STOPPING:
-            return
+        if handle.state is not WorkerState.STOPPING:
+            self._next_batch(handle)
+        self.gate.done(handle)  # its next batch, if any, competes for what it releases
+
+    def _next_batch(self, handle: Worker) -> None:
+        mv = handle.model
         if mv.state is State.UNLOADING:
             assert mv.scheduler is not None
             if mv.scheduler.queue:

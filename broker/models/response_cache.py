@@ -104,6 +104,8 @@ class ResponseCache:
 
     def store(self, req: PendingRequest, item: Result) -> None:
         """Keep the successful final response of a request that missed (before it is sent)."""
+        if not item.final or item.error is not None:
+            return
         start = time.monotonic_ns()
         key = req.cache_key
         if key is not None and key not in self.entries:
