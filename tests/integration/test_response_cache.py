@@ -4,7 +4,9 @@ reshape, and load warnings for config fields the server ignores: one real server
 
 from __future__ import annotations
 
+import os
 import re
+import secrets
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -172,6 +174,42 @@ def test_a_hit_can_be_served_as_an_output_handle(server) -> None:
             finally:
                 region.close()
             assert c.call("release_leases", leases=[params["handle_lease"]])["released"] == 1
+
+
+def test_requests_using_a_clients_shared_memory_run_as_without_a_cache(server) -> None:
+    x = np.arange(8, dtype=np.float32)
+    region = Region.create(f"ipt-{os.getpid()}-{secrets.token_hex(3)}", 4096, prefault=False)
+    window = {"shared_memory_region": "mine", "shared_memory_byte_size": x.nbytes}
+    try:
+        np.frombuffer(region.buf, np.float32, 8)[:] = x
+        with server.client() as c:
+            c.call("register_system_shared_memory", name="mine", key=region.name, byte_size=4096)
+            infer_raw(c, "cached", {"INPUT0": x})  # stored from frames
+            before = counts(c, "cached")
+            for inputs, frames, outputs in (
+                (
+                    [{"name": "INPUT0", "datatype": "FP32", "shape": [8], "parameters": window}],
+                    [],
+                    None,
+                ),
+                (
+                    [{"name": "INPUT0", "datatype": "FP32", "shape": [8]}],
+                    [x.data],
+                    [{"name": "OUTPUT0", "parameters": {**window, "shared_memory_offset": 64}}],
+                ),
+            ):
+                header = {"type": "infer", "model_name": "cached", "inputs": inputs}
+                if outputs:
+                    header["outputs"] = outputs
+                reply, _ = c._recv(c._send(header, frames), 30)
+                assert "error" not in reply, reply
+            success, hits, misses, executions = counts(c, "cached")
+            assert (success, hits, misses) == (before[0] + 2, before[1], before[2])
+            assert executions == before[3] + 2  # both ran
+            np.testing.assert_array_equal(np.frombuffer(region.buf, np.float32, 8, 64), x)
+            c.call("unregister_system_shared_memory", name="mine")
+    finally:
+        region.destroy()
 
 
 def test_the_cache_is_bounded_by_its_size_and_evicts_the_least_recently_used(server) -> None:
