@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 from inferpool.backends.api import Request, RequestedOutput, Response, batch_size_of, now_ns
 from inferpool.backends.host import BackendHost
+from inferpool.backends.reshape import OutputReshape, output_reshapes, to_config_shape
 from inferpool.wire.errors import InferpoolError, internal
 from inferpool.wire.worker.link import Link, TooLarge
 from inferpool.wire.worker.messages import (
@@ -43,7 +44,6 @@ from inferpool.workers.gpu_limit import check_load_limit
 from inferpool.workers.memory import WorkerMemory
 from inferpool.workers.pinning import cuda_ordinal, read_back
 from inferpool.workers.regions import ChannelRegions
-from inferpool.workers.reshape import OutputReshape, output_reshapes, to_config_shape
 from inferpool.workers.sequence_state import SequenceStates
 
 log = logging.getLogger("inferpool.worker")

@@ -1,8 +1,9 @@
 """Config ``reshape``: what a backend sees against what a client sees.
 
 An input or output with ``reshape`` has two shapes: the config ``dims`` (the client's side of
-the contract) and ``reshape.shape`` (the model's).  The worker gives a backend its inputs in
-the model's shape and reports its outputs in the config's, as Triton's core does
+the contract) and ``reshape.shape`` (the model's).  The worker (and ``BackendHarness``) gives a
+backend its inputs in the model's shape and reports its outputs in the config's, as Triton's
+core does
 (``InferenceResponse::Output::Reshape``): a ``-1`` of ``dims`` takes the sizes of the
 ``-1`` dimensions of ``reshape.shape``, in order.
 """
