@@ -5,7 +5,8 @@
 One ``inferpool serve`` loads the same MLP twice: ``mlp_off`` (``max_batch_size: 32``, no
 batcher: every request is a batch of one, as Triton without ``dynamic_batching``) and
 ``mlp_on`` (the same with ``dynamic_batching {}``: what is queued while the instance runs
-goes in its next batch).  Each has one instance on a core of its own, with one torch thread.
+goes in its next batch).  Both instances run on the same core (the last this process may
+use, a host policy), with one torch thread each, so the two are measured alike.
 N clients (``AsyncClient`` each, in one event loop) send batch-1 requests back to back for
 ``--seconds``; requests/s, p50 and p99 are measured per (clients, batching), the two
 batchings alternating in ``--rounds`` rounds, the median round reported.  The last columns
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import statistics
 import sys
 import tempfile
@@ -45,7 +47,7 @@ backend: "pytorch"
 max_batch_size: 32
 input [{{ name: "INPUT__0" data_type: TYPE_FP32 dims: [{width}] }}]
 output [{{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [{width}] }}]
-instance_group [{{ count: 1 kind: KIND_CPU }}]
+instance_group [{{ count: 1 kind: KIND_CPU host_policy: "bench" }}]
 parameters {{ key: "INTRA_OP_THREAD_COUNT" value: {{ string_value: "1" }} }}
 {batching}
 """
@@ -126,7 +128,8 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ipb-", dir="/tmp")))
         repo = repository(root)
-        client = serve(repo, stack)
+        core = max(os.sched_getaffinity(0))
+        client = serve(repo, stack, f"--host-policy=bench,cpu-cores={core}")
         endpoint = client.endpoint
         check_outputs(endpoint, repo)
         for _ in range(args.rounds):
