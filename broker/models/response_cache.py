@@ -30,6 +30,7 @@ import orjson
 
 from inferpool.broker.models.registry import ModelVersion
 from inferpool.broker.models.request import PendingRequest
+from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.shm.arena import Arena, ArenaFull, Slot
 from inferpool.shm.region import Region
 from inferpool.shm.runs import region_name
@@ -47,7 +48,7 @@ class Entry:
 
 
 class ResponseCache:
-    def __init__(self, storage: Arena, inputs: Arena, outputs: Any, replies: Any) -> None:
+    def __init__(self, storage: Arena, inputs: Arena, outputs: OutputRegions, replies: Any) -> None:
         """``storage``: the cache's own arena; ``inputs``: the request arena (a request's
         bytes are hashed there); ``outputs``: the broker's output regions, where results are
         read from and where ``storage`` is registered; ``replies``: the front's responder."""
@@ -63,15 +64,17 @@ class ResponseCache:
 
     @classmethod
     def create(
-        cls, run_id: str, size: int, prefault: bool, inputs: Arena, outputs: Any, replies: Any
+        cls,
+        run_id: str,
+        size: int,
+        prefault: bool,
+        inputs: Arena,
+        outputs: OutputRegions,
+        replies: Any,
     ) -> ResponseCache:
         """A cache of ``size`` bytes in a region of the run (destroyed with ``outputs``)."""
         storage = Arena(Region.create(region_name(run_id, "cache"), size, prefault=prefault))
         return cls(storage, inputs, outputs, replies)
-
-    @property
-    def region(self) -> str:
-        return self.storage.name
 
     @staticmethod
     def enabled_for(model: ModelVersion) -> bool:
