@@ -6,7 +6,8 @@ One ``inferpool serve`` loads the same MLP twice: ``mlp_off`` (``max_batch_size:
 batcher: every request is a batch of one, as Triton without ``dynamic_batching``) and
 ``mlp_on`` (the same with ``dynamic_batching {}``: what is queued while the instance runs
 goes in its next batch).  Both instances run on the same core (the last this process may
-use, a host policy), with one torch thread each, so the two are measured alike.
+use, a host policy), with one torch thread each, so the two are measured alike; the clients
+and the broker run on the other cores.
 N clients (``AsyncClient`` each, in one event loop) send batch-1 requests back to back for
 ``--seconds``; requests/s, p50 and p99 are measured per (clients, batching), the two
 batchings alternating in ``--rounds`` rounds, the median round reported.  The last columns
@@ -128,8 +129,10 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ipb-", dir="/tmp")))
         repo = repository(root)
-        core = max(os.sched_getaffinity(0))
-        client = serve(repo, stack, f"--host-policy=bench,cpu-cores={core}")
+        cores = sorted(os.sched_getaffinity(0))
+        if len(cores) > 1:  # clients and the broker (which inherits it) off the model's core
+            os.sched_setaffinity(0, cores[:-1])
+        client = serve(repo, stack, f"--host-policy=bench,cpu-cores={cores[-1]}")
         endpoint = client.endpoint
         check_outputs(endpoint, repo)
         for _ in range(args.rounds):
