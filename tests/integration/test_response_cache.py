@@ -15,11 +15,8 @@ import numpy as np
 import pytest
 
 from inferpool.shm.region import Region
-from tests.backends.pytorch import torch_models as tm
-from tests.integration.pytorch_support import ONE_THREAD, cpu_instances, model_dir, serving
+from tests.integration.pytorch_support import serving
 from tests.support import free_tcp_port, identity_config, write_model
-
-pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
 
 CACHED = "response_cache { enable: true }"
 TWO_IO = """
@@ -54,6 +51,27 @@ STREAM = """
     input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
     output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
 """
+# a backend whose instances report memory, as TRITONBACKEND_ModelInstanceReportMemoryUsage
+REPORTER = """
+from inferpool.backends.api import Backend, Model, ModelInstance
+
+
+class Instance(ModelInstance):
+    def initialize(self):
+        self.report_memory_usage("CPU", 1000)
+        self.report_memory_usage("GPU", 24, device_id=1)
+
+    def execute(self, requests):
+        return [request.response() for request in requests]
+
+
+class Reporter(Backend):
+    model_class = Model
+    instance_class = Instance
+
+
+BACKEND = Reporter
+"""
 PORT = free_tcp_port()
 
 
@@ -71,15 +89,9 @@ def build(repo: Path) -> None:
         "ordered",
         identity_config("ordered", extra="dynamic_batching { preserve_ordering: true }"),
     )
-    linear = tm.config(
-        *[
-            [io]
-            for io in (tm.inp("INPUT__0", "TYPE_FP32", [4]), tm.out("OUTPUT__0", "TYPE_FP32", [2]))
-        ],
-        name="linear",
-        extra=f"{cpu_instances(1)}\n{ONE_THREAD}",
-    )
-    model_dir(repo, "linear", linear, tm.Linear())
+    reporter = identity_config("reporter", extra="instance_group [ { count: 2 kind: KIND_CPU } ]")
+    reporter = reporter.replace('"identity"', '"reporter"')
+    write_model(repo, "reporter", reporter, files={"reporter.py": REPORTER})
 
 
 @pytest.fixture(scope="module")
@@ -271,11 +283,11 @@ def test_a_decoupled_models_responses_have_statistics_by_index(server) -> None:
     assert responses["2"]["success"]["count"] == 0
 
 
-def test_memory_usage_is_what_the_backend_reports(server) -> None:
-    weights = sum(p.numel() * 4 for p in tm.Linear().parameters())
+def test_memory_usage_is_what_the_instances_report_summed(server) -> None:
     with server.client() as c:
-        assert stats(c, "linear")["memory_usage"] == [
-            {"type": "CPU", "id": 0, "byte_size": weights}
+        assert stats(c, "reporter")["memory_usage"] == [
+            {"type": "CPU", "id": 0, "byte_size": 2000},  # two instances (the config's count)
+            {"type": "GPU", "id": 1, "byte_size": 48},
         ]
         assert stats(c, "cached")["memory_usage"] == []  # identity reports none
 
