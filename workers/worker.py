@@ -150,6 +150,8 @@ class Worker:
                     self._flush_async()
             elif isinstance(msg, Free):
                 self._drop(msg.free, msg.unmap)
+                if msg.release and self.states is not None:
+                    self.states.begin(msg.release)
             elif isinstance(msg, Stop):
                 return
             else:
