@@ -31,7 +31,7 @@ class ServerOptions:
     arena_size: int = 256 * MiB
     output_arena_size: int = 256 * MiB
     max_request_bytes: int = 256 * MiB
-    prefault: bool = True
+    prefault: int = 4 * MiB  # of the arena and of each output region, populated at start
     max_client_shm: int = 1024 * MiB  # server-made regions per client
     lease_timeout: float = 60.0  # seconds a client holding leases may stay silent
     # models

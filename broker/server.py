@@ -19,6 +19,7 @@ from typing import Any
 
 import zmq
 
+from inferpool.broker.devshm import start_arena, warn_if_too_small
 from inferpool.broker.endpoints import listen, open_run
 from inferpool.broker.front.control import Control, Readiness
 from inferpool.broker.front.handles import Handles
@@ -40,9 +41,7 @@ from inferpool.broker.pool.liveness import Liveness
 from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.broker.pool.placement import Planner, Topology, parse_host_policies
 from inferpool.broker.pool.supervisor import Supervisor
-from inferpool.shm.arena import Arena
 from inferpool.shm.leases import LeaseTable
-from inferpool.shm.region import Region
 from inferpool.shm.runs import region_name
 from inferpool.wire.errors import Code, InferpoolError
 from inferpool.wire.worker.messages import Unmapped
@@ -74,8 +73,7 @@ class Broker:
             check_gpu_limits(opts.model_load_gpu_limit, topology)
             self.run_id = run_id = open_run(stack, opts.run_dir)
             arena_region = region_name(run_id, "arena")
-            arena = Arena(Region.create(arena_region, opts.arena_size, prefault=opts.prefault))
-            stack.callback(arena.destroy)
+            arena = start_arena(stack, arena_region, opts)
             outputs = OutputRegions(run_id, opts.output_arena_size, opts.prefault)
             stack.callback(outputs.close)
             self._wake = self._catch_signals(stack)
@@ -109,7 +107,7 @@ class Broker:
             registrations = Registrations(
                 run_id,
                 opts.max_client_shm,
-                opts.prefault,
+                opts.prefault > 0,
                 manager.inflight,
                 lambda: [h.identity for h in supervisor.alive()],
                 manager.unmaps,
@@ -197,6 +195,7 @@ class Broker:
         rows = self.registry.index()
         ready = sum(1 for r in rows if r["state"] == State.READY.value)
         log.info("started: %d of %d model version(s) READY", ready, len(rows))
+        warn_if_too_small(self.options, len(self.supervisor.handles))
         for r in rows:
             if r["state"] != State.READY.value:
                 log.error(

@@ -98,13 +98,13 @@ def add_serve(sub: Any) -> None:
         "--arena-size",
         type=parse_size,
         default="256M",
-        help="shared-memory arena for request inputs (default 256M)",
+        help="shared-memory arena for request inputs, the most it may grow to (default 256M)",
     )
     p.add_argument(
         "--output-arena-size",
         type=parse_size,
         default="256M",
-        help="shared-memory output arena per worker (default 256M)",
+        help="shared-memory output arena per worker, the most it may grow to (default 256M)",
     )
     p.add_argument(
         "--max-request-bytes",
@@ -126,9 +126,16 @@ def add_serve(sub: Any) -> None:
         "reclaimed (default 60; clients send keepalive messages)",
     )
     p.add_argument(
+        "--prefault",
+        type=parse_size,
+        default="4M",
+        help="shared memory populated at start in the arena and in each output region (default "
+        "4M, less for a model whose outputs are smaller); the rest is populated as it is used",
+    )
+    p.add_argument(
         "--no-prefault",
         action="store_true",
-        help="do not touch arena pages at start (less memory, slower first requests)",
+        help="populate no shared memory at start (--prefault 0)",
     )
     p.add_argument("--model-control-mode", choices=("none", "explicit"), default="none")
     p.add_argument(
@@ -207,7 +214,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         arena_size=args.arena_size,
         output_arena_size=args.output_arena_size,
         max_request_bytes=args.max_request_bytes,
-        prefault=not args.no_prefault,
+        prefault=0 if args.no_prefault else args.prefault,
         max_client_shm=args.max_client_shm,
         lease_timeout=args.lease_timeout,
         model_control_mode=args.model_control_mode,

@@ -60,7 +60,7 @@ class Worker:
         self._async_items: list[Result] = []
         self._in_execute = False
         self._main_thread = threading.get_ident()
-        self.memory = WorkerMemory(spec.output_region, spec.instance.name)
+        self.memory = WorkerMemory(spec.output_region, spec.instance.name, spec.output_prefault)
         self.regions = ChannelRegions(link)
         self.host = BackendHost(
             backend_name=spec.backend,

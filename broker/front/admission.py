@@ -13,6 +13,7 @@ from inferpool.broker.front.limits import check_id, work_size
 from inferpool.broker.models.registry import ModelVersion
 from inferpool.broker.models.request import FLAG_SEQUENCE_END, FLAG_SEQUENCE_START, PendingRequest
 from inferpool.shm.arena import Arena, ArenaFull, Slot
+from inferpool.shm.region import ShmExhausted
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg
 from inferpool.wire.worker.messages import TensorRef, WantedOutput, Window, Work
 
@@ -140,6 +141,8 @@ def admit(
                 )
             try:
                 slot = arena.alloc(nbytes)
+            except ShmExhausted as exc:
+                raise InferpoolError(Code.UNAVAILABLE, f"input '{iname}': {exc}") from None
             except ArenaFull as exc:
                 raise InferpoolError(
                     Code.UNAVAILABLE,

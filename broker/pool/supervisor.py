@@ -102,7 +102,13 @@ class Supervisor(Generic[M]):
         handle.kill_reason = ""
         handle.kill_at = 0.0
         handle.busy = None
-        spec = worker_spec(handle, channel.child_fd(), self.run_id, self.options)
+        spec = worker_spec(
+            handle,
+            channel.child_fd(),
+            self.run_id,
+            self.options,
+            self.outputs.prefault_for(handle.model.config),
+        )
         try:
             handle.proc = subprocess.Popen(
                 [sys.executable, "-m", "inferpool.workers.main"],

@@ -223,6 +223,7 @@ SPEC = WorkerSpec(
     repository_path="/repo/model",
     artifact_path="/repo/model/1",
     output_region="inferpool-0123456789-out0g0",
+    output_prefault=1 << 20,
     instance=InstanceSpec("model_0_0", "GPU", 1, 0, "gpu_1", False, [{"kind": "KIND_NVDLA"}]),
     pinning=PinningSpec([0, 1], 0, "bind", "1", 2),
     backend_config={"k": "v"},

@@ -66,6 +66,7 @@ class WorkerSpec:
     repository_path: str  # <repo>/<model>
     artifact_path: str  # <repo>/<model>/<version>
     output_region: str  # this worker's output arena region
+    output_prefault: int  # how much of it to populate as the worker boots (shm.warm)
     instance: InstanceSpec
     pinning: PinningSpec = field(default_factory=PinningSpec)
     backend_directory: str = ""
