@@ -48,6 +48,7 @@ class ServerOptions:
     graceful_timeout: float = 30.0
     max_restarts: int = 5  # crashes within restart_window before an instance is FAILED
     restart_window: float = 60.0
+    worker_start: str = "zygote"  # or "fresh" (broker/pool/zygotes.py)
     heartbeat_ms: int = 1000  # how often a frozen (stopped) worker is looked for; 0: never
     model_load_gpu_limit: Mapping[int, float] = field(default_factory=dict)  # device -> fraction
     log_level: str = "INFO"

@@ -84,6 +84,7 @@ class Broker:
             self.poller.register(self.frontend, zmq.POLLIN)
             self.poller.register(self._wake, zmq.POLLIN)
             self.channels: dict[int, Worker] = {}  # worker channel fd -> its worker
+            self.readers: dict[int, Callable[[], None]] = {}  # other fds (zygotes) -> reader
             # answers (the front's) first: the models answer requests through them
             handles = Handles(LeaseTable(run_id), outputs)
             self.responder = Responder(self.frontend, outputs, handles)
@@ -97,7 +98,7 @@ class Broker:
                 self.responder,
                 planner,
                 pool=lambda events: Supervisor(
-                    opts.supervisor(), run_id, outputs, events, self._watch
+                    opts.supervisor(), run_id, outputs, events, self._watch, self._watch_reader
                 ),
             )
             self.supervisor = supervisor = manager.supervisor
@@ -221,6 +222,14 @@ class Broker:
             self.channels[fd] = handle
             self.poller.register(fd, zmq.POLLIN)
 
+    def _watch_reader(self, fd: int, reader: Callable[[], None] | None) -> None:
+        if reader is None:
+            if self.readers.pop(fd, None) is not None:
+                self.poller.unregister(fd)
+        else:
+            self.readers[fd] = reader
+            self.poller.register(fd, zmq.POLLIN)
+
     def run(self) -> int:
         """Load the initial models and serve until a signal stops the broker (0), then close."""
         poller = self.poller
@@ -243,6 +252,9 @@ class Broker:
                     handle = self.channels.get(fd)
                     if handle is not None:
                         self._from_worker(handle)
+                    elif fd in self.readers:  # a zygote: it may report a worker's exit
+                        self.readers[fd]()
+                        self.supervisor.reap()
                 if self.frontend in events:
                     self._drain_frontend()
                 if metrics is not None and metrics.socket in events:

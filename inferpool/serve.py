@@ -175,6 +175,14 @@ def add_serve(sub: Any) -> None:
     )
     p.add_argument("--restart-window", type=float, default=60.0, metavar="SECONDS")
     p.add_argument(
+        "--worker-start",
+        choices=("zygote", "fresh"),
+        default="zygote",
+        help="zygote: fork workers from a parent per NUMA node that imported the frameworks "
+        "once (they share its memory and start in milliseconds); fresh: start each worker "
+        "as a new interpreter",
+    )
+    p.add_argument(
         "--heartbeat-ms",
         type=int,
         default=1000,
@@ -231,6 +239,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         graceful_timeout=args.graceful_timeout,
         max_restarts=args.max_restarts,
         restart_window=args.restart_window,
+        worker_start=args.worker_start,
         heartbeat_ms=args.heartbeat_ms,
         model_load_gpu_limit=parse_gpu_limits(args.model_load_gpu_limit),
         metrics_port=args.metrics_port,

@@ -13,10 +13,11 @@ model repository and an ExitStack (for its clean-up) and returns ``infer(x) -> o
 Ratios against ``torch`` are printed last: compare within one run, never across machines.
 
 Memory: a real ``inferpool serve`` loads the same model as N instances (N workers), with and
-without ENABLE_WEIGHT_SHARING, and the workers' RSS/PSS/USS are read while all are loaded
-(:func:`measure_instances`).  Respawn: with sharing, each instance in turn is SIGKILLed and
-timed until the server reports it READY again (a new process serving the model), then it
-answers a request (:func:`measure_respawns`); the crash backoff of a first crash is in it.
+without ENABLE_WEIGHT_SHARING, with workers forked from a zygote and started fresh
+(``--worker-start``), and the workers' RSS/PSS/USS are read while all are loaded
+(:func:`measure_instances`).  Respawn: each instance in turn is SIGKILLed and timed until the
+server reports it READY again (a new process serving the model), then it answers a request
+(:func:`measure_respawns`); the crash backoff of a first crash is in it.
 """
 
 from __future__ import annotations
@@ -100,12 +101,13 @@ def backend_path(repo: Path, stack: contextlib.ExitStack) -> Infer:
     return infer
 
 
-def serve(repo: Path, stack: contextlib.ExitStack) -> Client:
-    """A real ``inferpool serve`` over ``repo``, stopped with ``stack``; its ready client."""
+def serve(repo: Path, stack: contextlib.ExitStack, *args: str) -> Client:
+    """A real ``inferpool serve`` over ``repo`` (more options: ``args``), stopped with
+    ``stack``; its ready client."""
     endpoint = f"ipc://{repo.parent}/broker.sock"
     cmd = [sys.executable, "-m", "inferpool", "serve", "--model-repository", str(repo)]
     cmd += ["--http-port", "0", "--grpc-port", "0"]  # the zmq path only
-    cmd += ["--listen", endpoint, "--log-level", "WARNING"]
+    cmd += ["--listen", endpoint, "--log-level", "WARNING", *args]
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL)
     stack.callback(_stop, proc)
     client = stack.enter_context(Client(endpoint, timeout=60))
@@ -214,20 +216,22 @@ parameters {{ key: "INTRA_OP_THREAD_COUNT" value: {{ string_value: "1" }} }}
 
 
 def measure_instances(
-    repo: Path, n_in: int, instances: int, share: bool, respawn: bool = False
+    repo: Path, n_in: int, instances: int, share: bool, start: str
 ) -> tuple[list[InstanceMemory], list[float]]:
-    """Memory of the workers of one served model with ``instances`` instances, all loaded,
-    and (``respawn``) the seconds each took to serve again after a SIGKILL."""
+    """Memory of the workers of one served model with ``instances`` instances, all loaded
+    (workers started as ``--worker-start`` says), and the seconds each took to serve again
+    after a SIGKILL."""
     with contextlib.ExitStack() as stack:
         config = weights_config(share, n_in, instances)
-        client = serve(model_repository(repo / "1" / "model.pt", "weights", config, stack), stack)
+        served = model_repository(repo / "1" / "model.pt", "weights", config, stack)
+        client = serve(served, stack, "--worker-start", start)
         x = np.ones((1, n_in), np.float32)
         client.infer("weights", {"INPUT__0": x})
         usage = []
         for row in client.status():
             info = psutil.Process(row["pid"]).memory_full_info()
             usage.append(InstanceMemory(info.rss, info.pss, info.uss))
-        return usage, measure_respawns(client, x) if respawn else []
+        return usage, measure_respawns(client, x)
 
 
 def measure_respawns(client: Client, x: np.ndarray) -> list[float]:
@@ -257,20 +261,18 @@ def _report_memory(instances: int, weights_mb: int) -> None:
         torch.manual_seed(0)
         save_model(torch.nn.Linear(n_in, n_out, bias=False), repo)
         for share in (False, True):
-            usage, respawns = measure_instances(repo, n_in, instances, share, respawn=share)
-            mib = 2**20
-            print(
-                f"{instances} instances, {weights_mb} MiB of weights, sharing={share!s:5}: "
-                f"PSS sum {sum(u.pss for u in usage) / mib:7.1f} MiB "
-                f"({sum(u.pss for u in usage) / len(usage) / mib:6.1f} per instance), "
-                f"USS/instance {statistics.fmean(u.uss for u in usage) / mib:6.1f} MiB, "
-                f"RSS/instance {statistics.fmean(u.rss for u in usage) / mib:6.1f} MiB"
-            )
-            if respawns:
+            for start in ("fresh", "zygote"):
+                usage, respawns = measure_instances(repo, n_in, instances, share, start)
+                mib = 2**20
                 print(
-                    "respawn after SIGKILL, until READY: "
-                    + ", ".join(f"{t * 1e3:.0f}" for t in respawns)
-                    + f" ms (median {statistics.median(respawns) * 1e3:.0f} ms)"
+                    f"{instances} instances, {weights_mb} MiB of weights, sharing={share!s:5}, "
+                    f"workers {start:6}: PSS {sum(u.pss for u in usage) / mib:7.1f} MiB "
+                    f"({sum(u.pss for u in usage) / len(usage) / mib:6.1f} per instance), "
+                    f"USS/instance {statistics.fmean(u.uss for u in usage) / mib:6.1f} MiB, "
+                    f"RSS/instance {statistics.fmean(u.rss for u in usage) / mib:6.1f} MiB; "
+                    "respawn after SIGKILL until READY "
+                    + "/".join(f"{t * 1e3:.0f}" for t in respawns)
+                    + f" ms (median {statistics.median(respawns) * 1e3:.0f})"
                 )
 
 
