@@ -141,6 +141,14 @@ class Broker:
                 run_id=run_id,
                 extensions=EXTENSIONS,
                 explicit=opts.explicit,
+                resources=lambda: {
+                    "arena_slots": arena.allocator.used_blocks,
+                    "output_slots_held": outputs.held(),
+                    "output_regions": len(outputs),
+                    "leases": len(handles.leases),
+                    "registrations": len(registrations),
+                    "inflight": len(manager.inflight),
+                },
             )
             self.router = Router(
                 self.responder,

@@ -96,6 +96,10 @@ class OutputRegions:
         for name in list(self._regions):
             self._destroy(name)
 
+    def held(self) -> int:
+        """Output slots still in use after their result was handled (zero-copy sends, leases)."""
+        return sum(entry.held for entry in self._regions.values())
+
     def __len__(self) -> int:
         return len(self._regions)
 
