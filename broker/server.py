@@ -223,19 +223,19 @@ class Broker:
 
     # ================================================================== the loop
     def _watch(self, fd: int, handle: Worker | None) -> None:
-        if handle is None:
-            if self.channels.pop(fd, None) is not None:
-                self.poller.unregister(fd)
-        else:
-            self.channels[fd] = handle
-            self.poller.register(fd, zmq.POLLIN)
+        """Poll a worker's channel (None: stop)."""
+        self._poll(self.channels, fd, handle)
 
     def _watch_reader(self, fd: int, reader: Callable[[], None] | None) -> None:
-        if reader is None:
-            if self.readers.pop(fd, None) is not None:
+        """Poll another fd (a zygote's socket) and call ``reader`` when it is readable."""
+        self._poll(self.readers, fd, reader)
+
+    def _poll(self, table: dict[int, Any], fd: int, target: Any) -> None:
+        if target is None:
+            if table.pop(fd, None) is not None:
                 self.poller.unregister(fd)
         else:
-            self.readers[fd] = reader
+            table[fd] = target
             self.poller.register(fd, zmq.POLLIN)
 
     def run(self) -> int:
