@@ -49,7 +49,8 @@ def resident(run_id: str) -> dict[str, int]:
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp, open(Path(tmp) / "server.log", "wb") as log:
         endpoint = f"ipc://{tmp}/broker.sock"
-        cmd = [sys.executable, "-m", "inferpool", "serve", "--listen", endpoint, *args.serve_args]
+        cmd = [sys.executable, "-m", "inferpool", "serve", "--listen", endpoint]
+        cmd += ["--http-port", "0", "--grpc-port", "0", *args.serve_args]  # zmq only
         if args.model_repository:
             cmd += ["--model-repository", args.model_repository]
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tmp)
