@@ -2,17 +2,20 @@
 
 A region is created once; requests take and return slots, never mapping or unlinking
 anything.  Best fit keeps reusing the same recently-freed, already-faulted pages for a
-steady stream of same-sized requests.
+steady stream of same-sized requests, and keeps the blocks in use low in the region, whose
+pages are populated only as far as they are used (``shm.warm``).
 """
 
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from inferpool.shm.region import Region
+from inferpool.shm.region import Region, ShmExhausted
+from inferpool.shm.warm import Warm
 
 ALIGN = 64  # cache line; also satisfies every numpy/torch dtype
 QUICK_BLOCKS = 8  # freed blocks kept per exact size before they are merged
@@ -142,13 +145,25 @@ class Allocator:
 class Arena:
     """A region plus its allocator: hands out Slots whose memory is a view of the region.
 
-    A freed slot is zeroed (``scrub``): whoever gets the block next, or reads the arena
-    by any path, never sees the bytes of the request that held it.
+    The region's first ``prefault`` bytes are populated at once; the rest as slots reach it
+    (``alloc`` raises ShmExhausted, a MemoryError, when /dev/shm cannot give them).  A freed
+    slot is zeroed (``scrub``): whoever gets the block next, or reads the arena by any path,
+    never sees the bytes of the request that held it.
     """
 
-    def __init__(self, region: Region, align: int = ALIGN, scrub: bool = True) -> None:
+    def __init__(
+        self,
+        region: Region,
+        align: int = ALIGN,
+        prefault: int = 0,
+        scrub: bool = True,
+        interrupt: Callable[[], None] | None = None,
+    ) -> None:
+        """``interrupt``: called between chunks of the pre-fault (``Region.populate``)."""
         self.region = region
         self.allocator = Allocator(region.size, align)
+        what = f"the shared-memory arena {region.name}"
+        self.warm = Warm(region, prefault, what, interrupt)
         self._bytes: np.ndarray | None = np.frombuffer(region.buf, np.uint8) if scrub else None
 
     @property
@@ -164,7 +179,14 @@ class Arena:
         return self.allocator.size
 
     def alloc(self, nbytes: int) -> Slot:
-        return Slot(self.region.name, self.allocator.alloc(nbytes), nbytes)
+        offset = self.allocator.alloc(nbytes)
+        if offset + nbytes > self.warm.upto:
+            try:
+                self.warm.cover(offset + nbytes)
+            except ShmExhausted:
+                self.allocator.free(offset)
+                raise
+        return Slot(self.region.name, offset, nbytes)
 
     def free(self, slot: Slot) -> None:
         self.allocator.free(slot.offset)

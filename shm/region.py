@@ -2,11 +2,15 @@
 
 Creation follows CPython's ``shared_memory`` discipline: if anything fails after the name
 exists, the name is unlinked before the error propagates, so a failed start leaks nothing.
+A region is created sparse: tmpfs gives it pages only where they are populated (``populate``,
+``shm.warm``), or touched.  Populating asks the kernel for the pages up front and reports a
+full /dev/shm as :class:`ShmExhausted`, where a touch would have died of SIGBUS.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import mmap
 import os
 from collections.abc import Callable
@@ -18,7 +22,35 @@ from inferpool.shm.names import check_name
 
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
 _PAGE = mmap.PAGESIZE
-_PREFAULT_CHUNK = 64 << 20  # between chunks, a start being stopped can say so
+_POPULATE_CHUNK = 64 << 20  # between chunks, a start being stopped can say so
+MiB = 1 << 20
+DEV_SHM = "/dev/shm"
+ROOM_HINT = (
+    "give /dev/shm more room (docker run --shm-size=...; Kubernetes: an emptyDir volume with "
+    "medium: Memory and a sizeLimit, mounted at /dev/shm)"
+)
+
+
+class ShmExhausted(MemoryError):
+    """/dev/shm could not give a region the pages it needs (its message says how much)."""
+
+
+def shm_free() -> int:
+    """Bytes /dev/shm can still allocate."""
+    st = os.statvfs(DEV_SHM)
+    return st.f_bavail * st.f_frsize
+
+
+def exhausted(what: str, nbytes: int) -> ShmExhausted:
+    free = shm_free()
+    return ShmExhausted(
+        f"/dev/shm is full: {what} needs {_mib(nbytes)} more and /dev/shm has {_mib(free)} free; "
+        f"{ROOM_HINT}"
+    )
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / MiB:.1f} MiB"
 
 
 class Region:
@@ -49,9 +81,10 @@ class Region:
         mode: int = 0o600,
         interrupt: Callable[[], None] | None = None,
     ) -> Region:
-        """Create ``name`` exclusively (mode 0600 by default) and map it read-write.
+        """Create ``name`` exclusively (mode 0600 by default) and map it read-write; with
+        ``prefault`` every page is populated now (ShmExhausted if /dev/shm cannot hold it).
 
-        ``interrupt`` is called between chunks of the pre-fault: what it raises ends the
+        ``interrupt`` is called between chunks of the populating: what it raises ends the
         creation (the name unlinked) and propagates."""
         if size <= 0:
             raise ValueError(f"region size must be positive, got {size}")
@@ -62,9 +95,10 @@ class Region:
                 mapping = mmap.mmap(shm.fd, size)
             finally:
                 shm.close_fd()
+            region = cls(name, mapping, size, owner=True, readonly=False)
             if prefault:
-                _prefault(mapping, size, interrupt)
-            return cls(name, mapping, size, owner=True, readonly=False)
+                region.populate(0, size, f"region {name}", interrupt)
+            return region
         except BaseException:
             posix_ipc.unlink_shared_memory("/" + name)
             raise
@@ -85,6 +119,35 @@ class Region:
         finally:
             shm.close_fd()
         return cls(name, mapping, size, owner=False, readonly=readonly)
+
+    def populate(
+        self, start: int, end: int, what: str, interrupt: Callable[[], None] | None = None
+    ) -> None:
+        """Give ``[start, end)`` its pages now (and map them here); ShmExhausted naming
+        ``what`` if /dev/shm cannot, instead of a SIGBUS at the first touch.  ``interrupt``
+        is called between chunks (64 MiB): what it raises ends the populating."""
+        assert self._map is not None and not self.readonly
+        start -= start % _PAGE
+        end = min(self.size, end)
+        for chunk in range(start, end, _POPULATE_CHUNK):
+            if interrupt is not None:
+                interrupt()
+            self._populate(chunk, min(end, chunk + _POPULATE_CHUNK), what, end - chunk)
+
+    def _populate(self, start: int, end: int, what: str, needed: int) -> None:
+        """One chunk of :meth:`populate`; ``needed``: the bytes still to populate from it."""
+        assert self._map is not None
+        try:
+            self._map.madvise(_MADV_POPULATE_WRITE, start, end - start)
+        except OSError as exc:
+            if exc.errno in (errno.EFAULT, errno.ENOMEM, errno.ENOSPC):
+                raise exhausted(what, needed) from None
+            if exc.errno != errno.EINVAL:  # EINVAL: a kernel before 5.14
+                raise
+            if shm_free() < end - start:
+                raise exhausted(what, needed) from None
+            for off in range(start, end, _PAGE):
+                self.buf[off] = self.buf[off]
 
     # ------------------------------------------------------------------ access
     def view(self, offset: int, nbytes: int) -> memoryview:
@@ -132,23 +195,6 @@ def unmap(buf: memoryview, mapping: mmap.mmap) -> None:
     buf.release()
     with contextlib.suppress(BufferError):
         mapping.close()
-
-
-def _prefault(mapping: mmap.mmap, size: int, interrupt: Callable[[], None] | None) -> None:
-    """Allocate every page now, so the request path never takes a first-touch fault."""
-    view = memoryview(mapping)
-    try:
-        for start in range(0, size, _PREFAULT_CHUNK):
-            if interrupt is not None:
-                interrupt()
-            length = min(_PREFAULT_CHUNK, size - start)
-            try:
-                mapping.madvise(_MADV_POPULATE_WRITE, start, length)
-            except OSError:
-                for off in range(start, start + length, _PAGE):
-                    view[off] = 0
-    finally:
-        view.release()
 
 
 class RegionCache:

@@ -116,7 +116,6 @@ class Server:
         env: dict[str, str] | None = None,
         python: str = sys.executable,
         cwd: Path | None = None,
-        prefault: bool = False,
     ) -> None:
         self.ipc = f"ipc://{tmp}/broker.sock"
         self.endpoints = [self.ipc]
@@ -139,6 +138,8 @@ class Server:
             "32M",
             "--output-arena-size",
             "16M",
+            "--prefault",
+            "0",
             "--graceful-timeout",
             "10",
             "--http-port",
@@ -146,8 +147,6 @@ class Server:
             "--grpc-port",
             str(self.grpc_port),
         ]
-        if not prefault:
-            cmd.append("--no-prefault")
         for ep in self.endpoints:
             cmd += ["--listen", ep]
         cmd += list(args)

@@ -8,7 +8,9 @@ it (``shm.window``): a client that shrank its object gets a request error, not a
 killed by SIGBUS.  The worker
 allocates outputs inside the region the broker created for it, or writes them into a
 client's registered window when the request asked so; the broker sends arena slots back
-(``free``) once the client has them.
+(``free``) once the client has them.  The output region is populated ahead of the
+allocations that reach new parts of it (``shm.warm``); other regions are mapped without
+populating: their pages fault in once, as they are first read.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from inferpool.backends.api import InputTensor, RequestedOutput
 from inferpool.shm.arena import Allocator, ArenaFull
 from inferpool.shm.cuda import CudaRegion, CudaUnavailable, RegionTooLarge
 from inferpool.shm.refs import parse_ref
-from inferpool.shm.region import Region
+from inferpool.shm.region import Region, ShmExhausted
+from inferpool.shm.warm import Warm
 from inferpool.shm.window import ObjectChanged, ObjectWindow
 from inferpool.wire import codec
 from inferpool.wire.errors import Code, InferpoolError
@@ -33,12 +36,18 @@ from inferpool.wire.worker.messages import Slot, TensorRef, Window
 class WorkerMemory:
     """Implements backends.api.OutputMemory over this worker's output arena."""
 
-    def __init__(self, output_region: str, instance_name: str) -> None:
+    def __init__(self, output_region: str, instance_name: str, prefault: int = 0) -> None:
+        """``prefault``: how much of the output region to populate now."""
         self.instance_name = instance_name
-        self.output = Region.attach(output_region, populate=True)
+        self.output = Region.attach(output_region)
         self._regions: dict[str, Mapped] = {self.output.name: self.output}
         self.allocator = Allocator(self.output.size)
         self.batch = 0  # advanced by the worker before each batch
+        try:
+            self.warm = Warm(self.output, prefault, f"the output region of '{instance_name}'")
+        except ShmExhausted as exc:
+            self.output.close()
+            raise InferpoolError(Code.UNAVAILABLE, str(exc)) from None
 
     def _region(self, ref: str) -> Mapped:
         region = self._regions.get(ref)
@@ -91,6 +100,12 @@ class WorkerMemory:
                 f"output arena of instance '{self.instance_name}' is full: {exc}. Release "
                 "output handles sooner or start the server with a larger --output-arena-size",
             ) from None
+        if offset + nbytes > self.warm.upto:
+            try:
+                self.warm.cover(offset + nbytes)
+            except ShmExhausted as exc:
+                self.allocator.free(offset)
+                raise InferpoolError(Code.UNAVAILABLE, str(exc)) from None
         return self.output.name, offset, self.output.buf[offset : offset + nbytes]
 
     def _in_window(self, name: str, window: Window, nbytes: int) -> tuple[str, int, Any]:
@@ -161,7 +176,7 @@ def _open(ref: str) -> Mapped:
     try:
         if parsed.kind == "sys":
             return ObjectWindow(parsed.name, parsed.inode, parsed.offset, parsed.byte_size)
-        return Region.attach(parsed.name, populate=True)
+        return Region.attach(parsed.name)
     except (posix_ipc.ExistentialError, FileNotFoundError):
         raise InferpoolError(
             Code.NOT_FOUND, f"shared-memory object '/{parsed.name}' no longer exists"

@@ -33,7 +33,7 @@ def options(tmp: Path, *listen: str) -> ServerOptions:
         run_dir=str(tmp / "run"),
         arena_size=MiB,
         output_arena_size=MiB,
-        prefault=False,
+        prefault=0,
     )
 
 

@@ -49,7 +49,8 @@ def empty_repo(tmp) -> str:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_during_the_arena_prefault_leaves_nothing(short_tmp, sig) -> None:
-    server = Server(short_tmp, empty_repo(short_tmp), "--arena-size", "3G", prefault=True)
+    args = ["--arena-size", "3G", "--prefault", "3G"]
+    server = Server(short_tmp, empty_repo(short_tmp), *args)
     try:
         run = wait_for_log(server, r"run ([0-9a-f]{10}):").group(1)
         wait_for_log(server, r"pre-faulting the input arena")
