@@ -23,6 +23,7 @@ from inferpool.broker.endpoints import listen, open_run
 from inferpool.broker.front.control import Control, Readiness
 from inferpool.broker.front.handles import Handles
 from inferpool.broker.front.inference import Inference
+from inferpool.broker.front.lanes import Lanes
 from inferpool.broker.front.metrics import BrokerCollector, MetricsEndpoint
 from inferpool.broker.front.registrations import Registrations
 from inferpool.broker.front.responder import Responder
@@ -48,7 +49,7 @@ from inferpool.shm.leases import LeaseTable
 from inferpool.shm.region import Region
 from inferpool.shm.runs import region_name
 from inferpool.wire.errors import Code, InferpoolError
-from inferpool.wire.worker.messages import Unmapped
+from inferpool.wire.worker.messages import LaneClosed, LaneStats, Unmapped
 from inferpool.wire.zmqio import NOBLOCK, recv_frames
 
 log = logging.getLogger("inferpool.broker")
@@ -137,6 +138,13 @@ class Broker:
                 len(topology.gpus),
             )
             stack.callback(self.shm.close)  # its socket monitor must go before the context
+            self.lanes = lanes = Lanes(
+                run_id, self.registry, registrations, supervisor, self.shm.track, opts.lane_spin_us
+            )
+            stack.callback(lanes.close)
+            manager.lanes = lanes
+            self.shm.gone.append(lanes.client_gone)
+            registrations.ended = lanes.region_ended
             inference = Inference(
                 self.readiness,
                 self.registry,
@@ -158,7 +166,7 @@ class Broker:
             )
             self.router = Router(
                 self.responder,
-                [control.handlers(), inference.handlers(), self.shm.handlers()],
+                [control.handlers(), inference.handlers(), self.shm.handlers(), lanes.handlers()],
                 self.shm.arrived,
             )
             self.metrics: MetricsEndpoint | None = None
@@ -283,6 +291,12 @@ class Broker:
             self.supervisor.close_channel(handle)
         elif isinstance(msg, Unmapped):  # a CUDA unregister may be waiting for it
             self.registrations.unmapped(handle.identity, msg.refs)
+        elif isinstance(msg, LaneStats):
+            self.lanes.worker_stats(handle, msg)
+            if msg.metrics is not None:
+                self.manager.metrics.apply(msg.metrics)
+        elif isinstance(msg, LaneClosed):
+            self.lanes.worker_closed(handle, msg)
         elif msg:
             self.manager.worker_message(handle, msg)
 

@@ -5,11 +5,13 @@ their POSIX names, regions clients registered by their reference (``shm.refs``),
 broker retires with an ``unmap`` once no request can use them any more.  The worker
 allocates outputs inside the region the broker created for it, or writes them into a
 client's registered window when the request asked so; the broker sends arena slots back
-(``free``) once the client has them.
+(``free``) once the client has them.  Lane threads (workers/lanes.py) allocate and free
+outputs too, hence the allocator's lock.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,6 +36,7 @@ class WorkerMemory:
         self.output = Region.attach(output_region, populate=True)
         self._regions: dict[str, Region | CudaRegion] = {self.output.name: self.output}
         self.allocator = Allocator(self.output.size)
+        self._lock = threading.Lock()
 
     def _region(self, ref: str) -> Region | CudaRegion:
         region = self._regions.get(ref)
@@ -47,33 +50,15 @@ class WorkerMemory:
         mapping = self._region(ref.region)
         if isinstance(mapping, CudaRegion):
             return _device_input(mapping, ref, reshape)
-        name, datatype, offset, nbytes = ref.name, ref.datatype, ref.offset, ref.byte_size
-        if offset < 0 or offset + nbytes > mapping.size:
-            raise InferpoolError(
-                Code.INVALID_ARG,
-                f"input '{name}' lies outside shared-memory region {ref.region!r}",
-            )
-        if datatype == "BYTES":
-            buf = mapping.buf[offset : offset + nbytes]
-            data = codec.array_from_buffer(buf, datatype, ref.shape, f"input '{name}'")
-        else:
-            dtype = codec.numpy_dtype(datatype)
-            data = np.frombuffer(
-                mapping.buf, dtype=dtype, count=nbytes // dtype.itemsize, offset=offset
-            )
-            data.flags.writeable = False
-            if len(ref.shape) != 1:
-                data = data.reshape(ref.shape)
-        if reshape is not None:
-            data = data.reshape(reshape)
-        return InputTensor(name, datatype, tuple(data.shape), data, nbytes)
+        return host_input(mapping, ref, reshape)
 
     # ------------------------------------------------------------------ outputs
     def allocate(self, output: RequestedOutput | None, nbytes: int) -> tuple[str, int, Any]:
         if output is not None and output.target is not None:
             return self._in_window(output.name, output.target, nbytes)
         try:
-            offset = self.allocator.alloc(nbytes)
+            with self._lock:
+                offset = self.allocator.alloc(nbytes)
         except ArenaFull as exc:
             raise InferpoolError(
                 Code.UNAVAILABLE,
@@ -102,14 +87,16 @@ class WorkerMemory:
 
     def release(self, region: str, offset: int) -> None:
         if region == self.output.name:
-            self.allocator.free(offset)
+            with self._lock:
+                self.allocator.free(offset)
 
     def free(self, slots: Sequence[Slot]) -> None:
-        """Slots the broker is done with."""
+        """Slots the broker (or a lane's client) is done with."""
         name = self.output.name
-        for slot in slots:
-            if slot.region == name:
-                self.allocator.free(slot.offset)
+        with self._lock:
+            for slot in slots:
+                if slot.region == name:
+                    self.allocator.free(slot.offset)
 
     def unmap(self, refs: Sequence[str]) -> None:
         """Client regions the broker retired: no request will name them again."""
@@ -122,6 +109,31 @@ class WorkerMemory:
         for region in self._regions.values():
             region.close()
         self._regions.clear()
+
+
+def host_input(mapping: Region, ref: TensorRef, reshape: tuple[int, ...] | None) -> InputTensor:
+    """A read-only view of an input in host memory; INVALID_ARG if it is not inside
+    ``mapping`` (an offset or size a client made up never reads past its region)."""
+    name, datatype, offset, nbytes = ref.name, ref.datatype, ref.offset, ref.byte_size
+    if offset < 0 or nbytes < 0 or offset + nbytes > mapping.size:
+        raise InferpoolError(
+            Code.INVALID_ARG,
+            f"input '{name}' lies outside shared-memory region {ref.region!r}",
+        )
+    if datatype == "BYTES":
+        buf = mapping.buf[offset : offset + nbytes]
+        data = codec.array_from_buffer(buf, datatype, ref.shape, f"input '{name}'")
+    else:
+        dtype = codec.numpy_dtype(datatype)
+        data = np.frombuffer(
+            mapping.buf, dtype=dtype, count=nbytes // dtype.itemsize, offset=offset
+        )
+        data.flags.writeable = False
+        if len(ref.shape) != 1:
+            data = data.reshape(ref.shape)
+    if reshape is not None:
+        data = data.reshape(reshape)
+    return InputTensor(name, datatype, tuple(data.shape), data, nbytes)
 
 
 def _open(ref: str) -> Region | CudaRegion:

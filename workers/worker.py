@@ -4,7 +4,8 @@ The broker and the worker speak the messages of ``wire.worker.messages`` over th
 channel (``spec.channel_fd``, inherited): Execute, Free and Stop come in; Ready (or Failed)
 goes out once, then one Done per batch, Items for results that come between (decoupled
 models, backend threads), and Unmapped once the client regions it was told to unmap are
-closed.  docs/internals.md describes the exchange.
+closed.  LaneOpen and LaneClose go to the lanes (workers/lanes.py), whose threads execute
+under the same lock as the batches.  docs/internals.md describes the exchange.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from inferpool.wire.worker.messages import (
     Execute,
     Free,
     Items,
+    LaneClose,
+    LaneOpen,
     Ready,
     Result,
     Slot,
@@ -41,6 +44,7 @@ from inferpool.wire.worker.messages import (
 )
 from inferpool.wire.worker.spec import WorkerSpec
 from inferpool.workers.gpu_limit import check_load_limit
+from inferpool.workers.lanes import Lanes
 from inferpool.workers.memory import WorkerMemory
 from inferpool.workers.pinning import cuda_ordinal, read_back
 from inferpool.workers.regions import ChannelRegions
@@ -62,6 +66,7 @@ class Worker:
         self._response_start: dict[int, int] = {}  # a decoupled request -> its last response
         self._in_execute = False
         self._main_thread = threading.get_ident()
+        self.execute_lock = threading.Lock()  # one execute at a time: batches and lanes
         self.memory = WorkerMemory(spec.output_region, spec.instance.name)
         self.regions = ChannelRegions(link)
         self.host = BackendHost(
@@ -86,6 +91,7 @@ class Worker:
         self.reshapes: dict[str, tuple[int, ...]] = {}
         self.output_reshapes: dict[str, OutputReshape] = {}
         self.states: SequenceStates | None = None  # sequence state, if the model keeps any
+        self.lanes: Lanes | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def load(self) -> None:
@@ -109,10 +115,13 @@ class Worker:
         # the broker serves the config as the backend completed it (auto-complete)
         self.regions.loading = False
         self.link.send(Ready(read_back(), self.host.config_dict(), self.host.stats.memory_usage()))
+        self.lanes = Lanes(self.host, self.memory, self.link, self.execute_lock, self.reshapes)
         try:
             self._loop()
         finally:
-            self.host.close()
+            self.lanes.close_all()
+            with self.execute_lock:  # a lane thread that overstayed is not executing
+                self.host.close()
             self.memory.close()
 
     def _configure(self) -> None:
@@ -154,6 +163,12 @@ class Worker:
                     self._flush_async()
             elif isinstance(msg, Free):
                 self._drop(msg.free, msg.unmap)
+            elif isinstance(msg, LaneOpen):
+                assert self.lanes is not None
+                self.lanes.open(msg)
+            elif isinstance(msg, LaneClose):
+                assert self.lanes is not None
+                self.lanes.close(msg.lane)
             elif isinstance(msg, Stop):
                 return
             else:
@@ -184,14 +199,16 @@ class Worker:
             for request in requests:
                 self._response_start[request.handle] = exec_start
         compute_start = now_ns()
+        host = self.host
         self._in_execute = True
         try:
-            if requests:
-                self.host.execute(requests)
+            with self.execute_lock:
+                if requests:
+                    host.execute(requests)
+                batches = host.take_batches()
         finally:
             self._in_execute = False
         compute_end = now_ns()
-        host = self.host
         batch = Durations(compute_start - exec_start, compute_end - compute_start, 0)
         timings = host.stats.timings
         items = []
@@ -199,7 +216,6 @@ class Worker:
             timing = timings.pop(id(owner), None) if owner is not None else None
             items.append(item.timed(batch if timing is None else timing.stamps.durations()))
         self._items, self._item_requests = [], []
-        batches = host.take_batches()
         if not batches:
             size = sum(batch_size_of(r, self.batching) for r in requests) or len(msg.requests)
             batches = [BatchStats(size, batch)]

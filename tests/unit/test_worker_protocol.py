@@ -51,6 +51,8 @@ FROM_BROKER = [
     m.Stop(),
     m.RegionGrant("weights-0123abcd", "inferpool-0123456789-shared-weights-0123abcd", True),
     m.RegionGrant("weights-0123abcd", "", False, ERROR),
+    m.LaneOpen(3, "inferpool-0123456789-lane3", "inferpool-0123456789-c1", 4321, 100),
+    m.LaneClose(3),
 ]
 FROM_WORKER = [
     m.Ready({"cpus": [0], "mempolicy": "default"}, {"name": "model", "max_batch_size": 8}, []),
@@ -69,6 +71,20 @@ FROM_WORKER = [
     m.ShareRegion("weights-0123abcd", 1 << 20),
     m.RegionFilled("weights-0123abcd", True),
     m.Unmapped(["cuda/0011aabb/4096", "inferpool-ab12cd34-c7-input"]),
+    m.LaneClosed(3),
+    m.LaneClosed(4, ERROR),
+    m.LaneStats(5, 1, 9000, 300, 700, 6, DURATIONS, [m.LaneBatch(1, 5, DURATIONS)]),
+    m.LaneStats(
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        m.Durations(0, 0, 0),
+        [],
+        m.MetricsUpdate([], [m.MetricOp("requests", {"model": "a"}, "inc", 1.0)]),
+    ),
 ]
 
 
