@@ -171,7 +171,7 @@ class Broker:
             )
             self.metrics: MetricsEndpoint | None = None
             if opts.metrics_port:
-                collector = BrokerCollector(self.registry, manager, supervisor, arena)
+                collector = BrokerCollector(self.registry, manager, supervisor, arena, lanes)
                 self.metrics = MetricsEndpoint(
                     collector, ctx, opts.metrics_address, opts.metrics_port
                 )

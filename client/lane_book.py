@@ -91,6 +91,20 @@ class LaneBook:
                 self._retry_at[key] = time.monotonic() + RETRY_S
         lane.close()
 
+    def close_lane(self, model: str, version: str | int = "") -> Call[None]:
+        """The ``close_lane`` message for this model's lane; once answered, requests for
+        the model take the broker path (unless ``lane=True`` opens another)."""
+        key = (model, str(version))
+        lane = self.lanes.get(key)
+        if lane is None:
+            raise InferpoolError(Code.NOT_FOUND, f"no lane to model '{model}' is open")
+        self.wanted.discard(key)
+
+        def read(_reply: dict[str, Any]) -> None:
+            self.lost(lane)
+
+        return Call("close_lane", read, {"lane": lane.id})
+
     def close_calls(self) -> list[Call[Any]]:
         """What a closing session says: close each lane."""
         return [

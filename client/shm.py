@@ -81,6 +81,10 @@ class ShmClient(ShmBase, Client):
             book.lost(lane)
         return self.control(book.open(model, version))
 
+    def close_lane(self, model: str, version: str | int = "") -> None:
+        """Close the lane to ``model``: its requests take the broker path again."""
+        self.control(self.session.lanes.close_lane(model, version))
+
     def _lane_for(self, request: ShmRequest) -> Lane | None:
         book = self.session.lanes
         lane = book.lane_for(request)

@@ -76,6 +76,10 @@ class AsyncShmClient(ShmBase, AsyncClient):
             book.lost(lane)
         return await self._open_lane(model, str(version))
 
+    async def close_lane(self, model: str, version: str | int = "") -> None:
+        """Close the lane to ``model``: its requests take the broker path again."""
+        await self.control(self.session.lanes.close_lane(model, version))
+
     async def _lane_for(self, request: ShmRequest) -> Lane | None:
         book = self.session.lanes
         lane = book.lane_for(request)

@@ -101,18 +101,18 @@ class Lanes:
             sys.setswitchinterval(min(self._switch, SWITCH_S))
         server.start()
 
-    def close(self, lane: int) -> None:
+    def close(self, lane: int, free: bool) -> None:
         with self._lock:
             server = self._servers.get(lane)
         if server is not None:
-            server.close()
+            server.close(free)
 
     def close_all(self, timeout: float = 5.0) -> None:
         """Stop serving every lane (the worker is stopping): each answers what it claimed."""
         with self._lock:
             servers = list(self._servers.values())
         for server in servers:
-            server.close()
+            server.close(free=False)  # the outputs go with the worker
         deadline = time.monotonic() + timeout
         for server in servers:
             server.join(max(0.0, deadline - time.monotonic()))
@@ -157,15 +157,17 @@ class LaneServer(threading.Thread):
         self.spin_ns = msg.spin_us * 1000 if msg.spin_us > 0 and apart(msg.client_pid) else 0
         self.leases: set[int] = set()  # output offsets the client holds
         self._closing = False
+        self._free = True  # give back the client's outputs when the lane closes
         self._mapped = True
         self._map_lock = threading.Lock()
         self._current = (0, 0)  # (request number, client's id) being executed
         self._ok = False
 
     # ------------------------------------------------------------------ from the main thread
-    def close(self) -> None:
+    def close(self, free: bool) -> None:
         with self._map_lock:
             self._closing = True
+            self._free = free
             if self._mapped:
                 self.requests.wake()
 
@@ -361,10 +363,12 @@ class LaneServer(threading.Thread):
         self.lanes.tally.fail_one(time.monotonic_ns() - sent)
 
     def _finish(self) -> None:
-        """Claim nothing more, say so, give back every output the client still held."""
+        """Claim nothing more, say so, give back the outputs the client held (unless told
+        they stay: this worker is retiring and they go with it)."""
         wl.set_word(self.region.buf, wl.WORKER_CLOSED, 1)
         self.responses.wake()
-        self.memory.free([Slot(self.output_region, t) for t in self.leases])
+        if self._free:
+            self.memory.free([Slot(self.output_region, t) for t in self.leases])
         self.leases.clear()
         with self._map_lock:
             self._mapped = False

@@ -168,7 +168,7 @@ class Worker:
                 self.lanes.open(msg)
             elif isinstance(msg, LaneClose):
                 assert self.lanes is not None
-                self.lanes.close(msg.lane)
+                self.lanes.close(msg.lane, msg.free)
             elif isinstance(msg, Stop):
                 return
             else:

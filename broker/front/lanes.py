@@ -127,8 +127,9 @@ class Lanes:
         return {}
 
     # ------------------------------------------------------------------ revoking
-    def revoke(self, lane: Lane, code: Code, reason: str) -> None:
-        """Tell both sides the lane is over (the region says why), then the worker."""
+    def revoke(self, lane: Lane, code: Code, reason: str, free: bool = True) -> None:
+        """Tell both sides the lane is over (the region says why), then the worker;
+        ``free``: the worker gives back the outputs the client holds (LaneClose)."""
         if lane.revoked:
             return
         lane.revoked = True
@@ -139,7 +140,7 @@ class Lanes:
         log.info("lane %d revoked: %s", lane.id, reason)
         worker = lane.worker
         if worker.channel is not None and worker.state in (WorkerState.READY, WorkerState.STOPPING):
-            self.supervisor.send(worker, LaneClose(lane.id))
+            self.supervisor.send(worker, LaneClose(lane.id, free))
         else:
             self._worker_gone(lane)
 
@@ -175,8 +176,8 @@ class Lanes:
                 self._worker_gone(lane)
 
     def version_retired(self, mv: ModelVersion, why: str) -> None:
-        for lane in [la for la in self._all() if la.model is mv]:
-            self.revoke(lane, Code.UNAVAILABLE, f"model {mv.label} {why}")
+        for lane in [la for la in self._all() if la.model is mv]:  # its outputs stay readable
+            self.revoke(lane, Code.UNAVAILABLE, f"model {mv.label} {why}", free=False)
 
     def client_gone(self, owner: bytes, why: str) -> None:
         for lane in [la for la in self._all() if la.owner == owner]:

@@ -27,6 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from inferpool.broker.front.cache_metrics import cache_metrics
+from inferpool.broker.front.lanes import Lanes
 from inferpool.broker.models.manager import Manager
 from inferpool.broker.models.registry import Registry
 from inferpool.broker.pool.handle import WorkerState
@@ -63,12 +64,18 @@ class BrokerCollector(Collector):
     """Reads the broker's statistics at scrape time (in the broker's loop)."""
 
     def __init__(
-        self, registry: Registry, manager: Manager, supervisor: Supervisor[Any], arena: Arena
+        self,
+        registry: Registry,
+        manager: Manager,
+        supervisor: Supervisor[Any],
+        arena: Arena,
+        lanes: Lanes | None = None,
     ) -> None:
         self.registry = registry
         self.manager = manager
         self.supervisor = supervisor
         self.arena = arena
+        self.lanes = lanes
 
     def collect(self) -> Iterator[Metric]:
         success = CounterMetricFamily(
@@ -106,6 +113,7 @@ class BrokerCollector(Collector):
         yield from (success, failure, count, executions)
         yield from (family for family, _ in durations)
         yield from self._instances()
+        yield from self._lanes()
         yield from self._custom()
         yield from self._cache()
         arena = GaugeMetricFamily(
@@ -145,6 +153,21 @@ class BrokerCollector(Collector):
             for values, value in samples:
                 family.add_metric(values, value)
             yield family
+
+    def _lanes(self) -> Iterator[Metric]:
+        requests = CounterMetricFamily(
+            "inferpool_lane_requests",
+            "Inference requests served over lanes (they are also counted in nv_inference_*)",
+            labels=[*_VERSION_LABELS, "outcome"],
+        )
+        lanes = GaugeMetricFamily("inferpool_lanes_open", "Open lanes", labels=_VERSION_LABELS)
+        for mv in self.registry.all_versions():
+            labels = [mv.name, mv.version_str]
+            requests.add_metric([*labels, "success"], mv.stats.lane_success)
+            requests.add_metric([*labels, "fail"], mv.stats.lane_fail)
+            lanes.add_metric(labels, self.lanes.open_count(mv) if self.lanes else 0)
+        yield requests
+        yield lanes
 
     def _custom(self) -> Iterator[Metric]:
         """Backend metrics: one family per declared name, labels as the backend gave them."""

@@ -52,7 +52,8 @@ FROM_BROKER = [
     m.RegionGrant("weights-0123abcd", "inferpool-0123456789-shared-weights-0123abcd", True),
     m.RegionGrant("weights-0123abcd", "", False, ERROR),
     m.LaneOpen(3, "inferpool-0123456789-lane3", "inferpool-0123456789-c1", 4321, 100),
-    m.LaneClose(3),
+    m.LaneClose(3, True),
+    m.LaneClose(4, False),
 ]
 FROM_WORKER = [
     m.Ready({"cpus": [0], "mempolicy": "default"}, {"name": "model", "max_batch_size": 8}, []),

@@ -211,9 +211,13 @@ class LaneOpen(NamedTuple):
 
 
 class LaneClose(NamedTuple):
-    """Stop serving lane ``lane`` (its header already says why)."""
+    """Stop serving lane ``lane`` (its header already says why); ``free``: give back the
+    outputs its client still holds (the client is gone or closed the lane), else they stay
+    allocated until the worker exits (its instance is retiring: the client may still read
+    them)."""
 
     lane: int
+    free: bool = True
 
 
 # ---------------------------------------------------------------------------- worker -> broker

@@ -1,0 +1,113 @@
+"""The lane's bytes (wire/lane.py) and its wake-ups (shm/bell.py, shm/futex.py)."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+import time
+
+import pytest
+
+from inferpool.shm.bell import Bell, apart
+from inferpool.wire import lane as wl
+
+GEOMETRY = wl.Geometry(4, 1024)
+
+
+@pytest.fixture
+def region() -> memoryview:
+    mapping = mmap.mmap(-1, GEOMETRY.size)
+    wl.init_header(memoryview(mapping), GEOMETRY)
+    return memoryview(mapping)
+
+
+def test_a_request_round_trips(region: memoryview) -> None:
+    inputs = [
+        wl.Tensor(0, wl.DATATYPES["FP32"], 128, 24, (2, 3)),
+        wl.Tensor(1, wl.DATATYPES["BYTES"], 4096, 11, (1,)),
+    ]
+    body = wl.pack_request_body(inputs, [1, 0, 2])
+    at = GEOMETRY.request(5)
+    assert at == wl.HEADER_BYTES + 1024  # request 5 of 4 slots: slot 1
+    wl.write_request(region, at, 1024, 5, 123456789, 0, 2, 3, body, [64, 4160])
+    req = wl.read_request(region, at, 1024)
+    assert req == wl.LaneRequest(5, 123456789, 0, inputs, [1, 0, 2], [64, 4160])
+
+
+def test_a_response_round_trips_with_every_kind_of_parameter(region: memoryview) -> None:
+    outputs = [wl.Tensor(0, wl.DATATYPES["INT64"], 640, 16, (2,))]
+    params = {"s": "text", "i": -42, "b": True, "f": 1.5}
+    at = GEOMETRY.response(2)
+    wl.write_response(region, at, 1024, 9, outputs, params)
+    assert wl.read_response(region, at, 1024) == wl.LaneResponse(9, 0, outputs, params, "")
+    wl.write_response(region, at, 1024, 10, (), None, wl.STATUS["INVALID_ARG"], "no such input")
+    back = wl.read_response(region, at, 1024)
+    assert (back.status, back.error, wl.code_name(back.status)) == (
+        1,
+        "no such input",
+        "INVALID_ARG",
+    )
+
+
+def test_what_does_not_fit_a_slot_is_refused(region: memoryview) -> None:
+    with pytest.raises(ValueError, match="does not fit"):
+        wl.write_response(region, GEOMETRY.response(0), 1024, 1, (), {"big": "x" * 2000})
+    with pytest.raises(ValueError, match="does not fit"):
+        wl.write_request(region, GEOMETRY.request(0), 1024, 1, 0, 0, 0, 0, b"", [0] * 200)
+    with pytest.raises(ValueError, match="is a list"):
+        wl.pack_parameters({"bad": [1]})
+
+
+def test_a_slot_that_lies_about_its_counts_is_refused(region: memoryview) -> None:
+    body = wl.pack_request_body([wl.Tensor(0, 11, 0, 16, (4,))], [])
+    at = GEOMETRY.request(0)
+    wl.write_request(region, at, 1024, 1, 0, 0, 100, 0, body, [])  # 100 inputs, one there
+    with pytest.raises(ValueError, match="run past the slot"):
+        wl.read_request(region, at, 1024)
+
+
+def test_the_header_carries_geometry_and_revocation(region: memoryview) -> None:
+    assert wl.read_header(region) == (GEOMETRY, wl.STATE_OPEN, 0)
+    assert not wl.revoked(region)
+    wl.revoke(region, wl.STATUS["UNAVAILABLE"], "instance 'm_0' died")
+    assert wl.revoked(region)
+    assert wl.reason(region) == ("UNAVAILABLE", "instance 'm_0' died")
+    region[0:4] = b"XXXX"
+    with pytest.raises(ValueError, match="not a version 1 lane"):
+        wl.read_header(region)
+
+
+@pytest.mark.parametrize("spin_ns", [0, 2_000_000])
+def test_a_bell_wakes_its_consumer(region: memoryview, spin_ns: int) -> None:
+    consumer = Bell(region, wl.REQ_SEQ, wl.WORKER_SLEEPING)
+    producer = Bell(region, wl.REQ_SEQ, wl.WORKER_SLEEPING)
+    got: list[int] = []
+
+    def wait() -> None:
+        seen = 0
+        while seen == 0:
+            seen = consumer.wait(0, spin_ns, 5.0)
+        got.append(seen)
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    time.sleep(0.05)
+    start = time.monotonic()
+    producer.ring(1)
+    thread.join(5)
+    assert got == [1] and time.monotonic() - start < 1.0  # woken, not timed out
+    assert wl.word(region, wl.WORKER_SLEEPING) == 0
+
+
+def test_a_bell_wait_times_out_on_a_quiet_word(region: memoryview) -> None:
+    bell = Bell(region, wl.RESP_SEQ, wl.CLIENT_SLEEPING)
+    start = time.monotonic()
+    assert bell.wait(0, 1000, 0.05) == 0
+    assert 0.04 < time.monotonic() - start < 1.0
+
+
+def test_spinning_pays_only_toward_another_core() -> None:
+    mine = os.sched_getaffinity(0)
+    assert apart(os.getpid()) == (len(mine) > 1)
+    assert not apart(2**22 + 12345)  # no such process
