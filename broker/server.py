@@ -23,6 +23,7 @@ from inferpool.broker.endpoints import listen, open_run
 from inferpool.broker.front.control import Control, Readiness
 from inferpool.broker.front.handles import Handles
 from inferpool.broker.front.inference import Inference
+from inferpool.broker.front.lanes import EXTENSIONS as LANE_EXTENSIONS
 from inferpool.broker.front.lanes import Lanes
 from inferpool.broker.front.metrics import BrokerCollector, MetricsEndpoint
 from inferpool.broker.front.registrations import Registrations
@@ -161,7 +162,7 @@ class Broker:
                 responder=self.responder,
                 arena=arena,
                 run_id=run_id,
-                extensions=EXTENSIONS,
+                extensions=(*EXTENSIONS, *LANE_EXTENSIONS),
                 explicit=opts.explicit,
             )
             self.router = Router(

@@ -36,6 +36,7 @@ from inferpool.wire.worker.messages import LaneClose, LaneClosed, LaneOpen, Lane
 
 log = logging.getLogger("inferpool.lanes")
 INPUT_REGION = "inputs"  # the region a shared-memory client's inputs live in
+EXTENSIONS = ("lanes",)
 
 
 @dataclass(eq=False)

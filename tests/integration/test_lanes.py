@@ -79,6 +79,7 @@ def fp32_request(client: ShmClient, model: str, values: Any) -> Any:
 def test_a_lane_answers_in_place_and_is_counted(server: Server) -> None:
     before = lane_stats(server, "plain")["success"]
     with ShmClient(server.endpoint, lane=True, timeout=10) as c:
+        assert "lanes" in c.server_metadata()["extensions"]
         req = fp32_request(c, "plain", np.arange(6, dtype=np.float32))
         for _ in range(5):
             with c.run(req) as result:
