@@ -69,8 +69,9 @@ class Lane:
         except BaseException:
             self.region.close()
             raise
-        self.requests = Bell(buf, wl.REQ_SEQ, wl.WORKER_SLEEPING)
-        self.responses = Bell(buf, wl.RESP_SEQ, wl.CLIENT_SLEEPING)
+        self.header = header = wl.Header(buf)
+        self.requests = Bell(buf, header.words, wl.REQ_SEQ, wl.WORKER_SLEEPING)
+        self.responses = Bell(buf, header.words, wl.RESP_SEQ, wl.CLIENT_SLEEPING)
         self.spin_ns = spin_us * 1000 if spin_us > 0 and apart(self.worker_pid) else 0
         self.sent = 0  # requests posted
         self.read = 0  # responses taken
@@ -116,7 +117,8 @@ class Lane:
         """Put a request into the ring and ring the worker; its number.  LaneRevoked if the
         lane has ended (nothing was posted)."""
         buf = self.region.buf
-        if self.ended or wl.revoked(buf) or wl.word(buf, wl.WORKER_CLOSED):
+        header = self.header
+        if self.ended or header.revoked or header[wl.WORKER_CLOSED]:
             self._end()
             raise LaneRevoked(self.ended)
         if (self.sent - self.read) & MASK >= self.geometry.slots:
@@ -170,18 +172,18 @@ class Lane:
     def over(self) -> bool:
         """Whether no response will come any more: the lane ended (revoked, or the worker
         died) and the worker has stopped (it answered what it had taken) or is dead."""
-        buf = self.region.buf
-        if not (self.ended or wl.revoked(buf) or not self._worker_alive()):
+        header = self.header
+        if not (self.ended or header.revoked or not self._worker_alive()):
             return False
         self._end()
-        return bool(wl.word(buf, wl.WORKER_CLOSED)) or not self._worker_alive()
+        return bool(header[wl.WORKER_CLOSED]) or not self._worker_alive()
 
     def fail(self, n: int) -> None:
         """Raise what request ``n`` of a lane that is over comes to: answered after all, or
         LaneRevoked if the worker never took it (it never ran), or UNAVAILABLE."""
         if self.answered(n):
             return
-        claimed = wl.word(self.region.buf, wl.REQ_DONE)
+        claimed = self.header[wl.REQ_DONE]
         if not 0 < (claimed - n) & MASK <= self.geometry.slots:
             raise LaneRevoked(self.ended)
         raise InferpoolError(Code.UNAVAILABLE, self.ended)
@@ -197,7 +199,7 @@ class Lane:
         buf = self.region.buf
         response = wl.read_response(buf, self.geometry.response(n), self.geometry.slot_size)
         self.read = (n + 1) & MASK
-        wl.set_word(buf, wl.RESP_DONE, self.read)
+        self.header[wl.RESP_DONE] = self.read
         if response.status:
             raise InferpoolError(wl.code_name(response.status), response.error)
         session = self.session
@@ -241,9 +243,8 @@ class Lane:
         """Note why the lane is over: the broker's reason, or the worker's death."""
         if self.ended:
             return
-        buf = self.region.buf
-        if wl.revoked(buf):
-            self.ended = f"lane {self.id} to model '{self.model}' ended: {wl.reason(buf)[1]}"
+        if self.header.revoked:
+            self.ended = f"lane {self.id} to model '{self.model}' ended: {self.header.reason()[1]}"
         elif not self._worker_alive():
             self.ended = (
                 f"lane {self.id} to model '{self.model}' ended: instance '{self.instance}' "
@@ -254,8 +255,7 @@ class Lane:
     def usable(self) -> bool:
         if self.ended:
             return False
-        buf = self.region.buf
-        return not (wl.revoked(buf) or wl.word(buf, wl.WORKER_CLOSED))
+        return not (self.header.revoked or self.header[wl.WORKER_CLOSED])
 
     def close(self) -> None:
         """Unmap the lane (results already taken keep their outputs' mapping)."""
@@ -264,6 +264,7 @@ class Lane:
         if self._pidfd >= 0:
             os.close(self._pidfd)
             self._pidfd = -1
+        self.header.release()
         self.region.close()
 
 

@@ -68,6 +68,7 @@ class LaneBook:
             "model_version": str(version),
             "pid": os.getpid(),
             "slots": self.slots,
+            "spin_us": self.spin_us,  # the worker spins no longer for this client's requests
         }
 
         def read(grant: dict[str, Any]) -> Lane:

@@ -11,42 +11,38 @@ region, ``wire.lane`` gives their offsets); each side writes only its own.
 from __future__ import annotations
 
 import os
-import struct
 import time
 
 from inferpool.shm import futex
 
-# native order and alignment: struct then stores and loads the word with one instruction
-# ("<I" packs byte by byte, and a peer could read a word half written)
-_U32 = struct.Struct("I")
-_load = _U32.unpack_from
-_store = _U32.pack_into
 _now = time.monotonic_ns
 
 
 class Bell:
-    """``seq``: the offset of the sequence word (the futex); ``sleeping``: the offset of the
-    consumer's flag.  ``buf`` is a writable view of the mapping, which must stay open."""
+    """``seq``: the byte offset of the sequence word (the futex); ``sleeping``: the offset of
+    the consumer's flag.  ``buf`` is a writable view of the mapping (which must stay open),
+    ``words`` the same memory cast to 32-bit words: a word is loaded and stored with one
+    aligned access (``struct.pack_into`` zero-fills first, and a peer would read the 0)."""
 
-    __slots__ = ("_addr", "_buf", "_seq", "_sleeping")
+    __slots__ = ("_addr", "_seq", "_sleeping", "_words")
 
-    def __init__(self, buf: memoryview, seq: int, sleeping: int) -> None:
-        self._buf = buf
-        self._seq = seq
-        self._sleeping = sleeping
+    def __init__(self, buf: memoryview, words: memoryview, seq: int, sleeping: int) -> None:
+        self._words = words
+        self._seq = seq >> 2
+        self._sleeping = sleeping >> 2
         self._addr = futex.address(buf, seq)
 
     def value(self) -> int:
-        return int(_load(self._buf, self._seq)[0])
+        return int(self._words[self._seq])
 
     # ------------------------------------------------------------------ producer
     def ring(self, value: int) -> None:
         """Publish ``value`` (everything written before it is visible first, x86-64 keeps
         stores in order) and wake the consumer if it sleeps."""
-        buf = self._buf
-        _store(buf, self._seq, value & 0xFFFFFFFF)
+        words = self._words
+        words[self._seq] = value & 0xFFFFFFFF
         futex.fence()
-        if _load(buf, self._sleeping)[0]:
+        if words[self._sleeping]:
             futex.wake(self._addr)
 
     def wake(self) -> None:
@@ -57,22 +53,22 @@ class Bell:
     def wait(self, seen: int, spin_ns: int, slice_s: float) -> int:
         """The word once it differs from ``seen``, or after one sleep of at most ``slice_s``
         (then it may still equal ``seen``: the caller looks at what else changed)."""
-        buf, seq = self._buf, self._seq
-        value: int = _load(buf, seq)[0]
+        words, seq = self._words, self._seq
+        value: int = words[seq]
         if value != seen:
             return value
         if spin_ns > 0:
             deadline = _now() + spin_ns
             while True:
-                value = _load(buf, seq)[0]
+                value = words[seq]
                 if value != seen:
                     return value
                 if _now() >= deadline:
                     break
-        _store(buf, self._sleeping, 1)
+        words[self._sleeping] = 1
         futex.wait(self._addr, seen, slice_s)
-        _store(buf, self._sleeping, 0)
-        return int(_load(buf, seq)[0])
+        words[self._sleeping] = 0
+        return int(words[seq])
 
 
 def apart(pid: int) -> bool:

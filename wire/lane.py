@@ -75,16 +75,16 @@ CODES = (
 )
 STATUS = {name: i for i, name in enumerate(CODES) if name}
 
-# a request: id, sent (the client's CLOCK_MONOTONIC ns), flags, inputs, outputs, releases
-_REQUEST_HEAD = struct.Struct("<QQIHHH6x")
-# a response: id, status, outputs, parameters, error length
-_RESPONSE_HEAD = struct.Struct("<QIHHH6x")
+# a request: id, sent (the client's CLOCK_MONOTONIC ns), flags, inputs, outputs, releases,
+# the body's length (its inputs and outputs: what stays the same from one run to the next)
+_REQUEST_HEAD = struct.Struct("<QQIHHH2xI")
+# a response: id, status, outputs, parameters, error length, parameters' length
+_RESPONSE_HEAD = struct.Struct("<QIHHH2xI")
 _TENSOR = struct.Struct("<HBB4xQQ")  # index, datatype, ndim, offset, byte_size (+ ndim dims)
 _U64 = struct.Struct("<Q")
 _PARAM = struct.Struct("<BxHI")  # kind, key length, value length (+ key, value, padding)
 _KINDS = {str: 0, int: 1, bool: 2, float: 3}
 _I64 = struct.Struct("<q")
-_WORD = struct.Struct("I")  # the machine's order (little-endian where lanes run: x86-64)
 _F64 = struct.Struct("<d")
 
 
@@ -116,11 +116,15 @@ class Tensor(NamedTuple):
 
 
 class LaneRequest(NamedTuple):
+    """A request as the worker reads it: its body still packed (``parse_body``), so that a
+    body seen before is known by its bytes."""
+
     id: int
     sent_ns: int  # when the client sent it (CLOCK_MONOTONIC, the same clock in every process)
     flags: int
-    inputs: list[Tensor]
-    outputs: list[int]  # output indices; empty: every output
+    n_inputs: int
+    n_outputs: int
+    body: bytes
     releases: list[int]  # tokens of outputs the client is done with
 
 
@@ -146,33 +150,45 @@ def read_header(buf: Any) -> tuple[Geometry, int, int]:
     return Geometry(slots, slot_size), state, code
 
 
-def revoke(buf: Any, status: int, reason: str) -> None:
-    """Mark the lane revoked, with why (the broker)."""
-    text = reason.encode()[: REASON_BYTES - 1]
-    buf[REASON_OFFSET : REASON_OFFSET + REASON_BYTES] = text.ljust(REASON_BYTES, b"\0")
-    set_word(buf, STATE + 4, status)
-    set_word(buf, STATE, STATE_REVOKED)
+class Header:
+    """A mapping of a lane's header: its geometry, its state, its 32-bit words.
 
+    Each word is read and written with one aligned 32-bit access through a cast memoryview
+    (``header[offset]``).  Never ``struct.pack_into`` a word a peer reads: it zero-fills the
+    field before it writes it, and a peer can read that 0.
+    """
 
-def revoked(buf: Any) -> bool:
-    return bool(_WORD.unpack_from(buf, STATE)[0])
+    __slots__ = ("buf", "words")
 
+    def __init__(self, buf: memoryview) -> None:
+        self.buf = buf
+        self.words = buf[:HEADER_BYTES].cast("I")
 
-def reason(buf: Any) -> tuple[str, str]:
-    """(code name, message) of a revoked lane."""
-    status = word(buf, STATE + 4)
-    raw = bytes(buf[REASON_OFFSET : REASON_OFFSET + REASON_BYTES]).split(b"\0", 1)[0]
-    return code_name(status), raw.decode(errors="replace")
+    def __getitem__(self, offset: int) -> int:
+        return int(self.words[offset >> 2])
 
+    def __setitem__(self, offset: int, value: int) -> None:
+        self.words[offset >> 2] = value & 0xFFFFFFFF
 
-def word(buf: Any, offset: int) -> int:
-    """A 32-bit word both sides use to synchronise (in one load: native order)."""
-    return int(_WORD.unpack_from(buf, offset)[0])
+    @property
+    def revoked(self) -> bool:
+        return bool(self.words[STATE >> 2])
 
+    def revoke(self, status: int, reason: str) -> None:
+        """Mark the lane revoked, with why (the broker)."""
+        text = reason.encode()[: REASON_BYTES - 1]
+        self.buf[REASON_OFFSET : REASON_OFFSET + REASON_BYTES] = text.ljust(REASON_BYTES, b"\0")
+        self[STATE + 4] = status
+        self[STATE] = STATE_REVOKED
 
-def set_word(buf: Any, offset: int, value: int) -> None:
-    """Store a synchronisation word in one instruction (``<I`` would store byte by byte)."""
-    _WORD.pack_into(buf, offset, value & 0xFFFFFFFF)
+    def reason(self) -> tuple[str, str]:
+        """(code name, message) of a revoked lane."""
+        raw = bytes(self.buf[REASON_OFFSET : REASON_OFFSET + REASON_BYTES]).split(b"\0", 1)[0]
+        return code_name(self[STATE + 4]), raw.decode(errors="replace")
+
+    def release(self) -> None:
+        """Let go of the mapping (before it is closed)."""
+        self.words.release()
 
 
 def code_name(status: int) -> str:
@@ -232,35 +248,57 @@ def write_request(
     size = end + 8 * len(releases)
     if size > slot_size:
         raise ValueError(f"a request of {size} bytes does not fit a {slot_size}-byte lane slot")
-    _REQUEST_HEAD.pack_into(buf, at, request_id, sent_ns, flags, n_inputs, n_outputs, len(releases))
+    _REQUEST_HEAD.pack_into(
+        buf, at, request_id, sent_ns, flags, n_inputs, n_outputs, len(releases), len(body)
+    )
     buf[at + _REQUEST_HEAD.size : at + end] = body
     if releases:
         struct.pack_into(f"<{len(releases)}Q", buf, at + end, *releases)
 
 
 def read_request(buf: Any, at: int, slot_size: int) -> LaneRequest:
-    """The request in the slot at ``at``, read into private memory; ValueError if malformed."""
-    slot = bytes(buf[at : at + slot_size])  # the client may write on: read a copy
-    request_id, sent_ns, flags, n_inputs, n_outputs, n_release = _REQUEST_HEAD.unpack_from(slot)
-    inputs, pos = _read_tensors(slot, _REQUEST_HEAD.size, n_inputs, slot_size)
-    if pos + 2 * n_outputs > slot_size:
-        raise ValueError("output indices run past the slot")
-    outputs = list(struct.unpack_from(f"<{n_outputs}H", slot, pos))
-    pos = _pad(pos + 2 * n_outputs)
-    if pos + 8 * n_release > slot_size:
-        raise ValueError("releases run past the slot")
-    releases = list(struct.unpack_from(f"<{n_release}Q", slot, pos))
-    return LaneRequest(request_id, sent_ns, flags, inputs, outputs, releases)
+    """The request in the slot at ``at``, copied out of shared memory (the client may write
+    on); ValueError if it does not fit its slot."""
+    head = _REQUEST_HEAD.unpack_from(buf, at)
+    request_id, sent_ns, flags, n_inputs, n_outputs, n_release, body_len = head
+    start = at + _REQUEST_HEAD.size
+    end = start + body_len
+    if end + 8 * n_release > at + slot_size:
+        raise ValueError("the request runs past its slot")
+    releases = list(struct.unpack_from(f"<{n_release}Q", buf, end)) if n_release else []
+    return LaneRequest(
+        request_id, sent_ns, flags, n_inputs, n_outputs, bytes(buf[start:end]), releases
+    )
+
+
+def parse_body(body: bytes, n_inputs: int, n_outputs: int) -> tuple[list[Tensor], list[int]]:
+    """A request body's inputs and wanted outputs; ValueError if they do not fit it."""
+    inputs, pos = _read_tensors(body, 0, n_inputs, len(body))
+    if pos + 2 * n_outputs > len(body):
+        raise ValueError("output indices run past the request")
+    return inputs, list(struct.unpack_from(f"<{n_outputs}H", body, pos))
 
 
 # ---------------------------------------------------------------------------- responses
+# A backend tends to answer with the same parameters every time: both ends remember what the
+# last few encoded to (keyed with the values' types: True == 1, but not on the wire).
+_packed: dict[tuple[Any, ...], bytes] = {}
+_unpacked: dict[bytes, dict[str, Any]] = {}
+_REMEMBERED = 16
+
+
 def pack_parameters(params: Mapping[str, Any]) -> bytes:
     """Response parameters: kind (0 str, 1 int, 2 bool, 3 float), key, value, padded to 8."""
+    key = tuple((k, v.__class__, v) for k, v in params.items())
+    try:
+        return _packed[key]
+    except (KeyError, TypeError):  # TypeError: a value that cannot be a key is refused below
+        pass
     out = bytearray()
-    for key, value in params.items():
+    for name, value in params.items():
         kind = _KINDS.get(type(value))
         if kind is None:
-            raise ValueError(f"response parameter '{key}' is a {type(value).__name__}")
+            raise ValueError(f"response parameter '{name}' is a {type(value).__name__}")
         if kind == 0:
             raw = value.encode()
         elif kind == 1:
@@ -269,33 +307,45 @@ def pack_parameters(params: Mapping[str, Any]) -> bytes:
             raw = b"\1" if value else b"\0"
         else:
             raw = _F64.pack(value)
-        name = key.encode()
-        entry = _PARAM.pack(kind, len(name), len(raw)) + name + raw
+        label = name.encode()
+        entry = _PARAM.pack(kind, len(label), len(raw)) + label + raw
         out += entry.ljust(_pad(len(entry)), b"\0")
-    return bytes(out)
+    if len(_packed) >= _REMEMBERED:
+        _packed.clear()
+    _packed[key] = packed = bytes(out)
+    return packed
 
 
-def _read_parameters(buf: Any, pos: int, count: int, end: int) -> tuple[dict[str, Any], int]:
+def unpack_parameters(raw: bytes, count: int) -> dict[str, Any]:
+    """The parameters ``pack_parameters`` wrote (a new dict each time); ValueError if they
+    do not fit ``raw``."""
+    known = _unpacked.get(raw)
+    if known is not None:
+        return dict(known)
     params: dict[str, Any] = {}
+    pos, end = 0, len(raw)
     for _ in range(count):
         if pos + _PARAM.size > end:
             raise ValueError("response parameters run past the slot")
-        kind, key_len, value_len = _PARAM.unpack_from(buf, pos)
+        kind, key_len, value_len = _PARAM.unpack_from(raw, pos)
         start = pos + _PARAM.size
         if start + key_len + value_len > end:
             raise ValueError("response parameters run past the slot")
-        key = bytes(buf[start : start + key_len]).decode()
-        raw = bytes(buf[start + key_len : start + key_len + value_len])
+        key = raw[start : start + key_len].decode()
+        value = raw[start + key_len : start + key_len + value_len]
         if kind == 0:
-            params[key] = raw.decode()
+            params[key] = value.decode()
         elif kind == 1:
-            params[key] = _I64.unpack(raw)[0]
+            params[key] = _I64.unpack(value)[0]
         elif kind == 2:
-            params[key] = raw != b"\0"
+            params[key] = value != b"\0"
         else:
-            params[key] = _F64.unpack(raw)[0]
+            params[key] = _F64.unpack(value)[0]
         pos = _pad(start + key_len + value_len)
-    return params, pos
+    if len(_unpacked) >= _REMEMBERED:
+        _unpacked.clear()
+    _unpacked[raw] = params
+    return dict(params)
 
 
 def write_response(
@@ -309,24 +359,29 @@ def write_response(
     error: str = "",
 ) -> None:
     """Fill the response slot at ``at``; ValueError if it does not fit."""
-    tensors = pack_tensors(outputs)
+    tensors = pack_tensors(outputs) if outputs else b""
     params = pack_parameters(parameters) if parameters else b""
-    message = error.encode()
+    message = error.encode() if error else b""
     size = _RESPONSE_HEAD.size + len(tensors) + len(params) + len(message)
     if size > slot_size:
         raise ValueError(f"a response of {size} bytes does not fit a {slot_size}-byte lane slot")
     n_params = len(parameters) if parameters else 0
-    _RESPONSE_HEAD.pack_into(buf, at, request_id, status, len(outputs), n_params, len(message))
+    _RESPONSE_HEAD.pack_into(
+        buf, at, request_id, status, len(outputs), n_params, len(message), len(params)
+    )
     pos = at + _RESPONSE_HEAD.size
-    buf[pos : pos + len(tensors) + len(params) + len(message)] = tensors + params + message
+    buf[pos : at + size] = tensors + params + message
 
 
 def read_response(buf: Any, at: int, slot_size: int) -> LaneResponse:
-    request_id, status, n_outputs, n_params, error_len = _RESPONSE_HEAD.unpack_from(buf, at)
+    """The response in the slot at ``at``; ValueError if it does not fit its slot."""
+    head = _RESPONSE_HEAD.unpack_from(buf, at)
+    request_id, status, n_outputs, n_params, error_len, params_len = head
     end = at + slot_size
     outputs, pos = _read_tensors(buf, at + _RESPONSE_HEAD.size, n_outputs, end)
-    params: dict[str, Any] = {}
-    if n_params:
-        params, pos = _read_parameters(buf, pos, n_params, end)
+    if pos + params_len + error_len > end:
+        raise ValueError("the response runs past its slot")
+    params = unpack_parameters(bytes(buf[pos : pos + params_len]), n_params) if n_params else {}
+    pos += params_len
     error = bytes(buf[pos : pos + error_len]).decode(errors="replace") if error_len else ""
     return LaneResponse(request_id, status, outputs, params, error)

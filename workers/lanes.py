@@ -40,8 +40,10 @@ from inferpool.workers.lane_stats import Tally
 from inferpool.workers.memory import WorkerMemory, host_input
 
 log = logging.getLogger("inferpool.worker")
+Plan = tuple[list[tuple[TensorRef, "tuple[int, ...] | None"]], dict[str, RequestedOutput]]
 SLICE_S = 1.0  # the longest sleep: a lane thread looks at its lane at least this often
 FLUSH_S = 0.05  # statistics reach the broker at most this long after a lane goes quiet
+PLANS = 16  # request bodies a lane remembers as checked
 SWITCH_S = 0.001  # the GIL's switch interval while lanes are open (a busy lane thread
 # must let the main thread read the channel soon)
 
@@ -152,8 +154,9 @@ class LaneServer(threading.Thread):
         except BaseException:
             self.region.close()
             raise
-        self.requests = Bell(buf, wl.REQ_SEQ, wl.WORKER_SLEEPING)
-        self.responses = Bell(buf, wl.RESP_SEQ, wl.CLIENT_SLEEPING)
+        self.header = header = wl.Header(buf)
+        self.requests = Bell(buf, header.words, wl.REQ_SEQ, wl.WORKER_SLEEPING)
+        self.responses = Bell(buf, header.words, wl.RESP_SEQ, wl.CLIENT_SLEEPING)
         self.spin_ns = msg.spin_us * 1000 if msg.spin_us > 0 and apart(msg.client_pid) else 0
         self.leases: set[int] = set()  # output offsets the client holds
         self._closing = False
@@ -161,6 +164,7 @@ class LaneServer(threading.Thread):
         self._mapped = True
         self._map_lock = threading.Lock()
         self._current = (0, 0)  # (request number, client's id) being executed
+        self._plans: dict[tuple[int, int, bytes], Plan] = {}
         self._ok = False
 
     # ------------------------------------------------------------------ from the main thread
@@ -184,13 +188,13 @@ class LaneServer(threading.Thread):
             self.lanes.closed(self.lane, error)
 
     def _serve(self) -> None:
-        buf = self.region.buf
+        header = self.header
         lanes = self.lanes
         tally = lanes.tally
         execute_lock = lanes.execute_lock
         n = 0
         flush_at = 0.0
-        while not self._closing and not wl.revoked(buf):
+        while not self._closing and not header.revoked:
             spinning = (
                 self.spin_ns and not execute_lock.locked() and lanes.spinner.acquire(blocking=False)
             )
@@ -206,7 +210,9 @@ class LaneServer(threading.Thread):
                 continue
             if (head - n) & 0xFFFFFFFF > self.geometry.slots:
                 raise InferpoolError(
-                    Code.INVALID_ARG, f"the client posted more than {self.geometry.slots} requests"
+                    Code.INVALID_ARG,
+                    f"the client posted more than {self.geometry.slots} requests "
+                    f"(request {head} while the worker is at {n})",
                 )
             self._serve_one(n)
             n = (n + 1) & 0xFFFFFFFF
@@ -217,16 +223,15 @@ class LaneServer(threading.Thread):
                 flush_at = time.monotonic() + FLUSH_S
 
     def _serve_one(self, n: int) -> None:
-        buf = self.region.buf
         geometry = self.geometry
         claimed = time.monotonic_ns()
         try:
-            req = wl.read_request(buf, geometry.request(n), geometry.slot_size)
-        except ValueError as exc:
-            wl.set_word(buf, wl.REQ_DONE, n + 1)
+            req = wl.read_request(self.region.buf, geometry.request(n), geometry.slot_size)
+        except ValueError as exc:  # nothing of it can be trusted: not even its id
+            self.header[wl.REQ_DONE] = n + 1
             self._answer_error(n, 0, invalid_arg(f"malformed lane request: {exc}"), claimed)
             return
-        wl.set_word(buf, wl.REQ_DONE, n + 1)  # claimed: it will be answered
+        self.header[wl.REQ_DONE] = n + 1  # claimed: it will be answered
         sent = req.sent_ns if 0 < req.sent_ns <= claimed else claimed
         try:
             if req.releases:
@@ -259,18 +264,47 @@ class LaneServer(threading.Thread):
         )
 
     def _request(self, n: int, req: wl.LaneRequest) -> Request:
+        """The Request a backend sees (as on the broker path).  A client sends the same body
+        over and over: it is checked once, and its plan kept."""
+        key = (req.n_inputs, req.n_outputs, req.body)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plan(req)
+            if len(self._plans) >= PLANS:
+                self._plans.clear()
+            self._plans[key] = plan
+        refs, wanted = plan
+        region = self.inputs
+        return Request(
+            id=str(req.id),
+            inputs={ref.name: host_input(region, ref, reshape) for ref, reshape in refs},
+            requested_outputs=wanted,
+            memory=self.memory,
+            emit=self._emit,
+            handle=n,
+        )
+
+    def _plan(self, req: wl.LaneRequest) -> Plan:
+        """Check a request body against the model and the client's region (INVALID_ARG in
+        the broker's words): where its inputs are, which outputs it wants."""
         contract = self.contract
         model = contract.model
         specs = contract.inputs
-        inputs = {}
+        try:
+            tensors, outputs = wl.parse_body(req.body, req.n_inputs, req.n_outputs)
+        except ValueError as exc:
+            raise invalid_arg(f"malformed lane request: {exc}") from None
+        refs: list[tuple[TensorRef, tuple[int, ...] | None]] = []
+        seen: set[str] = set()
         batch = 0
-        for t in req.inputs:
+        for t in tensors:
             spec = specs[t.position] if t.position < len(specs) else None
             if spec is None:
                 raise invalid_arg(f"unexpected inference input {t.position} for model '{model}'")
             name = spec.name
-            if name in inputs:
+            if name in seen:
                 raise invalid_arg(f"input '{name}' is given more than once for model '{model}'")
+            seen.add(name)
             datatype = wl.DATATYPE_NAMES.get(t.datatype, str(t.datatype))
             batch, expected = check_input(
                 model, spec, datatype, t.shape, contract.max_batch_size, batch
@@ -280,23 +314,15 @@ class LaneServer(threading.Thread):
             if reshape is not None and contract.max_batch_size > 0:
                 reshape = (t.shape[0], *reshape)
             ref = TensorRef(name, datatype, t.shape, self.inputs.name, t.offset, t.byte_size)
-            inputs[name] = host_input(self.inputs, ref, reshape)
-        check_required(model, contract.required, set(inputs))
-        if req.outputs:
-            names = contract.outputs
-            if any(i >= len(names) for i in req.outputs):
-                raise invalid_arg(f"unexpected inference output index for model '{model}'")
-            wanted = {names[i]: RequestedOutput(names[i]) for i in req.outputs}
-        else:
-            wanted = contract.all_outputs
-        return Request(
-            id=str(req.id),
-            inputs=inputs,
-            requested_outputs=wanted,
-            memory=self.memory,
-            emit=self._emit,
-            handle=n,
-        )
+            host_input(self.inputs, ref, reshape)  # inside the client's region, or INVALID_ARG
+            refs.append((ref, reshape))
+        check_required(model, contract.required, seen)
+        if not outputs:
+            return refs, contract.all_outputs
+        names = contract.outputs
+        if any(i >= len(names) for i in outputs):
+            raise invalid_arg(f"unexpected inference output index for model '{model}'")
+        return refs, {names[i]: RequestedOutput(names[i]) for i in outputs}
 
     def _release(self, tokens: list[int]) -> None:
         """Free the outputs the client is done with; NOT_FOUND for a token it does not hold
@@ -365,12 +391,13 @@ class LaneServer(threading.Thread):
     def _finish(self) -> None:
         """Claim nothing more, say so, give back the outputs the client held (unless told
         they stay: this worker is retiring and they go with it)."""
-        wl.set_word(self.region.buf, wl.WORKER_CLOSED, 1)
+        self.header[wl.WORKER_CLOSED] = 1
         self.responses.wake()
         if self._free:
             self.memory.free([Slot(self.output_region, t) for t in self.leases])
         self.leases.clear()
         with self._map_lock:
             self._mapped = False
+            self.header.release()
             self.region.close()
             self.inputs.close()

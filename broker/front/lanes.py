@@ -46,6 +46,7 @@ class Lane:
     model: ModelVersion
     worker: Worker
     region: Region
+    header: wl.Header
     input_region: str  # the registration's name
     revoked: bool = False
 
@@ -82,6 +83,9 @@ class Lanes:
         pid = h.get("pid")
         if type(pid) is not int or pid <= 0:
             raise invalid_arg(f"open_lane needs 'pid': the client's process id, got {pid!r}")
+        spin = h.get("spin_us", self.spin_us)
+        if type(spin) is not int or spin < 0:
+            raise invalid_arg(f"open_lane 'spin_us' must be a non-negative integer, got {spin!r}")
         slots = h.get("slots", wl.DEFAULT_SLOTS)
         if type(slots) is not int or not 1 <= slots <= wl.MAX_SLOTS:
             raise invalid_arg(f"open_lane 'slots' must be an integer in 1..{wl.MAX_SLOTS}")
@@ -101,10 +105,11 @@ class Lanes:
         geometry = wl.Geometry(slots, wl.SLOT_SIZE)
         region = Region.create(region_name(self.run_id, f"lane{lane_id}"), geometry.size)
         wl.init_header(region.buf, geometry)
-        lane = Lane(lane_id, owner, mv, worker, region, name)
+        lane = Lane(lane_id, owner, mv, worker, region, wl.Header(region.buf), name)
         self.lanes[lane_id] = lane
         self.track(owner)
-        self.supervisor.send(worker, LaneOpen(lane_id, region.name, reg.key, pid, self.spin_us))
+        spin = min(spin, self.spin_us)  # the server's --lane-spin-us bounds what a client asks
+        self.supervisor.send(worker, LaneOpen(lane_id, region.name, reg.key, pid, spin))
         log.info("lane %d open: client %s, instance %s", lane_id, owner.hex(), worker.name)
         return {
             "lane": lane_id,
@@ -134,10 +139,9 @@ class Lanes:
         if lane.revoked:
             return
         lane.revoked = True
-        buf = lane.region.buf
-        wl.revoke(buf, wl.STATUS[code.value], reason)
+        lane.header.revoke(wl.STATUS[code.value], reason)
         for word in (wl.REQ_SEQ, wl.RESP_SEQ):
-            futex.wake(futex.address(buf, word))
+            futex.wake(futex.address(lane.region.buf, word))
         log.info("lane %d revoked: %s", lane.id, reason)
         worker = lane.worker
         if worker.channel is not None and worker.state in (WorkerState.READY, WorkerState.STOPPING):
@@ -147,13 +151,13 @@ class Lanes:
 
     def _worker_gone(self, lane: Lane) -> None:
         """The worker will never close the lane: the broker says so for it, and unlinks."""
-        buf = lane.region.buf
-        wl.set_word(buf, wl.WORKER_CLOSED, 1)
-        futex.wake(futex.address(buf, wl.RESP_SEQ))
+        lane.header[wl.WORKER_CLOSED] = 1
+        futex.wake(futex.address(lane.region.buf, wl.RESP_SEQ))
         self._destroy(lane)
 
     def _destroy(self, lane: Lane) -> None:
         self.lanes.pop(lane.id, None)
+        lane.header.release()
         lane.region.destroy()
 
     # ------------------------------------------------------------------ events
@@ -214,7 +218,7 @@ class Lanes:
         """The broker stops: unlink every lane region (clients keep their mappings)."""
         for lane in self._all():
             if not lane.revoked:
-                wl.revoke(lane.region.buf, wl.STATUS["UNAVAILABLE"], "the server shut down")
+                lane.header.revoke(wl.STATUS["UNAVAILABLE"], "the server shut down")
             self._worker_gone(lane)
 
 

@@ -227,9 +227,9 @@ def test_a_lane_revoked_by_the_broker_sends_requests_through_it(server: Server) 
     with ShmClient(server.endpoint, timeout=10) as c:
         lane = c.lane("plain")
         c.call("close_lane", lane=lane.id)  # as the broker would revoke it
-        wait_for(lambda: wl.word(lane.region.buf, wl.WORKER_CLOSED), "the worker closes it")
+        wait_for(lambda: lane.header[wl.WORKER_CLOSED], "the worker closes it")
         assert not lane.usable
-        assert wl.reason(lane.region.buf) == ("CANCELLED", "the client closed the lane")
+        assert lane.header.reason() == ("CANCELLED", "the client closed the lane")
         with c.run(fp32_request(c, "plain", np.ones(2, np.float32))) as result:
             assert result["OUTPUT0"].tolist() == [1, 1]
         assert not c.session.lanes.lanes  # the ended lane was forgotten
@@ -251,7 +251,7 @@ def test_requests_waiting_on_a_revoked_lane(server: Server) -> None:
                 reqs.append(req)
             first = asyncio.ensure_future(c.run(reqs[0]))
             second = asyncio.ensure_future(c.run(reqs[1]))
-            while wl.word(lane.region.buf, wl.REQ_DONE) < 1:  # the worker took the first
+            while lane.header[wl.REQ_DONE] < 1:  # the worker took the first
                 await asyncio.sleep(0.01)
             unload = asyncio.ensure_future(c.unload_model("slow2"))
             answers = await asyncio.gather(first, second, return_exceptions=True)
@@ -272,7 +272,7 @@ def test_a_reload_revokes_the_lane_and_the_new_version_serves(server: Server) ->
             pass
         c.load_model("again")  # a reload: the new workers serve, the lane is revoked
         assert not lane.usable
-        assert "was reloaded" in wl.reason(lane.region.buf)[1]
+        assert "was reloaded" in lane.header.reason()[1]
         with c.run(req) as result:
             assert result["OUTPUT0"].tolist() == [1, 1]
 
@@ -296,7 +296,7 @@ def test_a_silent_client_loses_its_lane(server: Server) -> None:
     with ShmClient(server.endpoint, keepalive=False, timeout=10) as c:
         lane = c.lane("plain")
         wait_for(lambda: not lane.usable, "the lane of a silent client revoked", 10)
-        assert "silent" in wl.reason(lane.region.buf)[1]
+        assert "silent" in lane.header.reason()[1]
         with c.run(fp32_request(c, "plain", np.ones(2, np.float32))) as result:
             assert result["OUTPUT0"].tolist() == [1, 1]
 
@@ -308,7 +308,7 @@ def test_a_killed_instance_fails_the_request_it_was_running(server: Server) -> N
         body = lane.body(req)
         assert body is not None
         n = lane.post(body)
-        wait_for(lambda: wl.word(lane.region.buf, wl.REQ_DONE) == n + 1, "the worker took it")
+        wait_for(lambda: lane.header[wl.REQ_DONE] == n + 1, "the worker took it")
         os.kill(lane.worker_pid, signal.SIGKILL)
         start = time.monotonic()
         with pytest.raises(InferpoolError) as info:

@@ -32,7 +32,8 @@ def test_a_request_round_trips(region: memoryview) -> None:
     assert at == wl.HEADER_BYTES + 1024  # request 5 of 4 slots: slot 1
     wl.write_request(region, at, 1024, 5, 123456789, 0, 2, 3, body, [64, 4160])
     req = wl.read_request(region, at, 1024)
-    assert req == wl.LaneRequest(5, 123456789, 0, inputs, [1, 0, 2], [64, 4160])
+    assert req == wl.LaneRequest(5, 123456789, 0, 2, 3, body, [64, 4160])
+    assert wl.parse_body(req.body, 2, 3) == (inputs, [1, 0, 2])
 
 
 def test_a_response_round_trips_with_every_kind_of_parameter(region: memoryview) -> None:
@@ -41,6 +42,9 @@ def test_a_response_round_trips_with_every_kind_of_parameter(region: memoryview)
     at = GEOMETRY.response(2)
     wl.write_response(region, at, 1024, 9, outputs, params)
     assert wl.read_response(region, at, 1024) == wl.LaneResponse(9, 0, outputs, params, "")
+    wl.write_response(region, at, 1024, 9, outputs, {"s": "text", "i": -42, "b": 1, "f": 1.5})
+    back = wl.read_response(region, at, 1024).parameters["b"]
+    assert type(back) is int and back == 1  # not True: a new encoding
     wl.write_response(region, at, 1024, 10, (), None, wl.STATUS["INVALID_ARG"], "no such input")
     back = wl.read_response(region, at, 1024)
     assert (back.status, back.error, wl.code_name(back.status)) == (
@@ -63,16 +67,21 @@ def test_a_slot_that_lies_about_its_counts_is_refused(region: memoryview) -> Non
     body = wl.pack_request_body([wl.Tensor(0, 11, 0, 16, (4,))], [])
     at = GEOMETRY.request(0)
     wl.write_request(region, at, 1024, 1, 0, 0, 100, 0, body, [])  # 100 inputs, one there
+    req = wl.read_request(region, at, 1024)
     with pytest.raises(ValueError, match="run past the slot"):
+        wl.parse_body(req.body, req.n_inputs, req.n_outputs)
+    region[at + 28 : at + 32] = (5000).to_bytes(4, "little")  # a body longer than the slot
+    with pytest.raises(ValueError, match="runs past its slot"):
         wl.read_request(region, at, 1024)
 
 
 def test_the_header_carries_geometry_and_revocation(region: memoryview) -> None:
     assert wl.read_header(region) == (GEOMETRY, wl.STATE_OPEN, 0)
-    assert not wl.revoked(region)
-    wl.revoke(region, wl.STATUS["UNAVAILABLE"], "instance 'm_0' died")
-    assert wl.revoked(region)
-    assert wl.reason(region) == ("UNAVAILABLE", "instance 'm_0' died")
+    header = wl.Header(region)
+    assert not header.revoked
+    header.revoke(wl.STATUS["UNAVAILABLE"], "instance 'm_0' died")
+    assert header.revoked and wl.read_header(region)[1:] == (wl.STATE_REVOKED, 3)
+    assert header.reason() == ("UNAVAILABLE", "instance 'm_0' died")
     region[0:4] = b"XXXX"
     with pytest.raises(ValueError, match="not a version 1 lane"):
         wl.read_header(region)
@@ -80,8 +89,9 @@ def test_the_header_carries_geometry_and_revocation(region: memoryview) -> None:
 
 @pytest.mark.parametrize("spin_ns", [0, 2_000_000])
 def test_a_bell_wakes_its_consumer(region: memoryview, spin_ns: int) -> None:
-    consumer = Bell(region, wl.REQ_SEQ, wl.WORKER_SLEEPING)
-    producer = Bell(region, wl.REQ_SEQ, wl.WORKER_SLEEPING)
+    words = wl.Header(region).words
+    consumer = Bell(region, words, wl.REQ_SEQ, wl.WORKER_SLEEPING)
+    producer = Bell(region, words, wl.REQ_SEQ, wl.WORKER_SLEEPING)
     got: list[int] = []
 
     def wait() -> None:
@@ -97,14 +107,38 @@ def test_a_bell_wakes_its_consumer(region: memoryview, spin_ns: int) -> None:
     producer.ring(1)
     thread.join(5)
     assert got == [1] and time.monotonic() - start < 1.0  # woken, not timed out
-    assert wl.word(region, wl.WORKER_SLEEPING) == 0
+    assert wl.Header(region)[wl.WORKER_SLEEPING] == 0
 
 
 def test_a_bell_wait_times_out_on_a_quiet_word(region: memoryview) -> None:
-    bell = Bell(region, wl.RESP_SEQ, wl.CLIENT_SLEEPING)
+    bell = Bell(region, wl.Header(region).words, wl.RESP_SEQ, wl.CLIENT_SLEEPING)
     start = time.monotonic()
     assert bell.wait(0, 1000, 0.05) == 0
     assert 0.04 < time.monotonic() - start < 1.0
+
+
+def test_a_words_stores_are_never_seen_half_done(region: memoryview) -> None:
+    """A reader never sees a word go back: one store each (struct.pack_into zero-fills
+    first, which a reader on another core catches now and then)."""
+    header = wl.Header(region)
+    seen: list[int] = []
+    done = threading.Event()
+
+    def read() -> None:
+        last = 0
+        while not done.is_set():
+            value = header[wl.REQ_SEQ]
+            if value < last:
+                seen.append(value)
+            last = value
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    for i in range(1, 200_000):
+        header[wl.REQ_SEQ] = i
+    done.set()
+    reader.join()
+    assert seen == []
 
 
 def test_spinning_pays_only_toward_another_core() -> None:
