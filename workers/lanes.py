@@ -126,12 +126,18 @@ class Lanes:
             if not self._servers:
                 sys.setswitchinterval(self._switch)
         self.flush()
-        self.link.send(LaneClosed(lane, error.to_wire() if error else None))
+        self._send(LaneClosed(lane, error.to_wire() if error else None))
 
     def flush(self) -> None:
         stats = self.tally.take(self.host.stats.drain_metrics())
         if stats is not None:
-            self.link.send(stats)
+            self._send(stats)
+
+    def _send(self, msg: Any) -> None:
+        try:
+            self.link.send(msg)
+        except OSError as exc:  # the broker is gone: the worker is on its way out too
+            log.warning("lane message not sent: %s", exc)
 
 
 class LaneServer(threading.Thread):
