@@ -91,6 +91,7 @@ class Worker:
         self.reshapes: dict[str, tuple[int, ...]] = {}
         self.output_reshapes: dict[str, OutputReshape] = {}
         self.states: SequenceStates | None = None  # sequence state, if the model keeps any
+        self._wanted: dict[str, RequestedOutput] = {}
         self.lanes: Lanes | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -132,6 +133,8 @@ class Worker:
         self.reshapes = {t.name: tuple(t.reshape.shape) for t in cfg.input if t.HasField("reshape")}
         self.output_reshapes = output_reshapes(cfg)
         self.states = SequenceStates.of(cfg, self.memory)
+        # outputs wanted in this worker's own region: one RequestedOutput each, shared
+        self._wanted = {t.name: RequestedOutput(t.name) for t in cfg.output}
 
     def _loop(self) -> None:
         """One message at a time.  A decoupled model's backend threads may answer between
@@ -269,11 +272,15 @@ class Worker:
             inputs[tensor.name] = tensor
         if self.states is not None:
             self.states.feed(work, inputs)
+        wanted = self._wanted
         return Request(
             id=work.id,
             inputs=inputs,
             requested_outputs={
-                out.name: RequestedOutput(out.name, out.window) for out in work.outputs
+                out.name: wanted.get(out.name) or RequestedOutput(out.name)
+                if out.window is None
+                else RequestedOutput(out.name, out.window)
+                for out in work.outputs
             },
             memory=self.memory,
             emit=self._emit,

@@ -989,6 +989,7 @@ static int do_lane(void *sock, const char *model)
     put_u16(req + 20, 1);            /* inputs */
     put_u16(req + 22, 1);            /* outputs */
     put_u16(req + 24, 0);            /* releases */
+    put_u32(req + 28, 40);           /* the body: one input entry (32), one output index (8) */
     p = req + 32;                    /* the input: index, datatype, ndim, offset, size, dims */
     put_u16(p, (unsigned)in_index);
     p[2] = DT_FP32;
@@ -1018,6 +1019,7 @@ static int do_lane(void *sock, const char *model)
         const unsigned char *msg = resp + 24;
         for (unsigned i = 0; i < n_out; i++)
             msg += 24 + 8 * msg[3];
+        msg += get_u32(resp + 20); /* the parameters */
         errorf("server error %s: %.*s", code < 10 ? codes[code] : "UNKNOWN", (int)len, (const char *)msg);
         status = EXIT_SERVER_ERROR;
         goto done;
