@@ -47,9 +47,7 @@ def cpu_ns(pid: int) -> int:
     return total
 
 
-def per_request(
-    call: Callable[[], Any], pids: dict[str, int], n: int
-) -> dict[str, float]:
+def per_request(call: Callable[[], Any], pids: dict[str, int], n: int) -> dict[str, float]:
     """Each process's CPU (us) per call of ``call``, over ``n`` calls after a warm-up."""
     for _ in range(min(500, n // 10)):
         call()
