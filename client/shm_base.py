@@ -37,9 +37,9 @@ class ShmBase(Connection):
         (0: none, for callers that only read outputs as handles); ``keepalive``: keep the
         leases of a quiet client (on by default); ``lane``: run every request through a
         lane to its model's worker where the server grants one (docs/PROTOCOL.md, lanes);
-        ``lane_spin_us``: how long a lane's wait spins before it sleeps, when the worker
-        runs on another core (0: never); ``lane_slots``: requests one lane holds in flight
-        (default: 1 for ShmClient, 8 for AsyncShmClient)."""
+        ``lane_spin_us``: how long a lane's wait spins before it sleeps, when this process
+        and the worker are pinned to different cores (0: never); ``lane_slots``: requests
+        one lane holds in flight (default: 1 for ShmClient, 8 for AsyncShmClient)."""
         self.routing_id = b"shm." + secrets.token_bytes(12)  # names it in keep-alives
         self._input_bytes = input_bytes
         self._keepalive = keepalive

@@ -132,7 +132,7 @@ def add_serve(sub: Any) -> None:
         default=100,
         metavar="US",
         help="how long a worker spins for its lanes' next request before it sleeps, when the "
-        "lane's client runs on another core (default 100; 0: never spin)",
+        "lane's client is pinned to other cores (default 100; 0: never spin)",
     )
     p.add_argument(
         "--no-prefault",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import subprocess
 import threading
 import time
 
@@ -141,7 +142,21 @@ def test_a_words_stores_are_never_seen_half_done(region: memoryview) -> None:
     assert seen == []
 
 
-def test_spinning_pays_only_toward_another_core() -> None:
-    mine = os.sched_getaffinity(0)
-    assert apart(os.getpid()) == (len(mine) > 1)
+def test_spinning_pays_only_toward_a_process_on_other_cores() -> None:
+    assert not apart(os.getpid())  # shares every core with itself
     assert not apart(2**22 + 12345)  # no such process
+    mine = os.sched_getaffinity(0)
+    if len(mine) < 2:
+        return
+    first, *rest = sorted(mine)
+    peer = subprocess.Popen(["sleep", "30"])
+    try:
+        os.sched_setaffinity(peer.pid, set(rest))
+        os.sched_setaffinity(0, {first})
+        assert apart(peer.pid)
+        os.sched_setaffinity(0, mine)
+        assert not apart(peer.pid)  # this process may run where the peer does
+    finally:
+        os.sched_setaffinity(0, mine)
+        peer.kill()
+        peer.wait()
