@@ -10,7 +10,8 @@ assembly, outputs written into response memory), ``inferpool`` sends it to a rea
 statistics, splits each request's time into the model, the backend's input/output, the
 broker<->worker hop and the client<->broker hop; ``lane`` sends it to the same server
 through a lane (``ShmClient(lane=True)``: the input copied into the client's region, the
-output read in place).  A path is one function that takes the
+output read in place; this process moves to cores the worker is not pinned to, so that both
+sides may spin).  A path is one function that takes the
 model repository and an ExitStack (for its clean-up) and returns ``infer(x) -> output``.
 Ratios against ``torch`` are printed last: compare within one run, never across machines.
 
@@ -150,7 +151,12 @@ class Laned(Served):
     def __init__(self, repo: Path, stack: contextlib.ExitStack) -> None:
         super().__init__(repo, stack)
         self.shm = stack.enter_context(ShmClient(self.client.endpoint, timeout=60, lane=True))
-        self.shm.lane("mlp")  # raises if the server grants none
+        lane = self.shm.lane("mlp")  # raises if the server grants none
+        # on cores the worker does not use, so both sides of the lane may spin (client.lane)
+        mine, theirs = os.sched_getaffinity(0), os.sched_getaffinity(lane.worker_pid)
+        if mine - theirs:
+            os.sched_setaffinity(0, mine - theirs)
+            stack.callback(os.sched_setaffinity, 0, mine)
         self.requests: dict[int, tuple[Any, np.ndarray]] = {}  # batch -> (request, input)
 
     def __call__(self, x: np.ndarray) -> Any:
