@@ -29,7 +29,7 @@ from inferpool.client.shm_request import (
     ShmResult,
     output_view,
 )
-from inferpool.shm.bell import Bell, apart
+from inferpool.shm.bell import apart, bells
 from inferpool.shm.refs import posix_name
 from inferpool.shm.region import Region
 from inferpool.wire import lane as wl
@@ -70,8 +70,7 @@ class Lane:
             self.region.close()
             raise
         self.header = header = wl.Header(buf)
-        self.requests = Bell(buf, header.words, wl.REQ_SEQ, wl.WORKER_SLEEPING)
-        self.responses = Bell(buf, header.words, wl.RESP_SEQ, wl.CLIENT_SLEEPING)
+        self.requests, self.responses = bells(buf, header.words, wl.BELLS)
         self.spin_ns = spin_us * 1000 if spin_us > 0 and apart(self.worker_pid) else 0
         self.sent = 0  # requests posted
         self.read = 0  # responses taken

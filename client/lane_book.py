@@ -44,9 +44,11 @@ class LaneBook:
 
     def lane_for(self, request: ShmRequest) -> Lane | None:
         """The open lane ``request`` may take, if any."""
-        if not self.lanes:
-            return None
-        lane = self.lanes.get((request.model, request.version))
+        return self.reuse(request.model, request.version) if self.lanes else None
+
+    def reuse(self, model: str, version: str | int) -> Lane | None:
+        """The model's lane if it is still open (an ended one is forgotten)."""
+        lane = self.lanes.get((model, str(version)))
         if lane is not None and not lane.usable:
             self.lost(lane)
             return None

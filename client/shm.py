@@ -73,13 +73,8 @@ class ShmClient(ShmBase, Client):
     def lane(self, model: str, version: str | int = "") -> Lane:
         """Open a lane to ``model`` (or return the open one): its requests go through it
         from now on.  UNSUPPORTED for a model lanes do not serve (docs/PROTOCOL.md)."""
-        book = self.session.lanes
-        lane = book.lanes.get((model, str(version)))
-        if lane is not None and lane.usable:
-            return lane
-        if lane is not None:
-            book.lost(lane)
-        return self.control(book.open(model, version))
+        lane = self.session.lanes.reuse(model, version)
+        return lane or self.control(self.session.lanes.open(model, version))
 
     def close_lane(self, model: str, version: str | int = "") -> None:
         """Close the lane to ``model``: its requests take the broker path again."""

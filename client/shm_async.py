@@ -68,13 +68,8 @@ class AsyncShmClient(ShmBase, AsyncClient):
     async def lane(self, model: str, version: str | int = "") -> Lane:
         """Open a lane to ``model`` (or return the open one): its requests go through it
         from now on.  UNSUPPORTED for a model lanes do not serve (docs/PROTOCOL.md)."""
-        book = self.session.lanes
-        lane = book.lanes.get((model, str(version)))
-        if lane is not None and lane.usable:
-            return lane
-        if lane is not None:
-            book.lost(lane)
-        return await self._open_lane(model, str(version))
+        lane = self.session.lanes.reuse(model, version)
+        return lane or await self._open_lane(model, str(version))
 
     async def close_lane(self, model: str, version: str | int = "") -> None:
         """Close the lane to ``model``: its requests take the broker path again."""

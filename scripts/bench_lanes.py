@@ -1,15 +1,13 @@
-"""The lane rows of scripts/bench_latency.py, and the floors they are measured against.
+"""The floors of scripts/bench_latency.py's lane rows, and what an idle lane costs.
 
 Floors (two bare processes, no inferpool): a POSIX semaphore ping-pong, and a spinning
 hand-off (a struct-packed sequence number in shared memory, spun on), each side copying
-64 B with numpy per round trip as a lane's two sides do at least.  Lanes: a ``ShmClient``
-with ``lane=True`` against the served ``lane`` model (identity, no batching), spinning or not,
-at 64 B, 1 MiB and 64 MiB; and what an idle lane costs its two processes over ``IDLE_S``.
+64 B with numpy per round trip as a lane's two sides do at least.  And what an idle lane
+to the served ``lane`` model (identity, no batching) costs its two processes over ``IDLE_S``.
 """
 
 from __future__ import annotations
 
-import functools
 import multiprocessing as mp
 import os
 import struct
@@ -122,49 +120,6 @@ def floors(layout: dict[str, int], quick: bool) -> dict[str, dict[str, float]]:
 
 
 # ---------------------------------------------------------------------------- lanes
-def lane_client(
-    endpoint: str,
-    nbytes: int,
-    iterations: int,
-    cpu: int,
-    start: Any,
-    out: Any,
-    spin_us: int = SPIN_US,
-) -> None:
-    """As bench_latency's clients: inputs written once, each round trip through the lane."""
-    pin(cpu)
-    with ShmClient(
-        endpoint, timeout=60, input_bytes=nbytes + (1 << 20), lane=True, lane_spin_us=spin_us
-    ) as c:
-        req = c.request(LANE_MODEL, outputs=["OUTPUT0"])
-        x = req.input("INPUT0", (nbytes,), np.uint8)
-        x[:] = np.arange(nbytes, dtype=np.uint64).astype(np.uint8)
-        with c.run(req) as result:
-            if not np.array_equal(result["OUTPUT0"][-4096:], x[-4096:]):
-                raise SystemExit("lane client: the output differs from the input")
-        if not c.session.lanes.lanes:
-            raise SystemExit("lane client: no lane was granted")
-        for _ in range(max(5, iterations // 10)):
-            with c.run(req) as result:
-                result["OUTPUT0"]
-        start.wait()
-        lat = []
-        t0 = time.perf_counter()
-        for _ in range(iterations):
-            t = time.perf_counter()
-            with c.run(req) as result:
-                result["OUTPUT0"]
-            lat.append(time.perf_counter() - t)
-    out.put((t0, time.perf_counter(), lat))
-
-
-def lane_systems(endpoint: str) -> dict[str, tuple[Any, str]]:
-    return {
-        "lane spin": (functools.partial(lane_client, spin_us=SPIN_US), endpoint),
-        "lane sleep": (functools.partial(lane_client, spin_us=0), endpoint),
-    }
-
-
 def cpu_seconds(pid: int) -> float:
     """utime + stime of process ``pid`` so far."""
     with open(f"/proc/{pid}/stat", "rb") as f:

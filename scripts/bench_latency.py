@@ -395,16 +395,35 @@ def print_row(r: dict[str, Any]) -> None:
 
 
 # ============================================================================ the shm client
-def shm_client(endpoint: str, nbytes: int, iterations: int, cpu: int, start: Any, out: Any) -> None:
-    """Inputs written in place once; each round trip reads the output as a handle (a view)."""
+def shm_client(
+    endpoint: str,
+    nbytes: int,
+    iterations: int,
+    cpu: int,
+    start: Any,
+    out: Any,
+    lane_spin_us: int | None = None,
+) -> None:
+    """Inputs written in place once; each round trip reads the output as a handle (a view).
+    ``lane_spin_us``: through a lane to the ``lane`` model, spinning that long (None: the
+    broker path to the ``bench`` model)."""
     pin(cpu)
-    with ShmClient(endpoint, timeout=60, input_bytes=nbytes + (1 << 20)) as c:
-        req = c.request("bench", outputs=["OUTPUT0"])
-        x = req.input("INPUT0", (1, nbytes), np.uint8)
-        x[:] = np.arange(nbytes, dtype=np.uint64).astype(np.uint8)
+    lane = lane_spin_us is not None
+    with ShmClient(
+        endpoint,
+        timeout=60,
+        input_bytes=nbytes + (1 << 20),
+        lane=lane,
+        lane_spin_us=lane_spin_us or 0,
+    ) as c:
+        req = c.request("lane" if lane else "bench", outputs=["OUTPUT0"])
+        x = req.input("INPUT0", (nbytes,) if lane else (1, nbytes), np.uint8)
+        x[:] = np.arange(nbytes, dtype=np.uint64).astype(np.uint8).reshape(x.shape)
         with c.run(req) as result:  # the identity really answers with the input, in place
-            if not np.array_equal(result["OUTPUT0"][0, -4096:], x[0, -4096:]):
+            if not np.array_equal(result["OUTPUT0"][..., -4096:], x[..., -4096:]):
                 raise SystemExit("shm client: the output differs from the input")
+        if lane and not c.session.lanes.lanes:
+            raise SystemExit("shm client: no lane was granted")
         for _ in range(max(5, iterations // 10)):
             with c.run(req) as result:
                 result["OUTPUT0"]
@@ -417,6 +436,14 @@ def shm_client(endpoint: str, nbytes: int, iterations: int, cpu: int, start: Any
                 result["OUTPUT0"]
             lat.append(time.perf_counter() - t)
     out.put((t0, time.perf_counter(), lat))
+
+
+def lane_systems(endpoint: str) -> dict[str, tuple[Any, str]]:
+    """The lane, spinning (``bench_lanes.SPIN_US``) and not."""
+    return {
+        "lane spin": (functools.partial(shm_client, lane_spin_us=bench_lanes.SPIN_US), endpoint),
+        "lane sleep": (functools.partial(shm_client, lane_spin_us=0), endpoint),
+    }
 
 
 def copy_p50_us(nbytes: int, cpu: int) -> dict[str, float]:
@@ -550,15 +577,13 @@ def run_lane_layout(name: str, layout: dict[str, int], quick: bool) -> dict[str,
     floors = bench_lanes.floors(layout, quick)
     with started(layout) as endpoints:
         ep = endpoints["inferpool"]
-        small = measure(
-            {**relay_systems(endpoints), **bench_lanes.lane_systems(ep)}, 64, 1, layout["client"]
-        )
+        small = measure({**relay_systems(endpoints), **lane_systems(ep)}, 64, 1, layout["client"])
         sizes = []
         for label, nbytes in SIZES[1:] if not quick else SIZES[1:2]:
             if nbytes > 64 << 20:
                 continue
             big = measure(
-                {"lane spin": bench_lanes.lane_systems(ep)["lane spin"]},
+                {"lane spin": lane_systems(ep)["lane spin"]},
                 nbytes,
                 1,
                 layout["client"],

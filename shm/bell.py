@@ -79,3 +79,12 @@ def apart(pid: int) -> bool:
         return not os.sched_getaffinity(0) & os.sched_getaffinity(pid)
     except OSError:
         return False
+
+
+def bells(
+    buf: memoryview, words: memoryview, offsets: tuple[int, int, int, int]
+) -> tuple[Bell, Bell]:
+    """A lane's two bells, (requests, responses), from the four offsets of its layout:
+    request sequence, worker's flag, response sequence, client's flag."""
+    req_seq, worker_sleeping, resp_seq, client_sleeping = offsets
+    return Bell(buf, words, req_seq, worker_sleeping), Bell(buf, words, resp_seq, client_sleeping)

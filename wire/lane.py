@@ -39,6 +39,8 @@ REQ_SEQ, CLIENT_SLEEPING, RESP_DONE = 64, 68, 72
 # the worker's line
 RESP_SEQ, WORKER_SLEEPING, REQ_DONE, WORKER_CLOSED = 128, 132, 136, 140
 
+BELLS = (REQ_SEQ, WORKER_SLEEPING, RESP_SEQ, CLIENT_SLEEPING)  # shm.bell.bells' offsets
+
 # request flags
 FLAG_RELEASE_ONLY = 1  # no inference: only the releases (answered with no outputs)
 

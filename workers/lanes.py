@@ -23,7 +23,7 @@ from typing import Any
 
 from inferpool.backends.api import Request, RequestedOutput, Response, batch_size_of
 from inferpool.backends.host import BackendHost
-from inferpool.shm.bell import Bell, apart
+from inferpool.shm.bell import apart, bells
 from inferpool.shm.region import Region
 from inferpool.wire import lane as wl
 from inferpool.wire.contract import (
@@ -161,8 +161,7 @@ class LaneServer(threading.Thread):
             self.region.close()
             raise
         self.header = header = wl.Header(buf)
-        self.requests = Bell(buf, header.words, wl.REQ_SEQ, wl.WORKER_SLEEPING)
-        self.responses = Bell(buf, header.words, wl.RESP_SEQ, wl.CLIENT_SLEEPING)
+        self.requests, self.responses = bells(buf, header.words, wl.BELLS)
         self.spin_ns = msg.spin_us * 1000 if msg.spin_us > 0 and apart(msg.client_pid) else 0
         self.leases: set[int] = set()  # output offsets the client holds
         self._closing = False

@@ -14,7 +14,7 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from inferpool.client.lane import Lane
 from inferpool.wire import lane as wl
 from inferpool.wire.errors import Code
 from tests.integration.test_metrics import scrape
+from tests.lifecycle.helpers import wait_for
 from tests.support import Server, free_tcp_port, identity_config, write_model
 
 DELAY = 'parameters { key: "execute_delay_ms" value: { string_value: "600" } }'
@@ -53,16 +54,6 @@ def server() -> Iterator[Server]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"not within {timeout}s: {what}")
-
-
 def lane_stats(server: Server, model: str) -> dict[str, int]:
     with Client(server.endpoint, timeout=10) as c:
         stats: dict[str, int] = c.statistics(model)["model_stats"][0]["lane_stats"]
@@ -73,6 +64,12 @@ def fp32_request(client: ShmClient, model: str, values: Any) -> Any:
     req = client.request(model, outputs=["OUTPUT0"])
     req.input("INPUT0", np.shape(values), np.float32)[:] = values
     return req
+
+
+def served(client: ShmClient, model: str) -> None:
+    """A request of ``model`` is answered (on a lane or on the broker path)."""
+    with client.run(fp32_request(client, model, np.ones(2, np.float32))) as result:
+        assert result["OUTPUT0"].tolist() == [1, 1]
 
 
 # ---------------------------------------------------------------------------- serving
@@ -89,7 +86,7 @@ def test_a_lane_answers_in_place_and_is_counted(server: Server) -> None:
         lane = c.lane("plain")
         assert isinstance(lane, Lane) and lane.usable and lane.model == "plain"
         assert c.session.lanes.lanes[("plain", "")] is lane
-    wait_for(lambda: lane_stats(server, "plain")["success"] >= before + 5, "5 lane requests")
+    wait_for(lambda: lane_stats(server, "plain")["success"] >= before + 5, 10, "5 lane requests")
     samples = scrape(server.metrics_port)  # type: ignore[attr-defined]
     labels = (("model", "plain"), ("outcome", "success"), ("version", "1"))
     assert samples[("inferpool_lane_requests_total", labels)] >= before + 5
@@ -180,8 +177,7 @@ def test_a_malformed_slot_is_refused(server: Server) -> None:
         n = lane.post((body, 200, 1))  # 200 inputs announced, one there
         with pytest.raises(InferpoolError, match="malformed lane request"):
             lane.result(n, 10)
-        with c.run(fp32_request(c, "plain", np.ones(2, np.float32))) as result:
-            assert result["OUTPUT0"].tolist() == [1, 1]
+        served(c, "plain")
 
 
 def test_lane_outputs_are_released_with_the_next_request(server: Server) -> None:
@@ -227,13 +223,12 @@ def test_a_lane_revoked_by_the_broker_sends_requests_through_it(server: Server) 
     with ShmClient(server.endpoint, timeout=10) as c:
         lane = c.lane("plain")
         c.call("close_lane", lane=lane.id)  # as the broker would revoke it
-        wait_for(lambda: lane.header[wl.WORKER_CLOSED], "the worker closes it")
+        wait_for(lambda: lane.header[wl.WORKER_CLOSED], 10, "the worker closes it")
         assert not lane.usable
         assert lane.header.reason() == ("CANCELLED", "the client closed the lane")
-        with c.run(fp32_request(c, "plain", np.ones(2, np.float32))) as result:
-            assert result["OUTPUT0"].tolist() == [1, 1]
+        served(c, "plain")
         assert not c.session.lanes.lanes  # the ended lane was forgotten
-    wait_for(lambda: not lane_regions(server), "lane regions unlinked")
+    wait_for(lambda: not lane_regions(server), 10, "lane regions unlinked")
 
 
 def test_requests_waiting_on_a_revoked_lane(server: Server) -> None:
@@ -295,10 +290,9 @@ def test_unloading_the_model_revokes_its_lane(server: Server) -> None:
 def test_a_silent_client_loses_its_lane(server: Server) -> None:
     with ShmClient(server.endpoint, keepalive=False, timeout=10) as c:
         lane = c.lane("plain")
-        wait_for(lambda: not lane.usable, "the lane of a silent client revoked", 10)
+        wait_for(lambda: not lane.usable, 10, "the lane of a silent client revoked")
         assert "silent" in lane.header.reason()[1]
-        with c.run(fp32_request(c, "plain", np.ones(2, np.float32))) as result:
-            assert result["OUTPUT0"].tolist() == [1, 1]
+        served(c, "plain")
 
 
 def test_a_killed_instance_fails_the_request_it_was_running(server: Server) -> None:
@@ -308,7 +302,7 @@ def test_a_killed_instance_fails_the_request_it_was_running(server: Server) -> N
         body = lane.body(req)
         assert body is not None
         n = lane.post(body)
-        wait_for(lambda: lane.header[wl.REQ_DONE] == n + 1, "the worker took it")
+        wait_for(lambda: lane.header[wl.REQ_DONE] == n + 1, 10, "the worker took it")
         os.kill(lane.worker_pid, signal.SIGKILL)
         start = time.monotonic()
         with pytest.raises(InferpoolError) as info:
@@ -316,6 +310,6 @@ def test_a_killed_instance_fails_the_request_it_was_running(server: Server) -> N
         assert time.monotonic() - start < 5
         assert info.value.code is Code.UNAVAILABLE
         assert "slow" in info.value.message
-        wait_for(lambda: c.is_model_ready("slow"), "the instance is back")
+        wait_for(lambda: c.is_model_ready("slow"), 30, "the instance is back")
         with c.run(req) as result:  # a new lane, or the broker path
             assert result["OUTPUT0"].tolist() == [1, 1]

@@ -22,7 +22,9 @@ import numpy as np
 
 from inferpool.client import InferpoolError, ShmClient
 from inferpool.shm.runs import regions_of_run, run_is_alive
-from tests.support import ROOT, Server, identity_config, write_model
+from tests.lifecycle.helpers import wait_for
+from tests.lifecycle.test_shm_nothing_leaks import repo
+from tests.support import ROOT, Server
 
 BUSY_CLIENT = """
 import sys
@@ -41,23 +43,6 @@ c.run(slow)  # killed while the worker runs it
 """
 
 
-def repo(root: Path) -> Path:
-    path = root / "repo"
-    write_model(path, "fast", identity_config("fast"))
-    delay = 'parameters { key: "execute_delay_ms" value: { string_value: "1500" } }'
-    write_model(path, "slow", identity_config("slow", extra=delay))
-    return path
-
-
-def wait_for(predicate: Any, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"not within {timeout}s: {what}")
-
-
 def test_killing_a_busy_lanes_client_then_the_broker_loses_nothing(short_tmp: Path) -> None:
     models = repo(short_tmp)
     first = Server(short_tmp, models)
@@ -73,10 +58,10 @@ def test_killing_a_busy_lanes_client_then_the_broker_loses_nothing(short_tmp: Pa
         assert client.stdout is not None
         region = client.stdout.readline().decode().strip()
         assert region.startswith(f"inferpool-{run}-lane")
-        time.sleep(0.3)  # inside the slow execute
+        time.sleep(0.3)  # inside the slow (800 ms) execute
         client.kill()
         client.wait(10)
-        wait_for(lambda: not [r for r in first.regions() if "-lane" in r], "lanes unlinked")
+        wait_for(lambda: not [r for r in first.regions() if "-lane" in r], what="lanes unlinked")
         assert first.log().count("disconnected") >= 1
         with ShmClient(ep, input_bytes=1 << 20, timeout=10) as c:
             lane = c.lane("slow")
@@ -94,14 +79,14 @@ def test_killing_a_busy_lanes_client_then_the_broker_loses_nothing(short_tmp: Pa
             first.proc.wait(10)
             start = time.monotonic()
             waiting.join(10)
-            assert time.monotonic() - start < 3  # the rest of the 1.5 s execute, at most
+            assert time.monotonic() - start < 3  # the rest of the 800 ms execute, at most
             [got] = answer
             if isinstance(got, InferpoolError):
                 assert got.code.value == "UNAVAILABLE"
                 assert f"(pid {lane.worker_pid}) exited" in got.message
             else:
                 np.testing.assert_array_equal(got["OUTPUT0"], [3, 3])
-            wait_for(lambda: not lane.usable, "the worker closed the lane as it exited")
+            wait_for(lambda: not lane.usable, what="the worker closed the lane as it exited")
             assert not run_is_alive(run)
     second = Server(short_tmp, models)
     with second:
