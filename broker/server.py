@@ -140,7 +140,13 @@ class Broker:
             )
             stack.callback(self.shm.close)  # its socket monitor must go before the context
             self.lanes = lanes = Lanes(
-                run_id, self.registry, registrations, supervisor, self.shm.track, opts.lane_spin_us
+                run_id,
+                self.registry,
+                registrations,
+                supervisor,
+                self.shm.track,
+                opts.lane_spin_us,
+                rate_limited=opts.rate_limit != "off",
             )
             stack.callback(lanes.close)
             manager.lanes = lanes

@@ -23,6 +23,7 @@ from typing import Any
 
 from inferpool.backends.api import Request, RequestedOutput, Response, batch_size_of
 from inferpool.backends.host import BackendHost
+from inferpool.backends.reshape import output_reshapes, to_config_shape
 from inferpool.shm.bell import apart, bells
 from inferpool.shm.region import Region
 from inferpool.wire import lane as wl
@@ -59,6 +60,8 @@ class Contract:
         self.required = frozenset(s.name for s in self.inputs if not s.optional)
         self.reshapes = reshapes
         self.all_outputs = {name: RequestedOutput(name) for name in self.outputs}
+        self.output_index = {name: i for i, name in enumerate(self.outputs)}
+        self.output_reshapes = output_reshapes(config)  # the client sees the config's dims
 
 
 class Lanes:
@@ -352,16 +355,19 @@ class LaneServer(threading.Thread):
             self._write_error(n, request_id, response.error)
             return
         outputs = []
-        index = self.contract.outputs.index
+        contract = self.contract
         if response is not None:
+            reshapes = contract.output_reshapes
             for name, out in response.outputs.items():
                 if name not in request.requested_outputs:
                     self.memory.release(out.region, out.offset)
                     continue
+                shape = out.shape
+                if name in reshapes:
+                    shape = to_config_shape(shape, reshapes[name], contract.max_batch_size > 0)
                 datatype = wl.DATATYPES[out.datatype]
-                outputs.append(
-                    wl.Tensor(index(name), datatype, out.offset, out.byte_size, out.shape)
-                )
+                position = contract.output_index[name]
+                outputs.append(wl.Tensor(position, datatype, out.offset, out.byte_size, shape))
         try:
             self._write(n, request_id, outputs, response.parameters if response else None)
         except ValueError as exc:

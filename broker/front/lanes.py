@@ -9,9 +9,9 @@ it, disconnects or goes silent, when its input region ends, when the instance st
 crashes or is replaced, or when the model unloads or reloads.  The region is unlinked once
 the worker has said ``LaneClosed`` (or is dead).
 
-The rule: lanes serve models without dynamic or sequence batching and without decoupled
-responses.  Such models form batches (or streams) across requests in the broker, which a
-lane bypasses; they are refused with UNSUPPORTED.
+The rule: lanes serve models without dynamic or sequence batching, decoupled responses or a
+response cache, on a server without a rate limiter.  Those batch, stream, cache or gate
+executions in the broker, which a lane bypasses; they are refused with UNSUPPORTED.
 """
 
 from __future__ import annotations
@@ -60,15 +60,18 @@ class Lanes:
         supervisor: Supervisor[ModelVersion],
         track: Any,
         spin_us: int,
+        rate_limited: bool = False,
     ) -> None:
         """``track(client)``: watch the client for disconnects and silence (the shared-memory
-        extension's); ``spin_us``: how long a worker spins for its lanes' next request."""
+        extension's); ``spin_us``: how long a worker spins for its lanes' next request;
+        ``rate_limited``: the broker gates executions (``--rate-limit``): no lanes."""
         self.run_id = run_id
         self.registry = registry
         self.registrations = registrations
         self.supervisor = supervisor
         self.track = track
         self.spin_us = spin_us
+        self.rate_limited = rate_limited
         self.lanes: dict[int, Lane] = {}
         self._ids = itertools.count(1)
 
@@ -79,7 +82,7 @@ class Lanes:
     def open_lane(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
         owner = e[0]
         mv = self.registry.resolve(h.get("model_name"), h.get("model_version"))
-        _check_rule(mv)
+        _check_rule(mv, self.rate_limited)
         pid = h.get("pid")
         if type(pid) is not int or pid <= 0:
             raise invalid_arg(f"open_lane needs 'pid': the client's process id, got {pid!r}")
@@ -222,21 +225,25 @@ class Lanes:
             self._worker_gone(lane)
 
 
-def _check_rule(mv: ModelVersion) -> None:
+def _check_rule(mv: ModelVersion, rate_limited: bool) -> None:
     cfg = mv.config
     why = ""
-    if mv.decoupled:
+    if rate_limited:
+        why = "runs on a server whose rate limiter gates every execution (--rate-limit)"
+    elif mv.decoupled:
         why = "is decoupled"
     elif cfg.HasField("sequence_batching"):
         why = "uses the sequence batcher"
     elif cfg.HasField("dynamic_batching"):
         why = "uses dynamic batching"
+    elif cfg.response_cache.enable:
+        why = "caches its responses in the broker (response_cache)"
     elif not mv.instances:
         why = "has no instances of its own"
     if why:
         raise InferpoolError(
             Code.UNSUPPORTED,
-            f"model {mv.label} {why}: lanes serve models without dynamic or sequence batching "
-            "and without decoupled responses (their requests are batched or streamed by the "
-            "broker); use the broker path for it",
+            f"model {mv.label} {why}: lanes serve models without dynamic or sequence batching, "
+            "decoupled responses or a response cache, on a server without a rate limiter (the "
+            "broker batches, streams, caches or gates those requests); use the broker path",
         )

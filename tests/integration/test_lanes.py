@@ -42,8 +42,18 @@ def server() -> Iterator[Server]:
     write_model(repo, "slow", identity_config("slow", extra=DELAY))
     write_model(repo, "slow2", identity_config("slow2", extra=DELAY))
     write_model(repo, "gone", identity_config("gone"))
+    reshaped = """
+        name: "reshaped"
+        backend: "identity"
+        max_batch_size: 0
+        input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] reshape: { shape: [ 2, 2 ] } } ]
+        output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] reshape: { shape: [ 2, 2 ] } } ]
+    """
+    write_model(repo, "reshaped", reshaped)
+    write_model(repo, "cached", identity_config("cached", extra="response_cache { enable: true }"))
     write_model(repo, "again", identity_config("again"))
     args = ("--model-control-mode", "explicit", "--load-model", "*", "--lease-timeout", "2")
+    args += ("--cache-size", "1M")
     port = free_tcp_port()
     try:
         with Server(tmp, repo, *args, "--metrics-port", str(port)) as srv:
@@ -99,6 +109,26 @@ def test_a_batching_model_takes_its_batch_dimension_on_a_lane(server: Server) ->
         req = fp32_request(c, "batch", np.ones((3, 2), np.float32))
         with c.run(req) as result:
             assert result["OUTPUT0"].shape == (3, 2)
+
+
+def test_a_reshaped_output_has_the_configs_dims_on_a_lane_too(server: Server) -> None:
+    with ShmClient(server.endpoint, timeout=10) as c:
+        req = fp32_request(c, "reshaped", np.arange(4, dtype=np.float32))
+        with c.run(req) as result:
+            broker = result["OUTPUT0"].copy()
+        c.lane("reshaped")
+        with c.run(req) as result:
+            assert result["OUTPUT0"].shape == broker.shape == (4,)
+            assert result["OUTPUT0"].tolist() == broker.tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(("model", "why"), [("dyn", "dynamic batching"), ("cached", "caches")])
+def test_models_the_broker_batches_or_caches_are_refused(
+    server: Server, model: str, why: str
+) -> None:
+    with ShmClient(server.endpoint, timeout=10) as c, pytest.raises(InferpoolError) as info:
+        c.lane(model)
+    assert info.value.code is Code.UNSUPPORTED and why in info.value.message
 
 
 def test_models_that_batch_in_the_broker_are_refused(server: Server) -> None:
