@@ -9,19 +9,23 @@ tests/integration/test_lanes.py.)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from inferpool.client import InferpoolError, ShmClient
+from inferpool.shm.region import Region
 from inferpool.shm.runs import regions_of_run, run_is_alive
+from inferpool.wire import lane as wl
 from tests.lifecycle.helpers import wait_for
 from tests.lifecycle.test_shm_nothing_leaks import repo
 from tests.support import ROOT, Server
@@ -58,7 +62,8 @@ def test_killing_a_busy_lanes_client_then_the_broker_loses_nothing(short_tmp: Pa
         assert client.stdout is not None
         region = client.stdout.readline().decode().strip()
         assert region.startswith(f"inferpool-{run}-lane")
-        time.sleep(0.3)  # inside the slow (800 ms) execute
+        with _lane_header(region) as header:  # the worker took the slow (800 ms) request
+            wait_for(lambda: header[wl.REQ_DONE] >= 1, what="the worker runs the request")
         client.kill()
         client.wait(10)
         wait_for(lambda: not [r for r in first.regions() if "-lane" in r], what="lanes unlinked")
@@ -73,8 +78,9 @@ def test_killing_a_busy_lanes_client_then_the_broker_loses_nothing(short_tmp: Pa
             # 2. the broker is killed while the lane is busy
             answer: list[Any] = []
             waiting = threading.Thread(target=lambda: answer.append(_run(c, req)), daemon=True)
+            taken = lane.header[wl.REQ_DONE] + 1
             waiting.start()
-            time.sleep(0.3)
+            wait_for(lambda: lane.header[wl.REQ_DONE] == taken, what="the worker runs it")
             first.proc.send_signal(signal.SIGKILL)
             first.proc.wait(10)
             start = time.monotonic()
@@ -92,6 +98,18 @@ def test_killing_a_busy_lanes_client_then_the_broker_loses_nothing(short_tmp: Pa
     with second:
         assert regions_of_run(run) == []  # the lane's region was swept with the dead run
     assert second.proc.returncode == 0
+
+
+@contextlib.contextmanager
+def _lane_header(name: str) -> Iterator[wl.Header]:
+    """The header of lane region ``name``, mapped for as long as the block runs."""
+    region = Region.attach(name, readonly=True)
+    header = wl.Header(region.buf)
+    try:
+        yield header
+    finally:
+        header.release()
+        region.close()
 
 
 def _run(client: ShmClient, request: Any) -> Any:
