@@ -23,7 +23,7 @@ from typing import Any
 
 from inferpool.backends.api import Request, RequestedOutput, Response, batch_size_of
 from inferpool.backends.host import BackendHost
-from inferpool.backends.reshape import output_reshapes, to_config_shape
+from inferpool.backends.reshape import output_reshapes
 from inferpool.shm.bell import apart, bells
 from inferpool.shm.region import Region
 from inferpool.wire import lane as wl
@@ -38,7 +38,7 @@ from inferpool.wire.errors import Code, InferpoolError, internal, invalid_arg, n
 from inferpool.wire.worker.link import Link
 from inferpool.wire.worker.messages import LaneClosed, LaneOpen, Slot, TensorRef
 from inferpool.workers.lane_stats import Tally
-from inferpool.workers.memory import WorkerMemory, host_input
+from inferpool.workers.memory import WorkerMemory, host_input, wanted_outputs
 
 log = logging.getLogger("inferpool.worker")
 Plan = tuple[list[tuple[TensorRef, "tuple[int, ...] | None"]], dict[str, RequestedOutput]]
@@ -55,6 +55,7 @@ class Contract:
     def __init__(self, config: Any, reshapes: dict[str, tuple[int, ...]]) -> None:
         self.model = config.name
         self.max_batch_size = int(config.max_batch_size)
+        self.batched = self.max_batch_size > 0
         self.inputs: list[TensorSpec] = [tensor_spec(t, t.optional) for t in config.input]
         self.outputs = [t.name for t in config.output]
         self.required = frozenset(s.name for s in self.inputs if not s.optional)
@@ -264,7 +265,7 @@ class LaneServer(threading.Thread):
             self._ok,
             end - sent,
             claimed - sent,
-            batch_size_of(request, self.contract.max_batch_size > 0),
+            batch_size_of(request, self.contract.batched),
             timing.stamps.durations() if timing is not None else None,
             batches,
             exec_start,
@@ -357,17 +358,16 @@ class LaneServer(threading.Thread):
         outputs = []
         contract = self.contract
         if response is not None:
-            reshapes = contract.output_reshapes
-            for name, out in response.outputs.items():
-                if name not in request.requested_outputs:
-                    self.memory.release(out.region, out.offset)
-                    continue
-                shape = out.shape
-                if name in reshapes:
-                    shape = to_config_shape(shape, reshapes[name], contract.max_batch_size > 0)
-                datatype = wl.DATATYPES[out.datatype]
-                position = contract.output_index[name]
-                outputs.append(wl.Tensor(position, datatype, out.offset, out.byte_size, shape))
+            wanted = wanted_outputs(
+                self.memory, request, response, contract.output_reshapes, contract.batched
+            )
+            index, datatypes = contract.output_index, wl.DATATYPES
+            outputs = [
+                wl.Tensor(
+                    index[out.name], datatypes[out.datatype], out.offset, out.byte_size, shape
+                )
+                for out, shape in wanted
+            ]
         try:
             self._write(n, request_id, outputs, response.parameters if response else None)
         except ValueError as exc:

@@ -12,13 +12,14 @@ outputs too, hence the allocator's lock.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import posix_ipc
 
-from inferpool.backends.api import InputTensor, RequestedOutput
+from inferpool.backends.api import InputTensor, OutputTensor, Request, RequestedOutput, Response
+from inferpool.backends.reshape import OutputReshape, to_config_shape
 from inferpool.shm.arena import Allocator, ArenaFull
 from inferpool.shm.cuda import CudaRegion, CudaUnavailable, RegionTooLarge
 from inferpool.shm.refs import parse_ref
@@ -109,6 +110,25 @@ class WorkerMemory:
         for region in self._regions.values():
             region.close()
         self._regions.clear()
+
+
+def wanted_outputs(
+    memory: WorkerMemory,
+    request: Request,
+    response: Response,
+    reshapes: dict[str, OutputReshape],
+    batched: bool,
+) -> Iterator[tuple[OutputTensor, tuple[int, ...]]]:
+    """The outputs of ``response`` its client asked for, each with the shape the client sees
+    (a reshaped output in the config's dims); the others are released as they go by."""
+    for name, out in response.outputs.items():
+        if name not in request.requested_outputs:
+            memory.release(out.region, out.offset)
+            continue
+        shape = out.shape
+        if name in reshapes:
+            shape = to_config_shape(shape, reshapes[name], batched)
+        yield out, tuple(shape)
 
 
 def host_input(mapping: Region, ref: TensorRef, reshape: tuple[int, ...] | None) -> InputTensor:

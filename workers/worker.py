@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from inferpool.backends.api import Request, RequestedOutput, Response, batch_size_of, now_ns
 from inferpool.backends.host import BackendHost
-from inferpool.backends.reshape import OutputReshape, output_reshapes, to_config_shape
+from inferpool.backends.reshape import OutputReshape, output_reshapes
 from inferpool.wire.errors import InferpoolError, internal
 from inferpool.wire.worker.link import Link, TooLarge
 from inferpool.wire.worker.messages import (
@@ -45,7 +45,7 @@ from inferpool.wire.worker.messages import (
 from inferpool.wire.worker.spec import WorkerSpec
 from inferpool.workers.gpu_limit import check_load_limit
 from inferpool.workers.lanes import Lanes
-from inferpool.workers.memory import WorkerMemory
+from inferpool.workers.memory import WorkerMemory, wanted_outputs
 from inferpool.workers.pinning import cuda_ordinal, read_back
 from inferpool.workers.regions import ChannelRegions
 from inferpool.workers.sequence_state import SequenceStates
@@ -322,18 +322,11 @@ class Worker:
         if response.error is not None:
             response.discard()
             return Result(request.handle, final, (), None, response.error.to_wire())
-        outputs = []
-        reshapes = self.output_reshapes
-        for name, out in response.outputs.items():
-            if name not in request.requested_outputs:
-                self.memory.release(out.region, out.offset)
-                continue
-            shape = out.shape
-            if name in reshapes:  # the client sees the config's dims
-                shape = to_config_shape(shape, reshapes[name], self.batching)
-            outputs.append(
-                TensorRef(name, out.datatype, shape, out.region, out.offset, out.byte_size)
-            )
+        wanted = wanted_outputs(self.memory, request, response, self.output_reshapes, self.batching)
+        outputs = [
+            TensorRef(out.name, out.datatype, shape, out.region, out.offset, out.byte_size)
+            for out, shape in wanted
+        ]
         return Result(request.handle, final, outputs, response.parameters or None)
 
     def _flush_async(self) -> None:
