@@ -62,7 +62,7 @@ class Worker:
         self._response_start: dict[int, int] = {}  # a decoupled request -> its last response
         self._in_execute = False
         self._main_thread = threading.get_ident()
-        self.memory = WorkerMemory(spec.output_region, spec.instance.name)
+        self.memory = WorkerMemory(spec.output_region, spec.instance.name, spec.output_prefault)
         self.regions = ChannelRegions(link)
         self.host = BackendHost(
             backend_name=spec.backend,
@@ -154,6 +154,8 @@ class Worker:
                     self._flush_async()
             elif isinstance(msg, Free):
                 self._drop(msg.free, msg.unmap)
+                if msg.release and self.states is not None:
+                    self.states.begin(msg.release)
             elif isinstance(msg, Stop):
                 return
             else:
