@@ -19,13 +19,17 @@ from typing import Any
 
 import zmq
 
+from inferpool.broker.devshm import start_arena, warn_if_too_small
+from inferpool.broker.drain import Drain
 from inferpool.broker.endpoints import listen, open_run
-from inferpool.broker.front.control import Control, Readiness
+from inferpool.broker.front.control import Control
 from inferpool.broker.front.handles import Handles
 from inferpool.broker.front.inference import Inference
 from inferpool.broker.front.lanes import EXTENSIONS as LANE_EXTENSIONS
 from inferpool.broker.front.lanes import Lanes
+from inferpool.broker.front.load_metrics import Utilisation
 from inferpool.broker.front.metrics import BrokerCollector, MetricsEndpoint
+from inferpool.broker.front.readiness import Readiness
 from inferpool.broker.front.registrations import Registrations
 from inferpool.broker.front.responder import Responder
 from inferpool.broker.front.router import Router
@@ -45,11 +49,9 @@ from inferpool.broker.pool.liveness import Liveness
 from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.broker.pool.placement import Planner, Topology, parse_host_policies
 from inferpool.broker.pool.supervisor import Supervisor
-from inferpool.shm.arena import Arena
 from inferpool.shm.leases import LeaseTable
-from inferpool.shm.region import Region
 from inferpool.shm.runs import region_name
-from inferpool.wire.errors import Code, InferpoolError
+from inferpool.wire.errors import InferpoolError
 from inferpool.wire.worker.messages import LaneClosed, LaneStats, Unmapped
 from inferpool.wire.zmqio import NOBLOCK, recv_frames
 
@@ -67,8 +69,6 @@ class Broker:
         self.options = opts = options
         self._on_started = on_started
         self._signals: list[int] = []
-        self._stop_deadline = 0.0
-        self._workers_stopping = False
         self._next_poll = time.monotonic() + options.repository_poll_secs
         with contextlib.ExitStack() as stack:
             stack.callback(sd_notify, "STATUS=stopped")
@@ -80,8 +80,7 @@ class Broker:
             check_gpu_limits(opts.model_load_gpu_limit, topology)
             self.run_id = run_id = open_run(stack, opts.run_dir)
             arena_region = region_name(run_id, "arena")
-            arena = Arena(Region.create(arena_region, opts.arena_size, prefault=opts.prefault))
-            stack.callback(arena.destroy)
+            arena = start_arena(stack, arena_region, opts)
             outputs = OutputRegions(run_id, opts.output_arena_size, opts.prefault)
             stack.callback(outputs.close)
             self._wake = self._catch_signals(stack)
@@ -92,6 +91,7 @@ class Broker:
             self.poller.register(self.frontend, zmq.POLLIN)
             self.poller.register(self._wake, zmq.POLLIN)
             self.channels: dict[int, Worker] = {}  # worker channel fd -> its worker
+            self.readers: dict[int, Callable[[], None]] = {}  # other fds (zygotes) -> reader
             # answers (the front's) first: the models answer requests through them
             handles = Handles(LeaseTable(run_id), outputs)
             self.responder = Responder(self.frontend, outputs, handles)
@@ -105,7 +105,7 @@ class Broker:
                 self.responder,
                 planner,
                 pool=lambda events: Supervisor(
-                    opts.supervisor(), run_id, outputs, events, self._watch
+                    opts.supervisor(), run_id, outputs, events, self._watch, self._watch_reader
                 ),
             )
             self.supervisor = supervisor = manager.supervisor
@@ -120,11 +120,14 @@ class Broker:
                 )
             self.liveness = Liveness(supervisor, opts.heartbeat_ms)
             self.readiness = Readiness(self.registry, opts.strict_readiness)
+            self.drain = Drain(
+                self.readiness, manager, supervisor, opts.drain_delay, opts.in_flight_timeout
+            )
             # the front: the shared-memory extension, inference, control, the router
             registrations = Registrations(
                 run_id,
                 opts.max_client_shm,
-                opts.prefault,
+                opts.prefault > 0,
                 manager.inflight,
                 lambda: [h.identity for h in supervisor.alive()],
                 manager.unmaps,
@@ -170,15 +173,34 @@ class Broker:
                 run_id=run_id,
                 extensions=(*EXTENSIONS, *LANE_EXTENSIONS),
                 explicit=opts.explicit,
+                resources=lambda: {
+                    "arena_slots": arena.allocator.used_blocks,
+                    "output_slots_held": outputs.held(),
+                    "output_regions": len(outputs),
+                    "leases": len(handles.leases),
+                    "registrations": len(registrations),
+                    "inflight": len(manager.inflight),
+                    "lanes": len(lanes.lanes),
+                },
             )
             self.router = Router(
                 self.responder,
-                [control.handlers(), inference.handlers(), self.shm.handlers(), lanes.handlers()],
+                [
+                    control.handlers(),
+                    inference.handlers(),
+                    self.shm.handlers(),
+                    self.drain.handlers(),
+                    lanes.handlers(),
+                ],
                 self.shm.arrived,
             )
             self.metrics: MetricsEndpoint | None = None
+            self.utilisation: Utilisation | None = None
             if opts.metrics_port:
-                collector = BrokerCollector(self.registry, manager, supervisor, arena, lanes)
+                self.utilisation = Utilisation(supervisor)
+                collector = BrokerCollector(
+                    self.registry, manager, supervisor, arena, self.utilisation, lanes
+                )
                 self.metrics = MetricsEndpoint(
                     collector, ctx, opts.metrics_address, opts.metrics_port
                 )
@@ -225,6 +247,7 @@ class Broker:
         rows = self.registry.index()
         ready = sum(1 for r in rows if r["state"] == State.READY.value)
         log.info("started: %d of %d model version(s) READY", ready, len(rows))
+        warn_if_too_small(self.options, len(self.supervisor.handles))
         for r in rows:
             if r["state"] != State.READY.value:
                 log.error(
@@ -243,11 +266,19 @@ class Broker:
 
     # ================================================================== the loop
     def _watch(self, fd: int, handle: Worker | None) -> None:
-        if handle is None:
-            if self.channels.pop(fd, None) is not None:
+        """Poll a worker's channel (None: stop)."""
+        self._poll(self.channels, fd, handle)
+
+    def _watch_reader(self, fd: int, reader: Callable[[], None] | None) -> None:
+        """Poll another fd (a zygote's socket) and call ``reader`` when it is readable."""
+        self._poll(self.readers, fd, reader)
+
+    def _poll(self, table: dict[int, Any], fd: int, target: Any) -> None:
+        if target is None:
+            if table.pop(fd, None) is not None:
                 self.poller.unregister(fd)
         else:
-            self.channels[fd] = handle
+            table[fd] = target
             self.poller.register(fd, zmq.POLLIN)
 
     def run(self) -> int:
@@ -272,6 +303,9 @@ class Broker:
                     handle = self.channels.get(fd)
                     if handle is not None:
                         self._from_worker(handle)
+                    elif fd in self.readers:  # a zygote: it may report a worker's exit
+                        self.readers[fd]()
+                        self.supervisor.reap()
                 if self.frontend in events:
                     self._drain_frontend()
                 if metrics is not None and metrics.socket in events:
@@ -282,7 +316,7 @@ class Broker:
                 if now >= next_housekeeping:
                     self._housekeeping(now)
                     next_housekeeping = now + HOUSEKEEPING_S
-                if self.readiness.stopping and self._shutdown_step(now):
+                if self.drain.active and self.drain.step(now):
                     return 0
         finally:
             self.close()
@@ -314,7 +348,9 @@ class Broker:
         self.manager.tick(time.monotonic_ns())
         self.shm.tick(now)
         self.manager.flush_frees()
-        if self.options.polling and now >= self._next_poll and not self.readiness.stopping:
+        if self.utilisation is not None:
+            self.utilisation.sample(now)
+        if self.options.polling and now >= self._next_poll and not self.drain.active:
             self._next_poll = now + self.options.repository_poll_secs
             reload_repository(self.manager)  # poll mode: what changed on disk is applied
 
@@ -333,7 +369,7 @@ class Broker:
             if signum == signal.SIGCHLD:
                 self.supervisor.reap()
             elif signum in (signal.SIGTERM, signal.SIGINT):
-                self.begin_shutdown(f"received {signal.Signals(signum).name}")
+                self.drain.begin(f"received {signal.Signals(signum).name}", time.monotonic())
             elif signum == signal.SIGHUP:
                 self.reload()
 
@@ -346,32 +382,6 @@ class Broker:
         usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
         sd_notify(f"RELOADING=1\nMONOTONIC_USEC={usec}\nSTATUS=reloading the model repository")
         reload_repository(self.manager, _notify_reloaded)
-
-    # ================================================================== shutdown
-    def begin_shutdown(self, why: str) -> None:
-        if self.readiness.stopping:
-            return
-        log.info("shutting down (%s): finishing in-flight requests", why)
-        sd_notify("STOPPING=1")
-        self.readiness.stopping = True
-        self._stop_deadline = time.monotonic() + self.options.graceful_timeout
-
-    def _shutdown_step(self, now: float) -> bool:
-        """Advance the shutdown; True once every worker has stopped."""
-        manager = self.manager
-        if not self._workers_stopping:
-            if manager.inflight and now < self._stop_deadline:
-                return False
-            err = InferpoolError(
-                Code.UNAVAILABLE, "the server shut down before the request finished"
-            )
-            for req in list(manager.inflight.values()):
-                manager.reject(req, err)
-            for handle in list(self.supervisor.handles.values()):
-                self.supervisor.stop(handle)
-            self._workers_stopping = True
-        self.supervisor.reap()
-        return not self.supervisor.alive()
 
 
 def _initial_models(opts: ServerOptions) -> list[str]:

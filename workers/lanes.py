@@ -160,7 +160,7 @@ class LaneServer(threading.Thread):
             self.geometry, _, _ = wl.read_header(buf)
             if self.geometry.size > self.region.size:
                 raise ValueError(f"lane region {msg.region!r} is smaller than its geometry")
-            self.inputs = Region.attach(msg.inputs, readonly=True, populate=True)
+            self.inputs = Region.attach(msg.inputs, readonly=True)
         except BaseException:
             self.region.close()
             raise

@@ -67,7 +67,7 @@ class Worker:
         self._in_execute = False
         self._main_thread = threading.get_ident()
         self.execute_lock = threading.Lock()  # one execute at a time: batches and lanes
-        self.memory = WorkerMemory(spec.output_region, spec.instance.name)
+        self.memory = WorkerMemory(spec.output_region, spec.instance.name, spec.output_prefault)
         self.regions = ChannelRegions(link)
         self.host = BackendHost(
             backend_name=spec.backend,
@@ -166,6 +166,8 @@ class Worker:
                     self._flush_async()
             elif isinstance(msg, Free):
                 self._drop(msg.free, msg.unmap)
+                if msg.release and self.states is not None:
+                    self.states.begin(msg.release)
             elif isinstance(msg, LaneOpen):
                 assert self.lanes is not None
                 self.lanes.open(msg)

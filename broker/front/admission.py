@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from inferpool.broker.front.limits import check_id, work_size
 from inferpool.broker.models.registry import ModelVersion
 from inferpool.broker.models.request import FLAG_SEQUENCE_END, FLAG_SEQUENCE_START, PendingRequest
 from inferpool.shm.arena import Arena, ArenaFull, Slot
+from inferpool.shm.region import ShmExhausted
 from inferpool.wire.contract import check_byte_size, check_input, check_required
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg
 from inferpool.wire.worker.messages import TensorRef, WantedOutput, Window, Work
@@ -56,6 +58,8 @@ def admit(
     inputs = header.get("inputs")
     if not isinstance(inputs, list):
         raise invalid_arg(f"inference request for model '{name}' has no 'inputs' list")
+    client_id = header.get("id", "")
+    work_id = check_id(client_id)
     total = 0
     for f in frames:
         total += len(f)
@@ -111,6 +115,8 @@ def admit(
             check_byte_size(name, iname, expected_bytes, nbytes)
             try:
                 slot = arena.alloc(nbytes)
+            except ShmExhausted as exc:
+                raise InferpoolError(Code.UNAVAILABLE, f"input '{iname}': {exc}") from None
             except ArenaFull as exc:
                 raise InferpoolError(
                     Code.UNAVAILABLE,
@@ -126,7 +132,7 @@ def admit(
                 f"request for model '{name}' sent {len(frames)} tensor frame(s) but its inputs "
                 f"use {next_frame}"
             )
-        if len(seen) != len(model.required):
+        if not model.required <= seen:  # (optional inputs count in seen too)
             check_required(name, model.required, seen)
         outputs, work_outputs, shm_outputs = _outputs(header.get("outputs"), model, client, shm)
         parameters = header.get("parameters") or _NO_PARAMETERS
@@ -135,22 +141,22 @@ def admit(
         corr, flags, timeout_us = (
             _sequence_and_timeout(parameters, model) if parameters else (0, 0, 0)
         )
+        work = Work(
+            rid,
+            work_id,
+            corr,
+            flags,
+            {k: v for k, v in parameters.items() if k not in _BROKER_PARAMETERS}
+            if parameters
+            else parameters,
+            work_inputs,
+            work_outputs,
+        )
+        wire_bytes = work_size(work, parameters, name)
     except BaseException:
         for slot in slots:
             arena.free(slot)
         raise
-    client_id = header.get("id", "")
-    work = Work(
-        rid,
-        str(client_id),
-        corr,
-        flags,
-        {k: v for k, v in parameters.items() if k not in _BROKER_PARAMETERS}
-        if parameters
-        else parameters,
-        work_inputs,
-        work_outputs,
-    )
     return PendingRequest(
         rid=rid,
         envelope=envelope,
@@ -163,6 +169,7 @@ def admit(
         received_ns=now_ns,
         deadline_ns=now_ns + timeout_us * 1000 if timeout_us > 0 else 0,
         shm_outputs=shm_outputs,
+        wire_bytes=wire_bytes,
     )
 
 

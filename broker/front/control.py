@@ -1,17 +1,14 @@
-"""Every client message but ``infer`` and the shared-memory extension's: health, metadata,
-the repository index, explicit model control, statistics and the instances' status.
-
-:class:`Readiness` is the broker's answer to "may I send requests?": the broker marks it
-started once the initial models settled, and stopping when it begins to shut down.
+"""Every client message but ``infer``, ``drain`` and the shared-memory extension's: health,
+metadata, the repository index, explicit model control, statistics and the instances' status.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from inferpool import __version__
+from inferpool.broker.front.readiness import Readiness
 from inferpool.broker.front.responder import Responder
 from inferpool.broker.front.router import Handler
 from inferpool.broker.models import overrides
@@ -27,21 +24,6 @@ from inferpool.wire.errors import Code, InferpoolError, invalid_arg
 EXTENSIONS = ("model_repository", "statistics", "sequence", "binary_tensor_data", "parameters")
 
 
-@dataclass
-class Readiness:
-    registry: Registry
-    strict: bool  # ready only while every model is (--strict-readiness)
-    started: bool = False
-    stopping: bool = False
-
-    def ready(self) -> bool:
-        if not self.started or self.stopping:
-            return False
-        if not self.strict:
-            return True
-        return all(r["state"] == State.READY.value for r in self.registry.index())
-
-
 class Control:
     def __init__(
         self,
@@ -55,9 +37,12 @@ class Control:
         run_id: str,
         extensions: Sequence[str],
         explicit: bool,
+        resources: Callable[[], dict[str, int]],
     ) -> None:
         """``extensions``: those of the other parts (shared memory); ``explicit``: models load
-        and unload on request (``--model-control-mode explicit``)."""
+        and unload on request (``--model-control-mode explicit``); ``resources``: what the
+        broker holds for clients and requests right now (counts, for ``statistics``)."""
+        self.resources = resources
         self.readiness = readiness
         self.registry = registry
         self.manager = manager
@@ -76,7 +61,7 @@ class Control:
     def handlers(self) -> dict[str, Handler]:
         return {
             "health_live": lambda e, h, f: {"live": True},
-            "health_ready": lambda e, h, f: {"ready": self.readiness.ready()},
+            "health_ready": self.health_ready,
             "server_metadata": lambda e, h, f: dict(self.metadata),
             "model_ready": self.model_ready,
             "model_metadata": self.model_metadata,
@@ -87,6 +72,10 @@ class Control:
             "statistics": self.statistics,
             "status": self.status,
         }
+
+    def health_ready(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
+        why = self.readiness.why_not()
+        return {"ready": not why, "reason": why}
 
     # ------------------------------------------------------------------ metadata
     def model_ready(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
@@ -126,6 +115,7 @@ class Control:
             "custom_metrics": self.manager.metrics.to_list(name or None),
             "arena": {"size": self.arena.size, "free": self.arena.free_bytes},
             "inflight": len(self.manager.inflight),
+            "resources": self.resources(),
         }
 
     def status(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:

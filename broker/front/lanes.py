@@ -28,7 +28,7 @@ from inferpool.broker.models.registry import ModelVersion, Registry
 from inferpool.broker.pool.handle import WorkerState
 from inferpool.broker.pool.supervisor import Supervisor
 from inferpool.shm import futex
-from inferpool.shm.region import Region
+from inferpool.shm.region import Region, ShmExhausted
 from inferpool.shm.runs import region_name
 from inferpool.wire import lane as wl
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg, not_found
@@ -106,7 +106,10 @@ class Lanes:
         worker = self._pick(mv)
         lane_id = next(self._ids)
         geometry = wl.Geometry(slots, wl.SLOT_SIZE)
-        region = Region.create(region_name(self.run_id, f"lane{lane_id}"), geometry.size)
+        try:
+            region = Region.create(region_name(self.run_id, f"lane{lane_id}"), geometry.size)
+        except ShmExhausted as exc:
+            raise InferpoolError(Code.UNAVAILABLE, f"no room for a lane: {exc}") from None
         wl.init_header(region.buf, geometry)
         lane = Lane(lane_id, owner, mv, worker, region, wl.Header(region.buf), name)
         self.lanes[lane_id] = lane

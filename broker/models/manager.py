@@ -284,6 +284,7 @@ class Manager:
         assert mv.scheduler is not None
         mv.scheduler.instance_gone(handle)
         handle.busy = None
+        handle.ended_executing(time.monotonic())
         if self.lanes is not None:
             self.lanes.instance_gone(handle, error)
         for req in [r for r in self.inflight.values() if r.worker is handle]:
@@ -304,6 +305,7 @@ class Manager:
         mv = handle.model
         assert mv.scheduler is not None
         mv.scheduler.instance_gone(handle)
+        handle.ended_executing(time.monotonic())
         if handle.busy is not None:  # a batch the rate limiter never let run
             err = InferpoolError(Code.UNAVAILABLE, f"instance {handle.name} stopped")
             for req in [r for r in self.inflight.values() if r.worker is handle]:
@@ -356,7 +358,7 @@ class Manager:
     def _send(
         self, handle: Worker, batch: list[PendingRequest], release: Sequence[CorrelationId]
     ) -> None:
-        handle.exec_started = time.monotonic()
+        handle.began_executing(time.monotonic())
         unmaps = self.unmaps.pop(handle.identity, ()) if self.unmaps else ()
         msg = Execute(
             [r.work for r in batch], self.outputs.take_frees(handle.output_region), unmaps, release
@@ -413,6 +415,7 @@ class Manager:
         if msg.metrics is not None:
             self.metrics.apply(msg.metrics)
         handle.busy = None
+        handle.ended_executing(time.monotonic())
         if handle.state is not WorkerState.STOPPING:
             self._next_batch(handle)
         self.gate.done(handle)  # its next batch, if any, competes for what it releases

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import subprocess
 import time
 from collections import deque
 from collections.abc import Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 from inferpool.broker.pool.channel import Channel
+from inferpool.broker.pool.zygotes import Process
 from inferpool.wire.errors import InferpoolError
 from inferpool.wire.worker.messages import MemoryUsage
 from inferpool.wire.worker.spec import InstanceSpec, PinningSpec
@@ -61,12 +61,14 @@ class WorkerHandle(Generic[M]):
         self.pinning = pinning
         self.generation = -1
         self.state = WorkerState.STARTING
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: Process | None = None
         self.identity = ""  # "w<slot>.<generation>": names this process in logs
         self.channel: Channel | None = None
         self.output_region = ""
         self.busy: list[Any] | None = None  # the batch in flight
-        self.exec_started = 0.0
+        self.exec_started = 0.0  # when the batch in flight (or its last progress) began
+        self.busy_since = 0.0  # when the batch in flight began executing; 0.0: idle
+        self.busy_total = 0.0  # seconds spent executing batches that ended
         self.state_since = time.monotonic()
         self.crashes: deque[float] = deque()
         self.restarts = 0
@@ -87,6 +89,19 @@ class WorkerHandle(Generic[M]):
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
+
+    def began_executing(self, now: float) -> None:
+        self.exec_started = self.busy_since = now
+
+    def ended_executing(self, now: float) -> None:
+        """The batch in flight ended (done, or its worker lost or stopped)."""
+        if self.busy_since:
+            self.busy_total += now - self.busy_since
+            self.busy_since = 0.0
+
+    def busy_seconds(self, now: float) -> float:
+        """Time spent executing batches, the one in flight included (the utilisation)."""
+        return self.busy_total + (now - self.busy_since if self.busy_since else 0.0)
 
     def set_state(self, state: WorkerState) -> None:
         self.state = state
