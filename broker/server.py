@@ -152,6 +152,7 @@ class Broker:
                 rate_limited=opts.rate_limit != "off",
             )
             stack.callback(lanes.close)
+            self.drain.admissions_end.append(lanes.draining)
             manager.lanes = lanes
             self.shm.gone.append(lanes.client_gone)
             registrations.ended = lanes.region_ended

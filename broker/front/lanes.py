@@ -6,7 +6,8 @@ in charge of it: it creates the region (mode 0600, named for the run), tells the
 (``LaneOpen``), counts what the lane served (``LaneStats``), and revokes it (the reason in
 the region's header, both sides woken, ``LaneClose`` to the worker) when the client closes
 it, disconnects or goes silent, when its input region ends, when the instance stops,
-crashes or is replaced, or when the model unloads or reloads.  The region is unlinked once
+crashes or is replaced, when the model unloads or reloads, or when the server drains (its
+admissions end).  The region is unlinked once
 the worker has said ``LaneClosed`` (or is dead).
 
 The rule: lanes serve models without dynamic or sequence batching, decoupled responses or a
@@ -73,6 +74,7 @@ class Lanes:
         self.spin_us = spin_us
         self.rate_limited = rate_limited
         self.lanes: dict[int, Lane] = {}
+        self.drained = ""  # why the server drains ("": it does not)
         self._ids = itertools.count(1)
 
     def handlers(self) -> dict[str, Handler]:
@@ -81,6 +83,8 @@ class Lanes:
     # ------------------------------------------------------------------ client messages
     def open_lane(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
         owner = e[0]
+        if self.drained:
+            raise InferpoolError(Code.UNAVAILABLE, f"the server is draining ({self.drained})")
         mv = self.registry.resolve(h.get("model_name"), h.get("model_version"))
         _check_rule(mv, self.rate_limited)
         pid = h.get("pid")
@@ -189,6 +193,13 @@ class Lanes:
     def version_retired(self, mv: ModelVersion, why: str) -> None:
         for lane in [la for la in self._all() if la.model is mv]:  # its outputs stay readable
             self.revoke(lane, Code.UNAVAILABLE, f"model {mv.label} {why}", free=False)
+
+    def draining(self, why: str) -> None:
+        """The server stopped admitting requests (a drain): every lane ends, so that its
+        client's requests meet the drain on the broker path; none is granted any more."""
+        self.drained = why
+        for lane in self._all():
+            self.revoke(lane, Code.UNAVAILABLE, f"the server is draining ({why})")
 
     def client_gone(self, owner: bytes, why: str) -> None:
         for lane in [la for la in self._all() if la.owner == owner]:
