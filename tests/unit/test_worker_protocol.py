@@ -51,6 +51,7 @@ FROM_BROKER = [
     m.Stop(),
     m.RegionGrant("weights-0123abcd", "inferpool-0123456789-shared-weights-0123abcd", True),
     m.RegionGrant("weights-0123abcd", "", False, ERROR),
+    m.Replies(RESULTS),
 ]
 FROM_WORKER = [
     m.Ready({"cpus": [0], "mempolicy": "default"}, {"name": "model", "max_batch_size": 8}),
@@ -68,6 +69,9 @@ FROM_WORKER = [
     m.ShareRegion("weights-0123abcd", 1 << 20),
     m.RegionFilled("weights-0123abcd", True),
     m.Unmapped(["cuda/0011aabb/4096", "inferpool-ab12cd34-c7-input"]),
+    m.Call("preprocess", -1, WORK, 5000, False),
+    m.Call("stream", 2, WORK._replace(outputs=[m.WantedOutput("OUT")]), 0, True),
+    m.Release([m.Slot("inferpool-0123456789-out1g0", 4096)]),
 ]
 
 

@@ -7,11 +7,12 @@ decoders check each record's arity).  Every request crosses the channel twice, s
 here loops over fields in Python.
 
 broker -> worker  Execute (a batch to run), Free (slots and regions it is done with), Stop,
-                  RegionGrant (the answer to ShareRegion)
+                  RegionGrant (the answer to ShareRegion), Replies (responses to its calls)
 worker -> broker  Ready (loaded: its placement and served config), Failed (why it cannot
                   boot), Items (results mid-batch, decoupled models), Done (a batch's last
                   results and its statistics), ShareRegion / RegionFilled (shared regions),
-                  Unmapped (client regions it has closed)
+                  Unmapped (client regions it has closed), Call (a model's inference request
+                  to another model: BLS), Release (reply slots it has finished reading)
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ class Kind(str, enum.Enum):
     SHARE_REGION = "share_region"
     REGION_FILLED = "region_filled"
     UNMAPPED = "unmapped"
+    CALL = "call"
+    REPLIES = "replies"
+    RELEASE = "release"
 
 
 # ---------------------------------------------------------------------------- records
@@ -177,6 +181,13 @@ class RegionGrant(NamedTuple):
     error: ErrorObject | None = None
 
 
+class Replies(NamedTuple):
+    """Responses to the worker's own calls (``Call``): each Result's ``rid`` is the call's
+    ``work.rid``; its outputs lie in other workers' regions, lent until ``Release``."""
+
+    items: Sequence[Result]
+
+
 # ---------------------------------------------------------------------------- worker -> broker
 class Ready(NamedTuple):
     """The model loaded: the placement in force and the config it serves (completed)."""
@@ -226,8 +237,32 @@ class Unmapped(NamedTuple):
     refs: Sequence[str]
 
 
-BrokerMessage = Execute | Free | Stop | RegionGrant
-WorkerMessage = Ready | Failed | Items | Done | ShareRegion | RegionFilled | Unmapped
+class Call(NamedTuple):
+    """A model's inference request to a served model (BLS), made while it executes.
+
+    ``work.rid`` is the worker's own number for the call (its Replies name it), and
+    ``work.inputs`` lie in shared memory the broker's run knows (the arena, output regions,
+    client regions).  ``model_version`` -1 is the highest ready version; ``timeout_us`` 0
+    is none; a ``decoupled`` call accepts any number of responses.
+    """
+
+    model_name: str
+    model_version: int
+    work: Work
+    timeout_us: int
+    decoupled: bool
+
+
+class Release(NamedTuple):
+    """Reply output slots (of Replies) the worker has finished reading."""
+
+    slots: Sequence[Slot]
+
+
+BrokerMessage = Execute | Free | Stop | RegionGrant | Replies
+WorkerMessage = (
+    Ready | Failed | Items | Done | ShareRegion | RegionFilled | Unmapped | Call | Release
+)
 Message = BrokerMessage | WorkerMessage
 
 _KINDS: dict[type, Kind] = {
@@ -242,6 +277,9 @@ _KINDS: dict[type, Kind] = {
     ShareRegion: Kind.SHARE_REGION,
     RegionFilled: Kind.REGION_FILLED,
     Unmapped: Kind.UNMAPPED,
+    Call: Kind.CALL,
+    Replies: Kind.REPLIES,
+    Release: Kind.RELEASE,
 }
 
 
@@ -320,11 +358,27 @@ def _items(body: Sequence[Any]) -> Items:
     return _new(Items, (list(map(_result, items)),))
 
 
+def _replies(body: Sequence[Any]) -> Replies:
+    (items,) = body
+    return _new(Replies, (list(map(_result, items)),))
+
+
+def _call(body: Sequence[Any]) -> Call:
+    model_name, model_version, work, timeout_us, decoupled = body
+    return _new(Call, (model_name, model_version, _work(work), timeout_us, decoupled))
+
+
+def _release(body: Sequence[Any]) -> Release:
+    (slots,) = body
+    return _new(Release, (list(map(_slot, slots)),))
+
+
 _FROM_BROKER: dict[str, Callable[[Any], Any]] = {
     Kind.EXECUTE: _execute,
     Kind.FREE: _free,
     Kind.STOP: Stop._make,
     Kind.REGION_GRANT: RegionGrant._make,
+    Kind.REPLIES: _replies,
 }
 _FROM_WORKER: dict[str, Callable[[Any], Any]] = {
     Kind.READY: Ready._make,
@@ -334,6 +388,8 @@ _FROM_WORKER: dict[str, Callable[[Any], Any]] = {
     Kind.SHARE_REGION: ShareRegion._make,
     Kind.REGION_FILLED: RegionFilled._make,
     Kind.UNMAPPED: Unmapped._make,
+    Kind.CALL: _call,
+    Kind.RELEASE: _release,
 }
 
 
