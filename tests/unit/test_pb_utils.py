@@ -213,8 +213,23 @@ def test_tensor_helpers_and_dlpack() -> None:
     assert pb_utils.triton_to_numpy_type(11) is np.float32
     with pytest.raises(pb_utils.TritonModelException, match="unknown Triton data type 'TYPE_X'"):
         pb_utils.triton_string_to_numpy("TYPE_X")
-    with pytest.raises(pb_utils.TritonModelException, match="is not supported by inferpool"):
-        pb_utils.InferenceRequest(model_name="other", inputs=[], requested_output_names=[])
+    bls = pb_utils.InferenceRequest(
+        model_name=b"other", inputs=[tensor], requested_output_names=["OUT"], parameters={"k": 1}
+    )
+    assert bls.inputs()[0] is tensor and bls.requested_output_names() == ["OUT"]
+    assert bls.parameters() == '{"k": 1}' and bls.correlation_id() == 0
+    with pytest.raises(pb_utils.TritonModelException, match="only supported during the 'execute'"):
+        bls.exec()  # no instance serves in this process
+    for bad, problem in [
+        ({"inputs": [None]}, "should not be empty"),
+        ({"requested_output_names": [""]}, "Requested output name for request"),
+        ({"correlation_id": 1.5}, "Correlation ID must be integer or string"),
+        ({"parameters": {"k": 1.5}}, "Expect parameters values to have type bool/int/str"),
+        ({"parameters": {1: "v"}}, "Expect parameters keys to have type str"),
+    ]:
+        args = {"model_name": "m", "inputs": [], "requested_output_names": [], **bad}
+        with pytest.raises(pb_utils.TritonModelException, match=problem):
+            pb_utils.InferenceRequest(**args)
 
 
 def test_auto_complete_config_completes_the_served_config(models: PythonModels) -> None:
