@@ -14,6 +14,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from inferpool.broker.models import completion, repository
+from inferpool.broker.models.calls import Calls
+from inferpool.broker.models.ensemble_config import is_ensemble
+from inferpool.broker.models.ensembles import Ensembles
 from inferpool.broker.models.registry import ModelRecord, ModelVersion, Registry, State
 from inferpool.broker.models.reload import replace
 from inferpool.broker.models.request import PendingRequest
@@ -28,12 +31,14 @@ from inferpool.broker.pool.supervisor import Events, Supervisor
 from inferpool.shm.arena import Arena
 from inferpool.wire.errors import Code, InferpoolError
 from inferpool.wire.worker.messages import (
+    Call,
     CorrelationId,
     Done,
     Durations,
     Execute,
     Free,
     Items,
+    Release,
     Result,
     WorkerMessage,
 )
@@ -82,6 +87,9 @@ class Manager:
         self.retiring: list[ModelRecord] = []  # records whose workers are stopping
         self.load_waiters: dict[str, list[Waiter]] = {}
         self._unload_waiters: dict[int, list[Waiter]] = {}  # id(record) -> waiters
+        self.ensembles = Ensembles(self)  # pipelines: ensembles, models' calls (BLS)
+        self.calls = Calls(self)
+        outputs.on_lent_gone = self._unmap_everywhere
 
     # ================================================================== loading
     def load(self, name: str, waiter: Waiter | None = None) -> None:
@@ -120,6 +128,9 @@ class Manager:
         for version in entry.versions:
             mv = ModelVersion(name, version, entry.config, entry.path)
             record.versions[version] = mv
+            if is_ensemble(entry.config):  # runs in the broker; READY with its models
+                mv.scheduler = self.ensembles.scheduler(mv)
+                continue
             mv.scheduler = scheduler_for(mv, self.dispatch, self.reject)
             try:
                 mv.placements = self.planner.plan(entry.config)
@@ -213,6 +224,10 @@ class Manager:
         for waiter in self._unload_waiters.pop(id(record), []):
             waiter(None)
 
+    def version_idle(self, mv: ModelVersion) -> None:
+        """An unloading version without workers (an ensemble) ended a request."""
+        self._check_drained(self._retiring_of(mv))
+
     def _retiring_of(self, mv: ModelVersion) -> ModelRecord | None:
         return next((r for r in self.retiring if r.versions.get(mv.version) is mv), None)
 
@@ -256,6 +271,7 @@ class Manager:
         assert mv.scheduler is not None
         mv.scheduler.instance_gone(handle)
         handle.busy = None
+        self.calls.worker_gone(handle)
         for req in [r for r in self.inflight.values() if r.worker is handle]:
             self.reject(req, error)
         if mv.state is State.LOADING and (booting or handle.state is WorkerState.FAILED):
@@ -273,6 +289,7 @@ class Manager:
         mv = handle.model
         assert mv.scheduler is not None
         mv.scheduler.instance_gone(handle)
+        self.calls.worker_gone(handle)
         if mv.state is State.UNLOADING:
             self._check_drained(self._retiring_of(mv))
 
@@ -318,8 +335,17 @@ class Manager:
 
     def reject(self, req: PendingRequest, err: InferpoolError) -> None:
         """Answer ``req`` with an error and end it."""
-        self.responder.send_error(req.envelope, "infer", req.client_id, err)
+        if req.sink is not None:
+            req.sink.failed(req, err)
+        else:
+            self.responder.send_error(req.envelope, "infer", req.client_id, err)
         self.finish(req, success=False, timing=None)
+
+    def respond(self, req: PendingRequest, item: Result) -> None:
+        """Send one response of ``req`` (to its client or its sink); the final one ends it."""
+        (req.sink or self.responder).result(req, item)
+        if item.final:
+            self.finish(req, item.error is None, item.durations)
 
     def finish(self, req: PendingRequest, success: bool, timing: Durations | None) -> None:
         if self.inflight.pop(req.rid, None) is None:
@@ -338,6 +364,10 @@ class Manager:
         elif isinstance(msg, Items):
             self._results(msg.items)
             handle.exec_started = time.monotonic()  # progress: the execute timeout starts over
+        elif isinstance(msg, Call):
+            self.calls.call(handle, msg)
+        elif isinstance(msg, Release):
+            self.calls.release(handle, msg)
         else:
             self.supervisor.handle_message(handle, msg)
 
@@ -349,7 +379,7 @@ class Manager:
                 for out in item.outputs:
                     self.outputs.free(out.region, out.offset, held=False)
                 continue
-            responder.result(req, item)
+            (req.sink or responder).result(req, item)  # a sink: an ensemble step, a BLS call
             if item.final:
                 self.finish(req, item.error is None, item.durations)
 
@@ -384,7 +414,14 @@ class Manager:
         for mv in self.registry.all_versions() + retiring:
             if mv.scheduler is not None:
                 mv.scheduler.expire(now_ns)
+        self.calls.tick(now_ns)
         return nearest
+
+    def _unmap_everywhere(self, region: str) -> None:
+        """A worker's output region that others read (pipelines) is gone: they unmap it."""
+        for handle in self.supervisor.alive():
+            if handle.output_region != region:
+                self.unmaps.setdefault(handle.identity, []).append(region)
 
     def flush_frees(self) -> None:
         """Send pending slot frees and unmaps to idle workers (busy ones get them with their
