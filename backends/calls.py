@@ -87,7 +87,8 @@ class InferenceCalls(Protocol):
         ...
 
     def pump(self) -> None:
-        """Read and handle one message of the channel (main thread, once it is readable)."""
+        """Handle the message waiting on the channel, if one does; never waits (main
+        thread)."""
         ...
 
     def pending(self) -> int:

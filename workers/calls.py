@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import select
 import threading
 import weakref
 from collections import deque
@@ -146,14 +147,19 @@ class ChannelCalls:
         """Until ``call`` has a reply: read the channel on the main thread, else sleep."""
         if threading.get_ident() == self._main:
             while not call.ready():
-                self.pump()
+                self._read(block=True)
             return
         with self._arrived:
             self._arrived.wait_for(call.ready)
 
     # ------------------------------------------------------------------ the channel
     def pump(self) -> None:
-        """Read one message and handle it (main thread only)."""
+        """Handle the message waiting on the channel, if one does (main thread only)."""
+        self._read(block=False)
+
+    def _read(self, block: bool) -> None:
+        if not block and not select.select([self.link.fileno()], [], [], 0)[0]:
+            return  # another reader took it first (an event loop's stale readiness)
         try:
             msg = self.link.recv()
         except InferpoolError as err:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from inferpool.backends.python import pb_utils
-from inferpool.wire.errors import Code
+from inferpool.wire.errors import Code, InferpoolError
 from inferpool.wire.worker.messages import MetricFamilyInfo, MetricOp
 
 if TYPE_CHECKING:
@@ -315,3 +315,22 @@ def test_logger_and_metrics(models: PythonModels, caplog: pytest.LogCaptureFixtu
         ("WARNING", "seen 2", "model.py"),
         ("DEBUG", "verbose detail", "model.py"),
     ]
+
+
+def test_bls_without_a_broker_says_so(models: PythonModels) -> None:
+    model_py = """
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            x = pb_utils.get_input_tensor_by_name(requests[0], "IN")
+            r = pb_utils.InferenceRequest(model_name="other", inputs=[x],
+                                          requested_output_names=["OUT"])
+            r.exec()
+    """
+    model_dir = models.make("m", models.io_config(), {"1/model.py": model_py})
+    with (
+        models.load(model_dir) as h,
+        pytest.raises(InferpoolError, match="BLS calls models a broker serves"),
+    ):
+        h.infer({"IN": np.arange(3, dtype=np.int32)})
