@@ -11,6 +11,7 @@ be made from ``initialize`` on until ``finalize`` begins.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import weakref
 from collections.abc import Awaitable, Iterator
@@ -62,7 +63,8 @@ def execute_async(request: CallRequest, decoupled: bool) -> Awaitable[Any]:
     def arrived() -> None:
         if pending.ready() and not future.done():
             pending.notify(None)
-            loop.call_soon_threadsafe(settle)
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody awaits
+                loop.call_soon_threadsafe(settle)
 
     pending.notify(arrived)
     arrived()  # a reply that came while the call was being sent
