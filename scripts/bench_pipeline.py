@@ -143,10 +143,10 @@ def write_repository(repo: Path, hidden: int, threads: int) -> None:
     model("pipeline_bls", f'backend: "python" {io("RAW", "SCORE")}', {"1/model.py": BLS})
 
 
-def serve(repo: Path, stack: contextlib.ExitStack) -> str:
+def serve(repo: Path, stack: contextlib.ExitStack, pin: str) -> str:
     endpoint = f"ipc://{repo.parent}/broker.sock"
     cmd = [sys.executable, "-m", "inferpool", "serve", "--model-repository", str(repo)]
-    cmd += ["--listen", endpoint, "--log-level", "WARNING"]
+    cmd += ["--listen", endpoint, "--log-level", "WARNING", "--pin", pin]
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL)
     stack.callback(_stop, proc)
     with Client(endpoint, timeout=60) as c:
@@ -208,6 +208,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--hidden", type=int, default=64, help="the MLP's hidden width")
     parser.add_argument("--threads", type=int, default=1, help="the MLP's intra-op threads")
+    parser.add_argument("--pin", choices=("auto", "none"), default="auto", help="worker pinning")
     args = parser.parse_args()
     x = np.random.default_rng(0).random((ROWS, COLS), dtype=np.float32)
     expected = np.maximum(_reference(x, args.hidden), 0)  # checks every path's answer
@@ -219,7 +220,7 @@ def main() -> None:
     ):
         repo = Path(tmp) / "repo"
         write_repository(repo, args.hidden, args.threads)
-        endpoint = serve(repo, st)
+        endpoint = serve(repo, st, args.pin)
         runs = paths(endpoint, st)
         control = st.enter_context(Client(endpoint, timeout=60))
         for name, run in runs.items():  # warm up, and check the answers
@@ -264,7 +265,8 @@ def report(samples: dict[str, list[float]], spent: dict[str, Any], args: Any) ->
     per_step = {s: spent["ensemble"][s][1] / max(spent["ensemble"][s][0], 1) / 1e6 for s in STEPS}
     print(
         f"1 MiB FP32 tensors [{ROWS}, {COLS}], MLP hidden {args.hidden}, "
-        f"{args.rounds} rounds x {args.iters} requests per path, cpus {os.cpu_count()}"
+        f"{args.rounds} rounds x {args.iters} requests per path, {os.cpu_count()} cpus, "
+        f"pin {args.pin}, load average {os.getloadavg()[0]:.1f}"
     )
     print(
         "steps' own execution (server statistics, ensemble path): "

@@ -364,13 +364,41 @@ def _replies(body: Sequence[Any]) -> Replies:
 
 
 def _call(body: Sequence[Any]) -> Call:
+    """A worker's call, its types checked: the broker acts on every field of it."""
     model_name, model_version, work, timeout_us, decoupled = body
-    return _new(Call, (model_name, model_version, _work(work), timeout_us, decoupled))
+    call = _new(Call, (model_name, model_version, _work(work), timeout_us, decoupled))
+    w = call.work
+    if not (
+        _all(str, model_name, w.id)
+        and _all(int, model_version, timeout_us, w.rid, w.flags)
+        and isinstance(decoupled, bool)
+        and isinstance(w.correlation_id, int | str)
+        and isinstance(w.parameters, dict)
+        and all(_all(str, o.name) and o.window is None for o in w.outputs)
+        and all(_tensor_ref(r) for r in w.inputs)
+    ):
+        raise ValueError("a call with fields of the wrong types")
+    return call
 
 
 def _release(body: Sequence[Any]) -> Release:
     (slots,) = body
-    return _new(Release, (list(map(_slot, slots)),))
+    release = _new(Release, (list(map(_slot, slots)),))
+    if not all(_all(str, s.region) and _all(int, s.offset) for s in release.slots):
+        raise ValueError("a slot with fields of the wrong types")
+    return release
+
+
+def _all(kind: type, *values: Any) -> bool:
+    return all(type(v) is kind for v in values)  # as orjson reads them: a bool is no int
+
+
+def _tensor_ref(ref: TensorRef) -> bool:
+    return (
+        _all(str, ref.name, ref.datatype, ref.region)
+        and _all(int, ref.offset, ref.byte_size, *ref.shape)
+        and isinstance(ref.shape, list)
+    )
 
 
 _FROM_BROKER: dict[str, Callable[[Any], Any]] = {
