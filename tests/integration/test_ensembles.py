@@ -260,6 +260,13 @@ def write_repository(repo: Path) -> None:
         step("mid_b", {"INPUT0": "IN"}, {"OUTPUT0": "OUT"}),
         extra="max_batch_size: 8",
     )
+    ensemble(  # a batching ensemble around a step that does not batch
+        repo,
+        "mixed",
+        tensors("input", ("IN", *F4)) + tensors("output", ("OUT", *F4)),
+        step("mid", {"INPUT0": "IN"}, {"OUTPUT0": "OUT"}),
+        extra="max_batch_size: 8",
+    )
     ensemble(
         repo,
         "unknown",
@@ -351,6 +358,17 @@ def test_a_batching_ensemble(server: Server) -> None:
         np.testing.assert_array_equal(c.infer("batched", {"IN": x})["OUT"], x)
         with pytest.raises(InferpoolError, match="batch-size must be <= 8"):
             c.infer("batched", {"IN": np.zeros((9, 4), np.float32)})
+
+
+def test_a_batch_of_one_passes_through_a_step_that_does_not_batch(server: Server) -> None:
+    with server.client() as c:
+        out = c.infer("mixed", {"IN": np.arange(4, dtype=np.float32).reshape(1, 4)})
+        assert out["OUT"].shape == (1, 4) and out["OUT"].tolist() == [[0, 1, 2, 3]]
+        with pytest.raises(InferpoolError) as err:  # as in Triton: only a batch of one
+            c.infer("mixed", {"IN": np.zeros((2, 4), np.float32)})
+        assert "in ensemble 'mixed', step 0 (model 'mid') failed: unexpected shape for input " in (
+            err.value.message
+        )
 
 
 def test_outputs_as_handles_and_slots_given_back(server: Server) -> None:
