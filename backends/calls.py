@@ -25,7 +25,8 @@ from inferpool.wire.errors import InferpoolError
 
 @dataclass(slots=True)
 class CallInput:
-    """One input of a call: a view of shared memory (``region`` set), or an array to copy."""
+    """One input of a call: where it lies in shared memory (``region`` set; ``data`` keeps
+    the view alive while the call runs), or an array to copy there."""
 
     name: str
     datatype: str

@@ -282,11 +282,15 @@ class InferenceRequest:
 
 
 def _call_input(tensor: Tensor) -> CallInput:
-    """A Tensor as a call's input: a reference where its bytes lie in shared memory."""
+    """A Tensor as a call's input: a reference where its bytes lie in shared memory (the
+    data stays referenced, so that memory lent to this process stays lent while the call
+    runs)."""
     shape = tuple(tensor.shape())
     if tensor._shared is not None:
         region, offset, nbytes = tensor._shared
-        return CallInput(tensor.name(), tensor.datatype(), shape, None, region, offset, nbytes)
+        return CallInput(
+            tensor.name(), tensor.datatype(), shape, tensor._data, region, offset, nbytes
+        )
     return CallInput(tensor.name(), tensor.datatype(), shape, tensor._data)
 
 
