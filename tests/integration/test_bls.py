@@ -60,6 +60,7 @@ class TritonPythonModel:
 """
 
 FAILS = """
+import os
 import time
 
 import triton_python_backend_utils as pb_utils
@@ -67,7 +68,10 @@ import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def execute(self, requests):
-        if pb_utils.get_input_tensor_by_name(requests[0], "T").as_numpy()[0] > 0:
+        t = pb_utils.get_input_tensor_by_name(requests[0], "T").as_numpy()[0]
+        if t > 1:
+            os._exit(9)  # a crash while its caller waits
+        if t > 0:
             time.sleep(1.0)  # slow: the call's timeout passes first
         return [pb_utils.InferenceResponse(error=pb_utils.TritonError("fails on purpose"))
                 for _ in requests]
@@ -135,6 +139,10 @@ class TritonPythonModel:
             "bad_input": call("double", [pb_utils.Tensor("T", np.zeros(3, np.float32))]).exec(),
         }
         return np.zeros(4), {k: [r.has_error(), r.error().message()] for k, r in cases.items()}
+
+    async def crash(self, t):
+        r = call("fails", [pb_utils.Tensor("T", np.full(4, 2, np.float32))], ["T"]).exec()
+        return np.zeros(4), {"error": r.has_error() and r.error().message()}
 
     async def big(self, t):  # 1 MiB in and out, forty times: nothing is kept
         x = np.ones(1 << 18, np.float32)
@@ -289,6 +297,15 @@ def test_failed_calls_are_responses_with_errors(server: Server) -> None:
     assert "unexpected shape for input 'T' for model 'double'" in messages["bad_input"]
     t, _ = run(server, "sync")  # the caller serves on
     assert t.tolist() == [2, 4, 6, 8]
+
+
+def test_a_called_model_that_crashes_is_an_error_reply(server: Server) -> None:
+    _, info = run(server, "crash")
+    assert (
+        "instance 'fails_0_0' of model 'fails' version 1 died with exit code 9" in (info["error"])
+    )
+    _, info = run(server, "errors")  # it is respawned and answers again
+    assert info["fails"] == [True, "fails on purpose"]
 
 
 def test_reply_memory_goes_back_once_read(server: Server) -> None:
