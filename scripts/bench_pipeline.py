@@ -22,8 +22,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +34,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench_torch import serve  # noqa: E402  (scripts/ is on the path when run as a script)
 
 from inferpool.client import Client, ShmClient  # noqa: E402
 
@@ -143,26 +143,6 @@ def write_repository(repo: Path, hidden: int, threads: int) -> None:
     model("pipeline_bls", f'backend: "python" {io("RAW", "SCORE")}', {"1/model.py": BLS})
 
 
-def serve(repo: Path, stack: contextlib.ExitStack, pin: str) -> str:
-    endpoint = f"ipc://{repo.parent}/broker.sock"
-    cmd = [sys.executable, "-m", "inferpool", "serve", "--model-repository", str(repo)]
-    cmd += ["--listen", endpoint, "--log-level", "WARNING", "--pin", pin]
-    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL)
-    stack.callback(_stop, proc)
-    with Client(endpoint, timeout=60) as c:
-        c.wait_ready(180)
-    return endpoint
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
 # ---------------------------------------------------------------------------- the paths
 Run = Callable[[np.ndarray], np.ndarray]
 
@@ -208,7 +188,6 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--hidden", type=int, default=64, help="the MLP's hidden width")
     parser.add_argument("--threads", type=int, default=1, help="the MLP's intra-op threads")
-    parser.add_argument("--pin", choices=("auto", "none"), default="auto", help="worker pinning")
     args = parser.parse_args()
     x = np.random.default_rng(0).random((ROWS, COLS), dtype=np.float32)
     expected = np.maximum(_reference(x, args.hidden), 0)  # checks every path's answer
@@ -220,9 +199,8 @@ def main() -> None:
     ):
         repo = Path(tmp) / "repo"
         write_repository(repo, args.hidden, args.threads)
-        endpoint = serve(repo, st, args.pin)
-        runs = paths(endpoint, st)
-        control = st.enter_context(Client(endpoint, timeout=60))
+        control = serve(repo, st)
+        runs = paths(control.endpoint, st)
         for name, run in runs.items():  # warm up, and check the answers
             for _ in range(20):
                 got = run(x)
@@ -266,7 +244,7 @@ def report(samples: dict[str, list[float]], spent: dict[str, Any], args: Any) ->
     print(
         f"1 MiB FP32 tensors [{ROWS}, {COLS}], MLP hidden {args.hidden}, "
         f"{args.rounds} rounds x {args.iters} requests per path, {os.cpu_count()} cpus, "
-        f"pin {args.pin}, load average {os.getloadavg()[0]:.1f}"
+        f"load average {os.getloadavg()[0]:.1f}"
     )
     print(
         "steps' own execution (server statistics, ensemble path): "

@@ -10,8 +10,6 @@ could only run on a waiting instance is refused instead of hanging the pool.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.lifecycle.helpers import serving
 from tests.support import Server, write_model
 
 DOUBLE = """
@@ -223,17 +222,14 @@ def write_repository(repo: Path) -> None:
         )
 
 
+def repository(tmp: Path) -> Path:
+    write_repository(tmp / "repo")
+    return tmp / "repo"
+
+
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    tmp = Path(tempfile.mkdtemp(prefix="ibl-", dir="/tmp"))
-    try:
-        write_repository(tmp / "repo")
-        with Server(tmp, tmp / "repo") as server:
-            yield server
-        assert server.proc.returncode == 0, server.log()
-        assert server.regions() == [], "the module's server left shared memory behind"
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    yield from serving(repository)
 
 
 def run(server: Server, mode: str, t: Any = (1, 2, 3, 4)) -> tuple[np.ndarray, dict[str, Any]]:

@@ -9,8 +9,6 @@ workers' output arenas: the chain's last step reads its input from the previous 
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +17,7 @@ import numpy as np
 import pytest
 
 from inferpool.client import Code, InferpoolError, ShmClient
+from tests.lifecycle.helpers import serving
 from tests.support import Server, identity_config, write_model
 
 PRE = """
@@ -281,17 +280,14 @@ def write_repository(repo: Path) -> None:
     )
 
 
+def repository(tmp: Path) -> Path:
+    write_repository(tmp / "repo")
+    return tmp / "repo"
+
+
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    tmp = Path(tempfile.mkdtemp(prefix="ien-", dir="/tmp"))
-    try:
-        write_repository(tmp / "repo")
-        with Server(tmp, tmp / "repo") as server:
-            yield server
-        assert server.proc.returncode == 0, server.log()
-        assert server.regions() == [], "the module's server left shared memory behind"
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    yield from serving(repository)
 
 
 def test_a_chain_passes_tensors_in_place_and_counts_every_model(server: Server) -> None:

@@ -12,9 +12,7 @@ it the module is skipped.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +20,7 @@ import numpy as np
 import pytest
 
 from inferpool.client import InferpoolError
+from tests.lifecycle.helpers import serving
 from tests.support import Server
 
 SOURCE = os.environ.get("INFERPOOL_TRITON_PYTHON_BACKEND", "")
@@ -60,20 +59,18 @@ def read_source(path: str) -> bytes:
     ).stdout
 
 
+def repository(tmp: Path) -> Path:
+    """The examples' models and configs, copied byte for byte."""
+    for name, (model_py, config) in MODELS.items():
+        (tmp / "repo" / name / "1").mkdir(parents=True)
+        (tmp / "repo" / name / "1" / "model.py").write_bytes(read_source(model_py))
+        (tmp / "repo" / name / "config.pbtxt").write_bytes(read_source(config))
+    return tmp / "repo"
+
+
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    tmp = Path(tempfile.mkdtemp(prefix="itb-", dir="/tmp"))
-    try:
-        for name, (model_py, config) in MODELS.items():
-            (tmp / "repo" / name / "1").mkdir(parents=True)
-            (tmp / "repo" / name / "1" / "model.py").write_bytes(read_source(model_py))
-            (tmp / "repo" / name / "config.pbtxt").write_bytes(read_source(config))
-        with Server(tmp, tmp / "repo") as server:
-            yield server
-        assert server.proc.returncode == 0, server.log()
-        assert server.regions() == [], "the module's server left shared memory behind"
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    yield from serving(repository)
 
 
 def test_bls_sync_calls_the_model_its_input_names(server: Server) -> None:
