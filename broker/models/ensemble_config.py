@@ -133,6 +133,11 @@ def _check_flow(
                     ready.add(out)
                     queue.append(out)
     for tensor in outputs:
+        if tensor in inputs:  # Triton passes it through; here answers come from the steps
+            raise invalid_arg(
+                f"ensemble output '{tensor}' for ensemble '{name}' is one of its inputs: "
+                "map it through a step"
+            )
         if tensor not in written and tensor not in ready:
             raise invalid_arg(f"ensemble output '{tensor}' for ensemble '{name}' is not used")
         if tensor not in ready:

@@ -113,6 +113,15 @@ def test_a_chain_is_planned_with_its_readers(tmp_path: Path) -> None:
             ensemble(step("a", {"X": "IN"}, {"Y": "OUT", "Z": "spare"})),
             "ensemble tensor 'spare' is unused in ensemble 'e'",
         ),
+        (
+            ensemble(
+                step("a", {"X": "IN"}, {"Y": "OUT"}),
+                io='input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ] output [ { name: '
+                '"OUT" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "IN" data_type: TYPE_FP32 '
+                "dims: [ 4 ] } ]",
+            ),
+            "ensemble output 'IN' for ensemble 'e' is one of its inputs: map it through a step",
+        ),
     ],
 )
 def test_wiring_errors_read_as_triton_words_them(tmp_path: Path, config: str, message: str) -> None:
