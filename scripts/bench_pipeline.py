@@ -199,7 +199,7 @@ def main() -> None:
     ):
         repo = Path(tmp) / "repo"
         write_repository(repo, args.hidden, args.threads)
-        control = serve(repo, st)
+        control = serve(repo, st, "--arena-size", "64M", "--output-arena-size", "64M")
         runs = paths(control.endpoint, st)
         for name, run in runs.items():  # warm up, and check the answers
             for _ in range(20):

@@ -156,7 +156,9 @@ class Ensembles:
             return ready[-1]
         if any(v.state is State.LOADING for v in record.versions.values()):
             return None
-        raise _no_version(ensemble, dep)
+        reasons = "; ".join(v.reason for v in record.versions.values() if v.reason)
+        failed = f" Model '{dep}' loading failed with error: {reasons}" if reasons else ""
+        raise invalid_arg(_no_version(ensemble, dep).message + failed)
 
     def _cycle(self, start: str, scheduler: EnsembleScheduler, path: list[str]) -> list[str]:
         """The ensembles from ``start`` back to itself through its steps, if any."""

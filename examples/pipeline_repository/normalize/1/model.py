@@ -9,7 +9,7 @@ class TritonPythonModel:
     def execute(self, requests):
         responses = []
         for request in requests:
-            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            x = request.inputs()[0].as_numpy()  # X, the only input
             y = (x - x.mean()) / (x.std() + 1e-6)
             responses.append(
                 pb_utils.InferenceResponse([pb_utils.Tensor("Y", y.astype(np.float32))])

@@ -9,7 +9,7 @@ class TritonPythonModel:
     def execute(self, requests):
         responses = []
         for request in requests:
-            logits = pb_utils.get_input_tensor_by_name(request, "LOGITS").as_numpy()
+            logits = request.inputs()[0].as_numpy()  # LOGITS, the only input
             e = np.exp(logits - logits.max())
             p = (e / e.sum()).astype(np.float32)
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("P", p)]))

@@ -13,7 +13,7 @@ class TritonPythonModel:
     def execute(self, requests):
         responses = []
         for request in requests:
-            raw = pb_utils.get_input_tensor_by_name(request, "RAW")
+            raw = request.inputs()[0]  # RAW, the only input
             if raw.shape()[0] == 1:
                 probs = np.ones(1, np.float32)
             else:
@@ -25,7 +25,7 @@ class TritonPythonModel:
                 if reply.has_error():
                     responses.append(pb_utils.InferenceResponse(error=reply.error()))
                     continue
-                probs = pb_utils.get_output_tensor_by_name(reply, "PROBS").as_numpy()
+                probs = reply.output_tensors()[0].as_numpy()  # PROBS, the one asked for
             best = int(np.argmax(probs))
             responses.append(
                 pb_utils.InferenceResponse(
