@@ -61,7 +61,6 @@ class PendingCall:
         self._placed = placed
         self._keep = keep  # the caller's inputs: referenced until the final reply
         self._listener: Callable[[], None] | None = None
-        self.finished = False  # the final reply has arrived
         self._taken_final = False
 
     def next(self) -> CallReply:
@@ -82,7 +81,6 @@ class PendingCall:
         """A reply arrived (main thread)."""
         self._replies.append(reply)
         if reply.final:
-            self.finished = True
             self.release()
         if self._listener is not None:
             self._listener()
