@@ -8,7 +8,10 @@ three ways in one run, against its own steps:
               the previous step's output where that step's worker wrote it;
 - ensemble shm: the same with the shared-memory client (input written in place, the output
               read in place as a handle): the pipeline's own cost, without the client's copies;
-- bls:        one request to a python model that calls the three with pb_utils BLS.
+- bls:        one request to a python model that calls the three with pb_utils BLS;
+- round trip: a 64 B identity request, the cost of one client -> broker -> worker hop and
+              back on this machine at this moment (what a pipeline pays per step on top of
+              the step's own execution).
 
 The steps' own execution times come from the server's statistics (compute input + infer +
 output, per request) over the same run; their sum is the floor every path pays.  Paths are
@@ -41,6 +44,7 @@ from inferpool.client import Client, ShmClient  # noqa: E402
 
 ROWS, COLS = 256, 1024  # FP32: 1 MiB
 STEPS = ("pre", "mlp", "post")
+ROUND_TRIP = "64 B round trip"
 TENSOR = f"dims: [ {ROWS}, {COLS} ]"
 
 PRE = """
@@ -141,6 +145,12 @@ def write_repository(repo: Path, hidden: int, threads: int) -> None:
         {},
     )
     model("pipeline_bls", f'backend: "python" {io("RAW", "SCORE")}', {"1/model.py": BLS})
+    small = '{ name: "%s" data_type: TYPE_FP32 dims: [ 16 ] }'
+    model(
+        "hop",
+        f'backend: "identity" input [ {small % "INPUT0"} ] output [ {small % "OUTPUT0"} ]',
+        {},
+    )
 
 
 # ---------------------------------------------------------------------------- the paths
@@ -169,7 +179,18 @@ def paths(endpoint: str, stack: contextlib.ExitStack) -> dict[str, Run]:
     def bls(x: np.ndarray) -> np.ndarray:
         return c.infer("pipeline_bls", {"RAW": x})["SCORE"]
 
-    return {"chain": chain, "ensemble": ensemble, "ensemble shm": ensemble_shm, "bls": bls}
+    small = np.zeros(16, np.float32)
+
+    def round_trip(x: np.ndarray) -> np.ndarray:
+        return c.infer("hop", {"INPUT0": small})["OUTPUT0"]
+
+    return {
+        "chain": chain,
+        "ensemble": ensemble,
+        "ensemble shm": ensemble_shm,
+        "bls": bls,
+        ROUND_TRIP: round_trip,
+    }
 
 
 def execution_ns(c: Client) -> dict[str, tuple[int, int]]:
@@ -188,6 +209,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--hidden", type=int, default=64, help="the MLP's hidden width")
     parser.add_argument("--threads", type=int, default=1, help="the MLP's intra-op threads")
+    parser.add_argument("--pin", choices=("auto", "none"), default="auto", help="the server's")
     args = parser.parse_args()
     x = np.random.default_rng(0).random((ROWS, COLS), dtype=np.float32)
     expected = np.maximum(_reference(x, args.hidden), 0)  # checks every path's answer
@@ -199,13 +221,16 @@ def main() -> None:
     ):
         repo = Path(tmp) / "repo"
         write_repository(repo, args.hidden, args.threads)
-        control = serve(repo, st, "--arena-size", "64M", "--output-arena-size", "64M")
+        control = serve(
+            repo, st, "--arena-size", "64M", "--output-arena-size", "64M", "--pin", args.pin
+        )
         runs = paths(control.endpoint, st)
         for name, run in runs.items():  # warm up, and check the answers
             for _ in range(20):
                 got = run(x)
-            want = expected[0, :4] if name == "ensemble shm" else expected
-            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=name)
+            if name != ROUND_TRIP:
+                want = expected[0, :4] if name == "ensemble shm" else expected
+                np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=name)
         for _ in range(args.rounds):
             for name, run in runs.items():
                 before = execution_ns(control)
@@ -244,21 +269,24 @@ def report(samples: dict[str, list[float]], spent: dict[str, Any], args: Any) ->
     print(
         f"1 MiB FP32 tensors [{ROWS}, {COLS}], MLP hidden {args.hidden}, "
         f"{args.rounds} rounds x {args.iters} requests per path, {os.cpu_count()} cpus, "
-        f"load average {os.getloadavg()[0]:.1f}"
+        f"pin {args.pin}, load average {os.getloadavg()[0]:.1f}"
     )
     print(
         "steps' own execution (server statistics, ensemble path): "
         + ", ".join(f"{s} {ms:.3f} ms" for s, ms in per_step.items())
         + f"; sum {floor['ensemble']:.3f} ms"
     )
-    chain = p("chain", 0.5)
-    print("| path | p50 ms | p99 ms | p50 / sum of steps | chain p50 / p50 |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    chain, hop = p("chain", 0.5), p(ROUND_TRIP, 0.5)
+    print(f"a {ROUND_TRIP} (client -> broker -> worker -> back): p50 {hop:.3f} ms")
+    print("| path | p50 ms | p99 ms | p50 / sum of steps | chain p50 / p50 | beyond the steps |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for name in samples:
+        if name == ROUND_TRIP:
+            continue
         p50 = p(name, 0.5)
         print(
             f"| {name} | {p50:.3f} | {p(name, 0.99):.3f} | {p50 / floor[name]:.2f}x | "
-            f"{chain / p50:.2f}x |"
+            f"{chain / p50:.2f}x | {(p50 - floor[name]) / hop:.1f} round trips |"
         )
 
 
