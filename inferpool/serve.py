@@ -12,6 +12,7 @@ from typing import Any
 from inferpool import __version__
 from inferpool.broker.options import ServerOptions, default_listen
 from inferpool.broker.pool.gpu_limit import parse_gpu_limits
+from inferpool.model_options import add_model_options, model_options
 from inferpool.wire.errors import InferpoolError
 from inferpool.wire.paths import DEFAULT_TCP, default_ipc_endpoint
 
@@ -98,13 +99,13 @@ def add_serve(sub: Any) -> None:
         "--arena-size",
         type=parse_size,
         default="256M",
-        help="shared-memory arena for request inputs (default 256M)",
+        help="shared-memory arena for request inputs, the most it may grow to (default 256M)",
     )
     p.add_argument(
         "--output-arena-size",
         type=parse_size,
         default="256M",
-        help="shared-memory output arena per worker (default 256M)",
+        help="shared-memory output arena per worker, the most it may grow to (default 256M)",
     )
     p.add_argument(
         "--max-request-bytes",
@@ -126,17 +127,25 @@ def add_serve(sub: Any) -> None:
         "reclaimed (default 60; clients send keepalive messages)",
     )
     p.add_argument(
+        "--prefault",
+        type=parse_size,
+        default="4M",
+        help="shared memory populated at start in the arena and in each output region (default "
+        "4M, less for a model whose outputs are smaller); the rest is populated as it is used",
+    )
+    p.add_argument(
         "--no-prefault",
         action="store_true",
-        help="do not touch arena pages at start (less memory, slower first requests)",
+        help="populate no shared memory at start (--prefault 0)",
     )
-    p.add_argument("--model-control-mode", choices=("none", "explicit"), default="none")
+    p.add_argument("--model-control-mode", choices=("none", "explicit", "poll"), default="none")
     p.add_argument(
         "--load-model",
         action="append",
         default=[],
         help="with --model-control-mode explicit: load this model at start ('*': all)",
     )
+    add_model_options(p, parse_size)
     p.add_argument("--strict-readiness", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--backend-directory", default="")
     p.add_argument("--backend-config", action="append", default=[], metavar="B,KEY=VALUE")
@@ -167,6 +176,14 @@ def add_serve(sub: Any) -> None:
         help="an instance that crashes more often than this within --restart-window is FAILED",
     )
     p.add_argument("--restart-window", type=float, default=60.0, metavar="SECONDS")
+    p.add_argument(
+        "--worker-start",
+        choices=("zygote", "fresh"),
+        default="zygote",
+        help="zygote: fork workers from a parent per NUMA node that imported the frameworks "
+        "once (they share its memory and start in milliseconds); fresh: start each worker "
+        "as a new interpreter",
+    )
     p.add_argument(
         "--heartbeat-ms",
         type=int,
@@ -207,7 +224,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         arena_size=args.arena_size,
         output_arena_size=args.output_arena_size,
         max_request_bytes=args.max_request_bytes,
-        prefault=not args.no_prefault,
+        prefault=0 if args.no_prefault else args.prefault,
         max_client_shm=args.max_client_shm,
         lease_timeout=args.lease_timeout,
         model_control_mode=args.model_control_mode,
@@ -224,6 +241,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         graceful_timeout=args.graceful_timeout,
         max_restarts=args.max_restarts,
         restart_window=args.restart_window,
+        worker_start=args.worker_start,
         heartbeat_ms=args.heartbeat_ms,
         model_load_gpu_limit=parse_gpu_limits(args.model_load_gpu_limit),
         metrics_port=args.metrics_port,
@@ -234,6 +252,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
             for what in ("port", "address")
         },
         log_level=args.log_level.upper(),
+        **model_options(args),
     )
 
 

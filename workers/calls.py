@@ -48,7 +48,7 @@ from inferpool.workers.memory import WorkerMemory
 
 log = logging.getLogger("inferpool.worker")
 RELEASE_CHUNK = 1000  # slots per Release message: far below a datagram's limit
-OnFree = Callable[[Sequence[Slot], Sequence[str]], None]
+OnFree = Callable[[Free], None]
 
 
 class PendingCall:
@@ -169,7 +169,7 @@ class ChannelCalls:
         elif isinstance(msg, Replies):
             self.deliver(msg.items)
         elif isinstance(msg, Free):
-            self._on_free(msg.free, msg.unmap)
+            self._on_free(msg)
         elif isinstance(msg, Stop):
             self.stopping = True
             self._fail_all(unavailable("the worker was told to stop while the call waited"))

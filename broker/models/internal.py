@@ -15,7 +15,15 @@ from inferpool.broker.models.registry import ModelVersion
 from inferpool.broker.models.request import PendingRequest, Sink
 from inferpool.wire import codec
 from inferpool.wire.errors import invalid_arg
-from inferpool.wire.worker.messages import CorrelationId, Parameters, TensorRef, WantedOutput, Work
+from inferpool.wire.worker.messages import (
+    BATCH_BYTES,
+    CorrelationId,
+    Parameters,
+    TensorRef,
+    WantedOutput,
+    Work,
+    record_size,
+)
 
 _rids = itertools.count(-1, -1)
 
@@ -43,6 +51,12 @@ def make_request(
             raise invalid_arg(f"unexpected inference output '{out.name}' for model '{model.name}'")
     rid = next(_rids)
     work = Work(rid, request_id, correlation_id, flags, parameters, list(inputs), list(outputs))
+    size = record_size(work)  # the batchers keep a batch within one message (front.limits)
+    if size > BATCH_BYTES:
+        raise invalid_arg(
+            f"request for model '{model.name}' is {size} bytes as its worker would receive it; "
+            f"at most {BATCH_BYTES} bytes are allowed"
+        )
     return PendingRequest(
         rid=rid,
         envelope=[],
@@ -55,6 +69,7 @@ def make_request(
         received_ns=now_ns,
         deadline_ns=deadline_ns,
         sink=sink,
+        wire_bytes=size,
     )
 
 

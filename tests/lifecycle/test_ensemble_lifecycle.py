@@ -59,6 +59,7 @@ def test_loading_an_ensemble_loads_its_composing_models(server) -> None:
             "first": "READY",
             "second": "READY",
             "pair": "READY",
+            "solo": "",  # in the repository, never loaded
         }
         assert infer_pair(c).tolist() == [0, 1, 2, 3]
 
@@ -98,7 +99,7 @@ def test_a_composing_model_reloaded_unfit_and_fixed(server) -> None:
 def test_unloading_the_ensemble_leaves_its_models_serving(server) -> None:
     with server.client() as c:
         c.unload_model("pair")
-        wait_for(lambda: "pair" not in states(c), what="pair unloaded")
+        wait_for(lambda: states(c)["pair"] == ("UNAVAILABLE", "unloaded"), what="pair unloaded")
         assert states(c)["first"][0] == states(c)["second"][0] == "READY"
         x = np.ones(4, np.float32)
         assert c.infer("first", {"INPUT0": x})["OUTPUT0"].tolist() == [1] * 4
