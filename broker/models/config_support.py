@@ -74,7 +74,11 @@ NEEDS_FLAG = {
         "the server runs without a rate limiter; start it with --rate-limit execution_count"
     ),
 }
-_LOOK_INSIDE = frozenset(p.rpartition(".")[0] for p in HONORED | set(NEEDS_FLAG) if "." in p)
+_LOOK_INSIDE = frozenset(  # every field above an honoured sub-field
+    p.rsplit(".", depth)[0]
+    for p in HONORED | set(NEEDS_FLAG)
+    for depth in range(1, p.count(".") + 1)
+)
 
 
 @dataclass(frozen=True)
