@@ -113,14 +113,20 @@ def _check_inputs(model: ModelVersion, inputs: Sequence[TensorRef]) -> int:
                 f"input byte size mismatch for input '{ref.name}' for model '{name}'. Expected "
                 f"{spec.itemsize * codec.element_count(shape)}, got {ref.byte_size}"
             )
+    check_required(model, seen)
+    return batch
+
+
+def check_required(model: ModelVersion, seen: set[str]) -> None:
+    """INVALID_ARG in Triton's words if a required input of ``model`` is not in ``seen``
+    (admission checks a client's request with it too)."""
     missing = model.required - seen
     if missing:
         raise invalid_arg(
             f"expected {len(model.required)} inputs but got {len(seen)} inputs for model "
-            f"'{name}'. Got input(s) {sorted(seen)}, but missing required input(s) "
+            f"'{model.name}'. Got input(s) {sorted(seen)}, but missing required input(s) "
             f"{sorted(missing)}. Please provide all required input(s)."
         )
-    return batch
 
 
 def _dims(shape: Sequence[int]) -> str:
