@@ -289,6 +289,7 @@ class Manager:
         mv.scheduler.instance_gone(handle)
         handle.busy = None
         self.calls.worker_gone(handle)
+        handle.ended_executing(time.monotonic())
         for req in [r for r in self.inflight.values() if r.worker is handle]:
             self.reject(req, error)
         self.gate.done(handle, gone=True)
@@ -308,6 +309,7 @@ class Manager:
         assert mv.scheduler is not None
         mv.scheduler.instance_gone(handle)
         self.calls.worker_gone(handle)
+        handle.ended_executing(time.monotonic())
         if handle.busy is not None:  # a batch the rate limiter never let run
             err = InferpoolError(Code.UNAVAILABLE, f"instance {handle.name} stopped")
             for req in [r for r in self.inflight.values() if r.worker is handle]:
@@ -357,7 +359,7 @@ class Manager:
     def _send(
         self, handle: Worker, batch: list[PendingRequest], release: Sequence[CorrelationId]
     ) -> None:
-        handle.exec_started = time.monotonic()
+        handle.began_executing(time.monotonic())
         unmaps = self.unmaps.pop(handle.identity, ()) if self.unmaps else ()
         msg = Execute(
             [r.work for r in batch], self.outputs.take_frees(handle.output_region), unmaps, release
@@ -425,6 +427,7 @@ class Manager:
         if msg.metrics is not None:
             self.metrics.apply(msg.metrics)
         handle.busy = None
+        handle.ended_executing(time.monotonic())
         if handle.state is not WorkerState.STOPPING:
             self._next_batch(handle)
         self.gate.done(handle)  # its next batch, if any, competes for what it releases
