@@ -347,6 +347,7 @@ class Broker:
         self.supervisor.tick(now)
         self.liveness.check(now)
         self.manager.tick(time.monotonic_ns())
+        self.manager.ensembles.refresh()
         self.shm.tick(now)
         self.manager.flush_frees()
         if self.utilisation is not None:

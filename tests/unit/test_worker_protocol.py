@@ -56,6 +56,7 @@ FROM_BROKER = [
     m.LaneOpen(3, "inferpool-0123456789-lane3", "inferpool-0123456789-c1", 4321, 100),
     m.LaneClose(3, True),
     m.LaneClose(4, False),
+    m.Replies(RESULTS),
 ]
 FROM_WORKER = [
     m.Ready({"cpus": [0], "mempolicy": "default"}, {"name": "model", "max_batch_size": 8}, []),
@@ -88,6 +89,9 @@ FROM_WORKER = [
         [],
         m.MetricsUpdate([], [m.MetricOp("requests", {"model": "a"}, "inc", 1.0)]),
     ),
+    m.Call("preprocess", -1, WORK._replace(outputs=[m.WantedOutput("OUTPUT0")]), 5000, False),
+    m.Call("stream", 2, WORK._replace(outputs=[m.WantedOutput("OUT")]), 0, True),
+    m.Release([m.Slot("inferpool-0123456789-out1g0", 4096)]),
 ]
 
 
@@ -147,6 +151,16 @@ def test_records_travel_as_arrays_without_field_names() -> None:
         (b'["ready", [{}]]', "ValueError"),  # a field missing
         (b'["items", [[[1, true]]]]', "ValueError"),  # a result of the wrong arity
         (b'["execute", [[], [], []]]', "ValueError"),
+        (b'["call", ["m", "1", [1, "", 0, 0, {}, [], []], 0, false]]', "wrong types"),
+        (
+            b'["call", ["m", -1, [1, "", 0, 0, {}, [["X", "FP32", ["4"], "r", 0, 4]], []], 0, false]]',
+            "wrong types",
+        ),
+        (
+            b'["call", ["m", -1, [1, "", 0, 0, {}, [], [["Y", ["ref", 0, 4]]]], 0, false]]',
+            "wrong types",
+        ),
+        (b'["release", [[["inferpool-0123456789-out0g0", "0"]]]]', "wrong types"),
     ],
 )
 def test_what_is_not_a_message_is_an_internal_error(data: bytes, problem: str) -> None:

@@ -7,13 +7,14 @@ decoders check each record's arity).  Every request crosses the channel twice, s
 here loops over fields in Python.
 
 broker -> worker  Execute (a batch to run), Free (slots and regions it is done with), Stop,
-                  RegionGrant (the answer to ShareRegion), LaneOpen / LaneClose (a client's
-                  lane to serve, or to stop serving)
+                  RegionGrant (the answer to ShareRegion), Replies (responses to its calls),
+                  LaneOpen / LaneClose (a client's lane to serve, or to stop serving)
 worker -> broker  Ready (loaded: its placement and served config), Failed (why it cannot
                   boot), Items (results mid-batch, decoupled models), Done (a batch's last
                   results and its statistics), ShareRegion / RegionFilled (shared regions),
-                  Unmapped (client regions it has closed), LaneClosed (a lane it no longer
-                  serves), LaneStats (what its lanes served, folded)
+                  Unmapped (client regions it has closed), Call (a model's inference request
+                  to another model: BLS), Release (reply slots it has finished reading),
+                  LaneClosed (a lane it no longer serves), LaneStats (what its lanes served)
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ class Kind(str, enum.Enum):
     LANE_CLOSE = "lane_close"
     LANE_CLOSED = "lane_closed"
     LANE_STATS = "lane_stats"
+    CALL = "call"
+    REPLIES = "replies"
+    RELEASE = "release"
 
 
 # ---------------------------------------------------------------------------- records
@@ -222,6 +226,13 @@ class LaneClose(NamedTuple):
     free: bool = True
 
 
+class Replies(NamedTuple):
+    """Responses to the worker's own calls (``Call``): each Result's ``rid`` is the call's
+    ``work.rid``; its outputs lie in other workers' regions, lent until ``Release``."""
+
+    items: Sequence[Result]
+
+
 # ---------------------------------------------------------------------------- worker -> broker
 class Ready(NamedTuple):
     """The model loaded: the placement in force, the config it serves (completed) and the
@@ -295,9 +306,41 @@ class LaneStats(NamedTuple):
     metrics: MetricsUpdate | None = None
 
 
-BrokerMessage = Execute | Free | Stop | RegionGrant | LaneOpen | LaneClose
+class Call(NamedTuple):
+    """A model's inference request to a served model (BLS), made while it executes.
+
+    ``work.rid`` is the worker's own number for the call (its Replies name it), and
+    ``work.inputs`` lie in shared memory the broker's run knows (the arena, output regions,
+    client regions).  ``model_version`` -1 is the highest ready version; ``timeout_us`` 0
+    is none; a ``decoupled`` call accepts any number of responses.
+    """
+
+    model_name: str
+    model_version: int
+    work: Work
+    timeout_us: int
+    decoupled: bool
+
+
+class Release(NamedTuple):
+    """Reply output slots (of Replies) the worker has finished reading."""
+
+    slots: Sequence[Slot]
+
+
+BrokerMessage = Execute | Free | Stop | RegionGrant | Replies | LaneOpen | LaneClose
 WorkerMessage = (
-    Ready | Failed | Items | Done | ShareRegion | RegionFilled | Unmapped | LaneClosed | LaneStats
+    Ready
+    | Failed
+    | Items
+    | Done
+    | ShareRegion
+    | RegionFilled
+    | Unmapped
+    | Call
+    | Release
+    | LaneClosed
+    | LaneStats
 )
 Message = BrokerMessage | WorkerMessage
 
@@ -317,6 +360,9 @@ _KINDS: dict[type, Kind] = {
     LaneClose: Kind.LANE_CLOSE,
     LaneClosed: Kind.LANE_CLOSED,
     LaneStats: Kind.LANE_STATS,
+    Call: Kind.CALL,
+    Replies: Kind.REPLIES,
+    Release: Kind.RELEASE,
 }
 
 
@@ -452,6 +498,49 @@ def _items(body: Sequence[Any]) -> Items:
     return _new(Items, (list(map(_result, items)),))
 
 
+def _replies(body: Sequence[Any]) -> Replies:
+    (items,) = body
+    return _new(Replies, (list(map(_result, items)),))
+
+
+def _call(body: Sequence[Any]) -> Call:
+    """A worker's call, its types checked: the broker acts on every field of it."""
+    model_name, model_version, work, timeout_us, decoupled = body
+    call = _new(Call, (model_name, model_version, _work(work), timeout_us, decoupled))
+    w = call.work
+    if not (
+        _all(str, model_name, w.id)
+        and _all(int, model_version, timeout_us, w.rid, w.flags)
+        and isinstance(decoupled, bool)
+        and isinstance(w.correlation_id, int | str)
+        and isinstance(w.parameters, dict)
+        and all(_all(str, o.name) and o.window is None for o in w.outputs)
+        and all(_tensor_ref(r) for r in w.inputs)
+    ):
+        raise ValueError("a call with fields of the wrong types")
+    return call
+
+
+def _release(body: Sequence[Any]) -> Release:
+    (slots,) = body
+    release = _new(Release, (list(map(_slot, slots)),))
+    if not all(_all(str, s.region) and _all(int, s.offset) for s in release.slots):
+        raise ValueError("a slot with fields of the wrong types")
+    return release
+
+
+def _all(kind: type, *values: Any) -> bool:
+    return all(type(v) is kind for v in values)  # as orjson reads them: a bool is no int
+
+
+def _tensor_ref(ref: TensorRef) -> bool:
+    return (
+        _all(str, ref.name, ref.datatype, ref.region)
+        and _all(int, ref.offset, ref.byte_size, *ref.shape)
+        and isinstance(ref.shape, list)
+    )
+
+
 _FROM_BROKER: dict[str, Callable[[Any], Any]] = {
     Kind.EXECUTE: _execute,
     Kind.FREE: _free,
@@ -459,6 +548,7 @@ _FROM_BROKER: dict[str, Callable[[Any], Any]] = {
     Kind.REGION_GRANT: RegionGrant._make,
     Kind.LANE_OPEN: LaneOpen._make,
     Kind.LANE_CLOSE: LaneClose._make,
+    Kind.REPLIES: _replies,
 }
 _FROM_WORKER: dict[str, Callable[[Any], Any]] = {
     Kind.READY: _ready,
@@ -470,6 +560,8 @@ _FROM_WORKER: dict[str, Callable[[Any], Any]] = {
     Kind.UNMAPPED: Unmapped._make,
     Kind.LANE_CLOSED: LaneClosed._make,
     Kind.LANE_STATS: _lane_stats,
+    Kind.CALL: _call,
+    Kind.RELEASE: _release,
 }
 
 
