@@ -42,6 +42,7 @@ class ServerOptions:
     max_shm_total: int = 4096 * MiB  # server-made regions of all clients together
     client_output_share: int = 0  # output bytes one client may hold; 0: half an output arena
     lease_timeout: float = 60.0  # seconds a client holding leases may stay silent
+    lane_spin_us: int = 100  # how long a worker spins for a lane's next request; 0: never
     # models
     model_control_mode: str = "none"  # "none", "explicit" or "poll"
     load_models: tuple[str, ...] = ()
@@ -57,7 +58,11 @@ class ServerOptions:
     pin: bool = True
     boot_timeout: float = 120.0
     execute_timeout: float = 0.0  # 0: no limit
-    graceful_timeout: float = 30.0
+    graceful_timeout: float = 30.0  # a stopping worker's time for its finalizers
+    # a drain (SIGTERM, the drain message): admissions stop drain_delay seconds after it
+    # began, then the admitted requests get drain_timeout (None: graceful_timeout)
+    drain_delay: float = 0.0
+    drain_timeout: float | None = None
     max_restarts: int = 5  # crashes within restart_window before an instance is FAILED
     restart_window: float = 60.0
     worker_start: str = "zygote"  # or "fresh" (broker/pool/zygotes.py)
@@ -88,6 +93,11 @@ class ServerOptions:
     def output_share(self) -> int:
         """The output bytes one client (process, tcp host) may hold before it must read."""
         return self.client_output_share or self.output_arena_size // 2
+
+    @property
+    def in_flight_timeout(self) -> float:
+        """How long admitted requests may finish once a drain stopped admissions."""
+        return self.graceful_timeout if self.drain_timeout is None else self.drain_timeout
 
     @property
     def request_limit(self) -> int:

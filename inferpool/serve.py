@@ -161,6 +161,14 @@ def add_serve(sub: Any) -> None:
         "reclaimed (default 60; clients send keepalive messages)",
     )
     p.add_argument(
+        "--lane-spin-us",
+        type=int,
+        default=100,
+        metavar="US",
+        help="how long a worker spins for its lanes' next request before it sleeps, when the "
+        "lane's client is pinned to other cores (default 100; 0: never spin)",
+    )
+    p.add_argument(
         "--prefault",
         type=parse_size,
         default="4M",
@@ -201,7 +209,24 @@ def add_serve(sub: Any) -> None:
         "--graceful-timeout",
         type=float,
         default=30.0,
-        help="on SIGTERM/SIGINT, how long in-flight requests may finish (seconds)",
+        help="how long a stopping worker may take for its finalizers, and the default of "
+        "--drain-timeout (seconds)",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="on a drain (SIGTERM, SIGINT, POST /drain, `inferpool drain`), how long admitted "
+        "requests may finish once admissions stopped (default: --graceful-timeout)",
+    )
+    p.add_argument(
+        "--drain-delay",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="how long a drain keeps admitting requests while readiness already fails, so "
+        "routers that poll readiness stop sending first (default 0: admissions stop at once)",
     )
     p.add_argument(
         "--max-restarts",
@@ -266,6 +291,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         max_shm_total=args.max_shm_total,
         client_output_share=args.client_output_share,
         lease_timeout=args.lease_timeout,
+        lane_spin_us=max(0, args.lane_spin_us),
         model_control_mode=args.model_control_mode,
         load_models=tuple(args.load_model),
         strict_readiness=args.strict_readiness,
@@ -278,6 +304,8 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         execute_timeout=args.execute_timeout,
         boot_timeout=args.boot_timeout,
         graceful_timeout=args.graceful_timeout,
+        drain_timeout=args.drain_timeout,
+        drain_delay=args.drain_delay,
         max_restarts=args.max_restarts,
         restart_window=args.restart_window,
         worker_start=args.worker_start,

@@ -192,8 +192,8 @@ class Region:
 
 def unmap(buf: memoryview, mapping: mmap.mmap) -> None:
     """Release ``buf`` and close ``mapping`` (live numpy views keep it until they go)."""
-    buf.release()
     with contextlib.suppress(BufferError):
+        buf.release()
         mapping.close()
 
 
