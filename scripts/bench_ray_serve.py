@@ -130,10 +130,13 @@ def main() -> int:
             serve.run(app, name="inferpool", route_prefix="/inferpool")
             results = asyncio.run(measure(endpoint, http, proxy, args.requests, args.rounds))
         finally:
-            serve.shutdown()
-            ray.shutdown()
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(60)
+            try:
+                if ray.is_initialized():
+                    serve.shutdown()
+                    ray.shutdown()
+            finally:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(60)
     base = results["zmq"]["mean_us"]
     print(f"{'path':14} {'mean us':>9} {'p99 us':>9} {'vs zmq':>7}")
     for name, row in results.items():
