@@ -49,6 +49,8 @@ class Readiness:
 
 def _live(mv: ModelVersion) -> bool:
     """Whether an instance that takes requests is up (a model of passive instances only
-    counts those)."""
+    counts those).  An ensemble has none: it is READY only while its composing models are."""
+    if not mv.instances:
+        return True
     serving = [h for h in mv.instances if not h.passive] or mv.instances
     return any(h.state is WorkerState.READY for h in serving)
