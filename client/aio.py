@@ -194,7 +194,7 @@ class AsyncClient(Connection):
         """Responses of a decoupled model as they arrive, until the final one
         (``triton_final_response``); that one is yielded only if it carries outputs.
         ``timeout`` bounds each wait."""
-        exchange = self._core.infer(model, inputs, outputs, **options)
+        exchange = self._core.infer(model, inputs, outputs, **options, stream=True)
         try:
             await self._start(exchange)
             while not exchange.done:

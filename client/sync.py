@@ -124,7 +124,7 @@ class Client(Connection):
     ) -> Iterator[InferResult]:
         """Responses of a decoupled model as they arrive, until the final one; that one is
         yielded only if it carries outputs.  ``timeout`` bounds each wait."""
-        exchange = self._core.infer(model, inputs, outputs, **options)
+        exchange = self._core.infer(model, inputs, outputs, **options, stream=True)
         try:
             self._start(exchange)
             while not exchange.done:
