@@ -17,6 +17,7 @@ from inferpool.broker.front.control import Readiness
 from inferpool.broker.front.router import Handler
 from inferpool.broker.models.registry import Registry
 from inferpool.broker.models.request import PendingRequest
+from inferpool.broker.models.stats import failure_reason
 from inferpool.shm.arena import Arena
 from inferpool.wire.errors import Code, InferpoolError
 
@@ -65,16 +66,21 @@ class Inference:
             )
         self._next_rid += 1
         now = time.monotonic_ns()
-        req = admit(
-            header,
-            frames,
-            model,
-            self.arena,
-            rid=self._next_rid,
-            envelope=envelope,
-            client=client,
-            limit=self.limit,
-            now_ns=now,
-            shm=self.shm,
-        )
+        try:
+            req = admit(
+                header,
+                frames,
+                model,
+                self.arena,
+                rid=self._next_rid,
+                envelope=envelope,
+                client=client,
+                limit=self.limit,
+                now_ns=now,
+                shm=self.shm,
+            )
+        except InferpoolError as err:  # counted as a failure, as Triton counts it
+            elapsed = time.monotonic_ns() - now
+            model.stats.request_done(False, elapsed, 0, None, failure_reason(err))
+            raise
         self.submit(req, now)

@@ -2,13 +2,14 @@
 
 The numbers live in the broker's single-threaded loop, so the HTTP server's thread never
 reads them: a scrape sends a sequence number over an inproc zmq PAIR, the loop (which polls
-the other end beside its sockets) renders the text with prometheus-client and sends it back.
+the other end beside its sockets) renders the text (front.exposition) and sends it back.
 A loop that does not answer within ``SCRAPE_TIMEOUT_S`` gets the scrape a 503.
 
-Metric names are Triton's (``nv_inference_request_success``, ``nv_inference_queue_duration_us``,
-...; prometheus-client exposes counters with the ``_total`` suffix), labelled ``model`` and
-``version``; backends' custom metrics (identity's ``input_byte_size_counter``) keep the names
-and labels they declared.  ``inferpool_*`` metrics add the instances and the arena.
+Metric names and types are exactly Triton's (``nv_inference_request_success``, a counter with
+no ``_total`` suffix; ``nv_inference_request_failure`` with a ``reason`` label: REJECTED,
+CANCELED, BACKEND, OTHER), labelled ``model`` and ``version``; backends' custom metrics
+(identity's ``input_byte_size_counter``) keep the names and labels they declared.
+``inferpool_*`` metrics add the instances and the arena.
 """
 
 from __future__ import annotations
@@ -22,10 +23,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import zmq
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector, CollectorRegistry
 
+from inferpool.broker.front.exposition import CONTENT_TYPE, Family, render
 from inferpool.broker.models.manager import Manager
 from inferpool.broker.models.registry import Registry
 from inferpool.broker.pool.handle import WorkerState
@@ -38,27 +37,37 @@ SCRAPE_TIMEOUT_S = 5.0
 _VERSION_LABELS = ["model", "version"]
 # (Triton name, help, ModelStats attribute) for cumulative durations in microseconds
 _DURATIONS = (
-    ("nv_inference_request_duration_us", "Cumulative inference request duration", "success"),
-    ("nv_inference_queue_duration_us", "Cumulative inference queuing duration", "queue"),
+    (
+        "nv_inference_request_duration_us",
+        "Cumulative inference request duration in microseconds (includes cached requests)",
+        "success",
+    ),
+    (
+        "nv_inference_queue_duration_us",
+        "Cumulative inference queuing duration in microseconds (includes cached requests)",
+        "queue",
+    ),
     (
         "nv_inference_compute_input_duration_us",
-        "Cumulative compute input duration",
+        "Cumulative compute input duration in microseconds (does not include cached requests)",
         "compute_input",
     ),
     (
         "nv_inference_compute_infer_duration_us",
-        "Cumulative compute inference duration",
+        "Cumulative compute inference duration in microseconds (does not include cached "
+        "requests)",
         "compute_infer",
     ),
     (
         "nv_inference_compute_output_duration_us",
-        "Cumulative inference compute output duration",
+        "Cumulative inference compute output duration in microseconds (does not include cached "
+        "requests)",
         "compute_output",
     ),
 )
 
 
-class BrokerCollector(Collector):
+class BrokerCollector:
     """Reads the broker's statistics at scrape time (in the broker's loop)."""
 
     def __init__(
@@ -69,71 +78,70 @@ class BrokerCollector(Collector):
         self.supervisor = supervisor
         self.arena = arena
 
-    def collect(self) -> Iterator[Metric]:
-        success = CounterMetricFamily(
+    def collect(self) -> Iterator[Family]:
+        success = Family(
             "nv_inference_request_success",
             "Number of successful inference requests, all batch sizes",
             labels=_VERSION_LABELS,
         )
-        failure = CounterMetricFamily(
+        failure = Family(
             "nv_inference_request_failure",
             "Number of failed inference requests, all batch sizes",
-            labels=_VERSION_LABELS,
+            labels=[*_VERSION_LABELS, "reason"],
         )
-        count = CounterMetricFamily(
+        count = Family(
             "nv_inference_count",
-            "Number of inferences performed (a batch of n counts n)",
+            "Number of inferences performed (does not include cached requests)",
             labels=_VERSION_LABELS,
         )
-        executions = CounterMetricFamily(
+        executions = Family(
             "nv_inference_exec_count",
-            "Number of model executions performed (batches)",
+            "Number of model executions performed (does not include cached requests)",
             labels=_VERSION_LABELS,
         )
-        durations = [
-            (CounterMetricFamily(n, h, labels=_VERSION_LABELS), attr) for n, h, attr in _DURATIONS
-        ]
+        durations = [(Family(n, h, labels=_VERSION_LABELS), attr) for n, h, attr in _DURATIONS]
         for mv in self.registry.all_versions():
             labels = [mv.name, mv.version_str]
             stats = mv.stats
-            success.add_metric(labels, stats.success.count)
-            failure.add_metric(labels, stats.fail.count)
-            count.add_metric(labels, stats.inference_count)
-            executions.add_metric(labels, stats.execution_count)
+            success.add(labels, stats.success.count)
+            for reason, failed in stats.failures.items():
+                failure.add([*labels, reason], failed)
+            count.add(labels, stats.inference_count)
+            executions.add(labels, stats.execution_count)
             for family, attr in durations:
-                family.add_metric(labels, getattr(stats, attr).ns / 1000.0)
+                family.add(labels, getattr(stats, attr).ns / 1000.0)
         yield from (success, failure, count, executions)
         yield from (family for family, _ in durations)
         yield from self._instances()
         yield from self._custom()
-        arena = GaugeMetricFamily(
-            "inferpool_arena_bytes", "Request input arena, by size and free", labels=["kind"]
+        arena = Family(
+            "inferpool_arena_bytes", "Request input arena, by size and free", "gauge", ["kind"]
         )
-        arena.add_metric(["size"], self.arena.size)
-        arena.add_metric(["free"], self.arena.free_bytes)
+        arena.add(["size"], self.arena.size)
+        arena.add(["free"], self.arena.free_bytes)
         yield arena
-        yield GaugeMetricFamily(
-            "inferpool_inflight_requests",
-            "Requests admitted and not yet answered",
-            value=len(self.manager.inflight),
+        inflight = Family(
+            "inferpool_inflight_requests", "Requests admitted and not yet answered", "gauge"
         )
+        inflight.add([], len(self.manager.inflight))
+        yield inflight
 
-    def _instances(self) -> Iterator[Metric]:
+    def _instances(self) -> Iterator[Family]:
         labels = ["model", "version", "instance"]
-        ready = GaugeMetricFamily(
-            "inferpool_instance_ready", "1 if the instance's worker is READY", labels=labels
+        ready = Family(
+            "inferpool_instance_ready", "1 if the instance's worker is READY", "gauge", labels
         )
-        restarts = CounterMetricFamily(
-            "inferpool_instance_restarts", "Respawns of the instance's worker", labels=labels
+        restarts = Family(
+            "inferpool_instance_restarts", "Respawns of the instance's worker", "counter", labels
         )
         for h in self.supervisor.handles.values():
             key = [h.model.name, h.model.version_str, h.name]
-            ready.add_metric(key, 1.0 if h.state is WorkerState.READY else 0.0)
-            restarts.add_metric(key, h.restarts)
+            ready.add(key, 1.0 if h.state is WorkerState.READY else 0.0)
+            restarts.add(key, h.restarts)
         yield ready
         yield restarts
 
-    def _custom(self) -> Iterator[Metric]:
+    def _custom(self) -> Iterator[Family]:
         """Backend metrics: one family per declared name, labels as the backend gave them."""
         custom = self.manager.metrics
         rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -142,14 +150,10 @@ class BrokerCollector(Collector):
         for name, family_rows in sorted(rows.items()):
             info = custom.families.get(name, {})
             keys = sorted({k for row in family_rows for k in row["labels"]})
-            doc = info.get("description", "") or name
-            family: CounterMetricFamily | GaugeMetricFamily = (
-                GaugeMetricFamily(name, doc, labels=keys)
-                if info.get("kind") == "gauge"
-                else CounterMetricFamily(name, doc, labels=keys)
-            )
+            kind = "gauge" if info.get("kind") == "gauge" else "counter"
+            family = Family(name, info.get("description", "") or name, kind, keys)
             for row in family_rows:
-                family.add_metric([str(row["labels"].get(k, "")) for k in keys], row["value"])
+                family.add([str(row["labels"].get(k, "")) for k in keys], row["value"])
             yield family
 
 
@@ -157,10 +161,9 @@ class MetricsEndpoint:
     """The HTTP server thread and the broker-side end of its inproc bridge."""
 
     def __init__(
-        self, collector: Collector, ctx: zmq.Context[Any], address: str, port: int
+        self, collector: BrokerCollector, ctx: zmq.Context[Any], address: str, port: int
     ) -> None:
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(collector)
+        self.collector = collector
         endpoint = f"inproc://inferpool-metrics-{id(self)}"
         self.socket = ctx.socket(zmq.PAIR)  # polled by the broker's loop
         self.socket.setsockopt(zmq.LINGER, 0)
@@ -188,7 +191,7 @@ class MetricsEndpoint:
         """In the broker's loop: render the metrics for the scrape that is waiting."""
         seq = self.socket.recv()
         self.socket.send(seq, zmq.SNDMORE)
-        self.socket.send(generate_latest(self.registry))
+        self.socket.send(render(self.collector.collect()))
 
     def close(self) -> None:
         self.http.shutdown()
@@ -215,7 +218,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if body is None:
             self._reply(503, b"the broker did not answer in time\n", "text/plain")
         else:
-            self._reply(200, body, CONTENT_TYPE_LATEST)
+            self._reply(200, body, CONTENT_TYPE)
 
     def _scrape(self) -> bytes | None:
         bridge = self.server.bridge

@@ -19,7 +19,7 @@ from inferpool.broker.models.reload import replace
 from inferpool.broker.models.request import PendingRequest
 from inferpool.broker.models.scheduler import Scheduler
 from inferpool.broker.models.sequencer import scheduler_for
-from inferpool.broker.models.stats import CustomMetrics
+from inferpool.broker.models.stats import BACKEND, CustomMetrics, failure_reason
 from inferpool.broker.pool.channel import Garbled
 from inferpool.broker.pool.handle import WorkerHandle, WorkerState
 from inferpool.broker.pool.outputs import OutputRegions
@@ -257,7 +257,7 @@ class Manager:
         mv.scheduler.instance_gone(handle)
         handle.busy = None
         for req in [r for r in self.inflight.values() if r.worker is handle]:
-            self.reject(req, error)
+            self.reject(req, error, BACKEND)
         if mv.state is State.LOADING and (booting or handle.state is WorkerState.FAILED):
             self._version_failed(mv, error)
             self.check_loaded(mv.name)
@@ -316,18 +316,25 @@ class Manager:
         )
         self.supervisor.send(handle, msg)
 
-    def reject(self, req: PendingRequest, err: InferpoolError) -> None:
-        """Answer ``req`` with an error and end it."""
+    def reject(self, req: PendingRequest, err: InferpoolError, reason: str = "") -> None:
+        """Answer ``req`` with an error and end it; ``reason`` labels the failure in the
+        metrics (stats.FAILURE_REASONS; by default, what ``err`` says)."""
         self.responder.send_error(req.envelope, "infer", req.client_id, err)
-        self.finish(req, success=False, timing=None)
+        self.finish(req, success=False, timing=None, reason=reason or failure_reason(err))
 
-    def finish(self, req: PendingRequest, success: bool, timing: Durations | None) -> None:
+    def finish(
+        self,
+        req: PendingRequest,
+        success: bool,
+        timing: Durations | None,
+        reason: str = BACKEND,
+    ) -> None:
         if self.inflight.pop(req.rid, None) is None:
             return
         for slot in req.slots:
             self.arena.free(slot)
         req.model.stats.request_done(
-            success, time.monotonic_ns() - req.received_ns, req.batch_size, timing
+            success, time.monotonic_ns() - req.received_ns, req.batch_size, timing, reason
         )
 
     # ================================================================== results

@@ -6,7 +6,21 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from inferpool.wire.errors import Code, InferpoolError
 from inferpool.wire.worker.messages import Durations, MetricsUpdate
+
+# Why a request failed, as Triton labels nv_inference_request_failure: refused for want of
+# room or time (a full queue or arena, a queue timeout, a server stopping), cancelled, failed
+# by its backend (an error response, a dead instance), or anything else (a request that does
+# not fit the model).
+REJECTED, CANCELED, BACKEND, OTHER = "REJECTED", "CANCELED", "BACKEND", "OTHER"
+FAILURE_REASONS = (REJECTED, CANCELED, BACKEND, OTHER)
+_BY_CODE = {Code.CANCELLED: CANCELED, Code.TIMEOUT: REJECTED, Code.UNAVAILABLE: REJECTED}
+
+
+def failure_reason(err: InferpoolError) -> str:
+    """The label of a request that ended with ``err`` before its backend answered it."""
+    return _BY_CODE.get(err.code, OTHER)
 
 
 @dataclass(slots=True)
@@ -43,16 +57,24 @@ class ModelStats:
     execution_count: int = 0
     last_inference_ms: int = 0
     batches: dict[int, BatchStats] = field(default_factory=dict)
+    failures: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAILURE_REASONS, 0))
 
     def request_done(
-        self, success: bool, total_ns: int, batch_size: int, timing: Durations | None
+        self,
+        success: bool,
+        total_ns: int,
+        batch_size: int,
+        timing: Durations | None,
+        reason: str = BACKEND,
     ) -> None:
-        """One request finished, with the compute durations its worker measured."""
+        """One request finished, with the compute durations its worker measured (or, if it
+        failed, the reason: one of FAILURE_REASONS)."""
         self.last_inference_ms = int(time.time() * 1000)
         d = self.success if success else self.fail  # (updated inline: this runs per request)
         d.count += 1
         d.ns += total_ns
         if not success:
+            self.failures[reason] += 1
             return
         self.inference_count += batch_size
         if timing:
