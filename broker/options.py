@@ -51,6 +51,7 @@ class ServerOptions:
     heartbeat_ms: int = 1000  # how often a frozen (stopped) worker is looked for; 0: never
     model_load_gpu_limit: Mapping[int, float] = field(default_factory=dict)  # device -> fraction
     log_level: str = "INFO"
+    log_format: str = "text"  # or "json"
     metrics_port: int = 0  # 0: no Prometheus endpoint
     metrics_address: str = "127.0.0.1"
     # the KServe frontends (0: off; `inferpool serve` defaults to Triton's 8000 and 8001)

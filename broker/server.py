@@ -33,7 +33,7 @@ from inferpool.broker.models import repository
 from inferpool.broker.models.manager import Manager, Worker
 from inferpool.broker.models.registry import Registry, State
 from inferpool.broker.models.reload import reload_repository
-from inferpool.broker.notify import sd_notify
+from inferpool.broker.notify import Watchdog, sd_notify
 from inferpool.broker.options import ServerOptions
 from inferpool.broker.pool.gpu_limit import check_gpu_limits
 from inferpool.broker.pool.liveness import Liveness
@@ -64,6 +64,7 @@ class Broker:
         self._signals: list[int] = []
         self._stop_deadline = 0.0
         self._workers_stopping = False
+        self._watchdog = Watchdog()
         with contextlib.ExitStack() as stack:
             stack.callback(sd_notify, "STATUS=stopped")
             # the run: what loads, where it may run, its lock, regions, signals and socket
@@ -275,6 +276,7 @@ class Broker:
             self.manager.worker_message(handle, msg)
 
     def _housekeeping(self, now: float) -> None:
+        self._watchdog.tick(now)
         self.supervisor.reap()
         self.supervisor.tick(now)
         self.liveness.check(now)

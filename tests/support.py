@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import signal
 import socket
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
+from inferpool.cli import main
 from inferpool.client import Client
 from inferpool.shm.runs import regions_of_run, run_of
 
@@ -35,6 +37,18 @@ def run_id_of(server: Server | int) -> str:
             if run and name.endswith("-lock"):
                 return run
     raise AssertionError(f"broker pid {pid} holds no run lock")
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    """``inferpool argv`` in this process: its exit status, stdout and stderr.  An exception
+    escaping main() (a traceback, from a shell) fails the test that ran it."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = main(list(argv))
+        except SystemExit as exc:  # argparse's own errors
+            status = int(exc.code or 0)
+    return status, out.getvalue(), err.getvalue()
 
 
 def free_tcp_port() -> int:
@@ -129,6 +143,8 @@ class Server:
         ]
         for ep in self.endpoints:
             cmd += ["--listen", ep]
+        if "--metrics-port" not in args:  # metrics are on by default, on one port for all
+            cmd += ["--allow-metrics", "false"]
         cmd += list(args)
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
@@ -204,7 +220,11 @@ class Server:
             return [r["pid"] for r in c.status() if r["pid"] and model in (None, r["model"])]
 
     def __enter__(self) -> Server:
-        self.wait_started()
+        try:
+            self.wait_started()
+        except BaseException:  # a server that did not start is not left running
+            self.kill()
+            raise
         return self
 
     def __exit__(self, *exc: Any) -> None:

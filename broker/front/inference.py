@@ -15,9 +15,9 @@ from typing import Any, Protocol
 from inferpool.broker.front.admission import SharedMemoryInputs, admit
 from inferpool.broker.front.control import Readiness
 from inferpool.broker.front.router import Handler
+from inferpool.broker.models.failures import failure_reason, log_failure
 from inferpool.broker.models.registry import Registry
 from inferpool.broker.models.request import PendingRequest
-from inferpool.broker.models.stats import failure_reason
 from inferpool.shm.arena import Arena
 from inferpool.wire.errors import Code, InferpoolError
 
@@ -80,7 +80,8 @@ class Inference:
                 shm=self.shm,
             )
         except InferpoolError as err:  # counted as a failure, as Triton counts it
-            elapsed = time.monotonic_ns() - now
-            model.stats.request_done(False, elapsed, 0, None, failure_reason(err))
+            reason = failure_reason(err)
+            model.stats.request_done(False, time.monotonic_ns() - now, 0, None, reason)
+            log_failure(header.get("id"), model, reason, err)
             raise
         self.submit(req, now)

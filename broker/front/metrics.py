@@ -54,8 +54,7 @@ _DURATIONS = (
     ),
     (
         "nv_inference_compute_infer_duration_us",
-        "Cumulative compute inference duration in microseconds (does not include cached "
-        "requests)",
+        "Cumulative compute inference duration in microseconds (does not include cached requests)",
         "compute_infer",
     ),
     (
@@ -177,7 +176,9 @@ class MetricsEndpoint:
             bridge.close(0)
             self.socket.close(0)
             raise InferpoolError(
-                Code.UNAVAILABLE, f"cannot serve metrics on {address}:{port}: {exc.strerror}"
+                Code.UNAVAILABLE,
+                f"cannot serve metrics on {address}:{port}: {exc.strerror}; choose another "
+                "--metrics-port, or serve none with --allow-metrics false",
             ) from None
         self.http.bridge = bridge
         self.port = int(self.http.server_address[1])

@@ -14,12 +14,13 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from inferpool.broker.models import completion, repository
+from inferpool.broker.models.failures import BACKEND, failure_reason, log_failure
 from inferpool.broker.models.registry import ModelRecord, ModelVersion, Registry, State
 from inferpool.broker.models.reload import replace
 from inferpool.broker.models.request import PendingRequest
 from inferpool.broker.models.scheduler import Scheduler
 from inferpool.broker.models.sequencer import scheduler_for
-from inferpool.broker.models.stats import BACKEND, CustomMetrics, failure_reason
+from inferpool.broker.models.stats import CustomMetrics
 from inferpool.broker.pool.channel import Garbled
 from inferpool.broker.pool.handle import WorkerHandle, WorkerState
 from inferpool.broker.pool.outputs import OutputRegions
@@ -318,9 +319,11 @@ class Manager:
 
     def reject(self, req: PendingRequest, err: InferpoolError, reason: str = "") -> None:
         """Answer ``req`` with an error and end it; ``reason`` labels the failure in the
-        metrics (stats.FAILURE_REASONS; by default, what ``err`` says)."""
+        metrics (failures.FAILURE_REASONS; by default, what ``err`` says)."""
         self.responder.send_error(req.envelope, "infer", req.client_id, err)
-        self.finish(req, success=False, timing=None, reason=reason or failure_reason(err))
+        reason = reason or failure_reason(err)
+        log_failure(req.client_id, req.model, reason, err)
+        self.finish(req, success=False, timing=None, reason=reason)
 
     def finish(
         self,
@@ -357,6 +360,8 @@ class Manager:
                     self.outputs.free(out.region, out.offset, held=False)
                 continue
             responder.result(req, item)
+            if item.error is not None:
+                log_failure(req.client_id, req.model, BACKEND, InferpoolError.from_wire(item.error))
             if item.final:
                 self.finish(req, item.error is None, item.durations)
 

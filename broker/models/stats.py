@@ -6,21 +6,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferpool.wire.errors import Code, InferpoolError
+from inferpool.broker.models.failures import BACKEND, FAILURE_REASONS
 from inferpool.wire.worker.messages import Durations, MetricsUpdate
-
-# Why a request failed, as Triton labels nv_inference_request_failure: refused for want of
-# room or time (a full queue or arena, a queue timeout, a server stopping), cancelled, failed
-# by its backend (an error response, a dead instance), or anything else (a request that does
-# not fit the model).
-REJECTED, CANCELED, BACKEND, OTHER = "REJECTED", "CANCELED", "BACKEND", "OTHER"
-FAILURE_REASONS = (REJECTED, CANCELED, BACKEND, OTHER)
-_BY_CODE = {Code.CANCELLED: CANCELED, Code.TIMEOUT: REJECTED, Code.UNAVAILABLE: REJECTED}
-
-
-def failure_reason(err: InferpoolError) -> str:
-    """The label of a request that ended with ``err`` before its backend answered it."""
-    return _BY_CODE.get(err.code, OTHER)
 
 
 @dataclass(slots=True)

@@ -45,4 +45,5 @@ def worker_spec(
             options.model_load_gpu_limit, handle.instance.kind, handle.instance.device_id
         ),
         log_level=options.log_level,
+        log_format=options.log_format,
     )

@@ -61,6 +61,7 @@ class SupervisorOptions:
     backend_config: Mapping[str, Mapping[str, str]]
     model_load_gpu_limit: Mapping[int, float]  # device -> fraction
     log_level: str
+    log_format: str
     boot_timeout: float
     execute_timeout: float  # 0: no limit
     graceful_timeout: float

@@ -7,8 +7,6 @@ parameters its request carried (``--parameter`` on the command line reaches the 
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import shutil
 import subprocess
@@ -20,8 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inferpool.cli import main
-from tests.support import EXAMPLES, Server, free_tcp_port, write_model
+from tests.support import EXAMPLES, Server, free_tcp_port, run_cli, write_model
 
 ECHO_PARAMETERS = """
 import numpy as np
@@ -63,27 +60,15 @@ def server() -> Iterator[Server]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def run(*argv: str) -> tuple[int, str, str]:
-    """``inferpool argv`` in this process: its exit status, stdout and stderr.  An exception
-    escaping main() (a traceback, from the shell) fails the test."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            status = main(list(argv))
-        except SystemExit as exc:  # argparse's own errors
-            status = int(exc.code or 0)
-    return status, out.getvalue(), err.getvalue()
-
-
 def test_infer_prints_the_outputs_and_passes_parameters(server: Server) -> None:
     ep = ("--endpoint", server.endpoint)
-    status, out, err = run("infer", "identity", "--input", "INPUT0=1,2,3", *ep)
+    status, out, err = run_cli("infer", "identity", "--input", "INPUT0=1,2,3", *ep)
     assert status == 0 and err == ""
     assert out.splitlines()[:2] == [
         "OUTPUT0 FP32 [3]: [1.0, 2.0, 3.0]",
         "  parameter param0 = 'an example string parameter'",  # identity's response parameters
     ]
-    status, out, _ = run(
+    status, out, _ = run_cli(
         "infer",
         "echo_parameters",
         "--input",
@@ -106,17 +91,17 @@ def test_infer_prints_the_outputs_and_passes_parameters(server: Server) -> None:
 
 def test_infer_streams_every_response_of_a_decoupled_model(server: Server) -> None:
     ep = ("--endpoint", server.endpoint)
-    status, out, err = run("infer", "square_int32", "--input", "IN=3", *ep)
+    status, out, err = run_cli("infer", "square_int32", "--input", "IN=3", *ep)
     assert status == 0 and err == ""
     assert out.splitlines() == [f"[{n}] OUT INT32 [1]: [3]" for n in (1, 2, 3)]
-    status, out, _ = run("infer", "square_int32", "--input", "IN=2", "--json", *ep)
+    status, out, _ = run_cli("infer", "square_int32", "--input", "IN=2", "--json", *ep)
     lines = [json.loads(line) for line in out.splitlines()]
     assert status == 0 and [line["outputs"] for line in lines] == [{"OUT": [2]}] * 2
 
 
 def test_host_port_is_tcp(server: Server) -> None:
     host_port = server.tcp.removeprefix("tcp://")
-    status, out, err = run("models", "--endpoint", host_port)
+    status, out, err = run_cli("models", "--endpoint", host_port)
     assert status == 0 and "square_int32" in out and err == ""
 
 
@@ -168,7 +153,7 @@ def test_a_mistake_is_one_line_and_a_non_zero_exit(
 ) -> None:
     pickled, text = _npy(short_tmp)
     argv = [a.replace("@PICKLED", f"@{pickled}").replace("@TEXT", f"@{text}") for a in argv]
-    status, out, err = run(*argv, "--endpoint", server.endpoint)
+    status, out, err = run_cli(*argv, "--endpoint", server.endpoint)
     assert status != 0 and out == ""
     assert says in err
     if "usage:" not in err:  # argparse prints its usage, then its one line
@@ -185,7 +170,7 @@ def test_a_mistake_is_one_line_and_a_non_zero_exit(
 )
 def test_no_server_or_a_bad_endpoint_is_one_line(endpoint: str, says: str) -> None:
     endpoint = endpoint.replace("PORT", str(free_tcp_port()))
-    status, out, err = run("infer", "identity", "--input", "INPUT0=a", "--endpoint", endpoint)
+    status, out, err = run_cli("infer", "identity", "--input", "INPUT0=a", "--endpoint", endpoint)
     assert status == 2 and out == "" and says in err and err.count("\n") == 1
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 
 from inferpool.broker.front.exposition import Family, render
-from inferpool.broker.models.stats import FAILURE_REASONS, ModelStats, failure_reason
+from inferpool.broker.models.failures import FAILURE_REASONS, failure_reason
+from inferpool.broker.models.stats import ModelStats
 from inferpool.wire.errors import Code, InferpoolError
 
 
