@@ -62,6 +62,7 @@ def test_metadata_config_index_and_health(example_server: Server) -> None:
             ("add_sub", "1"): "READY",
             ("identity", "1"): "READY",
             ("identity_batched", "1"): "READY",
+            ("square_int32", "1"): "READY",
         }
         server = c.server_metadata()
         assert server["name"] == "inferpool" and server["protocol"] == 1
