@@ -14,12 +14,15 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
 from inferpool.wire import codec
+from inferpool.wire.config_json import config_to_dict
 from inferpool.wire.errors import Code, InferpoolError
 
 CONFIG_FILE = "config.pbtxt"
 
 # Triton platforms whose backend is implied by the platform name.
 PLATFORM_BACKENDS = {"pytorch_libtorch": "pytorch"}
+# A version directory's model file -> the config a model without config.pbtxt starts from.
+MODEL_FILES = {"model.py": {"backend": "python"}, "model.pt": {"platform": "pytorch_libtorch"}}
 
 
 def config_error(model: str, path: str, problem: str, fix: str = "") -> InferpoolError:
@@ -35,11 +38,17 @@ def load_config(model_dir: str) -> pb.ModelConfig:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except FileNotFoundError:
-        raise InferpoolError(
-            Code.INVALID_ARG,
-            f"model '{model}' has no configuration: {path} does not exist. Create it with at "
-            f'least name: "{model}" and a backend (for example backend: "identity")',
-        ) from None
+        config = _inferred(model_dir, model)
+        if config is None:
+            raise InferpoolError(
+                Code.INVALID_ARG,
+                f"model '{model}' has no configuration: {path} does not exist. Create it with "
+                f'at least name: "{model}" and a backend (for example backend: "identity"), or '
+                "give it a <version>/model.py, which the python backend serves",
+            ) from None
+        complete(config, model, path)
+        validate(config, model, path)
+        return config
     except OSError as exc:
         raise config_error(model, path, f"cannot read it ({exc.strerror})") from None
     try:
@@ -54,6 +63,17 @@ def load_config(model_dir: str) -> pb.ModelConfig:
     complete(config, model, path)
     validate(config, model, path)
     return config
+
+
+def _inferred(model_dir: str, model: str) -> pb.ModelConfig | None:
+    """A model without config.pbtxt, as Triton serves one: the backend is the one its
+    version directories' model file implies (``model.py``: python, ``model.pt``: pytorch),
+    and the backend completes the rest (the python backend's ``auto_complete_config``)."""
+    versions = [e for e in os.listdir(model_dir) if e.isdigit() and int(e) > 0]
+    for filename, fields in MODEL_FILES.items():
+        if any(os.path.isfile(os.path.join(model_dir, v, filename)) for v in versions):
+            return pb.ModelConfig(name=model, **fields)
+    return None
 
 
 def complete(config: pb.ModelConfig, model: str, path: str) -> None:
@@ -159,4 +179,5 @@ def to_json(config: pb.ModelConfig) -> str:
 
 
 def to_dict(config: pb.ModelConfig) -> dict[str, Any]:
-    return json_format.MessageToDict(config, preserving_proto_field_name=True)
+    """The config as ``model_config`` serves it (every frontend): Triton's JSON form."""
+    return config_to_dict(config)
