@@ -11,13 +11,15 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from inferpool.cli import main
 from inferpool.client import Client
 from inferpool.shm.runs import regions_of_run, run_of
 
+T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "model_repository"
 
@@ -37,6 +39,19 @@ def run_id_of(server: Server | int) -> str:
             if run and name.endswith("-lock"):
                 return run
     raise AssertionError(f"broker pid {pid} holds no run lock")
+
+
+def wait_until(predicate: Callable[[], T], what: str = "", timeout: float = 20.0) -> T:
+    """Ask ``predicate`` (a state the server reports: ``status``, ``models``, a file) until it
+    answers truthy, and return that answer; AssertionError naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = predicate()
+        if got:
+            return got
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"not within {timeout:g}s: {what or predicate}")
+        time.sleep(0.02)
 
 
 def run_cli(*argv: str) -> tuple[int, str, str]:

@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 
 from inferpool.client import InferpoolError
-from tests.lifecycle.helpers import wait_for
-from tests.support import EXAMPLES, Server, free_tcp_port, identity_config, write_model
+from tests.support import EXAMPLES, Server, free_tcp_port, identity_config, wait_until, write_model
 
 SAMPLE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)")
 LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -66,7 +65,7 @@ def test_metrics_count_requests_durations_and_backend_metrics(short_tmp, shm_cle
                 },
                 [np.ones(1, np.float32).data],
             )
-            wait_for(lambda: {r["instance"]: r for r in b.status()}["slow_0_0"]["busy"])
+            wait_until(lambda: {r["instance"]: r for r in b.status()}["slow_0_0"]["busy"])
             with pytest.raises(InferpoolError, match="request timeout expired"):
                 b.infer("slow", {"INPUT0": np.ones(1, np.float32)}, parameters={"timeout": 1000})
             assert "error" not in a._recv(first, 10)[0]

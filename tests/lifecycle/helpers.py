@@ -7,7 +7,6 @@ import shutil
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -101,16 +100,6 @@ def send_act(client: Client, model: str, what: int) -> str:
         },
         [np.array([what], np.int32).data],
     )
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = predicate()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"not within {timeout}s: {what or predicate}")
 
 
 def instance(client: Client, name: str) -> dict[str, Any]:
