@@ -10,7 +10,8 @@ from typing import Any
 
 from inferpool import __version__
 from inferpool.backends import template
-from inferpool.commands import add_client_commands
+from inferpool.bench.command import add_bench
+from inferpool.commands import add_client_commands, client_options
 from inferpool.serve import add_serve
 from inferpool.usage import UsageError
 from inferpool.wire.errors import InferpoolError
@@ -35,7 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"inferpool {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     add_serve(sub)
-    add_client_commands(sub)
+    common = client_options()
+    add_client_commands(sub, common)
+    add_bench(sub, common)
     add_new_backend(sub)
     return parser
 

@@ -34,7 +34,8 @@ def seconds(text: str) -> float:
 FINAL = "triton_final_response"
 
 
-def add_client_commands(sub: Any) -> None:
+def client_options() -> argparse.ArgumentParser:
+    """The options every command that talks to a server takes."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--endpoint",
@@ -47,6 +48,10 @@ def add_client_commands(sub: Any) -> None:
         default=60.0,
         help="seconds to wait for each answer (default: 60)",
     )
+    return common
+
+
+def add_client_commands(sub: Any, common: argparse.ArgumentParser) -> None:
 
     p = sub.add_parser(
         "infer",
