@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -90,6 +91,15 @@ def write_model(
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(text))
     return d
+
+
+def copy_models(tmp: Path, source: Path, *names: str) -> Path:
+    """``tmp/repo`` holding the named model directories of ``source`` (every one without
+    names): a repository to serve without writing into the checkout."""
+    repo = tmp / "repo"
+    for name in names or [p.name for p in source.iterdir() if p.is_dir()]:
+        shutil.copytree(source / name, repo / name)
+    return repo
 
 
 def identity_config(

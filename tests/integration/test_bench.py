@@ -5,29 +5,21 @@ from __future__ import annotations
 
 import csv
 import json
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from inferpool.bench.results import CSV_HEADER
-from tests.support import EXAMPLES, Server, run_cli
+from tests.lifecycle.helpers import serving
+from tests.support import EXAMPLES, Server, copy_models, run_cli
+
+MODELS = ("identity", "identity_batched", "square_int32")
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    tmp = Path(tempfile.mkdtemp(prefix="ipt-", dir="/tmp"))
-    repo = tmp / "repo"
-    for name in ("identity", "identity_batched", "square_int32"):
-        shutil.copytree(EXAMPLES / name, repo / name)
-    try:
-        with Server(tmp, repo) as srv:
-            yield srv
-        assert srv.proc.returncode == 0, srv.log()
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    yield from serving(lambda tmp: copy_models(tmp, EXAMPLES, *MODELS))
 
 
 def successes(server: Server, model: str) -> int:

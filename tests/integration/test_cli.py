@@ -8,17 +8,16 @@ parameters its request carried (``--parameter`` on the command line reaches the 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.support import EXAMPLES, Server, free_tcp_port, run_cli, write_model
+from tests.lifecycle.helpers import serving
+from tests.support import EXAMPLES, Server, copy_models, free_tcp_port, run_cli, write_model
 
 ECHO_PARAMETERS = """
 import numpy as np
@@ -36,12 +35,8 @@ class TritonPythonModel:
 """
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[Server]:
-    tmp = Path(tempfile.mkdtemp(prefix="ipt-", dir="/tmp"))
-    repo = tmp / "repo"
-    for name in ("identity", "identity_batched", "square_int32"):
-        shutil.copytree(EXAMPLES / name, repo / name)
+def repository(tmp: Path) -> Path:
+    repo = copy_models(tmp, EXAMPLES, "identity", "identity_batched", "square_int32")
     write_model(
         repo,
         "echo_parameters",
@@ -52,12 +47,12 @@ def server() -> Iterator[Server]:
         """,
         files={"1/model.py": ECHO_PARAMETERS},
     )
-    try:
-        with Server(tmp, repo, tcp=True) as srv:
-            yield srv
-        assert srv.proc.returncode == 0, srv.log()
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    return repo
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    yield from serving(repository, tcp=True)
 
 
 def test_infer_prints_the_outputs_and_passes_parameters(server: Server) -> None:

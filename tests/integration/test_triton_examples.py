@@ -10,16 +10,14 @@ inferred from ``1/model.py`` and ``auto_complete_config`` fills the rest.  The s
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from inferpool.client import AsyncClient
-from tests.support import ROOT, Server
+from tests.lifecycle.helpers import serving
+from tests.support import ROOT, Server, copy_models
 
 EXAMPLES = ROOT / "tests" / "data" / "triton_python_backend"
 
@@ -36,15 +34,7 @@ FP32_IOS = [
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    tmp = Path(tempfile.mkdtemp(prefix="ipt-", dir="/tmp"))
-    repo = tmp / "models"
-    shutil.copytree(EXAMPLES, repo)  # a copy: serving writes __pycache__ beside model.py
-    try:
-        with Server(tmp, repo) as srv:
-            yield srv
-        assert srv.proc.returncode == 0, srv.log()
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    yield from serving(lambda tmp: copy_models(tmp, EXAMPLES))  # serving writes __pycache__
 
 
 def test_every_example_loads(server: Server) -> None:

@@ -137,12 +137,14 @@ class Stream:
         assert self.sent == len(self.results) + len(self.errors)
 
 
-def serving(repo_of: Callable[[Path], Path], *args: str, python: str = sys.executable) -> Any:
+def serving(
+    repo_of: Callable[[Path], Path], *args: str, python: str = sys.executable, tcp: bool = False
+) -> Any:
     """A module fixture body: a server over the repository ``repo_of(tmp)`` builds; on the
     way out it must stop with 0 and leave nothing of its run in /dev/shm."""
     tmp = Path(tempfile.mkdtemp(prefix="ipt-", dir="/tmp"))
     try:
-        with Server(tmp, repo_of(tmp), *args, python=python) as server:
+        with Server(tmp, repo_of(tmp), *args, python=python, tcp=tcp) as server:
             run_id = run_id_of(server)
             yield server
             assert server.stop() == 0, server.log()
