@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from inferpool.shm.runs import regions_of_run, run_is_alive
-from tests.support import EXAMPLES, Server
+from tests.support import Server
 
 
 @pytest.fixture
@@ -35,11 +35,3 @@ def short_tmp() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="ipt-", dir="/tmp"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def example_server(short_tmp: Path, shm_clean: None) -> Iterator[Server]:
-    """The embedded example repository, served over ipc and tcp."""
-    with Server(short_tmp, EXAMPLES, tcp=True) as server:
-        yield server
-    assert server.proc.returncode == 0, server.log()

@@ -76,7 +76,7 @@ def step(c: Client, corr: str, value: int, **flags: bool) -> dict[str, object]:
 def test_the_completed_config_is_served_with_sequence_batching(server: Server) -> None:
     with server.client() as c:
         config = c.model_config("counter")
-    assert config["sequence_batching"]["max_sequence_idle_microseconds"] == "60000000"
+    assert config["sequence_batching"]["max_sequence_idle_microseconds"] == 60000000
     assert [i["name"] for i in config["input"]] == ["VALUE"]
 
 

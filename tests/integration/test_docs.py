@@ -10,7 +10,8 @@ HTML comment on the line before a block's fence says otherwise:
 
 A Python block passes when it exits 0 and each ``print(...)  # OUTPUT`` comment is found in
 what it printed, in order (``...`` stands for anything).  A shell block's lines run one by
-one: ``inferpool serve ...`` starts a server that the later lines talk to, and an
+one: ``inferpool serve ...`` starts a server that the later lines talk to (the shared one
+when it serves an example repository as it is), and an
 ``inferpool infer ...  # OUTPUT`` line must print its OUTPUT.
 """
 
@@ -174,8 +175,9 @@ def test_shell_blocks_run(block: Block, servers: Servers, workdir: Path) -> None
             if not argv or argv[0].startswith("#"):
                 continue
             if argv[:2] == ["inferpool", "serve"]:  # in the background, until the block ends
-                own.append(serve(servers, argv[2:], workdir))
-                endpoint = own[-1].endpoint
+                server, owned = serve(servers, argv[2:], workdir)
+                own += [server] if owned else []
+                endpoint = server.endpoint
                 continue
             done = subprocess.run(
                 command,
@@ -194,11 +196,14 @@ def test_shell_blocks_run(block: Block, servers: Servers, workdir: Path) -> None
             server.stop()
 
 
-def serve(servers: Servers, args: list[str], cwd: Path) -> Server:
-    """``inferpool serve ARGS`` as the test's Server (its own endpoint, small arenas)."""
-    repo = ROOT / "examples" / "model_repository"
+def serve(servers: Servers, args: list[str], cwd: Path) -> tuple[Server, bool]:
+    """``inferpool serve ARGS``: the shared server of an example repository served as it is,
+    else a Server of its own (small arenas, its own endpoint), which the block stops (True)."""
+    repo = "examples/model_repository"
     if "--model-repository" in args:
         at = args.index("--model-repository")
-        repo = cwd / args[at + 1]
+        repo = args[at + 1]
         args = args[:at] + args[at + 2 :]
-    return servers.start(repo, *args, cwd=cwd)
+    if not args and repo.startswith("examples/"):
+        return servers.of(repo.removeprefix("examples/")), False
+    return servers.start(cwd / repo, *args, cwd=cwd), True
