@@ -102,7 +102,7 @@ def serve(repo: Path, stack: contextlib.ExitStack) -> Client:
     """A real ``inferpool serve`` over ``repo``, stopped with ``stack``; its ready client."""
     endpoint = f"ipc://{repo.parent}/broker.sock"
     cmd = [sys.executable, "-m", "inferpool", "serve", "--model-repository", str(repo)]
-    cmd += ["--http-port", "0", "--grpc-port", "0"]  # the zmq path only
+    cmd += ["--http-port", "0", "--grpc-port", "0", "--allow-metrics", "false"]  # zmq only
     cmd += ["--listen", endpoint, "--log-level", "WARNING"]
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL)
     stack.callback(_stop, proc)
