@@ -1,4 +1,4 @@
-"""The ``inferpool`` command: serve a model repository, and talk to a running server."""
+"""The inferpool command: serve a model repository, and talk to a running server."""
 
 from __future__ import annotations
 
