@@ -19,6 +19,8 @@ from inferpool.wire import codec
 if TYPE_CHECKING:
     from inferpool.client.core import InferOptions
 
+FINAL = "triton_final_response"
+
 
 def seconds(text: str) -> float:
     """A positive number of seconds (argparse type)."""
@@ -29,9 +31,6 @@ def seconds(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
     return value
-
-
-FINAL = "triton_final_response"
 
 
 def client_options() -> argparse.ArgumentParser:
@@ -52,7 +51,6 @@ def client_options() -> argparse.ArgumentParser:
 
 
 def add_client_commands(sub: Any, common: argparse.ArgumentParser) -> None:
-
     p = sub.add_parser(
         "infer",
         parents=[common],
@@ -104,9 +102,8 @@ def add_client_commands(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def cmd_infer(args: argparse.Namespace) -> int:
-    parameters = dict(
-        (key, scalar(value)) for key, value in (key_value(t, "--parameter") for t in args.parameter)
-    )
+    pairs = (key_value(text, "--parameter") for text in args.parameter)
+    parameters = {key: scalar(value) for key, value in pairs}
     with Client(args.endpoint, timeout=args.timeout) as c:
         config = c.model_config(args.model, args.model_version)
         inputs, datatypes = read_inputs(args.input, args.datatype, args.shape, config)
