@@ -11,7 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from inferpool.broker.options import ServerOptions
+from inferpool.cli import build_parser
 from inferpool.client import InferpoolError
+from inferpool.serve import options_from_args
 from tests.support import EXAMPLES, Server, identity_config, our_regions, run_cli, write_model
 
 SERVE = [sys.executable, "-m", "inferpool", "serve", "--allow-metrics", "false"]
@@ -45,6 +48,18 @@ def test_a_server_announces_itself_once_it_can_serve_and_names_its_run(
         assert "removed" not in second.stderr and "run " not in second.stderr
         assert our_regions() >= {r for r in before if r.startswith(f"inferpool-{server.run_id}")}
         assert server.stop() == 0
+
+
+def test_tritons_flag_names_and_defaults() -> None:
+    def options(*argv: str) -> ServerOptions:
+        return options_from_args(build_parser().parse_args(["serve", *argv]))
+
+    default = options()
+    assert (default.metrics_port, default.metrics_address) == (8002, "127.0.0.1")  # as Triton
+    assert (default.log_level, default.log_format, default.graceful_timeout) == ("INFO", "text", 30)
+    triton = options("--exit-timeout-secs", "5", "--log-verbose", "1", "--allow-metrics", "false")
+    assert (triton.graceful_timeout, triton.log_level, triton.metrics_port) == (5, "DEBUG", 0)
+    assert options("--log-level", "warning", "--log-format", "json").log_level == "WARNING"
 
 
 def test_serve_mistakes_are_one_line(short_tmp: Path) -> None:
