@@ -124,20 +124,6 @@ def decode_result(message: Message) -> InferResult:
     )
 
 
-def decode_single(message: Message) -> InferResult:
-    """infer()'s answer: one response.  A decoupled model's first of several is refused, so
-    the rest are not silently lost: stream() reads them all."""
-    result = decode_result(message)
-    if not result.final:
-        raise InferpoolError(
-            Code.UNSUPPORTED,
-            f"model '{result.model_name}' is decoupled: it answers a request with several "
-            "responses and infer() returns one; read them all with stream() "
-            "(`inferpool infer` on the command line streams them)",
-        )
-    return result
-
-
 def checked(message: Message) -> Header:
     """A control response's header, or the error it carries, raised."""
     codec.raise_for_error(message[0])
@@ -213,11 +199,14 @@ class ClientCore:
         timeout: float | None = None,
         stream: bool = False,
     ) -> Exchange[InferResult]:
-        """An infer request answered by one response; fixed-size inputs go as zero-copy
-        frames.  ``stream``: read every response of a decoupled model."""
+        """An infer request; fixed-size inputs go as zero-copy frames.  It takes exactly one
+        response (``single_response``: the server refuses a decoupled model up front, so no
+        response is dropped) unless it is a ``stream``, which reads every response."""
         specs, frames = encode_inputs(inputs, datatypes)
         header = infer_header(model, specs, outputs, version, parameters)
-        return self.open(header, frames, decode_result if stream else decode_single, timeout)
+        if not stream:
+            header["single_response"] = True
+        return self.open(header, frames, decode_result, timeout)
 
     def control(self, call: Call[T], timeout: float | None = None) -> Exchange[T]:
         """A control message (client.control) whose answer is read as ``call`` says."""
