@@ -6,7 +6,9 @@ work) with ``$INFERPOOL_ENDPOINT`` naming a server of the embedded example repos
 HTML comment on the line before a block's fence says otherwise:
 
 - ``<!-- test: skip REASON -->``: not run (it installs software, needs root, a GPU, minutes);
-- ``<!-- test: server=NAME -->``: run against a server of ``examples/NAME``.
+- ``<!-- test: server=NAME -->``: run against a server of ``examples/NAME``;
+- ``<!-- test: kserve -->``: the server also serves the KServe frontends, on free ports that
+  stand in for Triton's 8000 and 8001 in the block.
 
 A Python block passes when it exits 0 and each ``print(...)  # OUTPUT`` comment is found in
 what it printed, in order (``...`` stands for anything).  A shell block's lines run one by
@@ -52,9 +54,21 @@ class Block:
         return f"{self.page}:{self.line}"
 
     @property
+    def kserve(self) -> bool:
+        return "kserve" in self.directive.split()
+
+    @property
     def repository(self) -> str:
         found = re.search(r"server=(\S+)", self.directive)
         return found[1] if found else "model_repository"
+
+    def source(self, server: Server) -> str:
+        """The code to run: Triton's ports are the server's KServe ports (``kserve``)."""
+        if not self.kserve:
+            return self.code
+        return self.code.replace(":8000", f":{server.http_port}").replace(
+            ":8001", f":{server.grpc_port}"
+        )
 
 
 def blocks(*langs: str) -> list[Block]:
@@ -94,16 +108,20 @@ class Servers:
         self.shared: dict[str, Server] = {}
         self._dirs: list[Path] = []
 
-    def start(self, repo: Path, *args: str, cwd: Path | None = None) -> Server:
+    def start(
+        self, repo: Path, *args: str, cwd: Path | None = None, kserve: bool = False
+    ) -> Server:
         tmp = Path(tempfile.mkdtemp(prefix="ipt-", dir="/tmp"))
         self._dirs.append(tmp)
-        return Server(tmp, repo, *args, cwd=cwd).__enter__()
+        return Server(tmp, repo, *args, cwd=cwd, kserve=kserve).__enter__()
 
-    def of(self, name: str) -> Server:
-        """A server of ``examples/NAME``, shared by the blocks that use it."""
-        if name not in self.shared:
-            self.shared[name] = self.start(ROOT / "examples" / name)
-        return self.shared[name]
+    def of(self, name: str, kserve: bool = False) -> Server:
+        """A server of ``examples/NAME`` (with the KServe frontends), shared by the blocks
+        that use it."""
+        key = f"{name} kserve" if kserve else name
+        if key not in self.shared:
+            self.shared[key] = self.start(ROOT / "examples" / name, kserve=kserve)
+        return self.shared[key]
 
     def close(self) -> None:
         for server in self.shared.values():
@@ -149,8 +167,8 @@ def assert_printed(expectations: list[str], output: str, where: str) -> None:
 
 @pytest.mark.parametrize("block", runnable("python"))
 def test_python_blocks_run(block: Block, servers: Servers, workdir: Path) -> None:
-    server = servers.of(block.repository)
-    (workdir / "block.py").write_text(block.code)
+    server = servers.of(block.repository, block.kserve)
+    (workdir / "block.py").write_text(block.source(server))
     done = subprocess.run(
         [sys.executable, "block.py"],
         cwd=workdir,
@@ -166,10 +184,11 @@ def test_python_blocks_run(block: Block, servers: Servers, workdir: Path) -> Non
 
 @pytest.mark.parametrize("block", runnable("sh"))
 def test_shell_blocks_run(block: Block, servers: Servers, workdir: Path) -> None:
-    endpoint = servers.of(block.repository).endpoint
+    shared = servers.of(block.repository, block.kserve)
+    endpoint = shared.endpoint
     own: list[Server] = []
     try:
-        for raw in block.code.splitlines():
+        for raw in block.source(shared).replace("\\\n", " ").splitlines():
             command, _, comment = raw.partition("  #")
             argv = shlex.split(command)
             if not argv or argv[0].startswith("#"):
