@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from inferpool.shm.runs import regions_of_run, run_is_alive
-from tests.support import Server
+from tests.support import EXAMPLES, Server, serving
 
 
 @pytest.fixture
@@ -35,3 +35,10 @@ def short_tmp() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="ipt-", dir="/tmp"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def example_server() -> Iterator[Server]:
+    """The embedded example repository served over ipc and tcp, one server for a module (its
+    tests must not depend on each other's requests: compare statistics before and after)."""
+    yield from serving(lambda tmp: EXAMPLES, tcp=True)

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Callable
@@ -258,3 +259,23 @@ class Server:
         finally:
             if self.proc.poll() is None:
                 self.kill()
+
+
+def assert_run_gone(run_id: str) -> None:
+    assert regions_of_run(run_id) == [], f"run {run_id} left regions in /dev/shm"
+
+
+def serving(
+    repo_of: Callable[[Path], Path], *args: str, python: str = sys.executable, tcp: bool = False
+) -> Any:
+    """A module fixture body: a server over the repository ``repo_of(tmp)`` builds; on the
+    way out it must stop with 0 and leave nothing of its run in /dev/shm."""
+    tmp = Path(tempfile.mkdtemp(prefix="ipt-", dir="/tmp"))
+    try:
+        with Server(tmp, repo_of(tmp), *args, python=python, tcp=tcp) as server:
+            run_id = run_id_of(server)
+            yield server
+            assert server.stop() == 0, server.log()
+        assert_run_gone(run_id)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from inferpool.bench.results import CSV_HEADER
-from tests.lifecycle.helpers import serving
-from tests.support import EXAMPLES, Server, copy_models, run_cli
+from tests.support import EXAMPLES, Server, copy_models, run_cli, serving
 
 MODELS = ("identity", "identity_batched", "square_int32")
 

@@ -16,8 +16,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.lifecycle.helpers import serving
-from tests.support import EXAMPLES, Server, copy_models, free_tcp_port, run_cli, write_model
+from tests.support import (
+    EXAMPLES,
+    Server,
+    copy_models,
+    free_tcp_port,
+    run_cli,
+    serving,
+    write_model,
+)
 
 ECHO_PARAMETERS = """
 import numpy as np

@@ -17,8 +17,7 @@ import numpy as np
 import pytest
 
 from inferpool.client import Client, Code, InferpoolError
-from tests.lifecycle.helpers import serving
-from tests.support import Server, write_model
+from tests.support import Server, serving, write_model
 
 COUNTER = """
 import json

@@ -5,21 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
 from inferpool.client import Client, InferpoolError
-from tests.lifecycle.helpers import serving
-from tests.support import EXAMPLES, ROOT, Server
-
-
-@pytest.fixture(scope="module")
-def example_server() -> Iterator[Server]:
-    """One server of the example repository for the module: its tests do not interfere
-    (statistics are compared before and after)."""
-    yield from serving(lambda tmp: EXAMPLES, tcp=True)
+from tests.support import ROOT, Server
 
 
 def test_identity_round_trip_over_ipc_and_tcp(example_server: Server) -> None:

@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 
 from inferpool.client import AsyncClient
-from tests.lifecycle.helpers import serving
-from tests.support import ROOT, Server, copy_models
+from tests.support import ROOT, Server, copy_models, serving
 
 EXAMPLES = ROOT / "tests" / "data" / "triton_python_backend"
 

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from inferpool.client import InferpoolError
-from tests.lifecycle.helpers import REPORT, Stream, act, serving, write_act_model
-from tests.support import identity_config, wait_until, write_model
+from tests.lifecycle.helpers import REPORT, Stream, act, write_act_model
+from tests.support import identity_config, serving, wait_until, write_model
 
 
 def repo(tmp: Path) -> Path:

@@ -11,16 +11,11 @@ import pytest
 
 from inferpool.client import InferpoolError
 from inferpool.shm.runs import regions_of_run, run_is_alive
-from tests.lifecycle.helpers import (
-    NAP,
-    assert_run_gone,
-    instance,
-    send_act,
-    write_act_model,
-)
+from tests.lifecycle.helpers import NAP, instance, send_act, write_act_model
 from tests.support import (
     EXAMPLES,
     Server,
+    assert_run_gone,
     identity_config,
     our_regions,
     run_id_of,

@@ -25,10 +25,9 @@ from tests.lifecycle.helpers import (
     act,
     instance,
     send_act,
-    serving,
     write_act_model,
 )
-from tests.support import wait_until, write_model
+from tests.support import serving, wait_until, write_model
 
 EXECUTE_TIMEOUT = 4.0
 HEARTBEAT_MS = 200

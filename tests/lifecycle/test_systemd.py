@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from inferpool.client import Client
-from tests.lifecycle.helpers import assert_run_gone
-from tests.support import EXAMPLES, ROOT, Server, run_id_of
+from tests.support import EXAMPLES, ROOT, Server, assert_run_gone, run_id_of
 
 UNIT = ROOT / "scripts" / "systemd" / "inferpool.service"
 ENV_FILE = ROOT / "scripts" / "systemd" / "inferpool.env"
