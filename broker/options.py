@@ -31,15 +31,19 @@ class ServerOptions:
     arena_size: int = 256 * MiB
     output_arena_size: int = 256 * MiB
     max_request_bytes: int = 256 * MiB
-    prefault: bool = True
+    prefault: int = 4 * MiB  # of the arena and of each output region, populated at start
     max_client_shm: int = 1024 * MiB  # server-made regions per client
     lease_timeout: float = 60.0  # seconds a client holding leases may stay silent
     # models
-    model_control_mode: str = "none"  # "none" or "explicit"
+    model_control_mode: str = "none"  # "none", "explicit" or "poll"
     load_models: tuple[str, ...] = ()
     strict_readiness: bool = True
     backend_directory: str = ""
     backend_config: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    repository_poll_secs: float = 15.0  # poll mode: how often the repository is compared
+    cache_size: int = 0  # the response cache's bytes (0: no cache)
+    rate_limit: str = "off"  # "execution_count": instances run only with their resources
+    rate_limit_resources: tuple[str, ...] = ()  # NAME:COUNT[:DEVICE] (Triton's syntax)
     # workers
     host_policies: tuple[str, ...] = ()
     pin: bool = True
@@ -48,6 +52,7 @@ class ServerOptions:
     graceful_timeout: float = 30.0
     max_restarts: int = 5  # crashes within restart_window before an instance is FAILED
     restart_window: float = 60.0
+    worker_start: str = "zygote"  # or "fresh" (broker/pool/zygotes.py)
     heartbeat_ms: int = 1000  # how often a frozen (stopped) worker is looked for; 0: never
     model_load_gpu_limit: Mapping[int, float] = field(default_factory=dict)  # device -> fraction
     log_level: str = "INFO"
@@ -66,6 +71,11 @@ class ServerOptions:
     def explicit(self) -> bool:
         """Models load and unload only when asked (``--model-control-mode explicit``)."""
         return self.model_control_mode == "explicit"
+
+    @property
+    def polling(self) -> bool:
+        """Changes in the repository are applied every ``repository_poll_secs``."""
+        return self.model_control_mode == "poll"
 
     @property
     def request_limit(self) -> int:

@@ -19,6 +19,7 @@ from typing import Any
 
 import zmq
 
+from inferpool.broker.devshm import start_arena, warn_if_too_small
 from inferpool.broker.endpoints import listen, open_run
 from inferpool.broker.front.control import Control, Readiness
 from inferpool.broker.front.handles import Handles
@@ -30,9 +31,12 @@ from inferpool.broker.front.router import Router
 from inferpool.broker.front.shared_memory import EXTENSIONS, SharedMemory
 from inferpool.broker.kserve.service import Frontends
 from inferpool.broker.models import repository
+from inferpool.broker.models.config_support import ConfigSupport
 from inferpool.broker.models.manager import Manager, Worker
+from inferpool.broker.models.rate_limiter import RateLimiter
 from inferpool.broker.models.registry import Registry, State
 from inferpool.broker.models.reload import reload_repository
+from inferpool.broker.models.response_cache import ResponseCache
 from inferpool.broker.notify import Watchdog, sd_notify
 from inferpool.broker.options import ServerOptions
 from inferpool.broker.pool.gpu_limit import check_gpu_limits
@@ -40,9 +44,7 @@ from inferpool.broker.pool.liveness import Liveness
 from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.broker.pool.placement import Planner, Topology, parse_host_policies
 from inferpool.broker.pool.supervisor import Supervisor
-from inferpool.shm.arena import Arena
 from inferpool.shm.leases import LeaseTable
-from inferpool.shm.region import Region
 from inferpool.shm.runs import region_name
 from inferpool.wire.errors import Code, InferpoolError
 from inferpool.wire.worker.messages import Unmapped
@@ -65,6 +67,7 @@ class Broker:
         self._stop_deadline = 0.0
         self._workers_stopping = False
         self._watchdog = Watchdog()
+        self._next_poll = time.monotonic() + options.repository_poll_secs
         with contextlib.ExitStack() as stack:
             stack.callback(sd_notify, "STATUS=stopped")
             # the run: what loads, where it may run, its lock, regions, signals and socket
@@ -79,8 +82,7 @@ class Broker:
             self.frontend = listen(stack, ctx, opts.listen)
             self.run_id = run_id = open_run(stack, opts.run_dir)
             arena_region = region_name(run_id, "arena")
-            arena = Arena(Region.create(arena_region, opts.arena_size, prefault=opts.prefault))
-            stack.callback(arena.destroy)
+            arena = start_arena(stack, arena_region, opts)
             outputs = OutputRegions(run_id, opts.output_arena_size, opts.prefault)
             stack.callback(outputs.close)
             self._wake = self._catch_signals(stack)
@@ -88,6 +90,7 @@ class Broker:
             self.poller.register(self.frontend, zmq.POLLIN)
             self.poller.register(self._wake, zmq.POLLIN)
             self.channels: dict[int, Worker] = {}  # worker channel fd -> its worker
+            self.readers: dict[int, Callable[[], None]] = {}  # other fds (zygotes) -> reader
             # answers (the front's) first: the models answer requests through them
             handles = Handles(LeaseTable(run_id), outputs)
             self.responder = Responder(self.frontend, outputs, handles)
@@ -101,17 +104,26 @@ class Broker:
                 self.responder,
                 planner,
                 pool=lambda events: Supervisor(
-                    opts.supervisor(), run_id, outputs, events, self._watch
+                    opts.supervisor(), run_id, outputs, events, self._watch, self._watch_reader
                 ),
             )
             self.supervisor = supervisor = manager.supervisor
+            stack.callback(manager.overrides.close)
+            limited = opts.rate_limit == "execution_count"
+            manager.support = ConfigSupport(cache=opts.cache_size > 0, rate_limit=limited)
+            if limited:
+                manager.gate.limiter = RateLimiter.from_options(opts.rate_limit_resources)
+            if opts.cache_size:
+                manager.cache = ResponseCache.create(
+                    run_id, opts.cache_size, opts.prefault, arena, outputs, self.responder
+                )
             self.liveness = Liveness(supervisor, opts.heartbeat_ms)
             self.readiness = Readiness(self.registry, opts.strict_readiness)
             # the front: the shared-memory extension, inference, control, the router
             registrations = Registrations(
                 run_id,
                 opts.max_client_shm,
-                opts.prefault,
+                opts.prefault > 0,
                 manager.inflight,
                 lambda: [h.identity for h in supervisor.alive()],
                 manager.unmaps,
@@ -144,6 +156,14 @@ class Broker:
                 run_id=run_id,
                 extensions=EXTENSIONS,
                 explicit=opts.explicit,
+                resources=lambda: {
+                    "arena_slots": arena.allocator.used_blocks,
+                    "output_slots_held": outputs.held(),
+                    "output_regions": len(outputs),
+                    "leases": len(handles.leases),
+                    "registrations": len(registrations),
+                    "inflight": len(manager.inflight),
+                },
             )
             self.router = Router(
                 self.responder,
@@ -199,6 +219,7 @@ class Broker:
         rows = self.registry.index()
         ready = sum(1 for r in rows if r["state"] == State.READY.value)
         log.info("started: %d of %d model version(s) READY", ready, len(rows))
+        warn_if_too_small(self.options, len(self.supervisor.handles))
         for r in rows:
             if r["state"] != State.READY.value:
                 log.error(
@@ -217,11 +238,19 @@ class Broker:
 
     # ================================================================== the loop
     def _watch(self, fd: int, handle: Worker | None) -> None:
-        if handle is None:
-            if self.channels.pop(fd, None) is not None:
+        """Poll a worker's channel (None: stop)."""
+        self._poll(self.channels, fd, handle)
+
+    def _watch_reader(self, fd: int, reader: Callable[[], None] | None) -> None:
+        """Poll another fd (a zygote's socket) and call ``reader`` when it is readable."""
+        self._poll(self.readers, fd, reader)
+
+    def _poll(self, table: dict[int, Any], fd: int, target: Any) -> None:
+        if target is None:
+            if table.pop(fd, None) is not None:
                 self.poller.unregister(fd)
         else:
-            self.channels[fd] = handle
+            table[fd] = target
             self.poller.register(fd, zmq.POLLIN)
 
     def run(self) -> int:
@@ -246,6 +275,9 @@ class Broker:
                     handle = self.channels.get(fd)
                     if handle is not None:
                         self._from_worker(handle)
+                    elif fd in self.readers:  # a zygote: it may report a worker's exit
+                        self.readers[fd]()
+                        self.supervisor.reap()
                 if self.frontend in events:
                     self._drain_frontend()
                 if metrics is not None and metrics.socket in events:
@@ -283,6 +315,9 @@ class Broker:
         self.manager.tick(time.monotonic_ns())
         self.shm.tick(now)
         self.manager.flush_frees()
+        if self.options.polling and now >= self._next_poll and not self.readiness.stopping:
+            self._next_poll = now + self.options.repository_poll_secs
+            reload_repository(self.manager)  # poll mode: what changed on disk is applied
 
     # ================================================================== signals
     def _on_signal(self, signum: int, frame: Any) -> None:

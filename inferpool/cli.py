@@ -12,6 +12,7 @@ from inferpool import __version__
 from inferpool.backends import template
 from inferpool.bench.command import add_bench
 from inferpool.commands import add_client_commands, client_options
+from inferpool.control_commands import add_control_commands
 from inferpool.serve import add_serve
 from inferpool.usage import UsageError
 from inferpool.wire.errors import InferpoolError
@@ -38,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve(sub)
     common = client_options()
     add_client_commands(sub, common)
+    add_control_commands(sub, common)
     add_bench(sub, common)
     add_new_backend(sub)
     return parser

@@ -13,24 +13,13 @@ from inferpool.broker.pool.topology import format_cpu_list
 from inferpool.client import Client, default_endpoint
 from inferpool.client.core import InferResult
 from inferpool.inputs import read_inputs
-from inferpool.usage import key_value, scalar
+from inferpool.usage import key_value, scalar, seconds
 from inferpool.wire import codec
 
 if TYPE_CHECKING:
     from inferpool.client.core import InferOptions
 
 FINAL = "triton_final_response"
-
-
-def seconds(text: str) -> float:
-    """A positive number of seconds (argparse type)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return value
 
 
 def client_options() -> argparse.ArgumentParser:
@@ -56,7 +45,7 @@ def add_client_commands(sub: Any, common: argparse.ArgumentParser) -> None:
         parents=[common],
         help="run one inference and print the outputs (every response of a decoupled model)",
     )
-    p.add_argument("model")
+    p.add_argument("model", help="the model's name")
     p.add_argument(
         "--input",
         action="append",
@@ -97,7 +86,7 @@ def add_client_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("stats", parents=[common], help="print a model's statistics as JSON")
-    p.add_argument("model", nargs="?", default="")
+    p.add_argument("model", nargs="?", default="", help="the model's name (default: every model)")
     p.set_defaults(func=cmd_stats)
 
 

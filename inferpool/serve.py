@@ -11,6 +11,7 @@ from typing import Any
 from inferpool import __version__
 from inferpool.broker.options import ServerOptions, default_listen
 from inferpool.broker.pool.gpu_limit import parse_gpu_limits
+from inferpool.model_options import add_model_options, model_options
 from inferpool.usage import UsageError
 from inferpool.wire.errors import InferpoolError
 from inferpool.wire.logs import FORMATS, LEVELS, configure
@@ -120,13 +121,15 @@ def add_serve(sub: Any) -> None:
         "--arena-size",
         type=parse_size,
         default="256M",
-        help="shared-memory arena for request inputs (default: %(default)s)",
+        help="shared-memory arena for request inputs, the most it may grow to "
+        "(default: %(default)s)",
     )
     p.add_argument(
         "--output-arena-size",
         type=parse_size,
         default="256M",
-        help="shared-memory output arena per worker (default: %(default)s)",
+        help="shared-memory output arena per worker, the most it may grow to "
+        "(default: %(default)s)",
     )
     p.add_argument(
         "--max-request-bytes",
@@ -149,16 +152,25 @@ def add_serve(sub: Any) -> None:
         "reclaimed (default: %(default)g; clients send keepalive messages)",
     )
     p.add_argument(
+        "--prefault",
+        type=parse_size,
+        default="4M",
+        help="shared memory populated at start in the arena and in each output region, less "
+        "for a model whose outputs are smaller; the rest is populated as it is used "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
         "--no-prefault",
         action="store_true",
-        help="do not touch arena pages at start (less memory, slower first requests)",
+        help="populate no shared memory at start (--prefault 0)",
     )
     p.add_argument(
         "--model-control-mode",
-        choices=("none", "explicit"),
+        choices=("none", "explicit", "poll"),
         default="none",
         help="none: load every model at start and on SIGHUP; explicit: only what "
-        "--load-model names and clients load (default: %(default)s)",
+        "--load-model names and clients load; poll: load at start, then follow the "
+        "repository every --repository-poll-secs (default: %(default)s)",
     )
     p.add_argument(
         "--load-model",
@@ -193,6 +205,7 @@ def add_serve(sub: Any) -> None:
         metavar="NAME,KEY=VALUE",
         help="a host policy instance groups can name (numa-node, cpu-cores); repeatable",
     )
+    add_model_options(p, parse_size)
     p.add_argument(
         "--pin",
         choices=("auto", "none"),
@@ -236,6 +249,14 @@ def add_serve(sub: Any) -> None:
         default=60.0,
         metavar="SECONDS",
         help="the window --max-restarts counts crashes in (default: %(default)g)",
+    )
+    p.add_argument(
+        "--worker-start",
+        choices=("zygote", "fresh"),
+        default="zygote",
+        help="zygote: fork workers from a parent per NUMA node that imported the frameworks "
+        "once (they share its memory and start in milliseconds); fresh: start each worker "
+        "as a new interpreter (default: %(default)s)",
     )
     p.add_argument(
         "--heartbeat-ms",
@@ -313,7 +334,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         arena_size=args.arena_size,
         output_arena_size=args.output_arena_size,
         max_request_bytes=args.max_request_bytes,
-        prefault=not args.no_prefault,
+        prefault=0 if args.no_prefault else args.prefault,
         max_client_shm=args.max_client_shm,
         lease_timeout=args.lease_timeout,
         model_control_mode=args.model_control_mode,
@@ -330,6 +351,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         graceful_timeout=args.graceful_timeout,
         max_restarts=args.max_restarts,
         restart_window=args.restart_window,
+        worker_start=args.worker_start,
         heartbeat_ms=args.heartbeat_ms,
         model_load_gpu_limit=parse_gpu_limits(args.model_load_gpu_limit),
         metrics_port=args.metrics_port if args.allow_metrics else 0,
@@ -341,6 +363,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         },
         log_level="DEBUG" if args.log_verbose > 0 else args.log_level,
         log_format=args.log_format,
+        **model_options(args),
     )
 
 

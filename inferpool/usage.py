@@ -6,6 +6,7 @@ Parsers of the subcommands raise :class:`UsageError` naming the flag and what wa
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 
@@ -32,3 +33,14 @@ def scalar(text: str) -> Any:
         except ValueError:
             pass
     return text
+
+
+def seconds(text: str) -> float:
+    """A positive number of seconds (an argparse type)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value

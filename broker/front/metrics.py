@@ -24,6 +24,7 @@ from typing import Any
 
 import zmq
 
+from inferpool.broker.front.cache_metrics import cache_metrics
 from inferpool.broker.front.exposition import CONTENT_TYPE, Family, render
 from inferpool.broker.models.manager import Manager
 from inferpool.broker.models.registry import Registry
@@ -113,6 +114,7 @@ class BrokerCollector:
         yield from (family for family, _ in durations)
         yield from self._instances()
         yield from self._custom()
+        yield from self._cache()
         arena = Family(
             "inferpool_arena_bytes", "Request input arena, by size and free", "gauge", ["kind"]
         )
@@ -139,6 +141,10 @@ class BrokerCollector:
             restarts.add(key, h.restarts)
         yield ready
         yield restarts
+
+    def _cache(self) -> Iterator[Family]:
+        for name, doc, kind, labels, samples in cache_metrics(self.registry, self.manager.cache):
+            yield Family(name, doc, kind, labels, samples)
 
     def _custom(self) -> Iterator[Family]:
         """Backend metrics: one family per declared name, labels as the backend gave them."""

@@ -21,6 +21,7 @@ from inferpool.broker.models.registry import ModelVersion
 from inferpool.broker.models.request import FLAG_SEQUENCE_END, FLAG_SEQUENCE_START, PendingRequest
 from inferpool.broker.models.scheduler import Dispatch, Reject, Scheduler
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg
+from inferpool.wire.worker.messages import BATCH_BYTES
 
 log = logging.getLogger("inferpool.sequencer")
 DEFAULT_IDLE_US = 1_000_000  # Triton's default max_sequence_idle_microseconds
@@ -166,15 +167,18 @@ class SequenceScheduler(Scheduler):
         self.dispatch(worker, batch, self.released.pop(worker, ()))
 
     def _take_from(self, queue: deque[PendingRequest]) -> list[PendingRequest]:
-        """The oldest request of each sequence, oldest first, up to max_batch_size."""
+        """The oldest request of each sequence, oldest first, up to max_batch_size (and as
+        many as fit in one message to the worker)."""
         limit = max(self.model.max_batch_size, 1)
         batch: list[PendingRequest] = []
         seen: set[Any] = set()
         rest: deque[PendingRequest] = deque()
+        room = BATCH_BYTES
         for req in queue:
             corr = req.work.correlation_id
-            if len(batch) < limit and corr not in seen:
+            if len(batch) < limit and corr not in seen and req.wire_bytes <= room:
                 batch.append(req)
+                room -= req.wire_bytes + 1
             else:
                 rest.append(req)
             seen.add(corr)

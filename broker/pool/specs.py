@@ -22,6 +22,7 @@ def worker_spec(
     channel_fd: int,
     run_id: str,
     options: SupervisorOptions,
+    output_prefault: int,
 ) -> WorkerSpec:
     model = handle.model
     backend = model.config.backend
@@ -37,6 +38,7 @@ def worker_spec(
         repository_path=model.path,
         artifact_path=os.path.join(model.path, str(model.version)),
         output_region=handle.output_region,
+        output_prefault=output_prefault,
         instance=handle.instance,
         pinning=handle.pinning,
         backend_directory=options.backend_directory,

@@ -24,7 +24,7 @@ def add_bench(sub: Any, common: argparse.ArgumentParser) -> None:
         description="A perf_analyzer for inferpool: N concurrent senders per level, client "
         "latency percentiles and throughput, the server's breakdown of the same window.",
     )
-    p.add_argument("model")
+    p.add_argument("model", help="the model's name")
     p.add_argument(
         "--concurrency",
         type=_counts,
@@ -52,7 +52,8 @@ def add_bench(sub: Any, common: argparse.ArgumentParser) -> None:
         "--transport",
         choices=sorted(TRANSPORTS),
         default="zmq",
-        help="; ".join(f"{name}: {cls.help}" for name, cls in sorted(TRANSPORTS.items())),
+        help="; ".join(f"{name}: {cls.help}" for name, cls in sorted(TRANSPORTS.items()))
+        + " (default: %(default)s)",
     )
     window = p.add_mutually_exclusive_group()
     window.add_argument(
