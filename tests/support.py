@@ -267,13 +267,17 @@ def assert_run_gone(run_id: str) -> None:
 
 
 def serving(
-    repo_of: Callable[[Path], Path], *args: str, python: str = sys.executable, tcp: bool = False
+    repo_of: Callable[[Path], Path],
+    *args: str,
+    python: str = sys.executable,
+    tcp: bool = False,
+    kserve: bool = False,
 ) -> Any:
     """A module fixture body: a server over the repository ``repo_of(tmp)`` builds; on the
     way out it must stop with 0 and leave nothing of its run in /dev/shm."""
     tmp = Path(tempfile.mkdtemp(prefix="ipt-", dir="/tmp"))
     try:
-        with Server(tmp, repo_of(tmp), *args, python=python, tcp=tcp) as server:
+        with Server(tmp, repo_of(tmp), *args, python=python, tcp=tcp, kserve=kserve) as server:
             run_id = run_id_of(server)
             yield server
             assert server.stop() == 0, server.log()

@@ -11,7 +11,7 @@ from inferpool.bench.display import Display, print_tables
 from inferpool.bench.results import Level, to_csv
 from inferpool.bench.runner import Plan, Runner
 from inferpool.bench.tensors import build_inputs, parse_shapes
-from inferpool.bench.transports import TRANSPORTS, Workload
+from inferpool.bench.transports import CHOICES, Workload, transport_named
 from inferpool.client import AsyncClient
 from inferpool.usage import UsageError
 
@@ -50,10 +50,16 @@ def add_bench(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--transport",
-        choices=sorted(TRANSPORTS),
+        choices=sorted(CHOICES),
         default="zmq",
-        help="; ".join(f"{name}: {cls.help}" for name, cls in sorted(TRANSPORTS.items()))
+        help="; ".join(f"{name}: {what}" for name, what in sorted(CHOICES.items()))
         + " (default: %(default)s)",
+    )
+    p.add_argument(
+        "--url",
+        metavar="HOST:PORT",
+        help="where --transport http or grpc sends (default: localhost:8000 for http, "
+        "localhost:8001 for grpc, as Triton); statistics still come from --endpoint",
     )
     window = p.add_mutually_exclusive_group()
     window.add_argument(
@@ -125,8 +131,8 @@ async def _bench(args: argparse.Namespace) -> tuple[list[Level], dict[str, Any]]
         version = (await statistics())["version"]
         duration = 0.0 if args.requests else args.duration
         plan = Plan(args.concurrency, duration, args.requests, args.warmup)
-        transport = TRANSPORTS[args.transport](
-            args.endpoint, args.timeout, workload, max(plan.concurrency)
+        transport = transport_named(args.transport)(
+            args.endpoint, args.timeout, workload, max(plan.concurrency), args.url
         )
         await transport.open()
         try:

@@ -5,7 +5,8 @@ region, outputs left in place as leases).
 A transport is a :class:`Transport` subclass registered with :func:`register`; it connects
 once and hands out one *sender* per concurrent slot: an async callable that sends one
 request and returns when its (last) response has arrived, raising InferpoolError for an
-error.  A new transport (``lane``, ``http``, ``grpc``) is one more class here.
+error.  ``http`` and ``grpc`` are in :mod:`inferpool.bench.kserve`; a new transport is one
+more class.
 """
 
 from __future__ import annotations
@@ -43,13 +44,30 @@ class Workload:
         )
 
 
+# every transport and what it is (the kserve module, tritonclient's, is imported when used)
+CHOICES = {
+    "grpc": "KServe v2 gRPC at --url (tritonclient.grpc.aio)",
+    "http": "KServe v2 HTTP at --url (tritonclient.http.aio, binary tensors)",
+    "shm": "the asyncio shared-memory client: inputs written in place once, outputs leased",
+    "zmq": "the asyncio client: tensors travel in zmq frames",
+}
+
+
 class Transport(ABC):
     name: ClassVar[str]
-    help: ClassVar[str]
 
-    def __init__(self, endpoint: str | None, timeout: float, workload: Workload, slots: int):
-        """``slots``: the most senders that will be asked for (the highest concurrency)."""
+    def __init__(
+        self,
+        endpoint: str | None,
+        timeout: float,
+        workload: Workload,
+        slots: int,
+        url: str | None = None,
+    ):
+        """``slots``: the most senders that will be asked for (the highest concurrency);
+        ``url``: where a transport that does not speak zmq finds the server."""
         self.endpoint = endpoint
+        self.url = url
         self.timeout = timeout
         self.workload = workload
         self.slots = slots
@@ -74,10 +92,16 @@ def register(cls: type[Transport]) -> type[Transport]:
     return cls
 
 
+def transport_named(name: str) -> type[Transport]:
+    """The transport called ``name`` (one of CHOICES)."""
+    if name in ("http", "grpc"):
+        from inferpool.bench import kserve  # noqa: F401  (registers them)
+    return TRANSPORTS[name]
+
+
 @register
 class ZmqTransport(Transport):
     name = "zmq"
-    help = "the asyncio client: tensors travel in zmq frames"
 
     async def open(self) -> None:
         self.client = AsyncClient(self.endpoint, timeout=self.timeout)
@@ -106,7 +130,6 @@ class ZmqTransport(Transport):
 @register
 class ShmTransport(Transport):
     name = "shm"
-    help = "the asyncio shared-memory client: inputs written in place once, outputs leased"
 
     async def open(self) -> None:
         if self.workload.decoupled:

@@ -18,7 +18,7 @@ MODELS = ("identity", "identity_batched", "square_int32")
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    yield from serving(lambda tmp: copy_models(tmp, EXAMPLES, *MODELS))
+    yield from serving(lambda tmp: copy_models(tmp, EXAMPLES, *MODELS), kserve=True)
 
 
 def successes(server: Server, model: str) -> int:
@@ -143,6 +143,42 @@ def test_a_decoupled_model_is_timed_to_its_final_response(server: Server, short_
     assert level["requests"] == level["server"]["requests"] == 20
 
 
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_kserve_transports_count_what_the_server_counts(
+    server: Server, short_tmp: Path, transport: str
+) -> None:
+    path = short_tmp / "bench.json"
+    url = server.http_url if transport == "http" else server.grpc_url
+    before = successes(server, "identity")
+    status, _, err = run_cli(
+        "bench",
+        "identity",
+        "--endpoint",
+        server.endpoint,
+        "--transport",
+        transport,
+        "--url",
+        url,
+        "--shape",
+        "INPUT0:16",
+        "--concurrency",
+        "1,3",
+        "--requests",
+        "30",
+        "--warmup",
+        "0",
+        "--json",
+        str(path),
+        "--quiet",
+    )
+    assert status == 0, err
+    assert successes(server, "identity") - before == 60
+    report = json.loads(path.read_text())
+    assert report["transport"] == transport
+    for level in report["levels"]:
+        assert level["requests"] == level["server"]["requests"] == 30 and level["errors"] == 0
+
+
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
@@ -150,6 +186,11 @@ def test_a_decoupled_model_is_timed_to_its_final_response(server: Server, short_
         (["identity", "--shape", "X:3"], "--shape names ['X'], not inputs of model"),
         (["identity", "--shape", "INPUT0"], "--shape expects NAME:DIMS"),
         (["square_int32", "--transport", "shm"], "--transport shm sends to models that answer"),
+        (["square_int32", "--transport", "grpc"], "--transport grpc sends to models that answer"),
+        (
+            ["identity", "--shape", "INPUT0:4", "--transport", "http", "--url", "127.0.0.1:1"],
+            "UNAVAILABLE: no KServe HTTP server answers at 127.0.0.1:1",
+        ),
         (["identity", "--shape", "INPUT0:4", "--batch-size", "2"], "does not batch"),
         (["identity", "--shape", "INPUT0:4", "--input-data", "/none"], "neither random, zero"),
         (["identity", "--concurrency", "0"], "expected counts such as 1,4,16"),
