@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
-from inferpool.broker.kserve.service import FrontendOptions
 from inferpool.broker.pool.supervisor import SupervisorOptions
 from inferpool.wire.paths import DEFAULT_TCP, default_ipc_endpoint, default_run_dir
+
+if TYPE_CHECKING:  # the frontends (grpc, aiohttp) are imported by the broker that serves them,
+    from inferpool.broker.kserve.service import FrontendOptions  # not by every CLI command
 
 MiB = 1 << 20
 
@@ -84,6 +87,8 @@ class ServerOptions:
 
     def frontends(self) -> FrontendOptions:
         """The KServe frontends' slice, with the broker's request limit."""
+        from inferpool.broker.kserve.service import FrontendOptions
+
         names = (f.name for f in fields(FrontendOptions) if f.name != "request_limit")
         return FrontendOptions(
             request_limit=self.request_limit, **{name: getattr(self, name) for name in names}

@@ -90,7 +90,7 @@ class Handshake:
         if missing:
             seen = f"the socket file {path} does not exist"
         elif self._seen & _HANDSHAKE_FAILED:
-            seen = "the peer there does not speak ZeroMQ's protocol: is it an inferpool server?"
+            seen = "the peer there does not speak ZeroMQ's protocol (is it an inferpool server?)"
         elif self._seen & zmq.EVENT_CONNECTED:
             seen = f"a connection was accepted but no ZeroMQ handshake came within {waited:g}s"
         elif self._seen & zmq.EVENT_CONNECT_RETRIED and path:

@@ -11,9 +11,6 @@ import argparse
 import json
 from typing import Any
 
-from google.protobuf import json_format, text_format
-from tritonclient.grpc import model_config_pb2 as pb
-
 from inferpool.client import Client
 from inferpool.wire.errors import invalid_arg
 
@@ -76,6 +73,9 @@ def read_config(value: str) -> str:
         return text
     except ValueError:
         pass
+    from google.protobuf import json_format, text_format  # protobuf text only: imported then
+    from tritonclient.grpc import model_config_pb2 as pb
+
     try:
         config = text_format.Parse(text, pb.ModelConfig())
     except text_format.ParseError as exc:

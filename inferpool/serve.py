@@ -6,16 +6,17 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inferpool import __version__
-from inferpool.broker.options import ServerOptions, default_listen
-from inferpool.broker.pool.gpu_limit import parse_gpu_limits
 from inferpool.model_options import add_model_options, model_options
 from inferpool.usage import UsageError
 from inferpool.wire.errors import InferpoolError
 from inferpool.wire.logs import FORMATS, LEVELS, configure
 from inferpool.wire.paths import DEFAULT_TCP, default_ipc_endpoint
+
+if TYPE_CHECKING:
+    from inferpool.broker.options import ServerOptions
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 
@@ -328,6 +329,10 @@ def add_serve(sub: Any) -> None:
 
 
 def options_from_args(args: argparse.Namespace) -> ServerOptions:
+    # the broker's modules, only for serve: the client commands start without them
+    from inferpool.broker.options import ServerOptions, default_listen
+    from inferpool.broker.pool.gpu_limit import parse_gpu_limits
+
     return ServerOptions(
         model_repository=os.path.abspath(args.model_repository or default_repository()),
         listen=tuple(args.listen) if args.listen else default_listen(),
