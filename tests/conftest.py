@@ -37,8 +37,9 @@ def short_tmp() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def example_server() -> Iterator[Server]:
-    """The embedded example repository served over ipc and tcp, one server for a module (its
-    tests must not depend on each other's requests: compare statistics before and after)."""
+    """The embedded example repository served over ipc and tcp, one server for every test that
+    only asks it questions (its tests must not depend on each other's requests: compare
+    statistics before and after; change nothing a later test could see)."""
     yield from serving(lambda tmp: EXAMPLES, tcp=True)

@@ -104,9 +104,10 @@ def runnable(*langs: str) -> list[pytest.param]:
 class Servers:
     """Servers started for the blocks, each in a directory of its own; all stopped at the end."""
 
-    def __init__(self) -> None:
+    def __init__(self, examples: Server) -> None:
         self.shared: dict[str, Server] = {}
         self._dirs: list[Path] = []
+        self._examples = examples  # the session's server of the example repository
 
     def start(
         self, repo: Path, *args: str, cwd: Path | None = None, kserve: bool = False
@@ -118,6 +119,8 @@ class Servers:
     def of(self, name: str, kserve: bool = False) -> Server:
         """A server of ``examples/NAME`` (with the KServe frontends), shared by the blocks
         that use it."""
+        if name == "model_repository" and not kserve:
+            return self._examples
         key = f"{name} kserve" if kserve else name
         if key not in self.shared:
             self.shared[key] = self.start(ROOT / "examples" / name, kserve=kserve)
@@ -131,8 +134,8 @@ class Servers:
 
 
 @pytest.fixture(scope="module")
-def servers() -> Iterator[Servers]:
-    started = Servers()
+def servers(example_server: Server) -> Iterator[Servers]:
+    started = Servers(example_server)
     try:
         yield started
     finally:
