@@ -9,7 +9,8 @@ Metric names and types are exactly Triton's (``nv_inference_request_success``, a
 no ``_total`` suffix; ``nv_inference_request_failure`` with a ``reason`` label: REJECTED,
 CANCELED, BACKEND, OTHER), labelled ``model`` and ``version``; backends' custom metrics
 (identity's ``input_byte_size_counter``) keep the names and labels they declared.
-``inferpool_*`` metrics add the instances and the arena.
+``inferpool_*`` metrics add the instances and the arena, and ``front.load_metrics`` the
+node's load for autoscalers (queue depth, in flight, utilisation).
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from typing import Any
 
 import zmq
 
-from inferpool.broker.front.cache_metrics import cache_metrics
+from inferpool.broker.front.cache_metrics import MetricRows, cache_metrics
 from inferpool.broker.front.exposition import CONTENT_TYPE, Family, render
+from inferpool.broker.front.load_metrics import Utilisation, load_metrics
 from inferpool.broker.models.manager import Manager
 from inferpool.broker.models.registry import Registry
 from inferpool.broker.pool.handle import WorkerState
@@ -71,12 +73,18 @@ class BrokerCollector:
     """Reads the broker's statistics at scrape time (in the broker's loop)."""
 
     def __init__(
-        self, registry: Registry, manager: Manager, supervisor: Supervisor[Any], arena: Arena
+        self,
+        registry: Registry,
+        manager: Manager,
+        supervisor: Supervisor[Any],
+        arena: Arena,
+        utilisation: Utilisation,
     ) -> None:
         self.registry = registry
         self.manager = manager
         self.supervisor = supervisor
         self.arena = arena
+        self.utilisation = utilisation
 
     def collect(self) -> Iterator[Family]:
         success = Family(
@@ -114,7 +122,8 @@ class BrokerCollector:
         yield from (family for family, _ in durations)
         yield from self._instances()
         yield from self._custom()
-        yield from self._cache()
+        yield from _families(cache_metrics(self.registry, self.manager.cache))
+        yield from _families(load_metrics(self.manager, self.utilisation))
         arena = Family(
             "inferpool_arena_bytes", "Request input arena, by size and free", "gauge", ["kind"]
         )
@@ -142,10 +151,6 @@ class BrokerCollector:
         yield ready
         yield restarts
 
-    def _cache(self) -> Iterator[Family]:
-        for name, doc, kind, labels, samples in cache_metrics(self.registry, self.manager.cache):
-            yield Family(name, doc, kind, labels, samples)
-
     def _custom(self) -> Iterator[Family]:
         """Backend metrics: one family per declared name, labels as the backend gave them."""
         custom = self.manager.metrics
@@ -160,6 +165,11 @@ class BrokerCollector:
             for row in family_rows:
                 family.add([str(row["labels"].get(k, "")) for k in keys], row["value"])
             yield family
+
+
+def _families(rows: list[MetricRows]) -> Iterator[Family]:
+    for name, doc, kind, labels, samples in rows:
+        yield Family(name, doc, kind, labels, samples)
 
 
 class MetricsEndpoint:

@@ -14,7 +14,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from inferpool.broker.models import completion
+from inferpool.broker.models.calls import Calls
 from inferpool.broker.models.config_support import ConfigSupport
+from inferpool.broker.models.ensemble_config import is_ensemble
+from inferpool.broker.models.ensembles import Ensembles
 from inferpool.broker.models.failures import BACKEND, failure_reason, log_failure
 from inferpool.broker.models.overrides import Override, Overrides
 from inferpool.broker.models.rate_limiter import Gate
@@ -33,12 +36,14 @@ from inferpool.broker.pool.supervisor import Events, Supervisor
 from inferpool.shm.arena import Arena
 from inferpool.wire.errors import Code, InferpoolError
 from inferpool.wire.worker.messages import (
+    Call,
     CorrelationId,
     Done,
     Durations,
     Execute,
     Free,
     Items,
+    Release,
     Result,
     WorkerMessage,
 )
@@ -91,6 +96,9 @@ class Manager:
         self.retiring: list[ModelRecord] = []  # records whose workers are stopping
         self.load_waiters: dict[str, list[Waiter]] = {}
         self._unload_waiters: dict[int, list[Waiter]] = {}  # id(record) -> waiters
+        self.ensembles = Ensembles(self)  # pipelines: ensembles, models' calls (BLS)
+        self.calls = Calls(self)
+        outputs.on_lent_gone = self._unmap_everywhere
 
     # ================================================================== loading
     def load(
@@ -135,6 +143,9 @@ class Manager:
         for version in entry.versions:
             mv = ModelVersion(name, version, entry.config, entry.path)
             record.versions[version] = mv
+            if is_ensemble(entry.config):  # runs in the broker; READY with its models
+                mv.scheduler = self.ensembles.scheduler(mv)
+                continue
             mv.scheduler = scheduler_for(mv, self.dispatch, self.reject)
             try:
                 mv.placements = self.planner.plan(entry.config)
@@ -231,6 +242,10 @@ class Manager:
         for waiter in self._unload_waiters.pop(id(record), []):
             waiter(None)
 
+    def version_idle(self, mv: ModelVersion) -> None:
+        """An unloading version without workers (an ensemble) ended a request."""
+        self._check_drained(self._retiring_of(mv))
+
     def _retiring_of(self, mv: ModelVersion) -> ModelRecord | None:
         return next((r for r in self.retiring if r.versions.get(mv.version) is mv), None)
 
@@ -274,6 +289,8 @@ class Manager:
         assert mv.scheduler is not None
         mv.scheduler.instance_gone(handle)
         handle.busy = None
+        self.calls.worker_gone(handle)
+        handle.ended_executing(time.monotonic())
         for req in [r for r in self.inflight.values() if r.worker is handle]:
             self.reject(req, error, BACKEND)
         self.gate.done(handle, gone=True)
@@ -292,6 +309,8 @@ class Manager:
         mv = handle.model
         assert mv.scheduler is not None
         mv.scheduler.instance_gone(handle)
+        self.calls.worker_gone(handle)
+        handle.ended_executing(time.monotonic())
         if handle.busy is not None:  # a batch the rate limiter never let run
             err = InferpoolError(Code.UNAVAILABLE, f"instance {handle.name} stopped")
             for req in [r for r in self.inflight.values() if r.worker is handle]:
@@ -341,7 +360,7 @@ class Manager:
     def _send(
         self, handle: Worker, batch: list[PendingRequest], release: Sequence[CorrelationId]
     ) -> None:
-        handle.exec_started = time.monotonic()
+        handle.began_executing(time.monotonic())
         unmaps = self.unmaps.pop(handle.identity, ()) if self.unmaps else ()
         msg = Execute(
             [r.work for r in batch], self.outputs.take_frees(handle.output_region), unmaps, release
@@ -351,10 +370,28 @@ class Manager:
     def reject(self, req: PendingRequest, err: InferpoolError, reason: str = "") -> None:
         """Answer ``req`` with an error and end it; ``reason`` labels the failure in the
         metrics (failures.FAILURE_REASONS; by default, what ``err`` says)."""
-        self.responder.send_error(req.envelope, "infer", req.client_id, err)
+        if req.sink is not None:
+            req.sink.failed(req, err)
+        else:
+            self.responder.send_error(req.envelope, "infer", req.client_id, err)
         reason = reason or failure_reason(err)
         log_failure(req.client_id, req.model, reason, err)
         self.finish(req, success=False, timing=None, reason=reason)
+
+    def respond(self, req: PendingRequest, item: Result) -> None:
+        """Send one response of ``req`` (to its client or its sink, an ensemble's step or a
+        BLS call), after the response cache kept it; the final one ends it."""
+        if req.cache_key is not None and self.cache is not None:
+            self.cache.store(req, item)
+        (req.sink or self.responder).result(req, item)
+        if item.error is not None:
+            log_failure(req.client_id, req.model, BACKEND, InferpoolError.from_wire(item.error))
+        decoupled = req.model.decoupled
+        if decoupled:  # its durations are the response's (response_stats)
+            req.model.stats.response_done(req.responses, response_outcome(item), item.durations)
+            req.responses += 1
+        if item.final:
+            self.finish(req, item.error is None, None if decoupled else item.durations)
 
     def finish(
         self,
@@ -379,28 +416,21 @@ class Manager:
         elif isinstance(msg, Items):
             self._results(msg.items)
             handle.exec_started = time.monotonic()  # progress: the execute timeout starts over
+        elif isinstance(msg, Call):
+            self.calls.call(handle, msg)
+        elif isinstance(msg, Release):
+            self.calls.release(handle, msg)
         else:
             self.supervisor.handle_message(handle, msg)
 
     def _results(self, items: Sequence[Result]) -> None:
-        responder = self.responder
         for item in items:
             req = self.inflight.get(item.rid)
             if req is None:  # answered already (e.g. timed out): just give the memory back
                 for out in item.outputs:
                     self.outputs.free(out.region, out.offset, held=False)
                 continue
-            if req.cache_key is not None and self.cache is not None:
-                self.cache.store(req, item)
-            responder.result(req, item)
-            if item.error is not None:
-                log_failure(req.client_id, req.model, BACKEND, InferpoolError.from_wire(item.error))
-            decoupled = req.model.decoupled
-            if decoupled:  # its durations are the response's (response_stats)
-                req.model.stats.response_done(req.responses, response_outcome(item), item.durations)
-                req.responses += 1
-            if item.final:
-                self.finish(req, item.error is None, None if decoupled else item.durations)
+            self.respond(req, item)
 
     def _batch_done(self, handle: Worker, msg: Done) -> None:
         mv = handle.model
@@ -409,6 +439,7 @@ class Manager:
         if msg.metrics is not None:
             self.metrics.apply(msg.metrics)
         handle.busy = None
+        handle.ended_executing(time.monotonic())
         if handle.state is not WorkerState.STOPPING:
             self._next_batch(handle)
         self.gate.done(handle)  # its next batch, if any, competes for what it releases
@@ -437,7 +468,14 @@ class Manager:
         for mv in self.registry.all_versions() + retiring:
             if mv.scheduler is not None:
                 mv.scheduler.expire(now_ns)
+        self.calls.tick(now_ns)
         return nearest
+
+    def _unmap_everywhere(self, region: str) -> None:
+        """A worker's output region that others read (pipelines) is gone: they unmap it."""
+        for handle in self.supervisor.alive():
+            if handle.output_region != region:
+                self.unmaps.setdefault(handle.identity, []).append(region)
 
     def flush_frees(self) -> None:
         """Send pending slot frees and unmaps to idle workers (busy ones get them with their

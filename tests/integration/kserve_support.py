@@ -2,7 +2,9 @@
 
 The example models (identity: FP32; identity_batched: INT32 and BYTES), a decoupled python
 model (``repeat``: N responses, then an empty final one) and ``spare``, an identity model
-the tests unload and load again (the server runs with explicit model control).
+the tests unload and load again (the server runs with explicit model control); the pipeline
+examples (the ``probabilities`` ensemble, ``top_class`` calling it with BLS) and
+``repeated``, an ensemble of ``repeat`` (decoupled as its step is).
 """
 
 from __future__ import annotations
@@ -40,12 +42,50 @@ REPEAT_CONFIG = """
     model_transaction_policy { decoupled: true }
 """
 
+REPEATED_CONFIG = """
+    name: "repeated"
+    platform: "ensemble"
+    input [ { name: "COUNT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+    output [ { name: "VALUE" data_type: TYPE_INT32 dims: [ 1 ] } ]
+    ensemble_scheduling { step [
+      { model_name: "repeat" input_map { key: "N" value: "COUNT" }
+        output_map { key: "OUT" value: "VALUE" } } ] }
+"""
+
+
+DOUBLE = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x * 2)]))
+        return out
+"""
+# a model given only as load overrides: its config as JSON and its model.py as a file:
+DOUBLE_CONFIG = (
+    '{"backend": "python", "input": [{"name": "X", "data_type": "TYPE_INT32", "dims": [2]}],'
+    ' "output": [{"name": "Y", "data_type": "TYPE_INT32", "dims": [2]}]}'
+)
+DOUBLE_FILES = {"file:1/model.py": DOUBLE.encode()}
+SPARE_BATCHED = (
+    '{"backend": "identity", "max_batch_size": 4,'
+    ' "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],'
+    ' "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}]}'
+)
+
 
 def write_repository(repo: Path) -> None:
     for name in ("identity", "identity_batched"):
         shutil.copytree(EXAMPLES / name, repo / name)
     write_model(repo, "repeat", REPEAT_CONFIG, files={"1/model.py": REPEAT})
     write_model(repo, "spare", identity_config("spare"))
+    for pipeline_model in (EXAMPLES.parent / "pipeline_repository").iterdir():
+        shutil.copytree(pipeline_model, repo / pipeline_model.name)
+    write_model(repo, "repeated", REPEATED_CONFIG)
 
 
 @contextlib.contextmanager

@@ -21,7 +21,12 @@ from tritonclient.utils import InferenceServerException
 
 from inferpool.client import InferpoolError
 from inferpool.wire.config_json import config_to_dict
-from tests.integration.kserve_support import kserve_server
+from tests.integration.kserve_support import (
+    DOUBLE_CONFIG,
+    DOUBLE_FILES,
+    SPARE_BATCHED,
+    kserve_server,
+)
 from tests.support import Server
 
 
@@ -166,6 +171,25 @@ def test_stream_of_a_decoupled_model(client: Any) -> None:
     assert answers.empty()
 
 
+def test_stream_of_a_decoupled_ensemble(client: Any) -> None:
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        count = infer_input("COUNT", np.array([3], np.int32), "INT32")
+        client.async_stream_infer("repeated", [count], enable_empty_final_response=True)
+        got = [answers.get(timeout=30) for _ in range(4)]
+        assert [e for _, e in got] == [None] * 4
+        assert [r.as_numpy("VALUE").tolist() for r, _ in got[:3]] == [[0], [1], [2]]
+        assert got[3][0].get_response().outputs == []  # the ensemble's last word
+        x = np.array([0.0, 1.0], np.float32)  # an ensemble that is not decoupled: one answer
+        client.async_stream_infer("probabilities", [infer_input("RAW", x, "FP32")])
+        result, error = answers.get(timeout=30)
+        assert error is None and result.as_numpy("PROBS").argmax() == 1
+    finally:
+        client.stop_stream()
+    assert answers.empty()
+
+
 # ============================================================================ statistics, repository
 def test_statistics_and_repository(client: Any) -> None:
     x = np.ones(5, np.float32)
@@ -180,6 +204,20 @@ def test_statistics_and_repository(client: Any) -> None:
     assert not client.is_model_ready("spare")
     client.load_model("spare")
     assert client.is_model_ready("spare")
+
+
+def test_load_with_config_and_file_overrides(client: Any) -> None:
+    client.load_model("spare", config=SPARE_BATCHED)
+    assert client.get_model_config("spare").config.max_batch_size == 4
+    client.load_model("spare")  # no override: its config.pbtxt again
+    assert client.get_model_config("spare").config.max_batch_size == 0
+    client.load_model("double", config=DOUBLE_CONFIG, files=DOUBLE_FILES)
+    x = np.array([3, 4], np.int32)
+    y = client.infer("double", [infer_input("X", x, "INT32")]).as_numpy("Y")
+    np.testing.assert_array_equal(y, x * 2)
+    client.unload_model("double")
+    with pytest.raises(InferenceServerException, match="Load parameter 'config' must be"):
+        client.load_model("double", files=DOUBLE_FILES)
 
 
 # ============================================================================ shared memory

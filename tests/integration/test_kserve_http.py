@@ -23,7 +23,12 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from inferpool.client import InferpoolError
-from tests.integration.kserve_support import kserve_server
+from tests.integration.kserve_support import (
+    DOUBLE_CONFIG,
+    DOUBLE_FILES,
+    SPARE_BATCHED,
+    kserve_server,
+)
 from tests.support import EXAMPLES, Server, free_tcp_port, write_model
 
 
@@ -235,9 +240,55 @@ def test_statistics_and_repository(server: Server, client: Any) -> None:
     assert not client.is_model_ready("spare")
     client.load_model("spare")
     assert client.is_model_ready("spare")
-    with pytest.raises(InferenceServerException) as err:
-        client.load_model("spare", config='{"max_batch_size": 2}')
-    assert err.value.status() == "501"
+
+
+def test_load_with_config_and_file_overrides(server: Server, client: Any) -> None:
+    client.load_model("spare", config=SPARE_BATCHED)
+    assert client.get_model_config("spare")["max_batch_size"] == 4
+    client.load_model("spare")  # no override: its config.pbtxt again
+    assert client.get_model_config("spare").get("max_batch_size", 0) == 0
+    client.load_model("double", config=DOUBLE_CONFIG, files=DOUBLE_FILES)
+    x = np.array([3, 4], np.int32)
+    y = client.infer("double", [infer_input("X", x, "INT32")]).as_numpy("Y")
+    np.testing.assert_array_equal(y, x * 2)
+    client.unload_model("double")
+    status, body = curl(
+        "-X",
+        "POST",
+        "-d",
+        '{"parameters": {"config": "{}", "file:1/model.py": "not base64!"}}',
+        f"http://{server.http_url}/v2/repository/models/double/load",
+    )
+    assert status == 400 and "'file:1/model.py' is not valid base64" in body
+    with pytest.raises(InferenceServerException, match="Load parameter 'config' must be"):
+        client.load_model("double", files=DOUBLE_FILES)
+
+
+# ============================================================================ pipelines
+def test_an_ensemble_and_a_bls_model(client: Any) -> None:
+    raw = np.array([0.5, 3.0, 1.0, -2.0], np.float32)
+    z = (raw - raw.mean()) / (raw.std() + 1e-6)
+    expected = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+    models = ("probabilities", "normalize", "softmax", "top_class")
+
+    def counts() -> dict[str, int]:
+        stats = client.get_inference_statistics()["model_stats"]
+        return {s["name"]: s["inference_stats"]["success"]["count"] for s in stats}
+
+    before = counts()
+    probs = client.infer("probabilities", [infer_input("RAW", raw, "FP32")]).as_numpy("PROBS")
+    np.testing.assert_allclose(probs, expected, rtol=1e-5)
+    top = client.infer("top_class", [infer_input("RAW", raw, "FP32", binary=False)])
+    assert top.as_numpy("CLASS").tolist() == [1] and top.as_numpy("PROB")[0] == probs[1]
+    after = counts()
+    # the ensemble ran twice (once called by top_class), each of its steps with it
+    assert [after[m] - before[m] for m in models] == [2, 2, 2, 1]
+    assert client.get_model_metadata("probabilities")["platform"] == "ensemble"
+    index = {m["name"]: m["state"] for m in client.get_model_repository_index()}
+    assert index["probabilities"] == index["repeated"] == "READY"
+    with pytest.raises(InferenceServerException) as err:  # checked as any model's inputs
+        client.infer("probabilities", [infer_input("RAW", np.ones(4, np.int32), "INT32")])
+    assert err.value.status() == "400" and "data-type is 'INT32'" in err.value.message()
 
 
 # ============================================================================ shared memory
