@@ -170,7 +170,7 @@ class Server:
         ]
         for ep in self.endpoints:
             cmd += ["--listen", ep]
-        if "--metrics-port" not in args:  # metrics are on by default, on one port for all
+        if not any(a.split("=")[0] == "--metrics-port" for a in args):  # on by default, one port
             cmd += ["--allow-metrics", "false"]
         cmd += list(args)
         self._log = open(self.log_path, "wb")

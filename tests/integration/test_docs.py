@@ -8,12 +8,13 @@ HTML comment on the line before a block's fence says otherwise:
 - ``<!-- test: skip REASON -->``: not run (it installs software, needs root, a GPU, minutes);
 - ``<!-- test: server=NAME -->``: run against a server of ``examples/NAME``;
 - ``<!-- test: kserve -->``: the server also serves the KServe frontends, on free ports that
-  stand in for Triton's 8000 and 8001 in the block.
+  stand in for Triton's 8000 and 8001 in the block;
+- ``<!-- test: free-port=N -->``: a free port stands in for port N wherever the block names it.
 
 A Python block passes when it exits 0 and each ``print(...)  # OUTPUT`` comment is found in
 what it printed, in order (``...`` stands for anything).  A shell block's lines run one by
-one: ``inferpool serve ...`` starts a server that the later lines talk to (the shared one
-when it serves an example repository as it is), and an
+one: ``inferpool serve ...`` (a trailing ``&`` or not) starts a server that the later lines
+talk to (the shared one when it serves an example repository as it is), and an
 ``inferpool infer ...  # OUTPUT`` line must print its OUTPUT.
 """
 
@@ -32,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT, Server
+from tests.support import ROOT, Server, free_tcp_port
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
@@ -63,12 +64,15 @@ class Block:
         return found[1] if found else "model_repository"
 
     def source(self, server: Server) -> str:
-        """The code to run: Triton's ports are the server's KServe ports (``kserve``)."""
-        if not self.kserve:
-            return self.code
-        return self.code.replace(":8000", f":{server.http_port}").replace(
-            ":8001", f":{server.grpc_port}"
-        )
+        """The code to run: Triton's ports are the server's KServe ports (``kserve``), and
+        each ``free-port`` a free one."""
+        code = self.code
+        if self.kserve:
+            code = code.replace(":8000", f":{server.http_port}")
+            code = code.replace(":8001", f":{server.grpc_port}")
+        for port in re.findall(r"free-port=(\d+)", self.directive):
+            code = re.sub(rf"\b{port}\b", str(free_tcp_port()), code)
+        return code
 
 
 def blocks(*langs: str) -> list[Block]:
@@ -197,7 +201,7 @@ def test_shell_blocks_run(block: Block, servers: Servers, workdir: Path) -> None
             if not argv or argv[0].startswith("#"):
                 continue
             if argv[:2] == ["inferpool", "serve"]:  # in the background, until the block ends
-                server, owned = serve(servers, argv[2:], workdir)
+                server, owned = serve(servers, [a for a in argv[2:] if a != "&"], workdir)
                 own += [server] if owned else []
                 endpoint = server.endpoint
                 continue
