@@ -63,7 +63,9 @@ def test_readiness_through_loading_a_lost_instance_and_a_drain(short_tmp) -> Non
             load = load_samples(metrics)
             assert load[("nv_inference_pending_request_count", "gated")] == 1
             assert load[("inferpool_model_inflight_requests", "gated")] == 2
-            assert load[("inferpool_instance_busy_seconds_total", "gated_0_0")] > 0  # as the parser names it
+            assert (
+                load[("inferpool_instance_busy_seconds_total", "gated_0_0")] > 0
+            )  # as the parser names it
             assert 0 < load[("inferpool_instance_utilization", "gated_0_0")] <= 1
 
             # the drain: not ready at once, new requests refused, admitted ones finish
