@@ -5,7 +5,8 @@ channel (``spec.channel_fd``, inherited): Execute, Free and Stop come in; Ready 
 goes out once, then one Done per batch, Items for results that come between (decoupled
 models, backend threads), and Unmapped once the client regions it was told to unmap are
 closed.  A model's calls to other models (BLS) go out as Call and come back as Replies
-(workers/calls.py).  docs/internals.md describes the exchange.
+(workers/calls.py).  LaneOpen and LaneClose go to the lanes (workers/lanes.py), whose threads
+execute under the same lock as the batches.  docs/internals.md describes the exchange.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 
 from inferpool.backends.api import Request, RequestedOutput, Response, batch_size_of, now_ns
 from inferpool.backends.host import BackendHost
-from inferpool.backends.reshape import OutputReshape, output_reshapes, to_config_shape
+from inferpool.backends.reshape import OutputReshape, output_reshapes
 from inferpool.wire.errors import InferpoolError, internal
 from inferpool.wire.worker.link import Link, TooLarge
 from inferpool.wire.worker.messages import (
@@ -32,6 +33,8 @@ from inferpool.wire.worker.messages import (
     Execute,
     Free,
     Items,
+    LaneClose,
+    LaneOpen,
     Ready,
     Replies,
     Result,
@@ -44,7 +47,8 @@ from inferpool.wire.worker.messages import (
 from inferpool.wire.worker.spec import WorkerSpec
 from inferpool.workers.calls import ChannelCalls
 from inferpool.workers.gpu_limit import check_load_limit
-from inferpool.workers.memory import WorkerMemory
+from inferpool.workers.lanes import Lanes
+from inferpool.workers.memory import WorkerMemory, wanted_outputs
 from inferpool.workers.pinning import cuda_ordinal, read_back
 from inferpool.workers.regions import ChannelRegions
 from inferpool.workers.sequence_state import SequenceStates
@@ -65,6 +69,7 @@ class Worker:
         self._response_start: dict[int, int] = {}  # a decoupled request -> its last response
         self._in_execute = False
         self._main_thread = threading.get_ident()
+        self.execute_lock = threading.Lock()  # one execute at a time: batches and lanes
         self.memory = WorkerMemory(spec.output_region, spec.instance.name, spec.output_prefault)
         self.regions = ChannelRegions(link)
         self.calls = ChannelCalls(link, self.memory, self._free)  # the model's BLS calls
@@ -91,6 +96,8 @@ class Worker:
         self.reshapes: dict[str, tuple[int, ...]] = {}
         self.output_reshapes: dict[str, OutputReshape] = {}
         self.states: SequenceStates | None = None  # sequence state, if the model keeps any
+        self._wanted: dict[str, RequestedOutput] = {}
+        self.lanes: Lanes | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def load(self) -> None:
@@ -114,10 +121,13 @@ class Worker:
         # the broker serves the config as the backend completed it (auto-complete)
         self.regions.loading = False
         self.link.send(Ready(read_back(), self.host.config_dict(), self.host.stats.memory_usage()))
+        self.lanes = Lanes(self.host, self.memory, self.link, self.execute_lock, self.reshapes)
         try:
             self._loop()
         finally:
-            self.host.close()
+            self.lanes.close_all()
+            with self.execute_lock:  # a lane thread that overstayed is not executing
+                self.host.close()
             self.memory.close()
 
     def _configure(self) -> None:
@@ -128,6 +138,8 @@ class Worker:
         self.reshapes = {t.name: tuple(t.reshape.shape) for t in cfg.input if t.HasField("reshape")}
         self.output_reshapes = output_reshapes(cfg)
         self.states = SequenceStates.of(cfg, self.memory)
+        # outputs wanted in this worker's own region: one RequestedOutput each, shared
+        self._wanted = {t.name: RequestedOutput(t.name) for t in cfg.output}
 
     def _loop(self) -> None:
         """One message at a time.  A decoupled model's backend threads may answer between
@@ -164,6 +176,12 @@ class Worker:
                 self._free(msg)
             elif isinstance(msg, Replies):  # to calls made by the model's own threads
                 self.calls.deliver(msg.items)
+            elif isinstance(msg, LaneOpen):
+                assert self.lanes is not None
+                self.lanes.open(msg)
+            elif isinstance(msg, LaneClose):
+                assert self.lanes is not None
+                self.lanes.close(msg.lane, msg.free)
             elif isinstance(msg, Stop):
                 return
             else:
@@ -199,14 +217,16 @@ class Worker:
             for request in requests:
                 self._response_start[request.handle] = exec_start
         compute_start = now_ns()
+        host = self.host
         self._in_execute = True
         try:
-            if requests:
-                self.host.execute(requests)
+            with self.execute_lock:
+                if requests:
+                    host.execute(requests)
+                batches = host.take_batches()
         finally:
             self._in_execute = False
         compute_end = now_ns()
-        host = self.host
         batch = Durations(compute_start - exec_start, compute_end - compute_start, 0)
         timings = host.stats.timings
         items = []
@@ -214,7 +234,6 @@ class Worker:
             timing = timings.pop(id(owner), None) if owner is not None else None
             items.append(item.timed(batch if timing is None else timing.stamps.durations()))
         self._items, self._item_requests = [], []
-        batches = host.take_batches()
         if not batches:
             size = sum(batch_size_of(r, self.batching) for r in requests) or len(msg.requests)
             batches = [BatchStats(size, batch)]
@@ -268,11 +287,15 @@ class Worker:
             inputs[tensor.name] = tensor
         if self.states is not None:
             self.states.feed(work, inputs)
+        wanted = self._wanted
         return Request(
             id=work.id,
             inputs=inputs,
             requested_outputs={
-                out.name: RequestedOutput(out.name, out.window) for out in work.outputs
+                out.name: wanted.get(out.name) or RequestedOutput(out.name)
+                if out.window is None
+                else RequestedOutput(out.name, out.window)
+                for out in work.outputs
             },
             memory=self.memory,
             emit=self._emit,
@@ -314,18 +337,11 @@ class Worker:
         if response.error is not None:
             response.discard()
             return Result(request.handle, final, (), None, response.error.to_wire())
-        outputs = []
-        reshapes = self.output_reshapes
-        for name, out in response.outputs.items():
-            if name not in request.requested_outputs:
-                self.memory.release(out.region, out.offset)
-                continue
-            shape = out.shape
-            if name in reshapes:  # the client sees the config's dims
-                shape = to_config_shape(shape, reshapes[name], self.batching)
-            outputs.append(
-                TensorRef(name, out.datatype, shape, out.region, out.offset, out.byte_size)
-            )
+        wanted = wanted_outputs(self.memory, request, response, self.output_reshapes, self.batching)
+        outputs = [
+            TensorRef(out.name, out.datatype, shape, out.region, out.offset, out.byte_size)
+            for out, shape in wanted
+        ]
         return Result(request.handle, final, outputs, response.parameters or None)
 
     def _flush_async(self) -> None:

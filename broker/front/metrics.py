@@ -27,6 +27,7 @@ import zmq
 
 from inferpool.broker.front.cache_metrics import MetricRows, cache_metrics
 from inferpool.broker.front.exposition import CONTENT_TYPE, Family, render
+from inferpool.broker.front.lanes import Lanes
 from inferpool.broker.front.load_metrics import Utilisation, load_metrics
 from inferpool.broker.models.manager import Manager
 from inferpool.broker.models.registry import Registry
@@ -79,12 +80,14 @@ class BrokerCollector:
         supervisor: Supervisor[Any],
         arena: Arena,
         utilisation: Utilisation,
+        lanes: Lanes | None = None,
     ) -> None:
         self.registry = registry
         self.manager = manager
         self.supervisor = supervisor
         self.arena = arena
         self.utilisation = utilisation
+        self.lanes = lanes
 
     def collect(self) -> Iterator[Family]:
         success = Family(
@@ -121,6 +124,7 @@ class BrokerCollector:
         yield from (success, failure, count, executions)
         yield from (family for family, _ in durations)
         yield from self._instances()
+        yield from self._lanes()
         yield from self._custom()
         yield from _families(cache_metrics(self.registry, self.manager.cache))
         yield from _families(load_metrics(self.manager, self.utilisation))
@@ -150,6 +154,22 @@ class BrokerCollector:
             restarts.add(key, h.restarts)
         yield ready
         yield restarts
+
+    def _lanes(self) -> Iterator[Family]:
+        requests = Family(
+            "inferpool_lane_requests",
+            "Inference requests served over lanes (they are also counted in nv_inference_*)",
+            "counter",
+            [*_VERSION_LABELS, "outcome"],
+        )
+        lanes = Family("inferpool_lanes_open", "Open lanes", "gauge", _VERSION_LABELS)
+        for mv in self.registry.all_versions():
+            labels = [mv.name, mv.version_str]
+            requests.add([*labels, "success"], mv.stats.lane_success)
+            requests.add([*labels, "fail"], mv.stats.lane_fail)
+            lanes.add(labels, self.lanes.open_count(mv) if self.lanes else 0)
+        yield requests
+        yield lanes
 
     def _custom(self) -> Iterator[Family]:
         """Backend metrics: one family per declared name, labels as the backend gave them."""

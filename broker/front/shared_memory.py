@@ -50,6 +50,7 @@ class SharedMemory:
         self.gpus = gpus
         self.clients = ClientTracker(socket, lease_timeout, self._disconnected, self._silent)
         self._source: Any = None  # the routing frame of the message being handled
+        self.gone: list[Callable[[bytes, str], None]] = []  # hear (client, why) it is gone
 
     def handlers(self) -> dict[str, Handler]:
         return {
@@ -192,7 +193,11 @@ class SharedMemory:
     def _track(self, client: bytes) -> None:
         self.clients.track(client, self._source)
 
+    track = _track  # for the lanes: a lane's client is watched like a lease holder
+
     def _disconnected(self, client: bytes) -> None:
+        for hear in self.gone:
+            hear(client, "disconnected")
         leases = self.handles.reclaim(client)
         regions = self.registrations.drop_owner(client)
         if leases or regions:
@@ -204,6 +209,8 @@ class SharedMemory:
             )
 
     def _silent(self, client: bytes) -> None:
+        for hear in self.gone:
+            hear(client, f"was silent for more than {self.clients.silence_s:g}s")
         leases = self.handles.reclaim(client)
         if leases:
             log.warning(
