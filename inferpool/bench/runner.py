@@ -2,8 +2,10 @@
 the warm-up, then for the measured window (a duration or a number of requests).
 
 The window starts and ends with nothing in flight, and the statistics API is read just
-before and just after it, so the server's counts of the window are exactly the requests the
-senders made in it (when no one else uses the model meanwhile).
+before and just after it, once it counts every request sent so far (a lane's requests are
+counted when its worker reports them, a moment after they were answered), so the server's
+counts of the window are exactly the requests the senders made in it (when no one else uses
+the model meanwhile).
 """
 
 from __future__ import annotations
@@ -20,6 +22,13 @@ from inferpool.bench.transports import Sender
 from inferpool.wire.errors import InferpoolError
 
 TICK_S = 0.1  # how often the progress display hears how far a phase is
+SETTLE_S = 5.0  # the longest the statistics are waited for to count what was sent
+
+
+def counted(stats: dict[str, Any]) -> int:
+    """The requests a ``model_stats`` entry has counted, successes and failures."""
+    inference = stats["inference_stats"]
+    return int(inference["success"]["count"]) + int(inference["fail"]["count"])
 
 
 @dataclass(frozen=True)
@@ -57,8 +66,10 @@ class Runner:
         self.plan = plan
         self.batch_size = batch_size
         self.progress = progress
+        self._sent = 0  # requests the server's statistics will have counted
 
     async def run(self) -> list[Level]:
+        self._sent = counted(await self.statistics())
         levels = []
         for n in self.plan.concurrency:
             level = await self._level(n)
@@ -70,11 +81,20 @@ class Runner:
         plan = self.plan
         if plan.warmup > 0:
             await self._drive(n, "warm-up", plan.warmup, 0)
-        before = await self.statistics()
+        before = await self._settled()
         latencies, errors, seconds = await self._drive(n, "measure", plan.duration, plan.requests)
-        after = await self.statistics()
+        after = await self._settled()
         server = Server.between(before, after)
         return Level.measured(n, latencies, errors, seconds, self.batch_size, server)
+
+    async def _settled(self) -> dict[str, Any]:
+        """The statistics once they count every request sent so far (or after SETTLE_S)."""
+        deadline = time.monotonic() + SETTLE_S
+        while True:
+            stats = await self.statistics()
+            if counted(stats) >= self._sent or time.monotonic() > deadline:
+                return stats
+            await asyncio.sleep(0.01)
 
     async def _drive(
         self, n: int, phase: str, duration: float, requests: int
@@ -120,6 +140,7 @@ class Runner:
         finally:
             ticker.cancel()
         seconds = time.perf_counter() - start
+        self._sent += len(latencies) + len(errors)
         self.progress.advance(len(latencies) + len(errors), seconds)
         if errors and not latencies:
             raise errors[0]  # every request failed: the first says why

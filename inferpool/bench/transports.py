@@ -48,6 +48,8 @@ class Workload:
 CHOICES = {
     "grpc": "KServe v2 gRPC at --url (tritonclient.grpc.aio)",
     "http": "KServe v2 HTTP at --url (tritonclient.http.aio, binary tensors)",
+    "lane": "as shm, through a lane: past the broker, to the model's worker over shared-memory "
+    "rings (a model lanes do not serve is refused)",
     "shm": "the asyncio shared-memory client: inputs written in place once, outputs leased",
     "zmq": "the asyncio client: tensors travel in zmq frames",
 }
@@ -130,12 +132,19 @@ class ZmqTransport(Transport):
 @register
 class ShmTransport(Transport):
     name = "shm"
+    lane: ClassVar[bool] = False
 
     async def open(self) -> None:
         if self.workload.decoupled:
-            raise UsageError("--transport shm sends to models that answer once: use zmq")
+            raise UsageError(f"--transport {self.name} sends to models that answer once: use zmq")
         size = self.slots * (self.workload.nbytes + 4096) + (1 << 20)  # slack for alignment
-        self.client = AsyncShmClient(self.endpoint, timeout=self.timeout, input_bytes=size)
+        self.client = AsyncShmClient(
+            self.endpoint,
+            timeout=self.timeout,
+            input_bytes=size,
+            lane=self.lane,
+            lane_slots=self.slots if self.lane else 0,
+        )
         await self.client.start()
 
     async def sender(self) -> Sender:
@@ -152,3 +161,17 @@ class ShmTransport(Transport):
 
     async def close(self) -> None:
         await self.client.close()
+
+
+@register
+class LaneTransport(ShmTransport):
+    name = "lane"
+    lane = True
+
+    async def open(self) -> None:
+        await super().open()
+        try:  # now, so that a model lanes do not serve is refused rather than sent around
+            await self.client.lane(self.workload.model, self.workload.version)
+        except BaseException:
+            await self.close()
+            raise

@@ -143,12 +143,12 @@ def test_a_decoupled_model_is_timed_to_its_final_response(server: Server, short_
     assert level["requests"] == level["server"]["requests"] == 20
 
 
-@pytest.mark.parametrize("transport", ["http", "grpc"])
-def test_kserve_transports_count_what_the_server_counts(
+@pytest.mark.parametrize("transport", ["http", "grpc", "lane"])
+def test_other_transports_count_what_the_server_counts(
     server: Server, short_tmp: Path, transport: str
 ) -> None:
     path = short_tmp / "bench.json"
-    url = server.http_url if transport == "http" else server.grpc_url
+    url = {"http": server.http_url, "grpc": server.grpc_url}.get(transport, "")
     before = successes(server, "identity")
     status, _, err = run_cli(
         "bench",
@@ -157,8 +157,7 @@ def test_kserve_transports_count_what_the_server_counts(
         server.endpoint,
         "--transport",
         transport,
-        "--url",
-        url,
+        *(["--url", url] if url else []),
         "--shape",
         "INPUT0:16",
         "--concurrency",
@@ -187,6 +186,10 @@ def test_kserve_transports_count_what_the_server_counts(
         (["identity", "--shape", "INPUT0"], "--shape expects NAME:DIMS"),
         (["square_int32", "--transport", "shm"], "--transport shm sends to models that answer"),
         (["square_int32", "--transport", "grpc"], "--transport grpc sends to models that answer"),
+        (
+            ["identity_batched", "--shape", "INPUT0:4", "--transport", "lane"],
+            "UNSUPPORTED: ",
+        ),
         (
             ["identity", "--shape", "INPUT0:4", "--transport", "http", "--url", "127.0.0.1:1"],
             "UNAVAILABLE: no KServe HTTP server answers at 127.0.0.1:1",

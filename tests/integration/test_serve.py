@@ -3,6 +3,7 @@ line, and its logs as JSON lines that name the request and the model."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -60,6 +61,18 @@ def test_tritons_flag_names_and_defaults() -> None:
     triton = options("--exit-timeout-secs", "5", "--log-verbose", "1", "--allow-metrics", "false")
     assert (triton.graceful_timeout, triton.log_level, triton.metrics_port) == (5, "DEBUG", 0)
     assert options("--log-level", "warning", "--log-format", "json").log_level == "WARNING"
+
+
+def test_every_argument_has_help_and_shows_its_default() -> None:
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for name, parser in commands.choices.items():
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            where = f"inferpool {name} {'/'.join(action.option_strings) or action.dest}"
+            assert action.help, f"{where} has no help"
+            if action.option_strings and action.default not in (None, False, [], ""):
+                assert "default" in action.help, f"{where} does not show its default"
 
 
 def test_serve_mistakes_are_one_line(short_tmp: Path) -> None:
