@@ -89,6 +89,8 @@ class Work(NamedTuple):
     parameters: Parameters
     inputs: Sequence[TensorRef]
     outputs: Sequence[WantedOutput]
+    priority: int = 0  # the priority level the request was queued at (0: none)
+    timeout_us: int = 0  # the request's ``timeout`` parameter (0: none)
 
 
 class Slot(NamedTuple):
@@ -273,10 +275,11 @@ def _wanted(raw: Sequence[Any]) -> WantedOutput:
 
 
 def _work(raw: Sequence[Any]) -> Work:
-    rid, id_, correlation_id, flags, parameters, inputs, outputs = raw
+    rid, id_, correlation_id, flags, parameters, inputs, outputs, priority, timeout_us = raw
     inputs = list(map(_ref, inputs))
+    outputs = [*map(_wanted, outputs)]
     return _new(
-        Work, (rid, id_, correlation_id, flags, parameters, inputs, [*map(_wanted, outputs)])
+        Work, (rid, id_, correlation_id, flags, parameters, inputs, outputs, priority, timeout_us)
     )
 
 
