@@ -30,6 +30,7 @@ from inferpool.broker.front.router import Router
 from inferpool.broker.front.shared_memory import EXTENSIONS, SharedMemory
 from inferpool.broker.kserve.service import Frontends
 from inferpool.broker.models import repository
+from inferpool.broker.models.cancellation import Cancellation
 from inferpool.broker.models.manager import Manager, Worker
 from inferpool.broker.models.registry import Registry, State
 from inferpool.broker.models.reload import reload_repository
@@ -41,6 +42,7 @@ from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.broker.pool.placement import Planner, Topology, parse_host_policies
 from inferpool.broker.pool.supervisor import Supervisor
 from inferpool.shm.arena import Arena
+from inferpool.shm.cancel_flags import CancelFlags
 from inferpool.shm.leases import LeaseTable
 from inferpool.shm.region import Region
 from inferpool.shm.runs import region_name
@@ -76,6 +78,8 @@ class Broker:
             arena_region = region_name(run_id, "arena")
             arena = Arena(Region.create(arena_region, opts.arena_size, prefault=opts.prefault))
             stack.callback(arena.destroy)
+            flags = CancelFlags.create(run_id, prefault=opts.prefault)
+            stack.callback(flags.close)
             outputs = OutputRegions(run_id, opts.output_arena_size, opts.prefault)
             stack.callback(outputs.close)
             self._wake = self._catch_signals(stack)
@@ -103,6 +107,9 @@ class Broker:
                 ),
             )
             self.supervisor = supervisor = manager.supervisor
+            cancellation = Cancellation(
+                manager.inflight, flags, manager.reject, self.responder.send_error
+            )
             self.liveness = Liveness(supervisor, opts.heartbeat_ms)
             self.readiness = Readiness(self.registry, opts.strict_readiness)
             # the front: the shared-memory extension, inference, control, the router
@@ -122,6 +129,7 @@ class Broker:
                 opts.lease_timeout,
                 self.responder.send,
                 len(topology.gpus),
+                cancellation.client_gone,
             )
             stack.callback(self.shm.close)  # its socket monitor must go before the context
             inference = Inference(
@@ -131,6 +139,7 @@ class Broker:
                 self.shm,
                 manager.submit,
                 opts.request_limit,
+                cancellation.cancel,
             )
             control = Control(
                 readiness=self.readiness,

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 from inferpool.backends.api import Request, RequestedOutput, Response, batch_size_of, now_ns
 from inferpool.backends.host import BackendHost
+from inferpool.shm.cancel_flags import CancelFlags
 from inferpool.wire.errors import InferpoolError, internal
 from inferpool.wire.worker.link import Link, TooLarge
 from inferpool.wire.worker.messages import (
@@ -61,6 +62,8 @@ class Worker:
         self._in_execute = False
         self._main_thread = threading.get_ident()
         self.memory = WorkerMemory(spec.output_region, spec.instance.name)
+        self.flags = CancelFlags.attach(spec.cancel_region) if spec.cancel_region else None
+        self._cancelled = self.flags.is_cancelled if self.flags is not None else None
         self.regions = ChannelRegions(link)
         self.host = BackendHost(
             backend_name=spec.backend,
@@ -111,6 +114,8 @@ class Worker:
         finally:
             self.host.close()
             self.memory.close()
+            if self.flags is not None:
+                self.flags.close()
 
     def _configure(self) -> None:
         """Read the loaded model's config: Model.set_config() may have completed it."""
@@ -258,7 +263,10 @@ class Worker:
             flags=work.flags,
             parameters=work.parameters,
             decoupled=self.decoupled,
+            priority=work.priority,
+            timeout_us=work.timeout_us,
             handle=work.rid,
+            cancelled=self._cancelled,
         )
 
     def _emit(self, request: Request, response: Response | None, final: bool) -> None:

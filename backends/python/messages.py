@@ -142,8 +142,8 @@ class InferenceResponseSender:
             raise TritonModelException(err.message) from None
 
     def is_cancelled(self) -> bool:
-        """Always False: inferpool does not cancel running requests yet."""
-        return False
+        """Whether the client cancelled the request; the FINAL flag is still to be sent."""
+        return self._sender.is_cancelled()
 
 
 class InferenceRequest:
@@ -206,8 +206,8 @@ class InferenceRequest:
         return self._sender
 
     def is_cancelled(self) -> bool:
-        """Always False: inferpool does not cancel running requests yet."""
-        return False
+        """Whether the client cancelled the request (its answer, CANCELLED, has gone)."""
+        return self._request.is_cancelled()
 
     def exec(self, *args: Any, **kwargs: Any) -> Any:
         raise TritonModelException(_BLS)

@@ -39,15 +39,18 @@ class SharedMemory:
         lease_timeout: float,
         send: Callable[[list[Any], dict[str, Any]], None],
         gpus: int,
+        gone: Callable[[bytes], None],
     ) -> None:
         """``socket``: the clients' ROUTER, whose disconnects end what a client held;
         ``lease_timeout``: how long a client holding leases may stay silent; ``send``: the
         responder's, for answers that come later (a CUDA unregister); ``gpus``: the GPUs the
-        broker counted (without CUDA)."""
+        broker counted (without CUDA); ``gone(client)``: a client that sent inference
+        requests disconnected (its requests are cancelled)."""
         self.registrations = registrations
         self.handles = handles
         self._send = send
         self.gpus = gpus
+        self._gone = gone
         self.clients = ClientTracker(socket, lease_timeout, self._disconnected, self._silent)
         self._source: Any = None  # the routing frame of the message being handled
 
@@ -92,10 +95,12 @@ class SharedMemory:
         return None
 
     def request_arrived(self, client: bytes, header: dict[str, Any]) -> None:
-        """Releases carried by an inference request come first, then the request itself."""
+        """Releases carried by an inference request come first, then the request itself,
+        whose sender is watched from now on (its requests end when it disconnects)."""
         release = header.get("release")
         if release:
             self.handles.release(client, release)
+        self._track(client)
         self.clients.seen(client)
 
     # ------------------------------------------------------------------ system regions
@@ -193,6 +198,7 @@ class SharedMemory:
         self.clients.track(client, self._source)
 
     def _disconnected(self, client: bytes) -> None:
+        self._gone(client)
         leases = self.handles.reclaim(client)
         regions = self.registrations.drop_owner(client)
         if leases or regions:

@@ -317,8 +317,9 @@ class Manager:
         self.supervisor.send(handle, msg)
 
     def reject(self, req: PendingRequest, err: InferpoolError) -> None:
-        """Answer ``req`` with an error and end it."""
-        self.responder.send_error(req.envelope, "infer", req.client_id, err)
+        """Answer ``req`` with an error (unless it was cancelled: answered) and end it."""
+        if not req.cancelled:
+            self.responder.send_error(req.envelope, "infer", req.client_id, err)
         self.finish(req, success=False, timing=None)
 
     def finish(self, req: PendingRequest, success: bool, timing: Durations | None) -> None:
@@ -345,9 +346,11 @@ class Manager:
         responder = self.responder
         for item in items:
             req = self.inflight.get(item.rid)
-            if req is None:  # answered already (e.g. timed out): just give the memory back
+            if req is None or req.cancelled:  # answered already: give the memory back
                 for out in item.outputs:
                     self.outputs.free(out.region, out.offset, held=False)
+                if req is not None and item.final:
+                    self.finish(req, False, item.durations)
                 continue
             responder.result(req, item)
             if item.final:

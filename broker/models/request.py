@@ -33,3 +33,4 @@ class PendingRequest:
     dispatched_ns: int = 0
     worker: Any = None
     shm_outputs: bool = False  # some output stays in shared memory (handle, client region)
+    cancelled: bool = False  # answered CANCELLED while executing (models.cancellation)

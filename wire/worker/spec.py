@@ -67,6 +67,7 @@ class WorkerSpec:
     artifact_path: str  # <repo>/<model>/<version>
     output_region: str  # this worker's output arena region
     instance: InstanceSpec
+    cancel_region: str = ""  # the run's cancellation marks (shm.cancel_flags); "": none
     pinning: PinningSpec = field(default_factory=PinningSpec)
     backend_directory: str = ""
     backend_config: dict[str, str] = field(default_factory=dict)  # this backend's settings
