@@ -1,8 +1,9 @@
-"""Python models that record what they saw, for tests that watch the scheduler from a backend.
+"""Models that record what they saw, for tests that watch the scheduler from a backend.
 
-A recording model appends one JSON object per event to ``seen.jsonl`` in its model directory
-(``args["model_repository"]``); :func:`seen` reads them back.  A request names itself with
-the ``tag`` request parameter.
+A recording model appends one JSON object per event to ``seen.jsonl`` in its model directory;
+:func:`seen` reads them back.  A request names itself with the ``tag`` request parameter.
+:func:`model_py` makes a python model's model.py; :data:`PROBE` is a backend of its own
+(``<model>/probe.py``, ``backend: "probe"``) that sees what only the backend API shows.
 """
 
 from __future__ import annotations
@@ -31,6 +32,48 @@ class Recorder:
 
 def tag(request):
     return json.loads(request.parameters()).get("tag", request.request_id())
+"""
+
+
+# Records each request (tag, priority level, timeout, batch size); X[0] != 0 holds it until
+# it is cancelled (at most 20 s).  Input X, output Y, any type and shape.
+PROBE = """
+import json
+import os
+import time
+
+from inferpool.backends.api import Backend, Model, ModelInstance
+
+
+class ProbeInstance(ModelInstance):
+    def execute(self, requests):
+        path = os.path.join(self.model.repository_path, "seen.jsonl")
+        responses = []
+        for request in requests:
+            event = {
+                "start": request.parameters.get("tag", request.id),
+                "priority": request.priority,
+                "timeout": request.timeout_us,
+                "batch": len(requests),
+            }
+            with open(path, "a") as f:
+                f.write(json.dumps(event) + "\\n")
+            x = request.input("X").as_numpy()
+            deadline = time.monotonic() + (20 if x.reshape(-1)[0] else 0)
+            while time.monotonic() < deadline and not request.is_cancelled():
+                time.sleep(0.005)
+            response = request.response()
+            response.set_output("Y", x)
+            responses.append(response)
+        return responses
+
+
+class ProbeBackend(Backend):
+    model_class = Model
+    instance_class = ProbeInstance
+
+
+BACKEND = ProbeBackend
 """
 
 
