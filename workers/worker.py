@@ -40,6 +40,7 @@ from inferpool.wire.worker.messages import (
     Work,
 )
 from inferpool.wire.worker.spec import WorkerSpec
+from inferpool.workers import warmup
 from inferpool.workers.gpu_limit import check_load_limit
 from inferpool.workers.memory import WorkerMemory
 from inferpool.workers.pinning import cuda_ordinal, read_back
@@ -89,7 +90,8 @@ class Worker:
 
     # ------------------------------------------------------------------ lifecycle
     def load(self) -> None:
-        """Load the model (raises InferpoolError, every level that loaded finalized)."""
+        """Load the model and warm it up (raises InferpoolError, every level that loaded
+        finalized)."""
         spec = self.spec
         try:
             self.host.load()
@@ -99,10 +101,13 @@ class Worker:
                 cuda_ordinal(spec.instance.device_id, spec.pinning.cuda_visible_devices),
                 spec.gpu_load_limit,
             )
+            self._configure()
+            warmup.run(
+                self.host, self.memory, warmup.samples(self.host.config, spec.repository_path)
+            )
         except InferpoolError:
             self.host.close()
             raise
-        self._configure()
 
     def serve(self) -> None:
         """Report ready, then serve until the broker says stop or goes away."""
