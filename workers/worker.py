@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 from inferpool.backends.api import Request, RequestedOutput, Response, batch_size_of, now_ns
 from inferpool.backends.host import BackendHost
+from inferpool.backends.sequence import SequenceInputs
 from inferpool.shm.cancel_flags import CancelFlags
 from inferpool.wire.errors import InferpoolError, internal
 from inferpool.wire.worker.link import Link, TooLarge
@@ -86,6 +87,7 @@ class Worker:
         self.decoupled = False  # the rest is known once the model has completed its config
         self.batching = False
         self.reshapes: dict[str, tuple[int, ...]] = {}
+        self.sequence: SequenceInputs | None = None  # control inputs and initial states
         self.states: SequenceStates | None = None  # sequence state, if the model keeps any
 
     # ------------------------------------------------------------------ lifecycle
@@ -128,7 +130,8 @@ class Worker:
         self.decoupled = self.host.decoupled
         self.batching = cfg.max_batch_size > 0
         self.reshapes = {t.name: tuple(t.reshape.shape) for t in cfg.input if t.HasField("reshape")}
-        self.states = SequenceStates.of(cfg, self.memory)
+        self.sequence = SequenceInputs.of(cfg, self.spec.model_name, self.spec.repository_path)
+        self.states = SequenceStates.of(cfg, self.memory, self.sequence)
 
     def _loop(self) -> None:
         """One message at a time.  A decoupled model's backend threads may answer between
@@ -186,6 +189,9 @@ class Worker:
                 self._item_requests.append(None)
                 continue
             requests.append(request)
+        nulls = [self._null(requests[0]) for _ in msg.nulls] if requests else []
+        for position, null in zip(msg.nulls, nulls, strict=False):
+            requests.insert(min(position, len(requests)), null)
         compute_start = now_ns()
         self._in_execute = True
         try:
@@ -197,6 +203,8 @@ class Worker:
         host = self.host
         batch = Durations(compute_start - exec_start, compute_end - compute_start, 0)
         timings = host.stats.timings
+        for null in nulls:
+            timings.pop(id(null), None)
         items = []
         for item, owner in zip(self._items, self._item_requests, strict=True):
             timing = timings.pop(id(owner), None) if owner is not None else None
@@ -254,14 +262,15 @@ class Worker:
                 reshape = (ref.shape[0], *reshape)
             tensor = self.memory.input_tensor(ref, reshape)
             inputs[tensor.name] = tensor
-        if self.states is not None:
-            self.states.feed(work, inputs)
+        wanted = {out.name: RequestedOutput(out.name, out.window) for out in work.outputs}
+        if self.sequence is not None:
+            self.sequence.add_controls(inputs, work.correlation_id, work.flags, 1, True, work.id)
+            if self.states is not None:
+                self.states.feed(work, inputs, wanted)
         return Request(
             id=work.id,
             inputs=inputs,
-            requested_outputs={
-                out.name: RequestedOutput(out.name, out.window) for out in work.outputs
-            },
+            requested_outputs=wanted,
             memory=self.memory,
             emit=self._emit,
             correlation_id=work.correlation_id,
@@ -272,6 +281,24 @@ class Worker:
             timeout_us=work.timeout_us,
             handle=work.rid,
             cancelled=self._cancelled,
+        )
+
+    def _null(self, like: Request) -> Request:
+        """A null request of direct sequence batching: ``like``'s inputs, READY false, its
+        answers dropped (it holds a batch slot that has no request)."""
+        assert self.sequence is not None
+        owned = self.sequence.owned
+        inputs = {n: t for n, t in like.inputs.items() if n not in owned}
+        self.sequence.add_controls(inputs, 0, 0, ready=False)
+        self.sequence.add_initial_states(inputs)
+        return Request(
+            id="",
+            inputs=inputs,
+            requested_outputs=like.requested_outputs,
+            memory=self.memory,
+            emit=_drop_answer,
+            decoupled=self.decoupled,
+            handle=0,
         )
 
     def _emit(self, request: Request, response: Response | None, final: bool) -> None:
@@ -315,3 +342,8 @@ class Worker:
             items, self._async_items = self._async_items, []
         if items:
             self._send_items(items)
+
+
+def _drop_answer(request: Request, response: Response | None, final: bool) -> None:
+    if response is not None:
+        response.discard()

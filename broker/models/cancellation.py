@@ -64,11 +64,13 @@ class Cancellation:
     def _cancel(self, req: PendingRequest, why: str) -> None:
         if req.rid not in self.inflight:  # ended with an earlier one (its sequence)
             return
-        if req.worker is None:
-            scheduler = req.model.scheduler
-            dropped = scheduler.cancel(req) if scheduler is not None else []
-            for queued in dropped or [req]:
+        scheduler = req.model.scheduler
+        dropped = scheduler.cancel(req) if scheduler is not None else []
+        for queued in dropped:  # with it, what of its sequence was queued
+            if queued is not req:
                 self.reject(queued, _error(queued, why))
+        if req.worker is None:
+            self.reject(req, _error(req, why))
             return
         self.flags.cancel(req.rid)
         req.cancelled = True  # answered now; its worker's late results are dropped

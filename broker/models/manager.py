@@ -301,6 +301,7 @@ class Manager:
         handle: Worker,
         batch: list[PendingRequest],
         release: Sequence[CorrelationId] = (),
+        nulls: Sequence[int] = (),
     ) -> None:
         now = time.monotonic_ns()
         stats = handle.model.stats
@@ -311,9 +312,8 @@ class Manager:
         handle.busy = batch
         handle.exec_started = time.monotonic()
         unmaps = self.unmaps.pop(handle.identity, ()) if self.unmaps else ()
-        msg = Execute(
-            [r.work for r in batch], self.outputs.take_frees(handle.output_region), unmaps, release
-        )
+        frees = self.outputs.take_frees(handle.output_region)
+        msg = Execute([r.work for r in batch], frees, unmaps, release, nulls)
         self.supervisor.send(handle, msg)
 
     def reject(self, req: PendingRequest, err: InferpoolError) -> None:

@@ -22,13 +22,15 @@ from inferpool.wire.worker.messages import CorrelationId
 
 
 class Dispatch(Protocol):
-    """Send ``batch`` to ``worker``; ``release`` names sequences whose state it drops first."""
+    """Send ``batch`` to ``worker``; ``release`` names sequences whose state it drops first,
+    ``nulls`` the batch positions where it adds null requests (direct sequence batching)."""
 
     def __call__(
         self,
         worker: Any,
         batch: list[PendingRequest],
         release: Sequence[CorrelationId] = (),
+        nulls: Sequence[int] = (),
         /,
     ) -> None: ...
 

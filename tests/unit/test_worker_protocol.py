@@ -35,6 +35,8 @@ WORK = m.Work(
     parameters={"p": 1, "q": "x"},
     inputs=[REF],
     outputs=[m.WantedOutput("OUTPUT0"), m.WantedOutput("OUTPUT1", m.Window("ref:1", 64, 512))],
+    priority=2,
+    timeout_us=5000,
 )
 RESULTS = [
     m.Result(7, True, [OUT], {"k": True}, None, DURATIONS),
@@ -43,9 +45,13 @@ RESULTS = [
 ]
 
 FROM_BROKER = [
-    m.Execute([WORK, WORK._replace(rid=8, correlation_id=0, flags=0, inputs=[])], [], [], []),
+    m.Execute([WORK, WORK._replace(rid=8, correlation_id=0, flags=0, inputs=[])], [], [], [], []),
     m.Execute(
-        [WORK], free=[m.Slot("inferpool-0123456789-out0g0", 64)], unmap=["ref:2"], release=[5, "s"]
+        [WORK],
+        free=[m.Slot("inferpool-0123456789-out0g0", 64)],
+        unmap=["ref:2"],
+        release=[5, "s"],
+        nulls=[0, 2],
     ),
     m.Free([m.Slot("inferpool-0123456789-out0g0", 0)], ["ref:3"]),
     m.Stop(),
@@ -181,6 +187,7 @@ SPEC = WorkerSpec(
     repository_path="/repo/model",
     artifact_path="/repo/model/1",
     output_region="inferpool-0123456789-out0g0",
+    cancel_region="inferpool-0123456789-cancel",
     instance=InstanceSpec("model_0_0", "GPU", 1, 0, "gpu_1", False, [{"kind": "KIND_NVDLA"}]),
     pinning=PinningSpec([0, 1], 0, "bind", "1", 2),
     backend_config={"k": "v"},

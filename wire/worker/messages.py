@@ -157,6 +157,7 @@ class Execute(NamedTuple):
     free: Sequence[Slot] = ()
     unmap: Sequence[str] = ()  # client regions no request will name again
     release: Sequence[CorrelationId] = ()  # sequences released as idle: drop their state
+    nulls: Sequence[int] = ()  # batch positions of null requests (direct sequence batching)
 
 
 class Free(NamedTuple):
@@ -298,10 +299,10 @@ def _batch(raw: Sequence[Any]) -> BatchStats:
 
 
 def _execute(body: Sequence[Any]) -> Execute:
-    requests, free, unmap, release = body
+    requests, free, unmap, release, nulls = body
     if free:
         free = list(map(_slot, free))
-    return _new(Execute, (list(map(_work, requests)), free, unmap, release))
+    return _new(Execute, (list(map(_work, requests)), free, unmap, release, nulls))
 
 
 def _free(body: Sequence[Any]) -> Free:
