@@ -9,9 +9,15 @@ A recording model appends one JSON object per event to ``seen.jsonl`` in its mod
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
+
+from tests.support import Server
 
 RECORDER = """
 import json
@@ -103,3 +109,24 @@ def wait_seen(model_dir: Path, event: dict[str, Any], timeout: float = 20.0) -> 
 def tags(model_dir: Path, key: str) -> list[Any]:
     """The ``key`` value of every event that has one, in order."""
     return [e[key] for e in seen(model_dir) if key in e]
+
+
+class Served(NamedTuple):
+    server: Server
+    repo: Path  # the model repository it serves
+
+
+@contextmanager
+def served(prefix: str, build: Callable[[Path], None]) -> Iterator[Served]:
+    """A server over the repository ``build`` writes (for a module's tests to share); the run
+    must end cleanly, leaving no shared memory behind."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    try:
+        repo = tmp / "repo"
+        build(repo)
+        with Server(tmp, repo) as server:
+            yield Served(server, repo)
+        assert server.proc.returncode == 0, server.log()
+        assert server.regions() == [], "the module's server left shared memory behind"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

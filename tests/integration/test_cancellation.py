@@ -5,8 +5,6 @@ what it saw (tests.integration.recording)."""
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,8 +14,8 @@ import numpy as np
 import pytest
 
 from inferpool.client import AsyncClient, Client, Code, InferpoolError
-from tests.integration.recording import model_py, tags, wait_seen
-from tests.support import Server, write_model
+from tests.integration.recording import Served, model_py, served, tags, wait_seen
+from tests.support import write_model
 
 # waits (up to 20 s) until its request is cancelled; X = 0 answers at once
 WAITER = model_py("""
@@ -86,49 +84,25 @@ class TritonPythonModel:
 """)
 
 
+def write_repository(repo: Path) -> None:
+    io = """
+        input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]
+    """
+    config = f'name: "waiter"\nbackend: "python"\n{io}'
+    write_model(repo, "waiter", config, files={"1/model.py": WAITER})
+    decoupled = """
+        model_transaction_policy { decoupled: true }
+        output [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
+    """
+    config = f'name: "ticker"\nbackend: "python"\n{decoupled}'
+    write_model(repo, "ticker", config, files={"1/model.py": TICKER})
+
+
 @pytest.fixture(scope="module")
-def server() -> Iterator[Server]:
-    tmp = Path(tempfile.mkdtemp(prefix="ipc-", dir="/tmp"))
-    try:
-        repo = tmp / "repo"
-        write_model(
-            repo,
-            "waiter",
-            """
-            name: "waiter"
-            backend: "python"
-            input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
-            output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]
-            """,
-            files={"1/model.py": WAITER},
-        )
-        write_model(
-            repo,
-            "ticker",
-            """
-            name: "ticker"
-            backend: "python"
-            model_transaction_policy { decoupled: true }
-            output [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
-            """,
-            files={"1/model.py": TICKER},
-        )
-        with Server(tmp, repo) as server:
-            yield server
-        assert server.proc.returncode == 0, server.log()
-        assert server.regions() == [], "the module's server left shared memory behind"
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def model_dir(server: Server, name: str) -> Path:
-    args = list(server.proc.args)  # type: ignore[arg-type]
-    return Path(args[args.index("--model-repository") + 1]) / name
-
-
-@pytest.fixture
-def waiter(server: Server) -> Path:
-    return model_dir(server, "waiter")
+def live() -> Iterator[Served]:
+    with served("ipc-", write_repository) as got:
+        yield got
 
 
 def new_tag() -> str:
@@ -158,9 +132,10 @@ def failures(client: Client) -> int:
     return int(client.statistics("waiter")["model_stats"][0]["inference_stats"]["fail"]["count"])
 
 
-def test_cancel_a_queued_and_an_executing_request(server: Server, waiter: Path) -> None:
+def test_cancel_a_queued_and_an_executing_request(live: Served) -> None:
+    waiter = live.repo / "waiter"
     running, queued = new_tag(), new_tag()
-    with server.client() as c:
+    with live.server.client() as c:
         failed = failures(c)
         first = send_waiter(c, running)
         wait_seen(waiter, {"start": running})
@@ -177,19 +152,20 @@ def test_cancel_a_queued_and_an_executing_request(server: Server, waiter: Path) 
         assert failures(c) == failed + 2
 
 
-def test_cancel_needs_a_request_id(server: Server) -> None:
-    with server.client() as c:
+def test_cancel_needs_a_request_id(live: Served) -> None:
+    with live.server.client() as c:
         for bad in (None, "", True, [1]):
             with pytest.raises(InferpoolError, match="cancel needs 'request_id'") as err:
                 c.call("cancel", request_id=bad)
             assert err.value.code is Code.INVALID_ARG
 
 
-def test_async_client_cancels_a_cancelled_task_and_a_timeout(server: Server, waiter: Path) -> None:
+def test_async_client_cancels_a_cancelled_task_and_a_timeout(live: Served) -> None:
+    waiter = live.repo / "waiter"
     by_task, by_timeout = new_tag(), new_tag()
 
     async def main() -> None:
-        async with AsyncClient(server.endpoint) as c:
+        async with AsyncClient(live.server.endpoint) as c:
             x = {"X": np.array([1], np.int32)}
             task = asyncio.create_task(c.infer("waiter", x, parameters={"tag": by_task}))
             while by_task not in tags(waiter, "start"):
@@ -208,10 +184,10 @@ def test_async_client_cancels_a_cancelled_task_and_a_timeout(server: Server, wai
     wait_seen(waiter, {"end": by_timeout, "cancelled": True})
 
 
-def test_a_stream_left_early_is_cancelled(server: Server) -> None:
-    ticker = model_dir(server, "ticker")
+def test_a_stream_left_early_is_cancelled(live: Served) -> None:
+    ticker = live.repo / "ticker"
     tag = new_tag()
-    with server.client() as c:
+    with live.server.client() as c:
         got = []
         for result in c.stream("ticker", {}, parameters={"tag": tag}):
             got.append(int(result.outputs["N"][0]))
@@ -222,14 +198,15 @@ def test_a_stream_left_early_is_cancelled(server: Server) -> None:
     assert event["sent"] < 2000
 
 
-def test_a_disconnected_client_s_requests_are_cancelled(server: Server, waiter: Path) -> None:
+def test_a_disconnected_client_s_requests_are_cancelled(live: Served) -> None:
+    waiter = live.repo / "waiter"
     running, queued = new_tag(), new_tag()
-    gone = server.client()
+    gone = live.server.client()
     send_waiter(gone, running)
     wait_seen(waiter, {"start": running})
     send_waiter(gone, queued, x=0)
     gone.close()  # its connection closes: the broker's socket monitor says so
     wait_seen(waiter, {"end": running, "cancelled": True})
-    with server.client() as c:
+    with live.server.client() as c:
         assert c.infer("waiter", {"X": np.array([0], np.int32)})["Y"].tolist() == [0]
     assert queued not in tags(waiter, "start")

@@ -5,8 +5,6 @@ others queue, and cancelling it lets them through."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,8 +14,8 @@ import numpy as np
 import pytest
 
 from inferpool.client import Client, Code, InferpoolError
-from tests.integration.recording import PROBE, seen, wait_seen
-from tests.support import Server, write_model
+from tests.integration.recording import PROBE, Served, seen, served, wait_seen
+from tests.support import write_model
 
 IO = """
     max_batch_size: 1
@@ -40,24 +38,16 @@ MODELS = {
 }
 
 
-@pytest.fixture(scope="module")
-def repo() -> Iterator[Path]:
-    tmp = Path(tempfile.mkdtemp(prefix="ipq-", dir="/tmp"))
-    try:
-        for name, batching in MODELS.items():
-            config = f'name: "{name}"\nbackend: "probe"\n{IO}\n{batching}'
-            write_model(tmp / "repo", name, config, files={"probe.py": PROBE})
-        yield tmp
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+def write_repository(repo: Path) -> None:
+    for name, batching in MODELS.items():
+        config = f'name: "{name}"\nbackend: "probe"\n{IO}\n{batching}'
+        write_model(repo, name, config, files={"probe.py": PROBE})
 
 
 @pytest.fixture(scope="module")
-def server(repo: Path) -> Iterator[Server]:
-    with Server(repo, repo / "repo") as server:
-        yield server
-    assert server.proc.returncode == 0, server.log()
-    assert server.regions() == [], "the module's server left shared memory behind"
+def live() -> Iterator[Served]:
+    with served("ipq-", write_repository) as got:
+        yield got
 
 
 def send(c: Client, model: str, tag: str, hold: bool = False, **params: Any) -> str:
@@ -95,12 +85,10 @@ def started(model_dir: Path, tags: list[str]) -> list[dict[str, Any]]:
     return [e for e in seen(model_dir) if e.get("start") in tags]
 
 
-def test_higher_priority_runs_first_and_the_backend_sees_its_level(
-    server: Server, repo: Path
-) -> None:
-    model_dir = repo / "repo" / "prio"
+def test_higher_priority_runs_first_and_the_backend_sees_its_level(live: Served) -> None:
+    model_dir = live.repo / "prio"
     tags = [f"{name}-{uuid.uuid4().hex[:6]}" for name in ("low", "low2", "none", "high", "huge")]
-    with server.client() as c:
+    with live.server.client() as c:
         held = hold(c, model_dir)
         low, low2, none, high, huge = tags
         ids = [
@@ -118,9 +106,9 @@ def test_higher_priority_runs_first_and_the_backend_sees_its_level(
     assert [e["priority"] for e in ran] == [1, 2, 2, 2, 2]
 
 
-def test_a_full_queue_refuses_with_tritons_words(server: Server, repo: Path) -> None:
-    with server.client() as c:
-        held = hold(c, repo / "repo" / "bounded")
+def test_a_full_queue_refuses_with_tritons_words(live: Served) -> None:
+    with live.server.client() as c:
+        held = hold(c, live.repo / "bounded")
         waiting = send(c, "bounded", "waits")
         with pytest.raises(InferpoolError, match=r"Exceeds maximum queue size") as err:
             c.infer("bounded", {"X": np.zeros((1, 1), np.int32)})
@@ -130,10 +118,10 @@ def test_a_full_queue_refuses_with_tritons_words(server: Server, repo: Path) -> 
         assert "error" not in answer(c, waiting)
 
 
-def test_timeouts_delay_at_one_level_and_reject_at_another(server: Server, repo: Path) -> None:
-    model_dir = repo / "repo" / "timeouts"
+def test_timeouts_delay_at_one_level_and_reject_at_another(live: Served) -> None:
+    model_dir = live.repo / "timeouts"
     late, on_time, rejected, kept = (f"{n}-{uuid.uuid4().hex[:6]}" for n in "abcd")
-    with server.client() as c:
+    with live.server.client() as c:
         held = hold(c, model_dir)
         # a 1 us timeout expires before the next request arrives: at level 1 it is delayed
         # behind the requests that have not expired, at level 2 it is rejected
@@ -154,8 +142,8 @@ def test_timeouts_delay_at_one_level_and_reject_at_another(server: Server, repo:
     assert [e["timeout"] for e in ran] == [0, 1, 0]  # what each request asked for
 
 
-def test_bad_priority_settings_are_refused(server: Server) -> None:
-    with server.client() as c:
+def test_bad_priority_settings_are_refused(live: Served) -> None:
+    with live.server.client() as c:
         reasons = {m["name"]: m["reason"] for m in c.models()}
         assert (
             "default priority level must be in range [1, 2] for bad_default"

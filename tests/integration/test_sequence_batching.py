@@ -5,8 +5,6 @@ requests, and oldest batches across sequences."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,8 +13,8 @@ import numpy as np
 import pytest
 
 from inferpool.client import Client
-from tests.integration.recording import model_py, seen, wait_seen
-from tests.support import Server, write_model
+from tests.integration.recording import Served, model_py, seen, served, wait_seen
+from tests.support import write_model
 
 # Y = ACC_OUT = ACC_IN + X; X = -1 holds the request while <model>/hold exists
 COUNTER = model_py("""
@@ -81,27 +79,19 @@ STRATEGIES = {
 }
 
 
-@pytest.fixture(scope="module")
-def repo() -> Iterator[Path]:
-    tmp = Path(tempfile.mkdtemp(prefix="ipsq-", dir="/tmp"))
-    try:
-        for name, strategy in STRATEGIES.items():
-            config = f'name: "{name}"\n{IO}\nsequence_batching {{ {strategy}\n{CONTROLS} }}'
-            model = write_model(tmp / "repo", name, config, files={"1/model.py": COUNTER})
-            (model / "initial_state").mkdir()
-            hundred = np.array([100.0], np.float32).tobytes()
-            (model / "initial_state" / "hundred.bin").write_bytes(hundred)
-        yield tmp / "repo"
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+def write_repository(repo: Path) -> None:
+    for name, strategy in STRATEGIES.items():
+        config = f'name: "{name}"\n{IO}\nsequence_batching {{ {strategy}\n{CONTROLS} }}'
+        model = write_model(repo, name, config, files={"1/model.py": COUNTER})
+        (model / "initial_state").mkdir()
+        hundred = np.array([100.0], np.float32).tobytes()
+        (model / "initial_state" / "hundred.bin").write_bytes(hundred)
 
 
 @pytest.fixture(scope="module")
-def server(repo: Path) -> Iterator[Server]:
-    with Server(repo.parent, repo) as server:
-        yield server
-    assert server.proc.returncode == 0, server.log()
-    assert server.regions() == [], "the module's server left shared memory behind"
+def live() -> Iterator[Served]:
+    with served("ipsq-", write_repository) as got:
+        yield got
 
 
 def send(c: Client, model: str, tag: str, corr: int, x: float, **flags: bool) -> str:
@@ -122,20 +112,30 @@ def y_of(c: Client, request_id: str) -> float:
     return float(np.frombuffer(frames[0], np.float32)[0])
 
 
+def start_held(c: Client, model_dir: Path, tag: str, corr: int) -> tuple[str, Path]:
+    """Start sequence ``corr`` with a request the model holds (running) until the returned
+    file is removed; its id and that file."""
+    hold = model_dir / "hold"
+    hold.touch()
+    request_id = send(c, model_dir.name, tag, corr, -1, sequence_start=True)
+    wait_seen(model_dir, {"tag": tag})
+    return request_id, hold
+
+
 def record(model_dir: Path, tag: str) -> dict[str, Any]:
     [event] = [e for e in seen(model_dir) if e["tag"] == tag]
     return event
 
 
-def test_controls_and_state_reach_a_python_model(server: Server, repo: Path) -> None:
-    with server.client() as c:
+def test_controls_and_state_reach_a_python_model(live: Served) -> None:
+    with live.server.client() as c:
         ys = [
             y_of(c, send(c, "direct", "s1", 7, 1, sequence_start=True)),
             y_of(c, send(c, "direct", "s2", 7, 2)),
             y_of(c, send(c, "direct", "s3", 7, 3, sequence_end=True)),
         ]
     assert ys == [101.0, 103.0, 106.0]  # from the initial state file's 100
-    first, middle, last = (record(repo / "direct", t) for t in ("s1", "s2", "s3"))
+    first, middle, last = (record(live.repo / "direct", t) for t in ("s1", "s2", "s3"))
     assert first["dtypes"] == {
         "START": "int32",
         "END": "float32",
@@ -152,13 +152,10 @@ def test_controls_and_state_reach_a_python_model(server: Server, repo: Path) -> 
     assert [last["start"], last["end"], last["acc"]] == [[[0]], [[1.0]], [[103.0]]]
 
 
-def test_slots_backlog_and_null_requests(server: Server, repo: Path) -> None:
-    model_dir = repo / "direct"
-    hold = model_dir / "hold"
-    hold.touch()
-    with server.client() as c:
-        a1 = send(c, "direct", "a1", 11, -1, sequence_start=True)  # slot 0, held
-        wait_seen(model_dir, {"tag": "a1"})
+def test_slots_backlog_and_null_requests(live: Served) -> None:
+    model_dir = live.repo / "direct"
+    with live.server.client() as c:
+        a1, hold = start_held(c, model_dir, "a1", 11)  # slot 0
         b1 = send(c, "direct", "b1", 12, 1, sequence_start=True)  # slot 1
         c1 = send(c, "direct", "c1", 13, 1, sequence_start=True)  # no slot left: backlog
         c2 = send(c, "direct", "c2", 13, 1)
@@ -175,18 +172,15 @@ def test_slots_backlog_and_null_requests(server: Server, repo: Path) -> None:
     assert (b2_event["position"], b2_event["batch"]) == (1, 2)  # its slot is its position
     [null] = [e for e in events[order.index("b2") - 1 :] if e["position"] == 0]
     assert null["ready"] == [[False]] and null["corrid"] == [[0]] and null["start"] == [[0]]
-    with server.client() as c:
+    with live.server.client() as c:
         for corr in (12, 13):  # end them: the module's other tests start afresh
             y_of(c, send(c, "direct", f"end-{corr}", corr, 0, sequence_end=True))
 
 
-def test_oldest_batches_across_candidate_sequences(server: Server, repo: Path) -> None:
-    model_dir = repo / "oldest"
-    hold = model_dir / "hold"
-    hold.touch()
-    with server.client() as c:
-        a1 = send(c, "oldest", "o-a1", 21, -1, sequence_start=True)
-        wait_seen(model_dir, {"tag": "o-a1"})
+def test_oldest_batches_across_candidate_sequences(live: Served) -> None:
+    model_dir = live.repo / "oldest"
+    with live.server.client() as c:
+        a1, hold = start_held(c, model_dir, "o-a1", 21)
         queued = [
             send(c, "oldest", "o-b1", 22, 1, sequence_start=True),
             send(c, "oldest", "o-c1", 23, 1, sequence_start=True),
@@ -202,13 +196,10 @@ def test_oldest_batches_across_candidate_sequences(server: Server, repo: Path) -
     assert order.index("o-d1") > order.index("o-a2")  # 24 waited for 21 to end
 
 
-def test_cancelling_a_request_of_a_sequence_ends_the_sequence(server: Server, repo: Path) -> None:
-    model_dir = repo / "direct"
-    hold = model_dir / "hold"
-    hold.touch()
-    with server.client() as c:
-        first = send(c, "direct", "k1", 31, -1, sequence_start=True)
-        wait_seen(model_dir, {"tag": "k1"})
+def test_cancelling_a_request_of_a_sequence_ends_the_sequence(live: Served) -> None:
+    model_dir = live.repo / "direct"
+    with live.server.client() as c:
+        first, hold = start_held(c, model_dir, "k1", 31)
         second, third = send(c, "direct", "k2", 31, 1), send(c, "direct", "k3", 31, 1)
         assert c.call("cancel", request_id=third)["cancelled"] == 1
         for request_id in (second, third):  # every queued request of the sequence

@@ -4,17 +4,15 @@ in the statistics, and a failing or malformed sample fails the load with Triton'
 
 from __future__ import annotations
 
-import shutil
 import struct
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.integration.recording import model_py, seen
-from tests.support import Server, write_model
+from tests.integration.recording import Served, model_py, seen, served
+from tests.support import write_model
 
 # records every request it runs; TEXT "fail" makes it answer with an error
 WARM = model_py("""
@@ -92,35 +90,27 @@ def text_file(*words: bytes) -> bytes:
     return b"".join(struct.pack("<I", len(w)) + w for w in words)
 
 
-@pytest.fixture(scope="module")
-def repo() -> Iterator[Path]:
-    tmp = Path(tempfile.mkdtemp(prefix="ipw-", dir="/tmp"))
-    try:
-        for name, warmup in {"warm": GOOD, **BAD}.items():
-            config = f'name: "{name}"\nbackend: "python"\n{IO}\n{warmup}'
-            model = write_model(tmp / "repo", name, config, files={"1/model.py": WARM})
-            (model / "warmup").mkdir()
-            (model / "warmup" / "x.bin").write_bytes(np.array([1.5, -2], np.float32).tobytes())
-            (model / "warmup" / "x4.bin").write_bytes(np.array([1.5], np.float32).tobytes())
-            (model / "warmup" / "text.bin").write_bytes(text_file(b"hello"))
-            (model / "warmup" / "fail.bin").write_bytes(text_file(b"fail"))
-        yield tmp
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+def write_repository(repo: Path) -> None:
+    for name, warmup in {"warm": GOOD, **BAD}.items():
+        config = f'name: "{name}"\nbackend: "python"\n{IO}\n{warmup}'
+        model = write_model(repo, name, config, files={"1/model.py": WARM})
+        (model / "warmup").mkdir()
+        (model / "warmup" / "x.bin").write_bytes(np.array([1.5, -2], np.float32).tobytes())
+        (model / "warmup" / "x4.bin").write_bytes(np.array([1.5], np.float32).tobytes())
+        (model / "warmup" / "text.bin").write_bytes(text_file(b"hello"))
+        (model / "warmup" / "fail.bin").write_bytes(text_file(b"fail"))
 
 
 @pytest.fixture(scope="module")
-def server(repo: Path) -> Iterator[Server]:
-    with Server(repo, repo / "repo") as server:
-        yield server
-    assert server.proc.returncode == 0, server.log()
-    assert server.regions() == [], "the module's server left shared memory behind"
+def live() -> Iterator[Served]:
+    with served("ipw-", write_repository) as got:
+        yield got
 
 
-def test_every_instance_runs_every_sample_before_ready(server: Server, repo: Path) -> None:
-    with server.client() as c:
+def test_every_instance_runs_every_sample_before_ready(live: Served) -> None:
+    with live.server.client() as c:
         assert c.is_model_ready("warm")
-        warm = [e for e in seen(repo / "repo" / "warm") if e["id"].startswith("warmup-")]
+        warm = [e for e in seen(live.repo / "warm") if e["id"].startswith("warmup-")]
         stats = c.statistics("warm")["model_stats"][0]
         assert stats["inference_count"] == 0 and stats["execution_count"] == 0
         assert stats["inference_stats"]["success"]["count"] == 0
@@ -142,8 +132,8 @@ def test_every_instance_runs_every_sample_before_ready(server: Server, repo: Pat
         assert not [e for e in mine if e["id"] == "warmup-skipped"]
 
 
-def test_a_failing_or_malformed_sample_fails_the_load(server: Server) -> None:
-    with server.client() as c:
+def test_a_failing_or_malformed_sample_fails_the_load(live: Served) -> None:
+    with live.server.client() as c:
         reasons = {m["name"]: (m["state"], m["reason"]) for m in c.models()}
     expected = {
         "fails": "failed to run warmup sample 'refused': the model refuses the word fail; ",
