@@ -285,7 +285,8 @@ class Worker:
 
     def _null(self, like: Request) -> Request:
         """A null request of direct sequence batching: ``like``'s inputs, READY false, its
-        answers dropped (it holds a batch slot that has no request)."""
+        answers dropped (it holds a batch slot that has no request); its outputs go to this
+        worker's region, never into ``like``'s client's."""
         assert self.sequence is not None
         owned = self.sequence.owned
         inputs = {n: t for n, t in like.inputs.items() if n not in owned}
@@ -294,7 +295,7 @@ class Worker:
         return Request(
             id="",
             inputs=inputs,
-            requested_outputs=like.requested_outputs,
+            requested_outputs={n: RequestedOutput(n) for n in like.requested_outputs},
             memory=self.memory,
             emit=_drop_answer,
             decoupled=self.decoupled,
