@@ -87,6 +87,7 @@ class FifoQueue(deque[PendingRequest]):
         super().__init__()
         self.request_timeouts = request_timeouts
         self.next_deadline = _NEVER
+        self.simple = not request_timeouts  # push is append: the scheduler appends itself
 
     def push(self, req: PendingRequest, now_ns: int) -> None:
         if self.request_timeouts and req.work.timeout_us:
@@ -136,6 +137,7 @@ class PriorityQueue:
         ]
         self.count = 0
         self.next_deadline = _NEVER
+        self.simple = False
 
     def _level(self, req: PendingRequest) -> _Level:
         return self.levels[req.work.priority - 1] if req.work.priority else self.levels[0]

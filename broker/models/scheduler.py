@@ -63,11 +63,15 @@ class Scheduler:
 
     # ------------------------------------------------------------------ requests
     def enqueue(self, req: PendingRequest, now_ns: int) -> int | None:
-        try:
-            self.queue.push(req, now_ns)
-        except InferpoolError as err:  # its priority level is full
-            self.reject(req, err)
-            return None
+        queue = self.queue
+        if queue.simple:  # one level, no policy: the request path's common case
+            queue.append(req)  # type: ignore[union-attr]
+        else:
+            try:
+                queue.push(req, now_ns)
+            except InferpoolError as err:  # its priority level is full
+                self.reject(req, err)
+                return None
         return self.pump(now_ns)
 
     def cancel(self, req: PendingRequest) -> list[PendingRequest]:
@@ -77,7 +81,9 @@ class Scheduler:
 
     def pump(self, now_ns: int) -> int | None:
         """Dispatch what can go now; returns the ns time of the next batching decision."""
-        self.expire(now_ns)
+        deadline = self.queue.next_deadline
+        if deadline and now_ns >= deadline:
+            self.queue.expire(now_ns, self.reject)
         while self.queue and self.idle:
             batch = self._take(now_ns)
             if batch is None:
