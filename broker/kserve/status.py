@@ -2,7 +2,8 @@
 
 The message is always the broker's own, word for word as a zmq client reads it; only the
 code is translated, the way Triton's ``HttpCodeFromError`` and ``GrpcStatusUtil`` do.  A
-queue timeout (``TIMEOUT``, inferpool's own code) is 503 / DEADLINE_EXCEEDED.
+queue timeout is UNAVAILABLE, as in Triton ("Request timeout expired"); ``TIMEOUT``,
+inferpool's own code (a wait that ran out), is 503 / DEADLINE_EXCEEDED.
 """
 
 from __future__ import annotations
