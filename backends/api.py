@@ -214,6 +214,17 @@ class ModelInstance(_Level):
         stamps = Timestamps(exec_start, compute_start, compute_end, exec_end)
         self.model.stats.report_batch(batch_size, stamps)
 
+    def report_memory_usage(
+        self, memory_type: str, byte_size: int, device_id: int | None = None
+    ) -> None:
+        """TRITONBACKEND_ModelInstanceReportMemoryUsage: this instance holds ``byte_size``
+        bytes of ``memory_type`` ("CPU", "CPU_PINNED", "GPU") on ``device_id`` (by default its
+        own GPU, 0 for host memory).  Reported in initialize(), it appears in the model's
+        statistics (``memory_usage``), summed over the model's instances."""
+        if device_id is None:
+            device_id = self.device_id if memory_type == "GPU" else 0
+        self.model.stats.report_memory_usage(memory_type, device_id, byte_size)
+
 
 def batch_size_of(request: Request, supports_batching: bool) -> int:
     """Batch size a request contributes: its first dimension when the model batches, else 1."""

@@ -12,10 +12,13 @@ from inferpool.wire.errors import invalid_arg
 from inferpool.wire.worker.messages import (
     BatchStats,
     Durations,
+    MemoryUsage,
     MetricFamilyInfo,
     MetricOp,
     MetricsUpdate,
 )
+
+MEMORY_TYPES = ("CPU", "CPU_PINNED", "GPU")  # TRITONSERVER_MemoryTypeString
 
 
 class Timestamps(NamedTuple):
@@ -87,6 +90,8 @@ class StatisticsReporter(Protocol):
 
     def report_batch(self, batch_size: int, stamps: Timestamps) -> None: ...
 
+    def report_memory_usage(self, memory_type: str, device_id: int, byte_size: int) -> None: ...
+
     def metric_family(self, name: str, description: str, kind: str) -> MetricFamily: ...
 
 
@@ -101,6 +106,7 @@ class StatsCollector:
         self.batches: list[BatchStats] = []
         self._families: list[MetricFamilyInfo] = []
         self._ops: dict[tuple[str, tuple[tuple[str, str], ...]], MetricOp] = {}  # Metric.key ->
+        self._memory: dict[tuple[str, int], int] = {}  # (memory type, device id) -> bytes
         self._lock = threading.Lock()
 
     # StatisticsReporter
@@ -109,6 +115,19 @@ class StatsCollector:
 
     def report_batch(self, batch_size: int, stamps: Timestamps) -> None:
         self.batches.append(BatchStats(batch_size, stamps.durations()))
+
+    def report_memory_usage(self, memory_type: str, device_id: int, byte_size: int) -> None:
+        """The instance holds ``byte_size`` bytes of this memory (replaces an earlier report)."""
+        if memory_type not in MEMORY_TYPES:
+            raise invalid_arg(
+                f"memory type must be one of {', '.join(MEMORY_TYPES)}, got {memory_type!r}"
+            )
+        if byte_size < 0:
+            raise invalid_arg(f"memory usage cannot be negative, got {byte_size}")
+        self._memory[(memory_type, int(device_id))] = int(byte_size)
+
+    def memory_usage(self) -> list[MemoryUsage]:
+        return [MemoryUsage(kind, device, size) for (kind, device), size in self._memory.items()]
 
     def metric_family(self, name: str, description: str, kind: str) -> MetricFamily:
         family = MetricFamily(name, description, kind, self)

@@ -30,6 +30,7 @@ from inferpool.backends.api import (
 )
 from inferpool.backends.host import BackendHost
 from inferpool.backends.regions import SharedRegion
+from inferpool.backends.reshape import output_reshapes, to_config_shape
 from inferpool.backends.sequence import SequenceInputs
 from inferpool.shm.shared import SharedRegionTable
 from inferpool.wire import codec
@@ -195,14 +196,20 @@ class BackendHarness(AbstractContextManager["BackendHarness"]):
         return self.outputs_of(response)
 
     def outputs_of(self, response: Response) -> dict[str, np.ndarray]:
+        """The response's outputs as a client sees them (reshaped outputs in the config's
+        dims, as the worker reports them)."""
         if response.error is not None:
             raise response.error
-        return {
-            name: codec.array_from_buffer(
-                self.memory.read(out.offset), out.datatype, out.shape, f"output '{name}'"
-            )
-            for name, out in response.outputs.items()
-        }
+        config = self.host.config
+        reshapes = output_reshapes(config)
+        outputs = {}
+        for name, out in response.outputs.items():
+            shape = out.shape
+            if name in reshapes:
+                shape = to_config_shape(shape, reshapes[name], config.max_batch_size > 0)
+            buf = self.memory.read(out.offset)
+            outputs[name] = codec.array_from_buffer(buf, out.datatype, shape, f"output '{name}'")
+        return outputs
 
     def stream(self, inputs: dict[str, Any], **kw: Any) -> Iterator[Response]:
         for _, response, _final in self.execute([self.request(inputs, **kw)]):

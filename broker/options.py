@@ -35,11 +35,15 @@ class ServerOptions:
     max_client_shm: int = 1024 * MiB  # server-made regions per client
     lease_timeout: float = 60.0  # seconds a client holding leases may stay silent
     # models
-    model_control_mode: str = "none"  # "none" or "explicit"
+    model_control_mode: str = "none"  # "none", "explicit" or "poll"
     load_models: tuple[str, ...] = ()
     strict_readiness: bool = True
     backend_directory: str = ""
     backend_config: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    repository_poll_secs: float = 15.0  # poll mode: how often the repository is compared
+    cache_size: int = 0  # the response cache's bytes (0: no cache)
+    rate_limit: str = "off"  # "execution_count": instances run only with their resources
+    rate_limit_resources: tuple[str, ...] = ()  # NAME:COUNT[:DEVICE] (Triton's syntax)
     # workers
     host_policies: tuple[str, ...] = ()
     pin: bool = True
@@ -65,6 +69,11 @@ class ServerOptions:
     def explicit(self) -> bool:
         """Models load and unload only when asked (``--model-control-mode explicit``)."""
         return self.model_control_mode == "explicit"
+
+    @property
+    def polling(self) -> bool:
+        """Changes in the repository are applied every ``repository_poll_secs``."""
+        return self.model_control_mode == "poll"
 
     @property
     def request_limit(self) -> int:

@@ -31,9 +31,12 @@ from inferpool.broker.front.shared_memory import EXTENSIONS, SharedMemory
 from inferpool.broker.kserve.service import Frontends
 from inferpool.broker.models import repository
 from inferpool.broker.models.cancellation import Cancellation
+from inferpool.broker.models.config_support import ConfigSupport
 from inferpool.broker.models.manager import Manager, Worker
+from inferpool.broker.models.rate_limiter import RateLimiter
 from inferpool.broker.models.registry import Registry, State
 from inferpool.broker.models.reload import reload_repository
+from inferpool.broker.models.response_cache import ResponseCache
 from inferpool.broker.notify import sd_notify
 from inferpool.broker.options import ServerOptions
 from inferpool.broker.pool.gpu_limit import check_gpu_limits
@@ -66,6 +69,7 @@ class Broker:
         self._signals: list[int] = []
         self._stop_deadline = 0.0
         self._workers_stopping = False
+        self._next_poll = time.monotonic() + options.repository_poll_secs
         with contextlib.ExitStack() as stack:
             stack.callback(sd_notify, "STATUS=stopped")
             # the run: what loads, where it may run, its lock, regions, signals and socket
@@ -110,6 +114,15 @@ class Broker:
             cancellation = Cancellation(
                 manager.inflight, flags, manager.reject, self.responder.send_error
             )
+            stack.callback(manager.overrides.close)
+            limited = opts.rate_limit == "execution_count"
+            manager.support = ConfigSupport(cache=opts.cache_size > 0, rate_limit=limited)
+            if limited:
+                manager.gate.limiter = RateLimiter.from_options(opts.rate_limit_resources)
+            if opts.cache_size:
+                manager.cache = ResponseCache.create(
+                    run_id, opts.cache_size, opts.prefault, arena, outputs, self.responder
+                )
             self.liveness = Liveness(supervisor, opts.heartbeat_ms)
             self.readiness = Readiness(self.registry, opts.strict_readiness)
             # the front: the shared-memory extension, inference, control, the router
@@ -289,6 +302,9 @@ class Broker:
         self.manager.tick(time.monotonic_ns())
         self.shm.tick(now)
         self.manager.flush_frees()
+        if self.options.polling and now >= self._next_poll and not self.readiness.stopping:
+            self._next_poll = now + self.options.repository_poll_secs
+            reload_repository(self.manager)  # poll mode: what changed on disk is applied
 
     # ================================================================== signals
     def _on_signal(self, signum: int, frame: Any) -> None:

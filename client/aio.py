@@ -20,7 +20,7 @@ is kept to one callback.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
@@ -233,8 +233,17 @@ class AsyncClient(Connection):
     async def models(self, ready_only: bool = False) -> list[dict[str, Any]]:
         return await self.control(control.models(ready_only))
 
-    async def load_model(self, model: str, timeout: float | None = None) -> None:
-        await self.control(control.load(model), timeout)
+    async def load_model(
+        self,
+        model: str,
+        timeout: float | None = None,
+        *,
+        config: str | Mapping[str, Any] | None = None,
+        files: Mapping[str, bytes] | None = None,
+    ) -> None:
+        """Load (or reload) ``model``; ``config`` and ``files`` override its configuration
+        and files as Triton's load API does (docs/PROTOCOL.md)."""
+        await self.control(control.load(model, config, files), timeout)
 
     async def unload_model(self, model: str, timeout: float | None = None) -> None:
         await self.control(control.unload(model), timeout)

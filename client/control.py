@@ -7,9 +7,12 @@ clients only differ in how they wait, so ``Client.is_model_ready`` and
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
+
+from inferpool.wire.errors import invalid_arg
 
 T = TypeVar("T")
 Header = dict[str, Any]
@@ -20,6 +23,7 @@ class Call(Generic[T]):
     type: str
     read: Callable[[Header], T]
     fields: dict[str, Any] = field(default_factory=dict)
+    frames: tuple[bytes, ...] = ()  # bytes the message carries (a load's override files)
 
 
 def _versioned(model: str, version: str | int) -> dict[str, Any]:
@@ -54,8 +58,26 @@ def models(ready_only: bool = False) -> Call[list[Header]]:
     return Call("repository_index", lambda h: list(h["models"]), {"ready": ready_only})
 
 
-def load(model: str) -> Call[None]:
-    return Call("load", lambda h: None, {"model_name": model})
+def load(
+    model: str,
+    config: str | Mapping[str, Any] | None = None,
+    files: Mapping[str, bytes] | None = None,
+) -> Call[None]:
+    """Load ``model``; as Triton's client, ``config`` (JSON, or a dict) replaces its
+    config.pbtxt and ``files`` ("file:<version>/<name>" -> bytes) its directory."""
+    fields: dict[str, Any] = {"model_name": model}
+    params: dict[str, Any] = {}
+    if config is not None:
+        params["config"] = config if isinstance(config, str) else json.dumps(config)
+    frames: list[bytes] = []
+    for key, data in (files or {}).items():
+        if not key.startswith("file:"):
+            raise invalid_arg(f"override file names start with 'file:', got {key!r}")
+        params[key] = len(frames)  # the frame that carries it
+        frames.append(bytes(data))
+    if params:
+        fields["parameters"] = params
+    return Call("load", lambda h: None, fields, tuple(frames))
 
 
 def unload(model: str) -> Call[None]:

@@ -220,7 +220,7 @@ class ClientCore:
     def control(self, call: Call[T], timeout: float | None = None) -> Exchange[T]:
         """A control message (client.control) whose answer is read as ``call`` says."""
         header = {"type": call.type, **call.fields}
-        return self.open(header, (), lambda m: call.read(checked(m)), timeout)
+        return self.open(header, call.frames, lambda m: call.read(checked(m)), timeout)
 
     def call(
         self, msg_type: str, fields: Mapping[str, Any], timeout: float | None = None

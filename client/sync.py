@@ -12,7 +12,7 @@ first call says within seconds (UNAVAILABLE) when no server answers at the endpo
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -163,8 +163,17 @@ class Client(Connection):
     def models(self, ready_only: bool = False) -> list[dict[str, Any]]:
         return self.control(control.models(ready_only))
 
-    def load_model(self, model: str, timeout: float | None = None) -> None:
-        self.control(control.load(model), timeout)
+    def load_model(
+        self,
+        model: str,
+        timeout: float | None = None,
+        *,
+        config: str | Mapping[str, Any] | None = None,
+        files: Mapping[str, bytes] | None = None,
+    ) -> None:
+        """Load (or reload) ``model``; ``config`` and ``files`` override its configuration
+        and files as Triton's load API does (docs/PROTOCOL.md)."""
+        self.control(control.load(model, config, files), timeout)
 
     def unload_model(self, model: str, timeout: float | None = None) -> None:
         self.control(control.unload(model), timeout)

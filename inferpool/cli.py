@@ -10,6 +10,7 @@ from typing import Any
 from inferpool import __version__
 from inferpool.backends import template
 from inferpool.commands import add_client_commands
+from inferpool.control_commands import add_control_commands
 from inferpool.serve import add_serve
 from inferpool.wire.errors import InferpoolError
 
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     add_serve(sub)
     add_client_commands(sub)
+    add_control_commands(sub)
     add_new_backend(sub)
     return parser
 

@@ -13,7 +13,8 @@ from inferpool.client import Client, default_endpoint
 from inferpool.wire import codec
 
 
-def add_client_commands(sub: Any) -> None:
+def common_options() -> argparse.ArgumentParser:
+    """The flags every client subcommand takes (a parent parser)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--endpoint",
@@ -21,6 +22,11 @@ def add_client_commands(sub: Any) -> None:
         help=f"server endpoint (default: $INFERPOOL_ENDPOINT or {default_endpoint()})",
     )
     common.add_argument("--timeout", type=float, default=60.0)
+    return common
+
+
+def add_client_commands(sub: Any) -> None:
+    common = common_options()
 
     p = sub.add_parser("infer", parents=[common], help="run one inference and print the outputs")
     p.add_argument("model")

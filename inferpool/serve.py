@@ -12,6 +12,7 @@ from typing import Any
 from inferpool import __version__
 from inferpool.broker.options import ServerOptions, default_listen
 from inferpool.broker.pool.gpu_limit import parse_gpu_limits
+from inferpool.model_options import add_model_options, model_options
 from inferpool.wire.errors import InferpoolError
 from inferpool.wire.paths import DEFAULT_TCP, default_ipc_endpoint
 
@@ -130,13 +131,14 @@ def add_serve(sub: Any) -> None:
         action="store_true",
         help="do not touch arena pages at start (less memory, slower first requests)",
     )
-    p.add_argument("--model-control-mode", choices=("none", "explicit"), default="none")
+    p.add_argument("--model-control-mode", choices=("none", "explicit", "poll"), default="none")
     p.add_argument(
         "--load-model",
         action="append",
         default=[],
         help="with --model-control-mode explicit: load this model at start ('*': all)",
     )
+    add_model_options(p, parse_size)
     p.add_argument("--strict-readiness", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--backend-directory", default="")
     p.add_argument("--backend-config", action="append", default=[], metavar="B,KEY=VALUE")
@@ -234,6 +236,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
             for what in ("port", "address")
         },
         log_level=args.log_level.upper(),
+        **model_options(args),
     )
 
 

@@ -98,12 +98,13 @@ def backend_path(repo: Path, stack: contextlib.ExitStack) -> Infer:
     return infer
 
 
-def serve(repo: Path, stack: contextlib.ExitStack) -> Client:
-    """A real ``inferpool serve`` over ``repo``, stopped with ``stack``; its ready client."""
+def serve(repo: Path, stack: contextlib.ExitStack, *args: str) -> Client:
+    """A real ``inferpool serve`` over ``repo`` (and ``args``), stopped with ``stack``; its
+    ready client."""
     endpoint = f"ipc://{repo.parent}/broker.sock"
     cmd = [sys.executable, "-m", "inferpool", "serve", "--model-repository", str(repo)]
     cmd += ["--http-port", "0", "--grpc-port", "0"]  # the zmq path only
-    cmd += ["--listen", endpoint, "--log-level", "WARNING"]
+    cmd += ["--listen", endpoint, "--log-level", "WARNING", *args]
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL)
     stack.callback(_stop, proc)
     client = stack.enter_context(Client(endpoint, timeout=60))

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 from inferpool.backends.api import Request, RequestedOutput, Response, batch_size_of, now_ns
 from inferpool.backends.host import BackendHost
+from inferpool.backends.reshape import OutputReshape, output_reshapes, to_config_shape
 from inferpool.backends.sequence import SequenceInputs
 from inferpool.shm.cancel_flags import CancelFlags
 from inferpool.wire.errors import InferpoolError, internal
@@ -61,6 +62,7 @@ class Worker:
         self._items: list[Result] = []  # results of the batch in execution
         self._item_requests: list[Request | None] = []  # their requests, for statistics
         self._async_items: list[Result] = []
+        self._response_start: dict[int, int] = {}  # a decoupled request -> its last response
         self._in_execute = False
         self._main_thread = threading.get_ident()
         self.memory = WorkerMemory(spec.output_region, spec.instance.name)
@@ -88,6 +90,7 @@ class Worker:
         self.batching = False
         self.reshapes: dict[str, tuple[int, ...]] = {}
         self.sequence: SequenceInputs | None = None  # control inputs and initial states
+        self.output_reshapes: dict[str, OutputReshape] = {}
         self.states: SequenceStates | None = None  # sequence state, if the model keeps any
 
     # ------------------------------------------------------------------ lifecycle
@@ -115,7 +118,7 @@ class Worker:
         """Report ready, then serve until the broker says stop or goes away."""
         # the broker serves the config as the backend completed it (auto-complete)
         self.regions.loading = False
-        self.link.send(Ready(read_back(), self.host.config_dict()))
+        self.link.send(Ready(read_back(), self.host.config_dict(), self.host.stats.memory_usage()))
         try:
             self._loop()
         finally:
@@ -130,6 +133,7 @@ class Worker:
         self.decoupled = self.host.decoupled
         self.batching = cfg.max_batch_size > 0
         self.reshapes = {t.name: tuple(t.reshape.shape) for t in cfg.input if t.HasField("reshape")}
+        self.output_reshapes = output_reshapes(cfg)
         self.sequence = SequenceInputs.of(cfg, self.spec.model_name, self.spec.repository_path)
         self.states = SequenceStates.of(cfg, self.memory, self.sequence)
 
@@ -189,6 +193,9 @@ class Worker:
                 self._item_requests.append(None)
                 continue
             requests.append(request)
+        if self.decoupled:  # a response's compute time runs from the one before it
+            for request in requests:
+                self._response_start[request.handle] = exec_start
         nulls = [self._null(requests[0]) for _ in msg.nulls] if requests else []
         for position, null in zip(msg.nulls, nulls, strict=False):
             requests.insert(min(position, len(requests)), null)
@@ -304,7 +311,15 @@ class Worker:
 
     def _emit(self, request: Request, response: Response | None, final: bool) -> None:
         """Called by ResponseSender: turn a response into a result for the broker."""
+        sent = now_ns()
         item = self._result(request, response, final)
+        if self.decoupled:  # Triton's response statistics: producing it, delivering it
+            starts = self._response_start
+            begun = starts.pop(request.handle, sent) if final else starts.get(request.handle, sent)
+            end = now_ns()
+            item = item.timed(Durations(0, sent - begun, end - sent))
+            if not final:
+                starts[request.handle] = end
         if threading.get_ident() == self._main_thread and self._in_execute:
             if self.decoupled:
                 self._send_items([item])
@@ -326,12 +341,16 @@ class Worker:
             response.discard()
             return Result(request.handle, final, (), None, response.error.to_wire())
         outputs = []
+        reshapes = self.output_reshapes
         for name, out in response.outputs.items():
             if name not in request.requested_outputs:
                 self.memory.release(out.region, out.offset)
                 continue
+            shape = out.shape
+            if name in reshapes:  # the client sees the config's dims
+                shape = to_config_shape(shape, reshapes[name], self.batching)
             outputs.append(
-                TensorRef(name, out.datatype, out.shape, out.region, out.offset, out.byte_size)
+                TensorRef(name, out.datatype, shape, out.region, out.offset, out.byte_size)
             )
         return Result(request.handle, final, outputs, response.parameters or None)
 

@@ -20,7 +20,7 @@ from inferpool.backends.pytorch.device import Placement
 from inferpool.backends.pytorch.inputs import InputAssembler, Prepared
 from inferpool.backends.pytorch.outputs import OutputWriter, normalize
 from inferpool.backends.pytorch.parameters import Settings
-from inferpool.backends.pytorch.weights import SharedWeights, region_key
+from inferpool.backends.pytorch.weights import SharedWeights, held_bytes, region_key
 from inferpool.wire.errors import InferpoolError, internal, unsupported
 
 
@@ -68,6 +68,7 @@ class PyTorchInstance(ModelInstance):
             )
             stack.callback(self._drop_model)
             self.weights = self._share_weights(path)
+            self._report_memory()
             batching = model.max_batch_size > 0
             layout = naming.input_layout(
                 self.artifact.args,
@@ -113,6 +114,19 @@ class PyTorchInstance(ModelInstance):
         key = f"weights-{region_key(path, 'cpu')}"
         with torch.inference_mode(model.settings.inference_mode):
             return SharedWeights.share(module, regions, key, self.log)
+
+    def _report_memory(self) -> None:
+        """The weights this instance holds: host memory shared with an instance that filled
+        the region is that instance's, not this one's."""
+        module = self.artifact.module
+        if module is None:
+            return
+        attached = self.weights is not None and not self.weights.created
+        for device, size in held_bytes(module).items():
+            if device == "cuda":
+                self.report_memory_usage("GPU", size)
+            elif device == "cpu" and not attached:
+                self.report_memory_usage("CPU", size)
 
     def _drop_model(self) -> None:
         del self.artifact

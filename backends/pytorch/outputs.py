@@ -8,7 +8,6 @@ memory, with no intermediate buffer.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -149,9 +148,7 @@ class OutputWriter:
         slices = self._slices(batch)
         for p, response in wanted:
             part = value if len(batch) == 1 else value[slices[id(p)]]
-            shape = self._reported_shape(spec, tuple(part.shape))
-            target = dtypes.as_tensor(response.output(spec.name, shape, spec.datatype))
-            (target if shape == part.shape else target.view(part.shape)).copy_(part)
+            dtypes.as_tensor(response.output(spec.name, part.shape, spec.datatype)).copy_(part)
 
     def _write_strings(
         self,
@@ -165,17 +162,4 @@ class OutputWriter:
             part = value[slices[id(p)]]
             strings = np.empty(len(part), dtype=object)
             strings[:] = part
-            shape = self._reported_shape(spec, strings.shape)
-            response.set_output(spec.name, strings.reshape(shape), "BYTES")
-
-    def _reported_shape(self, spec: OutputSpec, shape: tuple[int, ...]) -> tuple[int, ...]:
-        """The shape a client sees: the config ``dims`` when the output is reshaped."""
-        if spec.reshape is None:
-            return shape
-        lead, tail = (shape[:1], shape[1:]) if self.batching else ((), shape)
-        count = math.prod(tail)
-        dims = list(spec.dims)
-        known = math.prod(d for d in dims if d >= 0)
-        if dims.count(-1) == 1 and known:
-            dims[dims.index(-1)] = count // known
-        return lead + tuple(dims) if math.prod(dims) == count else shape
+            response.set_output(spec.name, strings, "BYTES")

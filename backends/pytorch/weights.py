@@ -46,6 +46,18 @@ def region_key(path: str, device: str) -> str:
     return hashlib.sha256(ident.encode()).hexdigest()[:16]
 
 
+def held_bytes(module: torch.nn.Module) -> dict[str, int]:
+    """Bytes of the module's parameter and buffer storages, by device type ("cpu", "cuda")."""
+    seen: set[int] = set()
+    held: dict[str, int] = {}
+    for t in module.state_dict(keep_vars=True).values():
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            held[t.device.type] = held.get(t.device.type, 0) + storage.nbytes()
+    return held
+
+
 @dataclass
 class _Layout:
     tensors: list[torch.Tensor]  # unique parameter/buffer tensor objects

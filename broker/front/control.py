@@ -14,8 +14,11 @@ from typing import Any
 from inferpool import __version__
 from inferpool.broker.front.responder import Responder
 from inferpool.broker.front.router import Handler
+from inferpool.broker.models import overrides
+from inferpool.broker.models.index import repository_index
 from inferpool.broker.models.manager import Manager, Waiter
 from inferpool.broker.models.registry import Registry, State
+from inferpool.broker.models.stats import memory_usage
 from inferpool.broker.pool.supervisor import Supervisor
 from inferpool.shm.arena import Arena
 from inferpool.wire import codec
@@ -107,7 +110,8 @@ class Control:
         return {"config": mv.config_dict()}
 
     def repository_index(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
-        return {"models": self.registry.index(ready_only=bool(h.get("ready", False)))}
+        ready = bool(h.get("ready", False))
+        return {"models": repository_index(self.registry, self.manager.repository, ready)}
 
     def statistics(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
         name = h.get("model_name") or ""
@@ -116,7 +120,9 @@ class Control:
         else:
             versions = [mv for mv in self.registry.all_versions() if mv.state is State.READY]
         return {
-            "model_stats": [mv.stats.to_dict(mv.name, mv.version) for mv in versions],
+            "model_stats": [
+                mv.stats.to_dict(mv.name, mv.version, memory_usage(mv.instances)) for mv in versions
+            ],
             "custom_metrics": self.manager.metrics.to_list(name or None),
             "arena": {"size": self.arena.size, "free": self.arena.free_bytes},
             "inflight": len(self.manager.inflight),
@@ -127,20 +133,27 @@ class Control:
 
     # ------------------------------------------------------------------ model control
     def _model_name(self, what: str, h: dict[str, Any]) -> str:
-        if not self.explicit:
+        if not self.explicit:  # Triton's wording, for its modes none and poll alike
             raise InferpoolError(
-                Code.UNSUPPORTED,
-                f"explicit model {what} is not allowed unless the server runs with "
-                "--model-control-mode explicit",
+                Code.UNAVAILABLE,
+                "explicit model load / unload is not allowed if polling is enabled (the "
+                "server must run with --model-control-mode explicit)",
             )
         name = h.get("model_name")
         if not isinstance(name, str) or not name:
             raise invalid_arg(f"{what} needs a model_name")
+        if "/" in name or name.startswith(".") or "\0" in name:
+            raise invalid_arg(
+                f"invalid model name {name!r}: a model is a directory of the repository (no "
+                "'/', not starting with '.')"
+            )
         return name
 
     def load(self, envelope: list[bytes], h: dict[str, Any], f: list[Any]) -> None:
+        """Load (or reload) a model; ``parameters`` may override its config and files."""
         name = self._model_name("load", h)
-        self.manager.load(name, self._deferred(envelope, "load", h.get("id", "")))
+        override = overrides.parse(h.get("parameters"), f)
+        self.manager.load(name, self._deferred(envelope, "load", h.get("id", "")), override)
 
     def unload(self, envelope: list[bytes], h: dict[str, Any], f: list[Any]) -> None:
         name = self._model_name("unload", h)

@@ -26,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from inferpool.broker.front.cache_metrics import cache_metrics
 from inferpool.broker.models.manager import Manager
 from inferpool.broker.models.registry import Registry
 from inferpool.broker.pool.handle import WorkerState
@@ -106,6 +107,7 @@ class BrokerCollector(Collector):
         yield from (family for family, _ in durations)
         yield from self._instances()
         yield from self._custom()
+        yield from self._cache()
         arena = GaugeMetricFamily(
             "inferpool_arena_bytes", "Request input arena, by size and free", labels=["kind"]
         )
@@ -132,6 +134,17 @@ class BrokerCollector(Collector):
             restarts.add_metric(key, h.restarts)
         yield ready
         yield restarts
+
+    def _cache(self) -> Iterator[Metric]:
+        for name, doc, kind, labels, samples in cache_metrics(self.registry, self.manager.cache):
+            family: CounterMetricFamily | GaugeMetricFamily = (
+                GaugeMetricFamily(name, doc, labels=list(labels))
+                if kind == "gauge"
+                else CounterMetricFamily(name, doc, labels=list(labels))
+            )
+            for values, value in samples:
+                family.add_metric(values, value)
+            yield family
 
     def _custom(self) -> Iterator[Metric]:
         """Backend metrics: one family per declared name, labels as the backend gave them."""

@@ -13,13 +13,17 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from inferpool.broker.models import completion, repository
+from inferpool.broker.models import completion
+from inferpool.broker.models.config_support import ConfigSupport
+from inferpool.broker.models.overrides import Override, Overrides
+from inferpool.broker.models.rate_limiter import Gate
 from inferpool.broker.models.registry import ModelRecord, ModelVersion, Registry, State
 from inferpool.broker.models.reload import replace
 from inferpool.broker.models.request import PendingRequest
+from inferpool.broker.models.response_cache import ResponseCache
 from inferpool.broker.models.scheduler import Scheduler
 from inferpool.broker.models.sequencer import scheduler_for
-from inferpool.broker.models.stats import CustomMetrics
+from inferpool.broker.models.stats import CustomMetrics, response_outcome
 from inferpool.broker.pool.channel import Garbled
 from inferpool.broker.pool.handle import WorkerHandle, WorkerState
 from inferpool.broker.pool.outputs import OutputRegions
@@ -77,6 +81,10 @@ class Manager:
         # worker identity -> client regions it should stop mapping (sent with its next message)
         self.unmaps: dict[str, list[str]] = {}
         self.metrics = CustomMetrics()
+        self.cache: ResponseCache | None = None  # --cache-size > 0
+        self.overrides = Overrides(repository)  # explicit loads with a config or files
+        self.gate = Gate(self._send, None)  # a RateLimiter with --rate-limit execution_count
+        self.support = ConfigSupport()  # what the server's flags make work
         self.wakes: dict[Scheduler, int] = {}
         self.pending: dict[str, ModelRecord] = {}  # replacements loading beside their model
         self.retiring: list[ModelRecord] = []  # records whose workers are stopping
@@ -84,8 +92,11 @@ class Manager:
         self._unload_waiters: dict[int, list[Waiter]] = {}  # id(record) -> waiters
 
     # ================================================================== loading
-    def load(self, name: str, waiter: Waiter | None = None) -> None:
-        """(Re)load model ``name`` from the repository; ``waiter`` hears how it ended.
+    def load(
+        self, name: str, waiter: Waiter | None = None, override: Override | None = None
+    ) -> None:
+        """(Re)load model ``name`` from the repository, or as ``override`` says (models.
+        overrides); ``waiter`` hears how it ended.
 
         A model that is serving is replaced without failing a request (``reload.replace``);
         one that is not (failed, loading, unloading) is unloaded first.
@@ -94,12 +105,13 @@ class Manager:
             if waiter:
                 waiter(InferpoolError(Code.UNAVAILABLE, f"model '{name}' is already reloading"))
             return
+        self.overrides.use(name, override)
         current = self.registry.records.get(name)
         if current is not None and current.ready_versions():
             replace(self, current, waiter)
             return
         if current is not None and current.versions:
-            self.unload(name, lambda _err: self.load(name, waiter))
+            self.unload(name, lambda _err: self.load(name, waiter, override))
             return
         record = self.build(name)
         self.registry.records[name] = record
@@ -111,7 +123,9 @@ class Manager:
 
     def build(self, name: str) -> ModelRecord:
         """A record for the model as it is on disk now, its workers starting."""
-        entry = repository.scan_model(self.repository, name)
+        entry = self.overrides.scan(name)
+        if entry.config is not None and entry.error is None:
+            entry.error = self.support.check(entry.config)  # warns of what it ignores
         record = ModelRecord(name, fingerprint=entry.fingerprint)
         if entry.error is not None or entry.config is None:
             record.error = entry.error
@@ -124,7 +138,9 @@ class Manager:
             try:
                 mv.placements = self.planner.plan(entry.config)
                 for p in mv.placements:
-                    mv.instances.append(self.supervisor.add(mv, p.instance(), p.pinning))
+                    handle = self.supervisor.add(mv, p.instance(), p.pinning)
+                    mv.instances.append(handle)
+                    self.gate.add(handle, entry.config, p.group, p.device_id)
                 for handle in mv.instances:
                     self.supervisor.spawn(handle)
             except InferpoolError as err:
@@ -206,9 +222,10 @@ class Manager:
         for mv in record.versions.values():
             for handle in mv.instances:
                 self.supervisor.forget(handle)
+                self.gate.remove(handle)
             self.planner.release(mv.placements)
-        if self.registry.records.get(record.name) is record:
-            del self.registry.records[record.name]
+            self.overrides.release(mv.path)
+        if self.registry.forget(record):
             log.info("unloaded model '%s'", record.name)
         for waiter in self._unload_waiters.pop(id(record), []):
             waiter(None)
@@ -258,6 +275,7 @@ class Manager:
         handle.busy = None
         for req in [r for r in self.inflight.values() if r.worker is handle]:
             self.reject(req, error)
+        self.gate.done(handle, gone=True)
         if mv.state is State.LOADING and (booting or handle.state is WorkerState.FAILED):
             self._version_failed(mv, error)
             self.check_loaded(mv.name)
@@ -273,6 +291,12 @@ class Manager:
         mv = handle.model
         assert mv.scheduler is not None
         mv.scheduler.instance_gone(handle)
+        if handle.busy is not None:  # a batch the rate limiter never let run
+            err = InferpoolError(Code.UNAVAILABLE, f"instance {handle.name} stopped")
+            for req in [r for r in self.inflight.values() if r.worker is handle]:
+                self.reject(req, err)
+            handle.busy = None
+        self.gate.done(handle, gone=True)
         if mv.state is State.UNLOADING:
             self._check_drained(self._retiring_of(mv))
 
@@ -291,6 +315,8 @@ class Manager:
 
     # ================================================================== requests
     def submit(self, req: PendingRequest, now_ns: int) -> None:
+        if self.cache is not None and self.cache.answer(req):
+            return
         self.inflight[req.rid] = req
         scheduler = req.model.scheduler
         assert scheduler is not None
@@ -310,6 +336,15 @@ class Manager:
             req.worker = handle
             stats.queue.add(now - req.received_ns)
         handle.busy = batch
+        self.gate.dispatch(handle, batch, release, nulls)
+
+    def _send(
+        self,
+        handle: Worker,
+        batch: list[PendingRequest],
+        release: Sequence[CorrelationId],
+        nulls: Sequence[int],
+    ) -> None:
         handle.exec_started = time.monotonic()
         unmaps = self.unmaps.pop(handle.identity, ()) if self.unmaps else ()
         frees = self.outputs.take_frees(handle.output_region)
@@ -352,9 +387,15 @@ class Manager:
                 if req is not None and item.final:
                     self.finish(req, False, item.durations)
                 continue
+            if req.cache_key is not None and self.cache is not None:
+                self.cache.store(req, item)
             responder.result(req, item)
+            decoupled = req.model.decoupled
+            if decoupled:  # its durations are the response's (response_stats)
+                req.model.stats.response_done(req.responses, response_outcome(item), item.durations)
+                req.responses += 1
             if item.final:
-                self.finish(req, item.error is None, item.durations)
+                self.finish(req, item.error is None, None if decoupled else item.durations)
 
     def _batch_done(self, handle: Worker, msg: Done) -> None:
         mv = handle.model
@@ -363,8 +404,12 @@ class Manager:
         if msg.metrics is not None:
             self.metrics.apply(msg.metrics)
         handle.busy = None
-        if handle.state is WorkerState.STOPPING:
-            return
+        if handle.state is not WorkerState.STOPPING:
+            self._next_batch(handle)
+        self.gate.done(handle)  # its next batch, if any, competes for what it releases
+
+    def _next_batch(self, handle: Worker) -> None:
+        mv = handle.model
         if mv.state is State.UNLOADING:
             assert mv.scheduler is not None
             if mv.scheduler.queue:

@@ -143,6 +143,15 @@ class Registry:
 
     def __init__(self) -> None:
         self.records: dict[str, ModelRecord] = {}
+        self.unloaded: dict[str, list[int]] = {}  # name -> the versions it had when unloaded
+
+    def forget(self, record: ModelRecord) -> bool:
+        """Drop ``record`` if it is the one serving its name (an unload): True if it was."""
+        if self.records.get(record.name) is not record:
+            return False
+        del self.records[record.name]
+        self.unloaded[record.name] = sorted(record.versions)
+        return True
 
     def resolve(self, name: Any, version: Any) -> ModelVersion:
         """The ModelVersion a request names, or the error Triton gives."""

@@ -62,7 +62,9 @@ def plan_reload(manager: Manager) -> ReloadPlan:
 def reload_repository(manager: Manager, done: Waiter | None = None) -> ReloadPlan:
     """Apply :func:`plan_reload`; ``done`` hears once every load and replacement settled."""
     plan = plan_reload(manager)
-    log.info(
+    changed = plan.load or plan.replace or plan.unload or plan.busy
+    log.log(
+        logging.INFO if changed else logging.DEBUG,
         "reload: %d new, %d changed, %d removed, %d unchanged%s",
         len(plan.load),
         len(plan.replace),
@@ -114,6 +116,7 @@ def _switch(
         del manager.pending[new.name]
     if err is not None:
         old.note = f"reload failed, serving the previous configuration: {err.message}"
+        old.fingerprint = new.fingerprint  # tried: the next reload waits for another change
         log.error("model '%s': %s", old.name, old.note)
         manager.retire(new, graceful=False)
     else:

@@ -34,3 +34,6 @@ class PendingRequest:
     worker: Any = None
     shm_outputs: bool = False  # some output stays in shared memory (handle, client region)
     cancelled: bool = False  # answered CANCELLED while executing (models.cancellation)
+    cache_key: bytes | None = None  # set when a response cache lookup missed: store the result
+    cache_ns: int = 0  # how long that lookup took
+    responses: int = 0  # responses sent so far (a decoupled model's response statistics)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from inferpool.wire.worker.messages import Durations, MetricsUpdate
+from inferpool.wire.errors import Code
+from inferpool.wire.worker.messages import Durations, MemoryUsage, MetricsUpdate, Result
 
 
 @dataclass(slots=True)
@@ -30,6 +32,34 @@ class BatchStats:
 
 
 @dataclass
+class ResponseStats:
+    """One response index of a decoupled model's requests (Triton's InferResponseStatistics)."""
+
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    empty_response: Duration = field(default_factory=Duration)
+    cancel: Duration = field(default_factory=Duration)
+
+    def to_dict(self) -> dict[str, dict[str, int]]:
+        return {f.name: getattr(self, f.name).to_dict() for f in fields(self)}
+
+
+# how a decoupled model's response ended (the ResponseStats field it counts in)
+SUCCESS, FAIL, EMPTY, CANCEL = "success", "fail", "empty_response", "cancel"
+
+
+def response_outcome(item: Result) -> str:
+    """Which of a response statistic's counts a decoupled model's response goes to."""
+    if item.error is not None:
+        return CANCEL if item.error.get("code") == Code.CANCELLED.value else FAIL
+    if item.final and not item.outputs and item.parameters is None:
+        return EMPTY  # the final flag alone
+    return SUCCESS
+
+
+@dataclass
 class ModelStats:
     """TRITONSERVER model statistics for one model version."""
 
@@ -43,6 +73,9 @@ class ModelStats:
     execution_count: int = 0
     last_inference_ms: int = 0
     batches: dict[int, BatchStats] = field(default_factory=dict)
+    cache_hit: Duration = field(default_factory=Duration)
+    cache_miss: Duration = field(default_factory=Duration)
+    responses: dict[int, ResponseStats] = field(default_factory=dict)  # by response index
 
     def request_done(
         self, success: bool, total_ns: int, batch_size: int, timing: Durations | None
@@ -64,6 +97,30 @@ class ModelStats:
             co.count += 1
             co.ns += timing.compute_output
 
+    def cache_hit_done(self, total_ns: int, queue_ns: int, lookup_ns: int) -> None:
+        """A request answered from the response cache: a success that ran nothing."""
+        self.success.add(total_ns)
+        self.queue.add(queue_ns)
+        self.cache_hit.add(lookup_ns)
+
+    def cache_miss_done(self, miss_ns: int) -> None:
+        """A cached model's executed request: its lookup and insertion time (Triton adds it
+        to the request's duration, as the insertion happens after the request was counted)."""
+        self.success.ns += miss_ns
+        self.cache_miss.add(miss_ns)
+
+    def response_done(self, index: int, outcome: str, timing: Durations | None) -> None:
+        """Response ``index`` of a decoupled model's request, ending as ``outcome``."""
+        stats = self.responses.get(index)
+        if stats is None:
+            stats = self.responses[index] = ResponseStats()
+        infer, output = (timing.compute_infer, timing.compute_output) if timing else (0, 0)
+        if outcome != CANCEL:
+            stats.compute_infer.add(infer)
+        if outcome in (SUCCESS, FAIL) and output:
+            stats.compute_output.add(output)
+        getattr(stats, outcome).add(infer + output)
+
     def batch_done(self, batch_size: int, timing: Durations) -> None:
         self.execution_count += 1
         b = self.batches.get(batch_size)
@@ -73,7 +130,9 @@ class ModelStats:
         b.compute_infer.add(timing.compute_infer)
         b.compute_output.add(timing.compute_output)
 
-    def to_dict(self, name: str, version: int) -> dict[str, Any]:
+    def to_dict(
+        self, name: str, version: int, memory: Sequence[MemoryUsage] = ()
+    ) -> dict[str, Any]:
         return {
             "name": name,
             "version": str(version),
@@ -87,7 +146,10 @@ class ModelStats:
                 "compute_input": self.compute_input.to_dict(),
                 "compute_infer": self.compute_infer.to_dict(),
                 "compute_output": self.compute_output.to_dict(),
+                "cache_hit": self.cache_hit.to_dict(),
+                "cache_miss": self.cache_miss.to_dict(),
             },
+            "response_stats": {str(i): r.to_dict() for i, r in sorted(self.responses.items())},
             "batch_stats": [
                 {
                     "batch_size": size,
@@ -97,7 +159,20 @@ class ModelStats:
                 }
                 for size, b in sorted(self.batches.items())
             ],
+            "memory_usage": [m._asdict() for m in memory],
         }
+
+
+def memory_usage(instances: Iterable[Any]) -> list[MemoryUsage]:
+    """What the serving instances (pool handles) reported, summed by memory type and device,
+    as Triton's accumulated memory usage of a model."""
+    total: dict[tuple[str, int], int] = {}
+    for handle in instances:
+        if handle.state.value == "READY":
+            for usage in handle.memory:
+                key = (usage.type, usage.id)
+                total[key] = total.get(key, 0) + usage.byte_size
+    return [MemoryUsage(kind, device, size) for (kind, device), size in sorted(total.items())]
 
 
 class CustomMetrics:

@@ -12,10 +12,12 @@ import enum
 import subprocess
 import time
 from collections import deque
+from collections.abc import Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 from inferpool.broker.pool.channel import Channel
 from inferpool.wire.errors import InferpoolError
+from inferpool.wire.worker.messages import MemoryUsage
 from inferpool.wire.worker.spec import InstanceSpec, PinningSpec
 
 
@@ -76,6 +78,7 @@ class WorkerHandle(Generic[M]):
         self.passive = instance.passive
         self.placement: dict[str, Any] = {}  # what the worker read back after pinning
         self.reported_config: Any = None  # the config its backend serves (models.completion)
+        self.memory: Sequence[MemoryUsage] = ()  # what its backend reported holding
 
     @property
     def name(self) -> str:

@@ -8,6 +8,7 @@ retired and unlinked as soon as nothing holds a slot of it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,7 @@ class OutputRegion:
     owner: Any  # the WorkerHandle allocating in it; None once retired
     held: int = 0
     pending_frees: list[Slot] = field(default_factory=list)
+    on_free: Callable[[int], None] | None = None  # a region another part allocates in
 
 
 class OutputRegions:
@@ -38,6 +40,12 @@ class OutputRegions:
         )
         return name
 
+    def add_external(self, name: str, region: Region, on_free: Callable[[int], None]) -> None:
+        """Serve outputs from a region of another part of the broker (the response cache):
+        its slots are viewed, held and freed like a worker's, and ``on_free`` hears each
+        freed offset.  It is destroyed with the others at close."""
+        self._regions[name] = OutputRegion(region, None, on_free=on_free)
+
     def view(self, name: str, offset: int, nbytes: int) -> memoryview:
         return self._regions[name].region.view(offset, nbytes)
 
@@ -49,6 +57,9 @@ class OutputRegions:
         """A slot is done with: queue it back to its worker, or finish a retired region."""
         entry = self._regions.get(name)
         if entry is None:
+            return
+        if entry.on_free is not None:
+            entry.on_free(offset)
             return
         if held:
             entry.held -= 1

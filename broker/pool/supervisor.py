@@ -130,6 +130,7 @@ class Supervisor(Generic[M]):
             if handle.state is WorkerState.STARTING:
                 handle.placement = msg.placement
                 handle.reported_config = msg.config
+                handle.memory = msg.memory
                 handle.set_state(WorkerState.READY)
                 handle.last_error = handle.last_error if handle.restarts else ""
                 self.events.worker_ready(handle)

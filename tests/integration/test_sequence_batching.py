@@ -160,6 +160,7 @@ def test_slots_backlog_and_null_requests(live: Served) -> None:
         c1 = send(c, "direct", "c1", 13, 1, sequence_start=True)  # no slot left: backlog
         c2 = send(c, "direct", "c2", 13, 1)
         a2 = send(c, "direct", "a2", 11, 1, sequence_end=True)
+        assert c.is_live()  # answered in order: the requests before it are queued
         hold.unlink()
         assert [y_of(c, r) for r in (a1, b1, a2, c1, c2)] == [99, 101, 100, 101, 102]
         b2 = send(c, "direct", "b2", 12, 1)  # slot 1 while slot 0 (13's) has nothing
@@ -187,6 +188,7 @@ def test_oldest_batches_across_candidate_sequences(live: Served) -> None:
             send(c, "oldest", "o-d1", 24, 1, sequence_start=True),  # 3 candidates: backlog
             send(c, "oldest", "o-a2", 21, 1, sequence_end=True),
         ]
+        assert c.is_live()  # answered in order: the requests before it are queued
         hold.unlink()
         assert y_of(c, a1) == 99
         assert [y_of(c, r) for r in queued] == [101, 101, 101, 100]

@@ -59,7 +59,8 @@ FROM_BROKER = [
     m.RegionGrant("weights-0123abcd", "", False, ERROR),
 ]
 FROM_WORKER = [
-    m.Ready({"cpus": [0], "mempolicy": "default"}, {"name": "model", "max_batch_size": 8}),
+    m.Ready({"cpus": [0], "mempolicy": "default"}, {"name": "model", "max_batch_size": 8}, []),
+    m.Ready({}, {"name": "model"}, [m.MemoryUsage("CPU", 0, 4096), m.MemoryUsage("GPU", 1, 64)]),
     m.Failed(ERROR),
     m.Items(RESULTS),
     m.Done(RESULTS, [m.BatchStats(3, DURATIONS)]),
@@ -130,7 +131,7 @@ def test_records_travel_as_arrays_without_field_names() -> None:
     [
         (b"not json", "JSONDecodeError"),
         (b'["explode", []]', "KeyError: 'explode'"),
-        (b'["ready", [{}]]', "TypeError"),  # a field missing
+        (b'["ready", [{}]]', "ValueError"),  # a field missing
         (b'["items", [[[1, true]]]]', "ValueError"),  # a result of the wrong arity
         (b'["execute", [[], [], []]]', "ValueError"),
     ],

@@ -129,6 +129,14 @@ class BatchStats(NamedTuple):
     durations: Durations
 
 
+class MemoryUsage(NamedTuple):
+    """Memory an instance holds, as TRITONBACKEND_ModelInstanceReportMemoryUsage reports it."""
+
+    type: str  # "CPU", "CPU_PINNED" or "GPU" (TRITONSERVER_MemoryTypeString)
+    id: int  # the device id (0 for CPU)
+    byte_size: int
+
+
 class MetricFamilyInfo(NamedTuple):
     name: str
     description: str
@@ -182,10 +190,12 @@ class RegionGrant(NamedTuple):
 
 # ---------------------------------------------------------------------------- worker -> broker
 class Ready(NamedTuple):
-    """The model loaded: the placement in force and the config it serves (completed)."""
+    """The model loaded: the placement in force, the config it serves (completed) and the
+    memory its backend reported."""
 
     placement: dict[str, Any]  # workers.pinning.read_back()
     config: dict[str, Any]  # ModelConfig as protobuf JSON
+    memory: Sequence[MemoryUsage] = ()
 
 
 class Failed(NamedTuple):
@@ -319,6 +329,11 @@ def _done(body: Sequence[Any]) -> Done:
     return _new(Done, (list(map(_result, items)), list(map(_batch, batches)), metrics))
 
 
+def _ready(body: Sequence[Any]) -> Ready:
+    placement, config, memory = body
+    return _new(Ready, (placement, config, list(map(MemoryUsage._make, memory))))
+
+
 def _items(body: Sequence[Any]) -> Items:
     (items,) = body
     return _new(Items, (list(map(_result, items)),))
@@ -331,7 +346,7 @@ _FROM_BROKER: dict[str, Callable[[Any], Any]] = {
     Kind.REGION_GRANT: RegionGrant._make,
 }
 _FROM_WORKER: dict[str, Callable[[Any], Any]] = {
-    Kind.READY: Ready._make,
+    Kind.READY: _ready,
     Kind.FAILED: Failed._make,
     Kind.ITEMS: _items,
     Kind.DONE: _done,

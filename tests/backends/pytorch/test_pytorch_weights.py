@@ -115,3 +115,14 @@ def test_a_failed_load_gives_the_region_back(run_id, repo, harness):
         harness(two_inputs)
     assert "configuration expects 2 inputs, model provides 1" in info.value.message
     assert regions_of_run(run_id) == [region_name(run_id, "lock")]
+
+
+def test_each_instance_reports_the_weights_it_holds(run_id, repo, harness):
+    tm.save(tm.Linear(), repo)
+    weights = sum(p.numel() * 4 for p in tm.Linear().parameters())
+    own = harness(SHARED.replace("true", "false"))
+    assert own.host.stats.memory_usage() == [("CPU", 0, weights)]
+    first, second = harness(SHARED), harness(SHARED)
+    region = first.host.instance.weights.region.size  # the weights, aligned, and a header
+    assert first.host.stats.memory_usage() == [("CPU", 0, region)]  # it filled the region
+    assert second.host.stats.memory_usage() == []  # attached: the pages are the first's

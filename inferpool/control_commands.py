@@ -1,0 +1,106 @@
+"""``inferpool load`` and ``inferpool unload``: explicit model control on a running server.
+
+``load`` takes Triton's overrides: ``--config`` (JSON, or ``@file`` holding JSON or a
+config.pbtxt) replaces the model's configuration, and ``--file 1/model.pt=PATH`` puts a
+file of the model directory in place of the repository's (a ``--config`` is then needed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from google.protobuf import json_format, text_format
+from tritonclient.grpc import model_config_pb2 as pb
+
+from inferpool.client import Client
+from inferpool.commands import common_options
+from inferpool.wire.errors import invalid_arg
+
+
+def add_control_commands(sub: Any) -> None:
+    common = common_options()
+    p = sub.add_parser(
+        "load",
+        parents=[common],
+        help="load (or reload) a model: the server must run with --model-control-mode explicit",
+    )
+    p.add_argument("model")
+    p.add_argument(
+        "--config",
+        metavar="JSON|@FILE",
+        help="the model's configuration instead of its config.pbtxt: JSON, or @FILE holding "
+        "JSON or protobuf text (a config.pbtxt)",
+    )
+    p.add_argument(
+        "--file",
+        action="append",
+        default=[],
+        metavar="PATH_IN_MODEL=FILE",
+        help="a file of the model directory, e.g. 1/model.pt=./model.pt; with --file the "
+        "repository's directory is not used at all; repeatable",
+    )
+    p.set_defaults(func=cmd_load)
+
+    p = sub.add_parser("unload", parents=[common], help="unload a model")
+    p.add_argument("model")
+    p.set_defaults(func=cmd_unload)
+
+
+def cmd_load(args: argparse.Namespace) -> int:
+    config = read_config(args.config) if args.config is not None else None
+    files = dict(read_file(item) for item in args.file)
+    if files and config is None:
+        raise invalid_arg("--file needs --config: the files replace the model's directory")
+    with Client(args.endpoint, timeout=args.timeout) as c:
+        c.load_model(args.model, config=config, files=files or None)
+    print(f"loaded model '{args.model}'")
+    return 0
+
+
+def cmd_unload(args: argparse.Namespace) -> int:
+    with Client(args.endpoint, timeout=args.timeout) as c:
+        c.unload_model(args.model)
+    print(f"unloaded model '{args.model}'")
+    return 0
+
+
+def read_config(value: str) -> str:
+    """The configuration as JSON: given inline, or read from @FILE (JSON or protobuf text)."""
+    if not value.startswith("@"):
+        text, source = value, "--config"
+    else:
+        source = value[1:]
+        text = _read(source, "--config").decode("utf-8", errors="replace")
+    try:
+        json.loads(text)
+        return text
+    except ValueError:
+        pass
+    try:
+        config = text_format.Parse(text, pb.ModelConfig())
+    except text_format.ParseError as exc:
+        raise invalid_arg(
+            f"{source} is neither JSON nor a model configuration in protobuf text: {exc}"
+        ) from None
+    return json_format.MessageToJson(config, preserving_proto_field_name=True)
+
+
+def read_file(item: str) -> tuple[str, bytes]:
+    """``--file 1/model.pt=PATH`` as the load parameter ``file:1/model.pt`` and its bytes."""
+    target, eq, path = item.partition("=")
+    target = target.removeprefix("file:")
+    if not eq or not target or not path:
+        raise invalid_arg(
+            f"--file expects PATH_IN_MODEL=FILE (e.g. 1/model.pt=./model.pt), got {item!r}"
+        )
+    return f"file:{target}", _read(path, "--file")
+
+
+def _read(path: str, flag: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise invalid_arg(f"{flag}: cannot read {path}: {exc.strerror}") from None
