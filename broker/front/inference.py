@@ -38,10 +38,10 @@ class Inference:
         shm: SharedMemoryHook,
         submit: Callable[[PendingRequest, int], None],
         limit: int,
-        cancel: Callable[[bytes, str], int],
+        cancel: Callable[[list[bytes], str], int],
     ) -> None:
         """``submit`` queues an admitted request (the manager's); ``limit``: the most tensor
-        bytes one request may bring; ``cancel(client, id)`` cancels a client's requests."""
+        bytes one request may bring; ``cancel(envelope, id)`` cancels what a client sent."""
         self.readiness = readiness
         self.registry = registry
         self.arena = arena
@@ -55,17 +55,14 @@ class Inference:
         return {"infer": self.infer, "cancel": self.cancel}
 
     def cancel(self, envelope: list[bytes], header: dict[str, Any], frames: list[Any]) -> Any:
-        """Cancel the sender's infer requests with id ``request_id``; answers how many."""
+        """Cancel the sender's infer requests with id ``request_id`` (``""``: those sent
+        without an id); answers how many."""
         request_id = header.get("request_id")
-        if (
-            isinstance(request_id, bool)
-            or not isinstance(request_id, str | int)
-            or request_id == ""
-        ):
+        if isinstance(request_id, bool) or not isinstance(request_id, str | int):
             raise invalid_arg(
                 f"cancel needs 'request_id': the id of an infer request, got {request_id!r}"
             )
-        return {"cancelled": self._cancel(envelope[0], str(request_id))}
+        return {"cancelled": self._cancel(envelope, str(request_id))}
 
     def infer(self, envelope: list[bytes], header: dict[str, Any], frames: list[Any]) -> None:
         client = envelope[0]

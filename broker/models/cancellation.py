@@ -4,11 +4,14 @@ As Triton's core does: a request that is still queued is taken out of its queue 
 CANCELLED (for a sequence, the requests queued behind it go too, and the sequence ends); a
 request that is executing is marked in the run's cancellation region (``shm.cancel_flags``),
 where its backend's ``request.is_cancelled()`` sees it at once, and it is answered CANCELLED
-right away.  Whatever its worker still sends for it is dropped (``PendingRequest.cancelled``),
-and its input slots stay taken until the worker's final result says it is done with them.
+right away (for a decoupled model, that answer counts as a ``cancel`` response in its
+response statistics, as the backend's CANCELLED response does in Triton).  Whatever its
+worker still sends for it is dropped (``PendingRequest.cancelled``), and its input slots
+stay taken until the worker's final result says it is done with them.
 
-A request is found by its client (the connection it came on) and its ``id``: no index is
-kept on the request path, a cancel looks through the requests in flight.
+A request is found by its routing envelope (the connection it came on; a KServe call's own
+tag) and its ``id``: no index is kept on the request path, a cancel looks through the
+requests in flight.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from inferpool.broker.models.request import PendingRequest
+from inferpool.broker.models.stats import CANCEL
 from inferpool.wire.errors import Code, InferpoolError
 
 log = logging.getLogger("inferpool.cancel")
@@ -42,12 +46,13 @@ class Cancellation:
         self.reject = reject
         self.send_error = send_error
 
-    def cancel(self, client: bytes, request_id: str) -> int:
-        """Cancel ``client``'s requests whose id is ``request_id``; how many there were."""
+    def cancel(self, envelope: list[bytes], request_id: str) -> int:
+        """Cancel the requests that came with ``envelope`` (a client's routing frames; the
+        KServe frontends add one per call) and have id ``request_id``; how many there were."""
         found = [
             r
             for r in self.inflight.values()
-            if r.envelope[0] == client and str(r.client_id) == request_id and not r.cancelled
+            if r.envelope == envelope and str(r.client_id) == request_id and not r.cancelled
         ]
         for req in found:
             self._cancel(req, "was cancelled")
@@ -75,6 +80,9 @@ class Cancellation:
         self.flags.cancel(req.rid)
         req.cancelled = True  # answered now; its worker's late results are dropped
         self.send_error(req.envelope, "infer", req.client_id, _error(req, why))
+        if req.model.decoupled:  # the response that ends it is a cancelled one
+            req.model.stats.response_done(req.responses, CANCEL, None)
+            req.responses += 1
 
 
 def _error(req: PendingRequest, why: str) -> InferpoolError:

@@ -1,10 +1,13 @@
 """Cancellation, served for real: the ``cancel`` message, AsyncClient calls given up on,
-streams left early and clients that disconnect, watched from a python model that records
-what it saw (tests.integration.recording)."""
+streams left early, clients that disconnect and KServe callers that go away (HTTP, gRPC),
+watched from a python model that records what it saw (tests.integration.recording)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import queue
+import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 
 from inferpool.client import AsyncClient, Client, Code, InferpoolError
 from tests.integration.recording import Served, model_py, served, tags, wait_seen
@@ -101,7 +105,7 @@ def write_repository(repo: Path) -> None:
 
 @pytest.fixture(scope="module")
 def live() -> Iterator[Served]:
-    with served("ipc-", write_repository) as got:
+    with served("ipc-", write_repository, kserve=True) as got:
         yield got
 
 
@@ -154,7 +158,7 @@ def test_cancel_a_queued_and_an_executing_request(live: Served) -> None:
 
 def test_cancel_needs_a_request_id(live: Served) -> None:
     with live.server.client() as c:
-        for bad in (None, "", True, [1]):
+        for bad in (None, True, [1]):
             with pytest.raises(InferpoolError, match="cancel needs 'request_id'") as err:
                 c.call("cancel", request_id=bad)
             assert err.value.code is Code.INVALID_ARG
@@ -184,18 +188,32 @@ def test_async_client_cancels_a_cancelled_task_and_a_timeout(live: Served) -> No
     wait_seen(waiter, {"end": by_timeout, "cancelled": True})
 
 
+def response_stats(client: Client, model: str) -> dict[int, dict[str, Any]]:
+    stats = client.statistics(model)["model_stats"][0]["response_stats"]
+    return {int(index): counts for index, counts in stats.items()}
+
+
 def test_a_stream_left_early_is_cancelled(live: Served) -> None:
     ticker = live.repo / "ticker"
     tag = new_tag()
     with live.server.client() as c:
+        before = response_stats(c, "ticker")
         got = []
         for result in c.stream("ticker", {}, parameters={"tag": tag}):
             got.append(int(result.outputs["N"][0]))
             if len(got) == 3:
                 break  # the generator closes: the client sends the cancel
         assert got == [0, 1, 2]
-    event = wait_seen(ticker, {"end": tag, "cancelled": True})
-    assert event["sent"] < 2000
+        event = wait_seen(ticker, {"end": tag, "cancelled": True})
+        assert event["sent"] < 2000
+        after = response_stats(c, "ticker")
+    cancels = {
+        i: n["cancel"]["count"] - before.get(i, {}).get("cancel", {}).get("count", 0)
+        for i, n in after.items()
+    }
+    [index] = [i for i, n in cancels.items() if n]  # one response counted as cancelled
+    assert cancels[index] == 1 and index >= 3  # after the three the client read
+    assert all(after[i]["success"]["count"] >= 1 for i in range(index))
 
 
 def test_a_disconnected_client_s_requests_are_cancelled(live: Served) -> None:
@@ -210,3 +228,48 @@ def test_a_disconnected_client_s_requests_are_cancelled(live: Served) -> None:
     with live.server.client() as c:
         assert c.infer("waiter", {"X": np.array([0], np.int32)})["Y"].tolist() == [0]
     assert queued not in tags(waiter, "start")
+
+
+def test_kserve_callers_that_go_away_are_cancelled(live: Served) -> None:
+    """An HTTP connection closed mid-inference, a gRPC call cancelled, a gRPC stream stopped
+    with its requests unanswered: each is cancelled at the broker."""
+    waiter, ticker = live.repo / "waiter", live.repo / "ticker"
+    by_http, by_grpc, by_stream = new_tag(), new_tag(), new_tag()
+    body = json.dumps(
+        {
+            "inputs": [{"name": "X", "datatype": "INT32", "shape": [1], "data": [1]}],
+            "parameters": {"tag": by_http},
+        }
+    ).encode()
+    with socket.create_connection(("127.0.0.1", live.server.http_port)) as conn:
+        conn.sendall(
+            b"POST /v2/models/waiter/infer HTTP/1.1\r\nHost: test\r\n"
+            b"Content-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        wait_seen(waiter, {"start": by_http})
+    wait_seen(waiter, {"end": by_http, "cancelled": True})  # the connection closed
+
+    client = grpcclient.InferenceServerClient(live.server.grpc_url)
+    try:
+        x = grpcclient.InferInput("X", [1], "INT32")
+        x.set_data_from_numpy(np.array([1], np.int32))
+        call = client.async_infer(
+            "waiter", [x], lambda result, error: None, parameters={"tag": by_grpc}
+        )
+        wait_seen(waiter, {"start": by_grpc})
+        call.cancel()
+        wait_seen(waiter, {"end": by_grpc, "cancelled": True})
+
+        streamed: queue.Queue[Any] = queue.Queue()
+        client.start_stream(lambda result, error: streamed.put((result, error)))
+        client.async_stream_infer("ticker", [], parameters={"tag": by_stream})
+        result, error = streamed.get(timeout=20)  # the first response: the stream runs
+        assert error is None and result.as_numpy("N").tolist() == [0]
+        client.stop_stream(cancel_requests=True)  # its request unanswered
+        assert wait_seen(ticker, {"end": by_stream, "cancelled": True})["sent"] < 2000
+    finally:
+        client.close()
+    with live.server.client() as c:  # the server goes on serving
+        assert c.infer("waiter", {"X": np.array([0], np.int32)})["Y"].tolist() == [0]
