@@ -31,7 +31,7 @@ class ServerOptions:
     arena_size: int = 256 * MiB
     output_arena_size: int = 256 * MiB
     max_request_bytes: int = 256 * MiB
-    prefault: bool = True
+    prefault: int = 4 * MiB  # of the arena and of each output region, populated at start
     max_client_shm: int = 1024 * MiB  # server-made regions per client
     lease_timeout: float = 60.0  # seconds a client holding leases may stay silent
     # models
@@ -52,6 +52,7 @@ class ServerOptions:
     graceful_timeout: float = 30.0
     max_restarts: int = 5  # crashes within restart_window before an instance is FAILED
     restart_window: float = 60.0
+    worker_start: str = "zygote"  # or "fresh" (broker/pool/zygotes.py)
     heartbeat_ms: int = 1000  # how often a frozen (stopped) worker is looked for; 0: never
     model_load_gpu_limit: Mapping[int, float] = field(default_factory=dict)  # device -> fraction
     log_level: str = "INFO"

@@ -19,6 +19,7 @@ from typing import Any
 
 import zmq
 
+from inferpool.broker.devshm import start_arena, warn_if_too_small
 from inferpool.broker.endpoints import listen, open_run
 from inferpool.broker.front.control import Control, Readiness
 from inferpool.broker.front.handles import Handles
@@ -44,10 +45,8 @@ from inferpool.broker.pool.liveness import Liveness
 from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.broker.pool.placement import Planner, Topology, parse_host_policies
 from inferpool.broker.pool.supervisor import Supervisor
-from inferpool.shm.arena import Arena
 from inferpool.shm.cancel_flags import CancelFlags
 from inferpool.shm.leases import LeaseTable
-from inferpool.shm.region import Region
 from inferpool.shm.runs import region_name
 from inferpool.wire.errors import Code, InferpoolError
 from inferpool.wire.worker.messages import Unmapped
@@ -80,9 +79,8 @@ class Broker:
             check_gpu_limits(opts.model_load_gpu_limit, topology)
             self.run_id = run_id = open_run(stack, opts.run_dir)
             arena_region = region_name(run_id, "arena")
-            arena = Arena(Region.create(arena_region, opts.arena_size, prefault=opts.prefault))
-            stack.callback(arena.destroy)
-            flags = CancelFlags.create(run_id, prefault=opts.prefault)
+            arena = start_arena(stack, arena_region, opts)
+            flags = CancelFlags.create(run_id)
             stack.callback(flags.close)
             outputs = OutputRegions(run_id, opts.output_arena_size, opts.prefault)
             stack.callback(outputs.close)
@@ -94,6 +92,7 @@ class Broker:
             self.poller.register(self.frontend, zmq.POLLIN)
             self.poller.register(self._wake, zmq.POLLIN)
             self.channels: dict[int, Worker] = {}  # worker channel fd -> its worker
+            self.readers: dict[int, Callable[[], None]] = {}  # other fds (zygotes) -> reader
             # answers (the front's) first: the models answer requests through them
             handles = Handles(LeaseTable(run_id), outputs)
             self.responder = Responder(self.frontend, outputs, handles)
@@ -107,7 +106,7 @@ class Broker:
                 self.responder,
                 planner,
                 pool=lambda events: Supervisor(
-                    opts.supervisor(), run_id, outputs, events, self._watch
+                    opts.supervisor(), run_id, outputs, events, self._watch, self._watch_reader
                 ),
             )
             self.supervisor = supervisor = manager.supervisor
@@ -129,7 +128,7 @@ class Broker:
             registrations = Registrations(
                 run_id,
                 opts.max_client_shm,
-                opts.prefault,
+                opts.prefault > 0,
                 manager.inflight,
                 lambda: [h.identity for h in supervisor.alive()],
                 manager.unmaps,
@@ -164,6 +163,14 @@ class Broker:
                 run_id=run_id,
                 extensions=EXTENSIONS,
                 explicit=opts.explicit,
+                resources=lambda: {
+                    "arena_slots": arena.allocator.used_blocks,
+                    "output_slots_held": outputs.held(),
+                    "output_regions": len(outputs),
+                    "leases": len(handles.leases),
+                    "registrations": len(registrations),
+                    "inflight": len(manager.inflight),
+                },
             )
             self.router = Router(
                 self.responder,
@@ -219,6 +226,7 @@ class Broker:
         rows = self.registry.index()
         ready = sum(1 for r in rows if r["state"] == State.READY.value)
         log.info("started: %d of %d model version(s) READY", ready, len(rows))
+        warn_if_too_small(self.options, len(self.supervisor.handles))
         for r in rows:
             if r["state"] != State.READY.value:
                 log.error(
@@ -237,11 +245,19 @@ class Broker:
 
     # ================================================================== the loop
     def _watch(self, fd: int, handle: Worker | None) -> None:
-        if handle is None:
-            if self.channels.pop(fd, None) is not None:
+        """Poll a worker's channel (None: stop)."""
+        self._poll(self.channels, fd, handle)
+
+    def _watch_reader(self, fd: int, reader: Callable[[], None] | None) -> None:
+        """Poll another fd (a zygote's socket) and call ``reader`` when it is readable."""
+        self._poll(self.readers, fd, reader)
+
+    def _poll(self, table: dict[int, Any], fd: int, target: Any) -> None:
+        if target is None:
+            if table.pop(fd, None) is not None:
                 self.poller.unregister(fd)
         else:
-            self.channels[fd] = handle
+            table[fd] = target
             self.poller.register(fd, zmq.POLLIN)
 
     def run(self) -> int:
@@ -266,6 +282,9 @@ class Broker:
                     handle = self.channels.get(fd)
                     if handle is not None:
                         self._from_worker(handle)
+                    elif fd in self.readers:  # a zygote: it may report a worker's exit
+                        self.readers[fd]()
+                        self.supervisor.reap()
                 if self.frontend in events:
                     self._drain_frontend()
                 if metrics is not None and metrics.socket in events:

@@ -99,13 +99,13 @@ def add_serve(sub: Any) -> None:
         "--arena-size",
         type=parse_size,
         default="256M",
-        help="shared-memory arena for request inputs (default 256M)",
+        help="shared-memory arena for request inputs, the most it may grow to (default 256M)",
     )
     p.add_argument(
         "--output-arena-size",
         type=parse_size,
         default="256M",
-        help="shared-memory output arena per worker (default 256M)",
+        help="shared-memory output arena per worker, the most it may grow to (default 256M)",
     )
     p.add_argument(
         "--max-request-bytes",
@@ -127,9 +127,16 @@ def add_serve(sub: Any) -> None:
         "reclaimed (default 60; clients send keepalive messages)",
     )
     p.add_argument(
+        "--prefault",
+        type=parse_size,
+        default="4M",
+        help="shared memory populated at start in the arena and in each output region (default "
+        "4M, less for a model whose outputs are smaller); the rest is populated as it is used",
+    )
+    p.add_argument(
         "--no-prefault",
         action="store_true",
-        help="do not touch arena pages at start (less memory, slower first requests)",
+        help="populate no shared memory at start (--prefault 0)",
     )
     p.add_argument("--model-control-mode", choices=("none", "explicit", "poll"), default="none")
     p.add_argument(
@@ -170,6 +177,14 @@ def add_serve(sub: Any) -> None:
     )
     p.add_argument("--restart-window", type=float, default=60.0, metavar="SECONDS")
     p.add_argument(
+        "--worker-start",
+        choices=("zygote", "fresh"),
+        default="zygote",
+        help="zygote: fork workers from a parent per NUMA node that imported the frameworks "
+        "once (they share its memory and start in milliseconds); fresh: start each worker "
+        "as a new interpreter",
+    )
+    p.add_argument(
         "--heartbeat-ms",
         type=int,
         default=1000,
@@ -209,7 +224,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         arena_size=args.arena_size,
         output_arena_size=args.output_arena_size,
         max_request_bytes=args.max_request_bytes,
-        prefault=not args.no_prefault,
+        prefault=0 if args.no_prefault else args.prefault,
         max_client_shm=args.max_client_shm,
         lease_timeout=args.lease_timeout,
         model_control_mode=args.model_control_mode,
@@ -226,6 +241,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         graceful_timeout=args.graceful_timeout,
         max_restarts=args.max_restarts,
         restart_window=args.restart_window,
+        worker_start=args.worker_start,
         heartbeat_ms=args.heartbeat_ms,
         model_load_gpu_limit=parse_gpu_limits(args.model_load_gpu_limit),
         metrics_port=args.metrics_port,

@@ -13,8 +13,11 @@ model repository and an ExitStack (for its clean-up) and returns ``infer(x) -> o
 Ratios against ``torch`` are printed last: compare within one run, never across machines.
 
 Memory: a real ``inferpool serve`` loads the same model as N instances (N workers), with and
-without ENABLE_WEIGHT_SHARING, and the workers' RSS/PSS/USS are read while all are loaded
-(:func:`measure_instances`).
+without ENABLE_WEIGHT_SHARING, with workers forked from a zygote and started fresh
+(``--worker-start``), and the workers' RSS/PSS/USS are read while all are loaded
+(:func:`measure_instances`).  Respawn: each instance in turn is SIGKILLed and timed until the
+server reports it READY again (a new process serving the model), then it answers a request
+(:func:`measure_respawns`); the crash backoff of a first crash is in it.
 """
 
 from __future__ import annotations
@@ -212,17 +215,42 @@ parameters {{ key: "INTRA_OP_THREAD_COUNT" value: {{ string_value: "1" }} }}
 """
 
 
-def measure_instances(repo: Path, n_in: int, instances: int, share: bool) -> list[InstanceMemory]:
-    """Memory of the workers of one served model with ``instances`` instances, all loaded."""
+def measure_instances(
+    repo: Path, n_in: int, instances: int, share: bool, start: str
+) -> tuple[list[InstanceMemory], list[float]]:
+    """Memory of the workers of one served model with ``instances`` instances, all loaded
+    (workers started as ``--worker-start`` says), and the seconds each took to serve again
+    after a SIGKILL."""
     with contextlib.ExitStack() as stack:
         config = weights_config(share, n_in, instances)
-        client = serve(model_repository(repo / "1" / "model.pt", "weights", config, stack), stack)
-        client.infer("weights", {"INPUT__0": np.ones((1, n_in), np.float32)})
+        served = model_repository(repo / "1" / "model.pt", "weights", config, stack)
+        client = serve(served, stack, "--worker-start", start)
+        x = np.ones((1, n_in), np.float32)
+        client.infer("weights", {"INPUT__0": x})
         usage = []
         for row in client.status():
             info = psutil.Process(row["pid"]).memory_full_info()
             usage.append(InstanceMemory(info.rss, info.pss, info.uss))
-        return usage
+        return usage, measure_respawns(client, x)
+
+
+def measure_respawns(client: Client, x: np.ndarray) -> list[float]:
+    """SIGKILL each instance's worker in turn; seconds until it is READY again and serves."""
+    times = []
+    for row in client.status():
+        slot, pid = row["slot"], row["pid"]
+        t0 = time.perf_counter()
+        os.kill(pid, signal.SIGKILL)
+        while True:
+            now = next(r for r in client.status() if r["slot"] == slot)
+            if now["state"] == "READY" and now["pid"] not in (None, pid):
+                break
+            if time.perf_counter() - t0 > 60:
+                raise TimeoutError(f"instance {row['instance']} did not come back: {now}")
+            time.sleep(0.002)
+        times.append(time.perf_counter() - t0)
+        client.infer("weights", {"INPUT__0": x})
+    return times
 
 
 def _report_memory(instances: int, weights_mb: int) -> None:
@@ -233,14 +261,19 @@ def _report_memory(instances: int, weights_mb: int) -> None:
         torch.manual_seed(0)
         save_model(torch.nn.Linear(n_in, n_out, bias=False), repo)
         for share in (False, True):
-            usage = measure_instances(repo, n_in, instances, share)
-            mib = 2**20
-            print(
-                f"{instances} instances, {weights_mb} MiB of weights, sharing={share!s:5}: "
-                f"PSS sum {sum(u.pss for u in usage) / mib:7.1f} MiB, "
-                f"USS/instance {statistics.fmean(u.uss for u in usage) / mib:6.1f} MiB, "
-                f"RSS/instance {statistics.fmean(u.rss for u in usage) / mib:6.1f} MiB"
-            )
+            for start in ("fresh", "zygote"):
+                usage, respawns = measure_instances(repo, n_in, instances, share, start)
+                mib = 2**20
+                print(
+                    f"{instances} instances, {weights_mb} MiB of weights, sharing={share!s:5}, "
+                    f"workers {start:6}: PSS {sum(u.pss for u in usage) / mib:7.1f} MiB "
+                    f"({sum(u.pss for u in usage) / len(usage) / mib:6.1f} per instance), "
+                    f"USS/instance {statistics.fmean(u.uss for u in usage) / mib:6.1f} MiB, "
+                    f"RSS/instance {statistics.fmean(u.rss for u in usage) / mib:6.1f} MiB; "
+                    "respawn after SIGKILL until READY "
+                    + "/".join(f"{t * 1e3:.0f}" for t in respawns)
+                    + f" ms (median {statistics.median(respawns) * 1e3:.0f})"
+                )
 
 
 def main() -> None:
@@ -250,8 +283,15 @@ def main() -> None:
     parser.add_argument("--instances", type=int, default=4)
     parser.add_argument("--weights-mb", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument(
+        "--part", choices=["latency", "memory", "all"], default="all", help="what to measure"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.part != "latency" and args.instances > 0:
+        _report_memory(args.instances, args.weights_mb)
+    if args.part == "memory":
+        return
     results: dict[tuple[str, int], dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp)
@@ -276,8 +316,6 @@ def main() -> None:
                 f"{name:9} / torch, batch {batch:3}: p50 x{r['p50_us'] / base['p50_us']:5.2f}  "
                 f"throughput x{r['per_s'] / base['per_s']:5.2f}"
             )
-    if args.instances > 0:
-        _report_memory(args.instances, args.weights_mb)
 
 
 if __name__ == "__main__":

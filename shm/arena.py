@@ -2,7 +2,8 @@
 
 A region is created once; requests take and return slots, never mapping or unlinking
 anything.  Best fit keeps reusing the same recently-freed, already-faulted pages for a
-steady stream of same-sized requests.
+steady stream of same-sized requests, and keeps the blocks in use low in the region, whose
+pages are populated only as far as they are used (``shm.warm``).
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from inferpool.shm.region import Region
+from inferpool.shm.region import Region, ShmExhausted
+from inferpool.shm.warm import Warm
 
 ALIGN = 64  # cache line; also satisfies every numpy/torch dtype
 QUICK_BLOCKS = 8  # freed blocks kept per exact size before they are merged
@@ -138,11 +140,16 @@ class Allocator:
 
 
 class Arena:
-    """A region plus its allocator: hands out Slots whose memory is a view of the region."""
+    """A region plus its allocator: hands out Slots whose memory is a view of the region.
 
-    def __init__(self, region: Region, align: int = ALIGN) -> None:
+    The region's first ``prefault`` bytes are populated at once; the rest as slots reach it
+    (``alloc`` raises ShmExhausted, a MemoryError, when /dev/shm cannot give them).
+    """
+
+    def __init__(self, region: Region, align: int = ALIGN, prefault: int = 0) -> None:
         self.region = region
         self.allocator = Allocator(region.size, align)
+        self.warm = Warm(region, prefault, f"the shared-memory arena {region.name}")
 
     @property
     def name(self) -> str:
@@ -157,7 +164,14 @@ class Arena:
         return self.allocator.size
 
     def alloc(self, nbytes: int) -> Slot:
-        return Slot(self.region.name, self.allocator.alloc(nbytes), nbytes)
+        offset = self.allocator.alloc(nbytes)
+        if offset + nbytes > self.warm.upto:
+            try:
+                self.warm.cover(offset + nbytes)
+            except ShmExhausted:
+                self.allocator.free(offset)
+                raise
+        return Slot(self.region.name, offset, nbytes)
 
     def free(self, slot: Slot) -> None:
         self.allocator.free(slot.offset)

@@ -34,9 +34,10 @@ class CancelFlags:
         self._words = region.buf.cast("q")
 
     @classmethod
-    def create(cls, run_id: str, *, prefault: bool = True) -> CancelFlags:
-        """The broker's: the run's region, created (mode 0600) and writable."""
-        return cls(Region.create(flags_region(run_id), WORDS * _WORD, prefault=prefault))
+    def create(cls, run_id: str) -> CancelFlags:
+        """The broker's: the run's region, created (mode 0600) and writable, its pages
+        populated now (512 KiB), so a mark never needs a page /dev/shm may not have."""
+        return cls(Region.create(flags_region(run_id), WORDS * _WORD, prefault=True))
 
     @classmethod
     def attach(cls, name: str) -> CancelFlags:

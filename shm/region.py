@@ -2,11 +2,15 @@
 
 Creation follows CPython's ``shared_memory`` discipline: if anything fails after the name
 exists, the name is unlinked before the error propagates, so a failed start leaks nothing.
+A region is created sparse: tmpfs gives it pages only where they are populated (``populate``,
+``shm.warm``), or touched.  Populating asks the kernel for the pages up front and reports a
+full /dev/shm as :class:`ShmExhausted`, where a touch would have died of SIGBUS.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import mmap
 import os
 from typing import Any
@@ -15,6 +19,34 @@ import posix_ipc
 
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
 _PAGE = mmap.PAGESIZE
+MiB = 1 << 20
+DEV_SHM = "/dev/shm"
+ROOM_HINT = (
+    "give /dev/shm more room (docker run --shm-size=...; Kubernetes: an emptyDir volume with "
+    "medium: Memory and a sizeLimit, mounted at /dev/shm)"
+)
+
+
+class ShmExhausted(MemoryError):
+    """/dev/shm could not give a region the pages it needs (its message says how much)."""
+
+
+def shm_free() -> int:
+    """Bytes /dev/shm can still allocate."""
+    st = os.statvfs(DEV_SHM)
+    return st.f_bavail * st.f_frsize
+
+
+def exhausted(what: str, nbytes: int) -> ShmExhausted:
+    free = shm_free()
+    return ShmExhausted(
+        f"/dev/shm is full: {what} needs {_mib(nbytes)} more and /dev/shm has {_mib(free)} free; "
+        f"{ROOM_HINT}"
+    )
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / MiB:.1f} MiB"
 
 
 class Region:
@@ -35,7 +67,8 @@ class Region:
     # ------------------------------------------------------------------ construction
     @classmethod
     def create(cls, name: str, size: int, *, prefault: bool = True, mode: int = 0o600) -> Region:
-        """Create ``name`` exclusively (mode 0600 by default) and map it read-write."""
+        """Create ``name`` exclusively (mode 0600 by default) and map it read-write; with
+        ``prefault`` every page is populated now (ShmExhausted if /dev/shm cannot hold it)."""
         if size <= 0:
             raise ValueError(f"region size must be positive, got {size}")
         shm = posix_ipc.SharedMemory("/" + name, posix_ipc.O_CREX, mode=mode, size=size)
@@ -44,9 +77,10 @@ class Region:
                 mapping = mmap.mmap(shm.fd, size)
             finally:
                 shm.close_fd()
+            region = cls(name, mapping, size, owner=True, readonly=False)
             if prefault:
-                _prefault(mapping, size)
-            return cls(name, mapping, size, owner=True, readonly=False)
+                region.populate(0, size, f"region {name}")
+            return region
         except BaseException:
             posix_ipc.unlink_shared_memory("/" + name)
             raise
@@ -66,6 +100,26 @@ class Region:
         finally:
             shm.close_fd()
         return cls(name, mapping, size, owner=False, readonly=readonly)
+
+    def populate(self, start: int, end: int, what: str) -> None:
+        """Give ``[start, end)`` its pages now (and map them here); ShmExhausted naming
+        ``what`` if /dev/shm cannot, instead of a SIGBUS at the first touch."""
+        assert self._map is not None and not self.readonly
+        start -= start % _PAGE
+        end = min(self.size, end)
+        if end <= start:
+            return
+        try:
+            self._map.madvise(_MADV_POPULATE_WRITE, start, end - start)
+        except OSError as exc:
+            if exc.errno in (errno.EFAULT, errno.ENOMEM, errno.ENOSPC):
+                raise exhausted(what, end - start) from None
+            if exc.errno != errno.EINVAL:  # EINVAL: a kernel before 5.14
+                raise
+            if shm_free() < end - start:
+                raise exhausted(what, end - start) from None
+            for off in range(start, end, _PAGE):
+                self.buf[off] = self.buf[off]
 
     # ------------------------------------------------------------------ access
     def view(self, offset: int, nbytes: int) -> memoryview:
@@ -108,17 +162,6 @@ class Region:
 
     def __exit__(self, *exc: Any) -> None:
         self.destroy()
-
-
-def _prefault(mapping: mmap.mmap, size: int) -> None:
-    """Allocate every page now, so the request path never takes a first-touch fault."""
-    try:
-        mapping.madvise(_MADV_POPULATE_WRITE, 0, size)
-    except OSError:
-        view = memoryview(mapping)
-        for off in range(0, size, _PAGE):
-            view[off] = 0
-        view.release()
 
 
 class RegionCache:

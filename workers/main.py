@@ -3,9 +3,11 @@
 Order matters: read the spec and pin the process (affinity, memory policy, visible devices)
 before anything heavy (numpy, zmq, torch) is imported, so their threads and first
 allocations land where the instance was placed.  Everything up to the pinning uses the
-standard library and orjson only.  From the moment the channel is open, a step that fails
-reaches the broker as a Failed message with its reason, and the worker exits
-EXIT_BOOT_FAILED (the broker does not respawn it).
+standard library and orjson only.  A worker forked by a zygote (``workers.zygote``) runs the
+same steps from :func:`run`: its zygote imported the heavy parts once, pinned to the NUMA
+node, and the worker pins itself to its own cores before any thread starts.  From the
+moment the channel is open, a step that fails reaches the broker as a Failed message with
+its reason, and the worker exits EXIT_BOOT_FAILED (the broker does not respawn it).
 """
 
 from __future__ import annotations
@@ -49,6 +51,15 @@ def main() -> int:
     except InferpoolError as err:  # no channel to say it on: the log has it
         print(f"inferpool worker: {err}", file=sys.stderr)
         return EXIT_BOOT_FAILED
+    return run(spec)
+
+
+def run(spec: WorkerSpec) -> int:
+    """Tie this process to its parent, boot the worker and serve; the exit code.
+
+    The same steps whether the worker is a fresh interpreter (``main``) or forked by a
+    zygote (``workers.zygote``), whose heavy imports are then already done.
+    """
     if not set_parent_death_signal(signal.SIGTERM, parent_pid=spec.broker_pid):
         return EXIT_BROKER_GONE
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the broker's to handle
@@ -58,6 +69,7 @@ def main() -> int:
         format=f"%(asctime)s %(levelname)s [{spec.instance.name} pid {os.getpid()}] "
         "%(name)s: %(message)s",
         stream=sys.stderr,
+        force=True,
     )
     link: Link[BrokerMessage] = Link(socket.socket(fileno=spec.channel_fd), decode_from_broker)
     try:

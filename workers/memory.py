@@ -5,7 +5,9 @@ their POSIX names, regions clients registered by their reference (``shm.refs``),
 broker retires with an ``unmap`` once no request can use them any more.  The worker
 allocates outputs inside the region the broker created for it, or writes them into a
 client's registered window when the request asked so; the broker sends arena slots back
-(``free``) once the client has them.
+(``free``) once the client has them.  The output region is populated ahead of the
+allocations that reach new parts of it (``shm.warm``); other regions are mapped without
+populating: their pages fault in once, as they are first read.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from inferpool.backends.api import InputTensor, RequestedOutput
 from inferpool.shm.arena import Allocator, ArenaFull
 from inferpool.shm.cuda import CudaRegion, CudaUnavailable, RegionTooLarge
 from inferpool.shm.refs import parse_ref
-from inferpool.shm.region import Region
+from inferpool.shm.region import Region, ShmExhausted
+from inferpool.shm.warm import Warm
 from inferpool.wire import codec
 from inferpool.wire.errors import Code, InferpoolError
 from inferpool.wire.worker.messages import Slot, TensorRef, Window
@@ -29,11 +32,17 @@ from inferpool.wire.worker.messages import Slot, TensorRef, Window
 class WorkerMemory:
     """Implements backends.api.OutputMemory over this worker's output arena."""
 
-    def __init__(self, output_region: str, instance_name: str) -> None:
+    def __init__(self, output_region: str, instance_name: str, prefault: int = 0) -> None:
+        """``prefault``: how much of the output region to populate now."""
         self.instance_name = instance_name
-        self.output = Region.attach(output_region, populate=True)
+        self.output = Region.attach(output_region)
         self._regions: dict[str, Region | CudaRegion] = {self.output.name: self.output}
         self.allocator = Allocator(self.output.size)
+        try:
+            self.warm = Warm(self.output, prefault, f"the output region of '{instance_name}'")
+        except ShmExhausted as exc:
+            self.output.close()
+            raise InferpoolError(Code.UNAVAILABLE, str(exc)) from None
 
     def _region(self, ref: str) -> Region | CudaRegion:
         region = self._regions.get(ref)
@@ -80,6 +89,12 @@ class WorkerMemory:
                 f"output arena of instance '{self.instance_name}' is full: {exc}. Release "
                 "output handles sooner or start the server with a larger --output-arena-size",
             ) from None
+        if offset + nbytes > self.warm.upto:
+            try:
+                self.warm.cover(offset + nbytes)
+            except ShmExhausted as exc:
+                self.allocator.free(offset)
+                raise InferpoolError(Code.UNAVAILABLE, str(exc)) from None
         return self.output.name, offset, self.output.buf[offset : offset + nbytes]
 
     def _in_window(self, name: str, window: Window, nbytes: int) -> tuple[str, int, Any]:
@@ -144,7 +159,7 @@ def _open(ref: str) -> Region | CudaRegion:
                 Code.INVALID_ARG, f"cannot open the CUDA IPC handle of a region: {exc}"
             ) from None
     try:
-        return Region.attach(parsed.name, populate=True)
+        return Region.attach(parsed.name)
     except posix_ipc.ExistentialError:
         raise InferpoolError(
             Code.NOT_FOUND, f"shared-memory object '/{parsed.name}' no longer exists"

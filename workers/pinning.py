@@ -22,6 +22,7 @@ import ctypes.util
 import errno
 import os
 import platform
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -209,7 +210,8 @@ def apply(pinning: PinningSpec, *, policy: str = "") -> AppliedPinning:
     """Pin this process as ``pinning`` says; ``policy`` names the host policy in errors.
 
     Sets CPU affinity, the NUMA memory policy, ``CUDA_VISIBLE_DEVICES`` and the OpenMP/MKL/
-    OpenBLAS thread counts (``threads``, else the number of pinned cores).  Raises
+    OpenBLAS thread counts (``threads``, else the number of pinned cores; torch's too, if a
+    zygote imported it before this process was forked).  Raises
     UNAVAILABLE naming the policy when the machine refuses.
     """
     warnings: list[str] = []
@@ -235,6 +237,9 @@ def apply(pinning: PinningSpec, *, policy: str = "") -> AppliedPinning:
     if threads > 0:
         for var in THREAD_ENV:
             os.environ[var] = str(threads)
+        torch = sys.modules.get("torch")  # a zygote imported it: it read the variables then
+        if torch is not None:
+            torch.set_num_threads(threads)
     back = read_back()
     return AppliedPinning(
         cpus=tuple(back["cpus"]),

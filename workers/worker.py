@@ -65,7 +65,7 @@ class Worker:
         self._response_start: dict[int, int] = {}  # a decoupled request -> its last response
         self._in_execute = False
         self._main_thread = threading.get_ident()
-        self.memory = WorkerMemory(spec.output_region, spec.instance.name)
+        self.memory = WorkerMemory(spec.output_region, spec.instance.name, spec.output_prefault)
         self.flags = CancelFlags.attach(spec.cancel_region) if spec.cancel_region else None
         self._cancelled = self.flags.is_cancelled if self.flags is not None else None
         self.regions = ChannelRegions(link)
@@ -167,6 +167,8 @@ class Worker:
                     self._flush_async()
             elif isinstance(msg, Free):
                 self._drop(msg.free, msg.unmap)
+                if msg.release and self.states is not None:
+                    self.states.begin(msg.release)
             elif isinstance(msg, Stop):
                 return
             else:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from inferpool.broker.front.limits import check_id, work_size
 from inferpool.broker.models.registry import ModelVersion
 from inferpool.broker.models.request import FLAG_SEQUENCE_END, FLAG_SEQUENCE_START, PendingRequest
 from inferpool.shm.arena import Arena, ArenaFull, Slot
+from inferpool.shm.region import ShmExhausted
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg
 from inferpool.wire.worker.messages import TensorRef, WantedOutput, Window, Work
 
@@ -56,6 +58,8 @@ def admit(
     inputs = header.get("inputs")
     if not isinstance(inputs, list):
         raise invalid_arg(f"inference request for model '{name}' has no 'inputs' list")
+    client_id = header.get("id", "")
+    work_id = check_id(client_id)
     total = 0
     for f in frames:
         total += len(f)
@@ -137,6 +141,8 @@ def admit(
                 )
             try:
                 slot = arena.alloc(nbytes)
+            except ShmExhausted as exc:
+                raise InferpoolError(Code.UNAVAILABLE, f"input '{iname}': {exc}") from None
             except ArenaFull as exc:
                 raise InferpoolError(
                     Code.UNAVAILABLE,
@@ -166,24 +172,24 @@ def admit(
         corr, flags, timeout_us, priority = (
             _scheduling(parameters, model) if parameters else (0, 0, 0, model.default_priority)
         )
+        work = Work(
+            rid,
+            work_id,
+            corr,
+            flags,
+            {k: v for k, v in parameters.items() if k not in _BROKER_PARAMETERS}
+            if parameters
+            else parameters,
+            work_inputs,
+            work_outputs,
+            priority,
+            timeout_us,
+        )
+        wire_bytes = work_size(work, parameters, name)
     except BaseException:
         for slot in slots:
             arena.free(slot)
         raise
-    client_id = header.get("id", "")
-    work = Work(
-        rid,
-        str(client_id),
-        corr,
-        flags,
-        {k: v for k, v in parameters.items() if k not in _BROKER_PARAMETERS}
-        if parameters
-        else parameters,
-        work_inputs,
-        work_outputs,
-        priority,
-        timeout_us,
-    )
     return PendingRequest(
         rid=rid,
         envelope=envelope,
@@ -195,6 +201,7 @@ def admit(
         batch_size=batch or 1,
         received_ns=now_ns,
         shm_outputs=shm_outputs,
+        wire_bytes=wire_bytes,
     )
 
 

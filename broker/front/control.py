@@ -7,7 +7,7 @@ started once the initial models settled, and stopping when it begins to shut dow
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,9 +55,12 @@ class Control:
         run_id: str,
         extensions: Sequence[str],
         explicit: bool,
+        resources: Callable[[], dict[str, int]],
     ) -> None:
         """``extensions``: those of the other parts (shared memory); ``explicit``: models load
-        and unload on request (``--model-control-mode explicit``)."""
+        and unload on request (``--model-control-mode explicit``); ``resources``: what the
+        broker holds for clients and requests right now (counts, for ``statistics``)."""
+        self.resources = resources
         self.readiness = readiness
         self.registry = registry
         self.manager = manager
@@ -126,6 +129,7 @@ class Control:
             "custom_metrics": self.manager.metrics.to_list(name or None),
             "arena": {"size": self.arena.size, "free": self.arena.free_bytes},
             "inflight": len(self.manager.inflight),
+            "resources": self.resources(),
         }
 
     def status(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, NoReturn, TypeAlias
 
 import grpc
@@ -24,6 +24,7 @@ from tritonclient.grpc.service_pb2_grpc import GRPCInferenceServiceServicer
 from inferpool.broker.kserve.channel import BrokerChannel
 from inferpool.broker.kserve.grpc_infer import infer_message, infer_response
 from inferpool.broker.kserve.health import HEALTH_TIMEOUT_S
+from inferpool.broker.kserve.load import load_message
 from inferpool.broker.kserve.status import GRPC_STATUS
 from inferpool.wire.errors import Code, InferpoolError
 
@@ -33,6 +34,12 @@ Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 async def _abort(context: Context, err: InferpoolError) -> NoReturn:
     await context.abort(GRPC_STATUS[err.code], err.message)
     raise AssertionError("unreachable: abort raises")
+
+
+def _parameter(value: Any) -> Any:
+    """The value a ModelRepositoryParameter holds (None when it holds none)."""
+    which = value.WhichOneof("parameter_choice")
+    return None if which is None else getattr(value, which)
 
 
 def _unsupported_repository(name: str) -> None:
@@ -45,10 +52,14 @@ class InferenceServicer(GRPCInferenceServiceServicer):
         self.channel = channel
 
     async def _ask(
-        self, context: Context, header: dict[str, Any], timeout: float | None = None
+        self,
+        context: Context,
+        header: dict[str, Any],
+        timeout: float | None = None,
+        frames: Sequence[bytes] = (),
     ) -> dict[str, Any]:
         try:
-            reply, _ = await self.channel.call(header, timeout=timeout)
+            reply, _ = await self.channel.call(header, frames, timeout)
         except InferpoolError as err:
             await _abort(context, err)
         return reply
@@ -123,19 +134,16 @@ class InferenceServicer(GRPCInferenceServiceServicer):
         return pb.RepositoryIndexResponse(models=[row(**r) for r in reply["models"]])
 
     async def _control(self, request: Any, context: Context, action: str) -> None:
+        frames: list[bytes] = []
         try:
             _unsupported_repository(request.repository_name)
-            if action == "load" and any(
-                k == "config" or k.startswith("file:") for k in request.parameters
-            ):
-                raise InferpoolError(
-                    Code.UNSUPPORTED,
-                    "loading a model with a 'config' or 'file:' override is not supported; "
-                    "change the model repository and load the model again",
-                )
+            header: dict[str, Any] = {"type": action, "model_name": request.model_name}
+            if action == "load":
+                params = {k: _parameter(v) for k, v in request.parameters.items()}
+                header, frames = load_message(request.model_name, params, decode_files=False)
         except InferpoolError as err:
             await _abort(context, err)
-        await self._ask(context, {"type": action, "model_name": request.model_name})
+        await self._ask(context, header, frames=frames)
 
     async def RepositoryModelLoad(
         self, request: Any, context: Context

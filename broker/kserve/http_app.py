@@ -12,6 +12,7 @@ share them), which is Triton's rule: any HTTP or gRPC client may use any registe
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -21,6 +22,7 @@ from inferpool.broker.kserve import health
 from inferpool.broker.kserve.channel import BrokerChannel
 from inferpool.broker.kserve.http_base import JSON, application, json_response, read_body
 from inferpool.broker.kserve.http_infer import parse_request, response_body
+from inferpool.broker.kserve.load import load_message
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -71,9 +73,9 @@ def _kind(request: web.Request) -> str:
     return "cuda" if request.path.startswith("/v2/cuda") else "system"
 
 
-async def _json_body(request: web.Request) -> dict[str, Any]:
-    """The request's JSON object; an empty body is an empty object."""
-    raw = await read_body(request, CONTROL_MAX)
+async def _json_body(request: web.Request, limit: int = CONTROL_MAX) -> dict[str, Any]:
+    """The request's JSON object of at most ``limit`` bytes; an empty body is an empty object."""
+    raw = await read_body(request, limit)
     if not raw:
         return {}
     try:
@@ -90,8 +92,8 @@ class _Api:
         self.channel = channel
         self.max_body = max_body
 
-    async def ask(self, header: dict[str, Any]) -> dict[str, Any]:
-        reply, _ = await self.channel.call(header)
+    async def ask(self, header: dict[str, Any], frames: Sequence[bytes] = ()) -> dict[str, Any]:
+        reply, _ = await self.channel.call(header, frames)
         return reply
 
     # ------------------------------------------------------------------ metadata
@@ -159,15 +161,15 @@ class _Api:
         return json_response(reply["models"])
 
     async def model_control(self, request: web.Request) -> web.Response:
-        action = request.match_info["action"]
-        params = (await _json_body(request)).get("parameters") or {}
-        if action == "load" and any(k == "config" or k.startswith("file:") for k in params):
-            raise InferpoolError(
-                Code.UNSUPPORTED,
-                "loading a model with a 'config' or 'file:' override is not supported; change "
-                "the model repository and load the model again",
-            )
-        await self.ask({"type": action, "model_name": request.match_info["model"]})
+        model, action = request.match_info["model"], request.match_info["action"]
+        if action == "unload":
+            await self.ask({"type": "unload", "model_name": model})
+            return web.Response(content_type=JSON)
+        params = (await _json_body(request, self.max_body)).get("parameters") or {}
+        if not isinstance(params, dict):
+            raise invalid_arg("load 'parameters' must be an object")
+        header, frames = load_message(model, params, decode_files=True)
+        await self.ask(header, frames)
         return web.Response(content_type=JSON)
 
     async def named_repository(self, request: web.Request) -> web.Response:

@@ -37,3 +37,4 @@ class PendingRequest:
     cache_key: bytes | None = None  # set when a response cache lookup missed: store the result
     cache_ns: int = 0  # how long that lookup took
     responses: int = 0  # responses sent so far (a decoupled model's response statistics)
+    wire_bytes: int = 0  # the size of ``work`` in an Execute message (front.limits)

@@ -32,7 +32,7 @@ from inferpool.broker.models.registry import ModelVersion
 from inferpool.broker.models.request import PendingRequest
 from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.shm.arena import Arena, ArenaFull, Slot
-from inferpool.shm.region import Region
+from inferpool.shm.region import Region, ShmExhausted
 from inferpool.shm.runs import region_name
 from inferpool.wire.worker.messages import Result, TensorRef
 
@@ -67,13 +67,15 @@ class ResponseCache:
         cls,
         run_id: str,
         size: int,
-        prefault: bool,
+        prefault: int,
         inputs: Arena,
         outputs: OutputRegions,
         replies: Any,
     ) -> ResponseCache:
-        """A cache of ``size`` bytes in a region of the run (destroyed with ``outputs``)."""
-        storage = Arena(Region.create(region_name(run_id, "cache"), size, prefault=prefault))
+        """A cache of ``size`` bytes in a region of the run (destroyed with ``outputs``),
+        populated as entries reach it (at most ``prefault`` bytes at once)."""
+        region = Region.create(region_name(run_id, "cache"), size, prefault=False)
+        storage = Arena(region, prefault=min(prefault, size))
         return cls(storage, inputs, outputs, replies)
 
     @staticmethod
@@ -168,6 +170,8 @@ class ResponseCache:
         while True:
             try:
                 return self.storage.alloc(nbytes)
+            except ShmExhausted:  # /dev/shm is full: this response is not cached
+                return None
             except ArenaFull:
                 victim = next((k for k, e in self.entries.items() if not e.pins), None)
                 if victim is None:

@@ -3,8 +3,9 @@
 Each instance has at most one batch in flight (as Triton's backend threads), so requests
 wait here, where queue time is measured and batches can form.  Without ``dynamic_batching``
 a batch is one request; with it, queued requests are grouped up to ``max_batch_size``,
-waiting at most ``max_queue_delay_microseconds`` for a preferred size.  The queue itself
-(priority levels, queue policies, timeouts) is ``models.queue_policy``'s.
+waiting at most ``max_queue_delay_microseconds`` for a preferred size.  A batch is also
+closed before its requests would outgrow one message to the worker (``BATCH_BYTES``).  The
+queue itself (priority levels, queue policies, timeouts) is ``models.queue_policy``'s.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from inferpool.broker.models.queue_policy import queue_for
 from inferpool.broker.models.registry import ModelVersion
 from inferpool.broker.models.request import PendingRequest
 from inferpool.wire.errors import InferpoolError
-from inferpool.wire.worker.messages import CorrelationId
+from inferpool.wire.worker.messages import BATCH_BYTES, CorrelationId
 
 
 class Dispatch(Protocol):
@@ -99,10 +100,12 @@ class Scheduler:
         total = 0
         count = 0
         limit = self.model.max_batch_size
+        room = BATCH_BYTES
         for req in queue:
-            if total + req.batch_size > limit:
+            if total + req.batch_size > limit or req.wire_bytes > room:
                 break
             total += req.batch_size
+            room -= req.wire_bytes + 1
             count += 1
         count = max(count, 1)
         if (

@@ -5,7 +5,8 @@ An instance has a fixed number of sequence slots (``InstanceSlots``); each holds
 sequence, whose queued requests wait in the slot's queue, in order.  A batch takes at most
 one request per slot (the next request of a sequence needs the state its predecessor
 leaves), and an instance runs one batch at a time, so a sequence never has two requests in
-flight.
+flight.  Either strategy closes a batch before its requests would outgrow one message to
+the worker (``BATCH_BYTES``).
 
 - ``direct`` (the default): a slot is a fixed position in the batch.  The batch holds the
   next request of every slot up to the highest slot that has one; a slot below it without a
@@ -25,6 +26,7 @@ from collections import deque
 from typing import Any, Protocol
 
 from inferpool.broker.models.request import PendingRequest
+from inferpool.wire.worker.messages import BATCH_BYTES
 
 Taken = list[tuple[int, PendingRequest]]  # (slot, request), in batch order
 
@@ -69,12 +71,19 @@ class Direct:
                 return oldest + self.delay_ns
         taken: Taken = []
         nulls: list[int] = []
+        room = BATCH_BYTES
         for i in range(ready[-1] + 1):
-            if queues[i]:
-                taken.append((i, queues[i].popleft()))
-            else:
+            queue = queues[i]
+            if not queue:
                 nulls.append(i)
-        return taken, nulls
+                room -= len(str(i)) + 1  # its position in the message's nulls
+                continue
+            if taken and queue[0].wire_bytes > room:
+                break  # this slot and those after it go in the next batch
+            room -= queue[0].wire_bytes + 1
+            taken.append((i, queue.popleft()))
+        last = taken[-1][0]
+        return taken, [i for i in nulls if i < last]
 
 
 class Oldest:
@@ -95,7 +104,13 @@ class Oldest:
         first = fronts[0][1].received_ns
         if len(fronts) < self.target and self.delay_ns and now_ns - first < self.delay_ns:
             return first + self.delay_ns  # wait a little longer for a fuller batch
-        taken = [(i, slots.queues[i].popleft()) for i, _ in fronts[: self.limit]]
+        taken: Taken = []
+        room = BATCH_BYTES
+        for i, req in fronts[: self.limit]:
+            if taken and req.wire_bytes > room:
+                break
+            room -= req.wire_bytes + 1
+            taken.append((i, slots.queues[i].popleft()))
         return taken, []
 
 

@@ -13,12 +13,15 @@ import socket
 from typing import Final, NamedTuple
 
 from inferpool.wire.errors import Code, InferpoolError
-from inferpool.wire.worker.link import Link
+from inferpool.wire.worker.link import Link, TooLarge
 from inferpool.wire.worker.messages import (
     MAX_MESSAGE,
     BrokerMessage,
+    Execute,
+    Free,
     WorkerMessage,
     decode_from_worker,
+    split,
 )
 
 BUFFER_BYTES = 4 << 20  # asked of the kernel; it caps this at net.core.{r,w}mem_max
@@ -58,9 +61,16 @@ class Channel:
             self._child = None
 
     def send(self, msg: BrokerMessage) -> None:
-        """Send ``msg``; INTERNAL if it is too large, UNAVAILABLE if the worker stopped reading."""
+        """Send ``msg``, split if its slots, unmaps and releases make it too large for one
+        datagram; INTERNAL if it still does not fit, UNAVAILABLE if the worker stopped reading."""
         try:
-            self.link.send(msg)
+            try:
+                self.link.send(msg)
+            except TooLarge:
+                if not isinstance(msg, Execute | Free):
+                    raise
+                for part in split(msg):
+                    self.link.send(part)
         except BlockingIOError:
             raise InferpoolError(
                 Code.UNAVAILABLE, "the worker is not reading its channel (buffer full)"

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import subprocess
 import time
 from collections import deque
 from collections.abc import Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 from inferpool.broker.pool.channel import Channel
+from inferpool.broker.pool.zygotes import Process
 from inferpool.wire.errors import InferpoolError
 from inferpool.wire.worker.messages import MemoryUsage
 from inferpool.wire.worker.spec import InstanceSpec, PinningSpec
@@ -61,7 +61,7 @@ class WorkerHandle(Generic[M]):
         self.pinning = pinning
         self.generation = -1
         self.state = WorkerState.STARTING
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: Process | None = None
         self.identity = ""  # "w<slot>.<generation>": names this process in logs
         self.channel: Channel | None = None
         self.output_region = ""

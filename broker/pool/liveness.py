@@ -2,8 +2,9 @@
 
 What detects what, none of it through the worker's GIL:
 
-* a worker that *exits* (crash, signal, ``os._exit``): its channel reads EOF at once and
-  SIGCHLD wakes the loop, whose reap reports how it ended;
+* a worker that *exits* (crash, signal, ``os._exit``): its channel reads EOF at once, and
+  SIGCHLD (a fresh worker) or its zygote's report (a forked one) wakes the loop, whose reap
+  reports how it ended;
 * a worker whose execute *runs too long* (a GIL-holding loop, a sleep, a deadlock): the
   supervisor's execute timeout (``--execute-timeout``) kills it;
 * a worker that is *frozen* (SIGSTOP, a debugger stop, a cgroup freezer): looked for here,

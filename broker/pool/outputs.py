@@ -4,6 +4,10 @@ Each worker generation gets its own output region, created here (only the broker
 regions).  The worker allocates inside it; every slot it reports is held here until the
 client has its bytes (frame sent) or releases its handle.  A region whose worker is gone is
 retired and unlinked as soon as nothing holds a slot of it.
+
+A region is created sparse; its worker populates the first part as it boots (``prefault_for``:
+two batches of the model's outputs where its config fixes their size, else ``--prefault``)
+and the rest as its allocations reach it (``shm.warm``).
 """
 
 from __future__ import annotations
@@ -12,9 +16,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tritonclient.grpc import model_config_pb2 as pb
+
 from inferpool.shm.region import Region
 from inferpool.shm.runs import region_name
+from inferpool.wire.codec import config_to_wire_datatype, element_size
 from inferpool.wire.worker.messages import Slot
+
+MIN_PREFAULT = 64 << 10
 
 
 @dataclass
@@ -27,7 +36,8 @@ class OutputRegion:
 
 
 class OutputRegions:
-    def __init__(self, run_id: str, size: int, prefault: bool) -> None:
+    def __init__(self, run_id: str, size: int, prefault: int) -> None:
+        """``size``: the most a region may grow to; ``prefault``: the most populated at start."""
         self.run_id = run_id
         self.size = size
         self.prefault = prefault
@@ -35,9 +45,7 @@ class OutputRegions:
 
     def create(self, tag: str, owner: Any) -> str:
         name = region_name(self.run_id, tag)
-        self._regions[name] = OutputRegion(
-            Region.create(name, self.size, prefault=self.prefault), owner
-        )
+        self._regions[name] = OutputRegion(Region.create(name, self.size, prefault=False), owner)
         return name
 
     def add_external(self, name: str, region: Region, on_free: Callable[[int], None]) -> None:
@@ -45,6 +53,12 @@ class OutputRegions:
         its slots are viewed, held and freed like a worker's, and ``on_free`` hears each
         freed offset.  It is destroyed with the others at close."""
         self._regions[name] = OutputRegion(region, None, on_free=on_free)
+
+    def prefault_for(self, config: Any) -> int:
+        """What a worker of a model with this ``ModelConfig`` populates as it boots."""
+        batch = first_batch_bytes(config)
+        need = self.prefault if batch is None else max(MIN_PREFAULT, 2 * batch)
+        return min(need, self.prefault, self.size)
 
     def view(self, name: str, offset: int, nbytes: int) -> memoryview:
         return self._regions[name].region.view(offset, nbytes)
@@ -93,5 +107,24 @@ class OutputRegions:
         for name in list(self._regions):
             self._destroy(name)
 
+    def held(self) -> int:
+        """Output slots still in use after their result was handled (zero-copy sends, leases)."""
+        return sum(entry.held for entry in self._regions.values())
+
     def __len__(self) -> int:
         return len(self._regions)
+
+
+def first_batch_bytes(config: Any) -> int | None:
+    """The bytes of a full batch of a model's outputs; None if the config does not fix them
+    (a variable dimension, a BYTES output)."""
+    total = 0
+    for out in config.output:
+        itemsize = element_size(config_to_wire_datatype(pb.DataType.Name(out.data_type)))
+        count = 1
+        for d in out.dims:
+            count *= d
+        if itemsize == 0 or count < 0:
+            return None
+        total += itemsize * count
+    return total * max(1, config.max_batch_size)

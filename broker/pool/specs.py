@@ -23,6 +23,7 @@ def worker_spec(
     channel_fd: int,
     run_id: str,
     options: SupervisorOptions,
+    output_prefault: int,
 ) -> WorkerSpec:
     model = handle.model
     backend = model.config.backend
@@ -38,6 +39,7 @@ def worker_spec(
         repository_path=model.path,
         artifact_path=os.path.join(model.path, str(model.version)),
         output_region=handle.output_region,
+        output_prefault=output_prefault,
         instance=handle.instance,
         cancel_region=flags_region(run_id),
         pinning=handle.pinning,

@@ -1,20 +1,19 @@
 """Worker processes: spawn, watch, respawn, stop.
 
-One worker per model instance, started as a fresh interpreter (``python -m inferpool.workers.main``)
-with its spec in the environment (``wire.worker.spec``).  A worker that fails to boot says
-why (a Failed message) and is not respawned: its instance is FAILED with the reason.  A
-worker that crashes after it was ready is respawned on the same slot and pinning with
-exponential backoff, until it crashes too often and is marked FAILED.
+One worker per model instance, forked from its NUMA node's zygote or started as a fresh
+interpreter (``pool.zygotes``), with its spec (``wire.worker.spec``).  A worker that fails
+to boot says why (a Failed message) and is not respawned: its instance is FAILED with the
+reason.  A worker that crashes after it was ready is respawned on the same slot and pinning
+with exponential backoff (a first crash at once, then 0.1 s, 0.2 s, ...), until it crashes
+too often and is marked FAILED.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from inferpool.broker.pool.handle import M, WorkerHandle, WorkerState
 from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.broker.pool.sharing import SharedRegions
 from inferpool.broker.pool.specs import worker_spec
+from inferpool.broker.pool.zygotes import Launcher, Readers
 from inferpool.wire.errors import Code, InferpoolError
 from inferpool.wire.worker.messages import (
     BrokerMessage,
@@ -35,7 +35,7 @@ from inferpool.wire.worker.messages import (
     Stop,
     WorkerMessage,
 )
-from inferpool.wire.worker.spec import InstanceSpec, PinningSpec, describe_exit, spec_environment
+from inferpool.wire.worker.spec import InstanceSpec, PinningSpec, describe_exit
 
 log = logging.getLogger("inferpool.supervisor")
 ABORT_GRACE_S = 1.0  # from SIGABRT (stacks to the log) to SIGKILL
@@ -66,6 +66,7 @@ class SupervisorOptions:
     graceful_timeout: float
     max_restarts: int  # crashes within restart_window before an instance is FAILED
     restart_window: float
+    worker_start: str  # "zygote": forked from a zygote per NUMA node; "fresh": new interpreters
 
 
 class Supervisor(Generic[M]):
@@ -76,12 +77,16 @@ class Supervisor(Generic[M]):
         outputs: OutputRegions,
         events: Events[M],
         watch: Callable[[int, WorkerHandle[M] | None], None],
+        readers: Readers,
     ) -> None:
+        """``watch``: (fd, handle) starts watching a worker's channel, (fd, None) stops;
+        ``readers``: the same for other fds, with the callback that reads one (zygotes)."""
         self.options = options
         self.run_id = run_id
         self.outputs = outputs
         self.events = events
-        self.watch = watch  # (fd, handle) starts watching a channel, (fd, None) stops
+        self.watch = watch
+        self.launcher = Launcher(options.worker_start == "zygote", options.log_level, readers)
         self.handles: dict[int, WorkerHandle[M]] = {}
         self.shared = SharedRegions(run_id, self.send)  # regions workers share (weights)
         self._next_slot = 0
@@ -102,15 +107,15 @@ class Supervisor(Generic[M]):
         handle.kill_reason = ""
         handle.kill_at = 0.0
         handle.busy = None
-        spec = worker_spec(handle, channel.child_fd(), self.run_id, self.options)
+        spec = worker_spec(
+            handle,
+            channel.child_fd(),
+            self.run_id,
+            self.options,
+            self.outputs.prefault_for(handle.model.config),
+        )
         try:
-            handle.proc = subprocess.Popen(
-                [sys.executable, "-m", "inferpool.workers.main"],
-                env={**os.environ, **spec_environment(spec)},
-                stdin=subprocess.DEVNULL,
-                close_fds=True,
-                pass_fds=[channel.child_fd()],
-            )
+            handle.proc = self.launcher.start(spec)
         except OSError as exc:
             channel.close()
             handle.channel = None
@@ -121,7 +126,8 @@ class Supervisor(Generic[M]):
         channel.spawned()
         self.watch(channel.fd, handle)
         handle.set_state(WorkerState.STARTING)
-        log.info("started worker %s (pid %d, slot %d)", handle.name, handle.proc.pid, handle.slot)
+        if handle.proc.pid is not None:  # else the zygote's answer brings it (pool.zygotes)
+            log.info("started worker %s (pid %d, slot %d)", handle.name, handle.pid, handle.slot)
 
     # ------------------------------------------------------------------ messages from workers
     def handle_message(self, handle: WorkerHandle[M], msg: WorkerMessage | Garbled) -> None:
@@ -148,6 +154,7 @@ class Supervisor(Generic[M]):
 
     # ------------------------------------------------------------------ exits and timers
     def reap(self) -> None:
+        ended = False
         for handle in list(self.handles.values()):
             proc = handle.proc
             if proc is None:
@@ -155,6 +162,9 @@ class Supervisor(Generic[M]):
             code = proc.poll()
             if code is not None:
                 self._exited(handle, code)
+                ended = True
+        if ended:  # a first crash is respawned at once
+            self.tick(time.monotonic())
 
     def close_channel(self, handle: WorkerHandle[M]) -> None:
         """Stop listening to a worker whose end closed (it exits; reap() will see how)."""
@@ -216,7 +226,8 @@ class Supervisor(Generic[M]):
             )
             log.error("worker %s FAILED: %s", handle.name, handle.last_error)
         else:
-            delay = min(0.1 * 2 ** (len(handle.crashes) - 1), 10.0)
+            n = len(handle.crashes)
+            delay = 0.0 if n == 1 else min(0.1 * 2 ** (n - 2), 10.0)
             handle.respawn_at = now + delay
             handle.set_state(WorkerState.BACKOFF)
             log.warning("worker %s %s; restarting in %.1fs", handle.name, reason, delay)
@@ -322,6 +333,7 @@ class Supervisor(Generic[M]):
             except subprocess.TimeoutExpired:
                 log.error("worker %s (pid %s) would not die", handle.name, handle.pid)
         self.reap()
+        self.launcher.close()
         self.shared.close()
 
 

@@ -41,6 +41,31 @@ REPEAT_CONFIG = """
 """
 
 
+DOUBLE = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x * 2)]))
+        return out
+"""
+# a model given only as load overrides: its config as JSON and its model.py as a file:
+DOUBLE_CONFIG = (
+    '{"backend": "python", "input": [{"name": "X", "data_type": "TYPE_INT32", "dims": [2]}],'
+    ' "output": [{"name": "Y", "data_type": "TYPE_INT32", "dims": [2]}]}'
+)
+DOUBLE_FILES = {"file:1/model.py": DOUBLE.encode()}
+SPARE_BATCHED = (
+    '{"backend": "identity", "max_batch_size": 4,'
+    ' "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],'
+    ' "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}]}'
+)
+
+
 def write_repository(repo: Path) -> None:
     for name in ("identity", "identity_batched"):
         shutil.copytree(EXAMPLES / name, repo / name)

@@ -21,7 +21,12 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from inferpool.client import InferpoolError
-from tests.integration.kserve_support import kserve_server
+from tests.integration.kserve_support import (
+    DOUBLE_CONFIG,
+    DOUBLE_FILES,
+    SPARE_BATCHED,
+    kserve_server,
+)
 from tests.support import Server
 
 
@@ -182,6 +187,20 @@ def test_statistics_and_repository(client: Any) -> None:
     assert not client.is_model_ready("spare")
     client.load_model("spare")
     assert client.is_model_ready("spare")
+
+
+def test_load_with_config_and_file_overrides(client: Any) -> None:
+    client.load_model("spare", config=SPARE_BATCHED)
+    assert client.get_model_config("spare").config.max_batch_size == 4
+    client.load_model("spare")  # no override: its config.pbtxt again
+    assert client.get_model_config("spare").config.max_batch_size == 0
+    client.load_model("double", config=DOUBLE_CONFIG, files=DOUBLE_FILES)
+    x = np.array([3, 4], np.int32)
+    y = client.infer("double", [infer_input("X", x, "INT32")]).as_numpy("Y")
+    np.testing.assert_array_equal(y, x * 2)
+    client.unload_model("double")
+    with pytest.raises(InferenceServerException, match="Load parameter 'config' must be"):
+        client.load_model("double", files=DOUBLE_FILES)
 
 
 # ============================================================================ shared memory

@@ -23,7 +23,12 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from inferpool.client import InferpoolError
-from tests.integration.kserve_support import kserve_server
+from tests.integration.kserve_support import (
+    DOUBLE_CONFIG,
+    DOUBLE_FILES,
+    SPARE_BATCHED,
+    kserve_server,
+)
 from tests.support import EXAMPLES, Server, free_tcp_port, write_model
 
 
@@ -235,9 +240,28 @@ def test_statistics_and_repository(server: Server, client: Any) -> None:
     assert not client.is_model_ready("spare")
     client.load_model("spare")
     assert client.is_model_ready("spare")
-    with pytest.raises(InferenceServerException) as err:
-        client.load_model("spare", config='{"max_batch_size": 2}')
-    assert err.value.status() == "501"
+
+
+def test_load_with_config_and_file_overrides(server: Server, client: Any) -> None:
+    client.load_model("spare", config=SPARE_BATCHED)
+    assert client.get_model_config("spare")["max_batch_size"] == 4
+    client.load_model("spare")  # no override: its config.pbtxt again
+    assert client.get_model_config("spare").get("max_batch_size", 0) == 0
+    client.load_model("double", config=DOUBLE_CONFIG, files=DOUBLE_FILES)
+    x = np.array([3, 4], np.int32)
+    y = client.infer("double", [infer_input("X", x, "INT32")]).as_numpy("Y")
+    np.testing.assert_array_equal(y, x * 2)
+    client.unload_model("double")
+    status, body = curl(
+        "-X",
+        "POST",
+        "-d",
+        '{"parameters": {"config": "{}", "file:1/model.py": "not base64!"}}',
+        f"http://{server.http_url}/v2/repository/models/double/load",
+    )
+    assert status == 400 and "'file:1/model.py' is not valid base64" in body
+    with pytest.raises(InferenceServerException, match="Load parameter 'config' must be"):
+        client.load_model("double", files=DOUBLE_FILES)
 
 
 # ============================================================================ shared memory

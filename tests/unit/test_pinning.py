@@ -95,6 +95,21 @@ def test_preferred_node0_and_explicit_threads() -> None:
     assert got["back"]["threads_env"]["OMP_NUM_THREADS"] == "3" and got["torch_threads"] == 3
 
 
+def test_torch_imported_before_the_pinning_takes_its_thread_count() -> None:
+    """A worker forked from a zygote finds torch imported (with the zygote's variables)."""
+    code = "import torch\n" + APPLY + "print(torch.get_num_threads())\n"
+    out = subprocess.run(
+        [sys.executable, "-c", code, json.dumps({"cpus": [LAST]}), ""],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "OMP_NUM_THREADS": "2"},
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == "1"
+
+
 def test_interleave_without_a_node_spans_the_online_nodes() -> None:
     got = pin(mempolicy="interleave")
     assert got["back"]["mempolicy"] == "interleave"

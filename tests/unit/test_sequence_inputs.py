@@ -97,7 +97,7 @@ def test_initial_states_are_checked_as_triton_checks_them(
 
 
 def test_a_cancel_mark_names_one_request() -> None:
-    flags = CancelFlags.create(new_run_id(), prefault=False)
+    flags = CancelFlags.create(new_run_id())
     try:
         reader = CancelFlags.attach(flags.region.name)
         assert not reader.is_cancelled(7)

@@ -4,6 +4,7 @@ not fit or does not parse."""
 
 from __future__ import annotations
 
+import os
 import socket
 
 import orjson
@@ -53,7 +54,8 @@ FROM_BROKER = [
         release=[5, "s"],
         nulls=[0, 2],
     ),
-    m.Free([m.Slot("inferpool-0123456789-out0g0", 0)], ["ref:3"]),
+    m.Free([m.Slot("inferpool-0123456789-out0g0", 0)], ["ref:3"], []),
+    m.Free([], [], ["seq-b", 3]),
     m.Stop(),
     m.RegionGrant("weights-0123abcd", "inferpool-0123456789-shared-weights-0123abcd", True),
     m.RegionGrant("weights-0123abcd", "", False, ERROR),
@@ -176,6 +178,48 @@ def test_a_link_carries_messages_and_refuses_oversized_ones() -> None:
         broker.close()
 
 
+def _slots(n: int) -> list[m.Slot]:
+    return [m.Slot("inferpool-0123456789-out0g0", 64 * i) for i in range(n)]
+
+
+def test_a_batch_within_batch_bytes_fits_in_one_message() -> None:
+    work = WORK._replace(parameters={"pad": "x" * 1000})
+    count = (m.BATCH_BYTES + 1) // (m.record_size(work) + 1)
+    assert len(m.encode(m.Execute([work] * count))) <= m.MAX_MESSAGE
+    assert len(m.encode(m.Execute([work] * (count + 1)))) > m.MAX_MESSAGE
+
+
+def test_what_an_execute_hands_back_goes_ahead_when_it_would_not_fit() -> None:
+    releases = ["s" * 5000] * 30
+    msg = m.Execute([WORK], _slots(9000), [f"ref:{i}" for i in range(900)], releases, [1])
+    assert len(m.encode(msg)) > m.MAX_MESSAGE
+    parts = m.split(msg)
+    assert len(parts) > 2 and all(len(m.encode(p)) <= m.MAX_MESSAGE for p in parts)
+    assert all(type(p) is m.Free for p in parts[:-1])
+    assert parts[-1] == m.Execute([WORK], nulls=[1])  # the batch keeps its null positions
+    assert [s for p in parts for s in p.free] == msg.free
+    assert [u for p in parts for u in p.unmap] == msg.unmap
+    assert [r for p in parts for r in p.release] == msg.release
+    assert m.split(m.Free(_slots(3), [])) == [m.Free(_slots(3), [])]
+
+
+def test_a_channel_splits_what_would_not_fit() -> None:
+    from inferpool.broker.pool.channel import Channel
+
+    channel = Channel()
+    worker = Link(socket.socket(fileno=os.dup(channel.child_fd())), m.decode_from_broker)
+    channel.spawned()
+    try:
+        channel.send(m.Free(_slots(12000), []))
+        got = []
+        while sum(len(msg.free) for msg in got) < 12000:
+            got.append(worker.recv())
+        assert len(got) > 1 and [s for msg in got for s in msg.free] == _slots(12000)
+    finally:
+        channel.close()
+        worker.close()
+
+
 SPEC = WorkerSpec(
     run_id="0123456789",
     broker_pid=4242,
@@ -188,6 +232,7 @@ SPEC = WorkerSpec(
     repository_path="/repo/model",
     artifact_path="/repo/model/1",
     output_region="inferpool-0123456789-out0g0",
+    output_prefault=1 << 20,
     cancel_region="inferpool-0123456789-cancel",
     instance=InstanceSpec("model_0_0", "GPU", 1, 0, "gpu_1", False, [{"kind": "KIND_NVDLA"}]),
     pinning=PinningSpec([0, 1], 0, "bind", "1", 2),

@@ -169,10 +169,12 @@ class Execute(NamedTuple):
 
 
 class Free(NamedTuple):
-    """Slots and client regions the broker is done with, sent to an idle worker."""
+    """Slots, client regions and sequences the broker is done with: sent to an idle worker,
+    or ahead of an Execute whose own lists would not fit in its message (``split``)."""
 
     free: Sequence[Slot]
     unmap: Sequence[str]
+    release: Sequence[CorrelationId] = ()
 
 
 class Stop(NamedTuple):
@@ -270,6 +272,44 @@ def encode(msg: Message) -> bytes:
     return orjson.dumps((_KINDS[type(msg)], msg), default=_fields)
 
 
+def record_size(record: Any) -> int:
+    """The bytes ``record`` (or any value of a message) takes inside an encoded message."""
+    return len(orjson.dumps(record, default=_fields))
+
+
+# An Execute is its frame plus its work items, each followed by a comma but the last: a
+# batch whose items' sizes (+1 each) stay within BATCH_BYTES fits in a message (a direct
+# sequence batch counts its null positions, ``len(str(i)) + 1`` each, in it too).
+BATCH_BYTES = MAX_MESSAGE - len(encode(Execute([])))
+
+
+def split(msg: Execute | Free) -> list[Execute | Free]:
+    """``msg`` as messages that each fit in a datagram, in the order to send them: its
+    slots, unmaps and releases go ahead in Free messages (the worker handles them before
+    the batch, as it would have), halved until each fits.  An Execute's requests are not
+    split: the batchers keep them within BATCH_BYTES."""
+    lead = Free(msg.free, msg.unmap, msg.release)
+    parts = _halves(lead)
+    if isinstance(msg, Execute):
+        parts.append(Execute(msg.requests, nulls=msg.nulls))
+    return parts
+
+
+def _halves(msg: Free) -> list[Execute | Free]:
+    count = len(msg.free) + len(msg.unmap) + len(msg.release)
+    if count <= 1 or len(encode(msg)) <= MAX_MESSAGE:
+        return [msg] if count else []
+    first: list[Sequence[Any]] = []
+    second: list[Sequence[Any]] = []
+    left = count // 2  # the first half of the items, lists in order
+    for part in msg:
+        take = min(left, len(part))
+        left -= take
+        first.append(part[:take])
+        second.append(part[take:])
+    return _halves(Free(*first)) + _halves(Free(*second))
+
+
 # ---------------------------------------------------------------------------- decoding
 # Records are built with tuple.__new__ (no Python-level __new__ per record); unpacking a
 # composite record by its field names checks its arity, ``_make`` checks a leaf's.
@@ -316,8 +356,8 @@ def _execute(body: Sequence[Any]) -> Execute:
 
 
 def _free(body: Sequence[Any]) -> Free:
-    free, unmap = body
-    return _new(Free, (list(map(_slot, free)), unmap))
+    free, unmap, release = body
+    return _new(Free, (list(map(_slot, free)), unmap, release))
 
 
 def _done(body: Sequence[Any]) -> Done:

@@ -23,7 +23,14 @@ SPEC_ENV = "INFERPOOL_WORKER_SPEC"
 EXIT_OK = 0
 EXIT_BOOT_FAILED = 3  # the model cannot load (reason sent as Failed): do not respawn
 EXIT_BROKER_GONE = 4  # the parent died before the worker could tie its life to it
-EXIT_NAMES = {EXIT_BOOT_FAILED: "boot failed", EXIT_BROKER_GONE: "broker gone"}
+# not a worker's own: the broker's word for a forked worker whose zygote died before it could
+# report how the worker ended (broker/pool/zygotes.py)
+EXIT_ZYGOTE_GONE = 5
+EXIT_NAMES = {
+    EXIT_BOOT_FAILED: "boot failed",
+    EXIT_BROKER_GONE: "broker gone",
+    EXIT_ZYGOTE_GONE: "ended with its zygote",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +63,8 @@ class PinningSpec:
 @dataclass(frozen=True, slots=True)
 class WorkerSpec:
     run_id: str  # the broker run: every region of it is named inferpool-<run_id>-...
-    broker_pid: int  # the worker exits at once if its parent is not this process
+    broker_pid: int  # the worker exits at once if its parent is not this process (the
+    # broker's pid; a zygote sets its own in the workers it forks)
     channel_fd: int  # this worker's end of its SOCK_SEQPACKET socketpair with the broker
     identity: str  # "w<slot>.<generation>", for logs
     model_name: str
@@ -66,6 +74,7 @@ class WorkerSpec:
     repository_path: str  # <repo>/<model>
     artifact_path: str  # <repo>/<model>/<version>
     output_region: str  # this worker's output arena region
+    output_prefault: int  # how much of it to populate as the worker boots (shm.warm)
     instance: InstanceSpec
     cancel_region: str = ""  # the run's cancellation marks (shm.cancel_flags); "": none
     pinning: PinningSpec = field(default_factory=PinningSpec)
