@@ -17,8 +17,8 @@ Finalizers run in reverse, only for the levels whose initialize succeeded.  Cont
 (names, config, device, logger) is set as attributes before ``initialize`` is called.
 
 Requests and responses live in ``backends.messages``, statistics and metrics in
-``backends.metrics``, shared regions in ``backends.regions``; everything a backend author
-needs is importable from here.
+``backends.metrics``, shared regions in ``backends.regions``, calls to other models in
+``backends.calls``; everything a backend author needs is importable from here.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 
 from google.protobuf import json_format
 
+from inferpool.backends.calls import CallInput, CallReply, CallRequest, InferenceCalls, PendingCall
 from inferpool.backends.messages import (
     FLAG_SEQUENCE_END,
     FLAG_SEQUENCE_START,
@@ -57,6 +58,10 @@ __all__ = [
     "FLAG_SEQUENCE_END",
     "FLAG_SEQUENCE_START",
     "Backend",
+    "CallInput",
+    "CallReply",
+    "CallRequest",
+    "InferenceCalls",
     "InputTensor",
     "Metric",
     "MetricFamily",
@@ -66,6 +71,7 @@ __all__ = [
     "OutputMemory",
     "OutputTensor",
     "ParameterValue",
+    "PendingCall",
     "Request",
     "RequestedOutput",
     "Response",
@@ -130,6 +136,8 @@ class Model(_Level):
     stats: StatisticsReporter
     #: the broker's shared regions (backends.regions), None where no broker serves the model
     shared_regions: SharedRegions | None
+    #: inference calls to other served models (backends.calls: BLS), None without a broker
+    calls: InferenceCalls | None
 
     @property
     def max_batch_size(self) -> int:

@@ -18,6 +18,7 @@ from tritonclient.grpc import model_config_pb2
 
 from inferpool.backends.api import (
     Backend,
+    InferenceCalls,
     Model,
     ModelInstance,
     Request,
@@ -51,6 +52,7 @@ class BackendHost:
         backend_directory: str = "",
         backend_config: dict[str, str] | None = None,
         shared_regions: SharedRegions | None = None,
+        calls: InferenceCalls | None = None,
     ) -> None:
         self.backend_name = backend_name
         self.model_name = model_name
@@ -63,6 +65,7 @@ class BackendHost:
         self.backend_config = backend_config or {}
         self.stats = StatsCollector()
         self.shared_regions = shared_regions
+        self.calls = calls
         self.backend: Backend | None = None
         self.model: Model | None = None
         self.instance: ModelInstance | None = None
@@ -111,6 +114,7 @@ class BackendHost:
             model.backend = backend
             model.stats = self.stats
             model.shared_regions = self.shared_regions
+            model.calls = self.calls
             model.log = logging.getLogger(f"inferpool.model.{self.model_name}")
             self._enter(model, "TRITONBACKEND_ModelInitialize (Model.initialize)")
             self.model = model

@@ -44,6 +44,10 @@ class InputTensor:
     byte_size: int
     memory: str = "cpu"  # "cpu" or "gpu"
     device_id: int = 0
+    #: where the bytes lie in shared memory ("" when nowhere shared), so that a model's
+    #: inference call (BLS) can pass the input on without copying it
+    region: str = ""
+    offset: int = 0
 
     def as_numpy(self) -> np.ndarray:
         if self.memory != "cpu":

@@ -49,7 +49,11 @@ class ServerOptions:
     pin: bool = True
     boot_timeout: float = 120.0
     execute_timeout: float = 0.0  # 0: no limit
-    graceful_timeout: float = 30.0
+    graceful_timeout: float = 30.0  # a stopping worker's time for its finalizers
+    # a drain (SIGTERM, the drain message): admissions stop drain_delay seconds after it
+    # began, then the admitted requests get drain_timeout (None: graceful_timeout)
+    drain_delay: float = 0.0
+    drain_timeout: float | None = None
     max_restarts: int = 5  # crashes within restart_window before an instance is FAILED
     restart_window: float = 60.0
     worker_start: str = "zygote"  # or "fresh" (broker/pool/zygotes.py)
@@ -75,6 +79,11 @@ class ServerOptions:
     def polling(self) -> bool:
         """Changes in the repository are applied every ``repository_poll_secs``."""
         return self.model_control_mode == "poll"
+
+    @property
+    def in_flight_timeout(self) -> float:
+        """How long admitted requests may finish once a drain stopped admissions."""
+        return self.graceful_timeout if self.drain_timeout is None else self.drain_timeout
 
     @property
     def request_limit(self) -> int:

@@ -20,11 +20,14 @@ from typing import Any
 import zmq
 
 from inferpool.broker.devshm import start_arena, warn_if_too_small
+from inferpool.broker.drain import Drain
 from inferpool.broker.endpoints import listen, open_run
-from inferpool.broker.front.control import Control, Readiness
+from inferpool.broker.front.control import Control
 from inferpool.broker.front.handles import Handles
 from inferpool.broker.front.inference import Inference
+from inferpool.broker.front.load_metrics import Utilisation
 from inferpool.broker.front.metrics import BrokerCollector, MetricsEndpoint
+from inferpool.broker.front.readiness import Readiness
 from inferpool.broker.front.registrations import Registrations
 from inferpool.broker.front.responder import Responder
 from inferpool.broker.front.router import Router
@@ -48,7 +51,7 @@ from inferpool.broker.pool.supervisor import Supervisor
 from inferpool.shm.cancel_flags import CancelFlags
 from inferpool.shm.leases import LeaseTable
 from inferpool.shm.runs import region_name
-from inferpool.wire.errors import Code, InferpoolError
+from inferpool.wire.errors import InferpoolError
 from inferpool.wire.worker.messages import Unmapped
 from inferpool.wire.zmqio import NOBLOCK, recv_frames
 
@@ -66,8 +69,6 @@ class Broker:
         self.options = opts = options
         self._on_started = on_started
         self._signals: list[int] = []
-        self._stop_deadline = 0.0
-        self._workers_stopping = False
         self._next_poll = time.monotonic() + options.repository_poll_secs
         with contextlib.ExitStack() as stack:
             stack.callback(sd_notify, "STATUS=stopped")
@@ -124,6 +125,9 @@ class Broker:
                 )
             self.liveness = Liveness(supervisor, opts.heartbeat_ms)
             self.readiness = Readiness(self.registry, opts.strict_readiness)
+            self.drain = Drain(
+                self.readiness, manager, supervisor, opts.drain_delay, opts.in_flight_timeout
+            )
             # the front: the shared-memory extension, inference, control, the router
             registrations = Registrations(
                 run_id,
@@ -174,12 +178,21 @@ class Broker:
             )
             self.router = Router(
                 self.responder,
-                [control.handlers(), inference.handlers(), self.shm.handlers()],
+                [
+                    control.handlers(),
+                    inference.handlers(),
+                    self.shm.handlers(),
+                    self.drain.handlers(),
+                ],
                 self.shm.arrived,
             )
             self.metrics: MetricsEndpoint | None = None
+            self.utilisation: Utilisation | None = None
             if opts.metrics_port:
-                collector = BrokerCollector(self.registry, manager, supervisor, arena)
+                self.utilisation = Utilisation(supervisor)
+                collector = BrokerCollector(
+                    self.registry, manager, supervisor, arena, self.utilisation
+                )
                 self.metrics = MetricsEndpoint(
                     collector, ctx, opts.metrics_address, opts.metrics_port
                 )
@@ -295,7 +308,7 @@ class Broker:
                 if now >= next_housekeeping:
                     self._housekeeping(now)
                     next_housekeeping = now + HOUSEKEEPING_S
-                if self.readiness.stopping and self._shutdown_step(now):
+                if self.drain.active and self.drain.step(now):
                     return 0
         finally:
             self.close()
@@ -319,9 +332,12 @@ class Broker:
         self.supervisor.tick(now)
         self.liveness.check(now)
         self.manager.tick(time.monotonic_ns())
+        self.manager.ensembles.refresh()
         self.shm.tick(now)
         self.manager.flush_frees()
-        if self.options.polling and now >= self._next_poll and not self.readiness.stopping:
+        if self.utilisation is not None:
+            self.utilisation.sample(now)
+        if self.options.polling and now >= self._next_poll and not self.drain.active:
             self._next_poll = now + self.options.repository_poll_secs
             reload_repository(self.manager)  # poll mode: what changed on disk is applied
 
@@ -340,7 +356,7 @@ class Broker:
             if signum == signal.SIGCHLD:
                 self.supervisor.reap()
             elif signum in (signal.SIGTERM, signal.SIGINT):
-                self.begin_shutdown(f"received {signal.Signals(signum).name}")
+                self.drain.begin(f"received {signal.Signals(signum).name}", time.monotonic())
             elif signum == signal.SIGHUP:
                 self.reload()
 
@@ -353,32 +369,6 @@ class Broker:
         usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
         sd_notify(f"RELOADING=1\nMONOTONIC_USEC={usec}\nSTATUS=reloading the model repository")
         reload_repository(self.manager, _notify_reloaded)
-
-    # ================================================================== shutdown
-    def begin_shutdown(self, why: str) -> None:
-        if self.readiness.stopping:
-            return
-        log.info("shutting down (%s): finishing in-flight requests", why)
-        sd_notify("STOPPING=1")
-        self.readiness.stopping = True
-        self._stop_deadline = time.monotonic() + self.options.graceful_timeout
-
-    def _shutdown_step(self, now: float) -> bool:
-        """Advance the shutdown; True once every worker has stopped."""
-        manager = self.manager
-        if not self._workers_stopping:
-            if manager.inflight and now < self._stop_deadline:
-                return False
-            err = InferpoolError(
-                Code.UNAVAILABLE, "the server shut down before the request finished"
-            )
-            for req in list(manager.inflight.values()):
-                manager.reject(req, err)
-            for handle in list(self.supervisor.handles.values()):
-                self.supervisor.stop(handle)
-            self._workers_stopping = True
-        self.supervisor.reap()
-        return not self.supervisor.alive()
 
 
 def _initial_models(opts: ServerOptions) -> list[str]:

@@ -248,6 +248,10 @@ class AsyncClient(Connection):
     async def unload_model(self, model: str, timeout: float | None = None) -> None:
         await self.control(control.unload(model), timeout)
 
+    async def drain(self) -> dict[str, Any]:
+        """Stop the server taking requests, finish those in flight, exit (docs/scale-out.md)."""
+        return await self.control(control.drain())
+
     async def statistics(self, model: str = "", version: str | int = "") -> dict[str, Any]:
         return await self.control(control.statistics(model, version))
 

@@ -84,6 +84,11 @@ def unload(model: str) -> Call[None]:
     return Call("unload", lambda h: None, {"model_name": model})
 
 
+def drain() -> Call[Header]:
+    """Drain the server (as SIGTERM): ``draining``, ``reason``, ``inflight``."""
+    return Call("drain", lambda h: {k: h[k] for k in ("draining", "reason", "inflight")})
+
+
 def statistics(model: str = "", version: str | int = "") -> Call[Header]:
     return Call("statistics", lambda h: h, _versioned(model, version))
 

@@ -178,6 +178,10 @@ class Client(Connection):
     def unload_model(self, model: str, timeout: float | None = None) -> None:
         self.control(control.unload(model), timeout)
 
+    def drain(self) -> dict[str, Any]:
+        """Stop the server taking requests, finish those in flight, exit (docs/scale-out.md)."""
+        return self.control(control.drain())
+
     def statistics(self, model: str = "", version: str | int = "") -> dict[str, Any]:
         return self.control(control.statistics(model, version))
 

@@ -1,4 +1,7 @@
-"""``inferpool load`` and ``inferpool unload``: explicit model control on a running server.
+"""``inferpool load``, ``inferpool unload`` and ``inferpool drain``: controlling a running server.
+
+``drain`` is the node's drain (as SIGTERM, or ``POST /drain``): the server stops taking
+requests, finishes those in flight and exits; it is a Kubernetes preStop hook's command.
 
 ``load`` takes Triton's overrides: ``--config`` (JSON, or ``@file`` holding JSON or a
 config.pbtxt) replaces the model's configuration, and ``--file 1/model.pt=PATH`` puts a
@@ -47,6 +50,13 @@ def add_control_commands(sub: Any) -> None:
     p.add_argument("model")
     p.set_defaults(func=cmd_unload)
 
+    p = sub.add_parser(
+        "drain",
+        parents=[common],
+        help="drain the server: it stops taking requests, finishes those in flight and exits 0",
+    )
+    p.set_defaults(func=cmd_drain)
+
 
 def cmd_load(args: argparse.Namespace) -> int:
     config = read_config(args.config) if args.config is not None else None
@@ -63,6 +73,13 @@ def cmd_unload(args: argparse.Namespace) -> int:
     with Client(args.endpoint, timeout=args.timeout) as c:
         c.unload_model(args.model)
     print(f"unloaded model '{args.model}'")
+    return 0
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    with Client(args.endpoint, timeout=args.timeout) as c:
+        reply = c.drain()
+    print(f"draining ({reply['reason']}): {reply['inflight']} request(s) in flight")
     return 0
 
 

@@ -167,7 +167,24 @@ def add_serve(sub: Any) -> None:
         "--graceful-timeout",
         type=float,
         default=30.0,
-        help="on SIGTERM/SIGINT, how long in-flight requests may finish (seconds)",
+        help="how long a stopping worker may take for its finalizers, and the default of "
+        "--drain-timeout (seconds)",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="on a drain (SIGTERM, SIGINT, POST /drain, `inferpool drain`), how long admitted "
+        "requests may finish once admissions stopped (default: --graceful-timeout)",
+    )
+    p.add_argument(
+        "--drain-delay",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="how long a drain keeps admitting requests while readiness already fails, so "
+        "routers that poll readiness stop sending first (default 0: admissions stop at once)",
     )
     p.add_argument(
         "--max-restarts",
@@ -239,6 +256,8 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         execute_timeout=args.execute_timeout,
         boot_timeout=args.boot_timeout,
         graceful_timeout=args.graceful_timeout,
+        drain_timeout=args.drain_timeout,
+        drain_delay=args.drain_delay,
         max_restarts=args.max_restarts,
         restart_window=args.restart_window,
         worker_start=args.worker_start,

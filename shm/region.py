@@ -139,8 +139,8 @@ class Region:
         """Drop this process's mapping.  Views still alive keep it until they are released."""
         if self._map is None:
             return
-        self.buf.release()
         with contextlib.suppress(BufferError):  # live numpy views keep it until they go
+            self.buf.release()
             self._map.close()
         self._map = None
 

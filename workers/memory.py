@@ -2,7 +2,9 @@
 
 Regions are mapped once and cached: the broker's arena and this worker's output region by
 their POSIX names, regions clients registered by their reference (``shm.refs``), which the
-broker retires with an ``unmap`` once no request can use them any more.  The worker
+broker retires with an ``unmap`` once no request can use them any more.  Another worker's
+output region (an ensemble step's or a BLS call's tensor, read in place) is mapped
+read-only by its name and unmapped the same way once its worker is gone.  The worker
 allocates outputs inside the region the broker created for it, or writes them into a
 client's registered window when the request asked so; the broker sends arena slots back
 (``free``) once the client has them.  The output region is populated ahead of the
@@ -75,7 +77,9 @@ class WorkerMemory:
                 data = data.reshape(ref.shape)
         if reshape is not None:
             data = data.reshape(reshape)
-        return InputTensor(name, datatype, tuple(data.shape), data, nbytes)
+        return InputTensor(
+            name, datatype, tuple(data.shape), data, nbytes, region=ref.region, offset=offset
+        )
 
     # ------------------------------------------------------------------ outputs
     def allocate(self, output: RequestedOutput | None, nbytes: int) -> tuple[str, int, Any]:
@@ -158,8 +162,8 @@ def _open(ref: str) -> Region | CudaRegion:
             raise InferpoolError(
                 Code.INVALID_ARG, f"cannot open the CUDA IPC handle of a region: {exc}"
             ) from None
-    try:
-        return Region.attach(parsed.name)
+    try:  # the broker's own regions (its arena, other workers' outputs) are only read
+        return Region.attach(parsed.name, readonly=parsed.kind == "posix")
     except posix_ipc.ExistentialError:
         raise InferpoolError(
             Code.NOT_FOUND, f"shared-memory object '/{parsed.name}' no longer exists"

@@ -4,7 +4,8 @@ The broker and the worker speak the messages of ``wire.worker.messages`` over th
 channel (``spec.channel_fd``, inherited): Execute, Free and Stop come in; Ready (or Failed)
 goes out once, then one Done per batch, Items for results that come between (decoupled
 models, backend threads), and Unmapped once the client regions it was told to unmap are
-closed.  docs/internals.md describes the exchange.
+closed.  A model's calls to other models (BLS) go out as Call and come back as Replies
+(workers/calls.py).  docs/internals.md describes the exchange.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from inferpool.wire.worker.messages import (
     Free,
     Items,
     Ready,
+    Replies,
     Result,
     Slot,
     Stop,
@@ -43,6 +45,7 @@ from inferpool.wire.worker.messages import (
 )
 from inferpool.wire.worker.spec import WorkerSpec
 from inferpool.workers import warmup
+from inferpool.workers.calls import ChannelCalls
 from inferpool.workers.gpu_limit import check_load_limit
 from inferpool.workers.memory import WorkerMemory
 from inferpool.workers.pinning import cuda_ordinal, read_back
@@ -69,6 +72,7 @@ class Worker:
         self.flags = CancelFlags.attach(spec.cancel_region) if spec.cancel_region else None
         self._cancelled = self.flags.is_cancelled if self.flags is not None else None
         self.regions = ChannelRegions(link)
+        self.calls = ChannelCalls(link, self.memory, self._free)  # the model's BLS calls
         self.host = BackendHost(
             backend_name=spec.backend,
             model_name=spec.model_name,
@@ -85,6 +89,7 @@ class Worker:
             backend_directory=spec.backend_directory,
             backend_config=spec.backend_config,
             shared_regions=self.regions,
+            calls=self.calls,
         )
         self.decoupled = False  # the rest is known once the model has completed its config
         self.batching = False
@@ -165,14 +170,22 @@ class Worker:
                 self._execute(msg)
                 if self._async_items:
                     self._flush_async()
+                self.calls.flush()
+                if self.calls.stopping:  # a Stop came while the batch waited for a call
+                    return
             elif isinstance(msg, Free):
-                self._drop(msg.free, msg.unmap)
-                if msg.release and self.states is not None:
-                    self.states.begin(msg.release)
+                self._free(msg)
+            elif isinstance(msg, Replies):  # to calls made by the model's own threads
+                self.calls.deliver(msg.items)
             elif isinstance(msg, Stop):
                 return
             else:
                 log.error("unexpected %s message from the broker; ignored", type(msg).__name__)
+
+    def _free(self, msg: Free) -> None:
+        self._drop(msg.free, msg.unmap)
+        if msg.release and self.states is not None:
+            self.states.begin(msg.release)
 
     def _drop(self, free: Sequence[Slot], unmap: Sequence[str]) -> None:
         if free:

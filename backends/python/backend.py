@@ -30,7 +30,7 @@ from inferpool.backends.api import (
     batch_size_of,
     now_ns,
 )
-from inferpool.backends.python import pb_utils
+from inferpool.backends.python import bls, pb_utils
 from inferpool.backends.python.autocomplete import ModelConfig, config_to_dict, dict_to_config
 from inferpool.backends.python.messages import (
     InferenceRequest,
@@ -147,6 +147,7 @@ class PythonInstance(ModelInstance):
         hook = getattr(self.user, "initialize", None)
         if hook is not None:
             self._call("initialize()", hook, self._args())
+        bls.serve(True, self.model.calls)
 
     def _args(self) -> dict[str, str]:
         """Triton's ``initialize(args)``: every key and value a string.
@@ -229,6 +230,7 @@ class PythonInstance(ModelInstance):
         return self._loop
 
     def finalize(self) -> None:
+        bls.serve(False)
         try:
             hook = getattr(self.user, "finalize", None)
             if hook is not None:

@@ -17,6 +17,7 @@ from inferpool.backends.api import (
     Response,
     ResponseSender,
 )
+from inferpool.backends.calls import CallInput, CallRequest
 from inferpool.backends.python.tensor import Tensor, TritonModelException
 from inferpool.wire import codec
 from inferpool.wire.errors import Code, InferpoolError
@@ -24,11 +25,6 @@ from inferpool.wire.errors import Code, InferpoolError
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = FLAG_SEQUENCE_START
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = FLAG_SEQUENCE_END
-
-_BLS = (
-    "BLS (pb_utils.InferenceRequest(...).exec()) is not supported by inferpool's python "
-    "backend; call the other model through inferpool's client instead"
-)
 
 
 class TritonError(Exception):
@@ -147,15 +143,62 @@ class InferenceResponseSender:
 
 
 class InferenceRequest:
-    """The model's view of one request; built by the backend, not by the model (no BLS)."""
+    """A request: the model's view of one it was sent, or one it makes to another model
+    (BLS: ``InferenceRequest(model_name=..., inputs=..., requested_output_names=...)``,
+    then ``exec()`` or ``await async_exec()``; see backends/python/bls.py)."""
 
-    _request: Request
+    _request: Request | CallRequest
     _sender: InferenceResponseSender | None
     _cpu_only: bool
     _inputs: list[Tensor] | None
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise TritonModelException(_BLS)
+    def __init__(
+        self,
+        request_id: str = "",
+        correlation_id: int | str = 0,
+        inputs: list[Tensor] | None = None,
+        requested_output_names: list[str] | None = None,
+        model_name: str | bytes = "",
+        model_version: int = -1,
+        flags: int = 0,
+        timeout: int = 0,
+        preferred_memory: Any = None,
+        trace: Any = None,
+        parameters: dict[str, Any] | None = None,
+    ) -> None:
+        if isinstance(model_name, bytes):  # as_numpy() of a TYPE_STRING input gives bytes
+            model_name = model_name.decode("utf-8")
+        if not isinstance(model_name, str) or not model_name:
+            raise TritonModelException("InferenceRequest needs a model_name")
+        tensors = list(inputs or [])
+        for tensor in tensors:
+            if not isinstance(tensor, Tensor):
+                raise TritonModelException(
+                    f"Input tensor for request with id '{request_id}' and model name "
+                    f"'{model_name}' should not be empty."
+                )
+        outputs = [str(n) for n in requested_output_names or []]
+        if any(not n for n in outputs):
+            raise TritonModelException(
+                f"Requested output name for request with id '{request_id}' and model name "
+                f"'{model_name}' should not be empty."
+            )
+        if isinstance(correlation_id, bool) or not isinstance(correlation_id, int | str):
+            raise TritonModelException("Correlation ID must be integer or string")
+        self._request = CallRequest(
+            model_name,
+            [_call_input(t) for t in tensors],
+            outputs,
+            int(model_version),
+            str(request_id),
+            correlation_id,
+            int(flags),
+            _call_parameters(parameters or {}),
+            int(timeout),
+        )
+        self._sender = None
+        self._cpu_only = True
+        self._inputs = tensors
 
     @classmethod
     def _wrap(cls, request: Request, cpu_only: bool = True) -> InferenceRequest:
@@ -170,12 +213,16 @@ class InferenceRequest:
 
     def inputs(self) -> list[Tensor]:
         if self._inputs is None:  # GPU inputs are copied once, on first use
+            assert isinstance(self._request, Request)
             self._inputs = [self._tensor(t) for t in self._request.inputs.values()]
         return list(self._inputs)
 
     def _tensor(self, tensor: InputTensor) -> Tensor:
-        if tensor.memory == "cpu" or not self._cpu_only:
-            return Tensor._wrap(tensor.name, tensor.datatype, tensor.data, tensor.memory == "cpu")
+        if tensor.memory == "cpu":
+            shared = (tensor.region, tensor.offset, tensor.byte_size) if tensor.region else None
+            return Tensor._wrap(tensor.name, tensor.datatype, tensor.data, True, shared)
+        if not self._cpu_only:
+            return Tensor._wrap(tensor.name, tensor.datatype, tensor.data, False)
         host = codec.host_array(tensor.data)  # a blocking copy out of the GPU
         host.flags.writeable = False  # read-only, as every input a model gets
         return Tensor._wrap(tensor.name, tensor.datatype, host, cpu=True)
@@ -201,15 +248,65 @@ class InferenceRequest:
         return json.dumps(self._request.parameters)
 
     def get_response_sender(self) -> InferenceResponseSender:
+        request = self._request
+        if not isinstance(request, Request):
+            raise TritonModelException("a request made with BLS has no response sender")
         if self._sender is None:
-            self._sender = InferenceResponseSender(self._request, self._request.response_sender())
+            self._sender = InferenceResponseSender(request, request.response_sender())
         return self._sender
 
     def is_cancelled(self) -> bool:
-        """Whether the client cancelled the request (its answer, CANCELLED, has gone)."""
-        return self._request.is_cancelled()
+        """Whether the client cancelled the request (its answer, CANCELLED, has gone); a
+        request the model builds for a BLS call is never cancelled."""
+        request = self._request
+        return isinstance(request, Request) and request.is_cancelled()
 
-    def exec(self, *args: Any, **kwargs: Any) -> Any:
-        raise TritonModelException(_BLS)
+    def exec(self, decoupled: bool = False) -> Any:
+        """Run this request on its model and wait: an InferenceResponse, or with
+        ``decoupled`` an iterator of the responses (the final, maybe empty, one last)."""
+        from inferpool.backends.python import bls
 
-    async_exec = exec
+        return bls.execute(self._bls(), decoupled)
+
+    def async_exec(self, decoupled: bool = False) -> Any:
+        """As :meth:`exec`, awaitable (from ``async def execute``)."""
+        from inferpool.backends.python import bls
+
+        return bls.execute_async(self._bls(), decoupled)
+
+    def _bls(self) -> CallRequest:
+        if not isinstance(self._request, CallRequest):
+            raise TritonModelException(
+                "exec() runs a request the model made (pb_utils.InferenceRequest(...)), not "
+                "one it was sent"
+            )
+        return self._request
+
+
+def _call_input(tensor: Tensor) -> CallInput:
+    """A Tensor as a call's input: a reference where its bytes lie in shared memory (the
+    data stays referenced, so that memory lent to this process stays lent while the call
+    runs)."""
+    shape = tuple(tensor.shape())
+    if tensor._shared is not None:
+        region, offset, nbytes = tensor._shared
+        return CallInput(
+            tensor.name(), tensor.datatype(), shape, tensor._data, region, offset, nbytes
+        )
+    return CallInput(tensor.name(), tensor.datatype(), shape, tensor._data)
+
+
+def _call_parameters(parameters: dict[str, Any]) -> dict[str, Any]:
+    """Triton's checks of a BLS request's parameters: str keys, bool/int/str values."""
+    if not isinstance(parameters, dict):
+        raise TritonModelException("parameters must be a dict")
+    for key, value in parameters.items():
+        if not isinstance(key, str):
+            raise TritonModelException(
+                f"Expect parameters keys to have type str, found type {type(key)}"
+            )
+        if not isinstance(value, bool | int | str):
+            raise TritonModelException(
+                f"Expect parameters values to have type bool/int/str, found type {type(value)}"
+            )
+    return dict(parameters)

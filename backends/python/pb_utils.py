@@ -2,8 +2,9 @@
 
 The python backend registers this module under the name ``triton_python_backend_utils``
 before it imports model.py, so a Triton python model runs unchanged as far as the names
-below go.  docs/backends.md lists what Triton has that this module does not (BLS, model
-loading, request rescheduling, ...).
+below go (BLS included: ``InferenceRequest(...).exec()``, docs/pipelines.md).
+docs/backends.md lists what Triton has that this module does not (model loading, request
+rescheduling, ...).
 """
 
 from __future__ import annotations

@@ -69,12 +69,23 @@ class Tensor:
         self._name = name
         self._data: Any = array
         self._cpu = True
+        self._shared: tuple[str, int, int] | None = None
 
     @classmethod
-    def _wrap(cls, name: str, datatype: str, data: Any, cpu: bool) -> Tensor:
-        """A Tensor over existing memory (no copy): request inputs and DLPack imports."""
+    def _wrap(
+        cls,
+        name: str,
+        datatype: str,
+        data: Any,
+        cpu: bool,
+        shared: tuple[str, int, int] | None = None,
+    ) -> Tensor:
+        """A Tensor over existing memory (no copy): request inputs, BLS outputs, DLPack
+        imports.  ``shared``: (region, offset, byte size) where the bytes lie in shared
+        memory, so that a BLS call passes the tensor on without copying it."""
         tensor = cls.__new__(cls)
         tensor._name, tensor._datatype, tensor._data, tensor._cpu = name, datatype, data, cpu
+        tensor._shared = shared
         return tensor
 
     @classmethod

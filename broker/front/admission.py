@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from inferpool.broker.front.limits import check_id, work_size
+from inferpool.broker.models.internal import check_required
 from inferpool.broker.models.registry import ModelVersion
 from inferpool.broker.models.request import FLAG_SEQUENCE_END, FLAG_SEQUENCE_START, PendingRequest
 from inferpool.shm.arena import Arena, ArenaFull, Slot
@@ -158,13 +159,7 @@ def admit(
                 f"request for model '{name}' sent {len(frames)} tensor frame(s) but its inputs "
                 f"use {next_frame}"
             )
-        missing = model.required - seen
-        if missing:
-            raise invalid_arg(
-                f"expected {len(model.required)} inputs but got {len(seen)} inputs for model "
-                f"'{name}'. Got input(s) {sorted(seen)}, but missing required input(s) "
-                f"{sorted(missing)}. Please provide all required input(s)."
-            )
+        check_required(model, seen)
         outputs, work_outputs, shm_outputs = _outputs(header.get("outputs"), model, client, shm)
         parameters = header.get("parameters") or _NO_PARAMETERS
         if not isinstance(parameters, dict):

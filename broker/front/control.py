@@ -1,17 +1,14 @@
-"""Every client message but ``infer`` and the shared-memory extension's: health, metadata,
-the repository index, explicit model control, statistics and the instances' status.
-
-:class:`Readiness` is the broker's answer to "may I send requests?": the broker marks it
-started once the initial models settled, and stopping when it begins to shut down.
+"""Every client message but ``infer``, ``drain`` and the shared-memory extension's: health,
+metadata, the repository index, explicit model control, statistics and the instances' status.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from inferpool import __version__
+from inferpool.broker.front.readiness import Readiness
 from inferpool.broker.front.responder import Responder
 from inferpool.broker.front.router import Handler
 from inferpool.broker.models import overrides
@@ -25,21 +22,6 @@ from inferpool.wire import codec
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg
 
 EXTENSIONS = ("model_repository", "statistics", "sequence", "binary_tensor_data", "parameters")
-
-
-@dataclass
-class Readiness:
-    registry: Registry
-    strict: bool  # ready only while every model is (--strict-readiness)
-    started: bool = False
-    stopping: bool = False
-
-    def ready(self) -> bool:
-        if not self.started or self.stopping:
-            return False
-        if not self.strict:
-            return True
-        return all(r["state"] == State.READY.value for r in self.registry.index())
 
 
 class Control:
@@ -79,7 +61,7 @@ class Control:
     def handlers(self) -> dict[str, Handler]:
         return {
             "health_live": lambda e, h, f: {"live": True},
-            "health_ready": lambda e, h, f: {"ready": self.readiness.ready()},
+            "health_ready": self.health_ready,
             "server_metadata": lambda e, h, f: dict(self.metadata),
             "model_ready": self.model_ready,
             "model_metadata": self.model_metadata,
@@ -90,6 +72,10 @@ class Control:
             "statistics": self.statistics,
             "status": self.status,
         }
+
+    def health_ready(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
+        why = self.readiness.why_not()
+        return {"ready": not why, "reason": why}
 
     # ------------------------------------------------------------------ metadata
     def model_ready(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:

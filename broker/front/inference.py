@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from inferpool.broker.front.admission import SharedMemoryInputs, admit
-from inferpool.broker.front.control import Readiness
+from inferpool.broker.front.readiness import Readiness
 from inferpool.broker.front.router import Handler
 from inferpool.broker.models.registry import Registry
 from inferpool.broker.models.request import PendingRequest
@@ -67,8 +67,12 @@ class Inference:
     def infer(self, envelope: list[bytes], header: dict[str, Any], frames: list[Any]) -> None:
         client = envelope[0]
         self.shm.request_arrived(client, header)
-        if self.readiness.stopping:
-            raise InferpoolError(Code.UNAVAILABLE, "the server is shutting down")
+        if not self.readiness.admitting:
+            raise InferpoolError(
+                Code.UNAVAILABLE,
+                f"the server is draining ({self.readiness.draining}) and admits no new "
+                "requests: send them to another node",
+            )
         model = self.registry.resolve(header.get("model_name"), header.get("model_version"))
         if model.decoupled and header.get("single_response"):
             raise InferpoolError(

@@ -8,7 +8,8 @@ A loop that does not answer within ``SCRAPE_TIMEOUT_S`` gets the scrape a 503.
 Metric names are Triton's (``nv_inference_request_success``, ``nv_inference_queue_duration_us``,
 ...; prometheus-client exposes counters with the ``_total`` suffix), labelled ``model`` and
 ``version``; backends' custom metrics (identity's ``input_byte_size_counter``) keep the names
-and labels they declared.  ``inferpool_*`` metrics add the instances and the arena.
+and labels they declared.  ``inferpool_*`` metrics add the instances and the arena, and
+``front.load_metrics`` the node's load for autoscalers (queue depth, in flight, utilisation).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from inferpool.broker.front.cache_metrics import cache_metrics
+from inferpool.broker.front.cache_metrics import MetricRows, cache_metrics
+from inferpool.broker.front.load_metrics import Utilisation, load_metrics
 from inferpool.broker.models.manager import Manager
 from inferpool.broker.models.registry import Registry
 from inferpool.broker.pool.handle import WorkerState
@@ -63,12 +65,18 @@ class BrokerCollector(Collector):
     """Reads the broker's statistics at scrape time (in the broker's loop)."""
 
     def __init__(
-        self, registry: Registry, manager: Manager, supervisor: Supervisor[Any], arena: Arena
+        self,
+        registry: Registry,
+        manager: Manager,
+        supervisor: Supervisor[Any],
+        arena: Arena,
+        utilisation: Utilisation,
     ) -> None:
         self.registry = registry
         self.manager = manager
         self.supervisor = supervisor
         self.arena = arena
+        self.utilisation = utilisation
 
     def collect(self) -> Iterator[Metric]:
         success = CounterMetricFamily(
@@ -107,7 +115,8 @@ class BrokerCollector(Collector):
         yield from (family for family, _ in durations)
         yield from self._instances()
         yield from self._custom()
-        yield from self._cache()
+        yield from _families(cache_metrics(self.registry, self.manager.cache))
+        yield from _families(load_metrics(self.manager, self.utilisation))
         arena = GaugeMetricFamily(
             "inferpool_arena_bytes", "Request input arena, by size and free", labels=["kind"]
         )
@@ -135,17 +144,6 @@ class BrokerCollector(Collector):
         yield ready
         yield restarts
 
-    def _cache(self) -> Iterator[Metric]:
-        for name, doc, kind, labels, samples in cache_metrics(self.registry, self.manager.cache):
-            family: CounterMetricFamily | GaugeMetricFamily = (
-                GaugeMetricFamily(name, doc, labels=list(labels))
-                if kind == "gauge"
-                else CounterMetricFamily(name, doc, labels=list(labels))
-            )
-            for values, value in samples:
-                family.add_metric(values, value)
-            yield family
-
     def _custom(self) -> Iterator[Metric]:
         """Backend metrics: one family per declared name, labels as the backend gave them."""
         custom = self.manager.metrics
@@ -164,6 +162,18 @@ class BrokerCollector(Collector):
             for row in family_rows:
                 family.add_metric([str(row["labels"].get(k, "")) for k in keys], row["value"])
             yield family
+
+
+def _families(rows: list[MetricRows]) -> Iterator[Metric]:
+    for name, doc, kind, labels, samples in rows:
+        family: CounterMetricFamily | GaugeMetricFamily = (
+            GaugeMetricFamily(name, doc, labels=list(labels))
+            if kind == "gauge"
+            else CounterMetricFamily(name, doc, labels=list(labels))
+        )
+        for values, value in samples:
+            family.add_metric(values, value)
+        yield family
 
 
 class MetricsEndpoint:

@@ -1,14 +1,19 @@
-"""Health over HTTP, Triton's way: ``/v2/health/live``, ``/v2/health/ready`` and
-``/v2/models/{model}[/versions/{version}]/ready``.
+"""Health over HTTP: Triton's routes and the per-node contract of an orchestrated node.
+
+Triton's: ``/v2/health/live``, ``/v2/health/ready`` and
+``/v2/models/{model}[/versions/{version}]/ready`` (200 when live / ready, 400 when not, empty
+bodies; a model that is not ready says ``Model version not ready``).  The node's, for
+Kubernetes probes, load balancers and the Ray Serve adapter: ``/livez`` and ``/readyz`` (200
+``ok``, or 503 with the reason as text) and ``POST /drain`` (the drain a SIGTERM starts;
+answered at once with ``{"draining": true, "reason", "inflight"}``).
 
 The HTTP frontend serves these routes among its others; ``--health-port`` serves them alone,
-for systemd, load balancers and Kubernetes probes when the KServe frontends are off (or must
-not be exposed).  Each answer comes from the broker's loop through the channel, as a zmq
-client's ``health_live`` / ``health_ready`` / ``model_ready`` would, so a loop that does not
-answer within ``HEALTH_TIMEOUT_S`` is reported with 503 rather than guessed.
-
-As in Triton: 200 when live / ready, 400 when not (empty bodies; a model that is not ready
-says ``Model version not ready``).  New probes are new routes in :func:`routes`.
+for probes when the KServe frontends are off (or must not be exposed).  Each answer comes
+from the broker's loop through the channel, as a zmq client's ``health_live`` /
+``health_ready`` would, so a loop that does not answer within ``HEALTH_TIMEOUT_S`` (stuck)
+is reported with 503 rather than guessed: that is the one way ``/livez`` fails.  Readiness
+is the broker's (``broker.front.readiness``): not while loading, draining, or while a model
+that should serve has no live instance.  New probes are new routes in :func:`routes`.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any
 from aiohttp import web
 
 from inferpool.broker.kserve.channel import BrokerChannel
-from inferpool.broker.kserve.http_base import error_response
+from inferpool.broker.kserve.http_base import error_response, json_response
 from inferpool.wire.errors import Code, InferpoolError
 
 HEALTH_TIMEOUT_S = 5.0
@@ -37,6 +42,20 @@ def routes(channel: BrokerChannel) -> list[web.RouteDef]:
     async def ready(request: web.Request) -> web.Response:
         return web.Response(status=200 if await ask({"type": "health_ready"}, "ready") else 400)
 
+    async def livez(request: web.Request) -> web.Response:
+        await ask({"type": "health_live"}, "live")  # a stuck loop: UNAVAILABLE, 503
+        return web.Response(text="ok\n")
+
+    async def readyz(request: web.Request) -> web.Response:
+        reply, _ = await channel.call({"type": "health_ready"}, timeout=HEALTH_TIMEOUT_S)
+        if reply.get("ready"):
+            return web.Response(text="ok\n")
+        return web.Response(status=503, text=f"not ready: {reply.get('reason', '')}\n")
+
+    async def drain(request: web.Request) -> web.Response:
+        reply, _ = await channel.call({"type": "drain"}, timeout=HEALTH_TIMEOUT_S)
+        return json_response({k: reply[k] for k in ("draining", "reason", "inflight")})
+
     async def model_ready(request: web.Request) -> web.Response:
         info = request.match_info
         header = {
@@ -53,6 +72,9 @@ def routes(channel: BrokerChannel) -> list[web.RouteDef]:
         return web.Response() if ok else error_response(400, "Model version not ready")
 
     return [
+        web.get("/livez", livez, allow_head=False),
+        web.get("/readyz", readyz, allow_head=False),
+        web.post("/drain", drain),
         web.get("/v2/health/live", live, allow_head=False),
         web.get("/v2/health/ready", ready, allow_head=False),
         web.get(_MODEL + "/ready", model_ready, allow_head=False),

@@ -60,7 +60,7 @@ class Cancellation:
 
     def client_gone(self, client: bytes) -> None:
         """A client disconnected: nothing it asked for is worth running any more."""
-        mine = [r for r in self.inflight.values() if r.envelope[0] == client and not r.cancelled]
+        mine = [r for r in self.inflight.values() if r.envelope[:1] == [client] and not r.cancelled]
         for req in mine:
             self._cancel(req, "was cancelled: its client disconnected")
         if mine:

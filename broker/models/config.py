@@ -13,6 +13,7 @@ from typing import Any
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
+from inferpool.broker.models.ensemble_config import check_platform, is_ensemble, plan
 from inferpool.wire import codec
 from inferpool.wire.errors import Code, InferpoolError
 
@@ -67,7 +68,11 @@ def complete(config: pb.ModelConfig, model: str, path: str) -> None:
             f"the configuration names the model '{config.name}' but its directory is '{model}'",
             "Make name match the directory name",
         )
-    if not config.backend:
+    problem = check_platform(config)
+    if problem:
+        raise config_error(model, path, problem)
+    ensemble = is_ensemble(config)  # runs in the broker: no backend, no instances
+    if not config.backend and not ensemble:
         implied = PLATFORM_BACKENDS.get(config.platform)
         if implied is None:
             raise config_error(
@@ -76,12 +81,13 @@ def complete(config: pb.ModelConfig, model: str, path: str) -> None:
                 f"Could not determine backend for model '{model}' with no backend in model "
                 "configuration",
                 'Add a backend line to config.pbtxt, for example backend: "identity" (or '
-                'backend: "python" with a model.py, or platform: "pytorch_libtorch")',
+                'backend: "python" with a model.py, or platform: "pytorch_libtorch", or '
+                'platform: "ensemble" with ensemble_scheduling)',
             )
         config.backend = implied
     if not config.HasField("version_policy"):
         config.version_policy.latest.num_versions = 1
-    if not config.instance_group:
+    if not config.instance_group and not ensemble:
         config.instance_group.add(count=1, kind=pb.ModelInstanceGroup.KIND_AUTO)
     for group in config.instance_group:
         if group.count == 0:  # proto3 cannot tell unset from 0: Triton's default is 1
@@ -141,6 +147,11 @@ def validate(config: pb.ModelConfig, model: str, path: str) -> None:
             raise config_error(
                 model, path, f"instance_group '{group.name}' has count {group.count}; need >= 1"
             )
+    if is_ensemble(config):
+        try:
+            plan(config)
+        except InferpoolError as err:
+            raise config_error(model, path, err.message) from None
 
 
 def _validate_priorities(dyn: Any, model: str, path: str) -> None:

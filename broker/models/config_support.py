@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from inferpool.wire.errors import Code, InferpoolError, invalid_arg
+from inferpool.wire.errors import InferpoolError, invalid_arg
 
 log = logging.getLogger("inferpool.config")
 
@@ -63,6 +63,10 @@ HONORED = frozenset(
         "parameters",
         "model_warmup",
         "model_transaction_policy",
+        "ensemble_scheduling.step.model_name",
+        "ensemble_scheduling.step.model_version",
+        "ensemble_scheduling.step.input_map",
+        "ensemble_scheduling.step.output_map",
     }
 )
 # fields that work only with a server flag: the flag that makes them work
@@ -72,8 +76,11 @@ NEEDS_FLAG = {
         "the server runs without a rate limiter; start it with --rate-limit execution_count"
     ),
 }
-REFUSED = {"ensemble_scheduling": "ensemble models are not supported by inferpool"}
-_LOOK_INSIDE = frozenset(p.rpartition(".")[0] for p in HONORED | set(NEEDS_FLAG) if "." in p)
+_LOOK_INSIDE = frozenset(  # every field above an honoured sub-field
+    p.rsplit(".", depth)[0]
+    for p in HONORED | set(NEEDS_FLAG)
+    for depth in range(1, p.count(".") + 1)
+)
 
 
 @dataclass(frozen=True)
@@ -86,8 +93,6 @@ class ConfigSupport:
         that refuses the model, if one does."""
         name = config.name
         for path in unimplemented(config):
-            if path in REFUSED:
-                return InferpoolError(Code.UNSUPPORTED, f"model '{name}': {REFUSED[path]}")
             if path in NEEDS_FLAG:
                 if (path == "response_cache" and self.cache) or (
                     path == "instance_group.rate_limiter" and self.rate_limit

@@ -14,7 +14,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from inferpool.broker.models import completion
+from inferpool.broker.models.calls import Calls
 from inferpool.broker.models.config_support import ConfigSupport
+from inferpool.broker.models.ensemble_config import is_ensemble
+from inferpool.broker.models.ensembles import Ensembles
 from inferpool.broker.models.overrides import Override, Overrides
 from inferpool.broker.models.rate_limiter import Gate
 from inferpool.broker.models.registry import ModelRecord, ModelVersion, Registry, State
@@ -32,12 +35,14 @@ from inferpool.broker.pool.supervisor import Events, Supervisor
 from inferpool.shm.arena import Arena
 from inferpool.wire.errors import Code, InferpoolError
 from inferpool.wire.worker.messages import (
+    Call,
     CorrelationId,
     Done,
     Durations,
     Execute,
     Free,
     Items,
+    Release,
     Result,
     WorkerMessage,
 )
@@ -90,6 +95,9 @@ class Manager:
         self.retiring: list[ModelRecord] = []  # records whose workers are stopping
         self.load_waiters: dict[str, list[Waiter]] = {}
         self._unload_waiters: dict[int, list[Waiter]] = {}  # id(record) -> waiters
+        self.ensembles = Ensembles(self)  # pipelines: ensembles, models' calls (BLS)
+        self.calls = Calls(self)
+        outputs.on_lent_gone = self._unmap_everywhere
 
     # ================================================================== loading
     def load(
@@ -134,6 +142,9 @@ class Manager:
         for version in entry.versions:
             mv = ModelVersion(name, version, entry.config, entry.path)
             record.versions[version] = mv
+            if is_ensemble(entry.config):  # runs in the broker; READY with its models
+                mv.scheduler = self.ensembles.scheduler(mv)
+                continue
             mv.scheduler = scheduler_for(mv, self.dispatch, self.reject)
             try:
                 mv.placements = self.planner.plan(entry.config)
@@ -230,6 +241,10 @@ class Manager:
         for waiter in self._unload_waiters.pop(id(record), []):
             waiter(None)
 
+    def version_idle(self, mv: ModelVersion) -> None:
+        """An unloading version without workers (an ensemble) ended a request."""
+        self._check_drained(self._retiring_of(mv))
+
     def _retiring_of(self, mv: ModelVersion) -> ModelRecord | None:
         return next((r for r in self.retiring if r.versions.get(mv.version) is mv), None)
 
@@ -273,6 +288,8 @@ class Manager:
         assert mv.scheduler is not None
         mv.scheduler.instance_gone(handle)
         handle.busy = None
+        self.calls.worker_gone(handle)
+        handle.ended_executing(time.monotonic())
         for req in [r for r in self.inflight.values() if r.worker is handle]:
             self.reject(req, error)
         self.gate.done(handle, gone=True)
@@ -291,6 +308,8 @@ class Manager:
         mv = handle.model
         assert mv.scheduler is not None
         mv.scheduler.instance_gone(handle)
+        self.calls.worker_gone(handle)
+        handle.ended_executing(time.monotonic())
         if handle.busy is not None:  # a batch the rate limiter never let run
             err = InferpoolError(Code.UNAVAILABLE, f"instance {handle.name} stopped")
             for req in [r for r in self.inflight.values() if r.worker is handle]:
@@ -345,7 +364,7 @@ class Manager:
         release: Sequence[CorrelationId],
         nulls: Sequence[int],
     ) -> None:
-        handle.exec_started = time.monotonic()
+        handle.began_executing(time.monotonic())
         unmaps = self.unmaps.pop(handle.identity, ()) if self.unmaps else ()
         frees = self.outputs.take_frees(handle.output_region)
         msg = Execute([r.work for r in batch], frees, unmaps, release, nulls)
@@ -353,9 +372,24 @@ class Manager:
 
     def reject(self, req: PendingRequest, err: InferpoolError) -> None:
         """Answer ``req`` with an error (unless it was cancelled: answered) and end it."""
-        if not req.cancelled:
+        if req.sink is not None:
+            req.sink.failed(req, err)
+        elif not req.cancelled:
             self.responder.send_error(req.envelope, "infer", req.client_id, err)
         self.finish(req, success=False, timing=None)
+
+    def respond(self, req: PendingRequest, item: Result) -> None:
+        """Send one response of ``req`` (to its client or its sink, an ensemble's step or a
+        BLS call), after the response cache kept it; the final one ends it."""
+        if req.cache_key is not None and self.cache is not None:
+            self.cache.store(req, item)
+        (req.sink or self.responder).result(req, item)
+        decoupled = req.model.decoupled
+        if decoupled:  # its durations are the response's (response_stats)
+            req.model.stats.response_done(req.responses, response_outcome(item), item.durations)
+            req.responses += 1
+        if item.final:
+            self.finish(req, item.error is None, None if decoupled else item.durations)
 
     def finish(self, req: PendingRequest, success: bool, timing: Durations | None) -> None:
         if self.inflight.pop(req.rid, None) is None:
@@ -374,11 +408,14 @@ class Manager:
         elif isinstance(msg, Items):
             self._results(msg.items)
             handle.exec_started = time.monotonic()  # progress: the execute timeout starts over
+        elif isinstance(msg, Call):
+            self.calls.call(handle, msg)
+        elif isinstance(msg, Release):
+            self.calls.release(handle, msg)
         else:
             self.supervisor.handle_message(handle, msg)
 
     def _results(self, items: Sequence[Result]) -> None:
-        responder = self.responder
         for item in items:
             req = self.inflight.get(item.rid)
             if req is None or req.cancelled:  # answered already: give the memory back
@@ -387,15 +424,7 @@ class Manager:
                 if req is not None and item.final:
                     self.finish(req, False, item.durations)
                 continue
-            if req.cache_key is not None and self.cache is not None:
-                self.cache.store(req, item)
-            responder.result(req, item)
-            decoupled = req.model.decoupled
-            if decoupled:  # its durations are the response's (response_stats)
-                req.model.stats.response_done(req.responses, response_outcome(item), item.durations)
-                req.responses += 1
-            if item.final:
-                self.finish(req, item.error is None, None if decoupled else item.durations)
+            self.respond(req, item)
 
     def _batch_done(self, handle: Worker, msg: Done) -> None:
         mv = handle.model
@@ -404,6 +433,7 @@ class Manager:
         if msg.metrics is not None:
             self.metrics.apply(msg.metrics)
         handle.busy = None
+        handle.ended_executing(time.monotonic())
         if handle.state is not WorkerState.STOPPING:
             self._next_batch(handle)
         self.gate.done(handle)  # its next batch, if any, competes for what it releases
@@ -432,7 +462,14 @@ class Manager:
         for mv in self.registry.all_versions() + retiring:
             if mv.scheduler is not None:
                 mv.scheduler.expire(now_ns)
+        self.calls.tick(now_ns)
         return nearest
+
+    def _unmap_everywhere(self, region: str) -> None:
+        """A worker's output region that others read (pipelines) is gone: they unmap it."""
+        for handle in self.supervisor.alive():
+            if handle.output_region != region:
+                self.unmaps.setdefault(handle.identity, []).append(region)
 
     def flush_frees(self) -> None:
         """Send pending slot frees and unmaps to idle workers (busy ones get them with their

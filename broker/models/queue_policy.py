@@ -90,10 +90,13 @@ class FifoQueue(deque[PendingRequest]):
         self.simple = not request_timeouts  # push is append: the scheduler appends itself
 
     def push(self, req: PendingRequest, now_ns: int) -> None:
+        """Queue ``req``, its deadline from its ``timeout`` (``request_timeouts``), or the
+        one the broker gave a request it made (an ensemble's step)."""
         if self.request_timeouts and req.work.timeout_us:
-            req.deadline_ns = deadline = now_ns + req.work.timeout_us * 1000
-            if not self.next_deadline or deadline < self.next_deadline:
-                self.next_deadline = deadline
+            req.deadline_ns = _earliest(req.deadline_ns, now_ns + req.work.timeout_us * 1000)
+        deadline = req.deadline_ns
+        if deadline and (not self.next_deadline or deadline < self.next_deadline):
+            self.next_deadline = deadline
         self.append(req)
 
     def expire(self, now_ns: int, expired: Expired) -> None:
@@ -150,9 +153,10 @@ class PriorityQueue:
             raise _full_error(req, level.level, policy.max_queue_size)
         timeout_us = policy.timeout_us(req.work.timeout_us)
         if timeout_us:
-            req.deadline_ns = deadline = now_ns + timeout_us * 1000
-            if not self.next_deadline or deadline < self.next_deadline:
-                self.next_deadline = deadline
+            req.deadline_ns = _earliest(req.deadline_ns, now_ns + timeout_us * 1000)
+        deadline = req.deadline_ns
+        if deadline and (not self.next_deadline or deadline < self.next_deadline):
+            self.next_deadline = deadline
         level.waiting.append(req)
         self.count += 1
 
@@ -217,6 +221,11 @@ class PriorityQueue:
 
 
 RequestQueue = FifoQueue | PriorityQueue
+
+
+def _earliest(given: int, computed: int) -> int:
+    """A deadline the broker already gave the request (an ensemble step's), if earlier."""
+    return min(given, computed) if given else computed
 
 
 def queue_for(config: Any) -> RequestQueue:

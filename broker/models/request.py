@@ -7,13 +7,24 @@ batches, sequences, timeouts) happens in ``models``, so the type lives here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from inferpool.broker.models.registry import ModelVersion
 from inferpool.shm.arena import Slot
-from inferpool.wire.worker.messages import FLAG_SEQUENCE_END, FLAG_SEQUENCE_START, Work
+from inferpool.wire.errors import InferpoolError
+from inferpool.wire.worker.messages import FLAG_SEQUENCE_END, FLAG_SEQUENCE_START, Result, Work
 
-__all__ = ["FLAG_SEQUENCE_END", "FLAG_SEQUENCE_START", "PendingRequest"]
+__all__ = ["FLAG_SEQUENCE_END", "FLAG_SEQUENCE_START", "PendingRequest", "Sink"]
+
+
+class Sink(Protocol):
+    """Where the answers of a request the broker made itself go (an ensemble's step, a
+    model's BLS call) instead of a client socket.  Whoever receives a result owns one
+    reference to each of its output slots (``pool.outputs``)."""
+
+    def result(self, req: PendingRequest, item: Result) -> None: ...
+
+    def failed(self, req: PendingRequest, err: InferpoolError) -> None: ...
 
 
 @dataclass(slots=True, eq=False)
@@ -34,6 +45,7 @@ class PendingRequest:
     worker: Any = None
     shm_outputs: bool = False  # some output stays in shared memory (handle, client region)
     cancelled: bool = False  # answered CANCELLED while executing (models.cancellation)
+    sink: Sink | None = None  # answers go there, not to ``envelope`` (models/internal.py)
     cache_key: bytes | None = None  # set when a response cache lookup missed: store the result
     cache_ns: int = 0  # how long that lookup took
     responses: int = 0  # responses sent so far (a decoupled model's response statistics)

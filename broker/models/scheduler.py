@@ -65,7 +65,9 @@ class Scheduler:
     # ------------------------------------------------------------------ requests
     def enqueue(self, req: PendingRequest, now_ns: int) -> int | None:
         queue = self.queue
-        if queue.simple:  # one level, no policy: the request path's common case
+        if queue.simple and not req.deadline_ns:
+            # one level, no policy, no deadline (the broker gives one only to an ensemble's
+            # steps): the request path's common case
             queue.append(req)  # type: ignore[union-attr]
         else:
             try:

@@ -66,7 +66,9 @@ class WorkerHandle(Generic[M]):
         self.channel: Channel | None = None
         self.output_region = ""
         self.busy: list[Any] | None = None  # the batch in flight
-        self.exec_started = 0.0
+        self.exec_started = 0.0  # when the batch in flight (or its last progress) began
+        self.busy_since = 0.0  # when the batch in flight began executing; 0.0: idle
+        self.busy_total = 0.0  # seconds spent executing batches that ended
         self.state_since = time.monotonic()
         self.crashes: deque[float] = deque()
         self.restarts = 0
@@ -87,6 +89,19 @@ class WorkerHandle(Generic[M]):
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
+
+    def began_executing(self, now: float) -> None:
+        self.exec_started = self.busy_since = now
+
+    def ended_executing(self, now: float) -> None:
+        """The batch in flight ended (done, or its worker lost or stopped)."""
+        if self.busy_since:
+            self.busy_total += now - self.busy_since
+            self.busy_since = 0.0
+
+    def busy_seconds(self, now: float) -> float:
+        """Time spent executing batches, the one in flight included (the utilisation)."""
+        return self.busy_total + (now - self.busy_since if self.busy_since else 0.0)
 
     def set_state(self, state: WorkerState) -> None:
         self.state = state

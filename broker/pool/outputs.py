@@ -5,6 +5,11 @@ regions).  The worker allocates inside it; every slot it reports is held here un
 client has its bytes (frame sent) or releases its handle.  A region whose worker is gone is
 retired and unlinked as soon as nothing holds a slot of it.
 
+A slot can have several owners (``share``): an ensemble's intermediate tensor is read in
+place by every step that consumes it, and maybe sent to the client too; it goes back to its
+worker with the last owner's ``free``.  Regions whose slots other workers read (``lend``)
+are reported when they go (``on_lent_gone``), so those workers can drop their mappings.
+
 A region is created sparse; its worker populates the first part as it boots (``prefault_for``:
 two batches of the model's outputs where its config fixes their size, else ``--prefault``)
 and the rest as its allocations reach it (``shm.warm``).
@@ -32,6 +37,7 @@ class OutputRegion:
     owner: Any  # the WorkerHandle allocating in it; None once retired
     held: int = 0
     pending_frees: list[Slot] = field(default_factory=list)
+    lent: bool = False  # another worker may have mapped it (pipelines)
     on_free: Callable[[int], None] | None = None  # a region another part allocates in
 
 
@@ -42,6 +48,8 @@ class OutputRegions:
         self.size = size
         self.prefault = prefault
         self._regions: dict[str, OutputRegion] = {}
+        self._owners: dict[tuple[str, int], int] = {}  # shared slot -> owners beyond one
+        self.on_lent_gone: Callable[[str], None] | None = None
 
     def create(self, tag: str, owner: Any) -> str:
         name = region_name(self.run_id, tag)
@@ -67,6 +75,22 @@ class OutputRegions:
         """A slot that stays in use after its result was handled (zero-copy send, lease)."""
         self._regions[name].held += 1
 
+    def share(self, name: str, offset: int, owners: int) -> None:
+        """The slot now has ``owners`` more owners, each of which frees it once; it goes back
+        to its worker with the last free.  Every extra owner holds the region."""
+        entry = self._regions.get(name)
+        if entry is None or owners <= 0:
+            return
+        entry.held += owners
+        key = (name, offset)
+        self._owners[key] = self._owners.get(key, 0) + owners
+
+    def lend(self, name: str) -> None:
+        """Another worker reads slots of ``name`` in place (mapped until told otherwise)."""
+        entry = self._regions.get(name)
+        if entry is not None:
+            entry.lent = True
+
     def free(self, name: str, offset: int, held: bool = True) -> None:
         """A slot is done with: queue it back to its worker, or finish a retired region."""
         entry = self._regions.get(name)
@@ -77,6 +101,9 @@ class OutputRegions:
             return
         if held:
             entry.held -= 1
+        if self._owners and (name, offset) in self._owners:
+            self._drop_owner(entry, name, offset)
+            return
         if entry.owner is not None:
             entry.pending_frees.append(Slot(name, offset))
         elif entry.held <= 0:
@@ -99,9 +126,26 @@ class OutputRegions:
         if entry.held <= 0:
             self._destroy(name)
 
+    def _drop_owner(self, entry: OutputRegion, name: str, offset: int) -> None:
+        """One owner of a shared slot is done; the others still have it."""
+        key = (name, offset)
+        left = self._owners[key] - 1
+        if left:
+            self._owners[key] = left
+        else:
+            del self._owners[key]
+        entry.held -= 1
+        if entry.owner is None and entry.held <= 0:
+            self._destroy(name)
+
     def _destroy(self, name: str) -> None:
         entry = self._regions.pop(name)
         entry.region.destroy()
+        if self._owners:
+            for key in [k for k in self._owners if k[0] == name]:
+                del self._owners[key]
+        if entry.lent and self.on_lent_gone is not None:
+            self.on_lent_gone(name)
 
     def close(self) -> None:
         for name in list(self._regions):

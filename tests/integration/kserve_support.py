@@ -2,7 +2,9 @@
 
 The example models (identity: FP32; identity_batched: INT32 and BYTES), a decoupled python
 model (``repeat``: N responses, then an empty final one) and ``spare``, an identity model
-the tests unload and load again (the server runs with explicit model control).
+the tests unload and load again (the server runs with explicit model control); the pipeline
+examples (the ``probabilities`` ensemble, ``top_class`` calling it with BLS) and
+``repeated``, an ensemble of ``repeat`` (decoupled as its step is).
 """
 
 from __future__ import annotations
@@ -40,6 +42,16 @@ REPEAT_CONFIG = """
     model_transaction_policy { decoupled: true }
 """
 
+REPEATED_CONFIG = """
+    name: "repeated"
+    platform: "ensemble"
+    input [ { name: "COUNT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+    output [ { name: "VALUE" data_type: TYPE_INT32 dims: [ 1 ] } ]
+    ensemble_scheduling { step [
+      { model_name: "repeat" input_map { key: "N" value: "COUNT" }
+        output_map { key: "OUT" value: "VALUE" } } ] }
+"""
+
 
 DOUBLE = """
 import triton_python_backend_utils as pb_utils
@@ -71,6 +83,9 @@ def write_repository(repo: Path) -> None:
         shutil.copytree(EXAMPLES / name, repo / name)
     write_model(repo, "repeat", REPEAT_CONFIG, files={"1/model.py": REPEAT})
     write_model(repo, "spare", identity_config("spare"))
+    for pipeline_model in (EXAMPLES.parent / "pipeline_repository").iterdir():
+        shutil.copytree(pipeline_model, repo / pipeline_model.name)
+    write_model(repo, "repeated", REPEATED_CONFIG)
 
 
 @contextlib.contextmanager

@@ -173,6 +173,25 @@ def test_stream_of_a_decoupled_model(client: Any) -> None:
     assert answers.empty()
 
 
+def test_stream_of_a_decoupled_ensemble(client: Any) -> None:
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        count = infer_input("COUNT", np.array([3], np.int32), "INT32")
+        client.async_stream_infer("repeated", [count], enable_empty_final_response=True)
+        got = [answers.get(timeout=30) for _ in range(4)]
+        assert [e for _, e in got] == [None] * 4
+        assert [r.as_numpy("VALUE").tolist() for r, _ in got[:3]] == [[0], [1], [2]]
+        assert got[3][0].get_response().outputs == []  # the ensemble's last word
+        x = np.array([0.0, 1.0], np.float32)  # an ensemble that is not decoupled: one answer
+        client.async_stream_infer("probabilities", [infer_input("RAW", x, "FP32")])
+        result, error = answers.get(timeout=30)
+        assert error is None and result.as_numpy("PROBS").argmax() == 1
+    finally:
+        client.stop_stream()
+    assert answers.empty()
+
+
 # ============================================================================ statistics, repository
 def test_statistics_and_repository(client: Any) -> None:
     x = np.ones(5, np.float32)

@@ -264,6 +264,33 @@ def test_load_with_config_and_file_overrides(server: Server, client: Any) -> Non
         client.load_model("double", files=DOUBLE_FILES)
 
 
+# ============================================================================ pipelines
+def test_an_ensemble_and_a_bls_model(client: Any) -> None:
+    raw = np.array([0.5, 3.0, 1.0, -2.0], np.float32)
+    z = (raw - raw.mean()) / (raw.std() + 1e-6)
+    expected = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+    models = ("probabilities", "normalize", "softmax", "top_class")
+
+    def counts() -> dict[str, int]:
+        stats = client.get_inference_statistics()["model_stats"]
+        return {s["name"]: s["inference_stats"]["success"]["count"] for s in stats}
+
+    before = counts()
+    probs = client.infer("probabilities", [infer_input("RAW", raw, "FP32")]).as_numpy("PROBS")
+    np.testing.assert_allclose(probs, expected, rtol=1e-5)
+    top = client.infer("top_class", [infer_input("RAW", raw, "FP32", binary=False)])
+    assert top.as_numpy("CLASS").tolist() == [1] and top.as_numpy("PROB")[0] == probs[1]
+    after = counts()
+    # the ensemble ran twice (once called by top_class), each of its steps with it
+    assert [after[m] - before[m] for m in models] == [2, 2, 2, 1]
+    assert client.get_model_metadata("probabilities")["platform"] == "ensemble"
+    index = {m["name"]: m["state"] for m in client.get_model_repository_index()}
+    assert index["probabilities"] == index["repeated"] == "READY"
+    with pytest.raises(InferenceServerException) as err:  # checked as any model's inputs
+        client.infer("probabilities", [infer_input("RAW", np.ones(4, np.int32), "INT32")])
+    assert err.value.status() == "400" and "data-type is 'INT32'" in err.value.message()
+
+
 # ============================================================================ shared memory
 def test_system_shared_memory_inputs_and_outputs(server: Server, client: Any) -> None:
     x = np.arange(16, dtype=np.float32)

@@ -51,6 +51,15 @@ STREAM = """
     input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
     output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
 """
+# an ensemble whose answers are cached: a hit runs none of its steps (as Triton's top-level
+# ensemble caching)
+MEMO = """
+    name: "memo" platform: "ensemble" response_cache { enable: true }
+    input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]
+    output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]
+    ensemble_scheduling { step [ { model_name: "ordered" input_map { key: "INPUT0" value: "IN" }
+                                   output_map { key: "OUTPUT0" value: "OUT" } } ] }
+"""
 # a backend whose instances report memory, as TRITONBACKEND_ModelInstanceReportMemoryUsage
 REPORTER = """
 from inferpool.backends.api import Backend, Model, ModelInstance
@@ -89,6 +98,7 @@ def build(repo: Path) -> None:
         "ordered",
         identity_config("ordered", extra="dynamic_batching { preserve_ordering: true }"),
     )
+    write_model(repo, "memo", MEMO)
     reporter = identity_config("reporter", extra="instance_group [ { count: 2 kind: KIND_CPU } ]")
     reporter = reporter.replace('"identity"', '"reporter"')
     write_model(repo, "reporter", reporter, files={"reporter.py": REPORTER})
@@ -153,6 +163,16 @@ def test_a_hit_is_answered_without_running_the_model(server) -> None:
         s = stats(c, "cached")
         assert s["inference_count"] == 1  # hits are not inferences
         assert s["inference_stats"]["cache_hit"]["ns"] > 0
+
+
+def test_an_ensembles_hit_runs_none_of_its_steps(server) -> None:
+    x = np.arange(3, dtype=np.float32)
+    with server.client() as c:
+        step_before = stats(c, "ordered")["inference_stats"]["success"]["count"]
+        answers = [c.infer("memo", {"IN": x})["OUT"].tolist() for _ in range(3)]
+        assert answers == [x.tolist()] * 3
+        assert counts(c, "memo")[:3] == (3, 2, 1)
+        assert stats(c, "ordered")["inference_stats"]["success"]["count"] == step_before + 1
 
 
 def test_the_key_holds_everything_a_model_can_read(server) -> None:

@@ -147,10 +147,12 @@ def test_requests_during_a_crash_loop_all_get_answers(short_tmp) -> None:
         assert c.statistics()["inflight"] == 0
 
 
-def test_shutdown_answers_requests_that_outlast_the_graceful_timeout(short_tmp) -> None:
+def test_shutdown_answers_requests_that_outlast_the_drain_timeout(short_tmp) -> None:
     write_act_model(short_tmp / "repo", "nap")
     with (
-        Server(short_tmp, short_tmp / "repo", "--graceful-timeout", "1") as server,
+        Server(
+            short_tmp, short_tmp / "repo", "--drain-timeout", "1", "--graceful-timeout", "1"
+        ) as server,
         server.client() as c,
     ):
         run_id = run_id_of(server)
@@ -160,7 +162,9 @@ def test_shutdown_answers_requests_that_outlast_the_graceful_timeout(short_tmp) 
         server.proc.send_signal(signal.SIGTERM)
         header, _ = c._recv(rid, 20)
         assert header["error"]["code"] == "UNAVAILABLE"
-        assert "the server shut down before the request finished" in header["error"]["message"]
+        assert header["error"]["message"] == (
+            "the server drained (received SIGTERM) before the request finished"
+        )
         assert server.stop() == 0  # the stuck worker was killed after its own grace
         assert time.monotonic() - stopping < 10
     assert_run_gone(run_id)

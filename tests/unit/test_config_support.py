@@ -13,10 +13,10 @@ from tritonclient.grpc import model_config_pb2 as pb
 from inferpool.broker.models.config_support import (
     HONORED,
     NEEDS_FLAG,
-    REFUSED,
     ConfigSupport,
     unimplemented,
 )
+from tests.support import EXAMPLES
 
 BASE = """
 name: "m" backend: "identity" max_batch_size: 4
@@ -40,7 +40,11 @@ def base() -> pb.ModelConfig:
 def unhonored_paths(descriptor: Any = pb.ModelConfig.DESCRIPTOR, prefix: str = "") -> list[str]:
     """Every field path of the schema that the server does not implement, at the depth where
     the check names it."""
-    inside = {p.rpartition(".")[0] for p in HONORED | set(NEEDS_FLAG) if "." in p}
+    inside = {
+        ".".join(p.split(".")[:depth])
+        for p in HONORED | set(NEEDS_FLAG)
+        for depth in range(1, p.count(".") + 1)
+    }
     paths = []
     for field in descriptor.fields:
         path = prefix + field.name
@@ -123,9 +127,6 @@ def test_every_unimplemented_field_is_named_at_load(path: str, caplog) -> None:
     assert unimplemented(config) == [path]
     with caplog.at_level(logging.WARNING):
         error = ConfigSupport().check(config)
-    if path in REFUSED:
-        assert error is not None and error.code.value == "UNSUPPORTED"
-        return
     assert error is None
     assert [r.getMessage() for r in caplog.records] == [
         f"model 'm': config field '{path}' is "
@@ -159,3 +160,11 @@ def test_a_response_cache_triton_cannot_keep_fails_the_load(extra: str, words: s
     error = ConfigSupport(cache=True).check(config)
     assert error is not None and error.code.value == "INVALID_ARG"
     assert f"Response Cache does not currently support model m {words}" in error.message
+
+
+def test_an_ensembles_wiring_is_implemented(caplog) -> None:
+    text = (EXAMPLES.parent / "pipeline_repository" / "probabilities" / "config.pbtxt").read_text()
+    config = text_format.Parse(text, pb.ModelConfig())
+    with caplog.at_level(logging.WARNING):
+        assert ConfigSupport().check(config) is None
+    assert caplog.records == []

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from inferpool.backends.python import pb_utils
-from inferpool.wire.errors import Code
+from inferpool.wire.errors import Code, InferpoolError
 from inferpool.wire.worker.messages import MetricFamilyInfo, MetricOp
 
 if TYPE_CHECKING:
@@ -213,8 +213,23 @@ def test_tensor_helpers_and_dlpack() -> None:
     assert pb_utils.triton_to_numpy_type(11) is np.float32
     with pytest.raises(pb_utils.TritonModelException, match="unknown Triton data type 'TYPE_X'"):
         pb_utils.triton_string_to_numpy("TYPE_X")
-    with pytest.raises(pb_utils.TritonModelException, match="is not supported by inferpool"):
-        pb_utils.InferenceRequest(model_name="other", inputs=[], requested_output_names=[])
+    bls = pb_utils.InferenceRequest(
+        model_name=b"other", inputs=[tensor], requested_output_names=["OUT"], parameters={"k": 1}
+    )
+    assert bls.inputs()[0] is tensor and bls.requested_output_names() == ["OUT"]
+    assert bls.parameters() == '{"k": 1}' and bls.correlation_id() == 0
+    with pytest.raises(pb_utils.TritonModelException, match="only supported during the 'execute'"):
+        bls.exec()  # no instance serves in this process
+    for bad, problem in [
+        ({"inputs": [None]}, "should not be empty"),
+        ({"requested_output_names": [""]}, "Requested output name for request"),
+        ({"correlation_id": 1.5}, "Correlation ID must be integer or string"),
+        ({"parameters": {"k": 1.5}}, "Expect parameters values to have type bool/int/str"),
+        ({"parameters": {1: "v"}}, "Expect parameters keys to have type str"),
+    ]:
+        args = {"model_name": "m", "inputs": [], "requested_output_names": [], **bad}
+        with pytest.raises(pb_utils.TritonModelException, match=problem):
+            pb_utils.InferenceRequest(**args)
 
 
 def test_auto_complete_config_completes_the_served_config(models: PythonModels) -> None:
@@ -300,3 +315,22 @@ def test_logger_and_metrics(models: PythonModels, caplog: pytest.LogCaptureFixtu
         ("WARNING", "seen 2", "model.py"),
         ("DEBUG", "verbose detail", "model.py"),
     ]
+
+
+def test_bls_without_a_broker_says_so(models: PythonModels) -> None:
+    model_py = """
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            x = pb_utils.get_input_tensor_by_name(requests[0], "IN")
+            r = pb_utils.InferenceRequest(model_name="other", inputs=[x],
+                                          requested_output_names=["OUT"])
+            r.exec()
+    """
+    model_dir = models.make("m", models.io_config(), {"1/model.py": model_py})
+    with (
+        models.load(model_dir) as h,
+        pytest.raises(InferpoolError, match="BLS calls models a broker serves"),
+    ):
+        h.infer({"IN": np.arange(3, dtype=np.int32)})

@@ -11,6 +11,7 @@ from tritonclient.grpc import model_config_pb2 as pb
 from inferpool.broker.models.queue_policy import FifoQueue, Policy, PriorityQueue, queue_for
 from inferpool.broker.models.registry import ModelVersion
 from inferpool.broker.models.request import PendingRequest
+from inferpool.broker.models.scheduler import Scheduler
 from inferpool.wire.errors import Code, InferpoolError
 from inferpool.wire.worker.messages import Work
 
@@ -97,3 +98,27 @@ def test_fifo_queue_honours_request_timeouts_only_without_dynamic_batching() -> 
     gone: list[int] = []
     plain.expire(1 * MS, lambda r, err: gone.append(r.rid))
     assert gone == [1] and [r.rid for r in plain] == [2] and plain.next_deadline == 0
+
+
+@pytest.mark.parametrize(
+    "batching",
+    [
+        "",
+        "dynamic_batching {}",
+        "dynamic_batching { priority_levels: 2 default_priority_level: 1 }",
+    ],
+)
+def test_a_deadline_the_broker_gave_its_own_request_is_kept(batching: str) -> None:
+    """An ensemble's step comes with its request's deadline: every queue expires it, and a
+    request timeout or a policy can only bring it nearer."""
+    model = ModelVersion("m", 1, config(batching), "/")
+    expired: list[tuple[int, str]] = []
+    scheduler = Scheduler(model, lambda *_: None, lambda r, e: expired.append((r.rid, e.message)))
+    step = request(1)
+    step.deadline_ns = 5 * MS
+    scheduler.enqueue(step, 0)  # no instance: it waits
+    scheduler.expire(4 * MS)
+    assert expired == []
+    scheduler.expire(5 * MS)
+    assert [rid for rid, _ in expired] == [1]
+    assert expired[0][1].startswith("Request timeout expired")

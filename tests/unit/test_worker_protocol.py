@@ -59,6 +59,7 @@ FROM_BROKER = [
     m.Stop(),
     m.RegionGrant("weights-0123abcd", "inferpool-0123456789-shared-weights-0123abcd", True),
     m.RegionGrant("weights-0123abcd", "", False, ERROR),
+    m.Replies(RESULTS),
 ]
 FROM_WORKER = [
     m.Ready({"cpus": [0], "mempolicy": "default"}, {"name": "model", "max_batch_size": 8}, []),
@@ -77,6 +78,9 @@ FROM_WORKER = [
     m.ShareRegion("weights-0123abcd", 1 << 20),
     m.RegionFilled("weights-0123abcd", True),
     m.Unmapped(["cuda/0011aabb/4096", "inferpool-ab12cd34-c7-input"]),
+    m.Call("preprocess", -1, WORK._replace(outputs=[m.WantedOutput("OUTPUT0")]), 5000, False),
+    m.Call("stream", 2, WORK._replace(outputs=[m.WantedOutput("OUT")]), 0, True),
+    m.Release([m.Slot("inferpool-0123456789-out1g0", 4096)]),
 ]
 
 
@@ -136,6 +140,16 @@ def test_records_travel_as_arrays_without_field_names() -> None:
         (b'["ready", [{}]]', "ValueError"),  # a field missing
         (b'["items", [[[1, true]]]]', "ValueError"),  # a result of the wrong arity
         (b'["execute", [[], [], []]]', "ValueError"),
+        (b'["call", ["m", "1", [1, "", 0, 0, {}, [], [], 0, 0], 0, false]]', "wrong types"),
+        (
+            b'["call", ["m", -1, [1, "", 0, 0, {}, [["X", "FP32", ["4"], "r", 0, 4]], [], 0, 0], 0, false]]',
+            "wrong types",
+        ),
+        (
+            b'["call", ["m", -1, [1, "", 0, 0, {}, [], [["Y", ["ref", 0, 4]]], 0, 0], 0, false]]',
+            "wrong types",
+        ),
+        (b'["release", [[["inferpool-0123456789-out0g0", "0"]]]]', "wrong types"),
     ],
 )
 def test_what_is_not_a_message_is_an_internal_error(data: bytes, problem: str) -> None:

@@ -7,11 +7,12 @@ decoders check each record's arity).  Every request crosses the channel twice, s
 here loops over fields in Python.
 
 broker -> worker  Execute (a batch to run), Free (slots and regions it is done with), Stop,
-                  RegionGrant (the answer to ShareRegion)
+                  RegionGrant (the answer to ShareRegion), Replies (responses to its calls)
 worker -> broker  Ready (loaded: its placement and served config), Failed (why it cannot
                   boot), Items (results mid-batch, decoupled models), Done (a batch's last
                   results and its statistics), ShareRegion / RegionFilled (shared regions),
-                  Unmapped (client regions it has closed)
+                  Unmapped (client regions it has closed), Call (a model's inference request
+                  to another model: BLS), Release (reply slots it has finished reading)
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ class Kind(str, enum.Enum):
     SHARE_REGION = "share_region"
     REGION_FILLED = "region_filled"
     UNMAPPED = "unmapped"
+    CALL = "call"
+    REPLIES = "replies"
+    RELEASE = "release"
 
 
 # ---------------------------------------------------------------------------- records
@@ -190,6 +194,13 @@ class RegionGrant(NamedTuple):
     error: ErrorObject | None = None
 
 
+class Replies(NamedTuple):
+    """Responses to the worker's own calls (``Call``): each Result's ``rid`` is the call's
+    ``work.rid``; its outputs lie in other workers' regions, lent until ``Release``."""
+
+    items: Sequence[Result]
+
+
 # ---------------------------------------------------------------------------- worker -> broker
 class Ready(NamedTuple):
     """The model loaded: the placement in force, the config it serves (completed) and the
@@ -241,8 +252,32 @@ class Unmapped(NamedTuple):
     refs: Sequence[str]
 
 
-BrokerMessage = Execute | Free | Stop | RegionGrant
-WorkerMessage = Ready | Failed | Items | Done | ShareRegion | RegionFilled | Unmapped
+class Call(NamedTuple):
+    """A model's inference request to a served model (BLS), made while it executes.
+
+    ``work.rid`` is the worker's own number for the call (its Replies name it), and
+    ``work.inputs`` lie in shared memory the broker's run knows (the arena, output regions,
+    client regions).  ``model_version`` -1 is the highest ready version; ``timeout_us`` 0
+    is none; a ``decoupled`` call accepts any number of responses.
+    """
+
+    model_name: str
+    model_version: int
+    work: Work
+    timeout_us: int
+    decoupled: bool
+
+
+class Release(NamedTuple):
+    """Reply output slots (of Replies) the worker has finished reading."""
+
+    slots: Sequence[Slot]
+
+
+BrokerMessage = Execute | Free | Stop | RegionGrant | Replies
+WorkerMessage = (
+    Ready | Failed | Items | Done | ShareRegion | RegionFilled | Unmapped | Call | Release
+)
 Message = BrokerMessage | WorkerMessage
 
 _KINDS: dict[type, Kind] = {
@@ -257,6 +292,9 @@ _KINDS: dict[type, Kind] = {
     ShareRegion: Kind.SHARE_REGION,
     RegionFilled: Kind.REGION_FILLED,
     Unmapped: Kind.UNMAPPED,
+    Call: Kind.CALL,
+    Replies: Kind.REPLIES,
+    Release: Kind.RELEASE,
 }
 
 
@@ -379,11 +417,55 @@ def _items(body: Sequence[Any]) -> Items:
     return _new(Items, (list(map(_result, items)),))
 
 
+def _replies(body: Sequence[Any]) -> Replies:
+    (items,) = body
+    return _new(Replies, (list(map(_result, items)),))
+
+
+def _call(body: Sequence[Any]) -> Call:
+    """A worker's call, its types checked: the broker acts on every field of it."""
+    model_name, model_version, work, timeout_us, decoupled = body
+    call = _new(Call, (model_name, model_version, _work(work), timeout_us, decoupled))
+    w = call.work
+    if not (
+        _all(str, model_name, w.id)
+        and _all(int, model_version, timeout_us, w.rid, w.flags)
+        and isinstance(decoupled, bool)
+        and isinstance(w.correlation_id, int | str)
+        and isinstance(w.parameters, dict)
+        and all(_all(str, o.name) and o.window is None for o in w.outputs)
+        and all(_tensor_ref(r) for r in w.inputs)
+    ):
+        raise ValueError("a call with fields of the wrong types")
+    return call
+
+
+def _release(body: Sequence[Any]) -> Release:
+    (slots,) = body
+    release = _new(Release, (list(map(_slot, slots)),))
+    if not all(_all(str, s.region) and _all(int, s.offset) for s in release.slots):
+        raise ValueError("a slot with fields of the wrong types")
+    return release
+
+
+def _all(kind: type, *values: Any) -> bool:
+    return all(type(v) is kind for v in values)  # as orjson reads them: a bool is no int
+
+
+def _tensor_ref(ref: TensorRef) -> bool:
+    return (
+        _all(str, ref.name, ref.datatype, ref.region)
+        and _all(int, ref.offset, ref.byte_size, *ref.shape)
+        and isinstance(ref.shape, list)
+    )
+
+
 _FROM_BROKER: dict[str, Callable[[Any], Any]] = {
     Kind.EXECUTE: _execute,
     Kind.FREE: _free,
     Kind.STOP: Stop._make,
     Kind.REGION_GRANT: RegionGrant._make,
+    Kind.REPLIES: _replies,
 }
 _FROM_WORKER: dict[str, Callable[[Any], Any]] = {
     Kind.READY: _ready,
@@ -393,6 +475,8 @@ _FROM_WORKER: dict[str, Callable[[Any], Any]] = {
     Kind.SHARE_REGION: ShareRegion._make,
     Kind.REGION_FILLED: RegionFilled._make,
     Kind.UNMAPPED: Unmapped._make,
+    Kind.CALL: _call,
+    Kind.RELEASE: _release,
 }
 
 

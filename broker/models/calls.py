@@ -1,0 +1,224 @@
+"""Models' calls to other models (BLS): a worker's ``Call`` becomes a request that the broker
+schedules like a client's (dynamic batching included), and its answers go back to the caller
+as ``Replies``.
+
+- The called model must be ready, and a decoupled one needs a decoupled call: otherwise the
+  caller gets Triton's error at once.
+- A reply's outputs stay where the called model wrote them; the caller reads them in place
+  and says when it has finished (``Release``), or its end does.
+- A call with a timeout is answered TIMEOUT once it has passed; what comes later is dropped.
+- No call can deadlock the pool: a call that could only run on instances that are waiting,
+  directly or through other calls, for that very call (a model calling itself with one
+  instance, two models calling each other) is refused at once (``_progresses``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from typing import TYPE_CHECKING, Any
+
+from inferpool.broker.models.internal import make_request
+from inferpool.broker.models.registry import ModelVersion
+from inferpool.broker.models.request import PendingRequest
+from inferpool.broker.pool.handle import WorkerState
+from inferpool.wire.errors import Code, InferpoolError
+from inferpool.wire.worker.messages import Call, Release, Replies, Result
+
+if TYPE_CHECKING:
+    from inferpool.broker.models.manager import Manager, Worker
+
+_GONE = (WorkerState.FAILED, WorkerState.STOPPING, WorkerState.STOPPED)
+_order = itertools.count()  # ties in the deadline heap
+
+
+class _Call:
+    """One call in flight: the request the broker made for it is its sink."""
+
+    def __init__(self, calls: Calls, caller: Worker, call: Call, model: ModelVersion) -> None:
+        self.calls = calls
+        self.caller = caller
+        self.identity = caller.identity  # the process that made it (a respawn is another)
+        self.call_id = call.work.rid
+        self.model = model
+        self.timeout_us = call.timeout_us
+        self.over = False  # answered finally (or its caller is gone)
+
+    def result(self, req: PendingRequest, item: Result) -> None:
+        outputs = self.calls.manager.outputs
+        if self.over or not self.calls.reply(self, item._replace(rid=self.call_id)):
+            for out in item.outputs:
+                outputs.free(out.region, out.offset, held=False)
+            return
+        for out in item.outputs:  # lent to the caller until it releases them
+            outputs.lend(out.region)
+        if item.final:
+            self.calls.ended(self)
+
+    def failed(self, req: PendingRequest, err: InferpoolError) -> None:
+        self.answer(err)
+
+    def answer(self, err: InferpoolError) -> None:
+        """End the call with an error (unless it is over)."""
+        if not self.over:
+            self.calls.reply(self, Result(self.call_id, True, [], None, err.to_wire()))
+            self.calls.ended(self)
+
+
+class Calls:
+    def __init__(self, manager: Manager) -> None:
+        self.manager = manager
+        self.waiting: dict[Worker, dict[int, _Call]] = {}  # caller -> calls not answered
+        self.lent: dict[Worker, dict[tuple[str, int], int]] = {}  # caller -> slots it reads
+        self._deadlines: list[tuple[int, int, _Call]] = []
+
+    # ------------------------------------------------------------------ from workers
+    def call(self, caller: Worker, msg: Call) -> None:
+        """A worker's call: checked, then queued on the called model."""
+        now = time.monotonic_ns()
+        name = msg.model_name
+        try:
+            model = self._model(name, msg.model_version, msg.decoupled)
+        except InferpoolError as err:
+            self._refuse(caller, msg, err)
+            return
+        call = _Call(self, caller, msg, model)
+        self.waiting.setdefault(caller, {})[call.call_id] = call
+        work = msg.work
+        deadline = now + msg.timeout_us * 1000 if msg.timeout_us > 0 else 0
+        try:
+            if not self._progresses(model, frozenset()):
+                raise InferpoolError(
+                    Code.UNAVAILABLE,
+                    f"the call from instance '{caller.name}' of model '{caller.model.name}' "
+                    f"would never run: every instance of model '{name}' is waiting, directly "
+                    "or through other BLS calls, for it to finish (a model that calls itself, "
+                    "or models that call each other, need an instance that is not waiting: "
+                    "raise the instance_group count)",
+                )
+            req = make_request(
+                model,
+                work.inputs,
+                work.outputs,
+                call,
+                request_id=work.id,
+                correlation_id=work.correlation_id,
+                flags=work.flags,
+                parameters=work.parameters,
+                now_ns=now,
+                deadline_ns=deadline,
+            )
+        except InferpoolError as err:
+            self.ended(call)
+            self._refuse(caller, msg, err)
+            return
+        outputs = self.manager.outputs
+        for ref in work.inputs:  # the called worker maps the regions it reads
+            outputs.lend(ref.region)
+        if deadline:
+            heapq.heappush(self._deadlines, (deadline, next(_order), call))
+        self.manager.submit(req, now)
+
+    def release(self, caller: Worker, msg: Release) -> None:
+        """The caller has finished reading lent slots."""
+        lent = self.lent.get(caller, {})
+        outputs = self.manager.outputs
+        for slot in msg.slots:
+            key = (slot.region, slot.offset)
+            count = lent.get(key, 0)
+            if count:
+                lent[key] = count - 1
+                if count == 1:
+                    del lent[key]
+                outputs.free(slot.region, slot.offset, held=False)
+
+    def worker_gone(self, caller: Worker) -> None:
+        """A caller's process ended: its calls are dropped, what it read goes back."""
+        for call in list(self.waiting.pop(caller, {}).values()):
+            call.over = True
+        outputs = self.manager.outputs
+        for (region, offset), count in self.lent.pop(caller, {}).items():
+            for _ in range(count):
+                outputs.free(region, offset, held=False)
+
+    def tick(self, now_ns: int) -> None:
+        """Calls whose timeout has passed are answered TIMEOUT."""
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now_ns:
+            _, _, call = heapq.heappop(deadlines)
+            call.answer(
+                InferpoolError(
+                    Code.TIMEOUT,
+                    f"Request timeout expired: the call to model '{call.model.name}' did not "
+                    f"finish within its timeout of {call.timeout_us} us",
+                )
+            )
+
+    # ------------------------------------------------------------------ replies
+    def reply(self, call: _Call, item: Result) -> bool:
+        """Send ``item`` to the caller; False if the caller is gone."""
+        caller = call.caller
+        if caller.identity != call.identity or caller.channel is None:
+            self.ended(call)
+            return False
+        lent = self.lent.setdefault(caller, {})
+        for out in item.outputs:
+            key = (out.region, out.offset)
+            lent[key] = lent.get(key, 0) + 1
+        caller.exec_started = time.monotonic()  # progress: its execute timeout starts over
+        self.manager.supervisor.send(caller, Replies([item]))
+        return True
+
+    def ended(self, call: _Call) -> None:
+        call.over = True
+        mine = self.waiting.get(call.caller)
+        if mine is not None and mine.get(call.call_id) is call:
+            del mine[call.call_id]
+            if not mine:
+                del self.waiting[call.caller]
+
+    def _refuse(self, caller: Worker, msg: Call, err: InferpoolError) -> None:
+        text = f"Model {msg.model_name} - Error when running inference: {err.message}"
+        error = InferpoolError(err.code, text).to_wire()
+        self.manager.supervisor.send(caller, Replies([Result(msg.work.rid, True, [], None, error)]))
+
+    # ------------------------------------------------------------------ checks
+    def _model(self, name: str, version: int, decoupled: bool) -> ModelVersion:
+        try:
+            model = self.manager.registry.resolve(name, "" if version < 0 else version)
+        except InferpoolError as err:
+            if err.code is Code.INVALID_ARG:
+                raise
+            raise InferpoolError(
+                err.code,
+                f"Failed for execute the inference request. Model '{name}' is not ready.",
+            ) from None
+        if model.decoupled and not decoupled:
+            raise InferpoolError(
+                Code.INVALID_ARG,
+                f"Model {name} is using the decoupled. The current BLS request call doesn't "
+                "support models using the decoupled transaction policy. Please use "
+                "'decoupled=True' argument to the 'exec' or 'async_exec' calls for decoupled "
+                "models.'",
+            )
+        return model
+
+    def _progresses(self, model: ModelVersion, path: frozenset[Any]) -> bool:
+        """Whether a request of ``model`` can run some day: some instance is not waiting for
+        calls, or waits only for calls that can (``path``: instances already waited upon)."""
+        steps = self.manager.ensembles.composing(model)
+        if steps is not None:  # an ensemble runs when each of its steps can
+            return all(self._progresses(step, path) for step in steps)
+        for handle in model.instances:
+            if handle.passive or handle.state in _GONE:
+                continue
+            calls = self.waiting.get(handle) if handle.busy is not None else None
+            if not calls:
+                return True
+            if handle in path:
+                continue
+            inner = path | {handle}
+            if all(self._progresses(c.model, inner) for c in calls.values()):
+                return True
+        return False

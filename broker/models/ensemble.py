@@ -1,0 +1,318 @@
+"""Running an ensemble in the broker, as Triton's ensemble scheduler does.
+
+An ensemble has no workers: each request becomes a *run* of its steps.  A step starts as
+soon as every tensor it reads exists (several steps can be in flight), as a request the
+broker makes itself (models/internal.py) to the step's model and version, scheduled like a
+client's.  A step's outputs stay where its worker wrote them, in that worker's output arena:
+the steps that read them name those slots as inputs (read in place, no copy), and the client
+gets them as any response's outputs (frames, handles, or written into its own region by the
+last step).  Each slot has one owner per step that reads it and one for the response
+(``pool.outputs.share``); it goes back to its worker once all have finished.
+
+A step that fails fails the run: no further step starts, the steps in flight finish, and the
+client gets one error naming the step.  A decoupled step's responses each start the steps
+after it again (Triton's iterations); the ensemble answers once per complete set of outputs.
+A non-decoupled ensemble answers once every step is done.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from inferpool.broker.models.ensemble_config import Plan, Step
+from inferpool.broker.models.internal import make_request
+from inferpool.broker.models.registry import ModelVersion, State, TensorSpec
+from inferpool.broker.models.request import PendingRequest
+from inferpool.broker.models.scheduler import Scheduler
+from inferpool.wire.errors import Code, InferpoolError
+from inferpool.wire.worker.messages import Durations, Result, TensorRef, WantedOutput
+
+if TYPE_CHECKING:
+    from inferpool.broker.models.manager import Manager
+
+log = logging.getLogger("inferpool.ensemble")
+Key = tuple[str, int]  # (ensemble tensor, iteration)
+
+
+class EnsembleScheduler(Scheduler):
+    """An ensemble version's scheduler: nothing queues here, each request runs at once."""
+
+    def __init__(self, model: ModelVersion, plan: Plan, manager: Manager) -> None:
+        super().__init__(model, manager.dispatch, manager.reject)
+        self.plan = plan
+        self.manager = manager
+
+    def enqueue(self, req: PendingRequest, now_ns: int) -> int | None:
+        if req.work.timeout_us:  # its steps inherit the request's timeout
+            req.deadline_ns = now_ns + req.work.timeout_us * 1000
+        _Run(self, req).start(now_ns)
+        return None
+
+    def pump(self, now_ns: int) -> int | None:
+        return None
+
+
+@dataclass(slots=True)
+class _Tensor:
+    ref: TensorRef | None  # None: an optional input the request left out
+    batched: bool  # it has a batch dimension (it came from a batching model or request)
+    owed: int  # owners still to finish: steps reading it, the response
+
+
+class _StepSink:
+    """Where one started step's answers go."""
+
+    def __init__(self, run: _Run, step: Step, iteration: int) -> None:
+        self.run = run
+        self.step = step
+        self.iteration = iteration
+
+    def result(self, req: PendingRequest, item: Result) -> None:
+        self.run.step_result(self, req, item)
+
+    def failed(self, req: PendingRequest, err: InferpoolError) -> None:
+        self.run.step_failed(self, err)
+
+
+class _Run:
+    """One ensemble request: the tensors it has, its steps, its answer."""
+
+    def __init__(self, scheduler: EnsembleScheduler, top: PendingRequest) -> None:
+        self.scheduler = scheduler
+        self.manager = scheduler.manager
+        self.plan = scheduler.plan
+        self.top = top
+        self.tensors: dict[Key, _Tensor] = {}
+        self.iterations: defaultdict[str, int] = defaultdict(int)
+        self.started: set[tuple[int, int]] = set()  # (step index, iteration)
+        self.in_flight = 0
+        self.depth = 0  # > 0 while the run is starting steps (a step may end at once)
+        self.error: InferpoolError | None = None
+        self.ended = False
+        self.wanted = tuple(top.outputs)
+        self.windows = {w.name: w.window for w in top.work.outputs if w.window is not None}
+        self.complete: list[int] = []  # iterations whose outputs are all there, unanswered
+        self.whole: set[int] = set()  # iterations whose outputs have all been there
+        self.queue_ns = 0
+        self.durations = [0, 0, 0]
+
+    # ------------------------------------------------------------------ progress
+    def start(self, now_ns: int) -> None:
+        model = self.scheduler.model
+        given = {ref.name: ref for ref in self.top.work.inputs}
+        batched = model.max_batch_size > 0
+        for name in self.plan.inputs:
+            self._add(name, given.get(name), batched)
+        self._advance([(name, 0) for name in self.plan.inputs], now_ns)
+
+    def step_result(self, sink: _StepSink, req: PendingRequest, item: Result) -> None:
+        outputs = self.manager.outputs
+        step = sink.step
+        if item.error is not None:
+            self._fail(step, InferpoolError.from_wire(item.error))
+        updated: list[Key] = []
+        for out in item.outputs:
+            tensor = step.outputs.get(out.name)
+            if tensor is None or self.error is not None:
+                outputs.free(out.region, out.offset, held=False)
+                continue
+            ref = TensorRef(tensor, out.datatype, out.shape, out.region, out.offset, out.byte_size)
+            updated.append(self._add(tensor, ref, req.model.max_batch_size > 0))
+        if updated:
+            self._advance(updated, time.monotonic_ns())
+        if item.final:
+            if req.dispatched_ns:
+                self.queue_ns += req.dispatched_ns - req.received_ns
+            if item.durations is not None:
+                for i, ns in enumerate(item.durations):
+                    self.durations[i] += ns
+            self._step_over(sink)
+
+    def step_failed(self, sink: _StepSink, err: InferpoolError) -> None:
+        self._fail(sink.step, err)
+        self._step_over(sink)
+
+    def _step_over(self, sink: _StepSink) -> None:
+        self.in_flight -= 1
+        for tensor in set(sink.step.inputs.values()):
+            self._owed((tensor, sink.iteration))
+        self._settle()
+
+    def _advance(self, updated: Sequence[Key], now_ns: int) -> None:
+        """Start every step whose inputs have all arrived; note complete outputs."""
+        plan = self.plan
+        self.depth += 1
+        try:
+            for tensor, k in updated:
+                for i in plan.readers.get(tensor, ()):
+                    if self.error is not None:
+                        return
+                    step = plan.steps[i]
+                    if (i, k) in self.started or any(
+                        (t, k) not in self.tensors for t in step.inputs.values()
+                    ):
+                        continue
+                    self.started.add((i, k))
+                    self._start_step(step, k, now_ns)
+                if tensor in self.wanted and k not in self.whole and self._all_there(k):
+                    self.whole.add(k)
+                    self.complete.append(k)
+            if self.scheduler.model.decoupled:  # answered as they come
+                while self.complete and self.error is None:
+                    self._respond(self.complete.pop(0), final=False)
+        finally:
+            self.depth -= 1
+        self._settle()
+
+    def _start_step(self, step: Step, k: int, now_ns: int) -> None:
+        top = self.top
+        try:
+            model = self.manager.registry.resolve(
+                step.model_name, step.model_version if step.model_version > 0 else ""
+            )
+            inputs = [
+                _as_input(model, name, self.tensors[(tensor, k)])
+                for name, tensor in step.inputs.items()
+                if self.tensors[(tensor, k)].ref is not None
+            ]
+            wanted = [
+                WantedOutput(name, None if model.decoupled else self.windows.get(tensor))
+                for name, tensor in step.outputs.items()
+            ]
+            req = make_request(
+                model,
+                inputs,
+                wanted,
+                _StepSink(self, step, k),
+                request_id=top.work.id,
+                correlation_id=top.work.correlation_id,
+                flags=top.work.flags,
+                parameters=top.work.parameters,
+                now_ns=now_ns,
+                deadline_ns=top.deadline_ns,
+            )
+        except InferpoolError as err:
+            self._fail(step, err)
+            for tensor in set(step.inputs.values()):
+                self._owed((tensor, k))
+            return
+        outputs = self.manager.outputs
+        for ref in inputs:  # the step's worker maps the regions it reads
+            outputs.lend(ref.region)
+        self.in_flight += 1
+        self.manager.submit(req, now_ns)
+
+    # ------------------------------------------------------------------ tensors
+    def _add(self, tensor: str, ref: TensorRef | None, batched: bool) -> Key:
+        k = self.iterations[tensor]
+        self.iterations[tensor] = k + 1
+        owners = len(self.plan.readers.get(tensor, ())) + (tensor in self.wanted)
+        if not owners:  # an output nobody asked for
+            if ref is not None:
+                self.manager.outputs.free(ref.region, ref.offset, held=False)
+            return (tensor, k)
+        self.tensors[(tensor, k)] = _Tensor(ref, batched, owners)
+        if ref is not None:
+            self.manager.outputs.share(ref.region, ref.offset, owners)
+        return (tensor, k)
+
+    def _owed(self, key: Key, freed: bool = True) -> None:
+        """One owner of a tensor has finished (``freed``: its share goes back here)."""
+        entry = self.tensors.get(key)
+        if entry is None:
+            return
+        entry.owed -= 1
+        ref = entry.ref
+        if ref is not None and freed:
+            self.manager.outputs.free(ref.region, ref.offset, held=False)
+        if entry.owed <= 0:
+            del self.tensors[key]
+            if ref is not None:  # the run's own reference
+                self.manager.outputs.free(ref.region, ref.offset, held=False)
+
+    def _all_there(self, k: int) -> bool:
+        return all((name, k) in self.tensors for name in self.wanted)
+
+    # ------------------------------------------------------------------ the answer
+    def _respond(self, k: int, final: bool) -> None:
+        """Answer with iteration ``k``'s outputs; the responder frees their shares."""
+        model = self.scheduler.model
+        outs = []
+        for name in self.wanted:
+            entry = self.tensors[(name, k)]
+            if entry.ref is not None:
+                spec = model.outputs[name]
+                shape = _reshape(spec, model.max_batch_size > 0, entry.batched, entry.ref.shape)
+                outs.append(entry.ref._replace(shape=list(shape)))
+        durations = Durations(*self.durations) if final else None
+        if self.top.rid in self.manager.inflight:
+            self.manager.respond(self.top, Result(self.top.rid, final, outs, None, None, durations))
+        else:  # the request was answered already (the server is stopping): drop the outputs
+            for out in outs:
+                self.manager.outputs.free(out.region, out.offset, held=False)
+        for name in self.wanted:
+            self._owed((name, k), freed=False)
+
+    def _fail(self, step: Step, err: InferpoolError) -> None:
+        if self.error is None:
+            self.error = InferpoolError(
+                err.code,
+                f"in ensemble '{self.plan.name}', step {step.index} (model '{step.model_name}') "
+                f"failed: {err.message}",
+            )
+
+    def _settle(self) -> None:
+        if self.depth or self.in_flight or self.ended:
+            return
+        self.ended = True
+        top, manager, model = self.top, self.manager, self.scheduler.model
+        if self.error is None and not model.decoupled and not self.complete:
+            self.error = InferpoolError(
+                Code.INVALID_ARG,
+                f"in ensemble '{self.plan.name}', unexpected deadlock, at least one output is "
+                "not set while no more ensemble steps can be made",
+            )
+        if self.error is not None:
+            if top.rid in manager.inflight:
+                manager.reject(top, self.error)
+        else:
+            model.stats.queue.add(self.queue_ns)
+            model.stats.batch_done(top.batch_size, Durations(*self.durations))
+            if self.complete:
+                self._respond(self.complete.pop(0), final=True)
+            elif top.rid in manager.inflight:  # a decoupled ensemble's last word
+                manager.respond(
+                    top, Result(top.rid, True, [], None, None, Durations(*self.durations))
+                )
+        for key in list(self.tensors):  # what failed steps never read, an unsent answer
+            while key in self.tensors:
+                self._owed(key)
+        if model.state is State.UNLOADING:
+            manager.version_idle(model)
+
+
+def _as_input(model: ModelVersion, name: str, entry: _Tensor) -> TensorRef:
+    """A tensor as the step model's input ``name``, its batch dimension added or removed
+    where one side batches and the other does not (Triton's ReshapeTensorDims)."""
+    ref = entry.ref
+    assert ref is not None
+    spec = model.inputs.get(name)
+    shape = ref.shape
+    if spec is not None:
+        shape = _reshape(spec, model.max_batch_size > 0, entry.batched, shape)
+    return TensorRef(name, ref.datatype, list(shape), ref.region, ref.offset, ref.byte_size)
+
+
+def _reshape(
+    spec: TensorSpec, batching: bool, batched: bool, shape: Sequence[int]
+) -> Sequence[int]:
+    if batching and not batched and spec.matches(tuple(shape)):
+        return (1, *shape)
+    if not batching and batched and not spec.matches(tuple(shape)) and shape and shape[0] == 1:
+        return shape[1:]
+    return shape

@@ -1,0 +1,188 @@
+"""The ensembles the manager serves, and their readiness as their composing models come and go.
+
+As in Triton, an ensemble is ready only while every model its steps name has the version
+the step asks for ready, and only once their served configurations fit its wiring
+(``ensemble_config.check_composing``).  Loading an ensemble loads the composing models that
+are in the repository but not loaded; unloading one of them makes the ensemble UNAVAILABLE
+(Triton's "depends on ... which has no loaded version."), and loading it again makes the
+ensemble READY again.  :meth:`Ensembles.refresh` runs with the broker's housekeeping.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from tritonclient.grpc import model_config_pb2 as pb
+
+from inferpool.broker.models import repository
+from inferpool.broker.models.ensemble import EnsembleScheduler
+from inferpool.broker.models.ensemble_config import check_composing, plan
+from inferpool.broker.models.registry import ModelRecord, ModelVersion, State
+from inferpool.wire.errors import InferpoolError, invalid_arg
+
+if TYPE_CHECKING:
+    from inferpool.broker.models.manager import Manager
+
+log = logging.getLogger("inferpool.ensemble")
+
+
+class _Waiting(Exception):
+    """A composing model is still loading: a loading ensemble waits, a ready one is not."""
+
+
+class Ensembles:
+    def __init__(self, manager: Manager) -> None:
+        self.manager = manager
+
+    def scheduler(self, mv: ModelVersion) -> EnsembleScheduler:
+        """The scheduler of an ensemble version (its config was checked when read)."""
+        return EnsembleScheduler(mv, plan(mv.config), self.manager)
+
+    def composing(self, mv: ModelVersion) -> list[ModelVersion] | None:
+        """The versions an ensemble's steps run on now; None for a model that is not one."""
+        scheduler = mv.scheduler
+        if not isinstance(scheduler, EnsembleScheduler):
+            return None
+        found = []
+        for step in scheduler.plan.steps:
+            version = step.model_version if step.model_version > 0 else ""
+            try:
+                found.append(self.manager.registry.resolve(step.model_name, version))
+            except InferpoolError:
+                continue
+        return found
+
+    # ------------------------------------------------------------------ readiness
+    def refresh(self) -> None:
+        """Bring every ensemble version's state up to date with its composing models."""
+        manager = self.manager
+        records = [*manager.registry.records.values(), *manager.pending.values()]
+        for record in records:
+            for mv in record.versions.values():
+                if isinstance(mv.scheduler, EnsembleScheduler) and mv.state is not State.UNLOADING:
+                    self._update(record, mv, mv.scheduler)
+
+    def _update(self, record: ModelRecord, mv: ModelVersion, scheduler: EnsembleScheduler) -> None:
+        loading = mv.state is State.LOADING
+        try:
+            configs = self._composing_configs(mv, scheduler, loading)
+            decoupled = check_composing(scheduler.plan, mv.repository_config, configs)
+        except _Waiting as waiting:
+            if loading:
+                return
+            state, reason = State.UNAVAILABLE, str(waiting)
+        except InferpoolError as err:
+            state, reason = State.UNAVAILABLE, err.message
+        else:
+            state, reason = State.READY, ""
+            if decoupled != mv.decoupled:
+                config = pb.ModelConfig()
+                config.CopyFrom(mv.repository_config)
+                config.model_transaction_policy.decoupled = decoupled
+                mv.use_config(config)
+        if (state, reason) == (mv.state, mv.reason):
+            return
+        mv.set_state(state, reason)
+        if state is State.READY:
+            log.info("ensemble %s is READY", mv.label)
+        else:
+            log.error("ensemble %s is UNAVAILABLE: %s", mv.label, reason)
+        if loading:
+            self.manager.check_loaded(record.name)
+
+    def _composing_configs(
+        self, mv: ModelVersion, scheduler: EnsembleScheduler, loading: bool
+    ) -> dict[str, pb.ModelConfig]:
+        """The served config of each composing model, or why the ensemble cannot run."""
+        name = mv.name
+        cycle = self._cycle(name, scheduler, [name])
+        if cycle:
+            raise invalid_arg(
+                f"circular dependency between ensembles: {name} -> ... -> {cycle[-1]} -> {name}"
+            )
+        manager = self.manager
+        configs: dict[str, pb.ModelConfig] = {}
+        missing: list[str] = []
+        waiting = ""
+        for step in scheduler.plan.steps:
+            dep = step.model_name
+            record = manager.registry.records.get(dep)
+            if record is None:
+                if dep not in repository.list_models(manager.repository):
+                    missing.append(dep)
+                elif loading and dep not in manager.pending:
+                    manager.load(dep)  # Triton loads what an ensemble it loads needs
+                    waiting = dep
+                else:
+                    raise _no_version(name, dep)
+                continue
+            version = self._version_of(name, dep, record, step.model_version)
+            if version is None:
+                waiting = dep
+            else:
+                configs[dep] = version.config
+        if missing:
+            raise invalid_arg(
+                f"ensemble {name} contains models that are not available or ambiguous: "
+                f"{', '.join(sorted(set(missing)))}"
+            )
+        if waiting:
+            raise _Waiting(_no_version(name, waiting).message)
+        return configs
+
+    @staticmethod
+    def _version_of(
+        ensemble: str, dep: str, record: ModelRecord, wanted: int
+    ) -> ModelVersion | None:
+        """The version of ``dep`` a step runs on; None while it is still loading."""
+        if record.error is not None and not record.versions:
+            raise invalid_arg(
+                f"ensemble '{ensemble}' depends on '{dep}' which is not valid. Model '{dep}' "
+                f"failed with error: {record.error.message}"
+            )
+        ready = record.ready_versions()
+        if wanted > 0:
+            version = record.versions.get(wanted)
+            if version is not None and version.state is State.READY:
+                return version
+            if version is not None and version.state is State.LOADING:
+                return None
+            raise invalid_arg(
+                f"ensemble '{ensemble}' depends on '{dep}' whose required version {wanted} is "
+                "not loaded."
+            )
+        if ready:
+            return ready[-1]
+        if any(v.state is State.LOADING for v in record.versions.values()):
+            return None
+        reasons = "; ".join(v.reason for v in record.versions.values() if v.reason)
+        failed = f" Model '{dep}' loading failed with error: {reasons}" if reasons else ""
+        raise invalid_arg(_no_version(ensemble, dep).message + failed)
+
+    def _cycle(self, start: str, scheduler: EnsembleScheduler, path: list[str]) -> list[str]:
+        """The ensembles from ``start`` back to itself through its steps, if any."""
+        records = self.manager.registry.records
+        for dep in scheduler.plan.models():
+            if dep == start:
+                return path
+            if dep in path:
+                continue
+            record = records.get(dep)
+            inner = next(
+                (
+                    v.scheduler
+                    for v in (record.versions.values() if record else ())
+                    if isinstance(v.scheduler, EnsembleScheduler)
+                ),
+                None,
+            )
+            if inner is not None:
+                found = self._cycle(start, inner, [*path, dep])
+                if found:
+                    return found
+        return []
+
+
+def _no_version(ensemble: str, dep: str) -> InferpoolError:
+    return invalid_arg(f"ensemble '{ensemble}' depends on '{dep}' which has no loaded version.")

@@ -1,0 +1,142 @@
+"""Requests the broker makes itself: an ensemble's steps and a model's calls (BLS).
+
+Their inputs already lie in shared memory (TensorRefs) and their answers go to a Sink, not
+to a client.  Making one is checking those tensors against the called model as admission
+checks a client's request, in the same words.  Their rids are negative, so they never meet
+a client request's in the manager's in-flight table.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from inferpool.broker.models.registry import ModelVersion
+from inferpool.broker.models.request import PendingRequest, Sink
+from inferpool.wire import codec
+from inferpool.wire.errors import invalid_arg
+from inferpool.wire.worker.messages import (
+    BATCH_BYTES,
+    CorrelationId,
+    Parameters,
+    TensorRef,
+    WantedOutput,
+    Work,
+    record_size,
+)
+
+_rids = itertools.count(-1, -1)
+
+
+def make_request(
+    model: ModelVersion,
+    inputs: Sequence[TensorRef],
+    outputs: Sequence[WantedOutput],
+    sink: Sink,
+    *,
+    request_id: str,
+    correlation_id: CorrelationId,
+    flags: int,
+    parameters: Parameters,
+    now_ns: int,
+    deadline_ns: int = 0,
+) -> PendingRequest:
+    """A request of ``model`` whose answers go to ``sink``; INVALID_ARG (Triton's words)
+    for inputs or outputs the model does not take."""
+    batch = _check_inputs(model, inputs)
+    if not outputs:
+        outputs = model.default_work_outputs
+    for out in outputs:
+        if out.name not in model.outputs:
+            raise invalid_arg(f"unexpected inference output '{out.name}' for model '{model.name}'")
+    rid = next(_rids)
+    work = Work(
+        rid,
+        request_id,
+        correlation_id,
+        flags,
+        parameters,
+        list(inputs),
+        list(outputs),
+        model.default_priority,  # the called model's default level (models.queue_policy)
+    )
+    size = record_size(work)  # the batchers keep a batch within one message (front.limits)
+    if size > BATCH_BYTES:
+        raise invalid_arg(
+            f"request for model '{model.name}' is {size} bytes as its worker would receive it; "
+            f"at most {BATCH_BYTES} bytes are allowed"
+        )
+    return PendingRequest(
+        rid=rid,
+        envelope=[],
+        client_id=request_id,
+        model=model,
+        work=work,
+        slots=[],
+        outputs={out.name: {} for out in outputs},
+        batch_size=batch or 1,
+        received_ns=now_ns,
+        deadline_ns=deadline_ns,
+        sink=sink,
+        wire_bytes=size,
+    )
+
+
+def _check_inputs(model: ModelVersion, inputs: Sequence[TensorRef]) -> int:
+    """The request's batch size (0 for a model that does not batch)."""
+    name = model.name
+    limit = model.max_batch_size
+    batch = 0
+    seen: set[str] = set()
+    for ref in inputs:
+        spec = model.inputs.get(ref.name)
+        if spec is None:
+            raise invalid_arg(f"unexpected inference input '{ref.name}' for model '{name}'")
+        if ref.name in seen:
+            raise invalid_arg(f"input '{ref.name}' is given more than once for model '{name}'")
+        seen.add(ref.name)
+        if ref.datatype != spec.datatype:
+            raise invalid_arg(
+                f"inference input '{ref.name}' data-type is '{ref.datatype}', but model "
+                f"'{name}' expects '{spec.datatype}'"
+            )
+        shape = tuple(ref.shape)
+        inner = shape
+        if limit > 0:
+            if not shape or shape[0] < 1 or shape[0] > limit:
+                raise invalid_arg(f"inference request batch-size must be <= {limit} for '{name}'")
+            if batch and shape[0] != batch:
+                raise invalid_arg(
+                    f"input '{ref.name}' batch size {shape[0]} does not match the other inputs' "
+                    f"batch size {batch} for model '{name}'"
+                )
+            batch, inner = shape[0], shape[1:]
+        if not spec.matches(inner):
+            expected = ([-1] if limit > 0 else []) + list(spec.dims)
+            raise invalid_arg(
+                f"unexpected shape for input '{ref.name}' for model '{name}'. Expected "
+                f"{_dims(expected)}, got {_dims(shape)}"
+            )
+        if spec.itemsize and spec.itemsize * codec.element_count(shape) != ref.byte_size:
+            raise invalid_arg(
+                f"input byte size mismatch for input '{ref.name}' for model '{name}'. Expected "
+                f"{spec.itemsize * codec.element_count(shape)}, got {ref.byte_size}"
+            )
+    check_required(model, seen)
+    return batch
+
+
+def check_required(model: ModelVersion, seen: set[str]) -> None:
+    """INVALID_ARG in Triton's words if a required input of ``model`` is not in ``seen``
+    (admission checks a client's request with it too)."""
+    missing = model.required - seen
+    if missing:
+        raise invalid_arg(
+            f"expected {len(model.required)} inputs but got {len(seen)} inputs for model "
+            f"'{model.name}'. Got input(s) {sorted(seen)}, but missing required input(s) "
+            f"{sorted(missing)}. Please provide all required input(s)."
+        )
+
+
+def _dims(shape: Sequence[int]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
