@@ -10,6 +10,7 @@ client must not be told its outputs are there before they are.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -112,11 +113,11 @@ class Response:
         """
         if datatype == "BYTES":
             raise invalid_arg(f"output '{name}': use set_output() for BYTES tensors")
-        shape = tuple(int(d) for d in shape)
+        shape = tuple(map(int, shape))
         dtype = codec.numpy_dtype(datatype)
-        count = codec.element_count(shape)
+        count = math.prod(shape)
         buf = self._place(name, datatype, shape, dtype.itemsize * count)
-        if hasattr(buf, "__cuda_array_interface__"):
+        if type(buf) is not memoryview and hasattr(buf, "__cuda_array_interface__"):
             return buf.view(dtype).reshape(shape)
         return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
 
@@ -151,9 +152,10 @@ class Response:
         requested = self._request.requested_outputs.get(name)
         region, offset, buf = self._request._memory.allocate(requested, nbytes)
         self.outputs[name] = OutputTensor(name, datatype, tuple(shape), region, offset, nbytes)
-        device = codec.device_of(buf)
-        if device is not None:
-            self.devices.add(device)
+        if type(buf) is not memoryview:  # host memory comes as a memoryview: no device
+            device = codec.device_of(buf)
+            if device is not None:
+                self.devices.add(device)
         return buf
 
     def discard(self) -> None:
@@ -331,7 +333,9 @@ def copy_into(dst: Any, src: Any) -> None:
     Copies between host and device block; a copy from device to device is queued on the
     device, and the response waits for it before it leaves.
     """
-    if isinstance(dst, np.ndarray):
+    if type(src) is np.ndarray and type(dst) is np.ndarray:  # the common case: host to host
+        np.copyto(dst, src, casting="same_kind")
+    elif isinstance(dst, np.ndarray):
         same = codec.device_of(src) is not None and (src.dtype, src.shape) == (dst.dtype, dst.shape)
         if same and callable(getattr(src, "get", None)):
             src.get(out=dst)  # cupy: device -> host, straight into place (blocks)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import enum
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from inferpool.broker.front.readiness import Readiness
@@ -51,6 +52,7 @@ class Drain:
         self.delay = delay
         self.timeout = timeout
         self.phase = Phase.SERVING
+        self.admissions_end: list[Callable[[str], None]] = []  # told why, when they end
         self._admit_until = 0.0
         self._deadline = 0.0
 
@@ -93,6 +95,8 @@ class Drain:
                 return False
             self.readiness.admitting = False
             self.phase = Phase.DRAINING
+            for told in self.admissions_end:
+                told(self.readiness.draining)
             self._deadline = now + self.timeout
             log.info("admissions stopped; %d request(s) in flight", len(self.manager.inflight))
         manager = self.manager

@@ -34,6 +34,7 @@ class ServerOptions:
     prefault: int = 4 * MiB  # of the arena and of each output region, populated at start
     max_client_shm: int = 1024 * MiB  # server-made regions per client
     lease_timeout: float = 60.0  # seconds a client holding leases may stay silent
+    lane_spin_us: int = 100  # how long a worker spins for a lane's next request; 0: never
     # models
     model_control_mode: str = "none"  # "none", "explicit" or "poll"
     load_models: tuple[str, ...] = ()

@@ -25,6 +25,8 @@ from inferpool.broker.endpoints import listen, open_run
 from inferpool.broker.front.control import Control
 from inferpool.broker.front.handles import Handles
 from inferpool.broker.front.inference import Inference
+from inferpool.broker.front.lanes import EXTENSIONS as LANE_EXTENSIONS
+from inferpool.broker.front.lanes import Lanes
 from inferpool.broker.front.load_metrics import Utilisation
 from inferpool.broker.front.metrics import BrokerCollector, MetricsEndpoint
 from inferpool.broker.front.readiness import Readiness
@@ -52,7 +54,7 @@ from inferpool.shm.cancel_flags import CancelFlags
 from inferpool.shm.leases import LeaseTable
 from inferpool.shm.runs import region_name
 from inferpool.wire.errors import InferpoolError
-from inferpool.wire.worker.messages import Unmapped
+from inferpool.wire.worker.messages import LaneClosed, LaneStats, Unmapped
 from inferpool.wire.zmqio import NOBLOCK, recv_frames
 
 log = logging.getLogger("inferpool.broker")
@@ -148,6 +150,20 @@ class Broker:
                 cancellation.client_gone,
             )
             stack.callback(self.shm.close)  # its socket monitor must go before the context
+            self.lanes = lanes = Lanes(
+                run_id,
+                self.registry,
+                registrations,
+                supervisor,
+                self.shm.track,
+                opts.lane_spin_us,
+                rate_limited=opts.rate_limit != "off",
+            )
+            stack.callback(lanes.close)
+            self.drain.admissions_end.append(lanes.draining)
+            manager.lanes = lanes
+            self.shm.gone.append(lanes.client_gone)
+            registrations.ended = lanes.region_ended
             inference = Inference(
                 self.readiness,
                 self.registry,
@@ -165,7 +181,7 @@ class Broker:
                 responder=self.responder,
                 arena=arena,
                 run_id=run_id,
-                extensions=EXTENSIONS,
+                extensions=(*EXTENSIONS, *LANE_EXTENSIONS),
                 explicit=opts.explicit,
                 resources=lambda: {
                     "arena_slots": arena.allocator.used_blocks,
@@ -174,6 +190,7 @@ class Broker:
                     "leases": len(handles.leases),
                     "registrations": len(registrations),
                     "inflight": len(manager.inflight),
+                    "lanes": len(lanes.lanes),
                 },
             )
             self.router = Router(
@@ -183,6 +200,7 @@ class Broker:
                     inference.handlers(),
                     self.shm.handlers(),
                     self.drain.handlers(),
+                    lanes.handlers(),
                 ],
                 self.shm.arrived,
             )
@@ -191,7 +209,7 @@ class Broker:
             if opts.metrics_port:
                 self.utilisation = Utilisation(supervisor)
                 collector = BrokerCollector(
-                    self.registry, manager, supervisor, arena, self.utilisation
+                    self.registry, manager, supervisor, arena, self.utilisation, lanes
                 )
                 self.metrics = MetricsEndpoint(
                     collector, ctx, opts.metrics_address, opts.metrics_port
@@ -324,6 +342,12 @@ class Broker:
             self.supervisor.close_channel(handle)
         elif isinstance(msg, Unmapped):  # a CUDA unregister may be waiting for it
             self.registrations.unmapped(handle.identity, msg.refs)
+        elif isinstance(msg, LaneStats):
+            self.lanes.worker_stats(handle, msg)
+            if msg.metrics is not None:
+                self.manager.metrics.apply(msg.metrics)
+        elif isinstance(msg, LaneClosed):
+            self.lanes.worker_closed(handle, msg)
         elif msg:
             self.manager.worker_message(handle, msg)
 

@@ -11,7 +11,11 @@
 A ShmClient is a :class:`client.Client` (control and metadata calls, frame inference) over
 a :class:`~inferpool.client.shm_core.ShmSession`: an input region the server made for it,
 output handles and their leases.  A thread sends the keep-alives the session asks for, on a
-socket of its own, so a client that holds leases and is quiet keeps them.
+socket of its own, so a client that holds leases or lanes and is quiet keeps them.
+
+With ``lane=True`` (or after ``client.lane(model)``) requests go through a lane straight to
+the model's worker (client.lane) instead of through the broker, falling back to the broker
+path when the lane ends.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 
 import zmq
 
+from inferpool.client.lane import Lane, LaneRevoked
 from inferpool.client.shm_base import DEFAULT_INPUT_BYTES, ShmBase
 from inferpool.client.shm_core import ShmSession
 from inferpool.client.shm_request import ShmRequest, ShmResult
@@ -51,15 +56,46 @@ class ShmClient(ShmBase, Client):
 
     # ------------------------------------------------------------------ inference
     def run(self, request: ShmRequest, timeout: float | None = None) -> ShmResult:
-        """Send ``request`` (with any queued lease releases) and wait for its result."""
+        """Send ``request`` (with any queued lease releases) and wait for its result: on
+        the model's lane if there is one, else through the broker."""
         if not request.resolved:
             self.control(self.session.describe(request), timeout)
+        lane = self._lane_for(request)
+        if lane is not None:
+            body = lane.body(request)
+            if body is not None:
+                try:
+                    return lane.result(lane.post(body), self._core.limit(timeout))
+                except LaneRevoked:
+                    self.session.lanes.lost(lane)  # it never ran: the broker path takes it
         return self._run(self.session.run(request, timeout))
 
+    def lane(self, model: str, version: str | int = "") -> Lane:
+        """Open a lane to ``model`` (or return the open one): its requests go through it
+        from now on.  UNSUPPORTED for a model lanes do not serve (docs/PROTOCOL.md)."""
+        lane = self.session.lanes.reuse(model, version)
+        return lane or self.control(self.session.lanes.open(model, version))
+
+    def close_lane(self, model: str, version: str | int = "") -> None:
+        """Close the lane to ``model``: its requests take the broker path again."""
+        self.control(self.session.lanes.close_lane(model, version))
+
+    def _lane_for(self, request: ShmRequest) -> Lane | None:
+        book = self.session.lanes
+        lane = book.lane_for(request)
+        if lane is None and book.should_open(request):
+            try:
+                lane = self.control(book.open(request.model, request.version))
+            except InferpoolError as err:
+                book.refused(request.model, request.version, err)
+        return lane
+
     def flush(self) -> int:
-        """Release queued leases now instead of with the next request."""
+        """Release queued leases now instead of with the next request (lanes' too)."""
+        lanes = [lane for lane in self.session.lanes.lanes.values() if lane.usable]
+        count = sum(lane.flush(self.timeout) for lane in lanes)
         exchange = self.session.flush()
-        return 0 if exchange is None else self._run(exchange)
+        return count + (0 if exchange is None else self._run(exchange))
 
     def lease_status(self) -> dict[str, Any]:
         return self.call("lease_status")

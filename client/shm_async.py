@@ -9,7 +9,8 @@
 An :class:`~inferpool.client.aio.AsyncClient` over a
 :class:`~inferpool.client.shm_core.ShmSession`, as ShmClient is a Client over one; its
 input region is made by ``start()`` (``async with`` calls it), and a task sends the
-keep-alives the session asks for.
+keep-alives the session asks for.  With ``lane=True`` (or after ``await c.lane(model)``)
+requests go through lanes (client.lane_async), many in flight on each.
 """
 
 from __future__ import annotations
@@ -19,16 +20,22 @@ import contextlib
 from typing import Any
 
 from inferpool.client.aio import AsyncClient
+from inferpool.client.lane import RELEASE_ONLY, Lane, LaneRevoked
+from inferpool.client.lane_async import AsyncLane
 from inferpool.client.shm_base import ShmBase
 from inferpool.client.shm_core import CLOSE_TIMEOUT
 from inferpool.client.shm_request import ShmRequest, ShmResult
 from inferpool.wire.errors import InferpoolError
+from inferpool.wire.lane import FLAG_RELEASE_ONLY
 
 
 class AsyncShmClient(ShmBase, AsyncClient):
+    LANE_SLOTS = 8
+
     def _setup(self) -> None:
         super()._setup()
         self._keeper: asyncio.Task[None] | None = None
+        self._opening: dict[tuple[str, str], asyncio.Future[Lane]] = {}
 
     async def start(self) -> AsyncShmClient:
         """Create the input region, start the keep-alives."""
@@ -44,15 +51,68 @@ class AsyncShmClient(ShmBase, AsyncClient):
 
     # ------------------------------------------------------------------ inference
     async def run(self, request: ShmRequest, timeout: float | None = None) -> ShmResult:
-        """Send ``request`` (with any queued lease releases) and wait for its result."""
+        """Send ``request`` (with any queued lease releases) and wait for its result: on
+        the model's lane if there is one, else through the broker."""
         if not request.resolved:
             await self.control(self.session.describe(request), timeout)
+        lane = await self._lane_for(request)
+        if lane is not None:
+            body = lane.body(request)
+            if body is not None:
+                try:
+                    return await self._async_lane(lane).run(body, self._core.limit(timeout))
+                except LaneRevoked:
+                    self.session.lanes.lost(lane)  # it never ran: the broker path takes it
         return await self._run(self.session.run(request, timeout))
 
+    async def lane(self, model: str, version: str | int = "") -> Lane:
+        """Open a lane to ``model`` (or return the open one): its requests go through it
+        from now on.  UNSUPPORTED for a model lanes do not serve (docs/PROTOCOL.md)."""
+        lane = self.session.lanes.reuse(model, version)
+        return lane or await self._open_lane(model, str(version))
+
+    async def close_lane(self, model: str, version: str | int = "") -> None:
+        """Close the lane to ``model``: its requests take the broker path again."""
+        await self.control(self.session.lanes.close_lane(model, version))
+
+    async def _lane_for(self, request: ShmRequest) -> Lane | None:
+        book = self.session.lanes
+        lane = book.lane_for(request)
+        if lane is None and book.should_open(request):
+            try:
+                lane = await self._open_lane(request.model, request.version)
+            except InferpoolError as err:
+                book.refused(request.model, request.version, err)
+        return lane
+
+    async def _open_lane(self, model: str, version: str) -> Lane:
+        """One open_lane per model at a time, however many callers ask at once."""
+        key = (model, version)
+        opening = self._opening.get(key)
+        if opening is None:
+            opening = asyncio.ensure_future(self.control(self.session.lanes.open(model, version)))
+            self._opening[key] = opening
+            opening.add_done_callback(lambda _f: self._opening.pop(key, None))
+        return await asyncio.shield(opening)
+
+    @staticmethod
+    def _async_lane(lane: Lane) -> AsyncLane:
+        if lane.waiter is None:
+            lane.waiter = AsyncLane(lane, asyncio.get_running_loop())
+            lane.closers.append(lane.waiter.close)
+        waiter: AsyncLane = lane.waiter
+        return waiter
+
     async def flush(self) -> int:
-        """Release queued leases now instead of with the next request."""
+        """Release queued leases now instead of with the next request (lanes' too)."""
+        count = 0
+        for lane in [la for la in self.session.lanes.lanes.values() if la.usable]:
+            count += len(lane.releases)
+            while lane.releases:
+                waiter = self._async_lane(lane)
+                (await waiter.run(RELEASE_ONLY, self.timeout, FLAG_RELEASE_ONLY)).release()
         exchange = self.session.flush()
-        return 0 if exchange is None else await self._run(exchange)
+        return count + (0 if exchange is None else await self._run(exchange))
 
     async def lease_status(self) -> dict[str, Any]:
         return await self.call("lease_status")

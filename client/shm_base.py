@@ -15,6 +15,7 @@ from inferpool.client.shm_core import ShmSession
 from inferpool.client.shm_request import ShmRequest
 
 DEFAULT_INPUT_BYTES = 64 << 20
+DEFAULT_LANE_SPIN_US = 100
 
 
 class ShmBase(Connection):
@@ -28,17 +29,27 @@ class ShmBase(Connection):
         input_bytes: int = DEFAULT_INPUT_BYTES,
         keepalive: bool = True,
         context: zmq.Context[Any] | None = None,
+        lane: bool = False,
+        lane_spin_us: int = DEFAULT_LANE_SPIN_US,
+        lane_slots: int = 0,
     ) -> None:
         """``input_bytes``: size of the input region the server creates for this client
         (0: none, for callers that only read outputs as handles); ``keepalive``: keep the
-        leases of a quiet client (on by default)."""
+        leases of a quiet client (on by default); ``lane``: run every request through a
+        lane to its model's worker where the server grants one (docs/PROTOCOL.md, lanes);
+        ``lane_spin_us``: how long a lane's wait spins before it sleeps, when this process
+        and the worker are pinned to different cores (0: never); ``lane_slots``: requests
+        one lane holds in flight (default: 1 for ShmClient, 8 for AsyncShmClient)."""
         self.routing_id = b"shm." + secrets.token_bytes(12)  # names it in keep-alives
         self._input_bytes = input_bytes
         self._keepalive = keepalive
+        self._lane = (lane, max(0, lane_spin_us), lane_slots or self.LANE_SLOTS)
         super().__init__(endpoint, timeout=timeout, context=context, routing_id=self.routing_id)
 
+    LANE_SLOTS = 1
+
     def _new_core(self, endpoint: str, timeout: float) -> ClientCore:
-        self.session = ShmSession(endpoint, timeout)
+        self.session = ShmSession(endpoint, timeout, *self._lane)
         return self.session
 
     def request(

@@ -19,11 +19,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from inferpool.client.control import Call
 from inferpool.client.core import ClientCore, Exchange, Header, Message
-from inferpool.client.shm_request import INPUT_REGION, ShmRequest, ShmResult
+from inferpool.client.lane_book import LaneBook
+from inferpool.client.shm_request import INPUT_REGION, ShmRequest, ShmResult, output_view
 from inferpool.shm.arena import Allocator, ArenaFull
 from inferpool.shm.refs import posix_name
 from inferpool.shm.region import Region, RegionCache
@@ -46,7 +45,16 @@ class Window:
 
 
 class ShmSession(ClientCore):
-    def __init__(self, endpoint: str, timeout: float) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        timeout: float,
+        lane: bool = False,
+        lane_spin_us: int = 0,
+        lane_slots: int = 0,
+    ) -> None:
+        """``lane``: a lane (client.lane) to every model it runs; ``lane_spin_us``: how long
+        a lane's wait spins; ``lane_slots``: how many requests one lane holds in flight."""
         super().__init__(endpoint, timeout)
         self.region: Region | None = None
         self.allocator: Allocator | None = None
@@ -59,6 +67,7 @@ class ShmSession(ClientCore):
         self._next_sweep = time.monotonic() + SWEEP_S
         self._interval = 0.0  # between keep-alives: a third of the lease timeout; 0: ask it
         self._heard = time.monotonic()  # when the server last heard from this client
+        self.lanes = LaneBook(self, lane, lane_spin_us, lane_slots or 1)
 
     # ------------------------------------------------------------------ the input region
     def create_inputs(self, byte_size: int) -> Call[None]:
@@ -167,7 +176,7 @@ class ShmSession(ClientCore):
                     raise InferpoolError(Code.INTERNAL, f"output '{name}' has no frame")
                 buf, offset = frame.buffer if hasattr(frame, "buffer") else frame, 0
                 nbytes = memoryview(buf).nbytes
-            outputs[name] = _view(buf, offset, nbytes, spec)
+            outputs[name] = output_view(buf, offset, nbytes, spec)
         self._leases += len(leases)
         return ShmResult(
             self,
@@ -192,9 +201,18 @@ class ShmSession(ClientCore):
 
     def release(self, leases: list[tuple[str, str]]) -> None:
         """Queue ``leases`` for release; drop mappings the server has since unlinked."""
+        self.pending.extend(token for token, _ in leases)
+        self.unhold(leases)
+
+    def hold(self, region: str, count: int) -> None:
+        """``count`` more leases (a lane's) keep ``region`` mapped."""
+        self.held[region] = self.held.get(region, 0) + count
+        self._leases += count
+
+    def unhold(self, leases: list[tuple[Any, str]]) -> None:
+        """Leases given back (to be released on whichever path granted them)."""
         held = self.held
-        for token, region in leases:
-            self.pending.append(token)
+        for _, region in leases:
             held[region] -= 1
         self._leases -= len(leases)
         now = time.monotonic()
@@ -251,9 +269,10 @@ class ShmSession(ClientCore):
         """What a closing client sends: its queued releases, the end of its registrations
         (the server unlinks the input region), each given CLOSE_TIMEOUT."""
         flush = self.flush(CLOSE_TIMEOUT)
+        lanes = [self.control(call, CLOSE_TIMEOUT) for call in self.lanes.close_calls()]
         kinds = sorted({w.kind for w in self.windows.values()})
         unregister = [self.control(self.unregister(kind), CLOSE_TIMEOUT) for kind in kinds]
-        return [flush, *unregister] if flush else unregister
+        return [flush, *lanes, *unregister] if flush else [*lanes, *unregister]
 
     # ------------------------------------------------------------------ keep-alive
     def keepalive_in(self) -> float:
@@ -262,7 +281,7 @@ class ShmSession(ClientCore):
         client for a third of that timeout."""
         if not self._interval:
             return 0.0
-        if not (self._leases or self.pending):
+        if not (self._leases or self.pending or self.lanes):
             return self._interval
         return max(0.0, self._heard + self._interval - time.monotonic())
 
@@ -283,6 +302,7 @@ class ShmSession(ClientCore):
     def close(self) -> list[Exchange[Any]]:
         """Cancel what waits, unmap every region."""
         waiting = super().close()
+        self.lanes.close()
         self.mapped.close()
         if self.region is not None:
             self.region.close()
@@ -295,21 +315,6 @@ def _released(message: Message) -> int:
     header = message[0]
     codec.raise_for_error(header)
     return int(header["released"])
-
-
-def _view(buf: Any, offset: int, nbytes: int, spec: dict[str, Any]) -> np.ndarray:
-    datatype, shape = spec["datatype"], spec["shape"]
-    if datatype == "BYTES":
-        view = memoryview(buf)[offset : offset + nbytes]
-        return codec.array_from_buffer(view, datatype, shape, f"output '{spec['name']}'")
-    dtype = codec.numpy_dtype(datatype)
-    count = codec.element_count(shape)
-    if count * dtype.itemsize != nbytes:
-        raise InferpoolError(
-            Code.INTERNAL,
-            f"output '{spec['name']}': {nbytes} bytes cannot hold {datatype} {shape}",
-        )
-    return np.frombuffer(buf, dtype=dtype, count=count, offset=offset).reshape(shape)
 
 
 def _device_view(buffer: Any, offset: int, nbytes: int, spec: dict[str, Any]) -> Any:

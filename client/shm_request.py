@@ -8,7 +8,7 @@ allocator, no round trip) and is sent as a small header, as often as wanted.  A
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -23,6 +23,12 @@ INPUT_REGION = "inputs"  # the name of the session's input region, as registered
 HANDLE = {"output_handle": True}
 
 
+class Releaser(Protocol):
+    """Who takes a result's leases back: the session (broker path) or the lane."""
+
+    def release(self, leases: list[tuple[Any, str]]) -> None: ...
+
+
 class ShmResult:
     """A response whose outputs view shared memory in place: use them, then release.
 
@@ -32,19 +38,19 @@ class ShmResult:
 
     def __init__(
         self,
-        session: ShmSession,
+        session: Releaser,
         model_name: str,
         model_version: str,
         outputs: dict[str, Any],
         parameters: dict[str, Any],
-        leases: list[tuple[str, str]],
+        leases: list[tuple[Any, str]],
     ) -> None:
         self._session = session
         self.model_name = model_name
         self.model_version = model_version
         self.outputs = outputs
         self.parameters = parameters
-        self._leases = leases  # (token, region)
+        self._leases = leases  # (token, region): a lane's tokens are output offsets
 
     def __getitem__(self, name: str) -> Any:
         return self.outputs[name]
@@ -56,7 +62,7 @@ class ShmResult:
         return torch.from_dlpack(self.outputs[name])
 
     @property
-    def leases(self) -> list[str]:
+    def leases(self) -> list[Any]:
         return [token for token, _ in self._leases]
 
     def release(self) -> None:
@@ -102,6 +108,8 @@ class ShmRequest:
         }
         if parameters:
             self.header["parameters"] = dict(parameters)
+        self.revision = 0  # bumped whenever an input or output changes
+        self.lane_cache: Any = None  # what a lane made of this revision (client.lane)
         self.resolve(outputs or ())
         self.resolved = outputs is not None  # whether every wanted output is known
 
@@ -173,12 +181,15 @@ class ShmRequest:
             "parameters": _window(region, offset, nbytes),
         }
         self.header["inputs"] = list(self._inputs.values())
+        self.revision += 1
 
     def _drop(self, name: str) -> None:
         offset = self._slots.pop(name, None)
         if offset is not None:
             self._session.free(offset)
-        self._inputs.pop(name, None)
+        if self._inputs.pop(name, None) is not None:
+            self.header["inputs"] = list(self._inputs.values())
+            self.revision += 1
 
     # ------------------------------------------------------------------ outputs
     def output_to(self, name: str, region: str, byte_size: int, offset: int = 0) -> None:
@@ -188,6 +199,7 @@ class ShmRequest:
 
     def _update(self) -> None:
         self.header["outputs"] = [{"name": n, "parameters": p} for n, p in self._outputs.items()]
+        self.revision += 1
 
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:
@@ -217,3 +229,19 @@ def _numpy_dtype(dtype: Any) -> Any:
 
         return torch.empty(0, dtype=dtype).numpy().dtype
     return dtype
+
+
+def output_view(buf: Any, offset: int, nbytes: int, spec: dict[str, Any]) -> np.ndarray:
+    """Output ``spec`` as a read-only array over ``nbytes`` of ``buf`` at ``offset``."""
+    datatype, shape = spec["datatype"], spec["shape"]
+    if datatype == "BYTES":
+        view = memoryview(buf)[offset : offset + nbytes]
+        return codec.array_from_buffer(view, datatype, shape, f"output '{spec['name']}'")
+    dtype = codec.numpy_dtype(datatype)
+    count = codec.element_count(shape)
+    if count * dtype.itemsize != nbytes:
+        raise InferpoolError(
+            Code.INTERNAL,
+            f"output '{spec['name']}': {nbytes} bytes cannot hold {datatype} {shape}",
+        )
+    return np.frombuffer(buf, dtype=dtype, count=count, offset=offset).reshape(shape)

@@ -127,6 +127,14 @@ def add_serve(sub: Any) -> None:
         "reclaimed (default 60; clients send keepalive messages)",
     )
     p.add_argument(
+        "--lane-spin-us",
+        type=int,
+        default=100,
+        metavar="US",
+        help="how long a worker spins for its lanes' next request before it sleeps, when the "
+        "lane's client is pinned to other cores (default 100; 0: never spin)",
+    )
+    p.add_argument(
         "--prefault",
         type=parse_size,
         default="4M",
@@ -244,6 +252,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         prefault=0 if args.no_prefault else args.prefault,
         max_client_shm=args.max_client_shm,
         lease_timeout=args.lease_timeout,
+        lane_spin_us=max(0, args.lane_spin_us),
         model_control_mode=args.model_control_mode,
         load_models=tuple(args.load_model),
         strict_readiness=args.strict_readiness,

@@ -11,10 +11,14 @@ In one run, with the same pinning for both:
 - inferpool: client.Client -> broker -> identity worker -> back (the real server);
 - shm:       client.ShmClient, inputs written in place once, outputs read as handles (views)
              and released with the next request; next to it, one numpy copy of each size
-             (the identity backend's own copy, input -> output, is the only copy allowed).
+             (the identity backend's own copy, input -> output, is the only copy allowed);
 - kserve:    Triton's clients (tritonclient.http, tritonclient.grpc; binary tensors) through
              the same server's KServe v2 frontends, next to the zmq client at 64 B and 1 MiB:
-             what each frontend adds over the zmq path.
+             what each frontend adds over the zmq path;
+- lanes:     ShmClient(lane=True) straight to the worker (scripts/bench_lanes.py), spinning
+             and not, next to its floors measured in the same run: a POSIX semaphore
+             ping-pong and a bare spin hand-off between two processes (64 B copied on each
+             side), and what an idle lane costs over 10 s.
 
 Sizes 64 B, 1 MiB, 16 MiB, 64 MiB (shm also 256 MiB); 1 and 4 concurrent client processes.
 The systems are measured in alternating rounds (noise on a shared machine hits them alike).
@@ -26,6 +30,7 @@ Prints tables, writes JSON (``--json``, default bench-latency.json).  Layouts (`
     python scripts/bench_latency.py --quick          # a short smoke run
     python scripts/bench_latency.py --part shm       # the shared-memory client table only
     python scripts/bench_latency.py --part kserve    # HTTP and gRPC next to zmq
+    python scripts/bench_latency.py --part lanes     # the lanes and their floors only
 """
 
 from __future__ import annotations
@@ -52,6 +57,8 @@ import zmq
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+import bench_lanes  # noqa: E402
 
 from inferpool.client import Client, ShmClient  # noqa: E402
 from inferpool.shm.region import Region  # noqa: E402
@@ -210,6 +217,8 @@ def start_inferpool(tmp: Path, layout: dict[str, int]) -> tuple[subprocess.Popen
     repo = tmp / "repo"
     (repo / "bench" / "1").mkdir(parents=True, exist_ok=True)
     (repo / "bench" / "config.pbtxt").write_text(BENCH_CONFIG)
+    (repo / "lane" / "1").mkdir(parents=True, exist_ok=True)
+    (repo / "lane" / "config.pbtxt").write_text(bench_lanes.LANE_CONFIG)
     endpoint = f"ipc://{tmp}/b.sock"
     KSERVE.update(http=f"127.0.0.1:{free_port()}", grpc=f"127.0.0.1:{free_port()}")
     cmd = [
@@ -386,16 +395,35 @@ def print_row(r: dict[str, Any]) -> None:
 
 
 # ============================================================================ the shm client
-def shm_client(endpoint: str, nbytes: int, iterations: int, cpu: int, start: Any, out: Any) -> None:
-    """Inputs written in place once; each round trip reads the output as a handle (a view)."""
+def shm_client(
+    endpoint: str,
+    nbytes: int,
+    iterations: int,
+    cpu: int,
+    start: Any,
+    out: Any,
+    lane_spin_us: int | None = None,
+) -> None:
+    """Inputs written in place once; each round trip reads the output as a handle (a view).
+    ``lane_spin_us``: through a lane to the ``lane`` model, spinning that long (None: the
+    broker path to the ``bench`` model)."""
     pin(cpu)
-    with ShmClient(endpoint, timeout=60, input_bytes=nbytes + (1 << 20)) as c:
-        req = c.request("bench", outputs=["OUTPUT0"])
-        x = req.input("INPUT0", (1, nbytes), np.uint8)
-        x[:] = np.arange(nbytes, dtype=np.uint64).astype(np.uint8)
+    lane = lane_spin_us is not None
+    with ShmClient(
+        endpoint,
+        timeout=60,
+        input_bytes=nbytes + (1 << 20),
+        lane=lane,
+        lane_spin_us=lane_spin_us or 0,
+    ) as c:
+        req = c.request("lane" if lane else "bench", outputs=["OUTPUT0"])
+        x = req.input("INPUT0", (nbytes,) if lane else (1, nbytes), np.uint8)
+        x[:] = np.arange(nbytes, dtype=np.uint64).astype(np.uint8).reshape(x.shape)
         with c.run(req) as result:  # the identity really answers with the input, in place
-            if not np.array_equal(result["OUTPUT0"][0, -4096:], x[0, -4096:]):
+            if not np.array_equal(result["OUTPUT0"][..., -4096:], x[..., -4096:]):
                 raise SystemExit("shm client: the output differs from the input")
+        if lane and not c.session.lanes.lanes:
+            raise SystemExit("shm client: no lane was granted")
         for _ in range(max(5, iterations // 10)):
             with c.run(req) as result:
                 result["OUTPUT0"]
@@ -408,6 +436,14 @@ def shm_client(endpoint: str, nbytes: int, iterations: int, cpu: int, start: Any
                 result["OUTPUT0"]
             lat.append(time.perf_counter() - t)
     out.put((t0, time.perf_counter(), lat))
+
+
+def lane_systems(endpoint: str) -> dict[str, tuple[Any, str]]:
+    """The lane, spinning (``bench_lanes.SPIN_US``) and not."""
+    return {
+        "lane spin": (functools.partial(shm_client, lane_spin_us=bench_lanes.SPIN_US), endpoint),
+        "lane sleep": (functools.partial(shm_client, lane_spin_us=0), endpoint),
+    }
 
 
 def copy_p50_us(nbytes: int, cpu: int) -> dict[str, float]:
@@ -534,6 +570,83 @@ def print_kserve_row(r: dict[str, Any]) -> None:
     )
 
 
+# ============================================================================ lanes
+def run_lane_layout(name: str, layout: dict[str, int], quick: bool) -> dict[str, Any]:
+    """The lanes at 64 B (spinning and not) beside both relays, the large sizes against the
+    copy bound, the idle cost, and the floors, all pinned as ``layout`` says."""
+    floors = bench_lanes.floors(layout, quick)
+    with started(layout) as endpoints:
+        ep = endpoints["inferpool"]
+        small = measure({**relay_systems(endpoints), **lane_systems(ep)}, 64, 1, layout["client"])
+        sizes = []
+        for label, nbytes in SIZES[1:] if not quick else SIZES[1:2]:
+            if nbytes > 64 << 20:
+                continue
+            big = measure(
+                {"lane spin": lane_systems(ep)["lane spin"]},
+                nbytes,
+                1,
+                layout["client"],
+            )["lane spin"]
+            sizes.append(
+                {
+                    "size": label,
+                    "bytes": nbytes,
+                    "lane": big,
+                    "copy_us": copy_p50_us(nbytes, layout["worker"]),
+                }
+            )
+        idle = bench_lanes.idle_lane(ep, layout["client"], 3.0 if quick else bench_lanes.IDLE_S)
+    spin, sleep = small["lane spin"], small["lane sleep"]
+    for row in sizes:
+        row["bound_us"] = spin["p50_us"] + 1.5 * row["copy_us"]["shm"]
+        row["within_bound"] = row["lane"]["p50_us"] <= row["bound_us"]
+    row = {
+        "layout": name,
+        "floors": floors,
+        "small": small,
+        "sizes": sizes,
+        "idle": idle,
+        "spin_x_floor": spin["p50_us"] / floors["spin"]["p50_us"],
+        "relay_over_spin": small["relay"]["p50_us"] / spin["p50_us"],
+        "sleep_x_sem": sleep["p50_us"] / floors["sem"]["p50_us"],
+    }
+    print_lane_row(row)
+    return row
+
+
+def print_lane_row(r: dict[str, Any]) -> None:
+    f, s = r["floors"], r["small"]
+    print(
+        f"{r['layout']:6} floors: spin hand-off p50 {f['spin']['p50_us']:.1f}us, semaphore "
+        f"ping-pong p50 {f['sem']['p50_us']:.1f}us; relay p50 {s['relay']['p50_us']:.0f}us, "
+        f"lean relay {s['lean']['p50_us']:.0f}us"
+    )
+    for key in ("lane spin", "lane sleep"):
+        x = s[key]
+        print(
+            f"{r['layout']:6}   {key:10} 64 B: p50 {x['p50_us']:7.1f}us p99 {x['p99_us']:7.1f}us "
+            f"{x['rps']:7.0f} req/s"
+        )
+    print(
+        f"{r['layout']:6}   lane spin / spin floor {r['spin_x_floor']:.2f} (goal <= 4), relay / "
+        f"lane spin {r['relay_over_spin']:.1f} (goal >= 15), lane sleep / semaphore floor "
+        f"{r['sleep_x_sem']:.2f} (goal <= 3)"
+    )
+    for z in r["sizes"]:
+        ok = "yes" if z["within_bound"] else "NO"
+        print(
+            f"{r['layout']:6}   lane spin {z['size']:>7}: p50 {z['lane']['p50_us']:8.0f}us, copy "
+            f"{z['copy_us']['shm']:7.0f}us, bound {z['bound_us']:8.0f}us: {ok}"
+        )
+    i = r["idle"]
+    print(
+        f"{r['layout']:6}   idle lane: client {i['client_pct']:.3f}% and worker "
+        f"{i['worker_pct']:.3f}% of a core (goal < 1%)",
+        flush=True,
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -542,7 +655,9 @@ def main() -> int:
     parser.add_argument(
         "--quick", action="store_true", help="64 B and 1 MiB only, fewer iterations"
     )
-    parser.add_argument("--part", choices=["frames", "shm", "kserve", "all"], default="all")
+    parser.add_argument(
+        "--part", choices=["frames", "shm", "kserve", "lanes", "all"], default="all"
+    )
     parser.add_argument("--json", default="bench-latency.json")
     args = parser.parse_args()
     sizes = SIZES[:2] if args.quick else SIZES
@@ -584,12 +699,17 @@ def main() -> int:
         )
         print(KSERVE_HEADER)
         kserve_rows = [r for name in layouts for r in run_kserve_layout(name, LAYOUTS[name])]
+    lane_rows: list[dict[str, Any]] = []
+    if args.part in ("lanes", "all"):
+        print("lanes: ShmClient(lane=True) to the identity model, the floors beside them")
+        lane_rows = [run_lane_layout(name, LAYOUTS[name], args.quick) for name in layouts]
     Path(args.json).write_text(
         json.dumps(
             {
                 "rows": rows,
                 "shm_rows": shm_rows,
                 "kserve_rows": kserve_rows,
+                "lane_rows": lane_rows,
                 "cores": sorted(os.sched_getaffinity(0)),
             },
             indent=1,

@@ -9,18 +9,21 @@ allocates outputs inside the region the broker created for it, or writes them in
 client's registered window when the request asked so; the broker sends arena slots back
 (``free``) once the client has them.  The output region is populated ahead of the
 allocations that reach new parts of it (``shm.warm``); other regions are mapped without
-populating: their pages fault in once, as they are first read.
+populating: their pages fault in once, as they are first read.  Lane threads
+(workers/lanes.py) allocate and free outputs too, hence the allocator's lock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import posix_ipc
 
-from inferpool.backends.api import InputTensor, RequestedOutput
+from inferpool.backends.api import InputTensor, OutputTensor, Request, RequestedOutput, Response
+from inferpool.backends.reshape import OutputReshape, to_config_shape
 from inferpool.shm.arena import Allocator, ArenaFull
 from inferpool.shm.cuda import CudaRegion, CudaUnavailable, RegionTooLarge
 from inferpool.shm.refs import parse_ref
@@ -40,6 +43,7 @@ class WorkerMemory:
         self.output = Region.attach(output_region)
         self._regions: dict[str, Region | CudaRegion] = {self.output.name: self.output}
         self.allocator = Allocator(self.output.size)
+        self._lock = threading.Lock()
         try:
             self.warm = Warm(self.output, prefault, f"the output region of '{instance_name}'")
         except ShmExhausted as exc:
@@ -58,47 +62,27 @@ class WorkerMemory:
         mapping = self._region(ref.region)
         if isinstance(mapping, CudaRegion):
             return _device_input(mapping, ref, reshape)
-        name, datatype, offset, nbytes = ref.name, ref.datatype, ref.offset, ref.byte_size
-        if offset < 0 or offset + nbytes > mapping.size:
-            raise InferpoolError(
-                Code.INVALID_ARG,
-                f"input '{name}' lies outside shared-memory region {ref.region!r}",
-            )
-        if datatype == "BYTES":
-            buf = mapping.buf[offset : offset + nbytes]
-            data = codec.array_from_buffer(buf, datatype, ref.shape, f"input '{name}'")
-        else:
-            dtype = codec.numpy_dtype(datatype)
-            data = np.frombuffer(
-                mapping.buf, dtype=dtype, count=nbytes // dtype.itemsize, offset=offset
-            )
-            data.flags.writeable = False
-            if len(ref.shape) != 1:
-                data = data.reshape(ref.shape)
-        if reshape is not None:
-            data = data.reshape(reshape)
-        return InputTensor(
-            name, datatype, tuple(data.shape), data, nbytes, region=ref.region, offset=offset
-        )
+        return host_input(mapping, ref, reshape)
 
     # ------------------------------------------------------------------ outputs
     def allocate(self, output: RequestedOutput | None, nbytes: int) -> tuple[str, int, Any]:
         if output is not None and output.target is not None:
             return self._in_window(output.name, output.target, nbytes)
-        try:
-            offset = self.allocator.alloc(nbytes)
-        except ArenaFull as exc:
-            raise InferpoolError(
-                Code.UNAVAILABLE,
-                f"output arena of instance '{self.instance_name}' is full: {exc}. Release "
-                "output handles sooner or start the server with a larger --output-arena-size",
-            ) from None
-        if offset + nbytes > self.warm.upto:
+        with self._lock:  # a lane thread allocates too
             try:
-                self.warm.cover(offset + nbytes)
-            except ShmExhausted as exc:
-                self.allocator.free(offset)
-                raise InferpoolError(Code.UNAVAILABLE, str(exc)) from None
+                offset = self.allocator.alloc(nbytes)
+            except ArenaFull as exc:
+                raise InferpoolError(
+                    Code.UNAVAILABLE,
+                    f"output arena of instance '{self.instance_name}' is full: {exc}. Release "
+                    "output handles sooner or start the server with a larger --output-arena-size",
+                ) from None
+            if offset + nbytes > self.warm.upto:
+                try:
+                    self.warm.cover(offset + nbytes)
+                except ShmExhausted as exc:
+                    self.allocator.free(offset)
+                    raise InferpoolError(Code.UNAVAILABLE, str(exc)) from None
         return self.output.name, offset, self.output.buf[offset : offset + nbytes]
 
     def _in_window(self, name: str, window: Window, nbytes: int) -> tuple[str, int, Any]:
@@ -121,14 +105,16 @@ class WorkerMemory:
 
     def release(self, region: str, offset: int) -> None:
         if region == self.output.name:
-            self.allocator.free(offset)
+            with self._lock:
+                self.allocator.free(offset)
 
     def free(self, slots: Sequence[Slot]) -> None:
-        """Slots the broker is done with."""
+        """Slots the broker (or a lane's client) is done with."""
         name = self.output.name
-        for slot in slots:
-            if slot.region == name:
-                self.allocator.free(slot.offset)
+        with self._lock:
+            for slot in slots:
+                if slot.region == name:
+                    self.allocator.free(slot.offset)
 
     def unmap(self, refs: Sequence[str]) -> None:
         """Client regions the broker retired: no request will name them again."""
@@ -141,6 +127,52 @@ class WorkerMemory:
         for region in self._regions.values():
             region.close()
         self._regions.clear()
+
+
+def wanted_outputs(
+    memory: WorkerMemory,
+    request: Request,
+    response: Response,
+    reshapes: dict[str, OutputReshape],
+    batched: bool,
+) -> Iterator[tuple[OutputTensor, tuple[int, ...]]]:
+    """The outputs of ``response`` its client asked for, each with the shape the client sees
+    (a reshaped output in the config's dims); the others are released as they go by."""
+    for name, out in response.outputs.items():
+        if name not in request.requested_outputs:
+            memory.release(out.region, out.offset)
+            continue
+        shape = out.shape
+        if name in reshapes:
+            shape = to_config_shape(shape, reshapes[name], batched)
+        yield out, tuple(shape)
+
+
+def host_input(mapping: Region, ref: TensorRef, reshape: tuple[int, ...] | None) -> InputTensor:
+    """A read-only view of an input in host memory; INVALID_ARG if it is not inside
+    ``mapping`` (an offset or size a client made up never reads past its region)."""
+    name, datatype, offset, nbytes = ref.name, ref.datatype, ref.offset, ref.byte_size
+    if offset < 0 or nbytes < 0 or offset + nbytes > mapping.size:
+        raise InferpoolError(
+            Code.INVALID_ARG,
+            f"input '{name}' lies outside shared-memory region {ref.region!r}",
+        )
+    if datatype == "BYTES":
+        buf = mapping.buf[offset : offset + nbytes]
+        data = codec.array_from_buffer(buf, datatype, ref.shape, f"input '{name}'")
+    else:
+        dtype = codec.numpy_dtype(datatype)
+        data = np.frombuffer(
+            mapping.buf, dtype=dtype, count=nbytes // dtype.itemsize, offset=offset
+        )
+        data.flags.writeable = False
+        if len(ref.shape) != 1:
+            data = data.reshape(ref.shape)
+    if reshape is not None:
+        data = data.reshape(reshape)
+    return InputTensor(
+        name, datatype, tuple(data.shape), data, nbytes, region=ref.region, offset=offset
+    )
 
 
 def _open(ref: str) -> Region | CudaRegion:

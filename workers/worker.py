@@ -5,7 +5,8 @@ channel (``spec.channel_fd``, inherited): Execute, Free and Stop come in; Ready 
 goes out once, then one Done per batch, Items for results that come between (decoupled
 models, backend threads), and Unmapped once the client regions it was told to unmap are
 closed.  A model's calls to other models (BLS) go out as Call and come back as Replies
-(workers/calls.py).  docs/internals.md describes the exchange.
+(workers/calls.py).  LaneOpen and LaneClose go to the lanes (workers/lanes.py), whose threads
+execute under the same lock as the batches.  docs/internals.md describes the exchange.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 
 from inferpool.backends.api import Request, RequestedOutput, Response, batch_size_of, now_ns
 from inferpool.backends.host import BackendHost
-from inferpool.backends.reshape import OutputReshape, output_reshapes, to_config_shape
+from inferpool.backends.reshape import OutputReshape, output_reshapes
 from inferpool.backends.sequence import SequenceInputs
 from inferpool.shm.cancel_flags import CancelFlags
 from inferpool.wire.errors import InferpoolError, internal
@@ -34,6 +35,8 @@ from inferpool.wire.worker.messages import (
     Execute,
     Free,
     Items,
+    LaneClose,
+    LaneOpen,
     Ready,
     Replies,
     Result,
@@ -47,7 +50,8 @@ from inferpool.wire.worker.spec import WorkerSpec
 from inferpool.workers import warmup
 from inferpool.workers.calls import ChannelCalls
 from inferpool.workers.gpu_limit import check_load_limit
-from inferpool.workers.memory import WorkerMemory
+from inferpool.workers.lanes import Lanes
+from inferpool.workers.memory import WorkerMemory, wanted_outputs
 from inferpool.workers.pinning import cuda_ordinal, read_back
 from inferpool.workers.regions import ChannelRegions
 from inferpool.workers.sequence_state import SequenceStates
@@ -68,6 +72,7 @@ class Worker:
         self._response_start: dict[int, int] = {}  # a decoupled request -> its last response
         self._in_execute = False
         self._main_thread = threading.get_ident()
+        self.execute_lock = threading.Lock()  # one execute at a time: batches and lanes
         self.memory = WorkerMemory(spec.output_region, spec.instance.name, spec.output_prefault)
         self.flags = CancelFlags.attach(spec.cancel_region) if spec.cancel_region else None
         self._cancelled = self.flags.is_cancelled if self.flags is not None else None
@@ -97,6 +102,8 @@ class Worker:
         self.sequence: SequenceInputs | None = None  # control inputs and initial states
         self.output_reshapes: dict[str, OutputReshape] = {}
         self.states: SequenceStates | None = None  # sequence state, if the model keeps any
+        self._wanted: dict[str, RequestedOutput] = {}
+        self.lanes: Lanes | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def load(self) -> None:
@@ -124,10 +131,13 @@ class Worker:
         # the broker serves the config as the backend completed it (auto-complete)
         self.regions.loading = False
         self.link.send(Ready(read_back(), self.host.config_dict(), self.host.stats.memory_usage()))
+        self.lanes = Lanes(self.host, self.memory, self.link, self.execute_lock, self.reshapes)
         try:
             self._loop()
         finally:
-            self.host.close()
+            self.lanes.close_all()
+            with self.execute_lock:  # a lane thread that overstayed is not executing
+                self.host.close()
             self.memory.close()
             if self.flags is not None:
                 self.flags.close()
@@ -141,6 +151,8 @@ class Worker:
         self.output_reshapes = output_reshapes(cfg)
         self.sequence = SequenceInputs.of(cfg, self.spec.model_name, self.spec.repository_path)
         self.states = SequenceStates.of(cfg, self.memory, self.sequence)
+        # outputs wanted in this worker's own region: one RequestedOutput each, shared
+        self._wanted = {t.name: RequestedOutput(t.name) for t in cfg.output}
 
     def _loop(self) -> None:
         """One message at a time.  A decoupled model's backend threads may answer between
@@ -177,6 +189,12 @@ class Worker:
                 self._free(msg)
             elif isinstance(msg, Replies):  # to calls made by the model's own threads
                 self.calls.deliver(msg.items)
+            elif isinstance(msg, LaneOpen):
+                assert self.lanes is not None
+                self.lanes.open(msg)
+            elif isinstance(msg, LaneClose):
+                assert self.lanes is not None
+                self.lanes.close(msg.lane, msg.free)
             elif isinstance(msg, Stop):
                 return
             else:
@@ -215,14 +233,16 @@ class Worker:
         for position, null in zip(msg.nulls, nulls, strict=False):
             requests.insert(min(position, len(requests)), null)
         compute_start = now_ns()
+        host = self.host
         self._in_execute = True
         try:
-            if requests:
-                self.host.execute(requests)
+            with self.execute_lock:
+                if requests:
+                    host.execute(requests)
+                batches = host.take_batches()
         finally:
             self._in_execute = False
         compute_end = now_ns()
-        host = self.host
         batch = Durations(compute_start - exec_start, compute_end - compute_start, 0)
         timings = host.stats.timings
         for null in nulls:
@@ -232,7 +252,6 @@ class Worker:
             timing = timings.pop(id(owner), None) if owner is not None else None
             items.append(item.timed(batch if timing is None else timing.stamps.durations()))
         self._items, self._item_requests = [], []
-        batches = host.take_batches()
         if not batches:
             size = sum(batch_size_of(r, self.batching) for r in requests) or len(msg.requests)
             batches = [BatchStats(size, batch)]
@@ -284,7 +303,13 @@ class Worker:
                 reshape = (ref.shape[0], *reshape)
             tensor = self.memory.input_tensor(ref, reshape)
             inputs[tensor.name] = tensor
-        wanted = {out.name: RequestedOutput(out.name, out.window) for out in work.outputs}
+        shared = self._wanted
+        wanted = {
+            out.name: shared.get(out.name) or RequestedOutput(out.name)
+            if out.window is None
+            else RequestedOutput(out.name, out.window)
+            for out in work.outputs
+        }
         if self.sequence is not None:
             self.sequence.add_controls(inputs, work.correlation_id, work.flags, 1, True, work.id)
             if self.states is not None:
@@ -355,18 +380,11 @@ class Worker:
         if response.error is not None:
             response.discard()
             return Result(request.handle, final, (), None, response.error.to_wire())
-        outputs = []
-        reshapes = self.output_reshapes
-        for name, out in response.outputs.items():
-            if name not in request.requested_outputs:
-                self.memory.release(out.region, out.offset)
-                continue
-            shape = out.shape
-            if name in reshapes:  # the client sees the config's dims
-                shape = to_config_shape(shape, reshapes[name], self.batching)
-            outputs.append(
-                TensorRef(name, out.datatype, shape, out.region, out.offset, out.byte_size)
-            )
+        wanted = wanted_outputs(self.memory, request, response, self.output_reshapes, self.batching)
+        outputs = [
+            TensorRef(out.name, out.datatype, shape, out.region, out.offset, out.byte_size)
+            for out, shape in wanted
+        ]
         return Result(request.handle, final, outputs, response.parameters or None)
 
     def _flush_async(self) -> None:

@@ -193,7 +193,9 @@ class InputAssembler:
         if isinstance(parts[0], list):
             return [s for part in parts for s in part]
         if len(parts) == 1:
-            tensor = dtypes.as_tensor(parts[0]).to(device, non_blocking=_queued(device))
+            tensor = dtypes.as_tensor(parts[0])
+            if device.type != "cpu":
+                tensor = tensor.to(device, non_blocking=True)
         elif (
             all(isinstance(p, np.ndarray) for p in parts)
             and (span := contiguous_span(parts)) is not None

@@ -16,6 +16,7 @@ than inside the model.
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -49,8 +50,8 @@ class TensorSpec:
     dims: tuple[int, ...]
     reshape: tuple[int, ...] | None = None
 
-    @property
-    def datatype(self) -> str:
+    @functools.cached_property
+    def datatype(self) -> str:  # computed once: it is asked for on every request
         return wire_datatype(self.config_type)
 
     @property

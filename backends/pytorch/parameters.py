@@ -127,19 +127,33 @@ class Settings:
 
     @contextlib.contextmanager
     def applied(self) -> Iterator[None]:
-        """Run a forward pass under these settings (inference mode or no-grad, JIT switches)."""
+        """Run a forward pass under these settings (inference mode or no-grad, JIT switches);
+        the process-wide switches are set (and set back) only where they differ."""
         c = torch._C
-        optimize, cudnn = c._get_graph_executor_optimize(), torch.backends.cudnn.enabled
-        c._set_graph_executor_optimize(self.optimized_execution)
-        torch.backends.cudnn.enabled = self.cudnn
-        jit = _swap_jit(self.jit_profiling, self.jit_executor, self.tensor_fuser)
+        optimize = c._get_graph_executor_optimize()
+        cudnn = torch.backends.cudnn.enabled
+        swap = optimize != self.optimized_execution or cudnn != self.cudnn
+        if swap:
+            c._set_graph_executor_optimize(self.optimized_execution)
+            torch.backends.cudnn.enabled = self.cudnn
+        jit = self.jit_switches and _swap_jit(
+            self.jit_profiling, self.jit_executor, self.tensor_fuser
+        )
         try:
             with torch.inference_mode() if self.inference_mode else torch.no_grad():
                 yield
         finally:
-            _swap_jit(*jit)
-            torch.backends.cudnn.enabled = cudnn
-            c._set_graph_executor_optimize(optimize)
+            if jit:
+                _swap_jit(*jit)
+            if swap:
+                torch.backends.cudnn.enabled = cudnn
+                c._set_graph_executor_optimize(optimize)
+
+    @property
+    def jit_switches(self) -> bool:
+        """Whether the model sets any JIT switch (most leave them all as torch has them)."""
+        switches = (self.jit_profiling, self.jit_executor, self.tensor_fuser)
+        return any(v is not None for v in switches)
 
 
 def _swap_jit(

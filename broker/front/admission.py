@@ -1,7 +1,9 @@
 """Admission: check an infer request against its model and place its inputs in the arena.
 
 Everything a backend could trip over is caught here, before any worker sees the request,
-with Triton's wording.  A frame-borne input costs exactly one copy (frame -> arena slot);
+with Triton's wording (``wire.contract``: a lane's worker checks its requests the same way).
+An input whose name, datatype and shape the model has checked before takes the fast path:
+one dict lookup.  A frame-borne input costs exactly one copy (frame -> arena slot);
 if anything fails after a slot was taken, every slot is returned before the error leaves.
 """
 
@@ -10,16 +12,17 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from inferpool.broker.front.limits import check_id, work_size
-from inferpool.broker.models.internal import check_required
 from inferpool.broker.models.registry import ModelVersion
 from inferpool.broker.models.request import FLAG_SEQUENCE_END, FLAG_SEQUENCE_START, PendingRequest
 from inferpool.shm.arena import Arena, ArenaFull, Slot
 from inferpool.shm.region import ShmExhausted
+from inferpool.wire.contract import check_byte_size, check_input, check_required
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg
 from inferpool.wire.worker.messages import TensorRef, WantedOutput, Window, Work
 
 _BROKER_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end", "priority", "timeout")
 _NO_PARAMETERS: dict[str, Any] = {}
+CHECKED = 256  # (input, datatype, shape) a model remembers as checked
 
 
 class SharedMemoryInputs(Protocol):
@@ -35,10 +38,6 @@ class SharedMemoryInputs(Protocol):
         """Where in a client region the output is to be written, or None (``output_handle``:
         the worker's own arena, answered with a handle)."""
         ...
-
-
-def _shape_str(shape: Any) -> str:
-    return "[" + ",".join(str(d) for d in shape) + "]"
 
 
 def admit(
@@ -73,51 +72,29 @@ def admit(
     slots: list[Slot] = []
     seen: set[str] = set()
     batch = 0
-    mbs = model.max_batch_size
     next_frame = 0
+    checked = model.checked
     try:
         for i, inp in enumerate(inputs):
-            if not isinstance(inp, dict):
-                raise invalid_arg(f"inputs[{i}] of the request must be an object")
-            iname = inp.get("name")
-            spec = model.inputs.get(iname) if isinstance(iname, str) else None
-            if spec is None or not isinstance(iname, str):
-                raise invalid_arg(f"unexpected inference input '{iname}' for model '{name}'")
+            try:  # the fast path: an input as this model has seen it before
+                iname, datatype, shape = inp["name"], inp["datatype"], inp["shape"]
+                key = (iname, datatype, *shape)
+                input_batch, expected_bytes = checked[key]
+                if type(shape) is not list or not all(type(d) is int for d in shape):
+                    raise KeyError  # 1.0 and True would pass for 1 as a key
+                shape = tuple(shape)
+            except (KeyError, TypeError):
+                iname, datatype, shape, input_batch, expected_bytes = _check(i, inp, model)
             if iname in seen:
                 raise invalid_arg(f"input '{iname}' is given more than once for model '{name}'")
             seen.add(iname)
-            datatype = inp.get("datatype")
-            if datatype != spec.datatype:
-                raise invalid_arg(
-                    f"inference input '{iname}' data-type is '{datatype}', but model '{name}' "
-                    f"expects '{spec.datatype}'"
-                )
-            shape = _shape(inp.get("shape"), iname)
-            if mbs > 0:
-                if not shape or shape[0] < 1:
+            if input_batch:
+                if batch and input_batch != batch:
                     raise invalid_arg(
-                        f"input '{iname}' for model '{name}' needs the batch dimension first: "
-                        f"expected shape [-1{''.join(',' + str(d) for d in spec.dims)}], got "
-                        f"{_shape_str(shape)}"
+                        f"input '{iname}' batch size {input_batch} does not match the other "
+                        f"inputs' batch size {batch} for model '{name}'"
                     )
-                if shape[0] > mbs:
-                    raise invalid_arg(f"inference request batch-size must be <= {mbs} for '{name}'")
-                if batch and shape[0] != batch:
-                    raise invalid_arg(
-                        f"input '{iname}' batch size {shape[0]} does not match the other inputs' "
-                        f"batch size {batch} for model '{name}'"
-                    )
-                batch = shape[0]
-                inner = shape[1:]
-            else:
-                inner = shape
-            if not spec.matches(inner):
-                expected = ([-1] if mbs > 0 else []) + list(spec.dims)
-                raise invalid_arg(
-                    f"unexpected shape for input '{iname}' for model '{name}'. Expected "
-                    f"{_shape_str(expected)}, got {_shape_str(shape)}"
-                )
-            expected_bytes = spec.itemsize * _count(shape) if spec.itemsize else None
+                batch = input_batch
             params = inp.get("parameters")
             if params and "shared_memory_region" in params:
                 if shm is None:
@@ -135,11 +112,7 @@ def admit(
             frame = frames[next_frame]
             next_frame += 1
             nbytes = len(frame)
-            if expected_bytes is not None and nbytes != expected_bytes:
-                raise invalid_arg(
-                    f"input byte size mismatch for input '{iname}' for model '{name}'. "
-                    f"Expected {expected_bytes}, got {nbytes}"
-                )
+            check_byte_size(name, iname, expected_bytes, nbytes)
             try:
                 slot = arena.alloc(nbytes)
             except ShmExhausted as exc:
@@ -159,7 +132,8 @@ def admit(
                 f"request for model '{name}' sent {len(frames)} tensor frame(s) but its inputs "
                 f"use {next_frame}"
             )
-        check_required(model, seen)
+        if not model.required <= seen:  # (optional inputs count in seen too)
+            check_required(name, model.required, seen)
         outputs, work_outputs, shm_outputs = _outputs(header.get("outputs"), model, client, shm)
         parameters = header.get("parameters") or _NO_PARAMETERS
         if not isinstance(parameters, dict):
@@ -200,19 +174,31 @@ def admit(
     )
 
 
+def _check(i: int, inp: Any, model: ModelVersion) -> tuple[str, str, tuple[int, ...], int, Any]:
+    """The slow path: check input ``i`` in full (Triton's words, wire.contract) and remember
+    it as checked: (name, datatype, shape, its batch size or 0, its byte size or None)."""
+    name = model.name
+    if not isinstance(inp, dict):
+        raise invalid_arg(f"inputs[{i}] of the request must be an object")
+    iname = inp.get("name")
+    spec = model.inputs.get(iname) if isinstance(iname, str) else None
+    if spec is None or not isinstance(iname, str):
+        raise invalid_arg(f"unexpected inference input '{iname}' for model '{name}'")
+    datatype = inp.get("datatype")
+    shape = _shape(inp.get("shape"), iname)
+    batch, expected = check_input(name, spec, datatype, shape, model.max_batch_size, 0)
+    if len(model.checked) >= CHECKED:
+        model.checked.clear()
+    model.checked[(iname, datatype, *shape)] = (batch, expected)
+    return iname, str(datatype), shape, batch, expected
+
+
 def _shape(raw: Any, name: str) -> tuple[int, ...]:
     if not isinstance(raw, list) or not all(type(d) is int and d >= 0 for d in raw):
         raise invalid_arg(
             f"input '{name}': shape must be a list of non-negative integers, got {raw!r}"
         )
     return tuple(raw)
-
-
-def _count(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def _outputs(

@@ -28,6 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from inferpool.broker.front.cache_metrics import MetricRows, cache_metrics
+from inferpool.broker.front.lanes import Lanes
 from inferpool.broker.front.load_metrics import Utilisation, load_metrics
 from inferpool.broker.models.manager import Manager
 from inferpool.broker.models.registry import Registry
@@ -71,12 +72,14 @@ class BrokerCollector(Collector):
         supervisor: Supervisor[Any],
         arena: Arena,
         utilisation: Utilisation,
+        lanes: Lanes | None = None,
     ) -> None:
         self.registry = registry
         self.manager = manager
         self.supervisor = supervisor
         self.arena = arena
         self.utilisation = utilisation
+        self.lanes = lanes
 
     def collect(self) -> Iterator[Metric]:
         success = CounterMetricFamily(
@@ -114,6 +117,7 @@ class BrokerCollector(Collector):
         yield from (success, failure, count, executions)
         yield from (family for family, _ in durations)
         yield from self._instances()
+        yield from self._lanes()
         yield from self._custom()
         yield from _families(cache_metrics(self.registry, self.manager.cache))
         yield from _families(load_metrics(self.manager, self.utilisation))
@@ -143,6 +147,21 @@ class BrokerCollector(Collector):
             restarts.add_metric(key, h.restarts)
         yield ready
         yield restarts
+
+    def _lanes(self) -> Iterator[Metric]:
+        requests = CounterMetricFamily(
+            "inferpool_lane_requests",
+            "Inference requests served over lanes (they are also counted in nv_inference_*)",
+            labels=[*_VERSION_LABELS, "outcome"],
+        )
+        lanes = GaugeMetricFamily("inferpool_lanes_open", "Open lanes", labels=_VERSION_LABELS)
+        for mv in self.registry.all_versions():
+            labels = [mv.name, mv.version_str]
+            requests.add_metric([*labels, "success"], mv.stats.lane_success)
+            requests.add_metric([*labels, "fail"], mv.stats.lane_fail)
+            lanes.add_metric(labels, self.lanes.open_count(mv) if self.lanes else 0)
+        yield requests
+        yield lanes
 
     def _custom(self) -> Iterator[Metric]:
         """Backend metrics: one family per declared name, labels as the backend gave them."""

@@ -78,6 +78,7 @@ class Registrations:
         self._mapped_in: dict[str, set[str]] = {}  # retired CUDA ref -> workers yet to close it
         self._waiters: list[tuple[set[str], list[str], Closed]] = []  # refs, names, callback
         self._serial = 0
+        self.ended: Callable[[bytes, str], None] | None = None  # hears (owner, name) ending
 
     # ------------------------------------------------------------------ registering
     def register_system(self, owner: bytes, name: str, key: str, offset: int, size: int) -> None:
@@ -168,7 +169,7 @@ class Registrations:
             ended = [r for r in mine.values() if (r.kind == "cuda") == cuda]
         for reg in ended:
             del mine[reg.name]
-            self._retire_later(reg)
+            self._retire_later(reg, owner)
         if not mine:
             self._by_owner.pop(owner, None)
         names = [r.name for r in ended]
@@ -181,10 +182,12 @@ class Registrations:
         """The client is gone: end all its registrations."""
         mine = self._by_owner.pop(owner, {})
         for reg in mine.values():
-            self._retire_later(reg)
+            self._retire_later(reg, owner)
         return len(mine)
 
-    def _retire_later(self, reg: Registration) -> None:
+    def _retire_later(self, reg: Registration, owner: bytes) -> None:
+        if self.ended is not None:
+            self.ended(owner, reg.name)
         inflight = self._inflight
         newest = next(reversed(inflight)) if inflight else 0
         self._retiring.append((newest, reg))
@@ -256,6 +259,11 @@ class Registrations:
     # ------------------------------------------------------------------ looking up
     def _mine(self, owner: bytes) -> list[Registration]:
         return list(self._by_owner.get(owner, {}).values())
+
+    def created(self, owner: bytes, name: str) -> Registration | None:
+        """``owner``'s server-made region ``name``, if it has one."""
+        reg = self._by_owner.get(owner, {}).get(name)
+        return reg if reg is not None and reg.kind == "created" else None
 
     def status(self, owner: bytes, name: str, cuda: bool) -> list[dict[str, Any]]:
         mine = [r for r in self._mine(owner) if (r.kind == "cuda") == cuda]

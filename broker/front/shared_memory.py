@@ -53,6 +53,7 @@ class SharedMemory:
         self._gone = gone
         self.clients = ClientTracker(socket, lease_timeout, self._disconnected, self._silent)
         self._source: Any = None  # the routing frame of the message being handled
+        self.gone: list[Callable[[bytes, str], None]] = []  # hear (client, why) it is gone
 
     def handlers(self) -> dict[str, Handler]:
         return {
@@ -197,8 +198,12 @@ class SharedMemory:
     def _track(self, client: bytes) -> None:
         self.clients.track(client, self._source)
 
+    track = _track  # for the lanes: a lane's client is watched like a lease holder
+
     def _disconnected(self, client: bytes) -> None:
-        self._gone(client)
+        self._gone(client)  # its requests are cancelled (a silent one's are not)
+        for hear in self.gone:
+            hear(client, "disconnected")
         leases = self.handles.reclaim(client)
         regions = self.registrations.drop_owner(client)
         if leases or regions:
@@ -210,6 +215,8 @@ class SharedMemory:
             )
 
     def _silent(self, client: bytes) -> None:
+        for hear in self.gone:
+            hear(client, f"was silent for more than {self.clients.silence_s:g}s")
         leases = self.handles.reclaim(client)
         if leases:
             log.warning(

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from inferpool.broker.models.registry import ModelVersion
 from inferpool.broker.models.request import PendingRequest, Sink
 from inferpool.wire import codec
+from inferpool.wire.contract import check_required
 from inferpool.wire.errors import invalid_arg
 from inferpool.wire.worker.messages import (
     BATCH_BYTES,
@@ -122,20 +123,8 @@ def _check_inputs(model: ModelVersion, inputs: Sequence[TensorRef]) -> int:
                 f"input byte size mismatch for input '{ref.name}' for model '{name}'. Expected "
                 f"{spec.itemsize * codec.element_count(shape)}, got {ref.byte_size}"
             )
-    check_required(model, seen)
+    check_required(name, model.required, seen)
     return batch
-
-
-def check_required(model: ModelVersion, seen: set[str]) -> None:
-    """INVALID_ARG in Triton's words if a required input of ``model`` is not in ``seen``
-    (admission checks a client's request with it too)."""
-    missing = model.required - seen
-    if missing:
-        raise invalid_arg(
-            f"expected {len(model.required)} inputs but got {len(seen)} inputs for model "
-            f"'{model.name}'. Got input(s) {sorted(seen)}, but missing required input(s) "
-            f"{sorted(missing)}. Please provide all required input(s)."
-        )
 
 
 def _dims(shape: Sequence[int]) -> str:

@@ -53,6 +53,14 @@ Worker = WorkerHandle[ModelVersion]  # the pool's handle of one instance's worke
 _DONE = (WorkerState.STOPPING, WorkerState.STOPPED, WorkerState.FAILED)
 
 
+class LaneEvents(Protocol):
+    """What the lanes (front.lanes) hear of instances and versions ending."""
+
+    def instance_gone(self, handle: Worker, err: InferpoolError) -> None: ...
+
+    def version_retired(self, mv: ModelVersion, why: str) -> None: ...
+
+
 class Replies(Protocol):
     """How answers reach clients (the front's responder)."""
 
@@ -95,6 +103,7 @@ class Manager:
         self.retiring: list[ModelRecord] = []  # records whose workers are stopping
         self.load_waiters: dict[str, list[Waiter]] = {}
         self._unload_waiters: dict[int, list[Waiter]] = {}  # id(record) -> waiters
+        self.lanes: LaneEvents | None = None
         self.ensembles = Ensembles(self)  # pipelines: ensembles, models' calls (BLS)
         self.calls = Calls(self)
         outputs.on_lent_gone = self._unmap_everywhere
@@ -175,13 +184,15 @@ class Manager:
             self._unload_waiters.setdefault(id(record), []).append(waiter)
         self.retire(record, graceful)
 
-    def retire(self, record: ModelRecord, graceful: bool) -> None:
+    def retire(self, record: ModelRecord, graceful: bool, why: str = "is unloading") -> None:
         """Stop a record's versions: new requests no longer reach them, their workers stop
         once nothing is left for them; ``_check_drained`` forgets the record then."""
         if all(r is not record for r in self.retiring):
             self.retiring.append(record)
             for mv in record.versions.values():
                 mv.set_state(State.UNLOADING)
+                if self.lanes is not None:
+                    self.lanes.version_retired(mv, why)
                 assert mv.scheduler is not None
                 if not graceful:
                     mv.scheduler.drain(
@@ -290,6 +301,8 @@ class Manager:
         handle.busy = None
         self.calls.worker_gone(handle)
         handle.ended_executing(time.monotonic())
+        if self.lanes is not None:
+            self.lanes.instance_gone(handle, error)
         for req in [r for r in self.inflight.values() if r.worker is handle]:
             self.reject(req, error)
         self.gate.done(handle, gone=True)
@@ -316,6 +329,9 @@ class Manager:
                 self.reject(req, err)
             handle.busy = None
         self.gate.done(handle, gone=True)
+        if self.lanes is not None:
+            stopped = f"instance '{handle.name}' of model {mv.label} stopped"
+            self.lanes.instance_gone(handle, InferpoolError(Code.UNAVAILABLE, stopped))
         if mv.state is State.UNLOADING:
             self._check_drained(self._retiring_of(mv))
 

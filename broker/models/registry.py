@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from tritonclient.grpc import model_config_pb2 as pb
 
-from inferpool.broker.models.config import to_dict, to_json, wire_datatype
+from inferpool.broker.models.config import to_dict, to_json
 from inferpool.broker.models.stats import ModelStats
-from inferpool.wire import codec
+from inferpool.wire.contract import TensorSpec, tensor_spec
 from inferpool.wire.errors import Code, InferpoolError
 from inferpool.wire.worker.messages import WantedOutput
 
@@ -28,31 +28,6 @@ class State(str, enum.Enum):
     READY = "READY"
     UNLOADING = "UNLOADING"
     UNAVAILABLE = "UNAVAILABLE"
-
-
-@dataclass(frozen=True, slots=True)
-class TensorSpec:
-    name: str
-    datatype: str
-    dims: tuple[int, ...]  # without the batch dimension
-    optional: bool = False
-    itemsize: int = 0  # 0 for BYTES
-    variable: bool = False  # any -1 in dims
-
-    def matches(self, shape: tuple[int, ...]) -> bool:
-        if len(shape) != len(self.dims):
-            return False
-        if not self.variable:
-            return shape == self.dims
-        return all(d == -1 or d == s for d, s in zip(self.dims, shape, strict=True))
-
-
-def _spec(t: Any, optional: bool = False) -> TensorSpec:
-    datatype = wire_datatype(t.data_type)
-    dims = tuple(int(d) for d in t.dims)
-    return TensorSpec(
-        t.name, datatype, dims, optional, codec.element_size(datatype), any(d < 0 for d in dims)
-    )
 
 
 class ModelVersion:
@@ -83,8 +58,10 @@ class ModelVersion:
         self.default_priority = (
             int(config.dynamic_batching.default_priority_level) if self.priority_levels else 0
         )
-        self.inputs = {t.name: _spec(t, t.optional) for t in config.input}
-        self.outputs = {t.name: _spec(t) for t in config.output}
+        self.inputs = {t.name: tensor_spec(t, t.optional) for t in config.input}
+        self.outputs = {t.name: tensor_spec(t) for t in config.output}
+        # (input, datatype, *shape) -> (batch size, byte size) of inputs admitted before
+        self.checked: dict[tuple[Any, ...], tuple[int, int | None]] = {}
         self.required = frozenset(n for n, t in self.inputs.items() if not t.optional)
         self.all_outputs = tuple(self.outputs)
         # what a request that names no outputs gets (shared, never mutated)

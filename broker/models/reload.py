@@ -125,6 +125,6 @@ def _switch(
                 mv.stats = old.versions[version].stats
         manager.registry.records[new.name] = new
         log.info("model '%s' reloaded; the previous workers finish their queue", new.name)
-        manager.retire(old, graceful=True)
+        manager.retire(old, graceful=True, why="was reloaded")
     if waiter:
         waiter(err)

@@ -8,7 +8,13 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from inferpool.wire.errors import Code
-from inferpool.wire.worker.messages import Durations, MemoryUsage, MetricsUpdate, Result
+from inferpool.wire.worker.messages import (
+    Durations,
+    LaneStats,
+    MemoryUsage,
+    MetricsUpdate,
+    Result,
+)
 
 
 @dataclass(slots=True)
@@ -76,6 +82,8 @@ class ModelStats:
     cache_hit: Duration = field(default_factory=Duration)
     cache_miss: Duration = field(default_factory=Duration)
     responses: dict[int, ResponseStats] = field(default_factory=dict)  # by response index
+    lane_success: int = 0  # of success and fail, the requests that came over lanes
+    lane_fail: int = 0
 
     def request_done(
         self, success: bool, total_ns: int, batch_size: int, timing: Durations | None
@@ -130,6 +138,29 @@ class ModelStats:
         b.compute_infer.add(timing.compute_infer)
         b.compute_output.add(timing.compute_output)
 
+    def lanes_done(self, lanes: LaneStats) -> None:
+        """Fold what a worker's lanes served (they bypass the broker)."""
+        if lanes.success or lanes.fail:
+            self.last_inference_ms = int(time.time() * 1000)
+        self.lane_success += lanes.success
+        self.lane_fail += lanes.fail
+        self.success.add(lanes.success_ns, lanes.success)
+        self.fail.add(lanes.fail_ns, lanes.fail)
+        self.queue.add(lanes.queue_ns, lanes.success)
+        self.inference_count += lanes.inferences
+        d = lanes.durations
+        self.compute_input.add(d.compute_input, lanes.success)
+        self.compute_infer.add(d.compute_infer, lanes.success)
+        self.compute_output.add(d.compute_output, lanes.success)
+        for batch in lanes.batches:
+            self.execution_count += batch.executions
+            b = self.batches.get(batch.batch_size)
+            if b is None:
+                b = self.batches[batch.batch_size] = BatchStats()
+            b.compute_input.add(batch.durations.compute_input, batch.executions)
+            b.compute_infer.add(batch.durations.compute_infer, batch.executions)
+            b.compute_output.add(batch.durations.compute_output, batch.executions)
+
     def to_dict(
         self, name: str, version: int, memory: Sequence[MemoryUsage] = ()
     ) -> dict[str, Any]:
@@ -160,6 +191,7 @@ class ModelStats:
                 for size, b in sorted(self.batches.items())
             ],
             "memory_usage": [m._asdict() for m in memory],
+            "lane_stats": {"success": self.lane_success, "fail": self.lane_fail},
         }
 
 

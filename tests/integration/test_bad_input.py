@@ -271,6 +271,14 @@ def test_backend_errors_do_not_sink_the_batch(short_tmp, shm_clean) -> None:
             assert "error" not in h1 and "error" not in h2
             assert np.frombuffer(f1[1].buffer, np.int32).tolist() == [0, 0]  # optional -> zeros
             assert np.frombuffer(f2[1].buffer, np.int32).tolist() == [1, 2]
+            only_optional = {"name": "INPUT1", "datatype": "INT32", "shape": [1, 2]}
+            for _ in range(2):  # checked in full, then as an input the model has seen
+                r3 = c1._send(
+                    {"type": "infer", "model_name": "pair", "inputs": [only_optional]}, [a.data]
+                )
+                h3, _ = c1._recv(r3, 10)
+                assert h3["error"]["code"] == "INVALID_ARG"
+                assert "missing required input(s) ['INPUT0']" in h3["error"]["message"]
         finally:
             c1.close()
             c2.close()

@@ -220,3 +220,18 @@ def test_c_client_speaks_the_protocol(example_server: Server) -> None:
         timeout=30,
     )
     assert health.returncode == 0 and health.stdout.strip() == "true"
+    lane = subprocess.run(
+        [binary, example_server.endpoint, "identity", "--lane"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert lane.returncode == 0, lane.stderr
+    assert lane.stdout == "OUTPUT0 = 1.5 2.5 3.5 4.5\nOK (lane)\n"
+    refused = subprocess.run(
+        [binary, example_server.endpoint, "identity_batched", "--lane"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert refused.returncode == 2 and "server error UNSUPPORTED" in refused.stderr

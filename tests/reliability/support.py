@@ -30,6 +30,7 @@ IDLE = {
     "leases": 0,
     "registrations": 0,
     "inflight": 0,
+    "lanes": 0,
 }
 SERVER_CODES = {"INVALID_ARG", "NOT_FOUND", "UNAVAILABLE", "UNSUPPORTED", "TIMEOUT"}
 

@@ -7,12 +7,14 @@ decoders check each record's arity).  Every request crosses the channel twice, s
 here loops over fields in Python.
 
 broker -> worker  Execute (a batch to run), Free (slots and regions it is done with), Stop,
-                  RegionGrant (the answer to ShareRegion), Replies (responses to its calls)
+                  RegionGrant (the answer to ShareRegion), Replies (responses to its calls),
+                  LaneOpen / LaneClose (a client's lane to serve, or to stop serving)
 worker -> broker  Ready (loaded: its placement and served config), Failed (why it cannot
                   boot), Items (results mid-batch, decoupled models), Done (a batch's last
                   results and its statistics), ShareRegion / RegionFilled (shared regions),
                   Unmapped (client regions it has closed), Call (a model's inference request
-                  to another model: BLS), Release (reply slots it has finished reading)
+                  to another model: BLS), Release (reply slots it has finished reading),
+                  LaneClosed (a lane it no longer serves), LaneStats (what its lanes served)
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ class Kind(str, enum.Enum):
     SHARE_REGION = "share_region"
     REGION_FILLED = "region_filled"
     UNMAPPED = "unmapped"
+    LANE_OPEN = "lane_open"
+    LANE_CLOSE = "lane_close"
+    LANE_CLOSED = "lane_closed"
+    LANE_STATS = "lane_stats"
     CALL = "call"
     REPLIES = "replies"
     RELEASE = "release"
@@ -161,6 +167,14 @@ class MetricsUpdate(NamedTuple):
     ops: Sequence[MetricOp]
 
 
+class LaneBatch(NamedTuple):
+    """Lane executions of one batch size, folded: how many, their durations summed."""
+
+    batch_size: int
+    executions: int
+    durations: Durations
+
+
 # ---------------------------------------------------------------------------- broker -> worker
 class Execute(NamedTuple):
     """Run ``requests`` as one batch, after dropping what the other fields name."""
@@ -192,6 +206,27 @@ class RegionGrant(NamedTuple):
     region: str  # the region's name ("" with an error)
     fill: bool  # True: this worker fills it and then sends RegionFilled
     error: ErrorObject | None = None
+
+
+class LaneOpen(NamedTuple):
+    """Serve lane ``lane``: its region, the client's input region it may read inputs from
+    (nothing else), the client's pid (to tell whether they share a core), the spin budget."""
+
+    lane: int
+    region: str  # the lane's region (wire.lane)
+    inputs: str  # the client's server-made input region
+    client_pid: int
+    spin_us: int
+
+
+class LaneClose(NamedTuple):
+    """Stop serving lane ``lane`` (its header already says why); ``free``: give back the
+    outputs its client still holds (the client is gone or closed the lane), else they stay
+    allocated until the worker exits (its instance is retiring: the client may still read
+    them)."""
+
+    lane: int
+    free: bool = True
 
 
 class Replies(NamedTuple):
@@ -252,6 +287,28 @@ class Unmapped(NamedTuple):
     refs: Sequence[str]
 
 
+class LaneClosed(NamedTuple):
+    """The worker serves lane ``lane`` no more (told to, or it could not: ``error``); it
+    answered every request it had claimed and freed the lane's outputs."""
+
+    lane: int
+    error: ErrorObject | None = None
+
+
+class LaneStats(NamedTuple):
+    """What the worker's lanes served since its last LaneStats (lanes bypass the broker)."""
+
+    success: int
+    fail: int
+    success_ns: int  # from the client's send to the response, summed
+    fail_ns: int
+    queue_ns: int  # from the client's send until the worker took them, summed (successes)
+    inferences: int  # batch sizes of the successful requests, summed
+    durations: Durations  # of the successful requests, summed
+    batches: Sequence[LaneBatch]
+    metrics: MetricsUpdate | None = None
+
+
 class Call(NamedTuple):
     """A model's inference request to a served model (BLS), made while it executes.
 
@@ -274,9 +331,19 @@ class Release(NamedTuple):
     slots: Sequence[Slot]
 
 
-BrokerMessage = Execute | Free | Stop | RegionGrant | Replies
+BrokerMessage = Execute | Free | Stop | RegionGrant | Replies | LaneOpen | LaneClose
 WorkerMessage = (
-    Ready | Failed | Items | Done | ShareRegion | RegionFilled | Unmapped | Call | Release
+    Ready
+    | Failed
+    | Items
+    | Done
+    | ShareRegion
+    | RegionFilled
+    | Unmapped
+    | Call
+    | Release
+    | LaneClosed
+    | LaneStats
 )
 Message = BrokerMessage | WorkerMessage
 
@@ -292,6 +359,10 @@ _KINDS: dict[type, Kind] = {
     ShareRegion: Kind.SHARE_REGION,
     RegionFilled: Kind.REGION_FILLED,
     Unmapped: Kind.UNMAPPED,
+    LaneOpen: Kind.LANE_OPEN,
+    LaneClose: Kind.LANE_CLOSE,
+    LaneClosed: Kind.LANE_CLOSED,
+    LaneStats: Kind.LANE_STATS,
     Call: Kind.CALL,
     Replies: Kind.REPLIES,
     Release: Kind.RELEASE,
@@ -400,11 +471,26 @@ def _free(body: Sequence[Any]) -> Free:
 
 def _done(body: Sequence[Any]) -> Done:
     items, batches, metrics = body
-    if metrics is not None:
-        families, ops = metrics
-        families = list(map(MetricFamilyInfo._make, families))
-        metrics = _new(MetricsUpdate, (families, list(map(MetricOp._make, ops))))
-    return _new(Done, (list(map(_result, items)), list(map(_batch, batches)), metrics))
+    return _new(Done, (list(map(_result, items)), list(map(_batch, batches)), _metrics(metrics)))
+
+
+def _metrics(raw: Sequence[Any] | None) -> MetricsUpdate | None:
+    if raw is None:
+        return None
+    families, ops = raw
+    families = list(map(MetricFamilyInfo._make, families))
+    return _new(MetricsUpdate, (families, list(map(MetricOp._make, ops))))
+
+
+def _lane_batch(raw: Sequence[Any]) -> LaneBatch:
+    batch_size, executions, durations = raw
+    return _new(LaneBatch, (batch_size, executions, _durations(durations)))
+
+
+def _lane_stats(body: Sequence[Any]) -> LaneStats:
+    success, fail, success_ns, fail_ns, queue_ns, inferences, durations, batches, metrics = body
+    fields = (success, fail, success_ns, fail_ns, queue_ns, inferences, _durations(durations))
+    return _new(LaneStats, (*fields, list(map(_lane_batch, batches)), _metrics(metrics)))
 
 
 def _ready(body: Sequence[Any]) -> Ready:
@@ -465,6 +551,8 @@ _FROM_BROKER: dict[str, Callable[[Any], Any]] = {
     Kind.FREE: _free,
     Kind.STOP: Stop._make,
     Kind.REGION_GRANT: RegionGrant._make,
+    Kind.LANE_OPEN: LaneOpen._make,
+    Kind.LANE_CLOSE: LaneClose._make,
     Kind.REPLIES: _replies,
 }
 _FROM_WORKER: dict[str, Callable[[Any], Any]] = {
@@ -475,6 +563,8 @@ _FROM_WORKER: dict[str, Callable[[Any], Any]] = {
     Kind.SHARE_REGION: ShareRegion._make,
     Kind.REGION_FILLED: RegionFilled._make,
     Kind.UNMAPPED: Unmapped._make,
+    Kind.LANE_CLOSED: LaneClosed._make,
+    Kind.LANE_STATS: _lane_stats,
     Kind.CALL: _call,
     Kind.RELEASE: _release,
 }

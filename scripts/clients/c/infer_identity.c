@@ -9,6 +9,11 @@
  *   infer_identity ENDPOINT [MODEL]            infer on MODEL (default "identity")
  *   infer_identity ENDPOINT [MODEL] --health   send health_ready, print its `ready` value
  *                                              (health_ready is server-wide: MODEL is unused)
+ *   infer_identity ENDPOINT [MODEL] --lane     the same inference through a lane: the input
+ *                                              written in a server-made region, the request
+ *                                              and its response through the lane's rings
+ *                                              (docs/PROTOCOL.md, "Lanes"), the output read
+ *                                              in place in the worker's region
  *
  * Environment:
  *   INFERPOOL_TIMEOUT_MS   send/receive timeout in milliseconds (default 10000; -1 = forever)
@@ -22,12 +27,21 @@
  *   4  usage error or a failing local libzmq call
  */
 
+#define _GNU_SOURCE /* syscall(), for the futex */
 #include <errno.h>
+#include <fcntl.h>
+#include <linux/futex.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <zmq.h>
 
@@ -755,13 +769,314 @@ done:
     return status;
 }
 
+/* ======================================================================================
+ * The lane mode (docs/PROTOCOL.md, "Lanes"): the request and its response go through two
+ * rings in shared memory between this process and the model's worker; the broker only
+ * grants the lane. Everything below is the protocol's byte layout, little-endian.
+ * ==================================================================================== */
+
+#define LANE_HEADER 4096
+#define LANE_STATE 16          /* u32: 0 open, 1 revoked */
+#define LANE_REQ_SEQ 64        /* u32 futex: requests posted (this process writes it) */
+#define LANE_WORKER_SLEEPING 132
+#define LANE_RESP_SEQ 128      /* u32 futex: responses posted (the worker writes it) */
+#define LANE_CLIENT_SLEEPING 68
+#define LANE_WORKER_CLOSED 140
+#define LANE_REASON 512
+#define DT_FP32 11             /* Triton's TRITONSERVER_DataType numbers */
+#define SPIN_NS 50000          /* spin this long for the response, then sleep on the futex */
+
+typedef struct {
+    void *addr;
+    size_t size;
+} Mapping;
+
+/* Map POSIX shared-memory object `key` ("/name"): 0, or an exit status. */
+static int map_object(const char *key, int writable, Mapping *m)
+{
+    struct stat st;
+    int fd = shm_open(key, writable ? O_RDWR : O_RDONLY, 0);
+    if (fd < 0) {
+        errorf("cannot open shared memory %s: %s", key, strerror(errno));
+        return EXIT_LOCAL;
+    }
+    if (fstat(fd, &st) != 0 || st.st_size <= 0) {
+        errorf("cannot size shared memory %s", key);
+        close(fd);
+        return EXIT_LOCAL;
+    }
+    m->size = (size_t)st.st_size;
+    m->addr = mmap(NULL, m->size, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED, fd, 0);
+    close(fd);
+    if (m->addr == MAP_FAILED) {
+        errorf("cannot map shared memory %s: %s", key, strerror(errno));
+        m->addr = NULL;
+        return EXIT_LOCAL;
+    }
+    return 0;
+}
+
+static void unmap(Mapping *m)
+{
+    if (m->addr != NULL)
+        munmap(m->addr, m->size);
+    m->addr = NULL;
+}
+
+static _Atomic uint32_t *word(const Mapping *m, size_t offset)
+{
+    return (_Atomic uint32_t *)((char *)m->addr + offset);
+}
+
+static void put_u16(unsigned char *p, unsigned v) { p[0] = (unsigned char)v; p[1] = (unsigned char)(v >> 8); }
+static void put_u32(unsigned char *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i)); }
+static void put_u64(unsigned char *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i)); }
+static uint32_t get_u32(const unsigned char *p) { uint32_t v = 0; for (int i = 3; i >= 0; i--) v = v << 8 | p[i]; return v; }
+static uint64_t get_u64(const unsigned char *p) { uint64_t v = 0; for (int i = 7; i >= 0; i--) v = v << 8 | p[i]; return v; }
+static unsigned get_u16(const unsigned char *p) { return (unsigned)p[0] | (unsigned)p[1] << 8; }
+
+/* Send a control message and check its answer's envelope: 0 (r holds it), or an exit status. */
+static int control(void *sock, const Buf *b, const char *type, Reply *r, Json *top)
+{
+    int status;
+    if (b->overflow) {
+        errorf("a %s message does not fit the buffer", type);
+        return EXIT_LOCAL;
+    }
+    if ((status = send_frame(sock, b->data, b->len, 0)) != 0)
+        return status;
+    if ((status = recv_reply(sock, r)) != 0)
+        return status;
+    return check_envelope(r, type, top);
+}
+
+/* The position of string `name` in the array member `key` of *top (elements are strings, or
+ * objects whose "name" is compared): the index, or -1. */
+static int position(const Json *top, const char *key, const char *name)
+{
+    Json arr, elem;
+    char got[KEY_MAX];
+    int i = 0;
+    if (json_get(top, key, &arr) != 1 || json_array_open(&arr) != 0)
+        return -1;
+    while (json_array_next(&arr, &elem, 0) == 1) {
+        if ((json_get_string(&elem, got, sizeof got) || json_member_string(&elem, "name", got, sizeof got)) &&
+            strcmp(got, name) == 0)
+            return i;
+        i++;
+    }
+    return -1;
+}
+
+static int member_int(const Json *obj, const char *key, long long *out)
+{
+    Json v;
+    return json_get(obj, key, &v) == 1 && json_get_int(&v, out);
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void futex_wake(_Atomic uint32_t *w)
+{
+    syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
+}
+
+static void futex_wait(_Atomic uint32_t *w, uint32_t seen, long ns)
+{
+    struct timespec ts = {ns / 1000000000L, ns % 1000000000L};
+    syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT, seen, &ts, NULL, 0);
+}
+
+/* Wait until response 1 is in the ring: 0, or an exit status (revoked, closed, timed out). */
+static int lane_wait(const Mapping *lane)
+{
+    _Atomic uint32_t *seq = word(lane, LANE_RESP_SEQ), *sleeping = word(lane, LANE_CLIENT_SLEEPING);
+    uint64_t start = now_ns(), limit = timeout_ms < 0 ? UINT64_MAX : (uint64_t)timeout_ms * 1000000u;
+    while (atomic_load_explicit(seq, memory_order_acquire) == 0) {
+        uint64_t spent = now_ns() - start;
+        if (atomic_load(word(lane, LANE_STATE)) != 0 || atomic_load(word(lane, LANE_WORKER_CLOSED)) != 0) {
+            if (atomic_load_explicit(seq, memory_order_acquire) != 0)
+                break;
+            errorf("the lane ended: %.511s", (const char *)lane->addr + LANE_REASON);
+            return EXIT_SERVER_ERROR;
+        }
+        if (spent > limit) {
+            report_timeout("waiting on the lane of");
+            return EXIT_TIMEOUT;
+        }
+        if (spent < SPIN_NS)
+            continue;
+        /* Raise the flag, then sleep while the word is still 0 (the kernel checks it after
+         * its own barrier): the worker, having published, looks at the flag and wakes us. */
+        atomic_store(sleeping, 1);
+        futex_wait(seq, 0, 50000000L); /* 50 ms slices: the state is looked at again */
+        atomic_store(sleeping, 0);
+    }
+    return 0;
+}
+
+static int do_lane(void *sock, const char *model)
+{
+    static const float values[N_VALUES] = {1.5f, 2.5f, 3.5f, 4.5f};
+    Buf b = {.len = 0, .overflow = 0};
+    Reply r = {.n = 0};
+    Json top;
+    Mapping inputs = {NULL, 0}, lane = {NULL, 0}, outputs = {NULL, 0};
+    char key[256], lane_key[256], out_key[256];
+    long long lane_id = 0, slots, slot_size;
+    int status, in_index, out_index;
+    unsigned char *req, *resp, *p;
+
+    /* 1. A server-made input region, and the input written into it in place. */
+    buf_str(&b, "{\"type\": \"create_shared_memory_region\", \"protocol\": 1, \"id\": \"" REQUEST_ID
+                "\", \"name\": \"inputs\", \"byte_size\": 4096}");
+    if ((status = control(sock, &b, "create_shared_memory_region", &r, &top)) != 0)
+        goto done;
+    if (!json_member_string(&top, "key", key, sizeof key)) {
+        errorf("create_shared_memory_region answered no key");
+        status = EXIT_MISMATCH;
+        goto done;
+    }
+    reply_close(&r);
+    if ((status = map_object(key, 1, &inputs)) != 0)
+        goto done;
+    for (int i = 0; i < N_VALUES; i++)
+        fp32_to_le(values[i], (unsigned char *)inputs.addr + 4 * i);
+
+    /* 2. The lane. */
+    b.len = 0;
+    buf_str(&b, "{\"type\": \"open_lane\", \"protocol\": 1, \"id\": \"" REQUEST_ID "\", \"model_name\": ");
+    buf_json_string(&b, model);
+    {
+        char tail[96];
+        snprintf(tail, sizeof tail, ", \"model_version\": \"\", \"pid\": %ld, \"slots\": 1}", (long)getpid());
+        buf_str(&b, tail);
+    }
+    if ((status = control(sock, &b, "open_lane", &r, &top)) != 0)
+        goto done;
+    status = EXIT_MISMATCH;
+    in_index = position(&top, "inputs", "INPUT0");
+    out_index = position(&top, "outputs", "OUTPUT0");
+    if (!json_member_string(&top, "key", lane_key, sizeof lane_key) ||
+        !json_member_string(&top, "output_region", out_key + 1, sizeof out_key - 1) ||
+        !member_int(&top, "lane", &lane_id) || !member_int(&top, "slots", &slots) ||
+        !member_int(&top, "slot_size", &slot_size) || in_index < 0 || out_index < 0) {
+        errorf("open_lane's answer lacks a field of the protocol");
+        goto done;
+    }
+    out_key[0] = '/';
+    reply_close(&r);
+    if ((status = map_object(lane_key, 1, &lane)) != 0)
+        goto done;
+    status = EXIT_MISMATCH;
+    if (memcmp(lane.addr, "IPL1", 4) != 0 || get_u32((unsigned char *)lane.addr + 4) != 1 ||
+        lane.size < (size_t)(LANE_HEADER + 2 * slots * slot_size)) {
+        errorf("%s is not a version 1 lane", lane_key);
+        goto done;
+    }
+
+    /* 3. Request 0 into request slot 0: the header, INPUT0, the one output wanted. */
+    req = (unsigned char *)lane.addr + LANE_HEADER;
+    memset(req, 0, 128);
+    put_u64(req, 0);                 /* id */
+    put_u64(req + 8, now_ns());      /* sent */
+    put_u32(req + 16, 0);            /* flags */
+    put_u16(req + 20, 1);            /* inputs */
+    put_u16(req + 22, 1);            /* outputs */
+    put_u16(req + 24, 0);            /* releases */
+    put_u32(req + 28, 40);           /* the body: one input entry (32), one output index (8) */
+    p = req + 32;                    /* the input: index, datatype, ndim, offset, size, dims */
+    put_u16(p, (unsigned)in_index);
+    p[2] = DT_FP32;
+    p[3] = 1;
+    put_u64(p + 8, 0);
+    put_u64(p + 16, 4 * N_VALUES);
+    put_u64(p + 24, N_VALUES);
+    put_u16(p + 32, (unsigned)out_index);
+    /* Publish (a release store), then wake the worker if it sleeps: the full fence orders the
+     * store before the load of its flag. */
+    atomic_store_explicit(word(&lane, LANE_REQ_SEQ), 1, memory_order_release);
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load(word(&lane, LANE_WORKER_SLEEPING)))
+        futex_wake(word(&lane, LANE_REQ_SEQ));
+
+    /* 4. Response 0, in response slot 0. */
+    if ((status = lane_wait(&lane)) != 0)
+        goto done;
+    status = EXIT_MISMATCH;
+    resp = (unsigned char *)lane.addr + LANE_HEADER + slots * slot_size;
+    if (get_u32(resp + 8) != 0) {
+        unsigned len = get_u16(resp + 16);
+        const char *codes[] = {"", "INVALID_ARG", "NOT_FOUND", "UNAVAILABLE", "UNSUPPORTED",
+                               "INTERNAL", "ALREADY_EXISTS", "CANCELLED", "TIMEOUT", "UNKNOWN"};
+        uint32_t code = get_u32(resp + 8);
+        unsigned n_out = get_u16(resp + 12);
+        const unsigned char *msg = resp + 24;
+        for (unsigned i = 0; i < n_out; i++)
+            msg += 24 + 8 * msg[3];
+        msg += get_u32(resp + 20); /* the parameters */
+        errorf("server error %s: %.*s", code < 10 ? codes[code] : "UNKNOWN", (int)len, (const char *)msg);
+        status = EXIT_SERVER_ERROR;
+        goto done;
+    }
+    p = resp + 24;
+    if (get_u16(resp + 12) != 1 || get_u16(p) != (unsigned)out_index || p[2] != DT_FP32 || p[3] != 1 ||
+        get_u64(p + 24) != N_VALUES || get_u64(p + 16) != 4 * N_VALUES) {
+        errorf("the lane's response is not OUTPUT0, FP32 [%d]", N_VALUES);
+        goto done;
+    }
+    if ((status = map_object(out_key, 0, &outputs)) != 0)
+        goto done;
+    status = EXIT_MISMATCH;
+    if (get_u64(p + 8) + 4 * N_VALUES > outputs.size) {
+        errorf("OUTPUT0 lies outside %s", out_key);
+        goto done;
+    }
+    {
+        const unsigned char *data = (const unsigned char *)outputs.addr + get_u64(p + 8);
+        printf("OUTPUT0 =");
+        for (int i = 0; i < N_VALUES; i++)
+            printf(" %g", (double)fp32_from_le(data + 4 * i));
+        printf("\n");
+        if (memcmp(data, inputs.addr, 4 * N_VALUES) != 0) {
+            errorf("OUTPUT0 differs from INPUT0 (1.5 2.5 3.5 4.5)");
+            goto done;
+        }
+    }
+
+    /* 5. Close the lane: the worker gives back OUTPUT0's memory, the broker unlinks the lane. */
+    b.len = 0;
+    {
+        char msg[128];
+        snprintf(msg, sizeof msg, "{\"type\": \"close_lane\", \"protocol\": 1, \"id\": \"" REQUEST_ID
+                 "\", \"lane\": %lld}", lane_id);
+        buf_str(&b, msg);
+    }
+    if ((status = control(sock, &b, "close_lane", &r, &top)) != 0)
+        goto done;
+    printf("OK (lane)\n");
+    status = EXIT_MATCH;
+done:
+    reply_close(&r);
+    unmap(&outputs);
+    unmap(&lane);
+    unmap(&inputs);
+    return status;
+}
+
 static int usage(void)
 {
     fprintf(stderr,
-            "usage: %s ENDPOINT [MODEL] [--health]\n"
+            "usage: %s ENDPOINT [MODEL] [--health | --lane]\n"
             "  ENDPOINT  e.g. ipc:///tmp/inferpool-$(id -u)/broker.sock or tcp://127.0.0.1:8710\n"
             "  MODEL     model to infer on (default: identity)\n"
             "  --health  send health_ready instead and print `ready`\n"
+            "  --lane    infer through a lane (same machine as the server)\n"
             "env INFERPOOL_TIMEOUT_MS: send/receive timeout (default %d, -1 = forever)\n",
             prog, DEFAULT_TIMEOUT_MS);
     return EXIT_LOCAL;
@@ -770,7 +1085,7 @@ static int usage(void)
 int main(int argc, char **argv)
 {
     const char *model = "identity", *env;
-    int health = 0, linger = 0, status;
+    int health = 0, lane = 0, linger = 0, status;
     void *ctx, *sock;
 
     if (argc < 2 || argc > 4 || argv[1][0] == '-')
@@ -779,6 +1094,8 @@ int main(int argc, char **argv)
     for (int i = 2; i < argc; i++) {
         if (strcmp(argv[i], "--health") == 0 && i == argc - 1)
             health = 1;
+        else if (strcmp(argv[i], "--lane") == 0 && i == argc - 1)
+            lane = 1;
         else if (i == 2 && argv[i][0] != '-')
             model = argv[i];
         else
@@ -819,7 +1136,7 @@ int main(int argc, char **argv)
         goto close;
     }
 
-    status = health ? do_health(sock) : do_infer(sock, model);
+    status = health ? do_health(sock) : lane ? do_lane(sock, model) : do_infer(sock, model);
 
 close:
     if (zmq_close(sock) != 0)

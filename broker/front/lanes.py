@@ -1,0 +1,263 @@
+"""Lanes: the broker grants, watches and revokes client-to-worker lanes (``wire.lane``).
+
+A lane is a shared-memory region between one client and one worker instance of a model
+(``open_lane``): requests and responses go through it without the broker.  The broker stays
+in charge of it: it creates the region (mode 0600, named for the run), tells the worker
+(``LaneOpen``), counts what the lane served (``LaneStats``), and revokes it (the reason in
+the region's header, both sides woken, ``LaneClose`` to the worker) when the client closes
+it, disconnects or goes silent, when its input region ends, when the instance stops,
+crashes or is replaced, when the model unloads or reloads, or when the server drains (its
+admissions end).  The region is unlinked once
+the worker has said ``LaneClosed`` (or is dead).
+
+The rule: lanes serve models without dynamic or sequence batching, decoupled responses or a
+response cache, on a server without a rate limiter.  Those batch, stream, cache or gate
+executions in the broker, which a lane bypasses; they are refused with UNSUPPORTED.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from inferpool.broker.front.registrations import Registrations
+from inferpool.broker.front.router import Handler
+from inferpool.broker.models.manager import Worker
+from inferpool.broker.models.registry import ModelVersion, Registry
+from inferpool.broker.pool.handle import WorkerState
+from inferpool.broker.pool.supervisor import Supervisor
+from inferpool.shm import futex
+from inferpool.shm.region import Region, ShmExhausted
+from inferpool.shm.runs import region_name
+from inferpool.wire import lane as wl
+from inferpool.wire.errors import Code, InferpoolError, invalid_arg, not_found
+from inferpool.wire.worker.messages import LaneClose, LaneClosed, LaneOpen, LaneStats
+
+log = logging.getLogger("inferpool.lanes")
+INPUT_REGION = "inputs"  # the region a shared-memory client's inputs live in
+EXTENSIONS = ("lanes",)
+
+
+@dataclass(eq=False)
+class Lane:
+    id: int
+    owner: bytes
+    model: ModelVersion
+    worker: Worker
+    region: Region
+    header: wl.Header
+    input_region: str  # the registration's name
+    revoked: bool = False
+
+
+class Lanes:
+    def __init__(
+        self,
+        run_id: str,
+        registry: Registry,
+        registrations: Registrations,
+        supervisor: Supervisor[ModelVersion],
+        track: Any,
+        spin_us: int,
+        rate_limited: bool = False,
+    ) -> None:
+        """``track(client)``: watch the client for disconnects and silence (the shared-memory
+        extension's); ``spin_us``: how long a worker spins for its lanes' next request;
+        ``rate_limited``: the broker gates executions (``--rate-limit``): no lanes."""
+        self.run_id = run_id
+        self.registry = registry
+        self.registrations = registrations
+        self.supervisor = supervisor
+        self.track = track
+        self.spin_us = spin_us
+        self.rate_limited = rate_limited
+        self.lanes: dict[int, Lane] = {}
+        self.drained = ""  # why the server drains ("": it does not)
+        self._ids = itertools.count(1)
+
+    def handlers(self) -> dict[str, Handler]:
+        return {"open_lane": self.open_lane, "close_lane": self.close_lane}
+
+    # ------------------------------------------------------------------ client messages
+    def open_lane(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
+        owner = e[0]
+        if self.drained:
+            raise InferpoolError(Code.UNAVAILABLE, f"the server is draining ({self.drained})")
+        mv = self.registry.resolve(h.get("model_name"), h.get("model_version"))
+        _check_rule(mv, self.rate_limited)
+        pid = h.get("pid")
+        if type(pid) is not int or pid <= 0:
+            raise invalid_arg(f"open_lane needs 'pid': the client's process id, got {pid!r}")
+        spin = h.get("spin_us", self.spin_us)
+        if type(spin) is not int or spin < 0:
+            raise invalid_arg(f"open_lane 'spin_us' must be a non-negative integer, got {spin!r}")
+        slots = h.get("slots", wl.DEFAULT_SLOTS)
+        if type(slots) is not int or not 1 <= slots <= wl.MAX_SLOTS:
+            raise invalid_arg(f"open_lane 'slots' must be an integer in 1..{wl.MAX_SLOTS}")
+        name = h.get("input_region", INPUT_REGION)
+        reg = self.registrations.created(owner, name) if isinstance(name, str) else None
+        if reg is None:
+            raise invalid_arg(
+                f"open_lane needs a server-made input region {name!r} of this client "
+                "(create_shared_memory_region): lane inputs are read from it and nowhere else"
+            )
+        if any(la.owner == owner and la.model is mv and not la.revoked for la in self._all()):
+            raise InferpoolError(
+                Code.ALREADY_EXISTS, f"this client already has a lane to model {mv.label}"
+            )
+        worker = self._pick(mv)
+        lane_id = next(self._ids)
+        geometry = wl.Geometry(slots, wl.SLOT_SIZE)
+        try:
+            region = Region.create(region_name(self.run_id, f"lane{lane_id}"), geometry.size)
+        except ShmExhausted as exc:
+            raise InferpoolError(Code.UNAVAILABLE, f"no room for a lane: {exc}") from None
+        wl.init_header(region.buf, geometry)
+        lane = Lane(lane_id, owner, mv, worker, region, wl.Header(region.buf), name)
+        self.lanes[lane_id] = lane
+        self.track(owner)
+        spin = min(spin, self.spin_us)  # the server's --lane-spin-us bounds what a client asks
+        self.supervisor.send(worker, LaneOpen(lane_id, region.name, reg.key, pid, spin))
+        log.info("lane %d open: client %s, instance %s", lane_id, owner.hex(), worker.name)
+        return {
+            "lane": lane_id,
+            "key": "/" + region.name,
+            "slots": geometry.slots,
+            "slot_size": geometry.slot_size,
+            "model_name": mv.name,
+            "model_version": mv.version_str,
+            "instance": worker.name,
+            "worker_pid": worker.pid,
+            "output_region": worker.output_region,
+            "inputs": [{"name": s.name, "datatype": s.datatype} for s in mv.inputs.values()],
+            "outputs": list(mv.outputs),
+        }
+
+    def close_lane(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
+        lane = self.lanes.get(h.get("lane"))  # type: ignore[arg-type]
+        if lane is None or lane.owner != e[0]:
+            raise not_found(f"no lane {h.get('lane')!r} of this client")
+        self.revoke(lane, Code.CANCELLED, "the client closed the lane")
+        return {}
+
+    # ------------------------------------------------------------------ revoking
+    def revoke(self, lane: Lane, code: Code, reason: str, free: bool = True) -> None:
+        """Tell both sides the lane is over (the region says why), then the worker;
+        ``free``: the worker gives back the outputs the client holds (LaneClose)."""
+        if lane.revoked:
+            return
+        lane.revoked = True
+        lane.header.revoke(wl.STATUS[code.value], reason)
+        for word in (wl.REQ_SEQ, wl.RESP_SEQ):
+            futex.wake(futex.address(lane.region.buf, word))
+        log.info("lane %d revoked: %s", lane.id, reason)
+        worker = lane.worker
+        if worker.channel is not None and worker.state in (WorkerState.READY, WorkerState.STOPPING):
+            self.supervisor.send(worker, LaneClose(lane.id, free))
+        else:
+            self._worker_gone(lane)
+
+    def _worker_gone(self, lane: Lane) -> None:
+        """The worker will never close the lane: the broker says so for it, and unlinks."""
+        lane.header[wl.WORKER_CLOSED] = 1
+        futex.wake(futex.address(lane.region.buf, wl.RESP_SEQ))
+        self._destroy(lane)
+
+    def _destroy(self, lane: Lane) -> None:
+        self.lanes.pop(lane.id, None)
+        lane.header.release()
+        lane.region.destroy()
+
+    # ------------------------------------------------------------------ events
+    def worker_closed(self, handle: Worker, msg: LaneClosed) -> None:
+        lane = self.lanes.get(msg.lane)
+        if lane is None or lane.worker is not handle:
+            return
+        if msg.error is not None:
+            err = InferpoolError.from_wire(msg.error)
+            self.revoke(lane, err.code, err.message)
+        self._destroy(lane)
+
+    def worker_stats(self, handle: Worker, msg: LaneStats) -> None:
+        handle.model.stats.lanes_done(msg)
+
+    def instance_gone(self, handle: Worker, err: InferpoolError) -> None:
+        """``handle``'s worker exited (crashed, stopped, failed): its lanes end now."""
+        for lane in [la for la in self._all() if la.worker is handle]:
+            self.revoke(lane, Code.UNAVAILABLE, err.message)
+            if lane.id in self.lanes:
+                self._worker_gone(lane)
+
+    def version_retired(self, mv: ModelVersion, why: str) -> None:
+        for lane in [la for la in self._all() if la.model is mv]:  # its outputs stay readable
+            self.revoke(lane, Code.UNAVAILABLE, f"model {mv.label} {why}", free=False)
+
+    def draining(self, why: str) -> None:
+        """The server stopped admitting requests (a drain): every lane ends, so that its
+        client's requests meet the drain on the broker path; none is granted any more."""
+        self.drained = why
+        for lane in self._all():
+            self.revoke(lane, Code.UNAVAILABLE, f"the server is draining ({why})")
+
+    def client_gone(self, owner: bytes, why: str) -> None:
+        for lane in [la for la in self._all() if la.owner == owner]:
+            self.revoke(lane, Code.UNAVAILABLE, f"the client {why}")
+
+    def region_ended(self, owner: bytes, name: str) -> None:
+        for lane in [la for la in self._all() if la.owner == owner and la.input_region == name]:
+            self.revoke(lane, Code.UNAVAILABLE, f"the lane's input region '{name}' was ended")
+
+    # ------------------------------------------------------------------ looking
+    def _all(self) -> list[Lane]:
+        return list(self.lanes.values())
+
+    def _pick(self, mv: ModelVersion) -> Worker:
+        """The ready instance with the fewest lanes."""
+        ready = [
+            h
+            for h in mv.instances
+            if h.state is WorkerState.READY and not h.passive and h.channel is not None
+        ]
+        if not ready:
+            raise InferpoolError(Code.UNAVAILABLE, f"model {mv.label} has no ready instance")
+        count = {id(h): 0 for h in ready}
+        for lane in self._all():
+            if id(lane.worker) in count and not lane.revoked:
+                count[id(lane.worker)] += 1
+        return min(ready, key=lambda h: count[id(h)])
+
+    def open_count(self, mv: ModelVersion) -> int:
+        return sum(1 for la in self._all() if la.model is mv and not la.revoked)
+
+    def close(self) -> None:
+        """The broker stops: unlink every lane region (clients keep their mappings)."""
+        for lane in self._all():
+            if not lane.revoked:
+                lane.header.revoke(wl.STATUS["UNAVAILABLE"], "the server shut down")
+            self._worker_gone(lane)
+
+
+def _check_rule(mv: ModelVersion, rate_limited: bool) -> None:
+    cfg = mv.config
+    why = ""
+    if rate_limited:
+        why = "runs on a server whose rate limiter gates every execution (--rate-limit)"
+    elif mv.decoupled:
+        why = "is decoupled"
+    elif cfg.HasField("sequence_batching"):
+        why = "uses the sequence batcher"
+    elif cfg.HasField("dynamic_batching"):
+        why = "uses dynamic batching"
+    elif cfg.response_cache.enable:
+        why = "caches its responses in the broker (response_cache)"
+    elif not mv.instances:
+        why = "has no instances of its own"
+    if why:
+        raise InferpoolError(
+            Code.UNSUPPORTED,
+            f"model {mv.label} {why}: lanes serve models without dynamic or sequence batching, "
+            "decoupled responses or a response cache, on a server without a rate limiter (the "
+            "broker batches, streams, caches or gates those requests); use the broker path",
+        )

@@ -1,0 +1,275 @@
+"""The client's end of a lane (``wire.lane``): requests into the ring, results out of it.
+
+A :class:`Lane` posts a :class:`~inferpool.client.shm_request.ShmRequest` (its inputs are
+already in the client's input region; only a small struct crosses) and reads the answer as
+a :class:`~inferpool.client.shm_request.ShmResult` whose outputs view the worker's output
+region in place, leased until released (releases ride on the lane's next request).  How it
+waits: a bounded spin when the worker runs on another core, then a futex, in slices after
+each of which it looks whether the lane was revoked or the worker died.
+
+When the lane ends (revoked by the broker, or the worker gone), a request the worker had not
+taken raises :class:`LaneRevoked`: nothing ran, and the client sends it on the broker path.
+A request the worker had taken is answered if the worker answered it, else it fails with
+UNAVAILABLE naming why the lane ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from inferpool.client.shm_request import (
+    HANDLE,
+    INPUT_REGION,
+    ShmRequest,
+    ShmResult,
+    output_view,
+)
+from inferpool.shm.bell import apart, bells
+from inferpool.shm.refs import posix_name
+from inferpool.shm.region import Region
+from inferpool.wire import lane as wl
+from inferpool.wire.errors import Code, InferpoolError
+
+if TYPE_CHECKING:
+    from inferpool.client.shm_core import ShmSession
+
+SLICE_S = 0.05  # the longest sleep before the lane and the worker are looked at again
+MASK = 0xFFFFFFFF
+RELEASE_ONLY = (b"", 0, 0)  # the body of a request that only carries releases
+
+
+class LaneRevoked(Exception):
+    """The lane ended before the worker took the request: it never ran."""
+
+
+class Lane:
+    """One lane to one worker instance of a model, opened by ``open_lane`` (``grant``)."""
+
+    def __init__(self, session: ShmSession, grant: dict[str, Any], spin_us: int) -> None:
+        self.session = session
+        self.id: int = grant["lane"]
+        self.model: str = grant["model_name"]
+        self.version: str = grant["model_version"]
+        self.instance: str = grant["instance"]
+        self.worker_pid: int = grant["worker_pid"]
+        self.output_region: str = grant["output_region"]
+        self.inputs = {d["name"]: i for i, d in enumerate(grant["inputs"])}
+        self.outputs: list[str] = list(grant["outputs"])
+        self._output_index = {name: i for i, name in enumerate(self.outputs)}
+        self.region = Region.attach(posix_name(grant["key"]))
+        buf = self.region.buf
+        try:
+            self.geometry, _, _ = wl.read_header(buf)
+            self._pidfd = _pidfd(self.worker_pid)
+        except BaseException:
+            self.region.close()
+            raise
+        self.header = header = wl.Header(buf)
+        self.requests, self.responses = bells(buf, header.words, wl.BELLS)
+        self.spin_ns = spin_us * 1000 if spin_us > 0 and apart(self.worker_pid) else 0
+        self.sent = 0  # requests posted
+        self.read = 0  # responses taken
+        self.releases: list[int] = []  # tokens to send with the next request
+        self.ended = ""  # why the lane is over ("": it is not)
+        self.closers: list[Callable[[], None]] = []  # run before the lane is unmapped
+        self.waiter: Any = None  # the asyncio client's AsyncLane over it, once it has one
+
+    # ------------------------------------------------------------------ requests
+    def body(self, request: ShmRequest) -> tuple[bytes, int, int] | None:
+        """The request's fixed part as this lane encodes it, or None when the request cannot
+        travel on a lane (inputs outside the input region, outputs into windows,
+        parameters): the broker path takes it."""
+        cached = request.lane_cache
+        if cached is not None and cached[0] == (self.id, request.revision):
+            return cached[1]
+        encoded = self._encode(request)
+        request.lane_cache = ((self.id, request.revision), encoded)
+        return encoded
+
+    def _encode(self, request: ShmRequest) -> tuple[bytes, int, int] | None:
+        header = request.header
+        if "parameters" in header:
+            return None
+        inputs = []
+        for spec in header["inputs"]:
+            params = spec["parameters"]
+            known = self.inputs.get(spec["name"])
+            if params["shared_memory_region"] != INPUT_REGION or known is None:
+                return None
+            datatype = wl.DATATYPES.get(spec["datatype"], 0)
+            offset, nbytes = params["shared_memory_offset"], params["shared_memory_byte_size"]
+            inputs.append(wl.Tensor(known, datatype, offset, nbytes, tuple(spec["shape"])))
+        outputs = []
+        for spec in header["outputs"]:
+            index = self._output_index.get(spec["name"])
+            if spec["parameters"] != HANDLE or index is None:
+                return None
+            outputs.append(index)
+        return wl.pack_request_body(inputs, outputs), len(inputs), len(outputs)
+
+    def post(self, body: tuple[bytes, int, int], flags: int = 0) -> int:
+        """Put a request into the ring and ring the worker; its number.  LaneRevoked if the
+        lane has ended (nothing was posted)."""
+        buf = self.region.buf
+        header = self.header
+        if self.ended or header.revoked or header[wl.WORKER_CLOSED]:
+            self._end()
+            raise LaneRevoked(self.ended)
+        if (self.sent - self.read) & MASK >= self.geometry.slots:
+            raise InferpoolError(
+                Code.UNAVAILABLE, f"lane {self.id} has {self.geometry.slots} requests in flight"
+            )
+        n = self.sent
+        geometry = self.geometry
+        room = (geometry.slot_size - 64 - len(body[0])) // 8
+        releases, self.releases = self.releases[:room], self.releases[room:]
+        wl.write_request(
+            buf,
+            geometry.request(n),
+            geometry.slot_size,
+            n,
+            time.monotonic_ns(),
+            flags,
+            body[1],
+            body[2],
+            body[0],
+            releases,
+        )
+        self.sent = (n + 1) & MASK
+        self.requests.ring(self.sent)
+        return n
+
+    # ------------------------------------------------------------------ responses
+    def result(self, n: int, limit: float) -> ShmResult:
+        """The answer to request ``n``, waited for at most ``limit`` seconds."""
+        deadline = time.monotonic() + limit
+        while True:
+            head = self.responses.value()
+            if self.answered(n, head):
+                return self.take(n)
+            if self.over():
+                self.fail(n)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise InferpoolError(
+                    Code.TIMEOUT,
+                    f"no response on lane {self.id} (model '{self.model}') within {limit:g}s",
+                )
+            self.responses.wait(head, self.spin_ns, min(SLICE_S, left))
+
+    def answered(self, n: int, head: int | None = None) -> bool:
+        """Whether the response to request ``n`` is in the ring."""
+        if head is None:
+            head = self.responses.value()
+        return 0 < (head - n) & MASK <= self.geometry.slots
+
+    def over(self) -> bool:
+        """Whether no response will come any more: the lane ended (revoked, or the worker
+        died) and the worker has stopped (it answered what it had taken) or is dead."""
+        header = self.header
+        if not (self.ended or header.revoked or not self._worker_alive()):
+            return False
+        self._end()
+        return bool(header[wl.WORKER_CLOSED]) or not self._worker_alive()
+
+    def fail(self, n: int) -> None:
+        """Raise what request ``n`` of a lane that is over comes to: answered after all, or
+        LaneRevoked if the worker never took it (it never ran), or UNAVAILABLE."""
+        if self.answered(n):
+            return
+        claimed = self.header[wl.REQ_DONE]
+        if not 0 < (claimed - n) & MASK <= self.geometry.slots:
+            raise LaneRevoked(self.ended)
+        raise InferpoolError(Code.UNAVAILABLE, self.ended)
+
+    def take(self, n: int) -> ShmResult:
+        """Response ``n``, which is in the ring; responses before it that nobody waits for
+        any more (their requests timed out) are dropped, their outputs released."""
+        while self.read != n:
+            self._drop(self.read)
+        return self._take(n)
+
+    def _take(self, n: int) -> ShmResult:
+        buf = self.region.buf
+        response = wl.read_response(buf, self.geometry.response(n), self.geometry.slot_size)
+        self.read = (n + 1) & MASK
+        self.header[wl.RESP_DONE] = self.read
+        if response.status:
+            raise InferpoolError(wl.code_name(response.status), response.error)
+        session = self.session
+        region = self.output_region
+        outputs: dict[str, Any] = {}
+        leases = []
+        mapped = session.mapped.get(region).buf
+        for t in response.outputs:
+            name = self.outputs[t.position]
+            spec = {"name": name, "datatype": wl.DATATYPE_NAMES[t.datatype], "shape": t.shape}
+            outputs[name] = output_view(mapped, t.offset, t.byte_size, spec)
+            leases.append((t.offset, region))
+        session.hold(region, len(leases))
+        return ShmResult(self, self.model, self.version, outputs, response.parameters, leases)
+
+    def _drop(self, n: int) -> None:
+        """A response nobody waits for (its request timed out): release its outputs."""
+        with contextlib.suppress(InferpoolError):
+            self.release(self._take(n)._leases)
+
+    def release(self, leases: list[tuple[Any, str]]) -> None:
+        """ShmResult's: the tokens go with the lane's next request."""
+        self.releases.extend(token for token, _ in leases)
+        self.session.unhold(leases)
+
+    def flush(self, limit: float) -> int:
+        """Send queued releases now, on a request of their own; how many."""
+        count = len(self.releases)
+        while self.releases:
+            self.result(self.post(RELEASE_ONLY, wl.FLAG_RELEASE_ONLY), limit).release()
+        return count
+
+    # ------------------------------------------------------------------ the lane's end
+    def _worker_alive(self) -> bool:
+        if self._pidfd < 0:
+            return True
+        readable, _, _ = select.select([self._pidfd], [], [], 0)
+        return not readable
+
+    def _end(self) -> None:
+        """Note why the lane is over: the broker's reason, or the worker's death."""
+        if self.ended:
+            return
+        if self.header.revoked:
+            self.ended = f"lane {self.id} to model '{self.model}' ended: {self.header.reason()[1]}"
+        elif not self._worker_alive():
+            self.ended = (
+                f"lane {self.id} to model '{self.model}' ended: instance '{self.instance}' "
+                f"(pid {self.worker_pid}) exited"
+            )
+
+    @property
+    def usable(self) -> bool:
+        if self.ended:
+            return False
+        return not (self.header.revoked or self.header[wl.WORKER_CLOSED])
+
+    def close(self) -> None:
+        """Unmap the lane (results already taken keep their outputs' mapping)."""
+        while self.closers:
+            self.closers.pop()()
+        if self._pidfd >= 0:
+            os.close(self._pidfd)
+            self._pidfd = -1
+        self.header.release()
+        self.region.close()
+
+
+def _pidfd(pid: int) -> int:
+    """A descriptor that becomes readable when ``pid`` exits (-1 where the kernel has none)."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return -1

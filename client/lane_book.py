@@ -1,0 +1,122 @@
+"""Which lanes a shared-memory session has, wants, and may ask for again (without I/O).
+
+A session with ``lane=True`` wants a lane to every model it runs; ``client.lane(model)``
+asks for one model's.  A lane is asked for (``open_lane``) the first time a request for its
+model runs; a lane that ended is asked for again at most every ``RETRY_S``, the requests
+meanwhile taking the broker path.  A refusal that would only repeat itself (the model
+batches, the client has no input region: UNSUPPORTED, INVALID_ARG) is raised to the caller;
+a passing one (no ready instance, the model is unloading) just means the broker path.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from inferpool.client.control import Call
+from inferpool.client.lane import Lane
+from inferpool.client.shm_request import ShmRequest
+from inferpool.wire.errors import Code, InferpoolError
+
+if TYPE_CHECKING:
+    from inferpool.client.shm_core import ShmSession
+
+RETRY_S = 1.0
+Key = tuple[str, str]  # (model, version as the requests name it)
+_PERMANENT = (Code.UNSUPPORTED, Code.INVALID_ARG, Code.ALREADY_EXISTS)
+
+
+class LaneBook:
+    def __init__(self, session: ShmSession, auto: bool, spin_us: int, slots: int) -> None:
+        """``auto``: a lane for every model; ``spin_us``: how long a wait spins before it
+        sleeps (when the worker runs on another core); ``slots``: requests in flight."""
+        self.session = session
+        self.auto = auto
+        self.spin_us = spin_us
+        self.slots = slots
+        self.lanes: dict[Key, Lane] = {}
+        self.wanted: set[Key] = set()
+        self._retry_at: dict[Key, float] = {}
+
+    def __len__(self) -> int:
+        return len(self.lanes)
+
+    def lane_for(self, request: ShmRequest) -> Lane | None:
+        """The open lane ``request`` may take, if any."""
+        return self.reuse(request.model, request.version) if self.lanes else None
+
+    def reuse(self, model: str, version: str | int) -> Lane | None:
+        """The model's lane if it is still open (an ended one is forgotten)."""
+        lane = self.lanes.get((model, str(version)))
+        if lane is not None and not lane.usable:
+            self.lost(lane)
+            return None
+        return lane
+
+    def should_open(self, request: ShmRequest) -> bool:
+        key = (request.model, request.version)
+        if key in self.lanes or not (self.auto or key in self.wanted):
+            return False
+        return time.monotonic() >= self._retry_at.get(key, 0.0)
+
+    def open(self, model: str, version: str | int = "") -> Call[Lane]:
+        """The ``open_lane`` message; its answer is the Lane, recorded here."""
+        key = (model, str(version))
+        if not self.auto:
+            self.wanted.add(key)
+        fields = {
+            "model_name": model,
+            "model_version": str(version),
+            "pid": os.getpid(),
+            "slots": self.slots,
+            "spin_us": self.spin_us,  # the worker spins no longer for this client's requests
+        }
+
+        def read(grant: dict[str, Any]) -> Lane:
+            lane = Lane(self.session, grant, self.spin_us)
+            self.lanes[key] = lane
+            return lane
+
+        return Call("open_lane", read, fields)
+
+    def refused(self, model: str, version: str, err: InferpoolError) -> None:
+        """An ``open_lane`` failed: raise what would only fail again, else wait a while."""
+        if err.code in _PERMANENT:
+            raise err
+        self._retry_at[(model, version)] = time.monotonic() + RETRY_S
+
+    def lost(self, lane: Lane) -> None:
+        """``lane`` ended: forget it; a new one may be asked for after ``RETRY_S``."""
+        for key, known in list(self.lanes.items()):
+            if known is lane:
+                del self.lanes[key]
+                self._retry_at[key] = time.monotonic() + RETRY_S
+        lane.close()
+
+    def close_lane(self, model: str, version: str | int = "") -> Call[None]:
+        """The ``close_lane`` message for this model's lane; once answered, requests for
+        the model take the broker path (unless ``lane=True`` opens another)."""
+        key = (model, str(version))
+        lane = self.lanes.get(key)
+        if lane is None:
+            raise InferpoolError(Code.NOT_FOUND, f"no lane to model '{model}' is open")
+        self.wanted.discard(key)
+
+        def read(_reply: dict[str, Any]) -> None:
+            self.lost(lane)
+
+        return Call("close_lane", read, {"lane": lane.id})
+
+    def close_calls(self) -> list[Call[Any]]:
+        """What a closing session says: close each lane."""
+        return [
+            Call("close_lane", lambda h: None, {"lane": lane.id})
+            for lane in self.lanes.values()
+            if lane.usable
+        ]
+
+    def close(self) -> None:
+        for lane in self.lanes.values():
+            lane.close()
+        self.lanes.clear()

@@ -1,0 +1,90 @@
+"""One direction of a lane: a sequence word its producer bumps and its consumer waits on.
+
+The consumer spins on the word for a bounded time (worth it only when the producer runs on
+another core), then raises its ``sleeping`` flag and sleeps on the word with a futex.  The
+producer publishes by storing the new sequence number, then, after a full barrier, looks at
+the flag and makes the wake-up system call only when the consumer sleeps: a producer whose
+peer is spinning pays no system call at all.  Both words live in shared memory (the lane's
+region, ``wire.lane`` gives their offsets); each side writes only its own.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from inferpool.shm import futex
+
+_now = time.monotonic_ns
+
+
+class Bell:
+    """``seq``: the byte offset of the sequence word (the futex); ``sleeping``: the offset of
+    the consumer's flag.  ``buf`` is a writable view of the mapping (which must stay open),
+    ``words`` the same memory cast to 32-bit words: a word is loaded and stored with one
+    aligned access (``struct.pack_into`` zero-fills first, and a peer would read the 0)."""
+
+    __slots__ = ("_addr", "_seq", "_sleeping", "_words")
+
+    def __init__(self, buf: memoryview, words: memoryview, seq: int, sleeping: int) -> None:
+        self._words = words
+        self._seq = seq >> 2
+        self._sleeping = sleeping >> 2
+        self._addr = futex.address(buf, seq)
+
+    def value(self) -> int:
+        return int(self._words[self._seq])
+
+    # ------------------------------------------------------------------ producer
+    def ring(self, value: int) -> None:
+        """Publish ``value`` (everything written before it is visible first, x86-64 keeps
+        stores in order) and wake the consumer if it sleeps."""
+        words = self._words
+        words[self._seq] = value & 0xFFFFFFFF
+        futex.fence()
+        if words[self._sleeping]:
+            futex.wake(self._addr)
+
+    def wake(self) -> None:
+        """Wake the consumer whatever it waits for (a revocation, a close)."""
+        futex.wake(self._addr)
+
+    # ------------------------------------------------------------------ consumer
+    def wait(self, seen: int, spin_ns: int, slice_s: float) -> int:
+        """The word once it differs from ``seen``, or after one sleep of at most ``slice_s``
+        (then it may still equal ``seen``: the caller looks at what else changed)."""
+        words, seq = self._words, self._seq
+        value: int = words[seq]
+        if value != seen:
+            return value
+        if spin_ns > 0:
+            deadline = _now() + spin_ns
+            while True:
+                value = words[seq]
+                if value != seen:
+                    return value
+                if _now() >= deadline:
+                    break
+        words[self._sleeping] = 1
+        futex.wait(self._addr, seen, slice_s)
+        words[self._sleeping] = 0
+        return int(words[seq])
+
+
+def apart(pid: int) -> bool:
+    """Whether spinning toward process ``pid`` can pay: the two are pinned to cores they do
+    not share.  Where they may meet on a core, a spin burns the time the peer needs there
+    (an unpinned client spinning on its worker's core slowed a 400 us forward pass by half)."""
+    try:
+        return not os.sched_getaffinity(0) & os.sched_getaffinity(pid)
+    except OSError:
+        return False
+
+
+def bells(
+    buf: memoryview, words: memoryview, offsets: tuple[int, int, int, int]
+) -> tuple[Bell, Bell]:
+    """A lane's two bells, (requests, responses), from the four offsets of its layout:
+    request sequence, worker's flag, response sequence, client's flag."""
+    req_seq, worker_sleeping, resp_seq, client_sleeping = offsets
+    return Bell(buf, words, req_seq, worker_sleeping), Bell(buf, words, resp_seq, client_sleeping)

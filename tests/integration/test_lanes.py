@@ -1,0 +1,345 @@
+"""Lanes end to end: a real server, real workers, real rings in /dev/shm.
+
+Requests go client -> worker through the lane and come back in place; the broker refuses
+models lanes do not serve, counts what lanes served, and revokes lanes whose client, model
+or instance ends, after which requests take the broker path.  A lane reads inputs only from
+its client's own region: a request that names anything else is refused by the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from inferpool.client import AsyncShmClient, Client, InferpoolError, ShmClient, ShmResult
+from inferpool.client.lane import Lane
+from inferpool.wire import lane as wl
+from inferpool.wire.errors import Code
+from tests.integration.test_metrics import scrape
+from tests.lifecycle.helpers import wait_for
+from tests.support import Server, free_tcp_port, identity_config, write_model
+
+DELAY = 'parameters { key: "execute_delay_ms" value: { string_value: "600" } }'
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    tmp = Path(tempfile.mkdtemp(prefix="ipt-", dir="/tmp"))
+    repo = tmp / "repo"
+    write_model(repo, "plain", identity_config("plain"))
+    write_model(repo, "batch", identity_config("batch", max_batch=8, dims="[ 2 ]"))
+    write_model(repo, "dyn", identity_config("dyn", max_batch=8, extra="dynamic_batching { }"))
+    write_model(repo, "slow", identity_config("slow", extra=DELAY))
+    write_model(repo, "slow2", identity_config("slow2", extra=DELAY))
+    write_model(repo, "gone", identity_config("gone"))
+    reshaped = """
+        name: "reshaped"
+        backend: "identity"
+        max_batch_size: 0
+        input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] reshape: { shape: [ 2, 2 ] } } ]
+        output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] reshape: { shape: [ 2, 2 ] } } ]
+    """
+    write_model(repo, "reshaped", reshaped)
+    write_model(repo, "cached", identity_config("cached", extra="response_cache { enable: true }"))
+    write_model(repo, "again", identity_config("again"))
+    args = ("--model-control-mode", "explicit", "--load-model", "*", "--lease-timeout", "2")
+    args += ("--cache-size", "1M")
+    port = free_tcp_port()
+    try:
+        with Server(tmp, repo, *args, "--metrics-port", str(port)) as srv:
+            srv.metrics_port = port  # type: ignore[attr-defined]
+            yield srv
+        assert srv.proc.returncode == 0, srv.log()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def lane_stats(server: Server, model: str) -> dict[str, int]:
+    with Client(server.endpoint, timeout=10) as c:
+        stats: dict[str, int] = c.statistics(model)["model_stats"][0]["lane_stats"]
+        return stats
+
+
+def fp32_request(client: ShmClient, model: str, values: Any) -> Any:
+    req = client.request(model, outputs=["OUTPUT0"])
+    req.input("INPUT0", np.shape(values), np.float32)[:] = values
+    return req
+
+
+def served(client: ShmClient, model: str) -> None:
+    """A request of ``model`` is answered (on a lane or on the broker path)."""
+    with client.run(fp32_request(client, model, np.ones(2, np.float32))) as result:
+        assert result["OUTPUT0"].tolist() == [1, 1]
+
+
+# ---------------------------------------------------------------------------- serving
+def test_a_lane_answers_in_place_and_is_counted(server: Server) -> None:
+    before = lane_stats(server, "plain")["success"]
+    with ShmClient(server.endpoint, lane=True, timeout=10) as c:
+        assert "lanes" in c.server_metadata()["extensions"]
+        req = fp32_request(c, "plain", np.arange(6, dtype=np.float32))
+        for _ in range(5):
+            with c.run(req) as result:
+                assert np.array_equal(result["OUTPUT0"], np.arange(6))
+                assert result.parameters["param1"] == 42  # the backend's parameters travel
+                assert all(isinstance(t, int) for t in result.leases)  # lane tokens
+        lane = c.lane("plain")
+        assert isinstance(lane, Lane) and lane.usable and lane.model == "plain"
+        assert c.session.lanes.lanes[("plain", "")] is lane
+    wait_for(lambda: lane_stats(server, "plain")["success"] >= before + 5, 10, "5 lane requests")
+    samples = scrape(server.metrics_port)  # type: ignore[attr-defined]
+    labels = (("model", "plain"), ("outcome", "success"), ("version", "1"))
+    assert samples[("inferpool_lane_requests_total", labels)] >= before + 5
+    assert samples[("nv_inference_request_success_total", labels[:1] + labels[2:])] >= 5
+
+
+def test_a_batching_model_takes_its_batch_dimension_on_a_lane(server: Server) -> None:
+    with ShmClient(server.endpoint, timeout=10) as c:
+        c.lane("batch")
+        req = fp32_request(c, "batch", np.ones((3, 2), np.float32))
+        with c.run(req) as result:
+            assert result["OUTPUT0"].shape == (3, 2)
+
+
+def test_a_reshaped_output_has_the_configs_dims_on_a_lane_too(server: Server) -> None:
+    with ShmClient(server.endpoint, timeout=10) as c:
+        req = fp32_request(c, "reshaped", np.arange(4, dtype=np.float32))
+        with c.run(req) as result:
+            broker = result["OUTPUT0"].copy()
+        c.lane("reshaped")
+        with c.run(req) as result:
+            assert result["OUTPUT0"].shape == broker.shape == (4,)
+            assert result["OUTPUT0"].tolist() == broker.tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(("model", "why"), [("dyn", "dynamic batching"), ("cached", "caches")])
+def test_models_the_broker_batches_or_caches_are_refused(
+    server: Server, model: str, why: str
+) -> None:
+    with ShmClient(server.endpoint, timeout=10) as c, pytest.raises(InferpoolError) as info:
+        c.lane(model)
+    assert info.value.code is Code.UNSUPPORTED and why in info.value.message
+
+
+def test_models_that_batch_in_the_broker_are_refused(server: Server) -> None:
+    with ShmClient(server.endpoint, timeout=10) as c:
+        with pytest.raises(InferpoolError) as info:
+            c.lane("dyn")
+        assert info.value.code is Code.UNSUPPORTED
+        assert "uses dynamic batching" in info.value.message
+        assert "use the broker path" in info.value.message
+    with ShmClient(server.endpoint, lane=True, timeout=10) as c:
+        req = fp32_request(c, "dyn", np.ones((1, 4), np.float32))
+        with pytest.raises(InferpoolError, match="dynamic batching"):
+            c.run(req)
+
+
+def test_a_lane_needs_the_clients_input_region(server: Server) -> None:
+    with ShmClient(server.endpoint, input_bytes=0, timeout=10) as c:
+        with pytest.raises(InferpoolError) as info:
+            c.lane("plain")
+        assert info.value.code is Code.INVALID_ARG
+        assert "input region" in info.value.message
+
+
+def test_bad_inputs_get_the_broker_paths_errors_and_the_lane_goes_on(server: Server) -> None:
+    with ShmClient(server.endpoint, timeout=10) as c:
+        on_lane = c.lane("plain")
+        req = c.request("plain", outputs=["OUTPUT0"])
+        req.input("INPUT0", (4,), np.int32)[:] = 1  # the model takes FP32
+        with pytest.raises(InferpoolError) as lane_err:
+            c.run(req)
+        assert on_lane.usable
+        c.close_lane("plain")
+        with pytest.raises(InferpoolError) as broker_err:
+            c.run(req)
+        assert lane_err.value == broker_err.value
+        assert "data-type is 'INT32'" in lane_err.value.message
+        c.lane("plain")
+        good = fp32_request(c, "plain", np.ones(3, np.float32))
+        with c.run(good) as result:
+            assert result["OUTPUT0"].tolist() == [1, 1, 1]
+
+
+def raw_request(lane: Lane, inputs: list[wl.Tensor]) -> int:
+    body = wl.pack_request_body(inputs, [0])
+    return lane.post((body, len(inputs), 1))
+
+
+def test_a_lane_reads_nothing_outside_the_clients_region(server: Server) -> None:
+    with ShmClient(server.endpoint, input_bytes=1 << 16, timeout=10) as c:
+        lane = c.lane("plain")
+        fp32 = wl.DATATYPES["FP32"]
+        for offset, size in [(1 << 16, 16), ((1 << 16) - 8, 16), (1 << 40, 4)]:
+            n = raw_request(lane, [wl.Tensor(0, fp32, offset, size, (size // 4,))])
+            with pytest.raises(InferpoolError) as info:
+                lane.result(n, 10)
+            assert info.value.code is Code.INVALID_ARG
+            assert "lies outside shared-memory region" in info.value.message
+        n = raw_request(lane, [wl.Tensor(0, fp32, 0, 4096, (4,))])  # size and shape disagree
+        with pytest.raises(InferpoolError, match="input byte size mismatch"):
+            lane.result(n, 10)
+        n = raw_request(lane, [wl.Tensor(7, fp32, 0, 16, (4,))])  # no such input
+        with pytest.raises(InferpoolError, match="unexpected inference input"):
+            lane.result(n, 10)
+        lane.releases = [12345]  # a token the client was never given
+        n = raw_request(lane, [wl.Tensor(0, fp32, 0, 16, (4,))])
+        with pytest.raises(InferpoolError) as info:
+            lane.result(n, 10)
+        assert info.value.code is Code.NOT_FOUND
+        assert lane.usable
+
+
+def test_a_malformed_slot_is_refused(server: Server) -> None:
+    with ShmClient(server.endpoint, timeout=10) as c:
+        lane = c.lane("plain")
+        body = wl.pack_request_body([wl.Tensor(0, 11, 0, 16, (4,))], [0])
+        n = lane.post((body, 200, 1))  # 200 inputs announced, one there
+        with pytest.raises(InferpoolError, match="malformed lane request"):
+            lane.result(n, 10)
+        served(c, "plain")
+
+
+def test_lane_outputs_are_released_with_the_next_request(server: Server) -> None:
+    with ShmClient(server.endpoint, timeout=10) as c:
+        lane = c.lane("plain")
+        req = fp32_request(c, "plain", np.ones(1024, np.float32))
+        held = [c.run(req) for _ in range(3)]
+        tokens = [t for r in held for t in r.leases]
+        assert len(set(tokens)) == 3  # three outputs alive at once, each its own slot
+        for r in held:
+            r.release()
+        assert sorted(lane.releases) == sorted(tokens)
+        assert c.flush() == 3
+        assert lane.releases == []
+
+
+def test_the_asyncio_client_keeps_many_requests_in_flight_on_a_lane(server: Server) -> None:
+    async def main() -> list[float]:
+        async with AsyncShmClient(server.endpoint, lane=True, timeout=10) as c:
+            reqs = []
+            for i in range(12):
+                req = c.request("plain", outputs=["OUTPUT0"])
+                req.input("INPUT0", (3,), np.float32)[:] = i
+                reqs.append(req)
+
+            async def one(req: Any) -> float:
+                with await c.run(req) as result:
+                    return float(result["OUTPUT0"][0])
+
+            got = await asyncio.gather(*(one(r) for r in reqs * 3))
+            assert len(c.session.lanes) == 1
+            return got
+
+    assert asyncio.run(main()) == [float(i) for i in range(12)] * 3
+
+
+# ---------------------------------------------------------------------------- revocation
+def lane_regions(server: Server) -> list[str]:
+    return [r for r in server.regions() if "-lane" in r]
+
+
+def test_a_lane_revoked_by_the_broker_sends_requests_through_it(server: Server) -> None:
+    with ShmClient(server.endpoint, timeout=10) as c:
+        lane = c.lane("plain")
+        c.call("close_lane", lane=lane.id)  # as the broker would revoke it
+        wait_for(lambda: lane.header[wl.WORKER_CLOSED], 10, "the worker closes it")
+        assert not lane.usable
+        assert lane.header.reason() == ("CANCELLED", "the client closed the lane")
+        served(c, "plain")
+        assert not c.session.lanes.lanes  # the ended lane was forgotten
+    wait_for(lambda: not lane_regions(server), 10, "lane regions unlinked")
+
+
+def test_requests_waiting_on_a_revoked_lane(server: Server) -> None:
+    """The model unloads while the worker runs one lane request and another waits: the one
+    it took is answered on the lane (its outputs stay readable), the one it had not taken
+    never runs there and goes the broker path, which says the model is unloading or gone."""
+
+    async def main() -> list[Any]:
+        async with AsyncShmClient(server.endpoint, timeout=20) as c:
+            lane = await c.lane("slow2")
+            reqs = []
+            for i in range(2):
+                req = c.request("slow2", outputs=["OUTPUT0"])
+                req.input("INPUT0", (2,), np.float32)[:] = i + 1
+                reqs.append(req)
+            first = asyncio.ensure_future(c.run(reqs[0]))
+            second = asyncio.ensure_future(c.run(reqs[1]))
+            while lane.header[wl.REQ_DONE] < 1:  # the worker took the first
+                await asyncio.sleep(0.01)
+            unload = asyncio.ensure_future(c.unload_model("slow2"))
+            answers = await asyncio.gather(first, second, return_exceptions=True)
+            await unload
+            return [a["OUTPUT0"].tolist() if isinstance(a, ShmResult) else a for a in answers]
+
+    first, second = asyncio.run(main())
+    assert first == [1.0, 1.0]
+    assert isinstance(second, InferpoolError)
+    assert second.code in (Code.UNAVAILABLE, Code.NOT_FOUND) and "'slow2'" in second.message
+
+
+def test_a_reload_revokes_the_lane_and_the_new_version_serves(server: Server) -> None:
+    with ShmClient(server.endpoint, timeout=30) as c:
+        lane = c.lane("again")
+        req = fp32_request(c, "again", np.ones(2, np.float32))
+        with c.run(req):
+            pass
+        c.load_model("again")  # a reload: the new workers serve, the lane is revoked
+        assert not lane.usable
+        assert "was reloaded" in lane.header.reason()[1]
+        with c.run(req) as result:
+            assert result["OUTPUT0"].tolist() == [1, 1]
+
+
+def test_unloading_the_model_revokes_its_lane(server: Server) -> None:
+    with ShmClient(server.endpoint, timeout=10) as c:
+        lane = c.lane("gone")
+        req = fp32_request(c, "gone", np.ones(2, np.float32))
+        with c.run(req):
+            pass
+        c.unload_model("gone")
+        assert not lane.usable
+        with pytest.raises(InferpoolError) as info:
+            c.run(req)  # the broker path now: the model is gone
+        assert info.value.code in (Code.NOT_FOUND, Code.UNAVAILABLE)
+        assert "gone" in info.value.message
+        c.load_model("gone")
+
+
+def test_a_silent_client_loses_its_lane(server: Server) -> None:
+    with ShmClient(server.endpoint, keepalive=False, timeout=10) as c:
+        lane = c.lane("plain")
+        wait_for(lambda: not lane.usable, 10, "the lane of a silent client revoked")
+        assert "silent" in lane.header.reason()[1]
+        served(c, "plain")
+
+
+def test_a_killed_instance_fails_the_request_it_was_running(server: Server) -> None:
+    with ShmClient(server.endpoint, timeout=20) as c:
+        lane = c.lane("slow")
+        req = fp32_request(c, "slow", np.ones(2, np.float32))
+        body = lane.body(req)
+        assert body is not None
+        n = lane.post(body)
+        wait_for(lambda: lane.header[wl.REQ_DONE] == n + 1, 10, "the worker took it")
+        os.kill(lane.worker_pid, signal.SIGKILL)
+        start = time.monotonic()
+        with pytest.raises(InferpoolError) as info:
+            lane.result(n, 20)
+        assert time.monotonic() - start < 5
+        assert info.value.code is Code.UNAVAILABLE
+        assert "slow" in info.value.message
+        wait_for(lambda: c.is_model_ready("slow"), 30, "the instance is back")
+        with c.run(req) as result:  # a new lane, or the broker path
+            assert result["OUTPUT0"].tolist() == [1, 1]

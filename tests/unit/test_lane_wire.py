@@ -1,0 +1,168 @@
+"""The lane's bytes (wire/lane.py) and its wake-ups (shm/bell.py, shm/futex.py)."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import subprocess
+import threading
+import time
+
+import pytest
+
+from inferpool.shm.bell import Bell, apart
+from inferpool.wire import lane as wl
+
+GEOMETRY = wl.Geometry(4, 1024)
+
+
+@pytest.fixture
+def region() -> memoryview:
+    mapping = mmap.mmap(-1, GEOMETRY.size)
+    wl.init_header(memoryview(mapping), GEOMETRY)
+    return memoryview(mapping)
+
+
+def test_a_request_round_trips(region: memoryview) -> None:
+    inputs = [
+        wl.Tensor(0, wl.DATATYPES["FP32"], 128, 24, (2, 3)),
+        wl.Tensor(1, wl.DATATYPES["BYTES"], 4096, 11, (1,)),
+    ]
+    body = wl.pack_request_body(inputs, [1, 0, 2])
+    at = GEOMETRY.request(5)
+    assert at == wl.HEADER_BYTES + 1024  # request 5 of 4 slots: slot 1
+    wl.write_request(region, at, 1024, 5, 123456789, 0, 2, 3, body, [64, 4160])
+    req = wl.read_request(region, at, 1024)
+    assert req == wl.LaneRequest(5, 123456789, 0, 2, 3, body, [64, 4160])
+    assert wl.parse_body(req.body, 2, 3) == (inputs, [1, 0, 2])
+
+
+def test_a_response_round_trips_with_every_kind_of_parameter(region: memoryview) -> None:
+    outputs = [wl.Tensor(0, wl.DATATYPES["INT64"], 640, 16, (2,))]
+    params = {"s": "text", "i": -42, "b": True, "f": 1.5}
+    at = GEOMETRY.response(2)
+    wl.write_response(region, at, 1024, 9, outputs, params)
+    assert wl.read_response(region, at, 1024) == wl.LaneResponse(9, 0, outputs, params, "")
+    wl.write_response(region, at, 1024, 9, outputs, {"s": "text", "i": -42, "b": 1, "f": 1.5})
+    back = wl.read_response(region, at, 1024).parameters["b"]
+    assert type(back) is int and back == 1  # not True: a new encoding
+    wl.write_response(region, at, 1024, 10, (), None, wl.STATUS["INVALID_ARG"], "no such input")
+    back = wl.read_response(region, at, 1024)
+    assert (back.status, back.error, wl.code_name(back.status)) == (
+        1,
+        "no such input",
+        "INVALID_ARG",
+    )
+
+
+def test_what_does_not_fit_a_slot_is_refused(region: memoryview) -> None:
+    with pytest.raises(ValueError, match="does not fit"):
+        wl.write_response(region, GEOMETRY.response(0), 1024, 1, (), {"big": "x" * 2000})
+    with pytest.raises(ValueError, match="does not fit"):
+        wl.write_request(region, GEOMETRY.request(0), 1024, 1, 0, 0, 0, 0, b"", [0] * 200)
+    with pytest.raises(ValueError, match="is a list"):
+        wl.pack_parameters({"bad": [1]})
+
+
+def test_a_slot_that_lies_about_its_counts_is_refused(region: memoryview) -> None:
+    body = wl.pack_request_body([wl.Tensor(0, 11, 0, 16, (4,))], [])
+    at = GEOMETRY.request(0)
+    wl.write_request(region, at, 1024, 1, 0, 0, 100, 0, body, [])  # 100 inputs, one there
+    req = wl.read_request(region, at, 1024)
+    with pytest.raises(ValueError, match="run past the slot"):
+        wl.parse_body(req.body, req.n_inputs, req.n_outputs)
+    region[at + 28 : at + 32] = (5000).to_bytes(4, "little")  # a body longer than the slot
+    with pytest.raises(ValueError, match="runs past its slot"):
+        wl.read_request(region, at, 1024)
+
+
+def test_the_header_carries_geometry_and_revocation(region: memoryview) -> None:
+    assert wl.read_header(region) == (GEOMETRY, wl.STATE_OPEN, 0)
+    header = wl.Header(region)
+    assert not header.revoked
+    header.revoke(wl.STATUS["UNAVAILABLE"], "instance 'm_0' died")
+    assert header.revoked and wl.read_header(region)[1:] == (wl.STATE_REVOKED, 3)
+    assert header.reason() == ("UNAVAILABLE", "instance 'm_0' died")
+    region[0:4] = b"XXXX"
+    with pytest.raises(ValueError, match="not a version 1 lane"):
+        wl.read_header(region)
+
+
+@pytest.mark.parametrize("spin_ns", [0, 5_000_000_000])
+def test_a_bell_wakes_its_consumer(region: memoryview, spin_ns: int) -> None:
+    """A sleeping consumer (its flag up: the producer makes the wake-up call) and a
+    spinning one (it sees the word change without one) both get the new value."""
+    header = wl.Header(region)
+    consumer = Bell(region, header.words, wl.REQ_SEQ, wl.WORKER_SLEEPING)
+    producer = Bell(region, header.words, wl.REQ_SEQ, wl.WORKER_SLEEPING)
+    got: list[int] = []
+
+    def wait() -> None:
+        seen = 0
+        while seen == 0:
+            seen = consumer.wait(0, spin_ns, 5.0)
+        got.append(seen)
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    if not spin_ns:  # asleep, or about to be: its flag is up
+        deadline = time.monotonic() + 5
+        while not header[wl.WORKER_SLEEPING] and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert header[wl.WORKER_SLEEPING] == 1
+    start = time.monotonic()
+    producer.ring(1)
+    thread.join(5)
+    assert got == [1] and time.monotonic() - start < 1.0  # woken, not timed out
+    assert wl.Header(region)[wl.WORKER_SLEEPING] == 0
+
+
+def test_a_bell_wait_times_out_on_a_quiet_word(region: memoryview) -> None:
+    bell = Bell(region, wl.Header(region).words, wl.RESP_SEQ, wl.CLIENT_SLEEPING)
+    start = time.monotonic()
+    assert bell.wait(0, 1000, 0.05) == 0
+    assert 0.04 < time.monotonic() - start < 1.0
+
+
+def test_a_words_stores_are_never_seen_half_done(region: memoryview) -> None:
+    """A reader never sees a word go back: one store each (struct.pack_into zero-fills
+    first, which a reader on another core catches now and then)."""
+    header = wl.Header(region)
+    seen: list[int] = []
+    done = threading.Event()
+
+    def read() -> None:
+        last = 0
+        while not done.is_set():
+            value = header[wl.REQ_SEQ]
+            if value < last:
+                seen.append(value)
+            last = value
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    for i in range(1, 200_000):
+        header[wl.REQ_SEQ] = i
+    done.set()
+    reader.join()
+    assert seen == []
+
+
+def test_spinning_pays_only_toward_a_process_on_other_cores() -> None:
+    assert not apart(os.getpid())  # shares every core with itself
+    assert not apart(2**22 + 12345)  # no such process
+    mine = os.sched_getaffinity(0)
+    if len(mine) < 2:
+        return
+    first, *rest = sorted(mine)
+    peer = subprocess.Popen(["sleep", "30"])
+    try:
+        os.sched_setaffinity(peer.pid, set(rest))
+        os.sched_setaffinity(0, {first})
+        assert apart(peer.pid)
+        os.sched_setaffinity(0, mine)
+        assert not apart(peer.pid)  # this process may run where the peer does
+    finally:
+        os.sched_setaffinity(0, mine)
+        peer.kill()
+        peer.wait()

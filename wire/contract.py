@@ -1,0 +1,115 @@
+"""A model's input contract and the checks every request must pass, in Triton's words.
+
+The broker checks requests that come through it (``broker.front.admission``), a worker checks
+requests that come over a lane (``workers.lanes``): both hold the same tensor specs, built
+from the served configuration, and raise the same errors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from inferpool.wire import codec
+from inferpool.wire.errors import invalid_arg
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    name: str
+    datatype: str
+    dims: tuple[int, ...]  # without the batch dimension
+    optional: bool = False
+    itemsize: int = 0  # 0 for BYTES
+    variable: bool = False  # any -1 in dims
+
+    def matches(self, shape: tuple[int, ...]) -> bool:
+        if len(shape) != len(self.dims):
+            return False
+        if not self.variable:
+            return shape == self.dims
+        return all(d == -1 or d == s for d, s in zip(self.dims, shape, strict=True))
+
+
+def tensor_spec(t: Any, optional: bool = False) -> TensorSpec:
+    """The spec of a ModelInput or ModelOutput of a configuration."""
+    from tritonclient.grpc import model_config_pb2 as pb
+
+    datatype = codec.config_to_wire_datatype(pb.DataType.Name(t.data_type))
+    dims = tuple(int(d) for d in t.dims)
+    return TensorSpec(
+        t.name, datatype, dims, optional, codec.element_size(datatype), any(d < 0 for d in dims)
+    )
+
+
+def shape_text(shape: Any) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def check_input(
+    model: str,
+    spec: TensorSpec,
+    datatype: Any,
+    shape: tuple[int, ...],
+    max_batch_size: int,
+    batch: int,
+) -> tuple[int, int | None]:
+    """(the batch size, the byte size the input must have, None for BYTES) of input
+    ``spec.name`` given as ``datatype`` ``shape``; ``batch``: the other inputs' batch size
+    so far (0: none yet)."""
+    name = spec.name
+    if datatype != spec.datatype:
+        raise invalid_arg(
+            f"inference input '{name}' data-type is '{datatype}', but model '{model}' "
+            f"expects '{spec.datatype}'"
+        )
+    if max_batch_size > 0:
+        if not shape or shape[0] < 1:
+            raise invalid_arg(
+                f"input '{name}' for model '{model}' needs the batch dimension first: "
+                f"expected shape [-1{''.join(',' + str(d) for d in spec.dims)}], got "
+                f"{shape_text(shape)}"
+            )
+        if shape[0] > max_batch_size:
+            raise invalid_arg(
+                f"inference request batch-size must be <= {max_batch_size} for '{model}'"
+            )
+        if batch and shape[0] != batch:
+            raise invalid_arg(
+                f"input '{name}' batch size {shape[0]} does not match the other inputs' "
+                f"batch size {batch} for model '{model}'"
+            )
+        batch = shape[0]
+        inner = shape[1:]
+    else:
+        inner = shape
+    if not spec.matches(inner):
+        expected = ([-1] if max_batch_size > 0 else []) + list(spec.dims)
+        raise invalid_arg(
+            f"unexpected shape for input '{name}' for model '{model}'. Expected "
+            f"{shape_text(expected)}, got {shape_text(shape)}"
+        )
+    if not spec.itemsize:
+        return batch, None
+    count = 1
+    for d in shape:
+        count *= d
+    return batch, spec.itemsize * count
+
+
+def check_byte_size(model: str, name: str, expected: int | None, nbytes: int) -> None:
+    if expected is not None and nbytes != expected:
+        raise invalid_arg(
+            f"input byte size mismatch for input '{name}' for model '{model}'. "
+            f"Expected {expected}, got {nbytes}"
+        )
+
+
+def check_required(model: str, required: frozenset[str], seen: set[str]) -> None:
+    missing = required - seen
+    if missing:
+        raise invalid_arg(
+            f"expected {len(required)} inputs but got {len(seen)} inputs for model "
+            f"'{model}'. Got input(s) {sorted(seen)}, but missing required input(s) "
+            f"{sorted(missing)}. Please provide all required input(s)."
+        )

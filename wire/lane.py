@@ -1,0 +1,389 @@
+"""A lane's region, byte by byte: what a client and a worker instance agree on (PROTOCOL.md).
+
+A lane is a pair of single-producer/single-consumer rings in one shared-memory region the
+broker created: requests from the client to the worker, responses back.  Everything is
+little-endian and struct-packed; nothing is JSON.  The region:
+
+    0      header      magic, version, geometry, state (written by the broker)
+    64     client line req_seq (futex), client_sleeping, resp_done (written by the client)
+    128    worker line resp_seq (futex), worker_sleeping, req_done, worker_closed (the worker)
+    512    reason      why the lane was revoked (UTF-8, NUL-padded; the broker)
+    4096   requests    ``slots`` request slots of ``slot_size`` bytes
+    ...    responses   ``slots`` response slots of ``slot_size`` bytes
+
+Request ``n`` (counted from 0) lies in request slot ``n % slots`` and its response in
+response slot ``n % slots``; a client has at most ``slots`` requests unanswered.  Sequence
+words count modulo 2**32.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+MAGIC = b"IPL1"
+VERSION = 1
+HEADER_BYTES = 4096
+REASON_OFFSET, REASON_BYTES = 512, 512
+DEFAULT_SLOTS = 8
+MAX_SLOTS = 64
+SLOT_SIZE = 4096  # at most 65535: an error message's length is a u16
+
+# the header (broker): magic, version, slots, slot_size, state, reason code
+_HEADER = struct.Struct("<4sIIIII")
+STATE = 16
+STATE_OPEN, STATE_REVOKED = 0, 1
+# the client's line
+REQ_SEQ, CLIENT_SLEEPING, RESP_DONE = 64, 68, 72
+# the worker's line
+RESP_SEQ, WORKER_SLEEPING, REQ_DONE, WORKER_CLOSED = 128, 132, 136, 140
+
+BELLS = (REQ_SEQ, WORKER_SLEEPING, RESP_SEQ, CLIENT_SLEEPING)  # shm.bell.bells' offsets
+
+# request flags
+FLAG_RELEASE_ONLY = 1  # no inference: only the releases (answered with no outputs)
+
+# Triton's TRITONSERVER_DataType numbers
+DATATYPES = {
+    "BOOL": 1,
+    "UINT8": 2,
+    "UINT16": 3,
+    "UINT32": 4,
+    "UINT64": 5,
+    "INT8": 6,
+    "INT16": 7,
+    "INT32": 8,
+    "INT64": 9,
+    "FP16": 10,
+    "FP32": 11,
+    "FP64": 12,
+    "BYTES": 13,
+    "BF16": 14,
+}
+DATATYPE_NAMES = {v: k for k, v in DATATYPES.items()}
+# a response's status: 0 success, else the error's code
+CODES = (
+    "",
+    "INVALID_ARG",
+    "NOT_FOUND",
+    "UNAVAILABLE",
+    "UNSUPPORTED",
+    "INTERNAL",
+    "ALREADY_EXISTS",
+    "CANCELLED",
+    "TIMEOUT",
+    "UNKNOWN",
+)
+STATUS = {name: i for i, name in enumerate(CODES) if name}
+
+# a request: id, sent (the client's CLOCK_MONOTONIC ns), flags, inputs, outputs, releases,
+# the body's length (its inputs and outputs: what stays the same from one run to the next)
+_REQUEST_HEAD = struct.Struct("<QQIHHH2xI")
+# a response: id, status, outputs, parameters, error length, parameters' length
+_RESPONSE_HEAD = struct.Struct("<QIHHH2xI")
+_TENSOR = struct.Struct("<HBB4xQQ")  # index, datatype, ndim, offset, byte_size (+ ndim dims)
+_U64 = struct.Struct("<Q")
+_PARAM = struct.Struct("<BxHI")  # kind, key length, value length (+ key, value, padding)
+_KINDS = {str: 0, int: 1, bool: 2, float: 3}
+_I64 = struct.Struct("<q")
+_F64 = struct.Struct("<d")
+
+
+class Geometry(NamedTuple):
+    slots: int
+    slot_size: int
+
+    @property
+    def size(self) -> int:
+        """The region's size."""
+        return HEADER_BYTES + 2 * self.slots * self.slot_size
+
+    def request(self, n: int) -> int:
+        """The offset of request slot of request number ``n``."""
+        return HEADER_BYTES + (n % self.slots) * self.slot_size
+
+    def response(self, n: int) -> int:
+        return HEADER_BYTES + (self.slots + n % self.slots) * self.slot_size
+
+
+class Tensor(NamedTuple):
+    """An input (in the client's region) or an output (in the worker's output region)."""
+
+    position: int  # in the model's inputs or outputs, in the order of its configuration
+    datatype: int  # DATATYPES
+    offset: int
+    byte_size: int
+    shape: tuple[int, ...]
+
+
+class LaneRequest(NamedTuple):
+    """A request as the worker reads it: its body still packed (``parse_body``), so that a
+    body seen before is known by its bytes."""
+
+    id: int
+    sent_ns: int  # when the client sent it (CLOCK_MONOTONIC, the same clock in every process)
+    flags: int
+    n_inputs: int
+    n_outputs: int
+    body: bytes
+    releases: list[int]  # tokens of outputs the client is done with
+
+
+class LaneResponse(NamedTuple):
+    id: int
+    status: int  # 0, or STATUS of the error's code
+    outputs: list[Tensor]
+    parameters: dict[str, Any]
+    error: str
+
+
+# ---------------------------------------------------------------------------- the header
+def init_header(buf: Any, geometry: Geometry) -> None:
+    """A new lane's header (the broker, once, before anyone else maps the region)."""
+    _HEADER.pack_into(buf, 0, MAGIC, VERSION, geometry.slots, geometry.slot_size, 0, 0)
+
+
+def read_header(buf: Any) -> tuple[Geometry, int, int]:
+    """(geometry, state, reason status); ValueError if this is not a lane of this version."""
+    magic, version, slots, slot_size, state, code = _HEADER.unpack_from(buf, 0)
+    if magic != MAGIC or version != VERSION:
+        raise ValueError(f"not a version {VERSION} lane (magic {magic!r}, version {version})")
+    return Geometry(slots, slot_size), state, code
+
+
+class Header:
+    """A mapping of a lane's header: its geometry, its state, its 32-bit words.
+
+    Each word is read and written with one aligned 32-bit access through a cast memoryview
+    (``header[offset]``).  Never ``struct.pack_into`` a word a peer reads: it zero-fills the
+    field before it writes it, and a peer can read that 0.
+    """
+
+    __slots__ = ("buf", "words")
+
+    def __init__(self, buf: memoryview) -> None:
+        self.buf = buf
+        self.words = buf[:HEADER_BYTES].cast("I")
+
+    def __getitem__(self, offset: int) -> int:
+        return int(self.words[offset >> 2])
+
+    def __setitem__(self, offset: int, value: int) -> None:
+        self.words[offset >> 2] = value & 0xFFFFFFFF
+
+    @property
+    def revoked(self) -> bool:
+        return bool(self.words[STATE >> 2])
+
+    def revoke(self, status: int, reason: str) -> None:
+        """Mark the lane revoked, with why (the broker)."""
+        text = reason.encode()[: REASON_BYTES - 1]
+        self.buf[REASON_OFFSET : REASON_OFFSET + REASON_BYTES] = text.ljust(REASON_BYTES, b"\0")
+        self[STATE + 4] = status
+        self[STATE] = STATE_REVOKED
+
+    def reason(self) -> tuple[str, str]:
+        """(code name, message) of a revoked lane."""
+        raw = bytes(self.buf[REASON_OFFSET : REASON_OFFSET + REASON_BYTES]).split(b"\0", 1)[0]
+        return code_name(self[STATE + 4]), raw.decode(errors="replace")
+
+    def release(self) -> None:
+        """Let go of the mapping (before it is closed)."""
+        self.words.release()
+
+
+def code_name(status: int) -> str:
+    return CODES[status] if 0 < status < len(CODES) else "UNKNOWN"
+
+
+# ---------------------------------------------------------------------------- tensors
+def pack_tensors(tensors: Sequence[Tensor]) -> bytes:
+    """Tensor entries: index, datatype, ndim, offset, byte size, then the dimensions."""
+    out = bytearray()
+    for t in tensors:
+        out += _TENSOR.pack(t.position, t.datatype, len(t.shape), t.offset, t.byte_size)
+        out += struct.pack(f"<{len(t.shape)}q", *t.shape)
+    return bytes(out)
+
+
+def _read_tensors(buf: Any, pos: int, count: int, end: int) -> tuple[list[Tensor], int]:
+    tensors = []
+    for _ in range(count):
+        if pos + _TENSOR.size > end:
+            raise ValueError("tensor entries run past the slot")
+        index, datatype, ndim, offset, byte_size = _TENSOR.unpack_from(buf, pos)
+        pos += _TENSOR.size
+        if pos + 8 * ndim > end:
+            raise ValueError("tensor dimensions run past the slot")
+        shape = struct.unpack_from(f"<{ndim}q", buf, pos)
+        pos += 8 * ndim
+        tensors.append(Tensor(index, datatype, offset, byte_size, shape))
+    return tensors, pos
+
+
+def _pad(n: int) -> int:
+    return (n + 7) & ~7
+
+
+# ---------------------------------------------------------------------------- requests
+def pack_request_body(inputs: Sequence[Tensor], outputs: Sequence[int]) -> bytes:
+    """The part of a request that stays the same from one run to the next."""
+    body = pack_tensors(inputs) + struct.pack(f"<{len(outputs)}H", *outputs)
+    return body.ljust(_pad(len(body)), b"\0")
+
+
+def write_request(
+    buf: Any,
+    at: int,
+    slot_size: int,
+    request_id: int,
+    sent_ns: int,
+    flags: int,
+    n_inputs: int,
+    n_outputs: int,
+    body: bytes,
+    releases: Sequence[int],
+) -> None:
+    """Fill the request slot at ``at``; ValueError if it does not fit."""
+    end = _REQUEST_HEAD.size + len(body)
+    size = end + 8 * len(releases)
+    if size > slot_size:
+        raise ValueError(f"a request of {size} bytes does not fit a {slot_size}-byte lane slot")
+    _REQUEST_HEAD.pack_into(
+        buf, at, request_id, sent_ns, flags, n_inputs, n_outputs, len(releases), len(body)
+    )
+    buf[at + _REQUEST_HEAD.size : at + end] = body
+    if releases:
+        struct.pack_into(f"<{len(releases)}Q", buf, at + end, *releases)
+
+
+def read_request(buf: Any, at: int, slot_size: int) -> LaneRequest:
+    """The request in the slot at ``at``, copied out of shared memory (the client may write
+    on); ValueError if it does not fit its slot."""
+    head = _REQUEST_HEAD.unpack_from(buf, at)
+    request_id, sent_ns, flags, n_inputs, n_outputs, n_release, body_len = head
+    start = at + _REQUEST_HEAD.size
+    end = start + body_len
+    if end + 8 * n_release > at + slot_size:
+        raise ValueError("the request runs past its slot")
+    releases = list(struct.unpack_from(f"<{n_release}Q", buf, end)) if n_release else []
+    return LaneRequest(
+        request_id, sent_ns, flags, n_inputs, n_outputs, bytes(buf[start:end]), releases
+    )
+
+
+def parse_body(body: bytes, n_inputs: int, n_outputs: int) -> tuple[list[Tensor], list[int]]:
+    """A request body's inputs and wanted outputs; ValueError if they do not fit it."""
+    inputs, pos = _read_tensors(body, 0, n_inputs, len(body))
+    if pos + 2 * n_outputs > len(body):
+        raise ValueError("output indices run past the request")
+    return inputs, list(struct.unpack_from(f"<{n_outputs}H", body, pos))
+
+
+# ---------------------------------------------------------------------------- responses
+# A backend tends to answer with the same parameters every time: both ends remember what the
+# last few encoded to (keyed with the values' types: True == 1, but not on the wire).
+_packed: dict[tuple[Any, ...], bytes] = {}
+_unpacked: dict[bytes, dict[str, Any]] = {}
+_REMEMBERED = 16
+
+
+def pack_parameters(params: Mapping[str, Any]) -> bytes:
+    """Response parameters: kind (0 str, 1 int, 2 bool, 3 float), key, value, padded to 8."""
+    key = tuple((k, v.__class__, v) for k, v in params.items())
+    try:
+        return _packed[key]
+    except (KeyError, TypeError):  # TypeError: a value that cannot be a key is refused below
+        pass
+    out = bytearray()
+    for name, value in params.items():
+        kind = _KINDS.get(type(value))
+        if kind is None:
+            raise ValueError(f"response parameter '{name}' is a {type(value).__name__}")
+        if kind == 0:
+            raw = value.encode()
+        elif kind == 1:
+            raw = _I64.pack(value)
+        elif kind == 2:
+            raw = b"\1" if value else b"\0"
+        else:
+            raw = _F64.pack(value)
+        label = name.encode()
+        entry = _PARAM.pack(kind, len(label), len(raw)) + label + raw
+        out += entry.ljust(_pad(len(entry)), b"\0")
+    if len(_packed) >= _REMEMBERED:
+        _packed.clear()
+    _packed[key] = packed = bytes(out)
+    return packed
+
+
+def unpack_parameters(raw: bytes, count: int) -> dict[str, Any]:
+    """The parameters ``pack_parameters`` wrote (a new dict each time); ValueError if they
+    do not fit ``raw``."""
+    known = _unpacked.get(raw)
+    if known is not None:
+        return dict(known)
+    params: dict[str, Any] = {}
+    pos, end = 0, len(raw)
+    for _ in range(count):
+        if pos + _PARAM.size > end:
+            raise ValueError("response parameters run past the slot")
+        kind, key_len, value_len = _PARAM.unpack_from(raw, pos)
+        start = pos + _PARAM.size
+        if start + key_len + value_len > end:
+            raise ValueError("response parameters run past the slot")
+        key = raw[start : start + key_len].decode()
+        value = raw[start + key_len : start + key_len + value_len]
+        if kind == 0:
+            params[key] = value.decode()
+        elif kind == 1:
+            params[key] = _I64.unpack(value)[0]
+        elif kind == 2:
+            params[key] = value != b"\0"
+        else:
+            params[key] = _F64.unpack(value)[0]
+        pos = _pad(start + key_len + value_len)
+    if len(_unpacked) >= _REMEMBERED:
+        _unpacked.clear()
+    _unpacked[raw] = params
+    return dict(params)
+
+
+def write_response(
+    buf: Any,
+    at: int,
+    slot_size: int,
+    request_id: int,
+    outputs: Sequence[Tensor],
+    parameters: Mapping[str, Any] | None,
+    status: int = 0,
+    error: str = "",
+) -> None:
+    """Fill the response slot at ``at``; ValueError if it does not fit."""
+    tensors = pack_tensors(outputs) if outputs else b""
+    params = pack_parameters(parameters) if parameters else b""
+    message = error.encode() if error else b""
+    size = _RESPONSE_HEAD.size + len(tensors) + len(params) + len(message)
+    if size > slot_size:
+        raise ValueError(f"a response of {size} bytes does not fit a {slot_size}-byte lane slot")
+    n_params = len(parameters) if parameters else 0
+    _RESPONSE_HEAD.pack_into(
+        buf, at, request_id, status, len(outputs), n_params, len(message), len(params)
+    )
+    pos = at + _RESPONSE_HEAD.size
+    buf[pos : at + size] = tensors + params + message
+
+
+def read_response(buf: Any, at: int, slot_size: int) -> LaneResponse:
+    """The response in the slot at ``at``; ValueError if it does not fit its slot."""
+    head = _RESPONSE_HEAD.unpack_from(buf, at)
+    request_id, status, n_outputs, n_params, error_len, params_len = head
+    end = at + slot_size
+    outputs, pos = _read_tensors(buf, at + _RESPONSE_HEAD.size, n_outputs, end)
+    if pos + params_len + error_len > end:
+        raise ValueError("the response runs past its slot")
+    params = unpack_parameters(bytes(buf[pos : pos + params_len]), n_params) if n_params else {}
+    pos += params_len
+    error = bytes(buf[pos : pos + error_len]).decode(errors="replace") if error_len else ""
+    return LaneResponse(request_id, status, outputs, params, error)

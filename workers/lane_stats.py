@@ -1,0 +1,97 @@
+"""What a worker's lanes served, folded until it is sent to the broker as one LaneStats.
+
+Lane requests never pass the broker, so their statistics travel on their own: a few
+integers per request added here (under a lock: every lane has its thread), one message
+for many requests.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from inferpool.wire.worker.messages import (
+    BatchStats,
+    Durations,
+    LaneBatch,
+    LaneStats,
+    MetricsUpdate,
+)
+
+
+class Tally:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._reset()
+
+    def _reset(self) -> None:
+        self.pending = False
+        self.success = self.fail = self.success_ns = self.fail_ns = self.queue_ns = 0
+        self.inferences = 0
+        self.durations = [0, 0, 0]
+        self.batches: dict[int, list[int]] = {}  # size -> [count, input, infer, output]
+
+    def add(
+        self,
+        ok: bool,
+        total_ns: int,
+        queue_ns: int,
+        batch_size: int,
+        durations: Durations | None,
+        batches: Sequence[BatchStats],
+        exec_start: int,
+        exec_end: int,
+    ) -> None:
+        """One executed lane request; ``batches``: what the backend reported, if anything."""
+        measured = Durations(0, exec_end - exec_start, 0)
+        with self._lock:
+            self.pending = True
+            if not ok:
+                self.fail += 1
+                self.fail_ns += total_ns
+            else:
+                self.success += 1
+                self.success_ns += total_ns
+                self.queue_ns += queue_ns
+                self.inferences += batch_size
+                d = durations or measured
+                sums = self.durations
+                sums[0] += d.compute_input
+                sums[1] += d.compute_infer
+                sums[2] += d.compute_output
+            for size, d in [(b.batch_size, b.durations) for b in batches] or [
+                (batch_size, measured)
+            ]:
+                entry = self.batches.get(size)
+                if entry is None:
+                    entry = self.batches[size] = [0, 0, 0, 0]
+                entry[0] += 1
+                entry[1] += d.compute_input
+                entry[2] += d.compute_infer
+                entry[3] += d.compute_output
+
+    def fail_one(self, total_ns: int) -> None:
+        """A lane request refused before it ran (malformed, invalid inputs)."""
+        with self._lock:
+            self.pending = True
+            self.fail += 1
+            self.fail_ns += total_ns
+
+    def take(self, metrics: MetricsUpdate | None) -> LaneStats | None:
+        """Everything since the last take, or None if nothing happened."""
+        with self._lock:
+            if not self.pending and metrics is None:
+                return None
+            stats = LaneStats(
+                self.success,
+                self.fail,
+                self.success_ns,
+                self.fail_ns,
+                self.queue_ns,
+                self.inferences,
+                Durations(*self.durations),
+                [LaneBatch(size, e[0], Durations(*e[1:])) for size, e in self.batches.items()],
+                metrics,
+            )
+            self._reset()
+            return stats
