@@ -36,6 +36,7 @@ from inferpool.broker.front.router import Router
 from inferpool.broker.front.shared_memory import EXTENSIONS, SharedMemory
 from inferpool.broker.kserve.service import Frontends
 from inferpool.broker.models import repository
+from inferpool.broker.models.cancellation import Cancellation
 from inferpool.broker.models.config_support import ConfigSupport
 from inferpool.broker.models.manager import Manager, Worker
 from inferpool.broker.models.rate_limiter import RateLimiter
@@ -49,6 +50,7 @@ from inferpool.broker.pool.liveness import Liveness
 from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.broker.pool.placement import Planner, Topology, parse_host_policies
 from inferpool.broker.pool.supervisor import Supervisor
+from inferpool.shm.cancel_flags import CancelFlags
 from inferpool.shm.leases import LeaseTable
 from inferpool.shm.runs import region_name
 from inferpool.wire.errors import InferpoolError
@@ -86,6 +88,8 @@ class Broker:
             self.run_id = run_id = open_run(stack, opts.run_dir)
             arena_region = region_name(run_id, "arena")
             arena = start_arena(stack, arena_region, opts)
+            flags = CancelFlags.create(run_id)
+            stack.callback(flags.close)
             outputs = OutputRegions(run_id, opts.output_arena_size, opts.prefault)
             stack.callback(outputs.close)
             self._wake = self._catch_signals(stack)
@@ -111,6 +115,9 @@ class Broker:
                 ),
             )
             self.supervisor = supervisor = manager.supervisor
+            cancellation = Cancellation(
+                manager.inflight, flags, manager.reject, self.responder.send_error
+            )
             stack.callback(manager.overrides.close)
             limited = opts.rate_limit == "execution_count"
             manager.support = ConfigSupport(cache=opts.cache_size > 0, rate_limit=limited)
@@ -142,6 +149,7 @@ class Broker:
                 opts.lease_timeout,
                 self.responder.send,
                 len(topology.gpus),
+                cancellation.client_gone,
             )
             stack.callback(self.shm.close)  # its socket monitor must go before the context
             self.lanes = lanes = Lanes(
@@ -165,6 +173,7 @@ class Broker:
                 self.shm,
                 manager.submit,
                 opts.request_limit,
+                cancellation.cancel,
             )
             control = Control(
                 readiness=self.readiness,

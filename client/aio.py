@@ -110,6 +110,9 @@ class AsyncClient(Connection):
         try:
             await self._start(exchange)
             return exchange.read(await self._next(exchange))
+        except BaseException:
+            self._cancel(exchange)  # a timeout, a cancelled task: the server stops its work
+            raise
         finally:
             self._core.forget(exchange)
 
@@ -202,7 +205,7 @@ class AsyncClient(Connection):
                 if result.streamed:
                     yield result
         finally:
-            self._core.forget(exchange)
+            self._cancel(exchange)  # left before the final response: cancelled on the server
 
     # ------------------------------------------------------------------ control
     async def control(self, call: control.Call[T], timeout: float | None = None) -> T:

@@ -44,6 +44,9 @@ class Client(Connection):
         try:
             self._start(exchange)
             return exchange.read(self._next(exchange))
+        except BaseException:
+            self._cancel(exchange)  # a timeout, an interrupt: the server stops its work
+            raise
         finally:
             self._core.forget(exchange)
 
@@ -132,7 +135,7 @@ class Client(Connection):
                 if result.streamed:
                     yield result
         finally:
-            self._core.forget(exchange)
+            self._cancel(exchange)  # left before the final response: cancelled on the server
 
     # ------------------------------------------------------------------ control
     def control(self, call: control.Call[T], timeout: float | None = None) -> T:

@@ -76,10 +76,10 @@ def send_held(client: Client, value: float = -1.0) -> str:
     )
 
 
-def http(port: int, path: str, method: str = "GET") -> tuple[int, str]:
-    """(status, body) of one request to 127.0.0.1:``port``, as a probe makes it; status 0
-    when nothing answers (the port is not open yet: a failed probe)."""
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
+def http(port: int, path: str, method: str = "GET", host: str = "127.0.0.1") -> tuple[int, str]:
+    """(status, body) of one request to ``host:port``, as a probe makes it; status 0 when
+    nothing answers (the port is not open yet: a failed probe)."""
+    req = urllib.request.Request(f"http://{host}:{port}{path}", method=method)
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
             return resp.status, resp.read().decode()

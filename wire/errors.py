@@ -25,6 +25,21 @@ class Code(str, enum.Enum):
     TIMEOUT = "TIMEOUT"
 
 
+# Triton's HTTP status for each code (its HttpCodeFromError); a queue timeout (TIMEOUT,
+# inferpool's own code) is 503: the KServe frontend and the Ray Serve adapter answer with these
+HTTP_STATUS = {
+    Code.UNKNOWN: 400,
+    Code.INTERNAL: 500,
+    Code.NOT_FOUND: 404,
+    Code.INVALID_ARG: 400,
+    Code.UNAVAILABLE: 503,
+    Code.UNSUPPORTED: 501,
+    Code.ALREADY_EXISTS: 400,
+    Code.CANCELLED: 400,
+    Code.TIMEOUT: 503,
+}
+
+
 class InferpoolError(Exception):
     """An error with a Triton code; ``str(err)`` reads like Triton's ``Code: message``."""
 

@@ -1,27 +1,19 @@
 """Error codes as the KServe frontends report them: Triton's HTTP and gRPC status codes.
 
 The message is always the broker's own, word for word as a zmq client reads it; only the
-code is translated, the way Triton's ``HttpCodeFromError`` and ``GrpcStatusUtil`` do.  A
-queue timeout (``TIMEOUT``, inferpool's own code) is 503 / DEADLINE_EXCEEDED.
+code is translated, the way Triton's ``HttpCodeFromError`` (``wire.errors.HTTP_STATUS``, shared
+with the Ray Serve adapter) and ``GrpcStatusUtil`` do.  A queue timeout is UNAVAILABLE, as in
+Triton ("Request timeout expired"); ``TIMEOUT``, inferpool's own code (a wait that ran out),
+is 503 / DEADLINE_EXCEEDED.
 """
 
 from __future__ import annotations
 
 import grpc
 
-from inferpool.wire.errors import Code
+from inferpool.wire.errors import HTTP_STATUS, Code
 
-HTTP_STATUS = {
-    Code.UNKNOWN: 400,
-    Code.INTERNAL: 500,
-    Code.NOT_FOUND: 404,
-    Code.INVALID_ARG: 400,
-    Code.UNAVAILABLE: 503,
-    Code.UNSUPPORTED: 501,
-    Code.ALREADY_EXISTS: 400,
-    Code.CANCELLED: 400,
-    Code.TIMEOUT: 503,
-}
+__all__ = ["GRPC_STATUS", "HTTP_STATUS"]
 
 GRPC_STATUS = {
     Code.UNKNOWN: grpc.StatusCode.UNKNOWN,

@@ -159,6 +159,9 @@ def validate(config: pb.ModelConfig, model: str, path: str) -> None:
                     f"dynamic_batching preferred_batch_size {size} exceeds max_batch_size "
                     f"{config.max_batch_size}",
                 )
+        _validate_priorities(dyn, model, path)
+    if config.HasField("sequence_batching"):
+        _validate_sequence_strategy(config, model, path)
     for group in config.instance_group:
         if group.count < 1:
             raise config_error(
@@ -169,6 +172,45 @@ def validate(config: pb.ModelConfig, model: str, path: str) -> None:
             plan(config)
         except InferpoolError as err:
             raise config_error(model, path, err.message) from None
+
+
+def _validate_priorities(dyn: Any, model: str, path: str) -> None:
+    """Triton's checks of priority levels and their queue policies (Triton's wording)."""
+    levels = dyn.priority_levels
+    if not levels:
+        return
+    if not 1 <= dyn.default_priority_level <= levels:
+        raise config_error(
+            model, path, f"default priority level must be in range [1, {levels}] for {model}"
+        )
+    for level in dyn.priority_queue_policy:
+        if not 1 <= level <= levels:
+            raise config_error(
+                model,
+                path,
+                f"priority queue policy must have priority level in range [1, {levels}] for "
+                f"{model} (got {level})",
+            )
+
+
+def _validate_sequence_strategy(config: Any, model: str, path: str) -> None:
+    """Triton's checks of the oldest and direct sequence-batching strategies."""
+    seq = config.sequence_batching
+    if seq.HasField("oldest"):
+        for size in seq.oldest.preferred_batch_size:
+            if size <= 0 or size > config.max_batch_size:
+                raise config_error(
+                    model,
+                    path,
+                    "sequence batching preferred batch size must be positive and <= max batch "
+                    f"size for {model} (got {size}, max_batch_size {config.max_batch_size})",
+                )
+    if seq.HasField("direct") and not 0.0 <= seq.direct.minimum_slot_utilization <= 1.0:
+        raise config_error(
+            model,
+            path,
+            f"sequence batching minimum slot utilization must be in range (0.0, 1.0] for {model}",
+        )
 
 
 def _fixed_elements(dims: Any) -> int | None:

@@ -363,6 +363,7 @@ class Manager:
         handle: Worker,
         batch: list[PendingRequest],
         release: Sequence[CorrelationId] = (),
+        nulls: Sequence[int] = (),
     ) -> None:
         now = time.monotonic_ns()
         stats = handle.model.stats
@@ -371,24 +372,28 @@ class Manager:
             req.worker = handle
             stats.queue.add(now - req.received_ns)
         handle.busy = batch
-        self.gate.dispatch(handle, batch, release)
+        self.gate.dispatch(handle, batch, release, nulls)
 
     def _send(
-        self, handle: Worker, batch: list[PendingRequest], release: Sequence[CorrelationId]
+        self,
+        handle: Worker,
+        batch: list[PendingRequest],
+        release: Sequence[CorrelationId],
+        nulls: Sequence[int],
     ) -> None:
         handle.began_executing(time.monotonic())
         unmaps = self.unmaps.pop(handle.identity, ()) if self.unmaps else ()
-        msg = Execute(
-            [r.work for r in batch], self.outputs.take_frees(handle.output_region), unmaps, release
-        )
+        frees = self.outputs.take_frees(handle.output_region)
+        msg = Execute([r.work for r in batch], frees, unmaps, release, nulls)
         self.supervisor.send(handle, msg)
 
     def reject(self, req: PendingRequest, err: InferpoolError, reason: str = "") -> None:
-        """Answer ``req`` with an error and end it; ``reason`` labels the failure in the
-        metrics (failures.FAILURE_REASONS; by default, what ``err`` says)."""
+        """Answer ``req`` with an error (unless it was cancelled: answered) and end it;
+        ``reason`` labels the failure in the metrics (failures.FAILURE_REASONS; by default,
+        what ``err`` says)."""
         if req.sink is not None:
             req.sink.failed(req, err)
-        else:
+        elif not req.cancelled:
             self.responder.send_error(req.envelope, "infer", req.client_id, err)
         reason = reason or failure_reason(err)
         log_failure(req.client_id, req.model, reason, err)
@@ -442,9 +447,11 @@ class Manager:
     def _results(self, items: Sequence[Result]) -> None:
         for item in items:
             req = self.inflight.get(item.rid)
-            if req is None:  # answered already (e.g. timed out): just give the memory back
+            if req is None or req.cancelled:  # answered already: give the memory back
                 for out in item.outputs:
                     self.outputs.free(out.region, out.offset, held=False)
+                if req is not None and item.final:
+                    self.finish(req, False, item.durations)
                 continue
             self.respond(req, item)
 

@@ -66,7 +66,7 @@ def test_metrics_count_requests_durations_and_backend_metrics(short_tmp, shm_cle
                 [np.ones(1, np.float32).data],
             )
             wait_until(lambda: {r["instance"]: r for r in b.status()}["slow_0_0"]["busy"])
-            with pytest.raises(InferpoolError, match="request timeout expired"):
+            with pytest.raises(InferpoolError, match="Request timeout expired"):
                 b.infer("slow", {"INPUT0": np.ones(1, np.float32)}, parameters={"timeout": 1000})
             assert "error" not in a._recv(first, 10)[0]
             # a request that does not fit the model fails too: reason OTHER

@@ -99,8 +99,8 @@ def test_a_restarted_sequence_starts_from_zero(server: Server) -> None:
         ({"STATE_IN__5": np.ones((1, 1), np.float32)}, {"sequence_id": 5, "sequence_start": True},
          "unexpected inference input 'STATE_IN__5' for model 'accumulate'"),
         ({}, {"sequence_id": "abc", "sequence_start": True},
-         "correlation id 'abc' of request '1' is not an integer, but model 'accumulate' declares "
-         "CONTROL_SEQUENCE_CORRID as TYPE_INT64"),
+         "model 'accumulate': correlation id 'abc' of request '1' is not an integer, but "
+         "CONTROL_SEQUENCE_CORRID is TYPE_INT64"),
     ],
 )  # fmt: skip
 def test_sequence_errors(server: Server, inputs, parameters, message) -> None:

@@ -95,6 +95,7 @@ def test_close_releases_the_run_and_may_be_called_again(short_tmp: Path) -> None
     assert run_is_alive(broker.run_id)
     assert sorted(name.rsplit("-", 1)[1] for name in regions_of_run(broker.run_id)) == [
         "arena",
+        "cancel",
         "lock",
     ]
     assert endpoint.exists() and handlers() != before

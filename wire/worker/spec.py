@@ -76,6 +76,7 @@ class WorkerSpec:
     output_region: str  # this worker's output arena region
     output_prefault: int  # how much of it to populate as the worker boots (shm.warm)
     instance: InstanceSpec
+    cancel_region: str = ""  # the run's cancellation marks (shm.cancel_flags); "": none
     pinning: PinningSpec = field(default_factory=PinningSpec)
     backend_directory: str = ""
     backend_config: dict[str, str] = field(default_factory=dict)  # this backend's settings
