@@ -186,6 +186,10 @@ class ResponseSender:
     def final(self) -> bool:
         return self._request._final
 
+    def is_cancelled(self) -> bool:
+        """Whether the client cancelled the request (TRITONBACKEND_ResponseFactoryIsCancelled)."""
+        return self._request.is_cancelled()
+
 
 class Request:
     """A request as the backend sees it: inputs as views of shared memory, outputs to fill."""
@@ -205,7 +209,10 @@ class Request:
         priority: int = 0,
         timeout_us: int = 0,
         handle: Any = None,
+        cancelled: Callable[[Any], bool] | None = None,
     ) -> None:
+        """``cancelled(handle)`` says whether the client has cancelled the request (the
+        worker's reads the broker's marks, shm.cancel_flags); None: it cannot be."""
         self.id = id
         self.handle = handle  # opaque to backends: the worker's key for routing the answer
         self.inputs = inputs
@@ -218,6 +225,7 @@ class Request:
         self.timeout_us = timeout_us
         self._memory = memory
         self._emit = emit
+        self._cancelled = cancelled
         self._sender: ResponseSender | None = None  # made (with its lock) only when asked for
         self._sent = 0
         self._final = False
@@ -243,6 +251,14 @@ class Request:
         if not self._final:
             self._final = True
             self._emit(self, Response(self, error), True)
+
+    def is_cancelled(self) -> bool:
+        """Whether the client has cancelled this request (TRITONBACKEND_RequestIsCancelled).
+
+        Cheap enough to ask between steps of a long execute: a backend that sees True may
+        stop and answer with a CANCELLED error; the client has its answer already.
+        """
+        return self._cancelled is not None and self._cancelled(self.handle)
 
     def input(self, name: str) -> InputTensor:
         try:

@@ -6,6 +6,8 @@
 The harness runs the real lifecycle host (``backends.host``, which workers run too) over
 ordinary process memory instead of shared memory.  Harnesses given one :class:`LocalRegions`
 share regions (weights) the way a broker's workers do, with this process in the broker's part.
+A sequence model's requests get the control inputs and, at their START, the initial states
+a worker adds (``backends.sequence``); the harness keeps no state between requests.
 """
 
 from __future__ import annotations
@@ -19,10 +21,17 @@ import numpy as np
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
-from inferpool.backends.api import InputTensor, Request, RequestedOutput, Response
+from inferpool.backends.api import (
+    FLAG_SEQUENCE_START,
+    InputTensor,
+    Request,
+    RequestedOutput,
+    Response,
+)
 from inferpool.backends.host import BackendHost
 from inferpool.backends.regions import SharedRegion
 from inferpool.backends.reshape import output_reshapes, to_config_shape
+from inferpool.backends.sequence import SequenceInputs
 from inferpool.shm.shared import SharedRegionTable
 from inferpool.wire import codec
 from inferpool.wire.errors import Code, InferpoolError
@@ -102,6 +111,7 @@ class BackendHarness(AbstractContextManager["BackendHarness"]):
         self.config = config
         self.memory = HeapMemory()
         self.responses: list[tuple[Request, Response | None, bool]] = []
+        self.cancelled: set[int] = set()  # request handles (``request.handle``) cancelled
         self._regions = _HarnessRegions(regions, self) if regions is not None else None
         self.host = BackendHost(
             backend_name=backend,
@@ -116,7 +126,11 @@ class BackendHarness(AbstractContextManager["BackendHarness"]):
         )
         try:
             self.host.load()
+            self.sequence = SequenceInputs.of(
+                self.host.config, self.host.model_name, repository_path
+            )
         except BaseException:
+            self.host.close()
             self._release()
             raise
         self._next_id = 0
@@ -143,6 +157,12 @@ class BackendHarness(AbstractContextManager["BackendHarness"]):
             else:
                 nbytes = codec.serialized_bytes_size(arr.reshape(-1))
             tensors[name] = InputTensor(name, datatype, tuple(arr.shape), arr, nbytes)
+        if self.sequence is not None and correlation_id:
+            batch = next(iter(tensors.values())).shape[0] if self.host.config.max_batch_size else 1
+            request_id = str(self._next_id)
+            self.sequence.add_controls(tensors, correlation_id, flags, batch, True, request_id)
+            if flags & FLAG_SEQUENCE_START:
+                self.sequence.add_initial_states(tensors, batch)
         wanted = outputs if outputs is not None else [o.name for o in self.host.config.output]
         return Request(
             id=str(self._next_id),
@@ -154,6 +174,8 @@ class BackendHarness(AbstractContextManager["BackendHarness"]):
             flags=flags,
             parameters=parameters,
             decoupled=self.host.decoupled,
+            handle=self._next_id,
+            cancelled=self.cancelled.__contains__,
         )
 
     def _emit(self, request: Request, response: Response | None, final: bool) -> None:

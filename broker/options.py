@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
 from inferpool.broker.curve import CurveKeys, load_server_keys
-from inferpool.broker.kserve.service import FrontendOptions
 from inferpool.broker.pool.supervisor import SupervisorOptions
 from inferpool.wire.errors import invalid_arg
 from inferpool.wire.paths import DEFAULT_TCP, default_ipc_endpoint, default_run_dir
+
+if TYPE_CHECKING:  # the frontends (grpc, aiohttp) are imported by the broker that serves them,
+    from inferpool.broker.kserve.service import FrontendOptions  # not by every CLI command
 
 MiB = 1 << 20
 
@@ -69,6 +72,7 @@ class ServerOptions:
     heartbeat_ms: int = 1000  # how often a frozen (stopped) worker is looked for; 0: never
     model_load_gpu_limit: Mapping[int, float] = field(default_factory=dict)  # device -> fraction
     log_level: str = "INFO"
+    log_format: str = "text"  # or "json"
     metrics_port: int = 0  # 0: no Prometheus endpoint
     metrics_address: str = "127.0.0.1"
     # the KServe frontends (0: off; `inferpool serve` defaults to Triton's 8000 and 8001)
@@ -106,6 +110,8 @@ class ServerOptions:
 
     def frontends(self) -> FrontendOptions:
         """The KServe frontends' slice, with the broker's request limit."""
+        from inferpool.broker.kserve.service import FrontendOptions
+
         names = (f.name for f in fields(FrontendOptions) if f.name != "request_limit")
         return FrontendOptions(
             request_limit=self.request_limit, **{name: getattr(self, name) for name in names}

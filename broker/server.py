@@ -37,19 +37,21 @@ from inferpool.broker.front.shared_memory import EXTENSIONS, SharedMemory
 from inferpool.broker.front.shares import OutputShares
 from inferpool.broker.kserve.service import Frontends
 from inferpool.broker.models import repository
+from inferpool.broker.models.cancellation import Cancellation
 from inferpool.broker.models.config_support import ConfigSupport
 from inferpool.broker.models.manager import Manager, Worker
 from inferpool.broker.models.rate_limiter import RateLimiter
 from inferpool.broker.models.registry import Registry, State
 from inferpool.broker.models.reload import reload_repository
 from inferpool.broker.models.response_cache import ResponseCache
-from inferpool.broker.notify import sd_notify
+from inferpool.broker.notify import Watchdog, sd_notify
 from inferpool.broker.options import ServerOptions
 from inferpool.broker.pool.gpu_limit import check_gpu_limits
 from inferpool.broker.pool.liveness import Liveness
 from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.broker.pool.placement import Planner, Topology, parse_host_policies
 from inferpool.broker.pool.supervisor import Supervisor
+from inferpool.shm.cancel_flags import CancelFlags
 from inferpool.shm.leases import LeaseTable
 from inferpool.shm.runs import region_name
 from inferpool.wire.errors import InferpoolError
@@ -75,6 +77,7 @@ class Broker:
         self.options = opts = options
         self._on_started = on_started
         self._signals: list[int] = []
+        self._watchdog = Watchdog()
         self._next_poll = time.monotonic() + options.repository_poll_secs
         with contextlib.ExitStack() as stack:
             stack.callback(sd_notify, "STATUS=stopped")
@@ -87,17 +90,20 @@ class Broker:
             planner = Planner(topology, parse_host_policies(opts.host_policies, topology), opts.pin)
             check_gpu_limits(opts.model_load_gpu_limit, topology)
             curve = opts.curve_keys()  # unusable keys fail the start before anything is made
-            self.run_id = run_id = open_run(stack, opts.run_dir)
-            arena_region = region_name(run_id, "arena")
-            arena = start_arena(stack, arena_region, opts, self._interrupted)
-            outputs = OutputRegions(run_id, opts.output_arena_size, opts.prefault)
-            stack.callback(outputs.close)
+            # the endpoints before the run: a second server fails here, having touched nothing
             ctx: zmq.Context[Any] = zmq.Context()
             stack.callback(ctx.term)
             frontends = opts.frontends()  # the KServe frontends' socket: inproc, their own
-            inproc = f"inproc://inferpool-kserve-{run_id}" if frontends.enabled else ""
+            inproc = "inproc://inferpool-kserve" if frontends.enabled else ""
             fronts = listen(stack, ctx, opts.listen, opts.ipc_access == "group", curve, inproc)
             self.frontend, self.tagged = fronts.plain, fronts.tagged
+            self.run_id = run_id = open_run(stack, opts.run_dir)
+            arena_region = region_name(run_id, "arena")
+            arena = start_arena(stack, arena_region, opts, self._interrupted)
+            flags = CancelFlags.create(run_id)
+            stack.callback(flags.close)
+            outputs = OutputRegions(run_id, opts.output_arena_size, opts.prefault)
+            stack.callback(outputs.close)
             self.poller = zmq.Poller()
             for sock in [fronts.plain, *self.tagged.values()]:
                 self.poller.register(sock, zmq.POLLIN)
@@ -122,6 +128,9 @@ class Broker:
                 ),
             )
             self.supervisor = supervisor = manager.supervisor
+            cancellation = Cancellation(
+                manager.inflight, flags, manager.reject, self.responder.send_error
+            )
             stack.callback(manager.overrides.close)
             limited = opts.rate_limit == "execution_count"
             manager.support = ConfigSupport(cache=opts.cache_size > 0, rate_limit=limited)
@@ -154,6 +163,7 @@ class Broker:
                 opts.lease_timeout,
                 self.responder.send,
                 len(topology.gpus),
+                cancellation.client_gone,
             )
             stack.callback(self.shm.close)  # its socket monitor must go before the context
             self.lanes = lanes = Lanes(
@@ -177,6 +187,7 @@ class Broker:
                 self.shm,
                 manager.submit,
                 opts.request_limit,
+                cancellation.cancel,
             )
             control = Control(
                 readiness=self.readiness,
@@ -366,6 +377,7 @@ class Broker:
             self.manager.worker_message(handle, msg)
 
     def _housekeeping(self, now: float) -> None:
+        self._watchdog.tick(now)
         self.supervisor.reap()
         self.supervisor.tick(now)
         self.liveness.check(now)

@@ -113,6 +113,9 @@ class AsyncClient(Connection):
         try:
             await self._start(exchange)
             return exchange.read(await self._next(exchange))
+        except BaseException:
+            self._cancel(exchange)  # a timeout, a cancelled task: the server stops its work
+            raise
         finally:
             self._core.forget(exchange)
 
@@ -197,7 +200,7 @@ class AsyncClient(Connection):
         """Responses of a decoupled model as they arrive, until the final one
         (``triton_final_response``); that one is yielded only if it carries outputs.
         ``timeout`` bounds each wait."""
-        exchange = self._core.infer(model, inputs, outputs, **options)
+        exchange = self._core.infer(model, inputs, outputs, **options, stream=True)
         try:
             await self._start(exchange)
             while not exchange.done:
@@ -205,7 +208,7 @@ class AsyncClient(Connection):
                 if result.streamed:
                     yield result
         finally:
-            self._core.forget(exchange)
+            self._cancel(exchange)  # left before the final response: cancelled on the server
 
     # ------------------------------------------------------------------ control
     async def control(self, call: control.Call[T], timeout: float | None = None) -> T:

@@ -4,6 +4,7 @@ of I/O; how they wait is theirs)."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 from typing import Any, cast
@@ -116,6 +117,16 @@ class Connection:
             send_parts(self._sock, exchange.frames, copy=False)
         else:
             self._sock.send(exchange.header)
+        exchange.sent = True
+
+    def _cancel(self, exchange: Exchange[Any]) -> None:
+        """Cancel a request given up on (a timeout, a cancelled task, a stream left early)
+        on the server: best effort, never waits (a full socket drops it)."""
+        header = self._core.cancel(exchange)
+        if header is not None and not self._core.closed:
+            with contextlib.suppress(zmq.Again):
+                self._sock.send(b"", SNDMORE | NOBLOCK)
+                self._sock.send(header)
 
     def _close_socket(self) -> None:
         self._end_monitor()

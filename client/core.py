@@ -138,7 +138,17 @@ class Exchange(Generic[T]):
     """One request: what to send, how to read a response, how long to wait for one, the
     responses not read yet."""
 
-    __slots__ = ("done", "frames", "header", "id", "limit", "read", "replies")
+    __slots__ = (
+        "cancellable",
+        "done",
+        "frames",
+        "header",
+        "id",
+        "limit",
+        "read",
+        "replies",
+        "sent",
+    )
 
     def __init__(
         self,
@@ -155,6 +165,8 @@ class Exchange(Generic[T]):
         self.limit = limit  # seconds each wait (to send, for a response) may take
         self.replies: list[Message | InferpoolError] = []  # few: a list is cheapest
         self.done = False  # its final response (or an error) has been taken
+        self.sent = False  # it left the client (the server may be working on it)
+        self.cancellable = False  # an infer request: one given up on is cancelled
 
 
 class ClientCore:
@@ -197,11 +209,18 @@ class ClientCore:
         parameters: Mapping[str, Any] | None = None,
         datatypes: Mapping[str, str] | None = None,
         timeout: float | None = None,
+        stream: bool = False,
     ) -> Exchange[InferResult]:
-        """An infer request; fixed-size inputs go as zero-copy frames."""
+        """An infer request; fixed-size inputs go as zero-copy frames.  It takes exactly one
+        response (``single_response``: the server refuses a decoupled model up front, so no
+        response is dropped) unless it is a ``stream``, which reads every response."""
         specs, frames = encode_inputs(inputs, datatypes)
         header = infer_header(model, specs, outputs, version, parameters)
-        return self.open(header, frames, decode_result, timeout)
+        if not stream:
+            header["single_response"] = True
+        exchange = self.open(header, frames, decode_result, timeout)
+        exchange.cancellable = True
+        return exchange
 
     def control(self, call: Call[T], timeout: float | None = None) -> Exchange[T]:
         """A control message (client.control) whose answer is read as ``call`` says."""
@@ -256,6 +275,17 @@ class ClientCore:
     def forget(self, exchange: Exchange[Any]) -> None:
         """Stop waiting for ``exchange`` (given up on, or read all that was wanted)."""
         self._waiting.pop(exchange.id, None)
+
+    def cancel(self, exchange: Exchange[Any]) -> bytes | None:
+        """Give up on ``exchange``: the header of the ``cancel`` message that stops the
+        server's work on it, or None when there is nothing to stop (not an inference, not
+        sent, or answered in full).  The message has no ``id``: its answer is not waited
+        for, and the CANCELLED answer to the request is dropped with it."""
+        self.forget(exchange)
+        if exchange.done or not exchange.sent or not exchange.cancellable:
+            return None
+        exchange.done = True
+        return codec.encode_header({"type": "cancel", "request_id": exchange.id})
 
     def close(self) -> list[Exchange[Any]]:
         """No more requests; every request still waiting gets CANCELLED (returned, to wake)."""

@@ -114,8 +114,8 @@ class Handshake:
             seen = f"the socket file {path} does not exist"
         elif self._seen & _HANDSHAKE_FAILED:
             seen = (
-                "the peer there does not speak ZeroMQ's protocol: is it an inferpool server? "
-                "(or one that uses CURVE on this endpoint: give this client the keys, "
+                "the peer there does not speak ZeroMQ's protocol (is it an inferpool server? "
+                "or one that uses CURVE on this endpoint: give this client the keys, "
                 f"curve_server_key and curve_secret_key or ${SERVER_KEY_ENV} and "
                 f"${SECRET_KEY_ENV})"
             )

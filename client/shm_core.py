@@ -134,7 +134,9 @@ class ShmSession(ClientCore):
             header = {**header, "release": self.pending}
             self.pending = []
         self._heard = time.monotonic()
-        return self.open(header, (), self.decode, timeout)
+        exchange = self.open(header, (), self.decode, timeout)
+        exchange.cancellable = True
+        return exchange
 
     def flush(self, timeout: float | None = None) -> Exchange[int] | None:
         """The queued releases as a message of their own; None when none are queued."""

@@ -105,6 +105,7 @@ class ShmRequest:
             "model_version": self.version,
             "inputs": [],
             "outputs": [],
+            "single_response": True,  # a decoupled model is refused up front
         }
         if parameters:
             self.header["parameters"] = dict(parameters)

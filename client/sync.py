@@ -44,6 +44,9 @@ class Client(Connection):
         try:
             self._start(exchange)
             return exchange.read(self._next(exchange))
+        except BaseException:
+            self._cancel(exchange)  # a timeout, an interrupt: the server stops its work
+            raise
         finally:
             self._core.forget(exchange)
 
@@ -126,7 +129,7 @@ class Client(Connection):
     ) -> Iterator[InferResult]:
         """Responses of a decoupled model as they arrive, until the final one; that one is
         yielded only if it carries outputs.  ``timeout`` bounds each wait."""
-        exchange = self._core.infer(model, inputs, outputs, **options)
+        exchange = self._core.infer(model, inputs, outputs, **options, stream=True)
         try:
             self._start(exchange)
             while not exchange.done:
@@ -134,7 +137,7 @@ class Client(Connection):
                 if result.streamed:
                     yield result
         finally:
-            self._core.forget(exchange)
+            self._cancel(exchange)  # left before the final response: cancelled on the server
 
     # ------------------------------------------------------------------ control
     def control(self, call: control.Call[T], timeout: float | None = None) -> T:

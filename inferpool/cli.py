@@ -1,19 +1,24 @@
-"""The ``inferpool`` command: serve a model repository, and talk to a running server."""
+"""The inferpool command: serve a model repository, and talk to a running server."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from inferpool import __version__
 from inferpool.backends import template
-from inferpool.commands import add_client_commands
+from inferpool.bench.command import add_bench
+from inferpool.commands import add_client_commands, client_options
 from inferpool.control_commands import add_control_commands
 from inferpool.keygen import add_keygen
 from inferpool.serve import add_serve
+from inferpool.usage import UsageError
 from inferpool.wire.errors import InferpoolError
+
+DEBUG_ENV = "INFERPOOL_DEBUG"  # set: an unexpected error shows its traceback
 
 
 # ============================================================================ new-backend
@@ -33,19 +38,38 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"inferpool {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     add_serve(sub)
-    add_client_commands(sub)
-    add_control_commands(sub)
+    common = client_options()
+    add_client_commands(sub, common)
+    add_control_commands(sub, common)
+    add_bench(sub, common)
     add_new_backend(sub)
     add_keygen(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one subcommand; a mistake or a server's error is one line on stderr and exit 2."""
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except InferpoolError as err:
-        print(f"inferpool: {err}", file=sys.stderr)
-        return 2
+    except (UsageError, InferpoolError) as err:
+        return _fail(str(err))
+    except OSError as err:  # a file the user named, a closed pipe
+        if isinstance(err, BrokenPipeError):
+            return 1
+        return _fail(f"{err.strerror or err}{f': {err.filename}' if err.filename else ''}")
     except KeyboardInterrupt:
         return 130
+    except Exception as err:
+        if os.environ.get(DEBUG_ENV):
+            raise
+        return _fail(
+            f"unexpected {type(err).__name__}: {err} (a bug: set {DEBUG_ENV}=1 for the "
+            "traceback and report it)",
+            status=1,
+        )
+
+
+def _fail(message: str, status: int = 2) -> int:
+    print(f"inferpool: {message}", file=sys.stderr)
+    return status

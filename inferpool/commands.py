@@ -4,32 +4,48 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+import sys
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from inferpool.broker.pool.topology import format_cpu_list
 from inferpool.client import Client, default_endpoint
+from inferpool.client.core import InferResult
+from inferpool.inputs import read_inputs
+from inferpool.usage import key_value, scalar, seconds
 from inferpool.wire import codec
 
+if TYPE_CHECKING:
+    from inferpool.client.core import InferOptions
 
-def common_options() -> argparse.ArgumentParser:
-    """The flags every client subcommand takes (a parent parser)."""
+FINAL = "triton_final_response"
+
+
+def client_options() -> argparse.ArgumentParser:
+    """The options every command that talks to a server takes."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--endpoint",
         default=None,
         help=f"server endpoint (default: $INFERPOOL_ENDPOINT or {default_endpoint()})",
     )
-    common.add_argument("--timeout", type=float, default=60.0)
+    common.add_argument(
+        "--timeout",
+        type=seconds,
+        default=60.0,
+        help="seconds to wait for each answer (default: 60)",
+    )
     return common
 
 
-def add_client_commands(sub: Any) -> None:
-    common = common_options()
-
-    p = sub.add_parser("infer", parents=[common], help="run one inference and print the outputs")
-    p.add_argument("model")
+def add_client_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "infer",
+        parents=[common],
+        help="run one inference and print the outputs (every response of a decoupled model)",
+    )
+    p.add_argument("model", help="the model's name")
     p.add_argument(
         "--input",
         action="append",
@@ -49,9 +65,18 @@ def add_client_commands(sub: Any) -> None:
         default=[],
         help="shape per input, e.g. 2x3 or 2,3 (default: the values as one row)",
     )
+    p.add_argument(
+        "--parameter",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a request parameter (sequence_id=7, sequence_start=true, priority=1); repeatable",
+    )
     p.add_argument("--output", action="append", default=None, help="output to request; repeatable")
-    p.add_argument("--version", default="")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument(
+        "--model-version", default="", help="the model version (default: the highest ready)"
+    )
+    p.add_argument("--json", action="store_true", help="print each response as a line of JSON")
     p.set_defaults(func=cmd_infer)
 
     p = sub.add_parser("models", parents=[common], help="list models, versions and their state")
@@ -61,81 +86,49 @@ def add_client_commands(sub: Any) -> None:
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("stats", parents=[common], help="print a model's statistics as JSON")
-    p.add_argument("model", nargs="?", default="")
+    p.add_argument("model", nargs="?", default="", help="the model's name (default: every model)")
     p.set_defaults(func=cmd_stats)
 
 
-def _parse_input(
-    text: str, datatype: str | None, shape: str | None, config: dict[str, Any]
-) -> tuple[str, np.ndarray, str]:
-    name, eq, values = text.partition("=")
-    if not eq or not name:
-        raise SystemExit(f"--input expects NAME=V1,V2,..., got {text!r}")
-    spec = next((i for i in config.get("input", []) if i.get("name") == name), None)
-    if datatype is None:
-        if spec is None:
-            raise SystemExit(f"model has no input {name!r}; give --datatype to send it anyway")
-        datatype = codec.config_to_wire_datatype(spec.get("data_type", "TYPE_FP32"))
-    if values.startswith("@"):
-        arr = np.load(values[1:], allow_pickle=False)
-    elif datatype == "BYTES":
-        arr = np.array([v.encode() for v in values.split(",")], dtype=object)
-    else:
-        arr = np.array(
-            [
-                float(v) if "." in v or "e" in v.lower() else int(v, 0)
-                for v in values.split(",")
-                if v
-            ],
-            dtype=codec.numpy_dtype(datatype),
-        )
-    if shape:
-        dims = [int(d) for d in shape.replace("x", ",").split(",") if d]
-        arr = arr.reshape(dims)
-    elif not values.startswith("@") and int(config.get("max_batch_size", 0)) > 0:
-        arr = arr.reshape(1, -1)
-    return name, arr, datatype
-
-
 def cmd_infer(args: argparse.Namespace) -> int:
+    pairs = (key_value(text, "--parameter") for text in args.parameter)
+    parameters = {key: scalar(value) for key, value in pairs}
     with Client(args.endpoint, timeout=args.timeout) as c:
-        config = c.model_config(args.model, args.version)
-        inputs: dict[str, Any] = {}
-        datatypes: dict[str, str] = {}
-        for i, text in enumerate(args.input):
-            dt = (
-                args.datatype[i]
-                if i < len(args.datatype)
-                else (args.datatype[0] if len(args.datatype) == 1 else None)
-            )
-            sh = (
-                args.shape[i]
-                if i < len(args.shape)
-                else (args.shape[0] if len(args.shape) == 1 else None)
-            )
-            name, arr, datatype = _parse_input(text, dt, sh, config)
-            inputs[name] = arr
-            datatypes[name] = datatype
-        result = c.infer_result(
-            args.model, inputs, args.output, version=args.version, datatypes=datatypes
-        )
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "model_name": result.model_name,
-                    "model_version": result.model_version,
-                    "outputs": {k: _jsonable(v) for k, v in result.outputs.items()},
-                    "parameters": result.parameters,
-                }
-            )
-        )
-        return 0
-    for name, arr in result.outputs.items():
-        print(f"{name} {codec.datatype_of(arr.dtype)} {list(arr.shape)}: {_jsonable(arr)}")
-    for key, value in result.parameters.items():
-        print(f"  parameter {key} = {value!r}")
+        config = c.model_config(args.model, args.model_version)
+        inputs, datatypes = read_inputs(args.input, args.datatype, args.shape, config)
+        options: InferOptions = {
+            "version": args.model_version,
+            "parameters": parameters,
+            "datatypes": datatypes,
+        }
+        if config.get("model_transaction_policy", {}).get("decoupled"):
+            count = 0
+            for count, result in enumerate(c.stream(args.model, inputs, args.output, **options), 1):
+                _show(result, args.json, f"[{count}] ")
+            if not count and not args.json:
+                print(f"model '{args.model}' sent no response with outputs")
+        else:
+            _show(c.infer_result(args.model, inputs, args.output, **options), args.json)
     return 0
+
+
+def _show(result: InferResult, as_json: bool, prefix: str = "") -> None:
+    """One response: a JSON line, or a line per output and parameter."""
+    if as_json:
+        body = {
+            "model_name": result.model_name,
+            "model_version": result.model_version,
+            "outputs": {k: _jsonable(v) for k, v in result.outputs.items()},
+            "parameters": result.parameters,
+        }
+        print(json.dumps(body), flush=True)
+        return
+    for name, arr in result.outputs.items():
+        print(f"{prefix}{name} {codec.datatype_of(arr.dtype)} {list(arr.shape)}: {_jsonable(arr)}")
+    for key, value in result.parameters.items():
+        if key != FINAL:  # what a stream's numbering already shows
+            print(f"{prefix}  parameter {key} = {value!r}")
+    sys.stdout.flush()
 
 
 def _jsonable(arr: np.ndarray) -> Any:

@@ -14,22 +14,17 @@ import argparse
 import json
 from typing import Any
 
-from google.protobuf import json_format, text_format
-from tritonclient.grpc import model_config_pb2 as pb
-
 from inferpool.client import Client
-from inferpool.commands import common_options
 from inferpool.wire.errors import invalid_arg
 
 
-def add_control_commands(sub: Any) -> None:
-    common = common_options()
+def add_control_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         "load",
         parents=[common],
         help="load (or reload) a model: the server must run with --model-control-mode explicit",
     )
-    p.add_argument("model")
+    p.add_argument("model", help="the model's name")
     p.add_argument(
         "--config",
         metavar="JSON|@FILE",
@@ -47,7 +42,7 @@ def add_control_commands(sub: Any) -> None:
     p.set_defaults(func=cmd_load)
 
     p = sub.add_parser("unload", parents=[common], help="unload a model")
-    p.add_argument("model")
+    p.add_argument("model", help="the model's name")
     p.set_defaults(func=cmd_unload)
 
     p = sub.add_parser(
@@ -95,6 +90,9 @@ def read_config(value: str) -> str:
         return text
     except ValueError:
         pass
+    from google.protobuf import json_format, text_format  # protobuf text only: imported then
+    from tritonclient.grpc import model_config_pb2 as pb
+
     try:
         config = text_format.Parse(text, pb.ModelConfig())
     except text_format.ParseError as exc:

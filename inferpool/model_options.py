@@ -7,15 +7,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return value
+from inferpool.usage import seconds
 
 
 def _resource(text: str) -> str:
@@ -32,7 +24,7 @@ def add_model_options(p: Any, size: Callable[[str], int]) -> None:
     """``size`` reads a byte count as serve's other size flags do ("64M")."""
     p.add_argument(
         "--repository-poll-secs",
-        type=_positive_seconds,
+        type=seconds,
         default=15.0,
         metavar="SECONDS",
         help="with --model-control-mode poll: how often the repository is compared with what "

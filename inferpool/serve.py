@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inferpool import __version__
-from inferpool.broker.options import ServerOptions, default_listen
-from inferpool.broker.pool.gpu_limit import parse_gpu_limits
 from inferpool.model_options import add_model_options, model_options
+from inferpool.usage import UsageError
 from inferpool.wire.errors import InferpoolError
+from inferpool.wire.logs import FORMATS, LEVELS, configure
 from inferpool.wire.paths import DEFAULT_TCP, default_ipc_endpoint
+
+if TYPE_CHECKING:
+    from inferpool.broker.options import ServerOptions
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 
@@ -61,9 +63,26 @@ def parse_backend_config(items: Sequence[str]) -> dict[str, dict[str, str]]:
         backend, sep, setting = item.partition(",")
         key, eq, value = setting.partition("=")
         if not sep or not eq or not backend or not key:
-            raise SystemExit(f"--backend-config expects <backend>,<key>=<value>, got {item!r}")
+            raise UsageError(f"--backend-config expects <backend>,<key>=<value>, got {item!r}")
         out.setdefault(backend, {})[key] = value
     return out
+
+
+def parse_bool(text: str) -> bool:
+    """Triton's boolean flags: ``--allow-metrics false``."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def log_level(text: str) -> str:
+    level = text.strip().upper()
+    if level not in LEVELS:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(LEVELS)}, got {text!r}")
+    return level
 
 
 # ============================================================================ serve
@@ -81,7 +100,11 @@ LISTENERS = (
 
 
 def add_serve(sub: Any) -> None:
-    p = sub.add_parser("serve", help="serve a model repository")
+    p = sub.add_parser(
+        "serve",
+        help="serve a model repository",
+        description="Serve a Triton-layout model repository until SIGTERM or Ctrl-C.",
+    )
     p.add_argument(
         "--model-repository",
         default=None,
@@ -119,32 +142,35 @@ def add_serve(sub: Any) -> None:
         "--arena-size",
         type=parse_size,
         default="256M",
-        help="shared-memory arena for request inputs, the most it may grow to (default 256M)",
+        help="shared-memory arena for request inputs, the most it may grow to "
+        "(default: %(default)s)",
     )
     p.add_argument(
         "--output-arena-size",
         type=parse_size,
         default="256M",
-        help="shared-memory output arena per worker, the most it may grow to (default 256M)",
+        help="shared-memory output arena per worker, the most it may grow to "
+        "(default: %(default)s)",
     )
     p.add_argument(
         "--max-request-bytes",
         type=parse_size,
         default="256M",
-        help="largest accepted request (default 256M)",
+        help="largest accepted request (default: %(default)s)",
     )
     p.add_argument(
         "--max-client-shm",
         type=parse_size,
         default="1G",
         help="shared memory the server creates for the inputs of one client process (all "
-        "its connections; a tcp host) (default 1G)",
+        "its connections; a tcp host) (default: %(default)s)",
     )
     p.add_argument(
         "--max-shm-total",
         type=parse_size,
         default="4G",
-        help="shared memory the server creates for the inputs of all clients (default 4G)",
+        help="shared memory the server creates for the inputs of all clients "
+        "(default: %(default)s)",
     )
     p.add_argument(
         "--client-output-share",
@@ -157,8 +183,9 @@ def add_serve(sub: Any) -> None:
         "--lease-timeout",
         type=float,
         default=60.0,
-        help="seconds a client holding output handles may stay silent before they are "
-        "reclaimed (default 60; clients send keepalive messages)",
+        metavar="SECONDS",
+        help="how long a client holding output handles may stay silent before they are "
+        "reclaimed (default: %(default)g; clients send keepalive messages)",
     )
     p.add_argument(
         "--lane-spin-us",
@@ -172,45 +199,87 @@ def add_serve(sub: Any) -> None:
         "--prefault",
         type=parse_size,
         default="4M",
-        help="shared memory populated at start in the arena and in each output region (default "
-        "4M, less for a model whose outputs are smaller); the rest is populated as it is used",
+        help="shared memory populated at start in the arena and in each output region, less "
+        "for a model whose outputs are smaller; the rest is populated as it is used "
+        "(default: %(default)s)",
     )
     p.add_argument(
         "--no-prefault",
         action="store_true",
         help="populate no shared memory at start (--prefault 0)",
     )
-    p.add_argument("--model-control-mode", choices=("none", "explicit", "poll"), default="none")
+    p.add_argument(
+        "--model-control-mode",
+        choices=("none", "explicit", "poll"),
+        default="none",
+        help="none: load every model at start and on SIGHUP; explicit: only what "
+        "--load-model names and clients load; poll: load at start, then follow the "
+        "repository every --repository-poll-secs (default: %(default)s)",
+    )
     p.add_argument(
         "--load-model",
         action="append",
         default=[],
-        help="with --model-control-mode explicit: load this model at start ('*': all)",
+        metavar="MODEL",
+        help="with --model-control-mode explicit: load this model at start ('*': all); repeatable",
+    )
+    p.add_argument(
+        "--strict-readiness",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="ready only while every model is ready (default: %(default)s)",
+    )
+    p.add_argument(
+        "--backend-directory",
+        default="",
+        metavar="DIR",
+        help="where backends are looked for after the model's directory: DIR/<backend>/",
+    )
+    p.add_argument(
+        "--backend-config",
+        action="append",
+        default=[],
+        metavar="B,KEY=VALUE",
+        help="a setting backend B reads at initialize; repeatable",
+    )
+    p.add_argument(
+        "--host-policy",
+        action="append",
+        default=[],
+        metavar="NAME,KEY=VALUE",
+        help="a host policy instance groups can name (numa-node, cpu-cores); repeatable",
     )
     add_model_options(p, parse_size)
-    p.add_argument("--strict-readiness", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--backend-directory", default="")
-    p.add_argument("--backend-config", action="append", default=[], metavar="B,KEY=VALUE")
-    p.add_argument("--host-policy", action="append", default=[], metavar="NAME,KEY=VALUE")
     p.add_argument(
         "--pin",
         choices=("auto", "none"),
         default="auto",
-        help="auto: spread instances over cores; none: leave placement to the OS",
+        help="auto: spread instances over cores; none: leave placement to the OS "
+        "(default: %(default)s)",
     )
     p.add_argument(
         "--execute-timeout",
         type=float,
         default=0.0,
-        help="kill an instance whose execute runs longer (seconds; 0: no limit)",
+        metavar="SECONDS",
+        help="kill an instance whose execute runs longer (default: 0, no limit)",
     )
-    p.add_argument("--boot-timeout", type=float, default=120.0)
+    p.add_argument(
+        "--boot-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="an instance that has not loaded its model within this is FAILED "
+        "(default: %(default)g)",
+    )
     p.add_argument(
         "--graceful-timeout",
+        "--exit-timeout-secs",
         type=float,
         default=30.0,
+        metavar="SECONDS",
         help="how long a stopping worker may take for its finalizers, and the default of "
-        "--drain-timeout (seconds)",
+        "--drain-timeout (default: %(default)g)",
     )
     p.add_argument(
         "--drain-timeout",
@@ -226,29 +295,36 @@ def add_serve(sub: Any) -> None:
         default=0.0,
         metavar="SECONDS",
         help="how long a drain keeps admitting requests while readiness already fails, so "
-        "routers that poll readiness stop sending first (default 0: admissions stop at once)",
+        "routers that poll readiness stop sending first (default: 0, admissions stop at once)",
     )
     p.add_argument(
         "--max-restarts",
         type=int,
         default=5,
-        help="an instance that crashes more often than this within --restart-window is FAILED",
+        help="an instance that crashes more often than this within --restart-window is "
+        "FAILED (default: %(default)s)",
     )
-    p.add_argument("--restart-window", type=float, default=60.0, metavar="SECONDS")
+    p.add_argument(
+        "--restart-window",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="the window --max-restarts counts crashes in (default: %(default)g)",
+    )
     p.add_argument(
         "--worker-start",
         choices=("zygote", "fresh"),
         default="zygote",
         help="zygote: fork workers from a parent per NUMA node that imported the frameworks "
         "once (they share its memory and start in milliseconds); fresh: start each worker "
-        "as a new interpreter",
+        "as a new interpreter (default: %(default)s)",
     )
     p.add_argument(
         "--heartbeat-ms",
         type=int,
         default=1000,
         help="how often workers are checked for being frozen (SIGSTOP, freezer); one frozen on "
-        "two checks in a row is replaced (0: off)",
+        "two checks in a row is replaced (default: %(default)s; 0: off)",
     )
     p.add_argument(
         "--model-load-gpu-limit",
@@ -258,9 +334,44 @@ def add_serve(sub: Any) -> None:
         help="reject a GPU instance whose load leaves the device more used than FRACTION",
     )
     p.add_argument(
-        "--metrics-port", type=int, default=0, help="serve Prometheus metrics here (0: off)"
+        "--allow-metrics",
+        type=parse_bool,
+        default=True,
+        metavar="BOOL",
+        help="serve Prometheus metrics (default: true)",
     )
-    p.add_argument("--metrics-address", default="127.0.0.1")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=8002,
+        help="the metrics port (default: %(default)s; 0: no metrics)",
+    )
+    p.add_argument(
+        "--metrics-address",
+        default="127.0.0.1",
+        help="the metrics address (default: %(default)s)",
+    )
+    p.add_argument(
+        "--log-level",
+        type=log_level,
+        default="INFO",
+        metavar="LEVEL",
+        help=f"one of {', '.join(LEVELS)} (default: %(default)s)",
+    )
+    p.add_argument(
+        "--log-verbose",
+        type=int,
+        default=0,
+        metavar="N",
+        help="Triton's verbose logging: N > 0 logs at DEBUG (each failed request, ...)",
+    )
+    p.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default="text",
+        help="text lines, or one JSON object per line with the request id and model where a "
+        "line has them (default: %(default)s)",
+    )
     kserve = p.add_argument_group(
         "KServe v2 frontends", "Triton's HTTP/REST and gRPC protocols, for Triton's clients"
     )
@@ -271,12 +382,17 @@ def add_serve(sub: Any) -> None:
             default=port,
             help=f"{serves} (default {port}; 0: off)" if port else f"{serves} (default 0: off)",
         )
-        kserve.add_argument(f"--{stem}-address", default="127.0.0.1")
-    p.add_argument("--log-level", default="INFO")
+        kserve.add_argument(
+            f"--{stem}-address", default="127.0.0.1", help="its address (default: 127.0.0.1)"
+        )
     p.set_defaults(func=cmd_serve)
 
 
 def options_from_args(args: argparse.Namespace) -> ServerOptions:
+    # the broker's modules, only for serve: the client commands start without them
+    from inferpool.broker.options import ServerOptions, default_listen
+    from inferpool.broker.pool.gpu_limit import parse_gpu_limits
+
     return ServerOptions(
         model_repository=os.path.abspath(args.model_repository or default_repository()),
         listen=tuple(args.listen) if args.listen else default_listen(),
@@ -311,26 +427,26 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         worker_start=args.worker_start,
         heartbeat_ms=args.heartbeat_ms,
         model_load_gpu_limit=parse_gpu_limits(args.model_load_gpu_limit),
-        metrics_port=args.metrics_port,
+        metrics_port=args.metrics_port if args.allow_metrics else 0,
         metrics_address=args.metrics_address,
         **{
             f"{stem}_{what}": getattr(args, f"{stem}_{what}")
             for stem, _, _ in LISTENERS
             for what in ("port", "address")
         },
-        log_level=args.log_level.upper(),
+        log_level="DEBUG" if args.log_verbose > 0 else args.log_level,
+        log_format=args.log_format,
         **model_options(args),
     )
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    """Start the broker; only once everything that can fail at start has been made, say
+    where it serves; then serve until a signal stops it."""
     from inferpool.broker.server import Broker, StartInterrupted
 
     opts = options_from_args(args)
-    logging.basicConfig(
-        level=getattr(logging, opts.log_level, logging.INFO),
-        format="%(asctime)s %(levelname)s [broker] %(name)s: %(message)s",
-    )
+    configure(opts.log_level, opts.log_format, "broker", {"process": "broker"})
 
     def started(b: Broker) -> None:
         for row in b.registry.index():
@@ -341,7 +457,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
         sys.stdout.flush()
 
-    print(f"inferpool {__version__}: serving {opts.model_repository}")
+    try:
+        broker = Broker(opts, on_started=started)
+    except InferpoolError as err:
+        print(f"inferpool: {err}", file=sys.stderr)
+        return 1
+    except StartInterrupted as stop:
+        print(f"inferpool: {stop}; nothing of the run is left", file=sys.stderr)
+        return 0
+    print(f"inferpool {__version__}: serving {opts.model_repository} (run {broker.run_id})")
     for endpoint in opts.listen:
         print(f"  listening on {endpoint}")
     for what, address, port in (
@@ -351,13 +475,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     ):
         if port:
             print(f"  {what} on {address}:{port}")
+    if broker.metrics is not None:
+        print(f"  metrics on http://{opts.metrics_address}:{broker.metrics.port}/metrics")
     sys.stdout.flush()
-    try:
-        broker = Broker(opts, on_started=started)
-    except InferpoolError as err:
-        print(f"inferpool: {err}", file=sys.stderr)
-        return 1
-    except StartInterrupted as stop:
-        print(f"inferpool: {stop}; nothing of the run is left", file=sys.stderr)
-        return 0
     return broker.run()

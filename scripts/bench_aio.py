@@ -109,6 +109,7 @@ def serve(tmp: str) -> tuple[subprocess.Popen[bytes], str]:
     cmd = [sys.executable, "-m", "inferpool", "serve", "--model-repository", str(repo)]
     cmd += ["--http-port", "0", "--grpc-port", "0"]  # the zmq path only
     cmd += ["--listen", endpoint, "--arena-size", "32M", "--output-arena-size", "16M"]
+    cmd += ["--allow-metrics", "false"]  # no port of its own to take
     proc = subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )

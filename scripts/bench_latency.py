@@ -243,6 +243,8 @@ def start_inferpool(tmp: Path, layout: dict[str, int]) -> tuple[subprocess.Popen
         KSERVE["grpc"].rpartition(":")[2],
         "--log-level",
         "WARNING",
+        "--allow-metrics",
+        "false",
     ]
     proc = subprocess.Popen(
         cmd,

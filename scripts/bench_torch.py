@@ -109,7 +109,7 @@ def serve(repo: Path, stack: contextlib.ExitStack, *args: str) -> Client:
     ready client."""
     endpoint = f"ipc://{repo.parent}/broker.sock"
     cmd = [sys.executable, "-m", "inferpool", "serve", "--model-repository", str(repo)]
-    cmd += ["--http-port", "0", "--grpc-port", "0"]  # the zmq path only
+    cmd += ["--http-port", "0", "--grpc-port", "0", "--allow-metrics", "false"]  # zmq only
     cmd += ["--listen", endpoint, "--log-level", "WARNING", *args]
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL)
     stack.callback(_stop, proc)

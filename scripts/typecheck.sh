@@ -7,7 +7,9 @@ cd "$(dirname "$0")/.."
 tree=build/typecheck
 rm -rf "$tree"
 mkdir -p "$tree/inferpool"
-for f in inferpool/*.py; do ln -s "$PWD/$f" "$tree/inferpool/"; done
+for f in inferpool/*.py inferpool/*/; do
+  [ "$(basename "$f")" = __pycache__ ] || ln -s "$PWD/${f%/}" "$tree/inferpool/"
+done
 for pkg in wire broker workers shm backends client examples; do ln -s "$PWD/$pkg" "$tree/inferpool/$pkg"; done
 ln -s "$PWD/triton_python_backend_utils" "$tree/triton_python_backend_utils"
 cd "$tree"

@@ -40,22 +40,34 @@ def run_of(name: str) -> str | None:
 
 
 class RunLock:
-    """The liveness token of one run: an flock held on a 0600 shm object until release."""
+    """The liveness token of one run: an flock held on a 0600 shm object until release.
+
+    A broker sweeping at the moment this one creates its lock may see the object before it
+    is locked: its probe then holds the lock for an instant (so this waits for it), or it
+    takes the run for a dead one and unlinks the object (so this, finding its object
+    unlinked, makes it again).
+    """
 
     def __init__(self, run_id: str | None = None) -> None:
         self.run_id = run_id or new_run_id()
         self.name = region_name(self.run_id, "lock")
-        self._fd: int | None = os.open(
-            os.path.join(SHM_DIR, self.name),
-            os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC,
-            0o600,
-        )
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BaseException:
-            os.close(self._fd)
-            os.unlink(os.path.join(SHM_DIR, self.name))
-            raise
+        path = os.path.join(SHM_DIR, self.name)
+        while True:
+            fd = os.open(
+                path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+            )
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)  # a probe's hold lasts an instant
+                linked = os.fstat(fd).st_nlink > 0
+            except BaseException:
+                os.close(fd)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                raise
+            if linked:
+                self._fd: int | None = fd
+                return
+            os.close(fd)  # swept as a dead run's before it was locked: again
 
     def release(self) -> None:
         """Unlink the lock object and drop the lock (call after the run's regions are gone)."""

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from inferpool.shm.runs import regions_of_run, run_is_alive
-from tests.support import EXAMPLES, Server
+from tests.support import EXAMPLES, Server, serving
 
 
 @pytest.fixture
@@ -37,9 +37,9 @@ def short_tmp() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.fixture
-def example_server(short_tmp: Path, shm_clean: None) -> Iterator[Server]:
-    """The embedded example repository, served over ipc and tcp."""
-    with Server(short_tmp, EXAMPLES, tcp=True) as server:
-        yield server
-    assert server.proc.returncode == 0, server.log()
+@pytest.fixture(scope="session")
+def example_server() -> Iterator[Server]:
+    """The embedded example repository served over ipc and tcp, one server for every test that
+    only asks it questions (its tests must not depend on each other's requests: compare
+    statistics before and after; change nothing a later test could see)."""
+    yield from serving(lambda tmp: EXAMPLES, tcp=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import shutil
 import signal
@@ -12,13 +13,15 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
+from inferpool.cli import main
 from inferpool.client import Client
 from inferpool.shm.runs import regions_of_run, run_of
 
+T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "model_repository"
 
@@ -56,6 +59,31 @@ def as_nobody(code: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def wait_until(predicate: Callable[[], T], what: str = "", timeout: float = 20.0) -> T:
+    """Ask ``predicate`` (a state the server reports: ``status``, ``models``, a file) until it
+    answers truthy, and return that answer; AssertionError naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = predicate()
+        if got:
+            return got
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"not within {timeout:g}s: {what or predicate}")
+        time.sleep(0.02)
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    """``inferpool argv`` in this process: its exit status, stdout and stderr.  An exception
+    escaping main() (a traceback, from a shell) fails the test that ran it."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = main(list(argv))
+        except SystemExit as exc:  # argparse's own errors
+            status = int(exc.code or 0)
+    return status, out.getvalue(), err.getvalue()
+
+
 def free_tcp_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -80,6 +108,15 @@ def write_model(
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(text))
     return d
+
+
+def copy_models(tmp: Path, source: Path, *names: str) -> Path:
+    """``tmp/repo`` holding the named model directories of ``source`` (every one without
+    names): a repository to serve without writing into the checkout."""
+    repo = tmp / "repo"
+    for name in names or [p.name for p in source.iterdir() if p.is_dir()]:
+        shutil.copytree(source / name, repo / name)
+    return repo
 
 
 def identity_config(
@@ -149,6 +186,8 @@ class Server:
         ]
         for ep in self.endpoints:
             cmd += ["--listen", ep]
+        if not any(a.split("=")[0] == "--metrics-port" for a in args):  # on by default, one port
+            cmd += ["--allow-metrics", "false"]
         cmd += list(args)
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
@@ -224,7 +263,11 @@ class Server:
             return [r["pid"] for r in c.status() if r["pid"] and model in (None, r["model"])]
 
     def __enter__(self) -> Server:
-        self.wait_started()
+        try:
+            self.wait_started()
+        except BaseException:  # a server that did not start is not left running
+            self.kill()
+            raise
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -235,16 +278,33 @@ class Server:
                 self.kill()
 
 
-def serving_examples(*args: str, tcp: bool = False) -> Iterator[Server]:
-    """A module fixture body: the example repository served from a short temporary directory
-    (ipc paths must stay short); on the way out the server must stop with 0."""
+def assert_run_gone(run_id: str) -> None:
+    assert regions_of_run(run_id) == [], f"run {run_id} left regions in /dev/shm"
+
+
+def serving(
+    repo_of: Callable[[Path], Path],
+    *args: str,
+    python: str = sys.executable,
+    tcp: bool = False,
+    kserve: bool = False,
+) -> Any:
+    """A module fixture body: a server over the repository ``repo_of(tmp)`` builds; on the
+    way out it must stop with 0 and leave nothing of its run in /dev/shm."""
     tmp = Path(tempfile.mkdtemp(prefix="ipt-", dir="/tmp"))
     try:
-        with Server(tmp, EXAMPLES, *args, tcp=tcp) as srv:
-            yield srv
-        assert srv.proc.returncode == 0, srv.log()
+        with Server(tmp, repo_of(tmp), *args, python=python, tcp=tcp, kserve=kserve) as server:
+            run_id = run_id_of(server)
+            yield server
+            assert server.stop() == 0, server.log()
+        assert_run_gone(run_id)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def serving_examples(*args: str, tcp: bool = False) -> Iterator[Server]:
+    """A module fixture body: the example repository served (as ``serving``)."""
+    yield from serving(lambda tmp: EXAMPLES, *args, tcp=tcp)
 
 
 def shm_input(region: str, nbytes: int, offset: int = 0, **kw: Any) -> dict[str, Any]:

@@ -21,6 +21,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from inferpool.wire.errors import Code, InferpoolError
+from inferpool.wire.logs import configure
 from inferpool.wire.worker.link import Link
 from inferpool.wire.worker.messages import BrokerMessage, Failed, decode_from_broker
 from inferpool.wire.worker.spec import (
@@ -64,12 +65,16 @@ def run(spec: WorkerSpec) -> int:
         return EXIT_BROKER_GONE
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the broker's to handle
     signal.signal(signal.SIGTERM, _on_sigterm)  # finalizers still run (SystemExit unwinds)
-    logging.basicConfig(
-        level=getattr(logging, spec.log_level.upper(), logging.INFO),
-        format=f"%(asctime)s %(levelname)s [{spec.instance.name} pid {os.getpid()}] "
-        "%(name)s: %(message)s",
-        stream=sys.stderr,
-        force=True,
+    configure(
+        spec.log_level,
+        spec.log_format,
+        f"{spec.instance.name} pid {os.getpid()}",
+        {
+            "process": "worker",
+            "instance": spec.instance.name,
+            "model": spec.model_name,
+            "version": str(spec.model_version),
+        },
     )
     link: Link[BrokerMessage] = Link(socket.socket(fileno=spec.channel_fd), decode_from_broker)
     try:

@@ -7,8 +7,9 @@ them: a state output stays where the backend wrote it, in this worker's output a
 the next request of the same correlation id gets a read-only view of it as its state input
 (no copy, no round trip through the broker; clients never see state tensors).
 
-A sequence's state is dropped at its START (the backend starts it from zeros), after its END,
-and when the broker releases it as idle (``Execute.release``).  Slots that the current batch
+A sequence's state is dropped at its START, after its END, and when the broker releases it
+(idle or cancelled: ``Execute.release``); a request that finds none gets the initial state
+(``backends.sequence``: ``initial_state`` data, else zeros).  Slots that the current batch
 may still read are freed when the next batch begins.
 """
 
@@ -17,24 +18,38 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from inferpool.backends.api import FLAG_SEQUENCE_START, InputTensor, Request, Response
+from inferpool.backends.api import (
+    FLAG_SEQUENCE_START,
+    InputTensor,
+    Request,
+    RequestedOutput,
+    Response,
+)
+from inferpool.backends.sequence import SequenceInputs
 from inferpool.wire.worker.messages import CorrelationId, TensorRef, Work
 from inferpool.workers.memory import WorkerMemory
 
 
 class SequenceStates:
-    def __init__(self, inputs_of: dict[str, str], memory: WorkerMemory) -> None:
+    def __init__(
+        self, inputs_of: dict[str, str], memory: WorkerMemory, sequence: SequenceInputs
+    ) -> None:
         self.inputs_of = inputs_of  # state output name -> state input name
         self.memory = memory
+        self.sequence = sequence
         self.held: dict[CorrelationId, dict[str, TensorRef]] = {}  # -> state input -> slot
         self.retired: list[TensorRef] = []
 
     @classmethod
-    def of(cls, config: Any, memory: WorkerMemory) -> SequenceStates | None:
+    def of(
+        cls, config: Any, memory: WorkerMemory, sequence: SequenceInputs | None
+    ) -> SequenceStates | None:
         """The state keeper a model config needs, or None for a model without state."""
-        if not config.HasField("sequence_batching") or not config.sequence_batching.state:
+        if sequence is None or not sequence.states:
             return None
-        return cls({s.output_name: s.input_name for s in config.sequence_batching.state}, memory)
+        return cls(
+            {s.output_name: s.input_name for s in config.sequence_batching.state}, memory, sequence
+        )
 
     def begin(self, released: Sequence[CorrelationId]) -> None:
         """Before a batch: free what earlier batches no longer read, drop released sequences."""
@@ -44,17 +59,23 @@ class SequenceStates:
         for corr in released:
             self._drop(corr)
 
-    def feed(self, work: Work, inputs: dict[str, InputTensor]) -> None:
-        """Give a request its sequence's state inputs, before the backend sees it."""
+    def feed(
+        self, work: Work, inputs: dict[str, InputTensor], wanted: dict[str, RequestedOutput]
+    ) -> None:
+        """Give a request its sequence's state inputs, and ask the backend for its state
+        outputs, before the backend sees it."""
+        for name in self.inputs_of:
+            wanted[name] = RequestedOutput(name)
         corr = work.correlation_id
-        if not corr:
-            return
-        if work.flags & FLAG_SEQUENCE_START:
+        held = self.held.get(corr)
+        if held is None or work.flags & FLAG_SEQUENCE_START:
             self._drop(corr)
+            self.sequence.add_initial_states(inputs)
             return
-        for name, ref in self.held.get(corr, {}).items():
+        for name, ref in held.items():
             if name not in inputs:
                 inputs[name] = self.memory.input_tensor(ref, None)
+        self.sequence.add_initial_states(inputs)  # a state the last response did not return
 
     def keep(self, request: Request, response: Response | None, final: bool) -> None:
         """Take the state outputs out of ``response`` and hold them for the next request."""

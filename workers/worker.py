@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from inferpool.backends.api import Request, RequestedOutput, Response, batch_size_of, now_ns
 from inferpool.backends.host import BackendHost
 from inferpool.backends.reshape import OutputReshape, output_reshapes
+from inferpool.backends.sequence import SequenceInputs
+from inferpool.shm.cancel_flags import CancelFlags
 from inferpool.wire.errors import InferpoolError, internal
 from inferpool.wire.worker.link import Link, TooLarge
 from inferpool.wire.worker.messages import (
@@ -45,6 +47,7 @@ from inferpool.wire.worker.messages import (
     Work,
 )
 from inferpool.wire.worker.spec import WorkerSpec
+from inferpool.workers import warmup
 from inferpool.workers.calls import ChannelCalls
 from inferpool.workers.gpu_limit import check_load_limit
 from inferpool.workers.lanes import Lanes
@@ -71,6 +74,8 @@ class Worker:
         self._main_thread = threading.get_ident()
         self.execute_lock = threading.Lock()  # one execute at a time: batches and lanes
         self.memory = WorkerMemory(spec.output_region, spec.instance.name, spec.output_prefault)
+        self.flags = CancelFlags.attach(spec.cancel_region) if spec.cancel_region else None
+        self._cancelled = self.flags.is_cancelled if self.flags is not None else None
         self.regions = ChannelRegions(link)
         self.calls = ChannelCalls(link, self.memory, self._free)  # the model's BLS calls
         self.host = BackendHost(
@@ -94,6 +99,7 @@ class Worker:
         self.decoupled = False  # the rest is known once the model has completed its config
         self.batching = False
         self.reshapes: dict[str, tuple[int, ...]] = {}
+        self.sequence: SequenceInputs | None = None  # control inputs and initial states
         self.output_reshapes: dict[str, OutputReshape] = {}
         self.states: SequenceStates | None = None  # sequence state, if the model keeps any
         self._wanted: dict[str, RequestedOutput] = {}
@@ -101,7 +107,8 @@ class Worker:
 
     # ------------------------------------------------------------------ lifecycle
     def load(self) -> None:
-        """Load the model (raises InferpoolError, every level that loaded finalized)."""
+        """Load the model and warm it up (raises InferpoolError, every level that loaded
+        finalized)."""
         spec = self.spec
         try:
             self.host.load()
@@ -111,10 +118,13 @@ class Worker:
                 cuda_ordinal(spec.instance.device_id, spec.pinning.cuda_visible_devices),
                 spec.gpu_load_limit,
             )
+            self._configure()
+            warmup.run(
+                self.host, self.memory, warmup.samples(self.host.config, spec.repository_path)
+            )
         except InferpoolError:
             self.host.close()
             raise
-        self._configure()
 
     def serve(self) -> None:
         """Report ready, then serve until the broker says stop or goes away."""
@@ -129,6 +139,8 @@ class Worker:
             with self.execute_lock:  # a lane thread that overstayed is not executing
                 self.host.close()
             self.memory.close()
+            if self.flags is not None:
+                self.flags.close()
 
     def _configure(self) -> None:
         """Read the loaded model's config: Model.set_config() may have completed it."""
@@ -137,7 +149,8 @@ class Worker:
         self.batching = cfg.max_batch_size > 0
         self.reshapes = {t.name: tuple(t.reshape.shape) for t in cfg.input if t.HasField("reshape")}
         self.output_reshapes = output_reshapes(cfg)
-        self.states = SequenceStates.of(cfg, self.memory)
+        self.sequence = SequenceInputs.of(cfg, self.spec.model_name, self.spec.repository_path)
+        self.states = SequenceStates.of(cfg, self.memory, self.sequence)
         # outputs wanted in this worker's own region: one RequestedOutput each, shared
         self._wanted = {t.name: RequestedOutput(t.name) for t in cfg.output}
 
@@ -217,6 +230,9 @@ class Worker:
         if self.decoupled:  # a response's compute time runs from the one before it
             for request in requests:
                 self._response_start[request.handle] = exec_start
+        nulls = [self._null(requests[0]) for _ in msg.nulls] if requests else []
+        for position, null in zip(msg.nulls, nulls, strict=False):
+            requests.insert(min(position, len(requests)), null)
         compute_start = now_ns()
         host = self.host
         self._in_execute = True
@@ -230,6 +246,8 @@ class Worker:
         compute_end = now_ns()
         batch = Durations(compute_start - exec_start, compute_end - compute_start, 0)
         timings = host.stats.timings
+        for null in nulls:
+            timings.pop(id(null), None)
         items = []
         for item, owner in zip(self._items, self._item_requests, strict=True):
             timing = timings.pop(id(owner), None) if owner is not None else None
@@ -286,25 +304,50 @@ class Worker:
                 reshape = (ref.shape[0], *reshape)
             tensor = self.memory.input_tensor(ref, reshape)
             inputs[tensor.name] = tensor
-        if self.states is not None:
-            self.states.feed(work, inputs)
-        wanted = self._wanted
+        shared = self._wanted
+        wanted = {
+            out.name: shared.get(out.name) or RequestedOutput(out.name)
+            if out.window is None
+            else RequestedOutput(out.name, out.window)
+            for out in work.outputs
+        }
+        if self.sequence is not None:
+            self.sequence.add_controls(inputs, work.correlation_id, work.flags, 1, True, work.id)
+            if self.states is not None:
+                self.states.feed(work, inputs, wanted)
         return Request(
             id=work.id,
             inputs=inputs,
-            requested_outputs={
-                out.name: wanted.get(out.name) or RequestedOutput(out.name)
-                if out.window is None
-                else RequestedOutput(out.name, out.window)
-                for out in work.outputs
-            },
+            requested_outputs=wanted,
             memory=self.memory,
             emit=self._emit,
             correlation_id=work.correlation_id,
             flags=work.flags,
             parameters=work.parameters,
             decoupled=self.decoupled,
+            priority=work.priority,
+            timeout_us=work.timeout_us,
             handle=work.rid,
+            cancelled=self._cancelled,
+        )
+
+    def _null(self, like: Request) -> Request:
+        """A null request of direct sequence batching: ``like``'s inputs, READY false, its
+        answers dropped (it holds a batch slot that has no request); its outputs go to this
+        worker's region, never into ``like``'s client's."""
+        assert self.sequence is not None
+        owned = self.sequence.owned
+        inputs = {n: t for n, t in like.inputs.items() if n not in owned}
+        self.sequence.add_controls(inputs, 0, 0, ready=False)
+        self.sequence.add_initial_states(inputs)
+        return Request(
+            id="",
+            inputs=inputs,
+            requested_outputs={n: RequestedOutput(n) for n in like.requested_outputs},
+            memory=self.memory,
+            emit=_drop_answer,
+            decoupled=self.decoupled,
+            handle=0,
         )
 
     def _emit(self, request: Request, response: Response | None, final: bool) -> None:
@@ -353,3 +396,8 @@ class Worker:
             items, self._async_items = self._async_items, []
         if items:
             self._send_items(items)
+
+
+def _drop_answer(request: Request, response: Response | None, final: bool) -> None:
+    if response is not None:
+        response.discard()

@@ -1,9 +1,8 @@
-"""The model config as model.py sees it: Triton's JSON form and ``pb_utils.ModelConfig``.
+"""The model config as model.py sees it: Triton's JSON form (wire.config_json) and
+``pb_utils.ModelConfig``.
 
-Triton hands model.py its config as JSON with every scalar present (defaults included) and
-int64 fields as numbers; ``json_format`` omits defaults and writes int64 as strings, so the
-dict is built from the descriptors here.  ``auto_complete_config`` edits that dict through
-:class:`ModelConfig`, and the backend turns it back into a ``ModelConfig`` protobuf.
+``auto_complete_config`` edits that dict through :class:`ModelConfig`, and the backend turns
+it back into a ``ModelConfig`` protobuf.
 """
 
 from __future__ import annotations
@@ -12,45 +11,12 @@ import copy
 from typing import Any
 
 from google.protobuf import json_format
-from google.protobuf.descriptor import FieldDescriptor
-from google.protobuf.message import Message
 from tritonclient.grpc import model_config_pb2
 
 _TENSOR_PROPERTIES = {
     "input": ("name", "data_type", "dims", "optional"),
     "output": ("name", "data_type", "dims"),
 }
-
-
-def config_to_dict(message: Message) -> dict[str, Any]:
-    """A protobuf message as Triton's model-config JSON object."""
-    out: dict[str, Any] = {}
-    for field in message.DESCRIPTOR.fields:
-        value = getattr(message, field.name)
-        if field.message_type is not None and field.message_type.GetOptions().map_entry:
-            value_field = field.message_type.fields_by_name["value"]
-            out[field.name] = {k: _value(value_field, v) for k, v in value.items()}
-        elif _repeated(field):
-            out[field.name] = [_value(field, v) for v in value]
-        elif (field.message_type is None and field.containing_oneof is None) or (
-            message.HasField(field.name)  # sub-messages and oneof members only when set
-        ):
-            out[field.name] = _value(field, value)
-    return out
-
-
-def _repeated(field: FieldDescriptor) -> bool:
-    if hasattr(field, "is_repeated"):  # protobuf >= 5.29 deprecates ``label``
-        return bool(field.is_repeated)
-    return bool(field.label == FieldDescriptor.LABEL_REPEATED)
-
-
-def _value(field: FieldDescriptor, value: Any) -> Any:
-    if field.message_type is not None:
-        return config_to_dict(value)
-    if field.enum_type is not None:
-        return field.enum_type.values_by_number[value].name
-    return value
 
 
 def dict_to_config(config: dict[str, Any]) -> Any:

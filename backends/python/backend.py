@@ -31,7 +31,7 @@ from inferpool.backends.api import (
     now_ns,
 )
 from inferpool.backends.python import bls, pb_utils
-from inferpool.backends.python.autocomplete import ModelConfig, config_to_dict, dict_to_config
+from inferpool.backends.python.autocomplete import ModelConfig, dict_to_config
 from inferpool.backends.python.messages import (
     InferenceRequest,
     InferenceResponse,
@@ -39,6 +39,7 @@ from inferpool.backends.python.messages import (
     to_api_response,
 )
 from inferpool.backends.python.telemetry import calling
+from inferpool.wire.config_json import config_to_dict
 from inferpool.wire.errors import Code, InferpoolError, internal, invalid_arg, not_found
 
 UTILS_MODULE = "triton_python_backend_utils"

@@ -138,8 +138,8 @@ class InferenceResponseSender:
             raise TritonModelException(err.message) from None
 
     def is_cancelled(self) -> bool:
-        """Always False: inferpool does not cancel running requests yet."""
-        return False
+        """Whether the client cancelled the request; the FINAL flag is still to be sent."""
+        return self._sender.is_cancelled()
 
 
 class InferenceRequest:
@@ -256,8 +256,10 @@ class InferenceRequest:
         return self._sender
 
     def is_cancelled(self) -> bool:
-        """Always False: inferpool does not cancel running requests yet."""
-        return False
+        """Whether the client cancelled the request (its answer, CANCELLED, has gone); a
+        request the model builds for a BLS call is never cancelled."""
+        request = self._request
+        return isinstance(request, Request) and request.is_cancelled()
 
     def exec(self, decoupled: bool = False) -> Any:
         """Run this request on its model and wait: an InferenceResponse, or with

@@ -13,8 +13,9 @@ import gc
 
 import torch
 
+from inferpool.backends import sequence
 from inferpool.backends.api import Backend, Model, ModelInstance, Request, Response, now_ns
-from inferpool.backends.pytorch import artifact, naming, sequence
+from inferpool.backends.pytorch import artifact, naming
 from inferpool.backends.pytorch.device import Placement
 from inferpool.backends.pytorch.inputs import InputAssembler, Prepared
 from inferpool.backends.pytorch.outputs import OutputWriter, normalize
@@ -40,7 +41,7 @@ class PyTorchModel(Model):
         self.settings.log_to(self.log, self.name)
         self.settings.apply_threads(self.log, self.name)
         self.controls = sequence.controls(cfg, self.name)
-        self.states = sequence.states(cfg)
+        self.states = sequence.states(cfg, self.name, self.repository_path)
         self.inputs = [naming.tensor_spec(i) for i in cfg.input]
         self.outputs = [naming.tensor_spec(o) for o in cfg.output]
 

@@ -25,7 +25,7 @@ import torch
 from inferpool.backends.api import InputTensor, Request
 from inferpool.backends.pytorch import dtypes
 from inferpool.backends.pytorch.naming import InputLayout, TensorSpec
-from inferpool.backends.pytorch.sequence import Control, State
+from inferpool.backends.sequence import Control, State
 from inferpool.wire.errors import InferpoolError, invalid_arg
 
 
@@ -89,26 +89,20 @@ class InputAssembler:
         prepared = Prepared(request, self._batch_size(request))
         for spec in self.inputs:
             prepared.values[spec.name] = self._value(request.input(spec.name), spec, prepared.batch)
-        for control in self.controls:
-            given = request.inputs.get(control.name)
-            prepared.values[control.name] = (
-                self._value(given, self.specs[control.name], prepared.batch)
-                if given is not None
-                else control.tensor_for(request, prepared.batch, self.batching, self.model)
+        for control in self.controls:  # the sequence batcher's (backends.sequence)
+            prepared.values[control.name] = self._value(
+                request.input(control.name), self.specs[control.name], prepared.batch
             )
-        for state in self.states:
-            given = request.inputs.get(state.input_name)
-            if given is not None:
-                value = self._value(given, self.specs[state.input_name], prepared.batch)
-            elif request.sequence_start:
-                value = state.initial(prepared.batch, self.batching)
-            else:
+        for state in self.states:  # the initial value or its predecessor's (backends.sequence)
+            if not request.has_input(state.input_name):
                 raise invalid_arg(
-                    f"request '{request.id}' continues a sequence of model '{self.model}' but "
-                    f"carries no state input '{state.input_name}'; each request must feed the "
+                    f"request '{request.id}' of a sequence of model '{self.model}' carries no "
+                    f"state input '{state.input_name}'; each request must feed the "
                     f"'{state.output_name}' its predecessor returned"
                 )
-            prepared.values[state.input_name] = value
+            prepared.values[state.input_name] = self._value(
+                request.input(state.input_name), self.specs[state.input_name], prepared.batch
+            )
         return prepared
 
     def _batch_size(self, request: Request) -> int:

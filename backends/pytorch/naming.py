@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inferpool.backends.pytorch.dtypes import config_type_name, supported, wire_datatype
-from inferpool.backends.pytorch.sequence import CORRID, Control, State
+from inferpool.backends.sequence import CORRID, Control, State
 from inferpool.wire.errors import internal, invalid_arg
 
 

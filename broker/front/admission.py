@@ -138,8 +138,8 @@ def admit(
         parameters = header.get("parameters") or _NO_PARAMETERS
         if not isinstance(parameters, dict):
             raise invalid_arg("request 'parameters' must be an object")
-        corr, flags, timeout_us = (
-            _sequence_and_timeout(parameters, model) if parameters else (0, 0, 0)
+        corr, flags, timeout_us, priority = (
+            _scheduling(parameters, model) if parameters else (0, 0, 0, model.default_priority)
         )
         work = Work(
             rid,
@@ -151,6 +151,8 @@ def admit(
             else parameters,
             work_inputs,
             work_outputs,
+            priority,
+            timeout_us,
         )
         wire_bytes = work_size(work, parameters, name)
     except BaseException:
@@ -167,7 +169,6 @@ def admit(
         outputs=outputs,
         batch_size=batch or 1,
         received_ns=now_ns,
-        deadline_ns=now_ns + timeout_us * 1000 if timeout_us > 0 else 0,
         shm_outputs=shm_outputs,
         wire_bytes=wire_bytes,
     )
@@ -232,7 +233,8 @@ def _outputs(
     return outputs, work, in_shm
 
 
-def _sequence_and_timeout(params: dict[str, Any], model: ModelVersion) -> tuple[Any, int, int]:
+def _scheduling(params: dict[str, Any], model: ModelVersion) -> tuple[Any, int, int, int]:
+    """The request's correlation id, sequence flags, timeout (us) and priority level."""
     corr = params.get("sequence_id", 0)
     if not isinstance(corr, int | str) or isinstance(corr, bool):
         raise invalid_arg(f"sequence_id must be an integer or a string, got {corr!r}")
@@ -251,4 +253,9 @@ def _sequence_and_timeout(params: dict[str, Any], model: ModelVersion) -> tuple[
     timeout = params.get("timeout", 0)
     if not isinstance(timeout, int) or isinstance(timeout, bool) or timeout < 0:
         raise invalid_arg(f"timeout must be a non-negative integer (microseconds), got {timeout!r}")
-    return corr, flags, timeout
+    priority = params.get("priority", 0)
+    if not isinstance(priority, int) or isinstance(priority, bool) or priority < 0:
+        raise invalid_arg(f"priority must be a non-negative integer, got {priority!r}")
+    if not priority or priority > model.priority_levels:  # as Triton: the default level
+        priority = model.default_priority
+    return corr, flags, timeout, priority

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from inferpool.broker.models.registry import Registry
 from inferpool.broker.models.response_cache import ResponseCache
 
-Samples = list[tuple[list[str], float]]
+Samples = list[tuple[Sequence[str], float]]
 MetricRows = tuple[str, str, str, Sequence[str], Samples]  # name, help, kind, labels, samples
 
 _PER_MODEL = (

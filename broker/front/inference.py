@@ -1,9 +1,11 @@
-"""The ``infer`` message: check it against its model, place its inputs, queue it.
+"""The ``infer`` and ``cancel`` messages: check a request against its model, place its
+inputs, queue it; or cancel one.
 
 Admission (``front.admission``) does the checking and placing; the request then belongs to
 the models' manager, which answers it through the responder when its worker is done.  The
 shared-memory extension sees each request first: a request may carry the releases of
-earlier leases (no extra round trip), and it keeps its sender's leases alive.
+earlier leases (no extra round trip), and it keeps its sender's leases alive.  A ``cancel``
+names an infer request of the same client by its ``id`` (``models.cancellation``).
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from typing import Any, Protocol
 from inferpool.broker.front.admission import SharedMemoryInputs, admit
 from inferpool.broker.front.readiness import Readiness
 from inferpool.broker.front.router import Handler
+from inferpool.broker.models.failures import failure_reason, log_failure
 from inferpool.broker.models.registry import Registry
 from inferpool.broker.models.request import PendingRequest
 from inferpool.shm.arena import Arena
-from inferpool.wire.errors import Code, InferpoolError
+from inferpool.wire.errors import Code, InferpoolError, invalid_arg
 
 
 class SharedMemoryHook(SharedMemoryInputs, Protocol):
@@ -36,19 +39,31 @@ class Inference:
         shm: SharedMemoryHook,
         submit: Callable[[PendingRequest, int], None],
         limit: int,
+        cancel: Callable[[list[bytes], str], int],
     ) -> None:
         """``submit`` queues an admitted request (the manager's); ``limit``: the most tensor
-        bytes one request may bring."""
+        bytes one request may bring; ``cancel(envelope, id)`` cancels what a client sent."""
         self.readiness = readiness
         self.registry = registry
         self.arena = arena
         self.shm = shm
         self.submit = submit
         self.limit = limit
+        self._cancel = cancel
         self._next_rid = 0
 
     def handlers(self) -> dict[str, Handler]:
-        return {"infer": self.infer}
+        return {"infer": self.infer, "cancel": self.cancel}
+
+    def cancel(self, envelope: list[bytes], header: dict[str, Any], frames: list[Any]) -> Any:
+        """Cancel the sender's infer requests with id ``request_id`` (``""``: those sent
+        without an id); answers how many."""
+        request_id = header.get("request_id")
+        if isinstance(request_id, bool) or not isinstance(request_id, str | int):
+            raise invalid_arg(
+                f"cancel needs 'request_id': the id of an infer request, got {request_id!r}"
+            )
+        return {"cancelled": self._cancel(envelope, str(request_id))}
 
     def infer(self, envelope: list[bytes], header: dict[str, Any], frames: list[Any]) -> None:
         client = envelope[0]
@@ -69,16 +84,22 @@ class Inference:
             )
         self._next_rid += 1
         now = time.monotonic_ns()
-        req = admit(
-            header,
-            frames,
-            model,
-            self.arena,
-            rid=self._next_rid,
-            envelope=envelope,
-            client=client,
-            limit=self.limit,
-            now_ns=now,
-            shm=self.shm,
-        )
+        try:
+            req = admit(
+                header,
+                frames,
+                model,
+                self.arena,
+                rid=self._next_rid,
+                envelope=envelope,
+                client=client,
+                limit=self.limit,
+                now_ns=now,
+                shm=self.shm,
+            )
+        except InferpoolError as err:  # counted as a failure, as Triton counts it
+            reason = failure_reason(err)
+            model.stats.request_done(False, time.monotonic_ns() - now, 0, None, reason)
+            log_failure(header.get("id"), model, reason, err)
+            raise
         self.submit(req, now)

@@ -2,14 +2,15 @@
 
 The numbers live in the broker's single-threaded loop, so the HTTP server's thread never
 reads them: a scrape sends a sequence number over an inproc zmq PAIR, the loop (which polls
-the other end beside its sockets) renders the text with prometheus-client and sends it back.
+the other end beside its sockets) renders the text (front.exposition) and sends it back.
 A loop that does not answer within ``SCRAPE_TIMEOUT_S`` gets the scrape a 503.
 
-Metric names are Triton's (``nv_inference_request_success``, ``nv_inference_queue_duration_us``,
-...; prometheus-client exposes counters with the ``_total`` suffix), labelled ``model`` and
-``version``; backends' custom metrics (identity's ``input_byte_size_counter``) keep the names
-and labels they declared.  ``inferpool_*`` metrics add the instances and the arena, and
-``front.load_metrics`` the node's load for autoscalers (queue depth, in flight, utilisation).
+Metric names and types are exactly Triton's (``nv_inference_request_success``, a counter with
+no ``_total`` suffix; ``nv_inference_request_failure`` with a ``reason`` label: REJECTED,
+CANCELED, BACKEND, OTHER), labelled ``model`` and ``version``; backends' custom metrics
+(identity's ``input_byte_size_counter``) keep the names and labels they declared.
+``inferpool_*`` metrics add the instances and the arena, and ``front.load_metrics`` the
+node's load for autoscalers (queue depth, in flight, utilisation).
 """
 
 from __future__ import annotations
@@ -23,11 +24,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import zmq
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector, CollectorRegistry
 
 from inferpool.broker.front.cache_metrics import MetricRows, cache_metrics
+from inferpool.broker.front.exposition import CONTENT_TYPE, Family, render
 from inferpool.broker.front.lanes import Lanes
 from inferpool.broker.front.load_metrics import Utilisation, load_metrics
 from inferpool.broker.models.manager import Manager
@@ -42,27 +41,36 @@ SCRAPE_TIMEOUT_S = 5.0
 _VERSION_LABELS = ["model", "version"]
 # (Triton name, help, ModelStats attribute) for cumulative durations in microseconds
 _DURATIONS = (
-    ("nv_inference_request_duration_us", "Cumulative inference request duration", "success"),
-    ("nv_inference_queue_duration_us", "Cumulative inference queuing duration", "queue"),
+    (
+        "nv_inference_request_duration_us",
+        "Cumulative inference request duration in microseconds (includes cached requests)",
+        "success",
+    ),
+    (
+        "nv_inference_queue_duration_us",
+        "Cumulative inference queuing duration in microseconds (includes cached requests)",
+        "queue",
+    ),
     (
         "nv_inference_compute_input_duration_us",
-        "Cumulative compute input duration",
+        "Cumulative compute input duration in microseconds (does not include cached requests)",
         "compute_input",
     ),
     (
         "nv_inference_compute_infer_duration_us",
-        "Cumulative compute inference duration",
+        "Cumulative compute inference duration in microseconds (does not include cached requests)",
         "compute_infer",
     ),
     (
         "nv_inference_compute_output_duration_us",
-        "Cumulative inference compute output duration",
+        "Cumulative inference compute output duration in microseconds (does not include cached "
+        "requests)",
         "compute_output",
     ),
 )
 
 
-class BrokerCollector(Collector):
+class BrokerCollector:
     """Reads the broker's statistics at scrape time (in the broker's loop)."""
 
     def __init__(
@@ -81,39 +89,38 @@ class BrokerCollector(Collector):
         self.utilisation = utilisation
         self.lanes = lanes
 
-    def collect(self) -> Iterator[Metric]:
-        success = CounterMetricFamily(
+    def collect(self) -> Iterator[Family]:
+        success = Family(
             "nv_inference_request_success",
             "Number of successful inference requests, all batch sizes",
             labels=_VERSION_LABELS,
         )
-        failure = CounterMetricFamily(
+        failure = Family(
             "nv_inference_request_failure",
             "Number of failed inference requests, all batch sizes",
-            labels=_VERSION_LABELS,
+            labels=[*_VERSION_LABELS, "reason"],
         )
-        count = CounterMetricFamily(
+        count = Family(
             "nv_inference_count",
-            "Number of inferences performed (a batch of n counts n)",
+            "Number of inferences performed (does not include cached requests)",
             labels=_VERSION_LABELS,
         )
-        executions = CounterMetricFamily(
+        executions = Family(
             "nv_inference_exec_count",
-            "Number of model executions performed (batches)",
+            "Number of model executions performed (does not include cached requests)",
             labels=_VERSION_LABELS,
         )
-        durations = [
-            (CounterMetricFamily(n, h, labels=_VERSION_LABELS), attr) for n, h, attr in _DURATIONS
-        ]
+        durations = [(Family(n, h, labels=_VERSION_LABELS), attr) for n, h, attr in _DURATIONS]
         for mv in self.registry.all_versions():
             labels = [mv.name, mv.version_str]
             stats = mv.stats
-            success.add_metric(labels, stats.success.count)
-            failure.add_metric(labels, stats.fail.count)
-            count.add_metric(labels, stats.inference_count)
-            executions.add_metric(labels, stats.execution_count)
+            success.add(labels, stats.success.count)
+            for reason, failed in stats.failures.items():
+                failure.add([*labels, reason], failed)
+            count.add(labels, stats.inference_count)
+            executions.add(labels, stats.execution_count)
             for family, attr in durations:
-                family.add_metric(labels, getattr(stats, attr).ns / 1000.0)
+                family.add(labels, getattr(stats, attr).ns / 1000.0)
         yield from (success, failure, count, executions)
         yield from (family for family, _ in durations)
         yield from self._instances()
@@ -121,49 +128,50 @@ class BrokerCollector(Collector):
         yield from self._custom()
         yield from _families(cache_metrics(self.registry, self.manager.cache))
         yield from _families(load_metrics(self.manager, self.utilisation))
-        arena = GaugeMetricFamily(
-            "inferpool_arena_bytes", "Request input arena, by size and free", labels=["kind"]
+        arena = Family(
+            "inferpool_arena_bytes", "Request input arena, by size and free", "gauge", ["kind"]
         )
-        arena.add_metric(["size"], self.arena.size)
-        arena.add_metric(["free"], self.arena.free_bytes)
+        arena.add(["size"], self.arena.size)
+        arena.add(["free"], self.arena.free_bytes)
         yield arena
-        yield GaugeMetricFamily(
-            "inferpool_inflight_requests",
-            "Requests admitted and not yet answered",
-            value=len(self.manager.inflight),
+        inflight = Family(
+            "inferpool_inflight_requests", "Requests admitted and not yet answered", "gauge"
         )
+        inflight.add([], len(self.manager.inflight))
+        yield inflight
 
-    def _instances(self) -> Iterator[Metric]:
+    def _instances(self) -> Iterator[Family]:
         labels = ["model", "version", "instance"]
-        ready = GaugeMetricFamily(
-            "inferpool_instance_ready", "1 if the instance's worker is READY", labels=labels
+        ready = Family(
+            "inferpool_instance_ready", "1 if the instance's worker is READY", "gauge", labels
         )
-        restarts = CounterMetricFamily(
-            "inferpool_instance_restarts", "Respawns of the instance's worker", labels=labels
+        restarts = Family(
+            "inferpool_instance_restarts", "Respawns of the instance's worker", "counter", labels
         )
         for h in self.supervisor.handles.values():
             key = [h.model.name, h.model.version_str, h.name]
-            ready.add_metric(key, 1.0 if h.state is WorkerState.READY else 0.0)
-            restarts.add_metric(key, h.restarts)
+            ready.add(key, 1.0 if h.state is WorkerState.READY else 0.0)
+            restarts.add(key, h.restarts)
         yield ready
         yield restarts
 
-    def _lanes(self) -> Iterator[Metric]:
-        requests = CounterMetricFamily(
+    def _lanes(self) -> Iterator[Family]:
+        requests = Family(
             "inferpool_lane_requests",
             "Inference requests served over lanes (they are also counted in nv_inference_*)",
-            labels=[*_VERSION_LABELS, "outcome"],
+            "counter",
+            [*_VERSION_LABELS, "outcome"],
         )
-        lanes = GaugeMetricFamily("inferpool_lanes_open", "Open lanes", labels=_VERSION_LABELS)
+        lanes = Family("inferpool_lanes_open", "Open lanes", "gauge", _VERSION_LABELS)
         for mv in self.registry.all_versions():
             labels = [mv.name, mv.version_str]
-            requests.add_metric([*labels, "success"], mv.stats.lane_success)
-            requests.add_metric([*labels, "fail"], mv.stats.lane_fail)
-            lanes.add_metric(labels, self.lanes.open_count(mv) if self.lanes else 0)
+            requests.add([*labels, "success"], mv.stats.lane_success)
+            requests.add([*labels, "fail"], mv.stats.lane_fail)
+            lanes.add(labels, self.lanes.open_count(mv) if self.lanes else 0)
         yield requests
         yield lanes
 
-    def _custom(self) -> Iterator[Metric]:
+    def _custom(self) -> Iterator[Family]:
         """Backend metrics: one family per declared name, labels as the backend gave them."""
         custom = self.manager.metrics
         rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -172,37 +180,25 @@ class BrokerCollector(Collector):
         for name, family_rows in sorted(rows.items()):
             info = custom.families.get(name, {})
             keys = sorted({k for row in family_rows for k in row["labels"]})
-            doc = info.get("description", "") or name
-            family: CounterMetricFamily | GaugeMetricFamily = (
-                GaugeMetricFamily(name, doc, labels=keys)
-                if info.get("kind") == "gauge"
-                else CounterMetricFamily(name, doc, labels=keys)
-            )
+            kind = "gauge" if info.get("kind") == "gauge" else "counter"
+            family = Family(name, info.get("description", "") or name, kind, keys)
             for row in family_rows:
-                family.add_metric([str(row["labels"].get(k, "")) for k in keys], row["value"])
+                family.add([str(row["labels"].get(k, "")) for k in keys], row["value"])
             yield family
 
 
-def _families(rows: list[MetricRows]) -> Iterator[Metric]:
+def _families(rows: list[MetricRows]) -> Iterator[Family]:
     for name, doc, kind, labels, samples in rows:
-        family: CounterMetricFamily | GaugeMetricFamily = (
-            GaugeMetricFamily(name, doc, labels=list(labels))
-            if kind == "gauge"
-            else CounterMetricFamily(name, doc, labels=list(labels))
-        )
-        for values, value in samples:
-            family.add_metric(values, value)
-        yield family
+        yield Family(name, doc, kind, labels, samples)
 
 
 class MetricsEndpoint:
     """The HTTP server thread and the broker-side end of its inproc bridge."""
 
     def __init__(
-        self, collector: Collector, ctx: zmq.Context[Any], address: str, port: int
+        self, collector: BrokerCollector, ctx: zmq.Context[Any], address: str, port: int
     ) -> None:
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(collector)
+        self.collector = collector
         endpoint = f"inproc://inferpool-metrics-{id(self)}"
         self.socket = ctx.socket(zmq.PAIR)  # polled by the broker's loop
         self.socket.setsockopt(zmq.LINGER, 0)
@@ -216,7 +212,9 @@ class MetricsEndpoint:
             bridge.close(0)
             self.socket.close(0)
             raise InferpoolError(
-                Code.UNAVAILABLE, f"cannot serve metrics on {address}:{port}: {exc.strerror}"
+                Code.UNAVAILABLE,
+                f"cannot serve metrics on {address}:{port}: {exc.strerror}; choose another "
+                "--metrics-port, or serve none with --allow-metrics false",
             ) from None
         self.http.bridge = bridge
         self.port = int(self.http.server_address[1])
@@ -230,7 +228,7 @@ class MetricsEndpoint:
         """In the broker's loop: render the metrics for the scrape that is waiting."""
         seq = self.socket.recv()
         self.socket.send(seq, zmq.SNDMORE)
-        self.socket.send(generate_latest(self.registry))
+        self.socket.send(render(self.collector.collect()))
 
     def close(self) -> None:
         self.http.shutdown()
@@ -257,7 +255,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if body is None:
             self._reply(503, b"the broker did not answer in time\n", "text/plain")
         else:
-            self._reply(200, body, CONTENT_TYPE_LATEST)
+            self._reply(200, body, CONTENT_TYPE)
 
     def _scrape(self) -> bytes | None:
         bridge = self.server.bridge

@@ -40,15 +40,18 @@ class SharedMemory:
         lease_timeout: float,
         send: Callable[[list[Any], dict[str, Any]], None],
         gpus: int,
+        gone: Callable[[bytes], None],
     ) -> None:
         """``sockets``: the clients' ROUTERs, whose disconnects end what a client held;
         ``lease_timeout``: how long a client holding leases may stay silent; ``send``: the
         responder's, for answers that come later (a CUDA unregister); ``gpus``: the GPUs the
-        broker counted (without CUDA)."""
+        broker counted (without CUDA); ``gone(client)``: a client that sent inference
+        requests disconnected (its requests are cancelled)."""
         self.registrations = registrations
         self.handles = handles
         self._send = send
         self.gpus = gpus
+        self._gone = gone
         self.clients = ClientTracker(sockets, lease_timeout, self._disconnected, self._silent)
         self._source: Any = None  # the routing frame of the message being handled
         self.gone: list[Callable[[bytes, str], None]] = []  # hear (client, why) it is gone
@@ -95,10 +98,12 @@ class SharedMemory:
 
     def request_arrived(self, client: bytes, header: dict[str, Any]) -> None:
         """Releases carried by an inference request come first, then the request itself,
-        unless its client is over its share of output memory."""
+        whose sender is watched from now on (its requests end when it disconnects), unless
+        its client is over its share of output memory."""
         release = header.get("release")
         if release:
             self.handles.release(client, release)
+        self._track(client)
         self.clients.seen(client)
         self.clients.peer(client, self._source)  # known from now on, for its outputs' share
         self.handles.shares.admit(client)
@@ -220,6 +225,7 @@ class SharedMemory:
     track = _track  # for the lanes: a lane's client is watched like a lease holder
 
     def _disconnected(self, client: bytes) -> None:
+        self._gone(client)  # its requests are cancelled (a silent one's are not)
         for hear in self.gone:
             hear(client, "disconnected")
         leases = self.handles.reclaim(client)

@@ -10,8 +10,10 @@ Each message names its caller in its first frame (``wire.caller``: the HTTP or g
 it is for, whose registrations and limits it counts against), which the broker believes on
 this socket only.  Replies are matched by a tag frame that follows it, before the empty
 delimiter: the ROUTER keeps both in the envelope and sends them back unchanged, so the
-request's own ``id`` stays the client's.  Tensor frames of 64 KiB and more travel without a
-copy (the broker copies them once, into its arena); replies arrive as zero-copy frames.
+request's own ``id`` stays the client's.  An inference whose caller goes away (a cancelled
+gRPC call, a closed HTTP connection) is cancelled at the broker by a ``cancel`` sent with
+its caller and tag.  Tensor frames of 64 KiB and more travel without a copy (the broker
+copies them once, into its arena); replies arrive as zero-copy frames.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import zmq
 
 from inferpool.wire import codec
 from inferpool.wire.errors import Code, InferpoolError
-from inferpool.wire.zmqio import NOBLOCK, SNDMORE, recv_frames
+from inferpool.wire.zmqio import NOBLOCK, SNDMORE, recv_frames, send_parts
 
 log = logging.getLogger("inferpool.kserve")
 ZERO_COPY_MIN = 64 * 1024
@@ -88,6 +90,10 @@ class BrokerChannel:
             raise InferpoolError(
                 Code.UNAVAILABLE, f"the server did not answer within {timeout:g}s"
             ) from None
+        except asyncio.CancelledError:  # its caller went away (a cancelled RPC, a closed
+            if header.get("type") == "infer":  # connection): the broker stops its work
+                self.cancel(caller, tag, header.get("id", ""))
+            raise
         finally:
             self.forget(tag)
         codec.raise_for_error(reply)
@@ -112,10 +118,22 @@ class BrokerChannel:
                 sock.send(frame, 0 if i == last else SNDMORE, copy=not big)
         else:
             sock.send(codec.encode_header(header))
-        # the socket's fd is edge-triggered: a reply that came in meanwhile raises no new edge
-        if sock.getsockopt(EVENTS) & POLLIN and self._loop is not None:
-            self._loop.call_soon(self._drain)
+        self._sent()
         return tag
+
+    def _sent(self) -> None:
+        # the socket's fd is edge-triggered: a reply that came in meanwhile raises no new edge
+        if self._sock.getsockopt(EVENTS) & POLLIN and self._loop is not None:
+            self._loop.call_soon(self._drain)
+
+    def cancel(self, caller: bytes, tag: bytes, request_id: str) -> None:
+        """Cancel the infer request sent for ``caller`` as ``tag`` (with id ``request_id``):
+        the cancel travels with the same caller and tag, which name that request alone at the
+        broker."""
+        self.forget(tag)
+        header = {"type": "cancel", "request_id": request_id}
+        send_parts(self._sock, [caller, tag, _EMPTY, codec.encode_header(header)])
+        self._sent()
 
     def forget(self, tag: bytes) -> None:
         """No more replies are wanted for ``tag`` (a late one is dropped)."""

@@ -256,7 +256,7 @@ class _Stream:
         self.channel = channel
         self.caller = caller
         self.queue: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
-        self.open: set[bytes] = set()
+        self.open: dict[bytes, str] = {}  # tag -> id of the requests not yet answered
         self.reading = True
 
     async def read(self, requests: AsyncIterator[Any]) -> None:
@@ -292,19 +292,21 @@ class _Stream:
                 self.queue.put_nowait(pb.ModelStreamInferResponse(infer_response=response))
             if final:
                 self.channel.forget(tag)
-                self.open.discard(tag)
+                self.open.pop(tag, None)
                 self._maybe_end()
 
         tag = self.channel.open(self.caller, header, frames, reply)
-        self.open.add(tag)
+        self.open[tag] = request.id
 
     def _maybe_end(self) -> None:
         if not self.reading and not self.open:
             self.queue.put_nowait(None)
 
     def close(self) -> None:
-        for tag in self.open:
-            self.channel.forget(tag)
+        """The stream ended: requests still unanswered (the client cancelled the call or
+        went away) are cancelled at the broker."""
+        for tag, request_id in self.open.items():
+            self.channel.cancel(self.caller, tag, request_id)
         self.open.clear()
 
 

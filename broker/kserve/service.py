@@ -111,7 +111,10 @@ class Frontends:
         max_body = opts.request_limit + BODY_SLACK
         if opts.http_port:
             app = http_app.build(channel, callers, max_body)
-            await self._serve_http(app, "HTTP", "http", opts.http_address, opts.http_port)
+            # a closed connection cancels its handler, and so its inference at the broker
+            await self._serve_http(
+                app, "HTTP", "http", opts.http_address, opts.http_port, handler_cancellation=True
+            )
         if opts.health_port:
             app = application(health.routes(channel, callers), 1 << 16)
             await self._serve_http(app, "health", "health", opts.health_address, opts.health_port)
@@ -120,10 +123,20 @@ class Frontends:
             await self._serve_grpc(servicer, opts.grpc_address, opts.grpc_port)
 
     async def _serve_http(
-        self, app: web.Application, what: str, flags: str, address: str, port: int
+        self,
+        app: web.Application,
+        what: str,
+        flags: str,
+        address: str,
+        port: int,
+        handler_cancellation: bool = False,
     ) -> None:
         runner = web.AppRunner(
-            app, handle_signals=False, access_log=None, shutdown_timeout=STOP_GRACE_S
+            app,
+            handle_signals=False,
+            access_log=None,
+            shutdown_timeout=STOP_GRACE_S,
+            handler_cancellation=handler_cancellation,
         )
         await runner.setup()
         self._stack.push_async_callback(runner.cleanup)

@@ -2,8 +2,9 @@
 
 The message is always the broker's own, word for word as a zmq client reads it; only the
 code is translated, the way Triton's ``HttpCodeFromError`` (``wire.errors.HTTP_STATUS``, shared
-with the Ray Serve adapter) and ``GrpcStatusUtil`` do.  A queue timeout (``TIMEOUT``,
-inferpool's own code) is 503 / DEADLINE_EXCEEDED.
+with the Ray Serve adapter) and ``GrpcStatusUtil`` do.  A queue timeout is UNAVAILABLE, as in
+Triton ("Request timeout expired"); ``TIMEOUT``, inferpool's own code (a wait that ran out),
+is 503 / DEADLINE_EXCEEDED.
 """
 
 from __future__ import annotations

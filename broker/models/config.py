@@ -15,12 +15,15 @@ from tritonclient.grpc import model_config_pb2 as pb
 
 from inferpool.broker.models.ensemble_config import check_platform, is_ensemble, plan
 from inferpool.wire import codec
+from inferpool.wire.config_json import config_to_dict
 from inferpool.wire.errors import Code, InferpoolError
 
 CONFIG_FILE = "config.pbtxt"
 
 # Triton platforms whose backend is implied by the platform name.
 PLATFORM_BACKENDS = {"pytorch_libtorch": "pytorch"}
+# A version directory's model file -> the config a model without config.pbtxt starts from.
+MODEL_FILES = {"model.py": {"backend": "python"}, "model.pt": {"platform": "pytorch_libtorch"}}
 
 
 def config_error(model: str, path: str, problem: str, fix: str = "") -> InferpoolError:
@@ -36,11 +39,17 @@ def load_config(model_dir: str) -> pb.ModelConfig:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except FileNotFoundError:
-        raise InferpoolError(
-            Code.INVALID_ARG,
-            f"model '{model}' has no configuration: {path} does not exist. Create it with at "
-            f'least name: "{model}" and a backend (for example backend: "identity")',
-        ) from None
+        config = _inferred(model_dir, model)
+        if config is None:
+            raise InferpoolError(
+                Code.INVALID_ARG,
+                f"model '{model}' has no configuration: {path} does not exist. Create it with "
+                f'at least name: "{model}" and a backend (for example backend: "identity"), or '
+                "give it a <version>/model.py, which the python backend serves",
+            ) from None
+        complete(config, model, path)
+        validate(config, model, path)
+        return config
     except OSError as exc:
         raise config_error(model, path, f"cannot read it ({exc.strerror})") from None
     try:
@@ -55,6 +64,17 @@ def load_config(model_dir: str) -> pb.ModelConfig:
     complete(config, model, path)
     validate(config, model, path)
     return config
+
+
+def _inferred(model_dir: str, model: str) -> pb.ModelConfig | None:
+    """A model without config.pbtxt, as Triton serves one: the backend is the one its
+    version directories' model file implies (``model.py``: python, ``model.pt``: pytorch),
+    and the backend completes the rest (the python backend's ``auto_complete_config``)."""
+    versions = [e for e in os.listdir(model_dir) if e.isdigit() and int(e) > 0]
+    for filename, fields in MODEL_FILES.items():
+        if any(os.path.isfile(os.path.join(model_dir, v, filename)) for v in versions):
+            return pb.ModelConfig(name=model, **fields)
+    return None
 
 
 def complete(config: pb.ModelConfig, model: str, path: str) -> None:
@@ -139,6 +159,9 @@ def validate(config: pb.ModelConfig, model: str, path: str) -> None:
                     f"dynamic_batching preferred_batch_size {size} exceeds max_batch_size "
                     f"{config.max_batch_size}",
                 )
+        _validate_priorities(dyn, model, path)
+    if config.HasField("sequence_batching"):
+        _validate_sequence_strategy(config, model, path)
     for group in config.instance_group:
         if group.count < 1:
             raise config_error(
@@ -149,6 +172,45 @@ def validate(config: pb.ModelConfig, model: str, path: str) -> None:
             plan(config)
         except InferpoolError as err:
             raise config_error(model, path, err.message) from None
+
+
+def _validate_priorities(dyn: Any, model: str, path: str) -> None:
+    """Triton's checks of priority levels and their queue policies (Triton's wording)."""
+    levels = dyn.priority_levels
+    if not levels:
+        return
+    if not 1 <= dyn.default_priority_level <= levels:
+        raise config_error(
+            model, path, f"default priority level must be in range [1, {levels}] for {model}"
+        )
+    for level in dyn.priority_queue_policy:
+        if not 1 <= level <= levels:
+            raise config_error(
+                model,
+                path,
+                f"priority queue policy must have priority level in range [1, {levels}] for "
+                f"{model} (got {level})",
+            )
+
+
+def _validate_sequence_strategy(config: Any, model: str, path: str) -> None:
+    """Triton's checks of the oldest and direct sequence-batching strategies."""
+    seq = config.sequence_batching
+    if seq.HasField("oldest"):
+        for size in seq.oldest.preferred_batch_size:
+            if size <= 0 or size > config.max_batch_size:
+                raise config_error(
+                    model,
+                    path,
+                    "sequence batching preferred batch size must be positive and <= max batch "
+                    f"size for {model} (got {size}, max_batch_size {config.max_batch_size})",
+                )
+    if seq.HasField("direct") and not 0.0 <= seq.direct.minimum_slot_utilization <= 1.0:
+        raise config_error(
+            model,
+            path,
+            f"sequence batching minimum slot utilization must be in range (0.0, 1.0] for {model}",
+        )
 
 
 def _fixed_elements(dims: Any) -> int | None:
@@ -170,4 +232,5 @@ def to_json(config: pb.ModelConfig) -> str:
 
 
 def to_dict(config: pb.ModelConfig) -> dict[str, Any]:
-    return json_format.MessageToDict(config, preserving_proto_field_name=True)
+    """The config as ``model_config`` serves it (every frontend): Triton's JSON form."""
+    return config_to_dict(config)

@@ -48,6 +48,8 @@ class EnsembleScheduler(Scheduler):
         self.manager = manager
 
     def enqueue(self, req: PendingRequest, now_ns: int) -> int | None:
+        if req.work.timeout_us:  # its steps inherit the request's timeout
+            req.deadline_ns = now_ns + req.work.timeout_us * 1000
         _Run(self, req).start(now_ns)
         return None
 

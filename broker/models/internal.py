@@ -51,7 +51,16 @@ def make_request(
         if out.name not in model.outputs:
             raise invalid_arg(f"unexpected inference output '{out.name}' for model '{model.name}'")
     rid = next(_rids)
-    work = Work(rid, request_id, correlation_id, flags, parameters, list(inputs), list(outputs))
+    work = Work(
+        rid,
+        request_id,
+        correlation_id,
+        flags,
+        parameters,
+        list(inputs),
+        list(outputs),
+        model.default_priority,  # the called model's default level (models.queue_policy)
+    )
     size = record_size(work)  # the batchers keep a batch within one message (front.limits)
     if size > BATCH_BYTES:
         raise invalid_arg(

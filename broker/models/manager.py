@@ -19,6 +19,7 @@ from inferpool.broker.models.calls import Calls
 from inferpool.broker.models.config_support import ConfigSupport
 from inferpool.broker.models.ensemble_config import is_ensemble
 from inferpool.broker.models.ensembles import Ensembles
+from inferpool.broker.models.failures import BACKEND, failure_reason, log_failure
 from inferpool.broker.models.overrides import Override, Overrides
 from inferpool.broker.models.rate_limiter import Gate
 from inferpool.broker.models.registry import ModelRecord, ModelVersion, Registry, State
@@ -305,7 +306,7 @@ class Manager:
         if self.lanes is not None:
             self.lanes.instance_gone(handle, error)
         for req in [r for r in self.inflight.values() if r.worker is handle]:
-            self.reject(req, error)
+            self.reject(req, error, BACKEND)
         self.gate.done(handle, gone=True)
         if mv.state is State.LOADING and (booting or handle.state is WorkerState.FAILED):
             self._version_failed(mv, error)
@@ -366,6 +367,7 @@ class Manager:
         handle: Worker,
         batch: list[PendingRequest],
         release: Sequence[CorrelationId] = (),
+        nulls: Sequence[int] = (),
     ) -> None:
         now = time.monotonic_ns()
         stats = handle.model.stats
@@ -374,25 +376,32 @@ class Manager:
             req.worker = handle
             stats.queue.add(now - req.received_ns)
         handle.busy = batch
-        self.gate.dispatch(handle, batch, release)
+        self.gate.dispatch(handle, batch, release, nulls)
 
     def _send(
-        self, handle: Worker, batch: list[PendingRequest], release: Sequence[CorrelationId]
+        self,
+        handle: Worker,
+        batch: list[PendingRequest],
+        release: Sequence[CorrelationId],
+        nulls: Sequence[int],
     ) -> None:
         handle.began_executing(time.monotonic())
         unmaps = self.unmaps.pop(handle.identity, ()) if self.unmaps else ()
-        msg = Execute(
-            [r.work for r in batch], self.outputs.take_frees(handle.output_region), unmaps, release
-        )
+        frees = self.outputs.take_frees(handle.output_region)
+        msg = Execute([r.work for r in batch], frees, unmaps, release, nulls)
         self.supervisor.send(handle, msg)
 
-    def reject(self, req: PendingRequest, err: InferpoolError) -> None:
-        """Answer ``req`` with an error and end it."""
+    def reject(self, req: PendingRequest, err: InferpoolError, reason: str = "") -> None:
+        """Answer ``req`` with an error (unless it was cancelled: answered) and end it;
+        ``reason`` labels the failure in the metrics (failures.FAILURE_REASONS; by default,
+        what ``err`` says)."""
         if req.sink is not None:
             req.sink.failed(req, err)
-        else:
+        elif not req.cancelled:
             self.responder.send_error(req.envelope, "infer", req.client_id, err)
-        self.finish(req, success=False, timing=None)
+        reason = reason or failure_reason(err)
+        log_failure(req.client_id, req.model, reason, err)
+        self.finish(req, success=False, timing=None, reason=reason)
 
     def respond(self, req: PendingRequest, item: Result) -> None:
         """Send one response of ``req`` (to its client or its sink, an ensemble's step or a
@@ -400,6 +409,8 @@ class Manager:
         if req.cache_key is not None and self.cache is not None:
             self.cache.store(req, item)
         (req.sink or self.responder).result(req, item)
+        if item.error is not None:
+            log_failure(req.client_id, req.model, BACKEND, InferpoolError.from_wire(item.error))
         decoupled = req.model.decoupled
         if decoupled:  # its durations are the response's (response_stats)
             req.model.stats.response_done(req.responses, response_outcome(item), item.durations)
@@ -407,13 +418,19 @@ class Manager:
         if item.final:
             self.finish(req, item.error is None, None if decoupled else item.durations)
 
-    def finish(self, req: PendingRequest, success: bool, timing: Durations | None) -> None:
+    def finish(
+        self,
+        req: PendingRequest,
+        success: bool,
+        timing: Durations | None,
+        reason: str = BACKEND,
+    ) -> None:
         if self.inflight.pop(req.rid, None) is None:
             return
         for slot in req.slots:
             self.arena.free(slot)
         req.model.stats.request_done(
-            success, time.monotonic_ns() - req.received_ns, req.batch_size, timing
+            success, time.monotonic_ns() - req.received_ns, req.batch_size, timing, reason
         )
 
     # ================================================================== results
@@ -434,9 +451,11 @@ class Manager:
     def _results(self, items: Sequence[Result]) -> None:
         for item in items:
             req = self.inflight.get(item.rid)
-            if req is None:  # answered already (e.g. timed out): just give the memory back
+            if req is None or req.cancelled:  # answered already: give the memory back
                 for out in item.outputs:
                     self.outputs.free(out.region, out.offset, held=False)
+                if req is not None and item.final:
+                    self.finish(req, False, item.durations)
                 continue
             self.respond(req, item)
 

@@ -191,8 +191,10 @@ class Gate:
     with a rate limiter, once the instance holds its resources (until then the instance is
     reserved for it: busy, and never past an execute timeout)."""
 
-    def __init__(self, send: Callable[[Any, Any, Any], None], limiter: RateLimiter | None) -> None:
-        self.send = send  # (instance, batch, release): the Execute message goes out
+    def __init__(
+        self, send: Callable[[Any, Any, Any, Any], None], limiter: RateLimiter | None
+    ) -> None:
+        self.send = send  # (instance, batch, release, nulls): the Execute message goes out
         self.limiter = limiter
 
     def add(self, instance: Any, config: Any, group: str, device_id: int) -> None:
@@ -203,12 +205,12 @@ class Gate:
         if self.limiter is not None:
             self.limiter.remove(instance)
 
-    def dispatch(self, instance: Any, batch: Any, release: Any) -> None:
+    def dispatch(self, instance: Any, batch: Any, release: Any, nulls: Any) -> None:
         if self.limiter is None:
-            self.send(instance, batch, release)
+            self.send(instance, batch, release, nulls)
             return
         instance.exec_started = math.inf
-        self._run(self.limiter.acquire(instance, (batch, release)))
+        self._run(self.limiter.acquire(instance, (batch, release, nulls)))
 
     def done(self, instance: Any, gone: bool = False) -> None:
         """``instance`` finished its batch (or is gone): its resources go to the next."""
@@ -217,5 +219,5 @@ class Gate:
             self._run(limiter.forget(instance) if gone else limiter.release(instance))
 
     def _run(self, granted: list[tuple[Any, Any]]) -> None:
-        for instance, (batch, release) in granted:
-            self.send(instance, batch, release)
+        for instance, (batch, release, nulls) in granted:
+            self.send(instance, batch, release, nulls)

@@ -53,6 +53,11 @@ class ModelVersion:
         self.config = config
         self.max_batch_size = int(config.max_batch_size)
         self.decoupled = bool(config.model_transaction_policy.decoupled)
+        # a request's priority level (models.queue_policy): 1..priority_levels, 0 without
+        self.priority_levels = int(config.dynamic_batching.priority_levels)
+        self.default_priority = (
+            int(config.dynamic_batching.default_priority_level) if self.priority_levels else 0
+        )
         self.inputs = {t.name: tensor_spec(t, t.optional) for t in config.input}
         self.outputs = {t.name: tensor_spec(t) for t in config.output}
         # (input, datatype, *shape) -> (batch size, byte size) of inputs admitted before

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from tritonclient.grpc import model_config_pb2 as pb
 
-from inferpool.broker.models.config import load_config
+from inferpool.broker.models.config import CONFIG_FILE, load_config
 from inferpool.wire.errors import Code, InferpoolError
 
 
@@ -38,11 +38,29 @@ def list_models(repository: str) -> list[str]:
         raise InferpoolError(
             Code.NOT_FOUND, f"model repository {repository} does not exist"
         ) from None
+    except NotADirectoryError:
+        raise InferpoolError(
+            Code.INVALID_ARG, f"model repository {repository} is a file, not a directory"
+        ) from None
+    _not_a_model_directory(repository, entries)
     return [
         e
         for e in entries
         if not e.startswith((".", "_")) and os.path.isdir(os.path.join(repository, e))
     ]
+
+
+def _not_a_model_directory(repository: str, entries: list[str]) -> None:
+    """A model's own directory given as the repository: say so, rather than serve its
+    version directories as models."""
+    marks = [e for e in entries if e == CONFIG_FILE or (e.isdigit() and int(e) > 0)]
+    if marks:
+        raise InferpoolError(
+            Code.INVALID_ARG,
+            f"{repository} looks like a model directory, not a model repository (it has "
+            f"{', '.join(marks)}): give the directory that holds the model directories, "
+            f"such as {os.path.dirname(os.path.normpath(repository)) or '.'}",
+        )
 
 
 def available_versions(model_dir: str) -> list[int]:

@@ -44,6 +44,7 @@ class PendingRequest:
     dispatched_ns: int = 0
     worker: Any = None
     shm_outputs: bool = False  # some output stays in shared memory (handle, client region)
+    cancelled: bool = False  # answered CANCELLED while executing (models.cancellation)
     sink: Sink | None = None  # answers go there, not to ``envelope`` (models/internal.py)
     cache_key: bytes | None = None  # set when a response cache lookup missed: store the result
     cache_ns: int = 0  # how long that lookup took

@@ -4,7 +4,8 @@ Each instance has at most one batch in flight (as Triton's backend threads), so 
 wait here, where queue time is measured and batches can form.  Without ``dynamic_batching``
 a batch is one request; with it, queued requests are grouped up to ``max_batch_size``,
 waiting at most ``max_queue_delay_microseconds`` for a preferred size.  A batch is also
-closed before its requests would outgrow one message to the worker (``BATCH_BYTES``).
+closed before its requests would outgrow one message to the worker (``BATCH_BYTES``).  The
+queue itself (priority levels, queue policies, timeouts) is ``models.queue_policy``'s.
 """
 
 from __future__ import annotations
@@ -14,20 +15,23 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from inferpool.broker.models.queue_policy import queue_for
 from inferpool.broker.models.registry import ModelVersion
 from inferpool.broker.models.request import PendingRequest
-from inferpool.wire.errors import Code, InferpoolError
+from inferpool.wire.errors import InferpoolError
 from inferpool.wire.worker.messages import BATCH_BYTES, CorrelationId
 
 
 class Dispatch(Protocol):
-    """Send ``batch`` to ``worker``; ``release`` names sequences whose state it drops first."""
+    """Send ``batch`` to ``worker``; ``release`` names sequences whose state it drops first,
+    ``nulls`` the batch positions where it adds null requests (direct sequence batching)."""
 
     def __call__(
         self,
         worker: Any,
         batch: list[PendingRequest],
         release: Sequence[CorrelationId] = (),
+        nulls: Sequence[int] = (),
         /,
     ) -> None: ...
 
@@ -40,7 +44,7 @@ class Scheduler:
         self.model = model
         self.dispatch = dispatch
         self.reject = reject
-        self.queue: deque[PendingRequest] = deque()
+        self.queue = queue_for(model.config)
         self.idle: deque[Any] = deque()
         cfg = model.config
         self.batching = cfg.HasField("dynamic_batching") and model.max_batch_size > 0
@@ -48,7 +52,6 @@ class Scheduler:
         self.delay_ns = int(dyn.max_queue_delay_microseconds) * 1000 if self.batching else 0
         preferred = sorted(int(s) for s in dyn.preferred_batch_size) if self.batching else []
         self.target = preferred[-1] if preferred else model.max_batch_size
-        self.has_deadlines = False
 
     # ------------------------------------------------------------------ instances
     def instance_idle(self, worker: Any, now_ns: int) -> int | None:
@@ -61,13 +64,29 @@ class Scheduler:
 
     # ------------------------------------------------------------------ requests
     def enqueue(self, req: PendingRequest, now_ns: int) -> int | None:
-        self.queue.append(req)
-        if req.deadline_ns:
-            self.has_deadlines = True
+        queue = self.queue
+        if queue.simple and not req.deadline_ns:
+            # one level, no policy, no deadline (the broker gives one only to an ensemble's
+            # steps): the request path's common case
+            queue.append(req)  # type: ignore[union-attr]
+        else:
+            try:
+                queue.push(req, now_ns)
+            except InferpoolError as err:  # its priority level is full
+                self.reject(req, err)
+                return None
         return self.pump(now_ns)
+
+    def cancel(self, req: PendingRequest) -> list[PendingRequest]:
+        """Take ``req`` out of the queue: the requests that will not run (none if it is not
+        queued here)."""
+        return [req] if self.queue.take(req) else []
 
     def pump(self, now_ns: int) -> int | None:
         """Dispatch what can go now; returns the ns time of the next batching decision."""
+        deadline = self.queue.next_deadline
+        if deadline and now_ns >= deadline:
+            self.queue.expire(now_ns, self.reject)
         while self.queue and self.idle:
             batch = self._take(now_ns)
             if batch is None:
@@ -101,24 +120,10 @@ class Scheduler:
         return [queue.popleft() for _ in range(count)]
 
     def expire(self, now_ns: int) -> None:
-        """Answer TIMEOUT to queued requests whose queue timeout has passed."""
-        if not self.has_deadlines:
-            return
-        keep: deque[PendingRequest] = deque()
-        for req in self.queue:
-            if req.deadline_ns and now_ns >= req.deadline_ns:
-                self.reject(
-                    req,
-                    InferpoolError(
-                        Code.TIMEOUT,
-                        f"request timeout expired: request for model '{self.model.name}' waited "
-                        "in the queue longer than its timeout",
-                    ),
-                )
-            else:
-                keep.append(req)
-        self.queue = keep
-        self.has_deadlines = any(r.deadline_ns for r in keep)
+        """Apply the queue policy to queued requests whose timeout has passed."""
+        deadline = self.queue.next_deadline
+        if deadline and now_ns >= deadline:
+            self.queue.expire(now_ns, self.reject)
 
     def drain(self, error: InferpoolError) -> None:
         while self.queue:

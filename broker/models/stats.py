@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from inferpool.broker.models.failures import BACKEND, FAILURE_REASONS
 from inferpool.wire.errors import Code
 from inferpool.wire.worker.messages import (
     Durations,
@@ -79,6 +80,7 @@ class ModelStats:
     execution_count: int = 0
     last_inference_ms: int = 0
     batches: dict[int, BatchStats] = field(default_factory=dict)
+    failures: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAILURE_REASONS, 0))
     cache_hit: Duration = field(default_factory=Duration)
     cache_miss: Duration = field(default_factory=Duration)
     responses: dict[int, ResponseStats] = field(default_factory=dict)  # by response index
@@ -86,14 +88,21 @@ class ModelStats:
     lane_fail: int = 0
 
     def request_done(
-        self, success: bool, total_ns: int, batch_size: int, timing: Durations | None
+        self,
+        success: bool,
+        total_ns: int,
+        batch_size: int,
+        timing: Durations | None,
+        reason: str = BACKEND,
     ) -> None:
-        """One request finished, with the compute durations its worker measured."""
+        """One request finished, with the compute durations its worker measured (or, if it
+        failed, the reason: one of FAILURE_REASONS)."""
         self.last_inference_ms = int(time.time() * 1000)
         d = self.success if success else self.fail  # (updated inline: this runs per request)
         d.count += 1
         d.ns += total_ns
         if not success:
+            self.failures[reason] += 1
             return
         self.inference_count += batch_size
         if timing:

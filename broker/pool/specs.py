@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from inferpool.broker.pool.gpu_limit import limit_for
 from inferpool.broker.pool.handle import WorkerHandle
+from inferpool.shm.cancel_flags import flags_region
 from inferpool.wire.worker.spec import WorkerSpec
 
 if TYPE_CHECKING:
@@ -40,6 +41,7 @@ def worker_spec(
         output_region=handle.output_region,
         output_prefault=output_prefault,
         instance=handle.instance,
+        cancel_region=flags_region(run_id),
         pinning=handle.pinning,
         backend_directory=options.backend_directory,
         backend_config=dict(options.backend_config.get(backend, {})),
@@ -47,4 +49,5 @@ def worker_spec(
             options.model_load_gpu_limit, handle.instance.kind, handle.instance.device_id
         ),
         log_level=options.log_level,
+        log_format=options.log_format,
     )

@@ -65,6 +65,7 @@ class SupervisorOptions:
     backend_config: Mapping[str, Mapping[str, str]]
     model_load_gpu_limit: Mapping[int, float]  # device -> fraction
     log_level: str
+    log_format: str
     boot_timeout: float
     execute_timeout: float  # 0: no limit
     graceful_timeout: float
@@ -196,6 +197,8 @@ class Supervisor(Generic[M]):
     def _settle(self, handle: WorkerHandle[M], code: int) -> None:
         """The state a worker that exited with ``code`` leaves its slot in."""
         handle.proc = None
+        if handle.state is WorkerState.STARTING and handle.boot_error is None:
+            self._last_words(handle)
         self.close_channel(handle)
         self.outputs.retire(handle.output_region)
         pid_text = describe_exit(code)
@@ -240,6 +243,17 @@ class Supervisor(Generic[M]):
             handle.set_state(WorkerState.BACKOFF)
             log.warning("worker %s %s; restarting in %.1fs", handle.name, reason, delay)
         self.events.worker_lost(handle, err, booting=False)
+
+    def _last_words(self, handle: WorkerHandle[M]) -> None:
+        """A worker that cannot boot says why (Failed) before it exits: read it from the
+        channel when the exit was seen first, so the load fails with that reason."""
+        channel = handle.channel
+        while channel is not None:
+            msg = channel.recv()
+            if not msg:  # nothing more, or its end closed
+                return
+            if isinstance(msg, Failed):
+                handle.boot_error = InferpoolError.from_wire(msg.error)
 
     def tick(self, now: float) -> float | None:
         """Timeouts and due respawns; returns when the next check is needed (or None)."""

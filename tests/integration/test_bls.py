@@ -17,8 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.lifecycle.helpers import serving
-from tests.support import Server, write_model
+from tests.support import Server, serving, write_model
 
 DOUBLE = """
 import json

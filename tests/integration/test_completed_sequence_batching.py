@@ -17,8 +17,7 @@ import numpy as np
 import pytest
 
 from inferpool.client import Client, Code, InferpoolError
-from tests.lifecycle.helpers import serving
-from tests.support import Server, write_model
+from tests.support import Server, serving, write_model
 
 COUNTER = """
 import json
@@ -76,7 +75,7 @@ def step(c: Client, corr: str, value: int, **flags: bool) -> dict[str, object]:
 def test_the_completed_config_is_served_with_sequence_batching(server: Server) -> None:
     with server.client() as c:
         config = c.model_config("counter")
-    assert config["sequence_batching"]["max_sequence_idle_microseconds"] == "60000000"
+    assert config["sequence_batching"]["max_sequence_idle_microseconds"] == 60000000
     assert [i["name"] for i in config["input"]] == ["VALUE"]
 
 

@@ -17,8 +17,7 @@ import numpy as np
 import pytest
 
 from inferpool.client import Code, InferpoolError, ShmClient
-from tests.lifecycle.helpers import serving
-from tests.support import Server, identity_config, write_model
+from tests.support import Server, identity_config, serving, write_model
 
 PRE = """
 import os

@@ -62,26 +62,40 @@ def test_metadata_config_index_and_health(example_server: Server) -> None:
             ("add_sub", "1"): "READY",
             ("identity", "1"): "READY",
             ("identity_batched", "1"): "READY",
+            ("square_int32", "1"): "READY",
         }
         server = c.server_metadata()
         assert server["name"] == "inferpool" and server["protocol"] == 1
 
 
 def test_statistics_count_requests_and_batches(example_server: Server) -> None:
+    def numbers(stats: dict) -> tuple[int, ...]:
+        [s] = stats["model_stats"]
+        inference = s["inference_stats"]
+        [metric] = [m for m in stats["custom_metrics"] if m["family"] == "input_byte_size_counter"]
+        assert metric["labels"] == {"model": "identity", "version": "1"}
+        return (
+            inference["success"]["count"],
+            inference["fail"]["count"],
+            s["execution_count"],
+            s["inference_count"],
+            inference["queue"]["count"],
+            int(metric["value"]),
+        )
+
     with example_server.client() as c:
+        before = numbers(c.statistics("identity"))
         for _ in range(5):
             c.infer("identity", {"INPUT0": np.ones(8, np.float32)})
         with pytest.raises(InferpoolError):
             c.infer("identity", {"INPUT0": np.ones(8, np.int32)})  # wrong datatype: not admitted
         stats = c.statistics("identity")
+    after = numbers(stats)
+    # 5 successes, 1 failure (counted, as Triton counts it), 5 executions of 32 bytes each
+    assert [a - b for a, b in zip(after, before, strict=True)] == [5, 1, 5, 5, 5, 5 * 32]
     [s] = stats["model_stats"]
-    assert s["inference_stats"]["success"]["count"] == 5
-    assert s["execution_count"] == 5 and s["inference_count"] == 5
-    assert s["inference_stats"]["queue"]["count"] == 5
     assert s["inference_stats"]["compute_infer"]["ns"] > 0
     assert [b["batch_size"] for b in s["batch_stats"]] == [1]
-    [metric] = [m for m in stats["custom_metrics"] if m["family"] == "input_byte_size_counter"]
-    assert metric["value"] == 5 * 32 and metric["labels"] == {"model": "identity", "version": "1"}
 
 
 def test_dynamic_batcher_groups_concurrent_requests(short_tmp, shm_clean) -> None:

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.utils.shared_memory as shm
-from google.protobuf import json_format
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from inferpool.client import InferpoolError
+from inferpool.wire.config_json import config_to_dict
 from tests.integration.kserve_support import (
     DOUBLE_CONFIG,
     DOUBLE_FILES,
@@ -64,9 +64,7 @@ def test_health_metadata_and_config(server: Server, client: Any) -> None:
     assert model["versions"] == ["1"] and model["platform"] == "identity"
     config = client.get_model_config("identity_batched").config
     with server.client() as zc:
-        assert json_format.MessageToDict(config, preserving_proto_field_name=True) == (
-            zc.model_config("identity_batched")
-        )
+        assert config_to_dict(config) == zc.model_config("identity_batched")  # Triton's JSON
     with pytest.raises(InferenceServerException) as err:
         client.get_model_metadata("missing")
     assert status_of(err.value) == "StatusCode.NOT_FOUND"

@@ -31,9 +31,9 @@ from tests.kube_support import (
     port_number,
     render,
 )
-from tests.lifecycle.helpers import instance, wait_for
+from tests.lifecycle.helpers import instance
 from tests.node_support import gated_repo, http, not_yet_started, send_held
-from tests.support import Server, free_tcp_port
+from tests.support import Server, free_tcp_port, wait_until
 
 pytestmark = pytest.mark.skipif(
     kustomize_command() is None,
@@ -201,10 +201,10 @@ def test_a_broker_started_as_the_pod_is_driven_as_the_kubelet_would(short_tmp: P
 
     with not_yet_started(Server(short_tmp, repo, *args)) as server:
         # the startup probe fails while the model loads, then passes
-        wait_for(lambda: probe("startupProbe") == 503, what="the broker answers its probes")
+        wait_until(lambda: probe("startupProbe") == 503, what="the broker answers its probes")
         assert probe("livenessProbe") == 200  # not yet run by the kubelet, but true
         (gate / "load").touch()
-        wait_for(lambda: probe("startupProbe") == 200, what="started once loaded")
+        wait_until(lambda: probe("startupProbe") == 200, what="started once loaded")
         assert probe("readinessProbe") == 200 and probe("livenessProbe") == 200
         server.wait_started()
 
@@ -215,7 +215,7 @@ def test_a_broker_started_as_the_pod_is_driven_as_the_kubelet_would(short_tmp: P
 
         with server.client() as c:
             held = send_held(c)
-            wait_for(lambda: instance(c, "gated_0_0")["busy"])
+            wait_until(lambda: instance(c, "gated_0_0")["busy"])
             # pod deletion: the preStop hook runs to its end, then SIGTERM
             command = container["lifecycle"]["preStop"]["exec"]["command"]
             assert command[:3] == ["inferpool", "drain", "--endpoint"]

@@ -26,8 +26,7 @@ from inferpool.client.lane import Lane
 from inferpool.wire import lane as wl
 from inferpool.wire.errors import Code
 from tests.integration.test_metrics import scrape
-from tests.lifecycle.helpers import wait_for
-from tests.support import Server, free_tcp_port, identity_config, write_model
+from tests.support import Server, free_tcp_port, identity_config, wait_until, write_model
 
 DELAY = 'parameters { key: "execute_delay_ms" value: { string_value: "600" } }'
 
@@ -96,11 +95,11 @@ def test_a_lane_answers_in_place_and_is_counted(server: Server) -> None:
         lane = c.lane("plain")
         assert isinstance(lane, Lane) and lane.usable and lane.model == "plain"
         assert c.session.lanes.lanes[("plain", "")] is lane
-    wait_for(lambda: lane_stats(server, "plain")["success"] >= before + 5, 10, "5 lane requests")
+    wait_until(lambda: lane_stats(server, "plain")["success"] >= before + 5, "5 lane requests", 10)
     samples = scrape(server.metrics_port)  # type: ignore[attr-defined]
     labels = (("model", "plain"), ("outcome", "success"), ("version", "1"))
-    assert samples[("inferpool_lane_requests_total", labels)] >= before + 5
-    assert samples[("nv_inference_request_success_total", labels[:1] + labels[2:])] >= 5
+    assert samples[("inferpool_lane_requests", labels)] >= before + 5
+    assert samples[("nv_inference_request_success", labels[:1] + labels[2:])] >= 5
 
 
 def test_a_batching_model_takes_its_batch_dimension_on_a_lane(server: Server) -> None:
@@ -253,12 +252,12 @@ def test_a_lane_revoked_by_the_broker_sends_requests_through_it(server: Server) 
     with ShmClient(server.endpoint, timeout=10) as c:
         lane = c.lane("plain")
         c.call("close_lane", lane=lane.id)  # as the broker would revoke it
-        wait_for(lambda: lane.header[wl.WORKER_CLOSED], 10, "the worker closes it")
+        wait_until(lambda: lane.header[wl.WORKER_CLOSED], "the worker closes it", 10)
         assert not lane.usable
         assert lane.header.reason() == ("CANCELLED", "the client closed the lane")
         served(c, "plain")
         assert not c.session.lanes.lanes  # the ended lane was forgotten
-    wait_for(lambda: not lane_regions(server), 10, "lane regions unlinked")
+    wait_until(lambda: not lane_regions(server), "lane regions unlinked", 10)
 
 
 def test_requests_waiting_on_a_revoked_lane(server: Server) -> None:
@@ -320,7 +319,7 @@ def test_unloading_the_model_revokes_its_lane(server: Server) -> None:
 def test_a_silent_client_loses_its_lane(server: Server) -> None:
     with ShmClient(server.endpoint, keepalive=False, timeout=10) as c:
         lane = c.lane("plain")
-        wait_for(lambda: not lane.usable, 10, "the lane of a silent client revoked")
+        wait_until(lambda: not lane.usable, "the lane of a silent client revoked", 10)
         assert "silent" in lane.header.reason()[1]
         served(c, "plain")
 
@@ -332,7 +331,7 @@ def test_a_killed_instance_fails_the_request_it_was_running(server: Server) -> N
         body = lane.body(req)
         assert body is not None
         n = lane.post(body)
-        wait_for(lambda: lane.header[wl.REQ_DONE] == n + 1, 10, "the worker took it")
+        wait_until(lambda: lane.header[wl.REQ_DONE] == n + 1, "the worker took it", 10)
         os.kill(lane.worker_pid, signal.SIGKILL)
         start = time.monotonic()
         with pytest.raises(InferpoolError) as info:
@@ -340,6 +339,6 @@ def test_a_killed_instance_fails_the_request_it_was_running(server: Server) -> N
         assert time.monotonic() - start < 5
         assert info.value.code is Code.UNAVAILABLE
         assert "slow" in info.value.message
-        wait_for(lambda: c.is_model_ready("slow"), 30, "the instance is back")
+        wait_until(lambda: c.is_model_ready("slow"), "the instance is back", 30)
         with c.run(req) as result:  # a new lane, or the broker path
             assert result["OUTPUT0"].tolist() == [1, 1]

@@ -2,30 +2,39 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import urllib.error
 import urllib.request
 
 import numpy as np
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from inferpool.client import InferpoolError
-from tests.lifecycle.helpers import wait_for
-from tests.support import EXAMPLES, Server, free_tcp_port, identity_config, write_model
+from tests.support import EXAMPLES, Server, free_tcp_port, identity_config, wait_until, write_model
+
+SAMPLE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)")
+LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
-def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample as {(name, sorted labels): value}."""
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float | str]:
+    """Every sample as {(name, sorted labels): value}, names exactly as served, and every
+    family's ``# TYPE`` as {("TYPE name", ()): type}."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
         assert resp.status == 200
-        assert resp.headers["Content-Type"].startswith("text/plain")
+        assert resp.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
         text = resp.read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float | str] = {}
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split()
+            samples[("TYPE " + name, ())] = kind
+        elif line and not line.startswith("#"):
+            match = SAMPLE.fullmatch(line)
+            assert match, f"not a sample line: {line!r}"
+            labels = tuple(sorted(LABEL.findall(match[2] or "")))
+            samples[(match[1], labels)] = float(match[3])
+    return samples
 
 
 def of(model: str, **extra: str) -> tuple[tuple[str, str], ...]:
@@ -56,31 +65,52 @@ def test_metrics_count_requests_durations_and_backend_metrics(short_tmp, shm_cle
                 },
                 [np.ones(1, np.float32).data],
             )
-            wait_for(lambda: {r["instance"]: r for r in b.status()}["slow_0_0"]["busy"])
-            with pytest.raises(InferpoolError, match="request timeout expired"):
+            wait_until(lambda: {r["instance"]: r for r in b.status()}["slow_0_0"]["busy"])
+            with pytest.raises(InferpoolError, match="Request timeout expired"):
                 b.infer("slow", {"INPUT0": np.ones(1, np.float32)}, parameters={"timeout": 1000})
             assert "error" not in a._recv(first, 10)[0]
+            # a request that does not fit the model fails too: reason OTHER
+            with pytest.raises(InferpoolError, match="data-type"):
+                a.infer("fast", {"INPUT0": np.ones(2, np.int64)})
             got = scrape(port)
             fast, slow = of("fast"), of("slow")
-            assert got[("nv_inference_request_success_total", fast)] == 3
-            assert got[("nv_inference_request_failure_total", fast)] == 0
-            assert got[("nv_inference_count_total", fast)] == 3
-            assert got[("nv_inference_exec_count_total", fast)] == 3
-            assert got[("nv_inference_request_success_total", slow)] == 1
-            assert got[("nv_inference_request_failure_total", slow)] == 1
-            assert got[("nv_inference_compute_infer_duration_us_total", slow)] >= 300_000
-            assert got[("nv_inference_queue_duration_us_total", fast)] > 0
-            # identity's custom metric: 1 + 2 + 3 FP32 elements
-            assert got[("input_byte_size_counter_total", fast)] == 24
+            assert got[("nv_inference_request_success", fast)] == 3
+            assert got[("nv_inference_count", fast)] == 3
+            assert got[("nv_inference_exec_count", fast)] == 3
+            assert got[("nv_inference_request_success", slow)] == 1
+            failures = {
+                (labels[0][1], labels[1][1]): value  # (model, reason)
+                for (name, labels), value in got.items()
+                if name == "nv_inference_request_failure"
+            }
+            reasons = ("BACKEND", "CANCELED", "OTHER", "REJECTED")
+            assert failures == {
+                **{("fast", r): 0 for r in reasons},
+                **{("slow", r): 0 for r in reasons},
+                ("fast", "OTHER"): 1,  # the wrong datatype
+                ("slow", "REJECTED"): 1,  # the queue timeout
+            }
+            assert got[("nv_inference_compute_infer_duration_us", slow)] >= 300_000
+            assert got[("nv_inference_queue_duration_us", fast)] > 0
+            # identity's custom metric: 1 + 2 + 3 FP32 elements, under the name it declared
+            assert got[("input_byte_size_counter", fast)] == 24
             assert got[("inferpool_instance_ready", of("fast", instance="fast_0_0"))] == 1
-            assert got[("inferpool_instance_restarts_total", of("slow", instance="slow_0_0"))] == 0
+            assert got[("inferpool_instance_restarts", of("slow", instance="slow_0_0"))] == 0
             assert got[("inferpool_arena_bytes", (("kind", "size"),))] == 32 << 20
             assert got[("inferpool_inflight_requests", ())] == 0
+            # Triton's names and types, no _total anywhere
+            assert got[("TYPE nv_inference_request_success", ())] == "counter"
+            assert got[("TYPE nv_inference_request_failure", ())] == "counter"
+            assert got[("TYPE inferpool_arena_bytes", ())] == "gauge"
+            assert not [name for name, _ in got if name.endswith("_total")]
+            with server.client() as c:  # the statistics API counts the same failures
+                [stats] = c.statistics("fast")["model_stats"]
+                assert stats["inference_stats"]["fail"]["count"] == 1
 
             a.infer("fast", {"INPUT0": np.ones(2, np.float32)})
             again = scrape(port)
-            assert again[("nv_inference_request_success_total", fast)] == 4
-            assert again[("input_byte_size_counter_total", fast)] == 32
+            assert again[("nv_inference_request_success", fast)] == 4
+            assert again[("input_byte_size_counter", fast)] == 32
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/other", timeout=10)
         assert err.value.code == 404

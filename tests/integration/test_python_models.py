@@ -300,6 +300,26 @@ def test_decoupled_stream_with_the_sync_client(server: Server) -> None:
     assert empty == []
 
 
+def test_infer_refuses_a_decoupled_model_and_points_to_stream(server: Server) -> None:
+    """infer() takes one response: a decoupled model is refused before it runs, rather than
+    answered by its first response with the rest dropped."""
+    n = {"N": np.array([3], np.int32)}
+    with server.client() as c:
+        with pytest.raises(InferpoolError) as err:
+            c.infer("repeat", n)
+        assert [r.outputs["OUT"].tolist() for r in c.stream("repeat", n)] == [[0], [1], [2]]
+
+    async def infer_async() -> None:
+        async with AsyncClient(server.endpoint, timeout=10) as c:
+            await c.infer("repeat", n)
+
+    with pytest.raises(InferpoolError) as async_err:
+        asyncio.run(infer_async())
+    for e in (err.value, async_err.value):
+        assert e.code is Code.UNSUPPORTED and "model 'repeat' has a decoupled" in e.message
+        assert "use a stream" in e.message
+
+
 def test_decoupled_streams_with_the_async_client(server: Server) -> None:
     async def main() -> list[list[int]]:
         async with AsyncClient(server.endpoint, timeout=10) as c:

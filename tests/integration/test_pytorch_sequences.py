@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from tests.integration.pytorch_support import (
     send,
     serving,
 )
-from tests.support import Server
+from tests.support import Server, wait_until
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
 
@@ -100,8 +99,8 @@ def test_a_restarted_sequence_starts_from_zero(server: Server) -> None:
         ({"STATE_IN__5": np.ones((1, 1), np.float32)}, {"sequence_id": 5, "sequence_start": True},
          "unexpected inference input 'STATE_IN__5' for model 'accumulate'"),
         ({}, {"sequence_id": "abc", "sequence_start": True},
-         "correlation id 'abc' of request '1' is not an integer, but model 'accumulate' declares "
-         "CONTROL_SEQUENCE_CORRID as TYPE_INT64"),
+         "model 'accumulate': correlation id 'abc' of request '1' is not an integer, but "
+         "CONTROL_SEQUENCE_CORRID is TYPE_INT64"),
     ],
 )  # fmt: skip
 def test_sequence_errors(server: Server, inputs, parameters, message) -> None:
@@ -121,7 +120,10 @@ def test_sequence_errors(server: Server, inputs, parameters, message) -> None:
 def test_an_idle_sequence_is_released(server: Server) -> None:
     with server.client() as c:
         assert total(c, step(c, 8, 1.0, start=True)) == 1.0
-        time.sleep(1.3)  # the subject is time: max_sequence_idle_microseconds defaults to 1 s
+        wait_until(  # max_sequence_idle_microseconds defaults to 1 s
+            lambda: "sequence 8 of model 'accumulate' was idle longer than" in server.log(),
+            "the idle sequence released",
+        )
         with pytest.raises(InferpoolError, match="must specify the START flag") as err:
             c.infer(
                 "accumulate",
@@ -146,10 +148,7 @@ def test_a_sequence_whose_instance_died_is_unavailable_others_go_on(server: Serv
         victim = pid()
         assert victim is not None
         os.kill(victim, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while pid() == victim:
-            assert time.monotonic() < deadline, "the broker did not notice the dead worker"
-            time.sleep(0.02)
+        wait_until(lambda: pid() != victim, "the broker noticed the dead worker")
         with pytest.raises(InferpoolError) as err:
             c.infer(
                 "accumulate",

@@ -11,7 +11,6 @@ import base64
 import contextlib
 import os
 import secrets
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ import torch
 from inferpool.client import AsyncShmClient, Client, InferpoolError, ShmClient
 from inferpool.shm import cuda
 from inferpool.shm.region import Region
-from tests.support import Server, serving_examples, shm_input
+from tests.support import Server, serving_examples, shm_input, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -338,13 +337,12 @@ def test_a_closed_client_leaves_nothing_mapped_or_linked(server: Server) -> None
             pass
         workers = server.worker_pids()
         assert any(name in Path(f"/proc/{pid}/maps").read_text() for pid in workers)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        mapped = any(name in Path(f"/proc/{pid}/maps").read_text() for pid in workers)
-        if not mapped and not os.path.exists(f"/dev/shm/{name}"):
-            break
-        time.sleep(0.05)
-    else:
-        raise AssertionError(f"{name} is still linked or mapped by a worker")
+    wait_until(
+        lambda: (
+            not os.path.exists(f"/dev/shm/{name}")
+            and not any(name in Path(f"/proc/{pid}/maps").read_text() for pid in workers)
+        ),
+        f"{name} unlinked and mapped by no worker",
+    )
     with contextlib.closing(server.client()) as c:
         assert c.call("lease_status")["registrations"] == 0

@@ -20,8 +20,7 @@ import numpy as np
 import pytest
 
 from inferpool.client import InferpoolError
-from tests.lifecycle.helpers import serving
-from tests.support import Server
+from tests.support import Server, serving
 
 SOURCE = os.environ.get("INFERPOOL_TRITON_PYTHON_BACKEND", "")
 pytestmark = pytest.mark.skipif(

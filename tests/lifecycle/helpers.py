@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import json
-import shutil
-import sys
-import tempfile
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,8 +11,7 @@ from typing import Any
 import numpy as np
 
 from inferpool.client import Client, InferpoolError
-from inferpool.shm.runs import regions_of_run
-from tests.support import Server, run_id_of, write_model
+from tests.support import Server, write_model
 
 # What the "act" model does, by the value of its input ACT[0].
 REPORT, EXIT, SEGFAULT, SPIN, NAP, FRAGILE, TORCH = 0, 1, 2, 3, 4, 5, 6
@@ -103,22 +98,8 @@ def send_act(client: Client, model: str, what: int) -> str:
     )
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = predicate()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"not within {timeout}s: {what or predicate}")
-
-
 def instance(client: Client, name: str) -> dict[str, Any]:
     return next(r for r in client.status() if r["instance"] == name)
-
-
-def assert_run_gone(run_id: str) -> None:
-    assert regions_of_run(run_id) == [], f"run {run_id} left regions in /dev/shm"
 
 
 class Stream:
@@ -146,17 +127,3 @@ class Stream:
         self._thread.join(60)
         assert not self._thread.is_alive(), "a request was never answered"
         assert self.sent == len(self.results) + len(self.errors)
-
-
-def serving(repo_of: Callable[[Path], Path], *args: str, python: str = sys.executable) -> Any:
-    """A module fixture body: a server over the repository ``repo_of(tmp)`` builds; on the
-    way out it must stop with 0 and leave nothing of its run in /dev/shm."""
-    tmp = Path(tempfile.mkdtemp(prefix="ipt-", dir="/tmp"))
-    try:
-        with Server(tmp, repo_of(tmp), *args, python=python) as server:
-            run_id = run_id_of(server)
-            yield server
-            assert server.stop() == 0, server.log()
-        assert_run_gone(run_id)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)

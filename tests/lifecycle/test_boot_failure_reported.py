@@ -18,8 +18,7 @@ import numpy as np
 import pytest
 
 from tests.lifecycle import seccomp
-from tests.lifecycle.helpers import serving
-from tests.support import Server, identity_config, write_model
+from tests.support import Server, identity_config, serving, write_model
 
 pytestmark = pytest.mark.skipif(
     platform.machine() not in seccomp.ARCHES, reason="seccomp filter written for x86_64/aarch64"

@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 
 from inferpool.client import Client, Code, InferpoolError
-from tests.lifecycle.helpers import serving, wait_for
-from tests.support import identity_config, write_model
+from tests.support import identity_config, serving, wait_until, write_model
 
 PAIR = """
     name: "pair"
@@ -67,7 +66,7 @@ def test_loading_an_ensemble_loads_its_composing_models(server) -> None:
 def test_unloading_a_composing_model_makes_the_ensemble_unavailable(server) -> None:
     with server.client() as c:
         c.unload_model("second")
-        wait_for(lambda: states(c)["pair"][0] == "UNAVAILABLE", what="pair unavailable")
+        wait_until(lambda: states(c)["pair"][0] == "UNAVAILABLE", what="pair unavailable")
         assert states(c)["pair"][1] == (
             "ensemble 'pair' depends on 'second' which has no loaded version."
         )
@@ -76,7 +75,7 @@ def test_unloading_a_composing_model_makes_the_ensemble_unavailable(server) -> N
             infer_pair(c)
         assert err.value.code is Code.UNAVAILABLE and "no loaded version" in err.value.message
         c.load_model("second")
-        wait_for(lambda: states(c)["pair"] == ("READY", ""), what="pair ready again")
+        wait_until(lambda: states(c)["pair"] == ("READY", ""), what="pair ready again")
         assert infer_pair(c).tolist() == [0, 1, 2, 3]
 
 
@@ -85,21 +84,21 @@ def test_a_composing_model_reloaded_unfit_and_fixed(server) -> None:
     with server.client() as c:
         write_model(root, "second", identity_config("second", dims="[ 8 ]"))
         c.load_model("second")
-        wait_for(lambda: states(c)["pair"][0] == "UNAVAILABLE", what="pair unavailable")
+        wait_until(lambda: states(c)["pair"][0] == "UNAVAILABLE", what="pair unavailable")
         assert (
             "in ensemble pair, ensemble tensor between: inconsistent shape: [4] is inferred "
             "from model first while [8] is inferred from model second" in states(c)["pair"][1]
         )
         write_model(root, "second", identity_config("second", dims="[ -1 ]"))
         c.load_model("second")
-        wait_for(lambda: states(c)["pair"] == ("READY", ""), what="pair ready again")
+        wait_until(lambda: states(c)["pair"] == ("READY", ""), what="pair ready again")
         assert infer_pair(c).tolist() == [0, 1, 2, 3]
 
 
 def test_unloading_the_ensemble_leaves_its_models_serving(server) -> None:
     with server.client() as c:
         c.unload_model("pair")
-        wait_for(lambda: states(c)["pair"] == ("UNAVAILABLE", "unloaded"), what="pair unloaded")
+        wait_until(lambda: states(c)["pair"] == ("UNAVAILABLE", "unloaded"), what="pair unloaded")
         assert states(c)["first"][0] == states(c)["second"][0] == "READY"
         x = np.ones(4, np.float32)
         assert c.infer("first", {"INPUT0": x})["OUTPUT0"].tolist() == [1] * 4

@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 
 from inferpool.client import Client, InferpoolError, ShmClient
-from tests.lifecycle.helpers import wait_for
 from tests.node_support import gated_repo, send_held
-from tests.support import Server, identity_config, write_model
+from tests.support import Server, identity_config, wait_until, write_model
 
 
 def test_a_drain_revokes_lanes_and_refuses_new_ones(short_tmp) -> None:
@@ -24,9 +23,9 @@ def test_a_drain_revokes_lanes_and_refuses_new_ones(short_tmp) -> None:
             with s.run(req) as result:  # on the lane
                 assert result["OUTPUT0"].tolist() == [5, 5]
             held = send_held(c)  # keeps the drain going until the gate opens
-            wait_for(lambda: c.statistics()["inflight"] == 1, what="the held request admitted")
+            wait_until(lambda: c.statistics()["inflight"] == 1, what="the held request admitted")
             assert c.drain()["draining"]
-            wait_for(lambda: not lane.usable, what="the lane revoked")
+            wait_until(lambda: not lane.usable, what="the lane revoked")
             assert lane.header.reason() == (
                 "UNAVAILABLE",
                 "the server is draining (asked to drain)",

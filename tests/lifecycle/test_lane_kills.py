@@ -26,9 +26,8 @@ from inferpool.client import InferpoolError, ShmClient
 from inferpool.shm.region import Region
 from inferpool.shm.runs import regions_of_run, run_is_alive
 from inferpool.wire import lane as wl
-from tests.lifecycle.helpers import wait_for
 from tests.lifecycle.test_shm_nothing_leaks import repo
-from tests.support import ROOT, Server
+from tests.support import ROOT, Server, wait_until
 
 BUSY_CLIENT = """
 import sys
@@ -63,10 +62,10 @@ def test_killing_a_busy_lanes_client_then_the_broker_loses_nothing(short_tmp: Pa
         region = client.stdout.readline().decode().strip()
         assert region.startswith(f"inferpool-{run}-lane")
         with _lane_header(region) as header:  # the worker took the slow (800 ms) request
-            wait_for(lambda: header[wl.REQ_DONE] >= 1, what="the worker runs the request")
+            wait_until(lambda: header[wl.REQ_DONE] >= 1, what="the worker runs the request")
         client.kill()
         client.wait(10)
-        wait_for(lambda: not [r for r in first.regions() if "-lane" in r], what="lanes unlinked")
+        wait_until(lambda: not [r for r in first.regions() if "-lane" in r], what="lanes unlinked")
         assert first.log().count("disconnected") >= 1
         with ShmClient(ep, input_bytes=1 << 20, timeout=10) as c:
             lane = c.lane("slow")
@@ -80,7 +79,7 @@ def test_killing_a_busy_lanes_client_then_the_broker_loses_nothing(short_tmp: Pa
             waiting = threading.Thread(target=lambda: answer.append(_run(c, req)), daemon=True)
             taken = lane.header[wl.REQ_DONE] + 1
             waiting.start()
-            wait_for(lambda: lane.header[wl.REQ_DONE] == taken, what="the worker runs it")
+            wait_until(lambda: lane.header[wl.REQ_DONE] == taken, what="the worker runs it")
             first.proc.send_signal(signal.SIGKILL)
             first.proc.wait(10)
             start = time.monotonic()
@@ -92,7 +91,7 @@ def test_killing_a_busy_lanes_client_then_the_broker_loses_nothing(short_tmp: Pa
                 assert f"(pid {lane.worker_pid}) exited" in got.message
             else:
                 np.testing.assert_array_equal(got["OUTPUT0"], [3, 3])
-            wait_for(lambda: not lane.usable, what="the worker closed the lane as it exited")
+            wait_until(lambda: not lane.usable, what="the worker closed the lane as it exited")
             assert not run_is_alive(run)
     second = Server(short_tmp, models)
     with second:

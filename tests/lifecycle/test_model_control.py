@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from inferpool.client import InferpoolError
-from tests.lifecycle.helpers import REPORT, Stream, act, serving, wait_for, write_act_model
-from tests.support import identity_config, write_model
+from tests.lifecycle.helpers import REPORT, Stream, act, write_act_model
+from tests.support import identity_config, serving, wait_until, write_model
 
 WHERE_MODEL = """
 import os
@@ -91,7 +91,7 @@ def test_a_config_override_replaces_config_pbtxt_until_the_next_plain_load(expli
     with explicit.client() as c:
         stream = Stream(explicit, "started", lambda: {"INPUT0": np.ones(5, np.float32)})
         try:
-            wait_for(lambda: len(stream.results) > 3)
+            wait_until(lambda: len(stream.results) > 3)
         finally:
             stream.stop()
         c.load_model("started", config=override)
@@ -111,7 +111,7 @@ def test_override_files_load_a_model_that_is_not_in_the_repository(explicit) -> 
         assert "/repo/" not in where  # its own directory, not the repository
         assert rows(c)[("where", "1")]["state"] == "READY"
         c.unload_model("where")
-        wait_for(lambda: not os.path.exists(where), what="the override directory removed")
+        wait_until(lambda: not os.path.exists(where), what="the override directory removed")
         assert ("where", "") not in rows(c) and ("where", "1") not in rows(c)
 
 
@@ -190,16 +190,16 @@ def test_poll_mode_applies_what_changed_without_failing_a_request(polling) -> No
         steady = Stream(polling, "steady", lambda: {"INPUT0": np.arange(4, dtype=np.float32)})
         changing = Stream(polling, "changing", lambda: {"ACT": np.array([REPORT], np.int32)})
         try:
-            wait_for(lambda: len(steady.results) > 5 and len(changing.results) > 5)
+            wait_until(lambda: len(steady.results) > 5 and len(changing.results) > 5)
             write_act_model(root, "changing", value=20)
             write_model(root, "newcomer", identity_config("newcomer"))
             shutil.rmtree(root / "gone")
-            wait_for(
+            wait_until(
                 lambda: rows(c).get(("newcomer", "1"), {}).get("state") == "READY",
                 what="the new model loaded",
             )
-            wait_for(lambda: act(c, "changing")["value"] == 20, what="the changed model")
-            wait_for(lambda: ("gone", "1") not in rows(c), what="the removed model unloaded")
+            wait_until(lambda: act(c, "changing")["value"] == 20, what="the changed model")
+            wait_until(lambda: ("gone", "1") not in rows(c), what="the removed model unloaded")
         finally:
             steady.stop()
             changing.stop()

@@ -12,9 +12,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from inferpool.client import InferpoolError
-from tests.lifecycle.helpers import instance, wait_for
+from tests.lifecycle.helpers import instance
 from tests.node_support import drain_over_http, gated_repo, http, not_yet_started, send_held
-from tests.support import Server, free_tcp_port
+from tests.support import Server, free_tcp_port, wait_until
 
 OK = (200, "ok\n")
 
@@ -37,12 +37,12 @@ def test_readiness_through_loading_a_lost_instance_and_a_drain(short_tmp) -> Non
     args = ("--health-port", str(port), "--metrics-port", str(metrics), "--drain-timeout", "30")
     with not_yet_started(Server(short_tmp, repo, *args)) as server:
         # loading: alive, not ready, and saying why
-        wait_for(lambda: http(port, "/livez") == OK, what="/livez while loading")
+        wait_until(lambda: http(port, "/livez") == OK, what="/livez while loading")
         assert http(port, "/readyz") == (503, "not ready: loading 'gated'\n")
         assert http(port, "/v2/health/live") == (200, "")
         assert http(port, "/v2/health/ready") == (400, "")
         (gate / "load").touch()
-        wait_for(lambda: http(port, "/readyz") == OK, what="ready once loaded")
+        wait_until(lambda: http(port, "/readyz") == OK, what="ready once loaded")
         assert http(port, "/v2/health/ready") == (200, "")
         server.wait_started()
 
@@ -50,20 +50,22 @@ def test_readiness_through_loading_a_lost_instance_and_a_drain(short_tmp) -> Non
             # the only instance is lost, and its successor is held loading: not ready
             (gate / "load").unlink()
             os.kill(instance(c, "gated_0_0")["pid"], signal.SIGKILL)
-            body = wait_for(lambda: (r := http(port, "/readyz"))[0] == 503 and r[1])
+            body = wait_until(lambda: (r := http(port, "/readyz"))[0] == 503 and r[1])
             assert body.startswith("not ready: model 'gated' version 1 has no live instance")
             assert http(port, "/livez") == OK
             (gate / "load").touch()
-            wait_for(lambda: http(port, "/readyz") == OK, what="ready once respawned")
+            wait_until(lambda: http(port, "/readyz") == OK, what="ready once respawned")
 
             # one request executes (held), one waits for the instance: the load metrics
             held, queued = send_held(c), send_held(c, 2.0)
-            wait_for(lambda: instance(c, "gated_0_0")["busy"])
-            wait_for(lambda: c.statistics()["inflight"] == 2)
+            wait_until(lambda: instance(c, "gated_0_0")["busy"])
+            wait_until(lambda: c.statistics()["inflight"] == 2)
             load = load_samples(metrics)
             assert load[("nv_inference_pending_request_count", "gated")] == 1
             assert load[("inferpool_model_inflight_requests", "gated")] == 2
-            assert load[("inferpool_instance_busy_seconds_total", "gated_0_0")] > 0
+            assert (
+                load[("inferpool_instance_busy_seconds_total", "gated_0_0")] > 0
+            )  # as the parser names it
             assert 0 < load[("inferpool_instance_utilization", "gated_0_0")] <= 1
 
             # the drain: not ready at once, new requests refused, admitted ones finish

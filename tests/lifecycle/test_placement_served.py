@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from inferpool.broker.pool.topology import Topology, format_cpu_list, parse_cpu_list
-from tests.lifecycle.helpers import REPORT, TORCH, act, instance, serving, write_act_model
-from tests.support import ROOT, Server
+from tests.lifecycle.helpers import REPORT, TORCH, act, instance, write_act_model
+from tests.support import ROOT, Server, serving
 
 TOPO = Topology.discover()
 NODE0 = sorted(TOPO.nodes[0])

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import shutil
 import signal
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from inferpool.client import InferpoolError
-from tests.lifecycle.helpers import REPORT, Stream, act, serving, wait_for, write_act_model
-from tests.support import identity_config, write_model
+from tests.lifecycle.helpers import REPORT, Stream, act, write_act_model
+from tests.support import identity_config, serving, wait_until, write_model
 
 
 def repo(tmp: Path) -> Path:
@@ -56,7 +55,7 @@ def test_sighup_reloads_what_changed_without_failing_a_request(server) -> None:
         steady = Stream(server, "steady", lambda: {"INPUT0": np.arange(4, dtype=np.float32)})
         changing = Stream(server, "changing", lambda: {"ACT": np.array([REPORT], np.int32)})
         try:
-            wait_for(lambda: len(changing.results) > 5 and len(steady.results) > 5)
+            wait_until(lambda: len(changing.results) > 5 and len(steady.results) > 5)
             write_act_model(root, "changing", value=20)  # a new size: no stale .pyc
             write_model(root, "newcomer", identity_config("newcomer"))
             # three requests for "gone": one executing, two queued when the reload starts
@@ -67,12 +66,12 @@ def test_sighup_reloads_what_changed_without_failing_a_request(server) -> None:
             for rid in held:
                 header, _ = c._recv(rid, 20)
                 assert "error" not in header, header
-            wait_for(lambda: act(c, "changing")["value"] == 20, what="the new changing")
-            wait_for(lambda: "gone" not in {r["name"] for r in c.models()}, what="gone unloaded")
-            assert c.is_model_ready("newcomer")
-            wait_for(lambda: len(pids(c, "changing")) == 1, what="the old workers stopped")
+            wait_until(lambda: act(c, "changing")["value"] == 20, what="the new changing")
+            wait_until(lambda: "gone" not in {r["name"] for r in c.models()}, what="gone unloaded")
+            wait_until(lambda: c.is_model_ready("newcomer"), what="the newcomer loaded")
+            wait_until(lambda: len(pids(c, "changing")) == 1, what="the old workers stopped")
             seen = len(changing.results)
-            wait_for(lambda: len(changing.results) > seen + 5)
+            wait_until(lambda: len(changing.results) > seen + 5)
         finally:
             steady.stop()
             changing.stop()
@@ -96,11 +95,12 @@ def test_a_broken_new_config_leaves_the_old_one_serving(server) -> None:
         try:
             (root / "changing" / "1" / "model.py").write_text("raise RuntimeError('oops')\n")
             server.proc.send_signal(signal.SIGHUP)
-            wait_for(
+            wait_until(
                 lambda: "reload failed" in {r["name"]: r for r in c.models()}["changing"]["reason"],
                 what="the failed reload noted",
             )
-            time.sleep(0.2)
+            seen = len(changing.results)
+            wait_until(lambda: len(changing.results) > seen + 3, what="served on after it")
         finally:
             changing.stop()
         assert changing.errors == []

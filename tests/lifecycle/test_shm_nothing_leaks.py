@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import pytest
 
 from inferpool.client import Client, InferpoolError, ShmClient
 from inferpool.shm.runs import regions_of_run, run_is_alive
-from tests.support import ROOT, Server, identity_config, write_model
+from tests.support import ROOT, Server, identity_config, wait_until, write_model
 
 HOLDER = """
 import sys
@@ -42,18 +41,16 @@ def repo(root: Path) -> Path:
     return path
 
 
-def wait_for(predicate: Any, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"not within {timeout}s: {what}")
-
-
 def status(endpoint: str) -> dict[str, Any]:
     with Client(endpoint, timeout=10) as c:
         return c.call("lease_status")
+
+
+def busy(endpoint: str, model: str) -> bool:
+    """Whether ``model``'s instance is executing (a client of its own: the test's shm
+    client is busy in another thread)."""
+    with Client(endpoint, timeout=10) as c:
+        return any(r["busy"] for r in c.status() if r["model"] == model)
 
 
 def mapped_by(pids: list[int], name: str) -> bool:
@@ -95,9 +92,9 @@ def test_sigkill_of_client_worker_and_broker_loses_nothing(short_tmp) -> None:
         assert mapped_by(workers, region)
         holder.kill()
         holder.wait(10)
-        wait_for(lambda: status(ep)["total"] == 0, "the dead client's leases are reclaimed")
-        wait_for(lambda: not os.path.exists(f"/dev/shm/{region}"), "its region is unlinked")
-        wait_for(lambda: not mapped_by(workers, region), "no worker maps its region any more")
+        wait_until(lambda: status(ep)["total"] == 0, "the dead client's leases are reclaimed")
+        wait_until(lambda: not os.path.exists(f"/dev/shm/{region}"), "its region is unlinked")
+        wait_until(lambda: not mapped_by(workers, region), "no worker maps its region any more")
         assert status(ep)["registrations"] == 0
 
         with ShmClient(ep, input_bytes=1 << 20, timeout=3) as c:
@@ -109,7 +106,7 @@ def test_sigkill_of_client_worker_and_broker_loses_nothing(short_tmp) -> None:
             [pid] = [r["pid"] for r in c.status() if r["model"] == "slow"]
             request = InFlight(c, slow)
             request.start()
-            time.sleep(0.3)  # inside the 800 ms execute
+            wait_until(lambda: busy(ep, "slow"), "the request executing")  # its 800 ms execute
             os.kill(pid, signal.SIGKILL)
             request.join(10)
             assert isinstance(request.answer, InferpoolError), request.answer
@@ -118,11 +115,11 @@ def test_sigkill_of_client_worker_and_broker_loses_nothing(short_tmp) -> None:
             np.testing.assert_array_equal(held["OUTPUT0"], [5, 5])  # still valid: still held
             held.release()
             assert c.flush() == 1 and status(ep)["total"] == 0
-            wait_for(
+            wait_until(
                 lambda: not os.path.exists(f"/dev/shm/{out_region}"),
                 "the dead worker's output region goes with its last lease",
             )
-            wait_for(
+            wait_until(
                 lambda: any(r["state"] == "READY" and r["pid"] != pid for r in c.status()),
                 "the worker is respawned",
             )
@@ -133,7 +130,7 @@ def test_sigkill_of_client_worker_and_broker_loses_nothing(short_tmp) -> None:
             held = c.run(slow)
             request = InFlight(c, slow)
             request.start()
-            time.sleep(0.3)
+            wait_until(lambda: busy(ep, "slow"), "the request executing")
             first.proc.send_signal(signal.SIGKILL)
             first.proc.wait(10)
             request.join(10)
@@ -161,8 +158,15 @@ def test_silent_client_loses_its_leases_a_live_one_keeps_them(short_tmp) -> None
                 requests.append(req)
             kept = quiet.run(requests[0]), alive.run(requests[1])
             assert status(ep)["total"] == 2
-            wait_for(lambda: status(ep)["total"] == 1, "the quiet client's lease is reclaimed")
-            time.sleep(2.0)  # twice the lease timeout: keep-alives hold the live client's
+            wait_until(lambda: status(ep)["total"] == 1, "the quiet client's lease is reclaimed")
+            # a clock the server keeps: a second silent lease, taken now, is reclaimed after
+            # another lease timeout; the live client's, two timeouts old, is held by keep-alives
+            with ShmClient(ep, input_bytes=1 << 20, keepalive=False) as later:
+                req = later.request("fast")
+                req.input("INPUT0", (3,), np.float32)[:] = 2
+                later.run(req)
+                assert status(ep)["total"] == 2
+                wait_until(lambda: status(ep)["total"] == 1, "the later lease is reclaimed")
             assert status(ep)["total"] == 1
             np.testing.assert_array_equal(kept[1]["OUTPUT0"], [2, 2, 2])
             kept[0].release()

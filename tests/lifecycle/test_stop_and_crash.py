@@ -11,20 +11,15 @@ import pytest
 
 from inferpool.client import InferpoolError
 from inferpool.shm.runs import regions_of_run, run_is_alive
-from tests.lifecycle.helpers import (
-    NAP,
-    assert_run_gone,
-    instance,
-    send_act,
-    wait_for,
-    write_act_model,
-)
+from tests.lifecycle.helpers import NAP, instance, send_act, write_act_model
 from tests.support import (
     EXAMPLES,
     Server,
+    assert_run_gone,
     identity_config,
     our_regions,
     run_id_of,
+    wait_until,
     write_model,
 )
 
@@ -58,7 +53,7 @@ def test_signal_runs_finalizers_and_unlinks_everything(short_tmp, sig) -> None:
     assert not (our_regions() & mine) and server.regions() == []
     assert not os.path.exists(server.ipc[len("ipc://") :])
     for pid in pids:
-        wait_for(lambda pid=pid: not os.path.exists(f"/proc/{pid}"))
+        wait_until(lambda pid=pid: not os.path.exists(f"/proc/{pid}"))
 
 
 def test_graceful_shutdown_finishes_in_flight_requests(short_tmp) -> None:
@@ -71,7 +66,7 @@ def test_graceful_shutdown_finishes_in_flight_requests(short_tmp) -> None:
             },
             [np.ones(2, np.float32).data],
         )
-        time.sleep(0.1)
+        wait_until(lambda: c.status()[0]["busy"], "the request executing")
         server.proc.send_signal(signal.SIGTERM)
         header, _frames = c._recv(rid, 10)
         assert "error" not in header
@@ -86,7 +81,7 @@ def test_killed_broker_takes_its_workers_and_the_next_start_sweeps(short_tmp) ->
         first.proc.send_signal(signal.SIGKILL)  # the broker alone, not its process group
         first.proc.wait(10)
         for pid in pids:  # parent-death signal: workers go with the broker
-            wait_for(lambda pid=pid: not os.path.exists(f"/proc/{pid}"))
+            wait_until(lambda pid=pid: not os.path.exists(f"/proc/{pid}"))
         # its regions stay until a broker starts (another session's may sweep them first)
         assert not run_is_alive(run)
         second = Server(short_tmp, EXAMPLES)
@@ -106,13 +101,13 @@ def test_worker_crash_answers_in_flight_and_respawns(short_tmp) -> None:
             },
             [np.ones(2, np.float32).data],
         )
-        time.sleep(0.3)
+        wait_until(lambda: c.status()[0]["busy"], "the request executing")
         os.kill(worker, signal.SIGKILL)
         header, _ = c._recv(rid, 10)
         assert header["error"]["code"] == "UNAVAILABLE"
         assert "instance 'slow_0_0'" in header["error"]["message"]
         assert "died with signal SIGKILL" in header["error"]["message"]
-        wait_for(lambda: c.status()[0]["state"] == "READY" and c.status()[0]["pid"] != worker)
+        wait_until(lambda: c.status()[0]["state"] == "READY" and c.status()[0]["pid"] != worker)
         [status] = c.status()
         assert status["restarts"] == 1 and "SIGKILL" in status["last_error"]
         assert c.is_model_ready("slow")
@@ -138,7 +133,7 @@ def test_requests_during_a_crash_loop_all_get_answers(short_tmp) -> None:
             os.kill(pid, signal.SIGKILL)
             _header, _ = c._recv(rid, 15)
             answered += 1
-            wait_for(
+            wait_until(
                 lambda pid=pid: c.status()[0]["state"] == "READY" and c.status()[0]["pid"] != pid
             )
         assert answered == 3
@@ -157,7 +152,7 @@ def test_shutdown_answers_requests_that_outlast_the_drain_timeout(short_tmp) -> 
     ):
         run_id = run_id_of(server)
         rid = send_act(c, "nap", NAP)  # sleeps 60 s in execute
-        wait_for(lambda: instance(c, "nap_0_0")["busy"])
+        wait_until(lambda: instance(c, "nap_0_0")["busy"])
         stopping = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)
         header, _ = c._recv(rid, 20)

@@ -3,6 +3,7 @@ would run them, with a datagram socket standing in for systemd's NOTIFY_SOCKET."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -12,9 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from inferpool.client import Client
-from tests.lifecycle.helpers import assert_run_gone
-from tests.support import EXAMPLES, ROOT, Server, run_id_of
+from tests.support import EXAMPLES, ROOT, Server, assert_run_gone, run_id_of
 
 UNIT = ROOT / "scripts" / "systemd" / "inferpool.service"
 ENV_FILE = ROOT / "scripts" / "systemd" / "inferpool.env"
@@ -73,6 +75,32 @@ def test_the_unit_is_a_notify_service_that_the_broker_stops_itself() -> None:
     assert argv[:2] == [BINARY, "serve"]
     assert "--graceful-timeout" in argv and "--metrics-port" in argv
     assert argv[argv.index("--ipc-access") + 1] == "group"  # group inferpool may connect
+    assert int(svc["WatchdogSec"][0]) >= 10  # the loop pings every 50 ms; a stuck one is not
+
+
+def test_the_broker_loop_feeds_the_watchdog_until_it_is_stuck(short_tmp, shm_clean) -> None:
+    """WatchdogSec: WATCHDOG=1 at half the interval from the loop, none while it is stopped."""
+    notify_path = str(short_tmp / "notify")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
+        notify.bind(notify_path)
+        notify.settimeout(30)
+        env = {"NOTIFY_SOCKET": notify_path, "WATCHDOG_USEC": "200000"}  # a ping per 0.1 s
+        with Server(short_tmp, EXAMPLES, env=env) as server:
+            said = [notify.recv(4096) for _ in range(3)]
+            assert said.count(b"WATCHDOG=1") >= 2  # before READY=1 too: loading is the loop's
+            os.kill(server.proc.pid, signal.SIGSTOP)  # a stuck broker
+            try:
+                notify.settimeout(0)
+                with contextlib.suppress(BlockingIOError):
+                    while notify.recv(4096):  # what it sent before it stopped
+                        pass
+                notify.settimeout(0.5)
+                with pytest.raises(TimeoutError):  # silence: systemd would restart it
+                    notify.recv(4096)
+            finally:
+                os.kill(server.proc.pid, signal.SIGCONT)
+            notify.settimeout(30)
+            assert b"WATCHDOG=1" in [notify.recv(4096) for _ in range(3)]
 
 
 def test_exec_start_reload_and_stop_as_systemd_runs_them(short_tmp, shm_clean) -> None:
@@ -84,7 +112,7 @@ def test_exec_start_reload_and_stop_as_systemd_runs_them(short_tmp, shm_clean) -
         INFERPOOL_LISTEN=listen,
         INFERPOOL_GRACEFUL_TIMEOUT="10",
         INFERPOOL_ARGS="--arena-size 32M --output-arena-size 16M --no-prefault "
-        "--http-port 0 --grpc-port 0",
+        "--http-port 0 --grpc-port 0 --allow-metrics false",
     )
     argv = expand(svc["ExecStart"][0], env)
     assert argv[0] == BINARY

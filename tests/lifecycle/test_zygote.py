@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.lifecycle.helpers import NAP, act, instance, send_act, serving, wait_for, write_act_model
-from tests.support import Server
+from tests.lifecycle.helpers import NAP, act, instance, send_act, write_act_model
+from tests.support import Server, serving, wait_until
 
 
 def parent_of(pid: int) -> int:
@@ -54,7 +54,7 @@ def test_a_killed_worker_is_forked_again_and_its_exit_reported(server: Server) -
     with server.client() as c:
         old = instance(c, "act_0_0")
         os.kill(old["pid"], signal.SIGKILL)
-        new = wait_for(
+        new = wait_until(
             lambda: (
                 (r := instance(c, "act_0_0"))["state"] == "READY"
                 and r["pid"] not in (None, old["pid"])
@@ -74,7 +74,7 @@ def test_a_dead_zygote_takes_its_workers_and_a_new_one_serves(server: Server) ->
         reply, _ = c._recv(rid, 30)
         assert reply["error"]["code"] == "UNAVAILABLE", reply
         assert "ended with its zygote" in reply["error"]["message"]
-        wait_for(
+        wait_until(
             lambda: all(r["state"] == "READY" and r["pid"] for r in c.status()),
             what="every instance back",
         )

@@ -20,9 +20,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.lifecycle.helpers import wait_for
 from tests.node_support import http
-from tests.support import run_id_of
+from tests.support import run_id_of, wait_until
 
 SUBNET = "10.231.0"
 HEALTH_PORT = 8003
@@ -93,7 +92,7 @@ class Node:
             "--no-prefault",
             log="broker",
         )
-        wait_for(lambda: self.health("/readyz")[0] == 200, 120, f"{self.name}'s broker ready")
+        wait_until(lambda: self.health("/readyz")[0] == 200, f"{self.name}'s broker ready", 120)
         self.runs.append(run_id_of(self.broker.pid))
 
     def log(self, what: str) -> str:

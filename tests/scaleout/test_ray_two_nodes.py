@@ -26,9 +26,8 @@ import pytest
 
 from inferpool.client import Client
 from inferpool.shm.runs import regions_of_run
-from tests.lifecycle.helpers import wait_for
 from tests.scaleout.cluster import Node, can_build, ended, network
-from tests.support import write_model
+from tests.support import wait_until, write_model
 
 pytestmark = [
     pytest.mark.ray_cluster,
@@ -134,7 +133,9 @@ def nodes() -> Iterator[list[Node]]:
                 for node in nodes:
                     node.start_broker(DRAIN_DELAY)
                 nodes[0].start_ray(None)
-                wait_for(lambda: "Ray runtime started" in nodes[0].log("ray"), 120, "the Ray head")
+                wait_until(
+                    lambda: "Ray runtime started" in nodes[0].log("ray"), "the Ray head", 120
+                )
                 nodes[1].start_ray(nodes[0])
                 deploy = nodes[0].run(
                     sys.executable,
@@ -191,13 +192,13 @@ def test_serves_through_both_nodes_and_reports_what_serve_adds(nodes: list[Node]
 def test_a_drained_node_fails_no_request(nodes: list[Node]) -> None:
     n1, n2 = nodes
     load = Load(n1, n2)
-    wait_for(lambda: {a[2] for a in load.answers} >= {"n1", "n2"}, 60, "both nodes serving")
+    wait_until(lambda: {a[2] for a in load.answers} >= {"n1", "n2"}, "both nodes serving", 60)
     status, body = n2.health("/drain", "POST")
     assert status == 200 and json.loads(body)["draining"], body
     assert n2.broker is not None and n2.broker.wait(90) == 0, n2.log("broker")
     stopped = time.monotonic()
-    wait_for(
-        lambda: sum(a[0] > stopped for a in load.answers) >= 20, 60, "requests after the drain"
+    wait_until(
+        lambda: sum(a[0] > stopped for a in load.answers) >= 20, "requests after the drain", 60
     )
     answers = load.stop()
     failed = [a for a in answers if a[1] != 200]
@@ -207,13 +208,13 @@ def test_a_drained_node_fails_no_request(nodes: list[Node]) -> None:
 
     # the broker back: the replica Serve put there waited for it, and serves again
     n2.start_broker(DRAIN_DELAY)
-    wait_for(lambda: ask(n2) == (200, "n2"), 120, "node 2 serving again")
+    wait_until(lambda: ask(n2) == (200, "n2"), "node 2 serving again", 120)
 
 
 def test_traffic_leaves_a_killed_broker_within_a_bound(nodes: list[Node]) -> None:
     n1 = nodes[0]
     load = Load(n1)
-    wait_for(lambda: any(a[2] == "n1" for a in load.answers), 60, "node 1 serving")
+    wait_until(lambda: any(a[2] == "n1" for a in load.answers), "node 1 serving", 60)
     assert n1.broker is not None
     killed = time.monotonic()
     ended(n1.broker)  # broker and workers, SIGKILL: nothing drains
@@ -226,7 +227,7 @@ def test_traffic_leaves_a_killed_broker_within_a_bound(nodes: list[Node]) -> Non
                 return after[i][0] - killed
         return None
 
-    took = wait_for(moved, MOVE_BOUND_S * 2, "traffic on node 2")
+    took = wait_until(moved, "traffic on node 2", MOVE_BOUND_S * 2)
     answers = [a for a in load.stop() if a[0] > killed]
     failed = [a for a in answers if a[1] != 200]
     print(f"\nkilled broker: traffic on node 2 after {took:.1f} s, {len(failed)} failed at once")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -136,7 +137,10 @@ def test_close_cancels_waiting_calls_and_later_ones(peer_factory) -> None:
     async def main() -> None:
         c = AsyncClient(peer.endpoint, timeout=10)
         waiting = asyncio.create_task(c.infer("m", {"X": np.ones(1)}))
-        await asyncio.sleep(0.05)
+        deadline = time.monotonic() + 10
+        while peer.thread.is_alive():  # until the peer has the request: the call is waiting
+            assert time.monotonic() < deadline, "the request never reached the peer"
+            await asyncio.sleep(0.01)
         await c.close()
         with pytest.raises(InferpoolError) as err:
             await waiting

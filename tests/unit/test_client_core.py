@@ -100,11 +100,13 @@ def test_errors_streams_and_requests_given_up_on() -> None:
     core.receive(reply(call, error={"code": "NOT_FOUND", "message": "no such thing"}))
     with pytest.raises(InferpoolError, match="NOT_FOUND: no such thing"):
         call.read(core.take(call))
-    stream = core.infer("m", {"X": [1]})
+    stream = core.infer("m", {"X": [1]}, stream=True)
     for final in (False, False, True):
         core.receive(reply(stream, parameters={"triton_final_response": final}))
     results = [stream.read(core.take(stream)) for _ in range(3)]
     assert [r.final for r in results] == [False, False, True] and stream.done
+    assert sent(core.infer("m", {"X": [1]}))["single_response"] is True  # infer(): one answer
+    assert "single_response" not in sent(stream)
     gone = core.call("status", {})
     core.forget(gone)
     assert core.receive(reply(gone)) is None

@@ -109,6 +109,7 @@ def test_the_walk_covers_the_fields_users_trip_over() -> None:
         "batch_input",
         "optimization",
         "dynamic_batching.preserve_ordering",
+        "sequence_batching.oldest.preserve_ordering",
         "sequence_batching.iterative_sequence",
         "sequence_batching.state.use_growable_memory",
         "instance_group.profile",

@@ -3,12 +3,12 @@ streams and statistics, through the real host (fixture ``models`` in conftest.py
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
 import pytest
 
 from inferpool.wire.errors import Code, InferpoolError
+from tests.support import wait_until
 
 if TYPE_CHECKING:
     from conftest import PythonModels
@@ -271,10 +271,7 @@ def test_decoupled_model_streams_from_a_thread_after_execute(models: PythonModel
     with models.load(models.make("m", config, {"1/model.py": DECOUPLED_MODEL})) as h:
         request = h.request({"IN": [-2]})
         h.execute([request])
-        for _ in range(500):
-            if request.answered:
-                break
-            time.sleep(0.01)
+        wait_until(lambda: request.answered, "the thread's final response", timeout=5)
         assert [final for _, _, final in h.responses] == [False, False, True]
 
 

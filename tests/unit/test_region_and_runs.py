@@ -39,6 +39,30 @@ def test_create_attach_view_and_unlink() -> None:
         lock.release()
 
 
+def test_a_sweep_at_the_moment_a_run_starts_leaves_it_a_lock(monkeypatch) -> None:
+    """Another broker's sweep, run between the lock object's creation and its flock (the
+    worst moment), takes the run for a dead one: the run makes its lock again and lives."""
+    import fcntl
+
+    from inferpool.shm import runs
+
+    real_flock = fcntl.flock
+    swept: list[str] = []
+
+    def flock_after_a_sweep(fd: int, op: int) -> None:
+        monkeypatch.setattr(runs.fcntl, "flock", real_flock)  # the sweep's own probes
+        swept.extend(sweep_dead_runs())
+        real_flock(fd, op)
+
+    monkeypatch.setattr(runs.fcntl, "flock", flock_after_a_sweep)
+    lock = RunLock()
+    try:
+        assert region_name(lock.run_id, "lock") in swept  # the worst happened
+        assert regions_of_run(lock.run_id) == [lock.name] and run_is_alive(lock.run_id)
+    finally:
+        lock.release()
+
+
 def test_sweep_removes_only_dead_runs() -> None:
     live = RunLock()
     live_region = Region.create(region_name(live.run_id, "arena"), 4096)

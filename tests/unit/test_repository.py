@@ -73,6 +73,30 @@ def test_missing_config_says_what_to_create(tmp_path) -> None:
     (tmp_path / "m" / "1").mkdir(parents=True)
     entry = scan_model(str(tmp_path), "m")
     assert entry.error is not None and "config.pbtxt does not exist" in entry.error.message
+    assert "or give it a <version>/model.py" in entry.error.message
+
+
+@pytest.mark.parametrize("model_file, backend", [("model.py", "python"), ("model.pt", "pytorch")])
+def test_without_config_the_model_file_names_the_backend(
+    tmp_path, model_file: str, backend: str
+) -> None:
+    """As Triton: a model directory with no config.pbtxt is served by the backend its model
+    file implies, which completes the rest (auto_complete_config)."""
+    (tmp_path / "m" / "2").mkdir(parents=True)
+    (tmp_path / "m" / "2" / model_file).write_text("")
+    entry = scan_model(str(tmp_path), "m")
+    assert entry.error is None and entry.versions == [2]
+    assert entry.config is not None and entry.config.name == "m"
+    assert entry.config.backend == backend and len(entry.config.instance_group) == 1
+
+
+def test_a_model_directory_is_not_a_repository(tmp_path) -> None:
+    model = write_model(tmp_path, "m", identity_config("m"))
+    with pytest.raises(InferpoolError) as err:
+        scan(str(model))
+    assert err.value.code is Code.INVALID_ARG
+    assert f"{model} looks like a model directory, not a model repository" in err.value.message
+    assert f"such as {tmp_path}" in err.value.message
 
 
 @pytest.mark.parametrize(

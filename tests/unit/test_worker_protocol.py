@@ -36,6 +36,8 @@ WORK = m.Work(
     parameters={"p": 1, "q": "x"},
     inputs=[REF],
     outputs=[m.WantedOutput("OUTPUT0"), m.WantedOutput("OUTPUT1", m.Window("ref:1", 64, 512))],
+    priority=2,
+    timeout_us=5000,
 )
 RESULTS = [
     m.Result(7, True, [OUT], {"k": True}, None, DURATIONS),
@@ -44,9 +46,13 @@ RESULTS = [
 ]
 
 FROM_BROKER = [
-    m.Execute([WORK, WORK._replace(rid=8, correlation_id=0, flags=0, inputs=[])], [], [], []),
+    m.Execute([WORK, WORK._replace(rid=8, correlation_id=0, flags=0, inputs=[])], [], [], [], []),
     m.Execute(
-        [WORK], free=[m.Slot("inferpool-0123456789-out0g0", 64)], unmap=["ref:2"], release=[5, "s"]
+        [WORK],
+        free=[m.Slot("inferpool-0123456789-out0g0", 64)],
+        unmap=["ref:2"],
+        release=[5, "s"],
+        nulls=[0, 2],
     ),
     m.Free([m.Slot("inferpool-0123456789-out0g0", 0)], ["ref:3"], []),
     m.Free([], [], ["seq-b", 3]),
@@ -151,13 +157,13 @@ def test_records_travel_as_arrays_without_field_names() -> None:
         (b'["ready", [{}]]', "ValueError"),  # a field missing
         (b'["items", [[[1, true]]]]', "ValueError"),  # a result of the wrong arity
         (b'["execute", [[], [], []]]', "ValueError"),
-        (b'["call", ["m", "1", [1, "", 0, 0, {}, [], []], 0, false]]', "wrong types"),
+        (b'["call", ["m", "1", [1, "", 0, 0, {}, [], [], 0, 0], 0, false]]', "wrong types"),
         (
-            b'["call", ["m", -1, [1, "", 0, 0, {}, [["X", "FP32", ["4"], "r", 0, 4]], []], 0, false]]',
+            b'["call", ["m", -1, [1, "", 0, 0, {}, [["X", "FP32", ["4"], "r", 0, 4]], [], 0, 0], 0, false]]',
             "wrong types",
         ),
         (
-            b'["call", ["m", -1, [1, "", 0, 0, {}, [], [["Y", ["ref", 0, 4]]]], 0, false]]',
+            b'["call", ["m", -1, [1, "", 0, 0, {}, [], [["Y", ["ref", 0, 4]]], 0, 0], 0, false]]',
             "wrong types",
         ),
         (b'["release", [[["inferpool-0123456789-out0g0", "0"]]]]', "wrong types"),
@@ -215,11 +221,13 @@ def test_a_batch_within_batch_bytes_fits_in_one_message() -> None:
 
 
 def test_what_an_execute_hands_back_goes_ahead_when_it_would_not_fit() -> None:
-    msg = m.Execute([WORK], _slots(9000), [f"ref:{i}" for i in range(900)], ["s" * 5000] * 30)
+    releases = ["s" * 5000] * 30
+    msg = m.Execute([WORK], _slots(9000), [f"ref:{i}" for i in range(900)], releases, [1])
     assert len(m.encode(msg)) > m.MAX_MESSAGE
     parts = m.split(msg)
     assert len(parts) > 2 and all(len(m.encode(p)) <= m.MAX_MESSAGE for p in parts)
-    assert all(type(p) is m.Free for p in parts[:-1]) and parts[-1] == m.Execute([WORK])
+    assert all(type(p) is m.Free for p in parts[:-1])
+    assert parts[-1] == m.Execute([WORK], nulls=[1])  # the batch keeps its null positions
     assert [s for p in parts for s in p.free] == msg.free
     assert [u for p in parts for u in p.unmap] == msg.unmap
     assert [r for p in parts for r in p.release] == msg.release
@@ -256,6 +264,7 @@ SPEC = WorkerSpec(
     artifact_path="/repo/model/1",
     output_region="inferpool-0123456789-out0g0",
     output_prefault=1 << 20,
+    cancel_region="inferpool-0123456789-cancel",
     instance=InstanceSpec("model_0_0", "GPU", 1, 0, "gpu_1", False, [{"kind": "KIND_NVDLA"}]),
     pinning=PinningSpec([0, 1], 0, "bind", "1", 2),
     backend_config={"k": "v"},

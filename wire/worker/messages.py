@@ -99,6 +99,8 @@ class Work(NamedTuple):
     parameters: Parameters
     inputs: Sequence[TensorRef]
     outputs: Sequence[WantedOutput]
+    priority: int = 0  # the priority level the request was queued at (0: none)
+    timeout_us: int = 0  # the request's ``timeout`` parameter (0: none)
 
 
 class Slot(NamedTuple):
@@ -181,6 +183,7 @@ class Execute(NamedTuple):
     free: Sequence[Slot] = ()
     unmap: Sequence[str] = ()  # client regions no request will name again
     release: Sequence[CorrelationId] = ()  # sequences released as idle: drop their state
+    nulls: Sequence[int] = ()  # batch positions of null requests (direct sequence batching)
 
 
 class Free(NamedTuple):
@@ -384,7 +387,8 @@ def record_size(record: Any) -> int:
 
 
 # An Execute is its frame plus its work items, each followed by a comma but the last: a
-# batch whose items' sizes (+1 each) stay within BATCH_BYTES fits in a message.
+# batch whose items' sizes (+1 each) stay within BATCH_BYTES fits in a message (a direct
+# sequence batch counts its null positions, ``len(str(i)) + 1`` each, in it too).
 BATCH_BYTES = MAX_MESSAGE - len(encode(Execute([])))
 
 
@@ -396,7 +400,7 @@ def split(msg: Execute | Free) -> list[Execute | Free]:
     lead = Free(msg.free, msg.unmap, msg.release)
     parts = _halves(lead)
     if isinstance(msg, Execute):
-        parts.append(Execute(msg.requests))
+        parts.append(Execute(msg.requests, nulls=msg.nulls))
     return parts
 
 
@@ -431,10 +435,11 @@ def _wanted(raw: Sequence[Any]) -> WantedOutput:
 
 
 def _work(raw: Sequence[Any]) -> Work:
-    rid, id_, correlation_id, flags, parameters, inputs, outputs = raw
+    rid, id_, correlation_id, flags, parameters, inputs, outputs, priority, timeout_us = raw
     inputs = list(map(_ref, inputs))
+    outputs = [*map(_wanted, outputs)]
     return _new(
-        Work, (rid, id_, correlation_id, flags, parameters, inputs, [*map(_wanted, outputs)])
+        Work, (rid, id_, correlation_id, flags, parameters, inputs, outputs, priority, timeout_us)
     )
 
 
@@ -453,10 +458,10 @@ def _batch(raw: Sequence[Any]) -> BatchStats:
 
 
 def _execute(body: Sequence[Any]) -> Execute:
-    requests, free, unmap, release = body
+    requests, free, unmap, release, nulls = body
     if free:
         free = list(map(_slot, free))
-    return _new(Execute, (list(map(_work, requests)), free, unmap, release))
+    return _new(Execute, (list(map(_work, requests)), free, unmap, release, nulls))
 
 
 def _free(body: Sequence[Any]) -> Free:

@@ -76,11 +76,13 @@ class WorkerSpec:
     output_region: str  # this worker's output arena region
     output_prefault: int  # how much of it to populate as the worker boots (shm.warm)
     instance: InstanceSpec
+    cancel_region: str = ""  # the run's cancellation marks (shm.cancel_flags); "": none
     pinning: PinningSpec = field(default_factory=PinningSpec)
     backend_directory: str = ""
     backend_config: dict[str, str] = field(default_factory=dict)  # this backend's settings
     gpu_load_limit: float = 1.0  # --model-load-gpu-limit for this GPU instance's device
     log_level: str = "INFO"
+    log_format: str = "text"  # or "json" (wire/logs.py)
 
 
 def spec_environment(spec: WorkerSpec) -> dict[str, str]:

@@ -68,21 +68,23 @@ def test_continuing_without_state_and_bad_correlation_ids_fail_alone(repo, harne
     x = np.array([[1.0]], np.float32)
     requests = [
         h.request({"INPUT__0": x}, correlation_id=5),
-        h.request({"INPUT__0": x}, flags=FLAG_SEQUENCE_START, correlation_id="abc"),
-        h.request({"INPUT__0": x}, flags=FLAG_SEQUENCE_START, correlation_id=2**40),
         h.request({"INPUT__0": x}, flags=FLAG_SEQUENCE_START, correlation_id=3),
     ]
     errors = [r.error for _, r, _ in h.execute(requests)]
     assert str(errors[0]) == (
-        "INVALID_ARG: request '1' continues a sequence of model 'm' but carries no state input "
+        "INVALID_ARG: request '1' of a sequence of model 'm' carries no state input "
         "'STATE_IN__5'; each request must feed the 'STATE_OUT__2' its predecessor returned"
     )
-    assert str(errors[1]) == (
-        "INVALID_ARG: correlation id 'abc' of request '2' is not an integer, but model 'm' "
-        "declares CONTROL_SEQUENCE_CORRID as TYPE_INT32"
+    assert errors[1] is None
+    # the control inputs are built with the request (by the worker, here the harness)
+    with pytest.raises(InferpoolError) as err:
+        h.request({"INPUT__0": x}, flags=FLAG_SEQUENCE_START, correlation_id="abc")
+    assert str(err.value) == (
+        "INVALID_ARG: model 'm': correlation id 'abc' of request '3' is not an integer, but "
+        "CONTROL_SEQUENCE_CORRID is TYPE_INT32"
     )
-    assert "does not fit TYPE_INT32" in str(errors[2])
-    assert errors[3] is None
+    with pytest.raises(InferpoolError, match="does not fit TYPE_INT32, the type of CONTROL_SEQ"):
+        h.request({"INPUT__0": x}, flags=FLAG_SEQUENCE_START, correlation_id=2**40)
 
 
 @pytest.mark.parametrize(
@@ -113,9 +115,13 @@ def test_continuing_without_state_and_bad_correlation_ids_fail_alone(repo, harne
          "follow the <name>__<index> naming convention."),
         (tm.accumulate_config().replace("dims: [1] }]", "dims: [1] initial_state: [{ data_type: "
                                      "TYPE_FP32 dims: [1] name: 'init' data_file: 'f' }] }]"),
-         Code.UNSUPPORTED,
-         "initial state 'init' of state 'STATE_IN__5': only zero_data initial states are "
-         "supported"),
+         Code.INVALID_ARG,
+         "initial_state/f: No such file or directory"),
+        (tm.accumulate_config().replace("dims: [1] }]", "dims: [1] initial_state: [{ data_type: "
+                                     "TYPE_INT32 dims: [1] name: 'init' zero_data: true }] }]"),
+         Code.INVALID_ARG,
+         "The data type used for 'initial_state' field of state 'STATE_IN__5' does not match "
+         "the state data type."),
         (tm.accumulate_config(state=""), Code.INVALID_ARG,
          "unable to load model 'm', configuration expects 5 inputs, model provides 6"),
     ],
@@ -126,3 +132,19 @@ def test_sequence_config_errors(repo, harness, config, code, message):
         harness(config)
     assert info.value.code is code
     assert info.value.message.endswith(message), info.value.message
+
+
+def test_a_sequence_starts_from_its_initial_state_file(repo, harness):
+    tm.save(tm.Accumulate(), repo)
+    (repo / "initial_state").mkdir()
+    (repo / "initial_state" / "start.bin").write_bytes(np.array([40.0], np.float32).tobytes())
+    config = tm.accumulate_config().replace(
+        "dims: [1] }]",
+        "dims: [1] initial_state: [{ data_type: TYPE_FP32 dims: [1] name: 'init' "
+        "data_file: 'start.bin' }] }]",
+    )
+    h = harness(config)
+    first = h.infer(
+        {"INPUT__0": np.array([2.0], np.float32)}, flags=FLAG_SEQUENCE_START, correlation_id=1
+    )
+    assert first["OUTPUT__0"].tolist() == [42.0]

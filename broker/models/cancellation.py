@@ -1,0 +1,91 @@
+"""Cancelling requests: the ``cancel`` message, and clients that go away.
+
+As Triton's core does: a request that is still queued is taken out of its queue and answered
+CANCELLED (for a sequence, the requests queued behind it go too, and the sequence ends); a
+request that is executing is marked in the run's cancellation region (``shm.cancel_flags``),
+where its backend's ``request.is_cancelled()`` sees it at once, and it is answered CANCELLED
+right away (for a decoupled model, that answer counts as a ``cancel`` response in its
+response statistics, as the backend's CANCELLED response does in Triton).  Whatever its
+worker still sends for it is dropped (``PendingRequest.cancelled``), and its input slots
+stay taken until the worker's final result says it is done with them.
+
+A request is found by its routing envelope (the connection it came on; a KServe call's own
+tag) and its ``id``: no index is kept on the request path, a cancel looks through the
+requests in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from inferpool.broker.models.request import PendingRequest
+from inferpool.broker.models.stats import CANCEL
+from inferpool.wire.errors import Code, InferpoolError
+
+log = logging.getLogger("inferpool.cancel")
+
+
+class Flags(Protocol):
+    def cancel(self, rid: int) -> None: ...
+
+
+class Cancellation:
+    def __init__(
+        self,
+        inflight: dict[int, PendingRequest],
+        flags: Flags,
+        reject: Callable[[PendingRequest, InferpoolError], None],
+        send_error: Callable[[list[Any], str, Any, InferpoolError], None],
+    ) -> None:
+        """``inflight``: the manager's requests; ``reject`` answers and ends a request;
+        ``send_error`` only answers (the responder's)."""
+        self.inflight = inflight
+        self.flags = flags
+        self.reject = reject
+        self.send_error = send_error
+
+    def cancel(self, envelope: list[bytes], request_id: str) -> int:
+        """Cancel the requests that came with ``envelope`` (a client's routing frames; the
+        KServe frontends add one per call) and have id ``request_id``; how many there were."""
+        found = [
+            r
+            for r in self.inflight.values()
+            if r.envelope == envelope and str(r.client_id) == request_id and not r.cancelled
+        ]
+        for req in found:
+            self._cancel(req, "was cancelled")
+        return len(found)
+
+    def client_gone(self, client: bytes) -> None:
+        """A client disconnected: nothing it asked for is worth running any more."""
+        mine = [r for r in self.inflight.values() if r.envelope[:1] == [client] and not r.cancelled]
+        for req in mine:
+            self._cancel(req, "was cancelled: its client disconnected")
+        if mine:
+            log.info("client %s disconnected: cancelled %d request(s)", client.hex(), len(mine))
+
+    def _cancel(self, req: PendingRequest, why: str) -> None:
+        if req.rid not in self.inflight:  # ended with an earlier one (its sequence)
+            return
+        scheduler = req.model.scheduler
+        dropped = scheduler.cancel(req) if scheduler is not None else []
+        for queued in dropped:  # with it, what of its sequence was queued
+            if queued is not req:
+                self.reject(queued, _error(queued, why))
+        if req.worker is None:
+            self.reject(req, _error(req, why))
+            return
+        self.flags.cancel(req.rid)
+        req.cancelled = True  # answered now; its worker's late results are dropped
+        self.send_error(req.envelope, "infer", req.client_id, _error(req, why))
+        if req.model.decoupled:  # the response that ends it is a cancelled one
+            req.model.stats.response_done(req.responses, CANCEL, None)
+            req.responses += 1
+
+
+def _error(req: PendingRequest, why: str) -> InferpoolError:
+    return InferpoolError(
+        Code.CANCELLED, f"request '{req.client_id}' for model '{req.model.name}' {why}"
+    )

@@ -1,0 +1,135 @@
+"""``inferpool serve`` as a user meets it: what it announces and when, its mistakes as one
+line, and its logs as JSON lines that name the request and the model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inferpool.broker.options import ServerOptions
+from inferpool.cli import build_parser
+from inferpool.client import InferpoolError
+from inferpool.serve import options_from_args
+from tests.support import EXAMPLES, Server, identity_config, our_regions, run_cli, write_model
+
+SERVE = [sys.executable, "-m", "inferpool", "serve", "--allow-metrics", "false"]
+
+
+def test_a_server_announces_itself_once_it_can_serve_and_names_its_run(
+    short_tmp: Path, shm_clean: None
+) -> None:
+    repo = short_tmp / "repo"
+    write_model(repo, "identity", identity_config("identity"))
+    with Server(short_tmp, repo) as server:
+        out = [line for line in server.log().splitlines() if not line[:1].isdigit()]
+        assert out[:2] == [
+            f"inferpool 0.1.0: serving {repo} (run {server.run_id})",
+            f"  listening on {server.endpoint}",
+        ]
+        assert out[-1] == "inferpool is ready"
+        # a second server on the same endpoint fails before it announces or sweeps anything
+        before = our_regions()
+        second = subprocess.run(
+            [*SERVE, "--model-repository", str(repo), "--listen", server.endpoint],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert second.returncode == 1 and second.stdout == ""
+        assert second.stderr.splitlines()[-1] == (
+            f"inferpool: UNAVAILABLE: cannot listen on {server.endpoint}: another server is "
+            "using it"
+        )
+        assert "removed" not in second.stderr and "run " not in second.stderr
+        assert our_regions() >= {r for r in before if r.startswith(f"inferpool-{server.run_id}")}
+        assert server.stop() == 0
+
+
+def test_tritons_flag_names_and_defaults() -> None:
+    def options(*argv: str) -> ServerOptions:
+        return options_from_args(build_parser().parse_args(["serve", *argv]))
+
+    default = options()
+    assert (default.metrics_port, default.metrics_address) == (8002, "127.0.0.1")  # as Triton
+    assert (default.log_level, default.log_format, default.graceful_timeout) == ("INFO", "text", 30)
+    triton = options("--exit-timeout-secs", "5", "--log-verbose", "1", "--allow-metrics", "false")
+    assert (triton.graceful_timeout, triton.log_level, triton.metrics_port) == (5, "DEBUG", 0)
+    assert options("--log-level", "warning", "--log-format", "json").log_level == "WARNING"
+
+
+def test_every_argument_has_help_and_shows_its_default() -> None:
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for name, parser in commands.choices.items():
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            where = f"inferpool {name} {'/'.join(action.option_strings) or action.dest}"
+            assert action.help, f"{where} has no help"
+            if action.option_strings and action.default not in (None, False, [], ""):
+                assert "default" in action.help, f"{where} does not show its default"
+
+
+def test_serve_mistakes_are_one_line(short_tmp: Path) -> None:
+    model_dir, nothing = EXAMPLES / "identity", short_tmp / "nothing"
+    for argv, says in [  # found before a broker is built: in this process
+        (["--log-level", "nonsense"], "argument --log-level: expected one of DEBUG, INFO"),
+        (["--allow-metrics", "maybe"], "argument --allow-metrics: expected true or false"),
+        (["--arena-size", "lots"], "argument --arena-size: not a size: 'lots'"),
+        (["--backend-config", "identity"], "--backend-config expects <backend>,<key>=<value>"),
+        (["--model-load-gpu-limit", "x"], "expected DEVICE:FRACTION"),
+    ]:
+        status, out, err = run_cli("serve", *argv)
+        assert status == 2 and out == "" and says in err.splitlines()[-1], (argv, err)
+    cases = [  # found by the broker: as a user runs it
+        (
+            ["--model-repository", str(model_dir)],
+            f"inferpool: INVALID_ARG: {model_dir} looks like a model directory, not a model "
+            "repository (it has 1, config.pbtxt): give the directory that holds the model "
+            f"directories, such as {EXAMPLES}",
+        ),
+        (
+            ["--model-repository", str(nothing)],
+            f"inferpool: NOT_FOUND: model repository {nothing} does not exist",
+        ),
+    ]
+    procs = [
+        subprocess.Popen(
+            [*SERVE, "--listen", f"ipc://{short_tmp}/b{i}.sock", *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i, (argv, _) in enumerate(cases)
+    ]
+    for (argv, says), proc in zip(cases, procs, strict=True):
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 1 and out == "", (argv, err)
+        assert "Traceback" not in err and err.splitlines()[-1] == says, (argv, err)
+
+
+def test_json_logs_name_the_process_the_model_and_a_failed_request(
+    short_tmp: Path, shm_clean: None
+) -> None:
+    repo = short_tmp / "repo"
+    write_model(repo, "identity", identity_config("identity"))
+    with Server(short_tmp, repo, "--log-format", "json", "--log-verbose", "1") as server:
+        with server.client() as c, pytest.raises(InferpoolError):
+            c.infer("identity", {"INPUT0": np.arange(3)})  # INT64 for an FP32 input
+        assert server.stop() == 0
+    lines = [json.loads(line) for line in server.log().splitlines() if line.startswith("{")]
+    assert {line["level"] for line in lines} >= {"INFO", "DEBUG"}
+    assert all({"time", "level", "logger", "message", "process", "pid"} <= set(x) for x in lines)
+    workers = [line for line in lines if line["process"] == "worker"]
+    assert workers and all(
+        (w["model"], w["version"], w["instance"]) == ("identity", "1", "identity_0_0")
+        for w in workers
+    )
+    [failed] = [line for line in lines if line.get("request_id") is not None]
+    assert (failed["model"], failed["version"], failed["process"]) == ("identity", "1", "broker")
+    assert "failed (OTHER)" in failed["message"] and "data-type" in failed["message"]
