@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 
 from inferpool.client import InferpoolError, ShmClient
-from tests.lifecycle.helpers import wait_for
-from tests.support import Server, write_model
+from tests.support import Server, wait_until, write_model
 
 READER = """
 import os, time
@@ -68,7 +67,9 @@ def test_a_region_shrunk_while_read_is_blamed_not_the_instance(server, short_tmp
             req.input_from("INPUT0", "mine", [1 << 18], "FP32", 1 << 20)
             with ThreadPoolExecutor(1) as pool:
                 answer = pool.submit(c.run, req, 30)
-                wait_for(lambda: "reader has its input" in server.log())
+                wait_until(
+                    lambda: "reader has its input" in server.log(), "the reader took its input"
+                )
                 os.ftruncate(fd, 0)  # shrunk under the batch that reads it
                 (short_tmp / "go").touch()
                 with pytest.raises(InferpoolError) as err:
@@ -77,7 +78,7 @@ def test_a_region_shrunk_while_read_is_blamed_not_the_instance(server, short_tmp
             assert "SIGBUS" in message and f"'/{name}'" in message, message
         # not counted (with --max-restarts 0 a counted crash is FAILED): it serves again
         with server.client() as plain:
-            wait_for(lambda: plain.is_model_ready("reader"))
+            wait_until(lambda: plain.is_model_ready("reader"), "the reader ready again")
             out = plain.infer("reader", {"INPUT0": np.ones(4, np.float32)})
             assert out["OUTPUT0"].tolist() == [4.0]
     finally:
