@@ -123,7 +123,8 @@ def add_serve(sub: Any) -> None:
         choices=("user", "group"),
         default="user",
         help="who may connect to an ipc endpoint: its directory is made 0700 (user) or 0750 "
-        "with the socket 0660 (group: members of the directory's group)",
+        "with the socket 0660 (group: members of the directory's group) (default: "
+        "%(default)s)",
     )
     p.add_argument(
         "--curve-secret-key",
