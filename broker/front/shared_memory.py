@@ -103,9 +103,8 @@ class SharedMemory:
         release = header.get("release")
         if release:
             self.handles.release(client, release)
-        self._track(client)
+        self._track(client)  # its peer is known from now on, for its outputs' share
         self.clients.seen(client)
-        self.clients.peer(client, self._source)  # known from now on, for its outputs' share
         self.handles.shares.admit(client)
 
     def principal(self, client: bytes) -> str:
