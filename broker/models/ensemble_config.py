@@ -18,6 +18,7 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as pb
 
+from inferpool.wire.contract import shape_text
 from inferpool.wire.errors import invalid_arg
 
 PLATFORM = "ensemble"
@@ -258,17 +259,13 @@ def _unify(name: str, tensor: str, tensors: dict[str, _Node], node: _Node) -> No
         )
     if not _same_dims(known.dims, node.dims) and not _same_dims(known.full, node.full):
         raise invalid_arg(
-            f"{prefix}inconsistent shape: {_dims(known.full)} is inferred from model "
-            f"{known.model} while {_dims(node.full)} is inferred from model {node.model}"
+            f"{prefix}inconsistent shape: {shape_text(known.full)} is inferred from model "
+            f"{known.model} while {shape_text(node.full)} is inferred from model {node.model}"
         )
 
 
 def _same_dims(a: Sequence[int], b: Sequence[int]) -> bool:
     return len(a) == len(b) and all(x == y or x == -1 or y == -1 for x, y in zip(a, b, strict=True))
-
-
-def _dims(dims: Sequence[int]) -> str:
-    return "[" + ",".join(str(d) for d in dims) + "]"
 
 
 def _check_decoupled(plan: Plan, decoupled: set[int]) -> None:

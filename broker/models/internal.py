@@ -13,8 +13,7 @@ from collections.abc import Sequence
 
 from inferpool.broker.models.registry import ModelVersion
 from inferpool.broker.models.request import PendingRequest, Sink
-from inferpool.wire import codec
-from inferpool.wire.contract import check_required
+from inferpool.wire.contract import check_byte_size, check_input, check_required
 from inferpool.wire.errors import invalid_arg
 from inferpool.wire.worker.messages import (
     BATCH_BYTES,
@@ -86,7 +85,6 @@ def make_request(
 def _check_inputs(model: ModelVersion, inputs: Sequence[TensorRef]) -> int:
     """The request's batch size (0 for a model that does not batch)."""
     name = model.name
-    limit = model.max_batch_size
     batch = 0
     seen: set[str] = set()
     for ref in inputs:
@@ -96,36 +94,9 @@ def _check_inputs(model: ModelVersion, inputs: Sequence[TensorRef]) -> int:
         if ref.name in seen:
             raise invalid_arg(f"input '{ref.name}' is given more than once for model '{name}'")
         seen.add(ref.name)
-        if ref.datatype != spec.datatype:
-            raise invalid_arg(
-                f"inference input '{ref.name}' data-type is '{ref.datatype}', but model "
-                f"'{name}' expects '{spec.datatype}'"
-            )
-        shape = tuple(ref.shape)
-        inner = shape
-        if limit > 0:
-            if not shape or shape[0] < 1 or shape[0] > limit:
-                raise invalid_arg(f"inference request batch-size must be <= {limit} for '{name}'")
-            if batch and shape[0] != batch:
-                raise invalid_arg(
-                    f"input '{ref.name}' batch size {shape[0]} does not match the other inputs' "
-                    f"batch size {batch} for model '{name}'"
-                )
-            batch, inner = shape[0], shape[1:]
-        if not spec.matches(inner):
-            expected = ([-1] if limit > 0 else []) + list(spec.dims)
-            raise invalid_arg(
-                f"unexpected shape for input '{ref.name}' for model '{name}'. Expected "
-                f"{_dims(expected)}, got {_dims(shape)}"
-            )
-        if spec.itemsize and spec.itemsize * codec.element_count(shape) != ref.byte_size:
-            raise invalid_arg(
-                f"input byte size mismatch for input '{ref.name}' for model '{name}'. Expected "
-                f"{spec.itemsize * codec.element_count(shape)}, got {ref.byte_size}"
-            )
+        batch, expected = check_input(
+            name, spec, ref.datatype, tuple(ref.shape), model.max_batch_size, batch
+        )
+        check_byte_size(name, ref.name, expected, ref.byte_size)
     check_required(name, model.required, seen)
     return batch
-
-
-def _dims(shape: Sequence[int]) -> str:
-    return "[" + ",".join(str(d) for d in shape) + "]"
