@@ -30,12 +30,12 @@ class Readiness:
         """Empty when ready; otherwise what keeps the node from serving, for the operator."""
         if self.draining:
             return f"draining ({self.draining})"
-        rows = self.registry.index()
         if not self.started:
+            rows = self.registry.index()
             loading = [f"'{r['name']}'" for r in rows if r["state"] == State.LOADING.value]
             return f"loading {', '.join(loading)}" if loading else "starting"
-        if self.strict:
-            for r in rows:
+        if self.strict:  # the index's rows name a model that is not loaded as well
+            for r in self.registry.index():
                 if r["state"] != State.READY.value:
                     version = f" version {r['version']}" if r["version"] else ""
                     why = f": {r['reason']}" if r["reason"] else ""
