@@ -50,15 +50,6 @@ def config_type_name(data_type: int) -> str:
     return str(model_config_pb2.DataType.Name(data_type))
 
 
-def _tensor(name: str, datatype: str, data: np.ndarray) -> InputTensor:
-    if datatype == "BYTES":
-        nbytes = codec.serialized_bytes_size(data.reshape(-1))
-    else:
-        data.flags.writeable = False
-        nbytes = data.nbytes
-    return InputTensor(name, datatype, tuple(data.shape), data, nbytes)
-
-
 @dataclass(frozen=True)
 class Control:
     """One control input: which tensor carries which signal, and how it is encoded."""
@@ -82,7 +73,7 @@ class Control:
             value: Any = correlation_id
             if self.datatype == "BYTES":
                 data = codec.bytes_array([str(value).encode()] * codec.element_count(shape), shape)
-                return _tensor(self.name, "BYTES", data)
+                return tensor_data.input_tensor(self.name, "BYTES", data)
             try:
                 value = int(value)
             except ValueError:
@@ -104,7 +95,7 @@ class Control:
                 f"correlation id {value} of request '{whose}' does not fit {self.config_type}, "
                 f"the type of {CORRID}"
             ) from None
-        return _tensor(self.name, self.datatype, data)
+        return tensor_data.input_tensor(self.name, self.datatype, data)
 
 
 @dataclass(frozen=True)
@@ -123,7 +114,7 @@ class State:
 
     def initial_tensor(self, batching: bool, batch: int = 1) -> InputTensor:
         data = np.repeat(self.initial[None], batch, axis=0) if batching else self.initial.copy()
-        return _tensor(self.input_name, self.datatype, data)
+        return tensor_data.input_tensor(self.input_name, self.datatype, data)
 
 
 def controls(config: Any, model: str) -> list[Control]:
