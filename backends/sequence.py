@@ -23,7 +23,7 @@ when the model batches.  The worker carries the state a response returns to the 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -41,6 +41,7 @@ CORRID = "CONTROL_SEQUENCE_CORRID"
 BOOLEAN_KINDS = (START, END, READY)
 CORRID_TYPES = ("TYPE_UINT64", "TYPE_INT64", "TYPE_UINT32", "TYPE_INT32", "TYPE_STRING")
 INITIAL_STATE_FOLDER = "initial_state"
+_FLAGS = {START: FLAG_SEQUENCE_START, END: FLAG_SEQUENCE_END}  # the request flag each follows
 
 _Kind = model_config_pb2.ModelSequenceBatching.Control.Kind
 
@@ -50,24 +51,23 @@ def config_type_name(data_type: int) -> str:
     return str(model_config_pb2.DataType.Name(data_type))
 
 
-def _tensor(name: str, datatype: str, data: np.ndarray) -> InputTensor:
-    if datatype == "BYTES":
-        nbytes = codec.serialized_bytes_size(data.reshape(-1))
-    else:
-        data.flags.writeable = False
-        nbytes = data.nbytes
-    return InputTensor(name, datatype, tuple(data.shape), data, nbytes)
-
-
 @dataclass(frozen=True)
 class Control:
-    """One control input: which tensor carries which signal, and how it is encoded."""
+    """One control input: which tensor carries which signal, and how it is encoded.
+
+    A START, END or READY tensor depends only on its value and shape, so each is built once
+    and shared, read-only, by every request that needs it: a sequence request costs no
+    allocation per boolean control.
+    """
 
     kind: str
     name: str
     config_type: str  # TYPE_INT32, TYPE_FP32, TYPE_BOOL, or CORRID's declared type
     false_value: Any = 0
     true_value: Any = 1
+    _made: dict[tuple[bool, tuple[int, ...]], InputTensor] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @property
     def datatype(self) -> str:
@@ -79,24 +79,27 @@ class Control:
         """The control tensor for a request with these flags (``ready``: False for a null
         request); ``whose``: the request's id, for errors."""
         if self.kind == CORRID:
-            value: Any = correlation_id
-            if self.datatype == "BYTES":
-                data = codec.bytes_array([str(value).encode()] * codec.element_count(shape), shape)
-                return _tensor(self.name, "BYTES", data)
-            try:
-                value = int(value)
-            except ValueError:
-                raise invalid_arg(
-                    f"correlation id '{value}' of request '{whose}' is not an integer, but "
-                    f"{CORRID} is {self.config_type}"
-                ) from None
-        else:
-            on = {
-                START: bool(flags & FLAG_SEQUENCE_START),
-                END: bool(flags & FLAG_SEQUENCE_END),
-                READY: True,
-            }[self.kind] and ready
+            return self._corrid(correlation_id, shape, whose)
+        on = ready and (self.kind == READY or bool(flags & _FLAGS[self.kind]))
+        made = self._made.get((on, shape))
+        if made is None:
             value = self.true_value if on else self.false_value
+            data = np.full(shape, value, dtype=codec.numpy_dtype(self.datatype))
+            made = self._made[on, shape] = tensor_data.input_tensor(self.name, self.datatype, data)
+        return made
+
+    def _corrid(self, correlation_id: Any, shape: tuple[int, ...], whose: str) -> InputTensor:
+        value: Any = correlation_id
+        if self.datatype == "BYTES":
+            data = codec.bytes_array([str(value).encode()] * codec.element_count(shape), shape)
+            return tensor_data.input_tensor(self.name, "BYTES", data)
+        try:
+            value = int(value)
+        except ValueError:
+            raise invalid_arg(
+                f"correlation id '{value}' of request '{whose}' is not an integer, but "
+                f"{CORRID} is {self.config_type}"
+            ) from None
         try:
             data = np.full(shape, value, dtype=codec.numpy_dtype(self.datatype))
         except OverflowError:
@@ -104,7 +107,7 @@ class Control:
                 f"correlation id {value} of request '{whose}' does not fit {self.config_type}, "
                 f"the type of {CORRID}"
             ) from None
-        return _tensor(self.name, self.datatype, data)
+        return tensor_data.input_tensor(self.name, self.datatype, data)
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,7 @@ class State:
 
     def initial_tensor(self, batching: bool, batch: int = 1) -> InputTensor:
         data = np.repeat(self.initial[None], batch, axis=0) if batching else self.initial.copy()
-        return _tensor(self.input_name, self.datatype, data)
+        return tensor_data.input_tensor(self.input_name, self.datatype, data)
 
 
 def controls(config: Any, model: str) -> list[Control]:

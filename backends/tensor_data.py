@@ -4,7 +4,8 @@ Triton builds warm-up samples (``model_warmup``: ``zero_data``, ``random_data``,
 ``input_data_file`` in ``<model>/warmup/``) and initial sequence states (``initial_state``:
 ``zero_data``, ``data_file`` in ``<model>/initial_state/``) the same way, so both use this.
 A file holds the tensor's bytes as they travel on the wire: raw little-endian elements, or
-for TYPE_STRING each element as a 4-byte length and its bytes.
+for TYPE_STRING each element as a 4-byte length and its bytes.  :func:`input_tensor` makes
+such an array (or any host array a worker or harness builds) a request's read-only input.
 """
 
 from __future__ import annotations
@@ -14,8 +15,20 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from inferpool.backends.messages import InputTensor
 from inferpool.wire import codec
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg
+
+
+def input_tensor(name: str, datatype: str, data: np.ndarray) -> InputTensor:
+    """``data`` as a request's input: made read-only (as every input a backend gets), with
+    its byte size (BYTES: serialized, a length prefix per element)."""
+    if datatype == "BYTES":
+        nbytes = codec.serialized_bytes_size(data.reshape(-1))
+    else:
+        data.flags.writeable = False
+        nbytes = data.nbytes
+    return InputTensor(name, datatype, tuple(data.shape), data, nbytes)
 
 
 def zeros(datatype: str, shape: Sequence[int]) -> np.ndarray:

@@ -21,9 +21,9 @@ import numpy as np
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
+from inferpool.backends import tensor_data
 from inferpool.backends.api import (
     FLAG_SEQUENCE_START,
-    InputTensor,
     Request,
     RequestedOutput,
     Response,
@@ -151,12 +151,8 @@ class BackendHarness(AbstractContextManager["BackendHarness"]):
             arr = codec.as_array(value)
             datatype = codec.datatype_of(arr.dtype)
             if datatype != "BYTES":
-                arr = arr.copy()
-                arr.flags.writeable = False
-                nbytes = arr.nbytes
-            else:
-                nbytes = codec.serialized_bytes_size(arr.reshape(-1))
-            tensors[name] = InputTensor(name, datatype, tuple(arr.shape), arr, nbytes)
+                arr = arr.copy()  # made read-only: not the caller's array
+            tensors[name] = tensor_data.input_tensor(name, datatype, arr)
         if self.sequence is not None and correlation_id:
             batch = next(iter(tensors.values())).shape[0] if self.host.config.max_batch_size else 1
             request_id = str(self._next_id)

@@ -35,6 +35,8 @@ class SequenceStates:
         self, inputs_of: dict[str, str], memory: WorkerMemory, sequence: SequenceInputs
     ) -> None:
         self.inputs_of = inputs_of  # state output name -> state input name
+        # the state outputs every request asks for: one RequestedOutput each, shared
+        self.outputs = {name: RequestedOutput(name) for name in inputs_of}
         self.memory = memory
         self.sequence = sequence
         self.held: dict[CorrelationId, dict[str, TensorRef]] = {}  # -> state input -> slot
@@ -64,8 +66,7 @@ class SequenceStates:
     ) -> None:
         """Give a request its sequence's state inputs, and ask the backend for its state
         outputs, before the backend sees it."""
-        for name in self.inputs_of:
-            wanted[name] = RequestedOutput(name)
+        wanted.update(self.outputs)
         corr = work.correlation_id
         held = self.held.get(corr)
         if held is None or work.flags & FLAG_SEQUENCE_START:

@@ -68,14 +68,7 @@ def samples(config: Any, repository_path: str) -> list[Sample]:
                 _check(setting.name, name, datatype, dims, original, config.name)
             shape = [1, *dims] if batching and original is not None else dims
             data = _data(spec, name, datatype, shape, folder)
-            if datatype != "BYTES":
-                data.flags.writeable = False
-            nbytes = (
-                codec.serialized_bytes_size(data.reshape(-1))
-                if datatype == "BYTES"
-                else data.nbytes
-            )
-            inputs[name] = InputTensor(name, datatype, tuple(data.shape), data, nbytes)
+            inputs[name] = tensor_data.input_tensor(name, datatype, data)
         out.append(Sample(setting.name, setting.batch_size, max(setting.count, 1), inputs))
     return out
 
