@@ -22,11 +22,10 @@ trip of the request it is paid for.  Prints a table; ``--json FILE`` writes the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,6 +38,8 @@ import zmq
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench_torch import serve  # noqa: E402  (scripts/ is on the path when run as a script)
 
 from inferpool.broker.front.clients import ClientTracker  # noqa: E402
 from inferpool.broker.front.shares import OutputShares  # noqa: E402
@@ -69,17 +70,12 @@ def median_s(fn: Callable[[], Any], runs: int) -> float:
     return statistics.median(times)
 
 
-def start_server(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(tmp: Path, stack: contextlib.ExitStack) -> str:
+    """A real server (stopped with ``stack``) serving the identity model; its endpoint."""
     (tmp / "repo" / "bench" / "1").mkdir(parents=True)
     (tmp / "repo" / "bench" / "config.pbtxt").write_text(CONFIG)
-    endpoint = f"ipc://{tmp}/b.sock"
-    cmd = [sys.executable, "-m", "inferpool", "serve", "--model-repository", str(tmp / "repo")]
-    cmd += ["--listen", endpoint, "--arena-size", "64M", "--output-arena-size", "64M"]
-    cmd += ["--log-level", "WARNING"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL)
-    with Client(endpoint, timeout=5) as c:
-        c.wait_ready(120)
-    return proc, endpoint
+    args = ("--arena-size", "64M", "--output-arena-size", "64M")
+    return serve(tmp / "repo", stack, *args).endpoint
 
 
 def round_trips(endpoint: str, runs: int) -> dict[str, float]:
@@ -139,11 +135,11 @@ def window_check_cost(runs: int) -> float:
         region.destroy()
 
 
-def lookup_cost(endpoint: str, runs: int) -> float:
+def lookup_cost(tmp: Path, runs: int) -> float:
     """A request's peer look-up (cached) and share check (nothing held), in a real ROUTER."""
     ctx = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
-    path = endpoint.replace("b.sock", "probe.sock")
+    path = f"ipc://{tmp}/probe.sock"
     router.bind(path)
     dealer = ctx.socket(zmq.DEALER)
     dealer.connect(path)
@@ -170,17 +166,13 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=2000)
     parser.add_argument("--json", default="")
     args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="ipb-", dir="/tmp"))
-    proc, endpoint = start_server(tmp)
-    try:
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ipb-", dir="/tmp")))
+        endpoint = start_server(tmp, stack)
         trips = round_trips(endpoint, args.runs)
         scrub = scrub_costs(args.runs * 5)
         check = window_check_cost(args.runs * 5)
-        lookup = lookup_cost(endpoint, args.runs * 5)
-    finally:
-        proc.terminate()
-        proc.wait(60)
-        shutil.rmtree(tmp, ignore_errors=True)
+        lookup = lookup_cost(tmp, args.runs * 5)
     rows = [
         ("arena scrub, 64 B input", scrub["64 B"], trips["64 B"]),
         ("arena scrub, 1 MiB input", scrub["1 MiB"], trips["1 MiB"]),

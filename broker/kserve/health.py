@@ -33,10 +33,13 @@ _VERSION = "/versions/{version:[0-9]+}"
 
 
 def routes(channel: BrokerChannel, callers: Callers) -> list[web.RouteDef]:
-    async def ask(request: web.Request, header: dict[str, Any], field: str) -> bool:
+    async def call(request: web.Request, header: dict[str, Any]) -> dict[str, Any]:
         caller = callers.of_http(request)
         reply, _ = await channel.call(caller, header, timeout=HEALTH_TIMEOUT_S)
-        return bool(reply.get(field))
+        return reply
+
+    async def ask(request: web.Request, header: dict[str, Any], field: str) -> bool:
+        return bool((await call(request, header)).get(field))
 
     async def live(request: web.Request) -> web.Response:
         live = await ask(request, {"type": "health_live"}, "live")
@@ -51,15 +54,13 @@ def routes(channel: BrokerChannel, callers: Callers) -> list[web.RouteDef]:
         return web.Response(text="ok\n")
 
     async def readyz(request: web.Request) -> web.Response:
-        caller = callers.of_http(request)
-        reply, _ = await channel.call(caller, {"type": "health_ready"}, timeout=HEALTH_TIMEOUT_S)
+        reply = await call(request, {"type": "health_ready"})
         if reply.get("ready"):
             return web.Response(text="ok\n")
         return web.Response(status=503, text=f"not ready: {reply.get('reason', '')}\n")
 
     async def drain(request: web.Request) -> web.Response:
-        caller = callers.of_http(request)
-        reply, _ = await channel.call(caller, {"type": "drain"}, timeout=HEALTH_TIMEOUT_S)
+        reply = await call(request, {"type": "drain"})
         return json_response({k: reply[k] for k in ("draining", "reason", "inflight")})
 
     async def model_ready(request: web.Request) -> web.Response:
