@@ -146,10 +146,21 @@ def servers(example_server: Server) -> Iterator[Servers]:
         started.close()
 
 
+SYSTEM_DIRS = ("/etc/inferpool", "/run/inferpool")
+
+
 @pytest.fixture
 def workdir(short_tmp: Path) -> Path:
     (short_tmp / "examples").symlink_to(ROOT / "examples")
     return short_tmp
+
+
+def sandboxed(code: str, workdir: Path) -> str:
+    """``code`` with the system's inferpool directories (/etc/inferpool, /run/inferpool)
+    moved under ``workdir``: a block run by the tests writes nothing outside it."""
+    for system in SYSTEM_DIRS:
+        code = code.replace(system, f"{workdir}{system}")
+    return code
 
 
 def environment(endpoint: str) -> dict[str, str]:
@@ -195,7 +206,7 @@ def test_shell_blocks_run(block: Block, servers: Servers, workdir: Path) -> None
     endpoint = shared.endpoint
     own: list[Server] = []
     try:
-        for raw in block.source(shared).replace("\\\n", " ").splitlines():
+        for raw in sandboxed(block.source(shared), workdir).replace("\\\n", " ").splitlines():
             command, _, comment = raw.partition("  #")
             argv = shlex.split(command)
             if not argv or argv[0].startswith("#"):
