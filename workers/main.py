@@ -65,6 +65,7 @@ def run(spec: WorkerSpec) -> int:
         return EXIT_BROKER_GONE
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the broker's to handle
     signal.signal(signal.SIGTERM, _on_sigterm)  # finalizers still run (SystemExit unwinds)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # blocked in a zygote's fork
     configure(
         spec.log_level,
         spec.log_format,

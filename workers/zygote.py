@@ -65,6 +65,10 @@ def main() -> int:
     # handle: the zygote ends when the broker closes its socket or dies
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # ...and blocked too: a forked worker inherits the mask, so a SIGTERM the broker sends it
+    # before it installs its own handler stays pending (a blocked signal is never discarded as
+    # ignored) and ends it once ``workers.main.run`` unblocks it, instead of being lost
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     logging.basicConfig(
         level=getattr(logging, spec.log_level.upper(), logging.INFO),
         format=f"%(asctime)s %(levelname)s [zygote {spec.name} pid {os.getpid()}] "
