@@ -3,7 +3,8 @@
 imports), ``broker`` and ``client`` import ``wire`` and ``shm`` only.
 
 Checked from outside twice: every module of a package is imported in a fresh interpreter
-and the packages of ours that appear in ``sys.modules`` are read; and every import statement
+(a module whose optional extra is not installed is passed over: the source check still reads
+it) and the packages of ours that appear in ``sys.modules`` are read; and every import statement
 in the package's files, at any depth (an import inside a function runs late, but it is an
 arrow all the same), is read from the source.
 """
@@ -32,7 +33,11 @@ IMPORT_ALL = """
 import importlib, json, pkgutil, sys
 package = importlib.import_module("inferpool." + sys.argv[1])
 for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
-    importlib.import_module(info.name)
+    try:
+        importlib.import_module(info.name)
+    except ModuleNotFoundError as missing:  # an optional extra (ray) not installed here
+        if (missing.name or "inferpool").split(".")[0] == "inferpool":
+            raise
 ours = {name.split(".")[1] for name in sys.modules if name.startswith("inferpool.")}
 print(json.dumps(sorted(ours - {sys.argv[1]})))
 """
