@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -11,6 +12,14 @@ import pytest
 
 from inferpool.shm.runs import regions_of_run, run_is_alive
 from tests.support import EXAMPLES, Server, serving
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What collection made (every test module, torch, hypothesis: a quarter of a million
+    objects, alive to the end) leaves the garbage collector's reach, as a zygote's imports do:
+    a full collection (the pytorch backend runs one as it unloads, at each of its tests'
+    teardown) then walks only what the tests made, not all of it again."""
+    gc.freeze()
 
 
 @pytest.fixture
