@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import compileall
 import gc
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -11,7 +13,17 @@ from pathlib import Path
 import pytest
 
 from inferpool.shm.runs import regions_of_run, run_is_alive
-from tests.support import EXAMPLES, Server, serving
+from tests.support import EXAMPLES, ROOT, Server, serving
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The package's bytecode, compiled once: the suite starts hundreds of interpreters
+    (brokers, zygotes, clients, the CLI), and where Python writes none itself
+    (PYTHONDONTWRITEBYTECODE) each of them compiled every module it imports again.  The
+    example repositories' model code is left as it is (tests copy those directories)."""
+    for package in sorted(ROOT.iterdir()):
+        if (package / "__init__.py").exists() and package.name != "tests":
+            compileall.compile_dir(package, quiet=1, rx=re.compile(r"_repository/"))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
