@@ -35,7 +35,6 @@ from inferpool.broker.front.responder import Responder
 from inferpool.broker.front.router import Router
 from inferpool.broker.front.shared_memory import EXTENSIONS, SharedMemory
 from inferpool.broker.front.shares import OutputShares
-from inferpool.broker.kserve.service import Frontends
 from inferpool.broker.models import repository
 from inferpool.broker.models.cancellation import Cancellation
 from inferpool.broker.models.config_support import ConfigSupport
@@ -240,7 +239,9 @@ class Broker:
                 stack.callback(self.metrics.close)
                 self.poller.register(self.metrics.socket, zmq.POLLIN)
             # the KServe frontends: their own thread, a zmq client of their ROUTER over inproc
-            if inproc:
+            if inproc:  # imported only then: aiohttp and grpc are most of the broker's imports
+                from inferpool.broker.kserve.service import Frontends
+
                 stack.callback(Frontends(ctx, inproc, frontends).close)
             stack.callback(supervisor.kill_all)
             self._interrupted()
