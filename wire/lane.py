@@ -198,28 +198,51 @@ def code_name(status: int) -> str:
 
 
 # ---------------------------------------------------------------------------- tensors
+_DIMS: dict[int, struct.Struct] = {}
+
+
+def _dims(ndim: int) -> struct.Struct:
+    """The struct of ``ndim`` dimensions (made once per rank)."""
+    packer = _DIMS.get(ndim)
+    if packer is None:
+        packer = _DIMS[ndim] = struct.Struct(f"<{ndim}q")
+    return packer
+
+
 def pack_tensors(tensors: Sequence[Tensor]) -> bytes:
     """Tensor entries: index, datatype, ndim, offset, byte size, then the dimensions."""
-    out = bytearray()
-    for t in tensors:
-        out += _TENSOR.pack(t.position, t.datatype, len(t.shape), t.offset, t.byte_size)
-        out += struct.pack(f"<{len(t.shape)}q", *t.shape)
-    return bytes(out)
+    return b"".join(
+        _TENSOR.pack(t.position, t.datatype, len(t.shape), t.offset, t.byte_size)
+        + _dims(len(t.shape)).pack(*t.shape)
+        for t in tensors
+    )
 
 
 def _read_tensors(buf: Any, pos: int, count: int, end: int) -> tuple[list[Tensor], int]:
     tensors = []
+    step = _TENSOR.size
     for _ in range(count):
-        if pos + _TENSOR.size > end:
+        if pos + step > end:
             raise ValueError("tensor entries run past the slot")
         index, datatype, ndim, offset, byte_size = _TENSOR.unpack_from(buf, pos)
-        pos += _TENSOR.size
+        pos += step
         if pos + 8 * ndim > end:
             raise ValueError("tensor dimensions run past the slot")
-        shape = struct.unpack_from(f"<{ndim}q", buf, pos)
+        shape = _dims(ndim).unpack_from(buf, pos)
         pos += 8 * ndim
         tensors.append(Tensor(index, datatype, offset, byte_size, shape))
     return tensors, pos
+
+
+_RELEASES: dict[int, struct.Struct] = {}
+
+
+def _releases(count: int) -> struct.Struct:
+    """The struct of ``count`` release tokens (made once per count)."""
+    packer = _RELEASES.get(count)
+    if packer is None:
+        packer = _RELEASES[count] = struct.Struct(f"<{count}Q")
+    return packer
 
 
 def _pad(n: int) -> int:
@@ -255,7 +278,7 @@ def write_request(
     )
     buf[at + _REQUEST_HEAD.size : at + end] = body
     if releases:
-        struct.pack_into(f"<{len(releases)}Q", buf, at + end, *releases)
+        _releases(len(releases)).pack_into(buf, at + end, *releases)
 
 
 def read_request(buf: Any, at: int, slot_size: int) -> LaneRequest:
@@ -267,7 +290,7 @@ def read_request(buf: Any, at: int, slot_size: int) -> LaneRequest:
     end = start + body_len
     if end + 8 * n_release > at + slot_size:
         raise ValueError("the request runs past its slot")
-    releases = list(struct.unpack_from(f"<{n_release}Q", buf, end)) if n_release else []
+    releases = list(_releases(n_release).unpack_from(buf, end)) if n_release else []
     return LaneRequest(
         request_id, sent_ns, flags, n_inputs, n_outputs, bytes(buf[start:end]), releases
     )
@@ -291,7 +314,7 @@ _REMEMBERED = 16
 
 def pack_parameters(params: Mapping[str, Any]) -> bytes:
     """Response parameters: kind (0 str, 1 int, 2 bool, 3 float), key, value, padded to 8."""
-    key = tuple((k, v.__class__, v) for k, v in params.items())
+    key = (*params.items(), *map(type, params.values()))
     try:
         return _packed[key]
     except (KeyError, TypeError):  # TypeError: a value that cannot be a key is refused below
@@ -361,18 +384,27 @@ def write_response(
     error: str = "",
 ) -> None:
     """Fill the response slot at ``at``; ValueError if it does not fit."""
-    tensors = pack_tensors(outputs) if outputs else b""
     params = pack_parameters(parameters) if parameters else b""
     message = error.encode() if error else b""
-    size = _RESPONSE_HEAD.size + len(tensors) + len(params) + len(message)
+    pos = at + _RESPONSE_HEAD.size
+    end = at + slot_size
+    step = _TENSOR.size
+    for t in outputs:  # straight into the slot: nothing is read before the bell rings
+        ndim = len(t.shape)
+        if pos + step + 8 * ndim > end:
+            raise ValueError(f"the outputs do not fit a {slot_size}-byte lane slot")
+        _TENSOR.pack_into(buf, pos, t.position, t.datatype, ndim, t.offset, t.byte_size)
+        _dims(ndim).pack_into(buf, pos + step, *t.shape)
+        pos += step + 8 * ndim
+    size = pos - at + len(params) + len(message)
     if size > slot_size:
         raise ValueError(f"a response of {size} bytes does not fit a {slot_size}-byte lane slot")
     n_params = len(parameters) if parameters else 0
     _RESPONSE_HEAD.pack_into(
         buf, at, request_id, status, len(outputs), n_params, len(message), len(params)
     )
-    pos = at + _RESPONSE_HEAD.size
-    buf[pos : at + size] = tensors + params + message
+    if params or message:
+        buf[pos : at + size] = params + message
 
 
 def read_response(buf: Any, at: int, slot_size: int) -> LaneResponse:
