@@ -378,7 +378,7 @@ def write_response(
     at: int,
     slot_size: int,
     request_id: int,
-    outputs: Sequence[Tensor],
+    outputs: Sequence[tuple[int, int, int, int, tuple[int, ...]]],
     parameters: Mapping[str, Any] | None,
     status: int = 0,
     error: str = "",
@@ -389,12 +389,12 @@ def write_response(
     pos = at + _RESPONSE_HEAD.size
     end = at + slot_size
     step = _TENSOR.size
-    for t in outputs:  # straight into the slot: nothing is read before the bell rings
-        ndim = len(t.shape)
+    for position, datatype, offset, byte_size, shape in outputs:  # Tensors, or their tuples
+        ndim = len(shape)  # straight into the slot: nothing is read before the bell rings
         if pos + step + 8 * ndim > end:
             raise ValueError(f"the outputs do not fit a {slot_size}-byte lane slot")
-        _TENSOR.pack_into(buf, pos, t.position, t.datatype, ndim, t.offset, t.byte_size)
-        _dims(ndim).pack_into(buf, pos + step, *t.shape)
+        _TENSOR.pack_into(buf, pos, position, datatype, ndim, offset, byte_size)
+        _dims(ndim).pack_into(buf, pos + step, *shape)
         pos += step + 8 * ndim
     size = pos - at + len(params) + len(message)
     if size > slot_size:

@@ -377,29 +377,27 @@ class LaneServer(threading.Thread):
             self._ok = False
             self._write_error(n, request_id, response.error)
             return
-        outputs = []
+        outputs = []  # wire.lane.Tensor's fields, as plain tuples
         contract = self.contract
         if response is not None:
-            wanted = wanted_outputs(
-                self.memory, request, response, contract.output_reshapes, contract.batched
-            )
             index, datatypes = contract.output_index, wl.DATATYPES
-            outputs = [
-                wl.Tensor(
-                    index[out.name], datatypes[out.datatype], out.offset, out.byte_size, shape
+            for out, shape in wanted_outputs(
+                self.memory, request, response, contract.output_reshapes, contract.batched
+            ):
+                outputs.append(
+                    (index[out.name], datatypes[out.datatype], out.offset, out.byte_size, shape)
                 )
-                for out, shape in wanted
-            ]
         try:
             self._write(n, request_id, outputs, response.parameters if response else None)
         except ValueError as exc:
             for t in outputs:
-                self.memory.release(self.output_region, t.offset)
+                self.memory.release(self.output_region, t[2])
             self._ok = False
             self._write_error(n, request_id, internal(f"response too large for the lane: {exc}"))
             return
+        leases = self.leases
         for t in outputs:
-            self.leases.add(t.offset)
+            leases.add(t[2])
         self._ok = True
 
     def _write(self, n: int, request_id: int, outputs: Any, parameters: Any) -> None:
