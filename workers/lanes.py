@@ -41,9 +41,11 @@ from inferpool.workers.lane_stats import Tally
 from inferpool.workers.memory import WorkerMemory, host_input, wanted_outputs
 
 log = logging.getLogger("inferpool.worker")
-# a checked request body: its inputs (views of the client's region, the same every time the
-# body comes again) and the outputs it wants
-Plan = tuple[list[InputTensor], dict[str, RequestedOutput]]
+# A checked request body: for each input its InputTensor (a view of the client's region, the
+# same every time the body comes again) or None for BYTES (their elements are decoded afresh
+# for every request) with where it lies; the outputs it wants.
+PlanInput = tuple["InputTensor | None", TensorRef, "tuple[int, ...] | None"]
+Plan = tuple[list[PlanInput], dict[str, RequestedOutput]]
 SLICE_S = 1.0  # the longest sleep: a lane thread looks at its lane at least this often
 FLUSH_NS = 50_000_000  # statistics reach the broker at most this long after a lane goes quiet
 MASK = 0xFFFFFFFF
@@ -303,10 +305,13 @@ class LaneServer(threading.Thread):
             if len(self._plans) >= PLANS:
                 self._plans.clear()
             self._plans[key] = plan
-        inputs, wanted = plan
+        planned, wanted = plan
+        inputs = {}
+        for tensor, ref, reshape in planned:
+            inputs[ref.name] = tensor or host_input(self.inputs, ref, reshape)
         return Request(
             id=str(req.id),
-            inputs={tensor.name: tensor for tensor in inputs},
+            inputs=inputs,
             requested_outputs=wanted,
             memory=self.memory,
             emit=self._emit,
@@ -323,7 +328,7 @@ class LaneServer(threading.Thread):
             tensors, outputs = wl.parse_body(req.body, req.n_inputs, req.n_outputs)
         except ValueError as exc:
             raise invalid_arg(f"malformed lane request: {exc}") from None
-        refs: list[InputTensor] = []
+        refs: list[PlanInput] = []
         seen: set[str] = set()
         batch = 0
         for t in tensors:
@@ -343,7 +348,8 @@ class LaneServer(threading.Thread):
             if reshape is not None and contract.max_batch_size > 0:
                 reshape = (t.shape[0], *reshape)
             ref = TensorRef(name, datatype, t.shape, self.inputs.name, t.offset, t.byte_size)
-            refs.append(host_input(self.inputs, ref, reshape))  # in the region, or INVALID_ARG
+            tensor = host_input(self.inputs, ref, reshape)  # in the region, or INVALID_ARG
+            refs.append((None if datatype == "BYTES" else tensor, ref, reshape))
         check_required(model, contract.required, seen)
         if not outputs:
             return refs, contract.all_outputs
