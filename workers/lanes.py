@@ -4,13 +4,14 @@ The broker opens a lane (``LaneOpen``) and closes it (``LaneClose``); the worker
 thread passes both here.  Each lane is served by a thread of its own, which waits on the
 lane's request ring (``shm.bell``: a bounded spin when the client runs on another core, then
 a futex), checks each request against the model's inputs and against the client's own
-region (the only memory a lane may read inputs from), and executes it on the instance under
+region (the only memory a lane may read inputs from; ``workers.lane_plans``, once per
+distinct body), and executes it on the instance under
 the worker's execute lock, with the same Request and Response objects as a broker batch.
 Responses go into the lane's response ring; outputs stay in the worker's output region as
 leases of the lane, freed when the client releases them or when the lane closes.
 
 What the lanes served is folded and sent to the broker as ``LaneStats`` (at most every
-``FLUSH_S``, and when a lane goes quiet), so the broker's statistics count it.
+``FLUSH_NS``, and when a lane goes quiet), so the broker's statistics count it.
 """
 
 from __future__ import annotations
@@ -21,55 +22,26 @@ import threading
 import time
 from typing import Any
 
-from inferpool.backends.api import InputTensor, Request, RequestedOutput, Response, batch_size_of
+from inferpool.backends.api import Request, Response, batch_size_of
 from inferpool.backends.host import BackendHost
-from inferpool.backends.reshape import output_reshapes
 from inferpool.shm.bell import apart, bells
 from inferpool.shm.region import Region
 from inferpool.wire import lane as wl
-from inferpool.wire.contract import (
-    TensorSpec,
-    check_byte_size,
-    check_input,
-    check_required,
-    tensor_spec,
-)
 from inferpool.wire.errors import Code, InferpoolError, internal, invalid_arg, not_found
 from inferpool.wire.worker.link import Link
-from inferpool.wire.worker.messages import LaneClosed, LaneOpen, Slot, TensorRef
+from inferpool.wire.worker.messages import LaneClosed, LaneOpen, Slot
+from inferpool.workers.lane_plans import Contract, Plans
 from inferpool.workers.lane_stats import Tally
-from inferpool.workers.memory import WorkerMemory, host_input, wanted_outputs
+from inferpool.workers.memory import WorkerMemory, wanted_outputs
 
 log = logging.getLogger("inferpool.worker")
-# A checked request body: for each input its InputTensor (a view of the client's region, the
-# same every time the body comes again) or None for BYTES (their elements are decoded afresh
-# for every request) with where it lies; the outputs it wants.
-PlanInput = tuple["InputTensor | None", TensorRef, "tuple[int, ...] | None"]
-Plan = tuple[list[PlanInput], dict[str, RequestedOutput]]
 SLICE_S = 1.0  # the longest sleep: a lane thread looks at its lane at least this often
 FLUSH_NS = 50_000_000  # statistics reach the broker at most this long after a lane goes quiet
 MASK = 0xFFFFFFFF
 _now = time.monotonic_ns
-PLANS = 16  # request bodies a lane remembers as checked
 REQ_DONE = wl.REQ_DONE >> 2  # the word the worker counts claimed requests in
 SWITCH_S = 0.001  # the GIL's switch interval while lanes are open (a busy lane thread
 # must let the main thread read the channel soon)
-
-
-class Contract:
-    """The model's tensors as a lane names them: by their index in the configuration."""
-
-    def __init__(self, config: Any, reshapes: dict[str, tuple[int, ...]]) -> None:
-        self.model = config.name
-        self.max_batch_size = int(config.max_batch_size)
-        self.batched = self.max_batch_size > 0
-        self.inputs: list[TensorSpec] = [tensor_spec(t, t.optional) for t in config.input]
-        self.outputs = [t.name for t in config.output]
-        self.required = frozenset(s.name for s in self.inputs if not s.optional)
-        self.reshapes = reshapes
-        self.all_outputs = {name: RequestedOutput(name) for name in self.outputs}
-        self.output_index = {name: i for i, name in enumerate(self.outputs)}
-        self.output_reshapes = output_reshapes(config)  # the client sees the config's dims
 
 
 class Lanes:
@@ -185,7 +157,7 @@ class LaneServer(threading.Thread):
         self._mapped = True
         self._map_lock = threading.Lock()
         self._current = (0, 0)  # (request number, client's id) being executed
-        self._plans: dict[tuple[int, int, bytes], Plan] = {}
+        self.plans = Plans(self.contract, self.inputs, self.memory, self._emit)
         self._ok = False
 
     # ------------------------------------------------------------------ from the main thread
@@ -270,7 +242,7 @@ class LaneServer(threading.Thread):
             if req.flags & wl.FLAG_RELEASE_ONLY:
                 self._write(n, req.id, (), None)
                 return claimed
-            request = self._request(n, req)
+            request = self.plans.request(n, req)
         except InferpoolError as err:
             self._answer_error(n, req.id, err, sent)
             return claimed
@@ -293,70 +265,8 @@ class LaneServer(threading.Thread):
             batches,
             end - exec_start,
         )
+        self.plans.prepare()
         return end
-
-    def _request(self, n: int, req: wl.LaneRequest) -> Request:
-        """The Request a backend sees (as on the broker path).  A client sends the same body
-        over and over: it is checked once, and its plan kept."""
-        key = (req.n_inputs, req.n_outputs, req.body)
-        plan = self._plans.get(key)
-        if plan is None:
-            plan = self._plan(req)
-            if len(self._plans) >= PLANS:
-                self._plans.clear()
-            self._plans[key] = plan
-        planned, wanted = plan
-        inputs = {}
-        for tensor, ref, reshape in planned:
-            inputs[ref.name] = tensor or host_input(self.inputs, ref, reshape)
-        return Request(
-            id=str(req.id),
-            inputs=inputs,
-            requested_outputs=wanted,
-            memory=self.memory,
-            emit=self._emit,
-            handle=n,
-        )
-
-    def _plan(self, req: wl.LaneRequest) -> Plan:
-        """Check a request body against the model and the client's region (INVALID_ARG in
-        the broker's words): where its inputs are, which outputs it wants."""
-        contract = self.contract
-        model = contract.model
-        specs = contract.inputs
-        try:
-            tensors, outputs = wl.parse_body(req.body, req.n_inputs, req.n_outputs)
-        except ValueError as exc:
-            raise invalid_arg(f"malformed lane request: {exc}") from None
-        refs: list[PlanInput] = []
-        seen: set[str] = set()
-        batch = 0
-        for t in tensors:
-            spec = specs[t.position] if t.position < len(specs) else None
-            if spec is None:
-                raise invalid_arg(f"unexpected inference input {t.position} for model '{model}'")
-            name = spec.name
-            if name in seen:
-                raise invalid_arg(f"input '{name}' is given more than once for model '{model}'")
-            seen.add(name)
-            datatype = wl.DATATYPE_NAMES.get(t.datatype, str(t.datatype))
-            batch, expected = check_input(
-                model, spec, datatype, t.shape, contract.max_batch_size, batch
-            )
-            check_byte_size(model, name, expected, t.byte_size)
-            reshape = contract.reshapes.get(name)
-            if reshape is not None and contract.max_batch_size > 0:
-                reshape = (t.shape[0], *reshape)
-            ref = TensorRef(name, datatype, t.shape, self.inputs.name, t.offset, t.byte_size)
-            tensor = host_input(self.inputs, ref, reshape)  # in the region, or INVALID_ARG
-            refs.append((None if datatype == "BYTES" else tensor, ref, reshape))
-        check_required(model, contract.required, seen)
-        if not outputs:
-            return refs, contract.all_outputs
-        names = contract.outputs
-        if any(i >= len(names) for i in outputs):
-            raise invalid_arg(f"unexpected inference output index for model '{model}'")
-        return refs, {names[i]: RequestedOutput(names[i]) for i in outputs}
 
     def _release(self, tokens: list[int]) -> None:
         """Free the outputs the client is done with; NOT_FOUND for a token it does not hold
@@ -432,7 +342,7 @@ class LaneServer(threading.Thread):
         if self._free:
             self.memory.free([Slot(self.output_region, t) for t in self.leases])
         self.leases.clear()
-        self._plans.clear()  # their input views go before the client's region is unmapped
+        self.plans.clear()  # their input views go before the client's region is unmapped
         with self._map_lock:
             self._mapped = False
             self.header.release()
