@@ -142,9 +142,6 @@ class Broker:
                 )
             self.liveness = Liveness(supervisor, opts.heartbeat_ms)
             self.readiness = Readiness(self.registry, opts.strict_readiness)
-            self.drain = Drain(
-                self.readiness, manager, supervisor, opts.drain_delay, opts.in_flight_timeout
-            )
             # the front: the shared-memory extension, inference, control, the router
             registrations = Registrations(
                 run_id,
@@ -166,6 +163,14 @@ class Broker:
                 cancellation.client_gone,
             )
             stack.callback(self.shm.close)  # its socket monitor must go before the context
+            self.drain = Drain(
+                self.readiness,
+                manager,
+                supervisor,
+                opts.drain_delay,
+                opts.in_flight_timeout,
+                self.shm.peer,
+            )
             self.lanes = lanes = Lanes(
                 run_id,
                 self.registry,
