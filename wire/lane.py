@@ -18,6 +18,7 @@ words count modulo 2**32.
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
@@ -201,15 +202,10 @@ def code_name(status: int) -> str:
 
 
 # ---------------------------------------------------------------------------- tensors
-_DIMS: dict[int, struct.Struct] = {}
-
-
+@functools.cache
 def _dims(ndim: int) -> struct.Struct:
-    """The struct of ``ndim`` dimensions (made once per rank)."""
-    packer = _DIMS.get(ndim)
-    if packer is None:
-        packer = _DIMS[ndim] = struct.Struct(f"<{ndim}q")
-    return packer
+    """The struct of ``ndim`` dimensions (ndim is a u8: at most 256 of them, made once)."""
+    return struct.Struct(f"<{ndim}q")
 
 
 def pack_tensors(tensors: Sequence[Tensor]) -> bytes:
@@ -237,15 +233,10 @@ def _read_tensors(buf: Any, pos: int, count: int, end: int) -> tuple[list[Tensor
     return tensors, pos
 
 
-_RELEASES: dict[int, struct.Struct] = {}
-
-
+@functools.cache
 def _releases(count: int) -> struct.Struct:
-    """The struct of ``count`` release tokens (made once per count)."""
-    packer = _RELEASES.get(count)
-    if packer is None:
-        packer = _RELEASES[count] = struct.Struct(f"<{count}Q")
-    return packer
+    """The struct of ``count`` release tokens (at most a slot's worth: made once each)."""
+    return struct.Struct(f"<{count}Q")
 
 
 def _pad(n: int) -> int:
