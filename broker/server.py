@@ -35,7 +35,6 @@ from inferpool.broker.front.responder import Responder
 from inferpool.broker.front.router import Router
 from inferpool.broker.front.shared_memory import EXTENSIONS, SharedMemory
 from inferpool.broker.front.shares import OutputShares
-from inferpool.broker.kserve.service import Frontends
 from inferpool.broker.models import repository
 from inferpool.broker.models.cancellation import Cancellation
 from inferpool.broker.models.config_support import ConfigSupport
@@ -51,6 +50,7 @@ from inferpool.broker.pool.liveness import Liveness
 from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.broker.pool.placement import Planner, Topology, parse_host_policies
 from inferpool.broker.pool.supervisor import Supervisor
+from inferpool.broker.sched_slice import request_slice
 from inferpool.shm.cancel_flags import CancelFlags
 from inferpool.shm.leases import LeaseTable
 from inferpool.shm.runs import region_name
@@ -77,6 +77,7 @@ class Broker:
         self.options = opts = options
         self._on_started = on_started
         self._signals: list[int] = []
+        request_slice(opts.sched_slice_us)  # before any thread or child: they inherit it
         self._watchdog = Watchdog()
         self._next_poll = time.monotonic() + options.repository_poll_secs
         with contextlib.ExitStack() as stack:
@@ -238,7 +239,9 @@ class Broker:
                 stack.callback(self.metrics.close)
                 self.poller.register(self.metrics.socket, zmq.POLLIN)
             # the KServe frontends: their own thread, a zmq client of their ROUTER over inproc
-            if inproc:
+            if inproc:  # imported only then: aiohttp and grpc are most of the broker's imports
+                from inferpool.broker.kserve.service import Frontends
+
                 stack.callback(Frontends(ctx, inproc, frontends).close)
             stack.callback(supervisor.kill_all)
             self._interrupted()
