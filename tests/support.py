@@ -232,14 +232,12 @@ class Server:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
-            if (
-                b"inferpool is ready" in self.log_bytes()
-                or b"inferpool started" in self.log_bytes()
-            ):
+            log = self.log_bytes()
+            if b"inferpool is ready" in log or b"inferpool started" in log:
                 self.run_id = run_id_of(self)
                 Server.runs.append(self.run_id)
                 return
-            time.sleep(0.05)
+            time.sleep(0.02)
         raise TimeoutError(f"server did not start within {timeout}s:\n{self.log()}")
 
     def regions(self) -> list[str]:
