@@ -66,6 +66,8 @@ class PyTorchInstance(ModelInstance):
             self.artifact = artifact.load(
                 path, self.placement.device, model.settings.inference_mode, model.name
             )
+            self.forward = self.artifact.forward
+            self.input_device = self.placement.input_device
             stack.callback(self._drop_model)
             self.weights = self._share_weights(path)
             self._report_memory()
@@ -129,7 +131,7 @@ class PyTorchInstance(ModelInstance):
                 self.report_memory_usage("CPU", size)
 
     def _drop_model(self) -> None:
-        del self.artifact
+        del self.artifact, self.forward
         gc.collect()  # TorchScript modules hold cycles: free the weights (and their mapping) now
 
     def finalize(self) -> None:
@@ -178,23 +180,23 @@ class PyTorchInstance(ModelInstance):
     def _run(
         self, batch: list[Prepared], responses: dict[int, Response], exec_start: int
     ) -> tuple[int, int]:
-        """One forward pass over ``batch``; fills ``responses``; returns (compute start, end)."""
+        """One forward pass over ``batch``, its inputs gathered and its outputs written under
+        the model's settings (inference mode); fills ``responses``; returns (compute start,
+        end)."""
         placement = self.placement
         pairs = [(p, p.request.response()) for p in batch]
         placement.begin()
         try:
-            with placement.active():
+            with placement.active(), self.model.settings.applied():
                 placement.mark(0)
-                args = self.assembler.forward_args(batch, placement.input_device)
+                args = self.assembler.forward_args(batch, self.input_device)
                 placement.mark(1)
-                with self.model.settings.applied():
-                    try:
-                        result = self.artifact.forward(*args)
-                    except Exception as exc:
-                        raise internal(f"PyTorch execute failure: {exc}") from exc
-                    outputs = normalize(result)
+                try:
+                    result = self.forward(*args)
+                except Exception as exc:
+                    raise internal(f"PyTorch execute failure: {exc}") from exc
+                outputs = normalize(result)
                 placement.mark(2)
-                self.writer.check_indices(len(outputs))
                 self.writer.write(outputs, pairs)
             for p, response in pairs:
                 responses[id(p.request)] = response

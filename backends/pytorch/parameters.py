@@ -9,9 +9,11 @@ so that nothing leaks into other code sharing the process (tests, the harness).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -125,17 +127,29 @@ class Settings:
                     model_name,
                 )
 
+    def applied(self) -> contextlib.AbstractContextManager[Any]:
+        """Run an execution under these settings (inference mode or no-grad, JIT switches);
+        the process-wide switches are set (and set back) only where they differ.  Where none
+        differs (the usual case) this is only the grad mode's guard: no generator, no flags
+        read twice."""
+        c = torch._C
+        if (
+            self.jit_switches
+            or c._get_graph_executor_optimize() != self.optimized_execution
+            or c._get_cudnn_enabled() != self.cudnn
+        ):
+            return self._swapped()
+        return c._InferenceMode(True) if self.inference_mode else torch.no_grad()
+
     @contextlib.contextmanager
-    def applied(self) -> Iterator[None]:
-        """Run a forward pass under these settings (inference mode or no-grad, JIT switches);
-        the process-wide switches are set (and set back) only where they differ."""
+    def _swapped(self) -> Iterator[None]:
         c = torch._C
         optimize = c._get_graph_executor_optimize()
-        cudnn = torch.backends.cudnn.enabled
+        cudnn = c._get_cudnn_enabled()
         swap = optimize != self.optimized_execution or cudnn != self.cudnn
         if swap:
             c._set_graph_executor_optimize(self.optimized_execution)
-            torch.backends.cudnn.enabled = self.cudnn
+            c._set_cudnn_enabled(self.cudnn)
         jit = self.jit_switches and _swap_jit(
             self.jit_profiling, self.jit_executor, self.tensor_fuser
         )
@@ -146,10 +160,10 @@ class Settings:
             if jit:
                 _swap_jit(*jit)
             if swap:
-                torch.backends.cudnn.enabled = cudnn
+                c._set_cudnn_enabled(cudnn)
                 c._set_graph_executor_optimize(optimize)
 
-    @property
+    @functools.cached_property
     def jit_switches(self) -> bool:
         """Whether the model sets any JIT switch (most leave them all as torch has them)."""
         switches = (self.jit_profiling, self.jit_executor, self.tensor_fuser)
