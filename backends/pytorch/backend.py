@@ -145,15 +145,17 @@ class PyTorchInstance(ModelInstance):
         adopt_threads()
         responses: dict[int, Response] = {}
         batch: list[Prepared] = []
+        prepare = self.assembler.prepare
         for request in requests:
             try:
-                batch.append(self.assembler.prepare(request))
+                batch.append(prepare(request))
             except InferpoolError as err:
                 responses[id(request)] = Response(request, err)
-        batch, rejected = self.assembler.split_uniform(batch)
-        for p, problem in rejected:
-            responses[id(p.request)] = Response(p.request, problem)
-        total = sum(p.batch for p in batch)
+        if len(batch) > 1:
+            batch, rejected = self.assembler.split_uniform(batch)
+            for p, problem in rejected:
+                responses[id(p.request)] = Response(p.request, problem)
+        total = sum([p.batch for p in batch])
         ran = False
         compute_start = compute_end = exec_start
         if batch:
@@ -168,8 +170,9 @@ class PyTorchInstance(ModelInstance):
                 ran = True
         exec_end = now_ns()
         ordered = [responses[id(r)] for r in requests]
+        report = self.report_statistics
         for request, response in zip(requests, ordered, strict=True):
-            self.report_statistics(
+            report(
                 request, response.error is None, exec_start, compute_start, compute_end, exec_end
             )
         if ran:

@@ -182,31 +182,32 @@ class InputAssembler:
         """The positional forward arguments (a single dict for a Dict[str, Tensor] model)."""
         join = self._join
         if self.layout.is_dict:
-            return [
-                {
-                    name: join(name, [p.values[name] for p in batch], device)
-                    for name in self.layout.index
-                }
-            ]
+            return [{name: join(name, batch, device) for name in self.layout.index}]
         args: list[Any] = [None] * self.layout.arg_count
         for name, position in self.positions:
-            args[position] = join(name, [p.values[name] for p in batch], device)
+            args[position] = join(name, batch, device)
         return args
 
-    def _join(self, name: str, parts: list[Any], device: torch.device) -> Any:
-        if isinstance(parts[0], list):
-            return [s for part in parts for s in part]
-        if len(parts) == 1:
-            tensor = dtypes.as_tensor(parts[0])
+    def _join(self, name: str, batch: list[Prepared], device: torch.device) -> Any:
+        """Input ``name`` of every request of ``batch`` as one value."""
+        if len(batch) == 1:
+            value = batch[0].values[name]
+            if isinstance(value, list):
+                return value
+            tensor = dtypes.as_tensor(value)
             if device.type != "cpu":
                 tensor = tensor.to(device, non_blocking=True)
-        elif (
-            all(isinstance(p, np.ndarray) for p in parts)
-            and (span := contiguous_span(parts)) is not None
-        ):
-            tensor = dtypes.as_tensor(span).to(device, non_blocking=_queued(device))
         else:
-            tensor = _copy_into_batch(parts, device)
+            parts = [p.values[name] for p in batch]
+            if isinstance(parts[0], list):
+                return [s for part in parts for s in part]
+            if (
+                all(isinstance(p, np.ndarray) for p in parts)
+                and (span := contiguous_span(parts)) is not None
+            ):
+                tensor = dtypes.as_tensor(span).to(device, non_blocking=_queued(device))
+            else:
+                tensor = _copy_into_batch(parts, device)
         reshape = self.specs[name].reshape
         if reshape is not None:
             tensor = tensor.reshape((tensor.shape[0], *reshape) if self.batching else reshape)
