@@ -159,10 +159,9 @@ class PyTorchInstance(ModelInstance):
         ran = False
         compute_start = compute_end = exec_start
         if batch:
-            if total != 1 and total > model.max_batch_size:
-                error = internal(
-                    f"batch size {total} for '{self.name}', max allowed is {model.max_batch_size}"
-                )
+            limit = self.assembler.max_batch_size  # the config's, read once at load
+            if total != 1 and total > limit:
+                error = internal(f"batch size {total} for '{self.name}', max allowed is {limit}")
                 for p in batch:
                     responses[id(p.request)] = Response(p.request, error)
             else:
