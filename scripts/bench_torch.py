@@ -99,7 +99,7 @@ class InProcess:
     """Through the pytorch backend in this process (the real lifecycle host), each call made
     as a worker makes it: a ``Request`` over a read-only view of input memory (into which the
     input is first copied, as a client writes it), the response's output read in place and
-    its memory released.  ``stats`` splits the backend's time as its statistics report it."""
+    its memory released.  ``stages`` splits the backend's time as its statistics report it."""
 
     def __init__(self, repo: Path, stack: contextlib.ExitStack) -> None:
         harness = BackendHarness("pytorch", MLP_CONFIG, repository_path=str(repo))
@@ -141,15 +141,15 @@ class InProcess:
         response.discard()
         return value
 
-    def stats(self) -> dict[str, Any]:
-        """Totals in the shape of the server's ``inference_stats`` (no queue: none here)."""
-        count = len(self.durations)
-        total = {
-            key: {"count": count, "ns": sum(getattr(d, key) for d in self.durations)}
-            for key in Durations._fields
-        }
-        total["success"] = {"count": count, "ns": sum(v["ns"] for v in total.values())}
-        return total
+    def stages(self, last: int, p50_us: float) -> str:
+        """Where the ``last`` calls' time went: the p50 of each of the backend's stages, as
+        its statistics report them, and what the p50 call spent around them."""
+        timed = self.durations[-last:]
+        p50s = [p50([getattr(d, key) for d in timed]) for key in Durations._fields]
+        return (
+            f"  p50: input {p50s[0]:.1f} | model {p50s[1]:.1f} | output {p50s[2]:.1f} | "
+            f"around the backend {p50_us - sum(p50s):.1f}  (us per request)"
+        )
 
 
 def serve(repo: Path, stack: contextlib.ExitStack, *args: str) -> Client:
@@ -243,23 +243,19 @@ def delta(before: Stats, after: Stats, into: Stats) -> None:
 
 
 def breakdown(totals: Stats, mean_us: float) -> str:
-    """Where a request's time goes, from the statistics counted while it was timed (means,
-    us): in the backend (its input, the model, its output) and around it."""
+    """Where a served request's time goes, from the statistics counted while it was timed
+    (means, us): in the backend (its input, the model, its output) and around it."""
 
     def mean(key: str) -> float:
-        total = totals.get(key, {"count": 0, "ns": 0})
+        total = totals[key]
         return total["ns"] / max(total["count"], 1) / 1e3
 
-    model, served = mean("compute_infer"), mean("success")
-    parts = f"  input {mean('compute_input'):.1f} | model {model:.1f} | output "
-    parts += f"{mean('compute_output'):.1f}"
-    if "queue" not in totals:  # in-process: the rest is the request and the host around it
-        return f"{parts} | around the backend {mean_us - served:.1f}  (us per request)"
-    io = mean("compute_input") + mean("compute_output")
+    model, served, queue = mean("compute_infer"), mean("success"), mean("queue")
+    inputs, outputs = mean("compute_input"), mean("compute_output")
     return (
-        f"{parts} | queue {mean('queue'):.1f} | broker<->worker "
-        f"{served - model - io - mean('queue'):.1f} | client<->broker {mean_us - served:.1f}"
-        "  (us per request)"
+        f"  mean: input {inputs:.1f} | model {model:.1f} | output {outputs:.1f} | queue "
+        f"{queue:.1f} | broker<->worker {served - model - inputs - outputs - queue:.1f} | "
+        f"client<->broker {mean_us - served:.1f}  (us per request)"
     )
 
 
@@ -422,8 +418,11 @@ def main() -> None:
                     f"p99 {sorted(got)[int(len(got) * 0.99)] / 1e3:8.1f} us  "
                     f"{batch * 1e6 / mean_us:10.0f} inferences/s"
                 )
+                path = paths[name]
                 if totals[name]:
                     print(breakdown(totals[name], mean_us))
+                elif isinstance(path, InProcess):
+                    print(path.stages(len(got), p50(got)))
     print(f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     for (name, batch), ratio in ratios.items():
         print(f"{name:9} / torch, batch {batch:3}: p50 x{ratio:5.2f}")
