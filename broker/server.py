@@ -347,6 +347,8 @@ class Broker:
                     metrics.answer()
                 if self._wake.fileno() in events or self._signals:
                     self._handle_signals()
+                if self.manager.dispatched:
+                    self._read_dispatched()
                 now = time.monotonic()
                 if now >= next_housekeeping:
                     self._housekeeping(now)
@@ -359,6 +361,16 @@ class Broker:
     def _drain_frontend(self) -> None:
         """One message per readiness: the next poll returns at once if more are waiting."""
         self.router.handle(recv_frames(self.frontend, NOBLOCK))
+
+    def _read_dispatched(self) -> None:
+        """Read the channels of the workers just sent a batch, without a poll: a worker on
+        this core ran as the send woke it and has usually answered already (one elsewhere
+        has not: one empty read).  A batch that answer starts is looked at the same way."""
+        dispatched = self.manager.dispatched
+        while dispatched:
+            handle = dispatched.pop()
+            if handle.channel is not None:
+                self._from_worker(handle)
 
     def _from_worker(self, handle: Worker) -> None:
         assert handle.channel is not None

@@ -106,6 +106,7 @@ class Manager:
         self.load_waiters: dict[str, list[Waiter]] = {}
         self._unload_waiters: dict[int, list[Waiter]] = {}  # id(record) -> waiters
         self.lanes: LaneEvents | None = None
+        self.dispatched: list[Worker] = []  # sent a batch since the loop last looked
         self.ensembles = Ensembles(self)  # pipelines: ensembles, models' calls (BLS)
         self.calls = Calls(self)
         outputs.on_lent_gone = self._unmap_everywhere
@@ -390,6 +391,7 @@ class Manager:
         frees = self.outputs.take_frees(handle.output_region)
         msg = Execute([r.work for r in batch], frees, unmaps, release, nulls)
         self.supervisor.send(handle, msg)
+        self.dispatched.append(handle)
 
     def reject(self, req: PendingRequest, err: InferpoolError, reason: str = "") -> None:
         """Answer ``req`` with an error (unless it was cancelled: answered) and end it;
