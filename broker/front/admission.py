@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from inferpool.broker.front.limits import check_id, work_size
+from inferpool.broker.front.limits import check_id, encode_work
 from inferpool.broker.models.registry import ModelVersion
 from inferpool.broker.models.request import FLAG_SEQUENCE_END, FLAG_SEQUENCE_START, PendingRequest
 from inferpool.shm.arena import Arena, ArenaFull, Slot
@@ -154,7 +154,7 @@ def admit(
             priority,
             timeout_us,
         )
-        wire_bytes = work_size(work, parameters, name)
+        wire, wire_bytes = encode_work(work, parameters, name)
     except BaseException:
         for slot in slots:
             arena.free(slot)
@@ -170,6 +170,7 @@ def admit(
         batch_size=batch or 1,
         received_ns=now_ns,
         shm_outputs=shm_outputs,
+        wire=wire,
         wire_bytes=wire_bytes,
     )
 

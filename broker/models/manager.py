@@ -389,7 +389,8 @@ class Manager:
         handle.began_executing(time.monotonic())
         unmaps = self.unmaps.pop(handle.identity, ()) if self.unmaps else ()
         frees = self.outputs.take_frees(handle.output_region)
-        msg = Execute([r.work for r in batch], frees, unmaps, release, nulls)
+        works = [r.work if r.wire is None else r.wire for r in batch]
+        msg = Execute(works, frees, unmaps, release, nulls)
         self.supervisor.send(handle, msg)
         self.dispatched.append(handle)
 

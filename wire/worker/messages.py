@@ -177,9 +177,10 @@ class LaneBatch(NamedTuple):
 
 # ---------------------------------------------------------------------------- broker -> worker
 class Execute(NamedTuple):
-    """Run ``requests`` as one batch, after dropping what the other fields name."""
+    """Run ``requests`` as one batch, after dropping what the other fields name (the broker
+    sends each Work as its ``encoded`` bytes; the worker reads Work records)."""
 
-    requests: Sequence[Work]
+    requests: Sequence[Work | orjson.Fragment]
     free: Sequence[Slot] = ()
     unmap: Sequence[str] = ()  # client regions no request will name again
     release: Sequence[CorrelationId] = ()  # sequences released as idle: drop their state
@@ -384,6 +385,13 @@ def encode(msg: Message) -> bytes:
 def record_size(record: Any) -> int:
     """The bytes ``record`` (or any value of a message) takes inside an encoded message."""
     return len(orjson.dumps(record, default=_fields))
+
+
+def encoded(record: Any) -> tuple[orjson.Fragment, int]:
+    """``record`` encoded once, to travel in messages as is, and its size there: a request's
+    Work is sized at admission and sent as it was sized."""
+    data = orjson.dumps(record, default=_fields)
+    return orjson.Fragment(data), len(data)
 
 
 # An Execute is its frame plus its work items, each followed by a comma but the last: a
