@@ -78,10 +78,12 @@ def admit(
         for i, inp in enumerate(inputs):
             try:  # the fast path: an input as this model has seen it before
                 iname, datatype, shape = inp["name"], inp["datatype"], inp["shape"]
-                key = (iname, datatype, *shape)
-                input_batch, expected_bytes = checked[key]
-                if type(shape) is not list or not all(type(d) is int for d in shape):
-                    raise KeyError  # 1.0 and True would pass for 1 as a key
+                input_batch, expected_bytes = checked[(iname, datatype, *shape)]
+                if type(shape) is not list:
+                    raise KeyError
+                for d in shape:
+                    if type(d) is not int:
+                        raise KeyError  # 1.0 and True would pass for 1 as a key
                 shape = tuple(shape)
             except (KeyError, TypeError):
                 iname, datatype, shape, input_batch, expected_bytes = _check(i, inp, model)

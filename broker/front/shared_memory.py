@@ -103,9 +103,8 @@ class SharedMemory:
         release = header.get("release")
         if release:
             self.handles.release(client, release)
-        self._track(client)  # its peer is known from now on, for its outputs' share
-        self.clients.seen(client)
-        self.handles.shares.admit(client)
+        self.clients.active(client, self._source)  # its peer is known from now on, for
+        self.handles.shares.admit(client)  # its outputs' share
 
     def principal(self, client: bytes) -> str:
         """Whose limits ``client`` counts against (a connection looked at already)."""
