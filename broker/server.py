@@ -60,6 +60,8 @@ from inferpool.wire.zmqio import NOBLOCK, recv_frames
 
 log = logging.getLogger("inferpool.broker")
 HOUSEKEEPING_S = 0.05
+FRONT_BATCH = 64  # client messages handled per readiness of the socket, at most
+EVENTS, POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -359,8 +361,17 @@ class Broker:
             self.close()
 
     def _drain_frontend(self) -> None:
-        """One message per readiness: the next poll returns at once if more are waiting."""
-        self.router.handle(recv_frames(self.frontend, NOBLOCK))
+        """The messages waiting (up to FRONT_BATCH), then their dispatch: requests that
+        arrived together can run as one batch, and they cost one poll."""
+        frontend, manager = self.frontend, self.manager
+        manager.hold()
+        try:
+            for _ in range(FRONT_BATCH):
+                self.router.handle(recv_frames(frontend, NOBLOCK))
+                if not frontend.getsockopt(EVENTS) & POLLIN:
+                    break
+        finally:
+            manager.release()
 
     def _read_dispatched(self) -> None:
         """Read the channels of the workers just sent a batch, without a poll: a worker on

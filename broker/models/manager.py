@@ -107,6 +107,7 @@ class Manager:
         self._unload_waiters: dict[int, list[Waiter]] = {}  # id(record) -> waiters
         self.lanes: LaneEvents | None = None
         self.dispatched: list[Worker] = []  # sent a batch since the loop last looked
+        self._held: list[Scheduler] | None = None  # while requests arrive together (hold)
         self.ensembles = Ensembles(self)  # pipelines: ensembles, models' calls (BLS)
         self.calls = Calls(self)
         outputs.on_lent_gone = self._unmap_everywhere
@@ -361,7 +362,23 @@ class Manager:
         self.inflight[req.rid] = req
         scheduler = req.model.scheduler
         assert scheduler is not None
+        if self._held is not None and not scheduler.held:
+            scheduler.held = True
+            self._held.append(scheduler)
         self._note_wake(scheduler, scheduler.enqueue(req, now_ns))
+
+    def hold(self) -> None:
+        """Requests that arrived together are being admitted: they are queued, and batches
+        form from all of them at :meth:`release` (rather than the first running alone)."""
+        self._held = []
+
+    def release(self) -> None:
+        """Dispatch what was queued since :meth:`hold`."""
+        held, self._held = self._held or [], None
+        now = time.monotonic_ns()
+        for scheduler in held:
+            scheduler.held = False
+            self._note_wake(scheduler, scheduler.pump(now))
 
     def dispatch(
         self,
