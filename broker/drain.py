@@ -1,6 +1,7 @@
 """Draining a node: stop taking requests, finish the admitted ones, stop the workers, exit 0.
 
-SIGTERM, SIGINT and the ``drain`` message (``POST /drain`` over HTTP) start the same drain.
+SIGTERM, SIGINT and the ``drain`` message (``POST /drain`` over HTTP) start the same drain;
+the message only from the server's own user or root (``front.peers.require_operator``).
 Readiness fails at once, so probes and routers (Kubernetes endpoints, a Ray Serve health
 check) stop sending here; admissions stop ``delay`` seconds later (0 by default: at once),
 which lets routers that poll readiness notice before a request they send is refused.  From
@@ -18,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from inferpool.broker.front.peers import Peer, require_operator
 from inferpool.broker.front.readiness import Readiness
 from inferpool.broker.front.router import Handler
 from inferpool.broker.models.manager import Manager
@@ -43,14 +45,17 @@ class Drain:
         supervisor: Supervisor[Any],
         delay: float,
         timeout: float,
+        peer: Callable[[bytes], Peer],
     ) -> None:
         """``delay``: seconds between the drain's start and the end of admissions;
-        ``timeout``: seconds the admitted requests then get to finish."""
+        ``timeout``: seconds the admitted requests then get to finish; ``peer``: who sent
+        the message being handled (only an operator may drain)."""
         self.readiness = readiness
         self.manager = manager
         self.supervisor = supervisor
         self.delay = delay
         self.timeout = timeout
+        self.peer = peer
         self.phase = Phase.SERVING
         self.admissions_end: list[Callable[[str], None]] = []  # told why, when they end
         self._admit_until = 0.0
@@ -64,7 +69,9 @@ class Drain:
         return {"drain": self.requested}
 
     def requested(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
-        """The ``drain`` message: answered at once, with what is still in flight."""
+        """The ``drain`` message (the server's own user or root only): answered at once,
+        with what is still in flight."""
+        require_operator(self.peer(e[0]), "drain the server")
         self.begin("asked to drain", time.monotonic())
         return {
             "draining": True,

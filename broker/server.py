@@ -35,7 +35,6 @@ from inferpool.broker.front.responder import Responder
 from inferpool.broker.front.router import Router
 from inferpool.broker.front.shared_memory import EXTENSIONS, SharedMemory
 from inferpool.broker.front.shares import OutputShares
-from inferpool.broker.kserve.service import Frontends
 from inferpool.broker.models import repository
 from inferpool.broker.models.cancellation import Cancellation
 from inferpool.broker.models.config_support import ConfigSupport
@@ -144,9 +143,6 @@ class Broker:
                 )
             self.liveness = Liveness(supervisor, opts.heartbeat_ms)
             self.readiness = Readiness(self.registry, opts.strict_readiness)
-            self.drain = Drain(
-                self.readiness, manager, supervisor, opts.drain_delay, opts.in_flight_timeout
-            )
             # the front: the shared-memory extension, inference, control, the router
             registrations = Registrations(
                 run_id,
@@ -168,6 +164,14 @@ class Broker:
                 cancellation.client_gone,
             )
             stack.callback(self.shm.close)  # its socket monitor must go before the context
+            self.drain = Drain(
+                self.readiness,
+                manager,
+                supervisor,
+                opts.drain_delay,
+                opts.in_flight_timeout,
+                self.shm.peer,
+            )
             self.lanes = lanes = Lanes(
                 run_id,
                 self.registry,
@@ -235,7 +239,9 @@ class Broker:
                 stack.callback(self.metrics.close)
                 self.poller.register(self.metrics.socket, zmq.POLLIN)
             # the KServe frontends: their own thread, a zmq client of their ROUTER over inproc
-            if inproc:
+            if inproc:  # imported only then: aiohttp and grpc are most of the broker's imports
+                from inferpool.broker.kserve.service import Frontends
+
                 stack.callback(Frontends(ctx, inproc, frontends).close)
             stack.callback(supervisor.kill_all)
             self._interrupted()

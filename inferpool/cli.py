@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 from collections.abc import Sequence
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand; a mistake or a server's error is one line on stderr and exit 2."""
     args = build_parser().parse_args(argv)
+    gc.freeze()  # the imports last as long as the command: no collection walks them, at exit either
     try:
         return int(args.func(args))
     except (UsageError, InferpoolError) as err:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 from collections.abc import Sequence
@@ -466,6 +467,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except StartInterrupted as stop:
         print(f"inferpool: {stop}; nothing of the run is left", file=sys.stderr)
         return 0
+    # what the start made (the imports, the broker's parts) lives as long as the process: out
+    # of the collector's reach, a full collection while serving, and the one at exit, do not
+    # walk it again (the exit took 0.1 s of CPU for that alone)
+    gc.freeze()
     print(f"inferpool {__version__}: serving {opts.model_repository} (run {broker.run_id})")
     for endpoint in opts.listen:
         print(f"  listening on {endpoint}")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import compileall
+import gc
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -10,7 +13,25 @@ from pathlib import Path
 import pytest
 
 from inferpool.shm.runs import regions_of_run, run_is_alive
-from tests.support import EXAMPLES, Server, serving
+from tests.support import EXAMPLES, ROOT, Server, serving
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The package's bytecode, compiled once: the suite starts hundreds of interpreters
+    (brokers, zygotes, clients, the CLI), and where Python writes none itself
+    (PYTHONDONTWRITEBYTECODE) each of them compiled every module it imports again.  The
+    example repositories' model code is left as it is (tests copy those directories)."""
+    for package in sorted(ROOT.iterdir()):
+        if (package / "__init__.py").exists() and package.name != "tests":
+            compileall.compile_dir(package, quiet=1, rx=re.compile(r"_repository/"))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What collection made (every test module, torch, hypothesis: a quarter of a million
+    objects, alive to the end) leaves the garbage collector's reach, as a zygote's imports do:
+    a full collection (the pytorch backend runs one as it unloads, at each of its tests'
+    teardown) then walks only what the tests made, not all of it again."""
+    gc.freeze()
 
 
 @pytest.fixture

@@ -4,8 +4,11 @@ the worker's channel.
 A call goes to the broker as a ``Call`` message and is scheduled there like any request;
 its replies come back as ``Replies``.  The channel is read by the main thread only: the
 worker's loop between batches, or a call waited for on the main thread while the model
-executes, which handles whatever else arrives meanwhile (a Free, a Stop) as the loop would.
-A call waited for on another thread sleeps until the main thread delivers its reply.
+executes, which handles whatever else arrives meanwhile (a Free, a lane, a Stop) as the loop
+would.
+A call waited for on another thread sleeps until the main thread delivers its reply.  A call
+made on a ``HoldingThread`` (a lane's, whose executes the broker did not schedule) is sent
+``held``: the broker keeps the instance to itself until the call ends.
 
 Inputs that already lie in shared memory travel as references; other arrays are copied
 once into this worker's output arena and freed when the call's final reply arrives.  A
@@ -34,7 +37,6 @@ from inferpool.wire.worker.link import Link
 from inferpool.wire.worker.messages import (
     BrokerMessage,
     Call,
-    Free,
     Release,
     Replies,
     Result,
@@ -48,7 +50,13 @@ from inferpool.workers.memory import WorkerMemory
 
 log = logging.getLogger("inferpool.worker")
 RELEASE_CHUNK = 1000  # slots per Release message: far below a datagram's limit
-OnFree = Callable[[Free], None]
+OnMessage = Callable[[BrokerMessage], None]
+
+
+class HoldingThread(threading.Thread):
+    """A thread that executes on the instance without the broker's knowing (a lane's): the
+    calls its executes make say so, or the broker could hand the instance a batch or the
+    call itself while the execute waits for it."""
 
 
 class PendingCall:
@@ -93,11 +101,12 @@ class PendingCall:
 
 
 class ChannelCalls:
-    def __init__(self, link: Link[BrokerMessage], memory: WorkerMemory, on_free: OnFree) -> None:
-        """``on_free`` applies a Free that arrives while a call is waited for."""
+    def __init__(self, link: Link[BrokerMessage], memory: WorkerMemory, aside: OnMessage) -> None:
+        """``aside`` handles what else arrives while a call is waited for on the main thread
+        (a Free, a lane opened or closed) as the worker's loop would."""
         self.link = link
         self.memory = memory
-        self._on_free = on_free
+        self._aside = aside
         self._main = threading.get_ident()
         self._calls: dict[int, PendingCall] = {}
         self._ids = itertools.count(1)
@@ -122,7 +131,10 @@ class ChannelCalls:
             refs,
             [WantedOutput(name) for name in request.requested_outputs],
         )
-        msg = Call(request.model_name, request.model_version, work, request.timeout_us, decoupled)
+        held = isinstance(threading.current_thread(), HoldingThread)
+        msg = Call(
+            request.model_name, request.model_version, work, request.timeout_us, decoupled, held
+        )
         self._calls[call_id] = pending
         try:
             self.flush()
@@ -168,13 +180,11 @@ class ChannelCalls:
             self._fail_all(unavailable("the broker closed the channel"))
         elif isinstance(msg, Replies):
             self.deliver(msg.items)
-        elif isinstance(msg, Free):
-            self._on_free(msg)
         elif isinstance(msg, Stop):
             self.stopping = True
             self._fail_all(unavailable("the worker was told to stop while the call waited"))
         else:
-            log.error("unexpected %s message while a call waited; ignored", type(msg).__name__)
+            self._aside(msg)
 
     def deliver(self, items: Sequence[Result]) -> None:
         """Replies from the broker (main thread): each to its call."""

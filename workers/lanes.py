@@ -37,6 +37,7 @@ from inferpool.wire.contract import (
 from inferpool.wire.errors import Code, InferpoolError, internal, invalid_arg, not_found
 from inferpool.wire.worker.link import Link
 from inferpool.wire.worker.messages import LaneClosed, LaneOpen, Slot, TensorRef
+from inferpool.workers.calls import HoldingThread
 from inferpool.workers.lane_stats import Tally
 from inferpool.workers.memory import WorkerMemory, host_input, wanted_outputs
 
@@ -144,7 +145,7 @@ class Lanes:
             log.warning("lane message not sent: %s", exc)
 
 
-class LaneServer(threading.Thread):
+class LaneServer(HoldingThread):
     """One lane: its thread claims the client's requests in order and answers each."""
 
     def __init__(self, lanes: Lanes, msg: LaneOpen) -> None:

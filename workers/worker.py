@@ -57,6 +57,7 @@ from inferpool.workers.regions import ChannelRegions
 from inferpool.workers.sequence_state import SequenceStates
 
 log = logging.getLogger("inferpool.worker")
+HOLD_POLL_S = 0.002  # how often the channel is read while a lane's execute holds the instance
 
 
 class Worker:
@@ -77,7 +78,7 @@ class Worker:
         self.flags = CancelFlags.attach(spec.cancel_region) if spec.cancel_region else None
         self._cancelled = self.flags.is_cancelled if self.flags is not None else None
         self.regions = ChannelRegions(link)
-        self.calls = ChannelCalls(link, self.memory, self._free)  # the model's BLS calls
+        self.calls = ChannelCalls(link, self.memory, self._aside)  # the model's BLS calls
         self.host = BackendHost(
             backend_name=spec.backend,
             model_name=spec.model_name,
@@ -185,20 +186,33 @@ class Worker:
                 self.calls.flush()
                 if self.calls.stopping:  # a Stop came while the batch waited for a call
                     return
-            elif isinstance(msg, Free):
-                self._free(msg)
             elif isinstance(msg, Replies):  # to calls made by the model's own threads
                 self.calls.deliver(msg.items)
-            elif isinstance(msg, LaneOpen):
-                assert self.lanes is not None
-                self.lanes.open(msg)
-            elif isinstance(msg, LaneClose):
-                assert self.lanes is not None
-                self.lanes.close(msg.lane, msg.free)
             elif isinstance(msg, Stop):
                 return
             else:
-                log.error("unexpected %s message from the broker; ignored", type(msg).__name__)
+                self._aside(msg)
+
+    def _take_instance(self) -> None:
+        """The execute lock.  A lane's execute that holds it may wait for a call's reply,
+        which only this thread reads: the channel is read while the lock is waited for."""
+        lock = self.execute_lock
+        while not lock.acquire(timeout=HOLD_POLL_S):
+            self.calls.pump()
+
+    def _aside(self, msg: BrokerMessage) -> None:
+        """A message that needs no execute: between batches, or while one waits (for a
+        call, or for the instance a lane's execute holds)."""
+        if isinstance(msg, Free):
+            self._free(msg)
+        elif isinstance(msg, LaneOpen):
+            assert self.lanes is not None
+            self.lanes.open(msg)
+        elif isinstance(msg, LaneClose):
+            assert self.lanes is not None
+            self.lanes.close(msg.lane, msg.free)
+        else:
+            log.error("unexpected %s message from the broker; ignored", type(msg).__name__)
 
     def _free(self, msg: Free) -> None:
         self._drop(msg.free, msg.unmap)
@@ -237,10 +251,13 @@ class Worker:
         host = self.host
         self._in_execute = True
         try:
-            with self.execute_lock:
+            self._take_instance()
+            try:
                 if requests:
                     host.execute(requests)
                 batches = host.take_batches()
+            finally:
+                self.execute_lock.release()
         finally:
             self._in_execute = False
         compute_end = now_ns()

@@ -37,6 +37,7 @@ import traceback
 from typing import NoReturn
 
 from inferpool.wire.errors import Code, InferpoolError
+from inferpool.wire.logs import configure
 from inferpool.wire.worker.spec import (
     EXIT_BOOT_FAILED,
     EXIT_BROKER_GONE,
@@ -69,11 +70,11 @@ def main() -> int:
     # before it installs its own handler stays pending (a blocked signal is never discarded as
     # ignored) and ends it once ``workers.main.run`` unblocks it, instead of being lost
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    logging.basicConfig(
-        level=getattr(logging, spec.log_level.upper(), logging.INFO),
-        format=f"%(asctime)s %(levelname)s [zygote {spec.name} pid {os.getpid()}] "
-        "%(name)s: %(message)s",
-        stream=sys.stderr,
+    configure(
+        spec.log_level,
+        spec.log_format,
+        f"zygote {spec.name} pid {os.getpid()}",
+        {"process": "zygote", "zygote": spec.name},
     )
     try:
         apply(spec.pinning)  # the node's memory policy, before the imports

@@ -49,6 +49,7 @@ class Lane:
     region: Region
     header: wl.Header
     input_region: str  # the registration's name
+    principal: str  # whose server-made memory the lane's region counts as
     revoked: bool = False
 
 
@@ -110,12 +111,14 @@ class Lanes:
         worker = self._pick(mv)
         lane_id = next(self._ids)
         geometry = wl.Geometry(slots, wl.SLOT_SIZE)
+        self.registrations.charge(reg.principal, geometry.size, f"lane to model {mv.label}")
         try:
             region = Region.create(region_name(self.run_id, f"lane{lane_id}"), geometry.size)
         except ShmExhausted as exc:
+            self.registrations.refund(reg.principal, geometry.size)
             raise InferpoolError(Code.UNAVAILABLE, f"no room for a lane: {exc}") from None
         wl.init_header(region.buf, geometry)
-        lane = Lane(lane_id, owner, mv, worker, region, wl.Header(region.buf), name)
+        lane = Lane(lane_id, owner, mv, worker, region, wl.Header(region.buf), name, reg.principal)
         self.lanes[lane_id] = lane
         self.track(owner)
         spin = min(spin, self.spin_us)  # the server's --lane-spin-us bounds what a client asks
@@ -166,8 +169,10 @@ class Lanes:
         self._destroy(lane)
 
     def _destroy(self, lane: Lane) -> None:
-        self.lanes.pop(lane.id, None)
+        if self.lanes.pop(lane.id, None) is None:
+            return  # destroyed already
         lane.header.release()
+        self.registrations.refund(lane.principal, lane.region.size)
         lane.region.destroy()
 
     # ------------------------------------------------------------------ events

@@ -90,6 +90,19 @@ def require_access(peer: Peer, what: str) -> int:
     )
 
 
+def require_operator(peer: Peer, what: str) -> None:
+    """Only the server's own user or root may ``what`` (over ipc, HTTP/gRPC from loopback,
+    or tcp with an authorized CURVE key, which acts as the server's user); anyone else gets
+    UNSUPPORTED naming who they are."""
+    uid = require_access(peer, what)
+    if uid not in (0, os.geteuid()):
+        raise InferpoolError(
+            Code.UNSUPPORTED,
+            f"{peer.principal} may not {what}: only the server's own user "
+            f"(uid {os.geteuid()}) or root may",
+        )
+
+
 def peer_of(fd: int, authenticated: bool) -> Peer:
     """The peer of connection ``fd`` (a descriptor libzmq owns: it is looked at through a
     duplicate)."""

@@ -112,20 +112,7 @@ class Registrations:
         """A region the broker makes for the client (mode 0600, named under this run); its
         bytes count against ``principal`` (every connection of a process alike)."""
         self._check_free(owner, name)
-        mine = self._created.get(principal, 0) + size
-        if mine > self.max_created_bytes:
-            raise invalid_arg(
-                f"shared-memory region '{name}' of {size} bytes would bring the server-made "
-                f"regions of {principal} to {mine} bytes, over the per-client limit of "
-                f"{self.max_created_bytes} (--max-client-shm)"
-            )
-        if self._created_total + size > self.max_total_bytes:
-            raise InferpoolError(
-                Code.UNAVAILABLE,
-                f"shared-memory region '{name}' of {size} bytes would bring the server-made "
-                f"regions of all clients to {self._created_total + size} bytes, over the "
-                f"server's limit of {self.max_total_bytes} (--max-shm-total)",
-            )
+        self._check_room(principal, size, f"shared-memory region '{name}'")
         st = os.statvfs(SHM_DIR)
         if st.f_bavail * st.f_frsize < size * 2:
             raise InferpoolError(
@@ -142,10 +129,43 @@ class Registrations:
         inode = (made.st_dev, made.st_ino)
         reg = Registration(name, "created", region.name, 0, size, "", created=region)
         reg.inode, reg.principal = inode, principal
-        self._created[principal] = mine
-        self._created_total += size
+        self.charge(principal, size, "")
         self._add(owner, reg)
         return reg
+
+    def charge(self, principal: str, size: int, what: str) -> None:
+        """Count ``size`` bytes of a region the server made for ``principal`` (a lane's,
+        say) against its limit and the server's; ``what``: the region, named in the error
+        if a limit would be passed ("": the caller checked)."""
+        if what:
+            self._check_room(principal, size, what)
+        self._created[principal] = self._created.get(principal, 0) + size
+        self._created_total += size
+
+    def refund(self, principal: str, size: int) -> None:
+        """A region counted by ``charge`` is gone."""
+        left = self._created.get(principal, 0) - size
+        if left > 0:
+            self._created[principal] = left
+        else:
+            self._created.pop(principal, None)
+        self._created_total -= size
+
+    def _check_room(self, principal: str, size: int, what: str) -> None:
+        mine = self._created.get(principal, 0) + size
+        if mine > self.max_created_bytes:
+            raise invalid_arg(
+                f"{what} of {size} bytes would bring the server-made regions of {principal} "
+                f"to {mine} bytes, over the per-client limit of {self.max_created_bytes} "
+                "(--max-client-shm)"
+            )
+        if self._created_total + size > self.max_total_bytes:
+            raise InferpoolError(
+                Code.UNAVAILABLE,
+                f"{what} of {size} bytes would bring the server-made regions of all clients "
+                f"to {self._created_total + size} bytes, over the server's limit of "
+                f"{self.max_total_bytes} (--max-shm-total)",
+            )
 
     def register_cuda(
         self, owner: bytes, name: str, handle: bytes, device_id: int, size: int
@@ -250,12 +270,7 @@ class Registrations:
             return
         reg.created.destroy()
         reg.created = None
-        left = self._created.get(reg.principal, 0) - reg.byte_size
-        if left > 0:
-            self._created[reg.principal] = left
-        else:
-            self._created.pop(reg.principal, None)
-        self._created_total -= reg.byte_size
+        self.refund(reg.principal, reg.byte_size)
 
     def unmapped(self, worker: str, refs: Sequence[str]) -> None:
         """``worker`` has closed its mappings of ``refs`` (its ``unmapped`` message)."""

@@ -106,6 +106,10 @@ class SharedMemory:
         self.clients.active(client, self._source)  # its peer is known from now on, for
         self.handles.shares.admit(client)  # its outputs' share
 
+    def peer(self, client: bytes) -> Peer:
+        """Who ``client``, the sender of the message being handled, is."""
+        return self.clients.peer(client, self._source)
+
     def principal(self, client: bytes) -> str:
         """Whose limits ``client`` counts against (a connection looked at already)."""
         return (self.clients.known(client) or UNKNOWN).principal

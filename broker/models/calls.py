@@ -9,7 +9,9 @@ as ``Replies``.
 - A call with a timeout is answered TIMEOUT once it has passed; what comes later is dropped.
 - No call can deadlock the pool: a call that could only run on instances that are waiting,
   directly or through other calls, for that very call (a model calling itself with one
-  instance, two models calling each other) is refused at once (``_progresses``).
+  instance, two models calling each other) is refused at once (``_progresses``).  A call
+  made by a lane's execute (``held``) takes its instance out of scheduling until it ends: the
+  broker did not schedule that execute, so it would otherwise see the instance idle.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class _Call:
         self.call_id = call.work.rid
         self.model = model
         self.timeout_us = call.timeout_us
+        self.held = call.held  # its instance is out of scheduling until the call ends
         self.over = False  # answered finally (or its caller is gone)
 
     def result(self, req: PendingRequest, item: Result) -> None:
@@ -85,6 +88,8 @@ class Calls:
             return
         call = _Call(self, caller, msg, model)
         self.waiting.setdefault(caller, {})[call.call_id] = call
+        if call.held:
+            self.manager.hold(caller)
         work = msg.work
         deadline = now + msg.timeout_us * 1000 if msg.timeout_us > 0 else 0
         try:
@@ -137,6 +142,7 @@ class Calls:
         """A caller's process ended: its calls are dropped, what it read goes back."""
         for call in list(self.waiting.pop(caller, {}).values()):
             call.over = True
+        caller.held = 0
         outputs = self.manager.outputs
         for (region, offset), count in self.lent.pop(caller, {}).items():
             for _ in range(count):
@@ -177,6 +183,8 @@ class Calls:
             del mine[call.call_id]
             if not mine:
                 del self.waiting[call.caller]
+            if call.held:
+                self.manager.unhold(call.caller)
 
     def _refuse(self, caller: Worker, msg: Call, err: InferpoolError) -> None:
         text = f"Model {msg.model_name} - Error when running inference: {err.message}"
@@ -213,7 +221,8 @@ class Calls:
         for handle in model.instances:
             if handle.passive or handle.state in _GONE:
                 continue
-            calls = self.waiting.get(handle) if handle.busy is not None else None
+            taken = handle.busy is not None or handle.held
+            calls = self.waiting.get(handle) if taken else None
             if not calls:
                 return True
             if handle in path:

@@ -9,6 +9,9 @@ response statistics, as the backend's CANCELLED response does in Triton).  Whate
 worker still sends for it is dropped (``PendingRequest.cancelled``), and its input slots
 stay taken until the worker's final result says it is done with them.
 
+Cancelling an ensemble request cancels its steps in flight: a queued step leaves its queue, an
+executing one is flagged for its backend, and no further step starts.
+
 A request is found by its routing envelope (the connection it came on; a KServe call's own
 tag) and its ``id``: no index is kept on the request path, a cancel looks through the
 requests in flight.
@@ -66,10 +69,18 @@ class Cancellation:
         if mine:
             log.info("client %s disconnected: cancelled %d request(s)", client.hex(), len(mine))
 
-    def _cancel(self, req: PendingRequest, why: str) -> None:
-        if req.rid not in self.inflight:  # ended with an earlier one (its sequence)
+    def _cancel(self, req: PendingRequest, why: str, part: bool = False) -> None:
+        """``part``: a request the broker made for a cancelled one (an ensemble's step),
+        flagged for its backend when it executes but not answered here: its backend's answer
+        still ends it, and the request it was made for counts on that."""
+        if req.rid not in self.inflight:  # ended with an earlier one (its sequence, its run)
             return
         scheduler = req.model.scheduler
+        if scheduler is not None:
+            for step in scheduler.parts(req, _error(req, why)):
+                self._cancel(step, why, part=True)
+            if req.rid not in self.inflight:  # its last step's end answered it
+                return
         dropped = scheduler.cancel(req) if scheduler is not None else []
         for queued in dropped:  # with it, what of its sequence was queued
             if queued is not req:
@@ -78,6 +89,8 @@ class Cancellation:
             self.reject(req, _error(req, why))
             return
         self.flags.cancel(req.rid)
+        if part:
+            return
         req.cancelled = True  # answered now; its worker's late results are dropped
         self.send_error(req.envelope, "infer", req.client_id, _error(req, why))
         if req.model.decoupled:  # the response that ends it is a cancelled one

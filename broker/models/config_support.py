@@ -136,8 +136,14 @@ def _triton_refusals(config: Any) -> InferpoolError | None:
             "scheduler. Please disable the response cache."
         )
     if config.model_transaction_policy.decoupled:
-        return invalid_arg(
-            f"Response Cache does not currently support model {name} with 'decoupled' "
-            "transaction policy. Please disable the response cache."
-        )
+        return decoupled_cache_refusal(name)
     return None
+
+
+def decoupled_cache_refusal(name: str) -> InferpoolError:
+    """Triton's error for a response cache on a model that streams (an ensemble does when
+    one of its steps does)."""
+    return invalid_arg(
+        f"Response Cache does not currently support model {name} with 'decoupled' "
+        "transaction policy. Please disable the response cache."
+    )

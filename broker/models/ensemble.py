@@ -46,12 +46,25 @@ class EnsembleScheduler(Scheduler):
         super().__init__(model, manager.dispatch, manager.reject)
         self.plan = plan
         self.manager = manager
+        self.runs: dict[int, _Run] = {}  # by the ensemble request's rid, until it settles
 
     def enqueue(self, req: PendingRequest, now_ns: int) -> int | None:
         if req.work.timeout_us:  # its steps inherit the request's timeout
             req.deadline_ns = now_ns + req.work.timeout_us * 1000
-        _Run(self, req).start(now_ns)
+        run = _Run(self, req)
+        self.runs[req.rid] = run
+        run.start(now_ns)
         return None
+
+    def parts(self, req: PendingRequest, err: InferpoolError) -> list[PendingRequest]:
+        """The run's steps in flight; the run fails with ``err``, so no further step starts
+        and its answer, if it still gives one, is ``err``."""
+        run = self.runs.get(req.rid)
+        if run is None:
+            return []
+        if run.error is None:
+            run.error = err
+        return list(run.steps)
 
     def pump(self, now_ns: int) -> int | None:
         return None
@@ -76,7 +89,7 @@ class _StepSink:
         self.run.step_result(self, req, item)
 
     def failed(self, req: PendingRequest, err: InferpoolError) -> None:
-        self.run.step_failed(self, err)
+        self.run.step_failed(self, req, err)
 
 
 class _Run:
@@ -90,6 +103,7 @@ class _Run:
         self.tensors: dict[Key, _Tensor] = {}
         self.iterations: defaultdict[str, int] = defaultdict(int)
         self.started: set[tuple[int, int]] = set()  # (step index, iteration)
+        self.steps: set[PendingRequest] = set()  # the step requests in flight
         self.in_flight = 0
         self.depth = 0  # > 0 while the run is starting steps (a step may end at once)
         self.error: InferpoolError | None = None
@@ -126,6 +140,7 @@ class _Run:
         if updated:
             self._advance(updated, time.monotonic_ns())
         if item.final:
+            self.steps.discard(req)
             if req.dispatched_ns:
                 self.queue_ns += req.dispatched_ns - req.received_ns
             if item.durations is not None:
@@ -133,7 +148,8 @@ class _Run:
                     self.durations[i] += ns
             self._step_over(sink)
 
-    def step_failed(self, sink: _StepSink, err: InferpoolError) -> None:
+    def step_failed(self, sink: _StepSink, req: PendingRequest, err: InferpoolError) -> None:
+        self.steps.discard(req)
         self._fail(sink.step, err)
         self._step_over(sink)
 
@@ -205,6 +221,7 @@ class _Run:
         for ref in inputs:  # the step's worker maps the regions it reads
             outputs.lend(ref.region)
         self.in_flight += 1
+        self.steps.add(req)
         self.manager.submit(req, now_ns)
 
     # ------------------------------------------------------------------ tensors
@@ -270,6 +287,7 @@ class _Run:
         if self.depth or self.in_flight or self.ended:
             return
         self.ended = True
+        self.scheduler.runs.pop(self.top.rid, None)
         top, manager, model = self.top, self.manager, self.scheduler.model
         if self.error is None and not model.decoupled and not self.complete:
             self.error = InferpoolError(

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from tritonclient.grpc import model_config_pb2 as pb
 
 from inferpool.broker.models import repository
+from inferpool.broker.models.config_support import decoupled_cache_refusal
 from inferpool.broker.models.ensemble import EnsembleScheduler
 from inferpool.broker.models.ensemble_config import check_composing, plan
 from inferpool.broker.models.registry import ModelRecord, ModelVersion, State
@@ -68,6 +69,8 @@ class Ensembles:
         try:
             configs = self._composing_configs(mv, scheduler, loading)
             decoupled = check_composing(scheduler.plan, mv.repository_config, configs)
+            if decoupled and mv.repository_config.response_cache.enable:
+                raise decoupled_cache_refusal(mv.name)
         except _Waiting as waiting:
             if loading:
                 return

@@ -210,7 +210,7 @@ class Manager:
         scheduler = mv.scheduler
         assert scheduler is not None
         for handle in mv.instances:
-            if handle.busy is not None or handle.state in _DONE:
+            if handle.busy is not None or handle.held or handle.state in _DONE:
                 continue
             if not scheduler.queue or handle.passive or handle.state is not WorkerState.READY:
                 scheduler.instance_gone(handle)
@@ -342,8 +342,20 @@ class Manager:
         if mv.state is State.UNLOADING:
             self._check_drained(self._retiring_of(mv))
 
+    def hold(self, handle: Worker) -> None:
+        """A lane's execute on ``handle`` made a call: the instance is taken until it ends."""
+        handle.held += 1
+        assert handle.model.scheduler is not None
+        handle.model.scheduler.instance_gone(handle)
+
+    def unhold(self, handle: Worker) -> None:
+        """A held call ended: the instance takes batches again once none is left."""
+        handle.held -= 1
+        if not handle.held and handle.busy is None and handle.state is not WorkerState.STOPPING:
+            self._next_batch(handle)
+
     def _idle(self, handle: Worker) -> None:
-        if handle.passive or handle.state is not WorkerState.READY:
+        if handle.passive or handle.held or handle.state is not WorkerState.READY:
             return
         mv = handle.model
         assert mv.scheduler is not None

@@ -83,6 +83,11 @@ class Scheduler:
         queued here)."""
         return [req] if self.queue.take(req) else []
 
+    def parts(self, req: PendingRequest, err: InferpoolError) -> list[PendingRequest]:
+        """The requests made on ``req``'s behalf, which ``req`` ending with ``err`` ends too
+        (an ensemble's steps in flight); none here."""
+        return []
+
     def pump(self, now_ns: int) -> int | None:
         """Dispatch what can go now; returns the ns time of the next batching decision."""
         if self.held:

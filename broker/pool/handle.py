@@ -66,6 +66,7 @@ class WorkerHandle(Generic[M]):
         self.channel: Channel | None = None
         self.output_region = ""
         self.busy: list[Any] | None = None  # the batch in flight
+        self.held = 0  # calls made by a lane's execute, not ended: nothing is scheduled here
         self.exec_started = 0.0  # when the batch in flight (or its last progress) began
         self.busy_since = 0.0  # when the batch in flight began executing; 0.0: idle
         self.busy_total = 0.0  # seconds spent executing batches that ended

@@ -91,7 +91,9 @@ class Supervisor(Generic[M]):
         self.outputs = outputs
         self.events = events
         self.watch = watch
-        self.launcher = Launcher(options.worker_start == "zygote", options.log_level, readers)
+        self.launcher = Launcher(
+            options.worker_start == "zygote", (options.log_level, options.log_format), readers
+        )
         self.handles: dict[int, WorkerHandle[M]] = {}
         self.shared = SharedRegions(run_id, self.send)  # regions workers share (weights)
         self._next_slot = 0

@@ -180,12 +180,15 @@ def _exited(pidfd: int) -> bool:
 class Zygote:
     """One zygote process and the workers it forked."""
 
-    def __init__(self, name: str, pinning: PinningSpec, log_level: str, readers: Readers) -> None:
+    def __init__(
+        self, name: str, pinning: PinningSpec, logs: tuple[str, str], readers: Readers
+    ) -> None:
+        """``logs``: the broker's log level and format, which the zygote logs with too."""
         self.name = name
         self.readers = readers
         sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sock = sock
-        spec = ZygoteSpec(name, os.getpid(), child.fileno(), pinning, log_level)
+        spec = ZygoteSpec(name, os.getpid(), child.fileno(), pinning, *logs)
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "inferpool.workers.zygote"],
@@ -279,9 +282,10 @@ class Zygote:
 class Launcher:
     """How the supervisor starts a worker: from its node's zygote, or fresh."""
 
-    def __init__(self, zygotes: bool, log_level: str, readers: Readers) -> None:
+    def __init__(self, zygotes: bool, logs: tuple[str, str], readers: Readers) -> None:
+        """``logs``: the log level and format zygotes log with."""
         self.use_zygotes = zygotes
-        self.log_level = log_level
+        self.logs = logs
         self.readers = readers
         self.zygotes: dict[int | None, Zygote] = {}
 
@@ -294,7 +298,7 @@ class Launcher:
             pinning = PinningSpec(numa_node=node, mempolicy="bind" if node is not None else "")
             name = "any" if node is None else f"node{node}"
             try:
-                zygote = self.zygotes[node] = Zygote(name, pinning, self.log_level, self.readers)
+                zygote = self.zygotes[node] = Zygote(name, pinning, self.logs, self.readers)
             except OSError as exc:
                 log.error("cannot start zygote %s: %s; starting workers fresh", name, exc)
                 return start_fresh(spec)

@@ -7,8 +7,18 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from inferpool.bench.transports import CHOICES
 from inferpool.usage import UsageError
+
+# every transport and what it is: their classes (``transports``, with the asyncio clients and
+# tritonclient's) are imported only when a benchmark runs
+CHOICES = {
+    "grpc": "KServe v2 gRPC at --url (tritonclient.grpc.aio)",
+    "http": "KServe v2 HTTP at --url (tritonclient.http.aio, binary tensors)",
+    "lane": "as shm, through a lane: past the broker, to the model's worker over shared-memory "
+    "rings (a model lanes do not serve is refused)",
+    "shm": "the asyncio shared-memory client: inputs written in place once, outputs leased",
+    "zmq": "the asyncio client: tensors travel in zmq frames",
+}
 
 
 def add_bench(sub: Any, common: argparse.ArgumentParser) -> None:

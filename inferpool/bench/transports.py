@@ -44,17 +44,6 @@ class Workload:
         )
 
 
-# every transport and what it is (the kserve module, tritonclient's, is imported when used)
-CHOICES = {
-    "grpc": "KServe v2 gRPC at --url (tritonclient.grpc.aio)",
-    "http": "KServe v2 HTTP at --url (tritonclient.http.aio, binary tensors)",
-    "lane": "as shm, through a lane: past the broker, to the model's worker over shared-memory "
-    "rings (a model lanes do not serve is refused)",
-    "shm": "the asyncio shared-memory client: inputs written in place once, outputs leased",
-    "zmq": "the asyncio client: tensors travel in zmq frames",
-}
-
-
 class Transport(ABC):
     name: ClassVar[str]
 
@@ -95,7 +84,7 @@ def register(cls: type[Transport]) -> type[Transport]:
 
 
 def transport_named(name: str) -> type[Transport]:
-    """The transport called ``name`` (one of CHOICES)."""
+    """The transport called ``name`` (one of ``command.CHOICES``)."""
     if name in ("http", "grpc"):
         from inferpool.bench import kserve  # noqa: F401  (registers them)
     return TRANSPORTS[name]

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from inferpool.client import ShmClient
 from tests.support import Server, serving, write_model
 
 DOUBLE = """
@@ -152,19 +153,24 @@ class TritonPythonModel:
 """
 
 RELAY = """
+import json
+import time
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        import json
-        self.next = json.loads(args["model_config"])["parameters"]["NEXT"]["string_value"]
+        parameters = json.loads(args["model_config"])["parameters"]
+        self.next = parameters["NEXT"]["string_value"]
+        self.nap = float(parameters.get("NAP", {}).get("string_value", 0))
 
     def execute(self, requests):
         depth = int(pb_utils.get_input_tensor_by_name(requests[0], "DEPTH").as_numpy()[0])
         info = b"ok"
         if depth > 0:
+            time.sleep(self.nap)  # a batch comes for this instance before the call goes
             r = pb_utils.InferenceRequest(
                 model_name=self.next, requested_output_names=["INFO"],
                 inputs=[pb_utils.Tensor("DEPTH", np.array([depth - 1], np.int32))]).exec()
@@ -206,18 +212,20 @@ def write_repository(repo: Path) -> None:
         repo, "caller", CALLER, f"max_batch_size: 8 input [ {mode}, {T4} ] output [ {T4}, {INFO} ]"
     )
     depth = '{ name: "DEPTH" data_type: TYPE_INT32 dims: [ 1 ] }'
-    for name, target, count in (
-        ("loner", "loner", 1),
-        ("twins", "twins", 2),
-        ("ping", "pong", 1),
-        ("pong", "ping", 1),
+    for name, target, count, nap in (
+        ("loner", "loner", 1, 0),
+        ("twins", "twins", 2, 0),
+        ("ping", "pong", 1, 0),
+        ("pong", "ping", 1, 0),
+        ("napper", "twins", 1, 0.3),
     ):
         python_model(
             repo,
             name,
             RELAY,
             f"input [ {depth} ] output [ {INFO} ] instance_group [ {{ count: {count} }} ] "
-            f'parameters {{ key: "NEXT" value: {{ string_value: "{target}" }} }}',
+            f'parameters [ {{ key: "NEXT" value: {{ string_value: "{target}" }} }}, '
+            f'{{ key: "NAP" value: {{ string_value: "{nap}" }} }} ]',
         )
 
 
@@ -327,3 +335,42 @@ def test_calls_that_could_never_run_are_refused(
         if answer != "ok":
             assert "is waiting, directly or through other BLS calls, for it to finish" in info
         assert c.infer("twins", {"DEPTH": np.array([0], np.int32)})["INFO"][0] == b"ok"
+
+
+@pytest.mark.parametrize(
+    ("model", "depth", "answer"),
+    [("loner", 1, "would never run"), ("twins", 1, "ok"), ("ping", 2, "would never run")],
+)
+def test_calls_from_a_lane_served_execute_cannot_deadlock(
+    server: Server, model: str, depth: int, answer: str
+) -> None:
+    """The broker does not schedule lane requests, so a lane-served execute that calls says
+    so: its instance is held until the call ends, never handed the call itself."""
+    with ShmClient(server.endpoint, lane=True, timeout=20) as c:
+        lane = c.lane(model)
+        req = c.request(model, outputs=["INFO"])
+        req.input("DEPTH", (1,), np.int32)[:] = depth
+        with c.run(req) as result:
+            info = result["INFO"][0].decode()
+        assert lane.sent == 1, "the request took the lane"
+        assert answer in info
+    with server.client(timeout=20) as c:
+        assert c.infer(model, {"DEPTH": np.array([0], np.int32)})["INFO"][0] == b"ok"
+
+
+def test_a_batch_for_an_instance_a_lanes_execute_holds_waits_without_blocking_its_call(
+    server: Server,
+) -> None:
+    """The broker hands ``napper``'s one instance a batch while a lane's execute holds it (and
+    naps before its call): the worker reads the call's reply while the batch waits for the
+    instance, so both are answered."""
+    with ShmClient(server.endpoint, lane=True, timeout=20) as c, server.client(timeout=20) as z:
+        on_lane = c.lane("napper")
+        req = c.request("napper", outputs=["INFO"])
+        req.input("DEPTH", (1,), np.int32)[:] = 1
+        body = on_lane.body(req)
+        assert body is not None
+        n = on_lane.post(body)
+        assert z.infer("napper", {"DEPTH": np.array([1], np.int32)})["INFO"][0] == b"ok"
+        with on_lane.result(n, 20) as result:
+            assert result["INFO"][0] == b"ok"

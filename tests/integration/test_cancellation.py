@@ -101,6 +101,15 @@ def write_repository(repo: Path) -> None:
     """
     config = f'name: "ticker"\nbackend: "python"\n{decoupled}'
     write_model(repo, "ticker", config, files={"1/model.py": TICKER})
+    steps = """
+        ensemble_scheduling { step [
+          { model_name: "waiter" model_version: -1
+            input_map { key: "X" value: "X" } output_map { key: "Y" value: "MID" } },
+          { model_name: "waiter" model_version: -1
+            input_map { key: "X" value: "MID" } output_map { key: "Y" value: "Y" } }
+        ] }
+    """
+    write_model(repo, "waiters", f'name: "waiters"\nplatform: "ensemble"\n{io}\n{steps}')
 
 
 @pytest.fixture(scope="module")
@@ -113,12 +122,12 @@ def new_tag() -> str:
     return uuid.uuid4().hex[:12]
 
 
-def send_waiter(client: Client, tag: str, x: int = 1) -> str:
-    """An infer request for the waiter, not waited for: its id."""
+def send_waiter(client: Client, tag: str, x: int = 1, model: str = "waiter") -> str:
+    """An infer request for the waiter (or an ensemble of it), not waited for: its id."""
     return client._send(
         {
             "type": "infer",
-            "model_name": "waiter",
+            "model_name": model,
             "inputs": [{"name": "X", "datatype": "INT32", "shape": [1]}],
             "parameters": {"tag": tag},
         },
@@ -154,6 +163,29 @@ def test_cancel_a_queued_and_an_executing_request(live: Served) -> None:
         assert c.infer("waiter", {"X": np.array([0], np.int32)})["Y"].tolist() == [0]
         assert queued not in tags(waiter, "start")  # dropped from the queue, never run
         assert failures(c) == failed + 2
+
+
+def test_cancelling_an_ensemble_cancels_its_steps(live: Served) -> None:
+    """Its executing step is flagged for the backend, its queued one leaves the queue, and
+    no later step starts: the steps of a request nobody waits for stop running."""
+    waiter = live.repo / "waiter"
+    running, queued = new_tag(), new_tag()
+    with live.server.client() as c:
+        first = send_waiter(c, running, model="waiters")
+        wait_seen(waiter, {"start": running})
+        second = send_waiter(c, queued, model="waiters")  # its first step waits: one instance
+        assert c.call("cancel", request_id=second)["cancelled"] == 1
+        err = error_of(c, second)
+        assert (
+            err["code"] == "CANCELLED" and "for model 'waiters' was cancelled" in (err["message"])
+        )
+        assert c.call("cancel", request_id=first)["cancelled"] == 1
+        assert error_of(c, first)["code"] == "CANCELLED"
+        wait_seen(waiter, {"end": running, "cancelled": True})  # the step's backend saw it
+        out = c.infer("waiters", {"X": np.array([0], np.int32)}, parameters={"tag": new_tag()})
+        assert out["Y"].tolist() == [0]
+        assert tags(waiter, "start").count(running) == 1  # its second step never started
+        assert queued not in tags(waiter, "start")
 
 
 def test_cancel_needs_a_request_id(live: Served) -> None:

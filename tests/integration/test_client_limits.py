@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from inferpool.client import Client, InferpoolError, ShmClient
-from tests.support import Server, serving_examples
+from tests.support import Server, serving_examples, wait_until
 
 MiB = 1 << 20
 
@@ -126,3 +126,31 @@ def test_a_client_that_never_reads_cannot_starve_the_others(server) -> None:
         except subprocess.TimeoutExpired:
             flood.kill()
             flood.wait()
+
+
+def test_a_lanes_region_counts_as_the_clients_server_made_memory(server) -> None:
+    """A lane's region is server-made memory of its client's process: past --max-client-shm
+    it is refused, naming the limit, and its bytes count until the lane is gone."""
+    room = 256 << 10  # left under the limit: a lane of 16 slots (128 KiB + a header), not two
+    ep = server.endpoint
+    with (
+        ShmClient(ep, input_bytes=4 * MiB - room - (64 << 10), lane_slots=64) as big,
+        ShmClient(ep, input_bytes=64 << 10, lane_slots=16) as small,
+    ):
+        with pytest.raises(InferpoolError, match="--max-client-shm") as err:
+            big.lane("identity")  # 64 slots: 512 KiB
+        assert "lane to model 'identity' version 1 of 528384 bytes" in err.value.message
+        small.lane("identity")
+        with pytest.raises(InferpoolError, match="--max-client-shm"):
+            small.lane("add_sub")
+        small.close_lane("identity")
+
+        def opened() -> bool:
+            try:
+                small.lane("add_sub")
+            except InferpoolError as refused:
+                assert "--max-client-shm" in refused.message
+                return False
+            return True
+
+        wait_until(opened, "the closed lane's bytes to count no more", 10)

@@ -246,6 +246,13 @@ def write_repository(repo: Path) -> None:
         step("repeat", {"N": "N"}, {"OUT": "i"}),
         step("square", {"X": "i"}, {"Y": "OUT"}),
     )
+    ensemble(  # streams as its decoupled step does: a cache cannot keep that
+        repo,
+        "squares_cached",
+        tensors("input", ("N", *i1)) + tensors("output", ("OUT", *i1)),
+        step("repeat", {"N": "N"}, {"OUT": "OUT"}),
+        extra="response_cache { enable: true }",
+    )
     write_model(
         repo,
         "mid_b",
@@ -430,6 +437,11 @@ def test_ensembles_that_cannot_run_are_unavailable_with_the_reason(server: Serve
         assert (
             "in ensemble mismatch, ensemble tensor IN: inconsistent data type: TYPE_INT32 is "
             "inferred from model mismatch while TYPE_FP32 is inferred from model mid" in reason
+        )
+        assert rows["squares_cached"] == (
+            "UNAVAILABLE",
+            "Response Cache does not currently support model squares_cached with 'decoupled' "
+            "transaction policy. Please disable the response cache.",
         )
         with pytest.raises(InferpoolError) as err:
             c.infer("unknown", {"IN": np.zeros(4, np.float32)})

@@ -228,3 +228,22 @@ def test_only_a_clients_own_process_may_keep_it_alive(server) -> None:
             """
         )
         assert done.stdout.startswith("INVALID_ARG") and "own process" in done.stdout, done
+
+
+def test_only_the_servers_own_user_may_drain_it(server) -> None:
+    with Client(server.tcp, timeout=10) as c, pytest.raises(InferpoolError, match="CURVE") as err:
+        c.drain()
+    assert err.value.code.value == "UNSUPPORTED" and "drain the server" in err.value.message
+    done = as_nobody(
+        f"""
+        from inferpool.client import Client, InferpoolError
+        with Client({server.ipc!r}) as c:
+            try:
+                c.drain()
+            except InferpoolError as err:
+                print(err.code.value, err.message)
+        """
+    )
+    assert done.stdout.startswith("UNSUPPORTED") and "only the server's own user" in done.stdout
+    with server.client() as c:  # nothing started: the server still takes requests
+        assert c.is_ready()

@@ -95,8 +95,10 @@ FROM_WORKER = [
         [],
         m.MetricsUpdate([], [m.MetricOp("requests", {"model": "a"}, "inc", 1.0)]),
     ),
-    m.Call("preprocess", -1, WORK._replace(outputs=[m.WantedOutput("OUTPUT0")]), 5000, False),
-    m.Call("stream", 2, WORK._replace(outputs=[m.WantedOutput("OUT")]), 0, True),
+    m.Call(
+        "preprocess", -1, WORK._replace(outputs=[m.WantedOutput("OUTPUT0")]), 5000, False, False
+    ),
+    m.Call("stream", 2, WORK._replace(outputs=[m.WantedOutput("OUT")]), 0, True, True),
     m.Release([m.Slot("inferpool-0123456789-out1g0", 4096)]),
 ]
 
@@ -157,13 +159,15 @@ def test_records_travel_as_arrays_without_field_names() -> None:
         (b'["ready", [{}]]', "ValueError"),  # a field missing
         (b'["items", [[[1, true]]]]', "ValueError"),  # a result of the wrong arity
         (b'["execute", [[], [], []]]', "ValueError"),
-        (b'["call", ["m", "1", [1, "", 0, 0, {}, [], [], 0, 0], 0, false]]', "wrong types"),
+        (b'["call", ["m", "1", [1, "", 0, 0, {}, [], [], 0, 0], 0, false, false]]', "wrong types"),
+        (b'["call", ["m", 1, [1, "", 0, 0, {}, [], [], 0, 0], 0, false, 1]]', "wrong types"),
+        (b'["call", ["m", 1, [1, "", 0, 0, {}, [], [], 0, 0], 0, false]]', "ValueError"),
         (
-            b'["call", ["m", -1, [1, "", 0, 0, {}, [["X", "FP32", ["4"], "r", 0, 4]], [], 0, 0], 0, false]]',
+            b'["call", ["m", -1, [1, "", 0, 0, {}, [["X", "FP32", ["4"], "r", 0, 4]], [], 0, 0], 0, false, false]]',
             "wrong types",
         ),
         (
-            b'["call", ["m", -1, [1, "", 0, 0, {}, [], [["Y", ["ref", 0, 4]]], 0, 0], 0, false]]',
+            b'["call", ["m", -1, [1, "", 0, 0, {}, [], [["Y", ["ref", 0, 4]]], 0, 0], 0, false, false]]',
             "wrong types",
         ),
         (b'["release", [[["inferpool-0123456789-out0g0", "0"]]]]', "wrong types"),

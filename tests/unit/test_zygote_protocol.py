@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import subprocess
 import sys
 import types
 
@@ -41,7 +43,7 @@ def test_messages_and_fds_travel_whole() -> None:
 
 
 def test_a_zygote_spec_is_read_back_or_refused_by_name() -> None:
-    spec = z.ZygoteSpec("node0", 42, 7, PinningSpec([0, 1], 0, "bind"), "DEBUG")
+    spec = z.ZygoteSpec("node0", 42, 7, PinningSpec([0, 1], 0, "bind"), "DEBUG", "json")
     assert z.read_zygote_spec(z.zygote_environment(spec)) == spec
     with pytest.raises(InferpoolError, match="is not set: zygotes are started by the broker"):
         z.read_zygote_spec({})
@@ -73,3 +75,24 @@ def test_a_refused_worker_starts_fresh() -> None:
     # the spec names another parent: the fresh worker exits at once with EXIT_BROKER_GONE
     assert proc.wait(60) == EXIT_BROKER_GONE
     parent.close()
+
+
+def test_a_zygote_logs_in_the_brokers_format() -> None:
+    """Under --log-format json a zygote's lines are JSON too, named as the zygote's."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    spec = z.ZygoteSpec("any", os.getpid(), theirs.fileno(), PinningSpec(), "INFO", "json")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "inferpool.workers.zygote"],
+        env={**os.environ, **z.zygote_environment(spec)},
+        pass_fds=[theirs.fileno()],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd="/",
+    )
+    theirs.close()
+    ours.send(b'["launch", []]')  # not a message: the zygote logs it and goes on
+    ours.close()  # the broker is gone: the zygote ends
+    _, err = proc.communicate(timeout=60)
+    [line] = [json.loads(text) for text in err.splitlines()]
+    assert (line["level"], line["process"], line["zygote"]) == ("ERROR", "zygote", "any")
+    assert "unreadable zygote message" in line["message"]

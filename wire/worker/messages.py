@@ -316,7 +316,9 @@ class Call(NamedTuple):
     ``work.rid`` is the worker's own number for the call (its Replies name it), and
     ``work.inputs`` lie in shared memory the broker's run knows (the arena, output regions,
     client regions).  ``model_version`` -1 is the highest ready version; ``timeout_us`` 0
-    is none; a ``decoupled`` call accepts any number of responses.
+    is none; a ``decoupled`` call accepts any number of responses.  ``held``: the execute
+    that makes the call serves a lane, which the broker did not schedule: the instance is
+    taken until the call ends, and must not be handed the call (or any batch) meanwhile.
     """
 
     model_name: str
@@ -324,6 +326,7 @@ class Call(NamedTuple):
     work: Work
     timeout_us: int
     decoupled: bool
+    held: bool
 
 
 class Release(NamedTuple):
@@ -518,13 +521,13 @@ def _replies(body: Sequence[Any]) -> Replies:
 
 def _call(body: Sequence[Any]) -> Call:
     """A worker's call, its types checked: the broker acts on every field of it."""
-    model_name, model_version, work, timeout_us, decoupled = body
-    call = _new(Call, (model_name, model_version, _work(work), timeout_us, decoupled))
+    model_name, model_version, work, timeout_us, decoupled, held = body
+    call = _new(Call, (model_name, model_version, _work(work), timeout_us, decoupled, held))
     w = call.work
     if not (
         _all(str, model_name, w.id)
         and _all(int, model_version, timeout_us, w.rid, w.flags)
-        and isinstance(decoupled, bool)
+        and _all(bool, decoupled, held)
         and isinstance(w.correlation_id, int | str)
         and isinstance(w.parameters, dict)
         and all(_all(str, o.name) and o.window is None for o in w.outputs)

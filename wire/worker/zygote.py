@@ -35,6 +35,7 @@ class ZygoteSpec:
     channel_fd: int  # its end of the socketpair
     pinning: PinningSpec = field(default_factory=PinningSpec)  # the node: cpus, mempolicy
     log_level: str = "INFO"
+    log_format: str = "text"  # or "json", as the broker's --log-format
 
 
 def zygote_environment(spec: ZygoteSpec) -> dict[str, str]:
