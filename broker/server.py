@@ -370,14 +370,14 @@ class Broker:
         """The messages waiting (up to FRONT_BATCH), then their dispatch: requests that
         arrived together can run as one batch, and they cost one poll."""
         frontend, manager = self.frontend, self.manager
-        manager.hold()
+        manager.gather()
         try:
             for _ in range(FRONT_BATCH):
                 self.router.handle(recv_frames(frontend, NOBLOCK))
                 if not frontend.getsockopt(EVENTS) & POLLIN:
                     break
         finally:
-            manager.release()
+            manager.dispatch_gathered()
 
     def _read_dispatched(self) -> None:
         """Read the channels of the workers just sent a batch, without a poll: a worker on

@@ -107,7 +107,7 @@ class Manager:
         self._unload_waiters: dict[int, list[Waiter]] = {}  # id(record) -> waiters
         self.lanes: LaneEvents | None = None
         self.dispatched: list[Worker] = []  # sent a batch since the loop last looked
-        self._held: list[Scheduler] | None = None  # while requests arrive together (hold)
+        self._gathered: list[Scheduler] | None = None  # while requests arrive together
         self.ensembles = Ensembles(self)  # pipelines: ensembles, models' calls (BLS)
         self.calls = Calls(self)
         outputs.on_lent_gone = self._unmap_everywhere
@@ -374,22 +374,22 @@ class Manager:
         self.inflight[req.rid] = req
         scheduler = req.model.scheduler
         assert scheduler is not None
-        if self._held is not None and not scheduler.held:
-            scheduler.held = True
-            self._held.append(scheduler)
+        if self._gathered is not None and not scheduler.gathering:
+            scheduler.gathering = True
+            self._gathered.append(scheduler)
         self._note_wake(scheduler, scheduler.enqueue(req, now_ns))
 
-    def hold(self) -> None:
+    def gather(self) -> None:
         """Requests that arrived together are being admitted: they are queued, and batches
-        form from all of them at :meth:`release` (rather than the first running alone)."""
-        self._held = []
+        form from all of them at :meth:`dispatch_gathered` (not the first running alone)."""
+        self._gathered = []
 
-    def release(self) -> None:
-        """Dispatch what was queued since :meth:`hold`."""
-        held, self._held = self._held or [], None
+    def dispatch_gathered(self) -> None:
+        """Dispatch what was queued since :meth:`gather`."""
+        gathered, self._gathered = self._gathered or [], None
         now = time.monotonic_ns()
-        for scheduler in held:
-            scheduler.held = False
+        for scheduler in gathered:
+            scheduler.gathering = False
             self._note_wake(scheduler, scheduler.pump(now))
 
     def dispatch(
