@@ -207,7 +207,7 @@ class ModelInstance(_Level):
         exec_end: int,
     ) -> None:
         """TRITONBACKEND_ModelInstanceReportStatistics (monotonic ns timestamps)."""
-        stamps = Timestamps(exec_start, compute_start, compute_end, exec_end)
+        stamps = tuple.__new__(Timestamps, (exec_start, compute_start, compute_end, exec_end))
         self.model.stats.report_request(request, success, stamps)
 
     def report_batch_statistics(
@@ -219,7 +219,7 @@ class ModelInstance(_Level):
         exec_end: int,
     ) -> None:
         """TRITONBACKEND_ModelInstanceReportBatchStatistics."""
-        stamps = Timestamps(exec_start, compute_start, compute_end, exec_end)
+        stamps = tuple.__new__(Timestamps, (exec_start, compute_start, compute_end, exec_end))
         self.model.stats.report_batch(batch_size, stamps)
 
     def report_memory_usage(

@@ -119,7 +119,8 @@ class Response:
         buf = self._place(name, datatype, shape, dtype.itemsize * count)
         if type(buf) is not memoryview and hasattr(buf, "__cuda_array_interface__"):
             return buf.view(dtype).reshape(shape)
-        return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
+        array = np.frombuffer(buf, dtype=dtype, count=count)
+        return array if len(shape) == 1 else array.reshape(shape)
 
     def set_output(self, name: str, value: Any, datatype: str | None = None) -> None:
         """Copy an array (or a list of str/bytes for BYTES) into output ``name``.

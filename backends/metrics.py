@@ -19,6 +19,9 @@ from inferpool.wire.worker.messages import (
 )
 
 MEMORY_TYPES = ("CPU", "CPU_PINNED", "GPU")  # TRITONSERVER_MemoryTypeString
+# NamedTuples reported per request are built by tuple.__new__, which skips their Python-level
+# __new__ (a third of the cost, on every request's path)
+_make = tuple.__new__
 
 
 class Timestamps(NamedTuple):
@@ -31,10 +34,10 @@ class Timestamps(NamedTuple):
 
     def durations(self) -> Durations:
         """Compute input, infer and output time, as the broker's statistics count them."""
-        return Durations(
-            self.compute_start - self.exec_start,
-            self.compute_end - self.compute_start,
-            self.exec_end - self.compute_end,
+        exec_start, compute_start, compute_end, exec_end = self
+        return _make(
+            Durations,
+            (compute_start - exec_start, compute_end - compute_start, exec_end - compute_end),
         )
 
 
@@ -111,10 +114,10 @@ class StatsCollector:
 
     # StatisticsReporter
     def report_request(self, request: Request, success: bool, stamps: Timestamps) -> None:
-        self.timings[id(request)] = RequestTiming(success, stamps)
+        self.timings[id(request)] = _make(RequestTiming, (success, stamps))
 
     def report_batch(self, batch_size: int, stamps: Timestamps) -> None:
-        self.batches.append(BatchStats(batch_size, stamps.durations()))
+        self.batches.append(_make(BatchStats, (batch_size, stamps.durations())))
 
     def report_memory_usage(self, memory_type: str, device_id: int, byte_size: int) -> None:
         """The instance holds ``byte_size`` bytes of this memory (replaces an earlier report)."""
@@ -143,7 +146,7 @@ class StatsCollector:
             if entry is not None and op == "inc":
                 value += entry.value
                 op = entry.op
-            self._ops[metric.key] = MetricOp(metric.family, metric.labels, op, value)
+            self._ops[metric.key] = _make(MetricOp, (metric.family, metric.labels, op, value))
 
     def drain_metrics(self) -> MetricsUpdate | None:
         """The metric updates since the last drain, or None if there were none."""

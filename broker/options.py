@@ -59,6 +59,7 @@ class ServerOptions:
     # workers
     host_policies: tuple[str, ...] = ()
     pin: bool = True
+    sched_slice_us: int = 300  # the scheduler slice asked for (broker/sched_slice.py); 0: none
     boot_timeout: float = 120.0
     execute_timeout: float = 0.0  # 0: no limit
     graceful_timeout: float = 30.0  # a stopping worker's time for its finalizers

@@ -50,6 +50,7 @@ from inferpool.broker.pool.liveness import Liveness
 from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.broker.pool.placement import Planner, Topology, parse_host_policies
 from inferpool.broker.pool.supervisor import Supervisor
+from inferpool.broker.sched_slice import request_slice
 from inferpool.shm.cancel_flags import CancelFlags
 from inferpool.shm.leases import LeaseTable
 from inferpool.shm.runs import region_name
@@ -78,6 +79,7 @@ class Broker:
         self.options = opts = options
         self._on_started = on_started
         self._signals: list[int] = []
+        request_slice(opts.sched_slice_us)  # before any thread or child: they inherit it
         self._watchdog = Watchdog()
         self._next_poll = time.monotonic() + options.repository_poll_secs
         with contextlib.ExitStack() as stack:

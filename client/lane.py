@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from inferpool.client.shm_request import (
     HANDLE,
     INPUT_REGION,
@@ -32,6 +34,7 @@ from inferpool.client.shm_request import (
 from inferpool.shm.bell import apart, bells
 from inferpool.shm.refs import posix_name
 from inferpool.shm.region import Region
+from inferpool.wire import codec
 from inferpool.wire import lane as wl
 from inferpool.wire.errors import Code, InferpoolError
 
@@ -41,6 +44,10 @@ if TYPE_CHECKING:
 SLICE_S = 0.05  # the longest sleep before the lane and the worker are looked at again
 MASK = 0xFFFFFFFF
 RELEASE_ONLY = (b"", 0, 0)  # the body of a request that only carries releases
+VIEWS = 64  # output shapes a lane remembers how to view
+_now = time.monotonic_ns
+# the header's words a client reads on every request
+STATE, WORKER_CLOSED, RESP_DONE = wl.STATE >> 2, wl.WORKER_CLOSED >> 2, wl.RESP_DONE >> 2
 
 
 class LaneRevoked(Exception):
@@ -70,7 +77,13 @@ class Lane:
             self.region.close()
             raise
         self.header = header = wl.Header(buf)
+        self.words = header.words
         self.requests, self.responses = bells(buf, header.words, wl.BELLS)
+        geometry = self.geometry
+        self.slots, self.slot_size = geometry.slots, geometry.slot_size
+        self.request_at = [geometry.request(i) for i in range(geometry.slots)]
+        self.response_at = [geometry.response(i) for i in range(geometry.slots)]
+        self._views: dict[tuple[int, int, tuple[int, ...]], tuple[str, Any, int, int]] = {}
         self.spin_ns = spin_us * 1000 if spin_us > 0 and apart(self.worker_pid) else 0
         self.sent = 0  # requests posted
         self.read = 0  # responses taken
@@ -115,25 +128,24 @@ class Lane:
     def post(self, body: tuple[bytes, int, int], flags: int = 0) -> int:
         """Put a request into the ring and ring the worker; its number.  LaneRevoked if the
         lane has ended (nothing was posted)."""
-        buf = self.region.buf
-        header = self.header
-        if self.ended or header.revoked or header[wl.WORKER_CLOSED]:
+        words = self.words
+        if self.ended or words[STATE] or words[WORKER_CLOSED]:
             self._end()
             raise LaneRevoked(self.ended)
-        if (self.sent - self.read) & MASK >= self.geometry.slots:
-            raise InferpoolError(
-                Code.UNAVAILABLE, f"lane {self.id} has {self.geometry.slots} requests in flight"
-            )
         n = self.sent
-        geometry = self.geometry
-        room = (geometry.slot_size - 64 - len(body[0])) // 8
-        releases, self.releases = self.releases[:room], self.releases[room:]
+        slots = self.slots
+        if (n - self.read) & MASK >= slots:
+            raise InferpoolError(Code.UNAVAILABLE, f"lane {self.id} has {slots} requests in flight")
+        releases = self.releases
+        if releases:
+            room = (self.slot_size - 64 - len(body[0])) // 8
+            releases, self.releases = releases[:room], releases[room:]
         wl.write_request(
-            buf,
-            geometry.request(n),
-            geometry.slot_size,
+            self.region.buf,
+            self.request_at[n % slots],
+            self.slot_size,
             n,
-            time.monotonic_ns(),
+            _now(),
             flags,
             body[1],
             body[2],
@@ -147,26 +159,36 @@ class Lane:
     # ------------------------------------------------------------------ responses
     def result(self, n: int, limit: float) -> ShmResult:
         """The answer to request ``n``, waited for at most ``limit`` seconds."""
+        head = self.responses.value()
+        if not 0 < (head - n) & MASK <= self.slots:
+            self._await(n, head, limit)
+        return self.take(n)
+
+    def _await(self, n: int, head: int, limit: float) -> None:
+        """Wait until response ``n`` is in: a spin, then sleeps of at most SLICE_S after
+        each of which the lane and the worker are looked at (raises what ``fail`` says
+        when the lane is over, TIMEOUT after ``limit``)."""
+        responses = self.responses
         deadline = time.monotonic() + limit
         while True:
-            head = self.responses.value()
-            if self.answered(n, head):
-                return self.take(n)
-            if self.over():
-                self.fail(n)
             left = deadline - time.monotonic()
             if left <= 0:
                 raise InferpoolError(
                     Code.TIMEOUT,
                     f"no response on lane {self.id} (model '{self.model}') within {limit:g}s",
                 )
-            self.responses.wait(head, self.spin_ns, min(SLICE_S, left))
+            head = responses.wait(head, self.spin_ns, min(SLICE_S, left))
+            if self.answered(n, head):
+                return
+            if self.over():
+                self.fail(n)
+                return
 
     def answered(self, n: int, head: int | None = None) -> bool:
         """Whether the response to request ``n`` is in the ring."""
         if head is None:
             head = self.responses.value()
-        return 0 < (head - n) & MASK <= self.geometry.slots
+        return 0 < (head - n) & MASK <= self.slots
 
     def over(self) -> bool:
         """Whether no response will come any more: the lane ended (revoked, or the worker
@@ -183,7 +205,7 @@ class Lane:
         if self.answered(n):
             return
         claimed = self.header[wl.REQ_DONE]
-        if not 0 < (claimed - n) & MASK <= self.geometry.slots:
+        if not 0 < (claimed - n) & MASK <= self.slots:
             raise LaneRevoked(self.ended)
         raise InferpoolError(Code.UNAVAILABLE, self.ended)
 
@@ -195,10 +217,10 @@ class Lane:
         return self._take(n)
 
     def _take(self, n: int) -> ShmResult:
-        buf = self.region.buf
-        response = wl.read_response(buf, self.geometry.response(n), self.geometry.slot_size)
-        self.read = (n + 1) & MASK
-        self.header[wl.RESP_DONE] = self.read
+        at = self.response_at[n % self.slots]
+        response = wl.read_response(self.region.buf, at, self.slot_size)
+        self.read = read = (n + 1) & MASK
+        self.words[RESP_DONE] = read
         if response.status:
             raise InferpoolError(wl.code_name(response.status), response.error)
         session = self.session
@@ -207,12 +229,41 @@ class Lane:
         leases = []
         mapped = session.mapped.get(region).buf
         for t in response.outputs:
-            name = self.outputs[t.position]
-            spec = {"name": name, "datatype": wl.DATATYPE_NAMES[t.datatype], "shape": t.shape}
-            outputs[name] = output_view(mapped, t.offset, t.byte_size, spec)
+            name, dtype, count, nbytes = self._view(t)
+            if dtype is None:  # BYTES: its size is its own
+                spec = {"name": name, "datatype": "BYTES", "shape": t.shape}
+                outputs[name] = output_view(mapped, t.offset, t.byte_size, spec)
+            elif nbytes != t.byte_size:
+                raise InferpoolError(
+                    Code.INTERNAL,
+                    f"output '{name}': {t.byte_size} bytes cannot hold "
+                    f"{wl.DATATYPE_NAMES[t.datatype]} {list(t.shape)}",
+                )
+            else:
+                view = np.frombuffer(mapped, dtype, count, t.offset)
+                outputs[name] = view if len(t.shape) == 1 else view.reshape(t.shape)
             leases.append((t.offset, region))
         session.hold(region, len(leases))
         return ShmResult(self, self.model, self.version, outputs, response.parameters, leases)
+
+    def _view(self, t: wl.Tensor) -> tuple[str, Any, int, int]:
+        """(name, numpy dtype or None for BYTES, element count, byte size) of an output of
+        this position, datatype and shape: worked out once, a lane's outputs keep theirs."""
+        key = (t.position, t.datatype, t.shape)
+        known = self._views.get(key)
+        if known is None:
+            name = self.outputs[t.position]
+            datatype = wl.DATATYPE_NAMES[t.datatype]
+            count = codec.element_count(list(t.shape))
+            if datatype == "BYTES":
+                known = (name, None, count, -1)
+            else:
+                dtype = codec.numpy_dtype(datatype)
+                known = (name, dtype, count, count * dtype.itemsize)
+            if len(self._views) >= VIEWS:
+                self._views.clear()
+            self._views[key] = known
+        return known
 
     def _drop(self, n: int) -> None:
         """A response nobody waits for (its request timed out): release its outputs."""
@@ -221,7 +272,9 @@ class Lane:
 
     def release(self, leases: list[tuple[Any, str]]) -> None:
         """ShmResult's: the tokens go with the lane's next request."""
-        self.releases.extend(token for token, _ in leases)
+        releases = self.releases
+        for token, _ in leases:
+            releases.append(token)
         self.session.unhold(leases)
 
     def flush(self, limit: float) -> int:
@@ -252,9 +305,8 @@ class Lane:
 
     @property
     def usable(self) -> bool:
-        if self.ended:
-            return False
-        return not (self.header.revoked or self.header[wl.WORKER_CLOSED])
+        words = self.words
+        return not (self.ended or words[STATE] or words[WORKER_CLOSED])
 
     def close(self) -> None:
         """Unmap the lane (results already taken keep their outputs' mapping)."""

@@ -57,6 +57,19 @@ def parse_port(text: str) -> int:
     return port
 
 
+def parse_slice(text: str) -> int:
+    """A scheduler slice in microseconds: 0 (the kernel's), or 100 to 100000 (its range)."""
+    try:
+        us = int(text)
+    except ValueError:
+        us = -1
+    if us != 0 and not 100 <= us <= 100_000:
+        raise argparse.ArgumentTypeError(
+            f"not a slice: {text!r} (microseconds, 100 to 100000; 0: the kernel's default)"
+        )
+    return us
+
+
 def parse_backend_config(items: Sequence[str]) -> dict[str, dict[str, str]]:
     """Triton's --backend-config=<backend>,<key>=<value>."""
     out: dict[str, dict[str, str]] = {}
@@ -260,6 +273,14 @@ def add_serve(sub: Any) -> None:
         "(default: %(default)s)",
     )
     p.add_argument(
+        "--sched-slice-us",
+        type=parse_slice,
+        default=300,
+        metavar="US",
+        help="the scheduler slice the server's processes ask Linux (6.12+) for, so that one "
+        "woken by a message runs soon on a busy core (default: %(default)s; 0: the kernel's)",
+    )
+    p.add_argument(
         "--execute-timeout",
         type=float,
         default=0.0,
@@ -419,6 +440,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         backend_config=parse_backend_config(args.backend_config),
         host_policies=tuple(args.host_policy),
         pin=args.pin != "none",
+        sched_slice_us=args.sched_slice_us,
         execute_timeout=args.execute_timeout,
         boot_timeout=args.boot_timeout,
         graceful_timeout=args.graceful_timeout,

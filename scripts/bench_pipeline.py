@@ -1,23 +1,25 @@
 #!/usr/bin/env python3
 """A three-step pipeline (preprocess -> TorchScript MLP -> postprocess, 1 MiB tensors) served
-three ways in one run, against its own steps:
+in several ways in one run, against its own steps:
 
-- chain:      the client calls the three models one after another, each step's output sent
-              back to the server as the next one's input (the baseline a pipeline replaces);
-- ensemble:   one request to an ensemble of the three; the broker runs the steps, each reading
-              the previous step's output where that step's worker wrote it;
+- chain:        the client calls the three models one after another, each step's output sent
+                back to the server as the next one's input (what a pipeline replaces);
+- chain shm:    the same with the shared-memory client: each input written in place, each
+                output read in place and written into the next request's input;
+- ensemble:     one request to an ensemble of the three; the broker runs the steps, each
+                reading the previous step's output where that step's worker wrote it;
 - ensemble shm: the same with the shared-memory client (input written in place, the output
-              read in place as a handle): the pipeline's own cost, without the client's copies;
-- bls:        one request to a python model that calls the three with pb_utils BLS;
-- round trip: a 64 B identity request, the cost of one client -> broker -> worker hop and
-              back on this machine at this moment (what a pipeline pays per step on top of
-              the step's own execution).
+                read in place as a handle);
+- bls:          one request to a python model that calls the three with pb_utils BLS;
+- round trip:   a 64 B identity request, the cost of one client -> broker -> worker hop and
+                back on this machine at this moment.
 
-The steps' own execution times come from the server's statistics (compute input + infer +
-output, per request) over the same run; their sum is the floor every path pays.  Paths are
-measured in alternating rounds so that the machine's noise falls on all of them alike.
+The floor is the steps' own execution: the sum of the three models' ``compute_infer`` per
+request, from the server's statistics, over the requests each path made (compute input and
+output are printed beside it).  Paths take turns in short blocks, in a rotating order, so
+that the machine's noise (other processes on its cores) falls on all of them alike.
 
-    python scripts/bench_pipeline.py [--iters 200] [--rounds 5] [--hidden 64]
+    python scripts/bench_pipeline.py [--rounds 40] [--iters 10] [--hidden 64]
 """
 
 from __future__ import annotations
@@ -155,24 +157,42 @@ def write_repository(repo: Path, hidden: int, threads: int) -> None:
 
 # ---------------------------------------------------------------------------- the paths
 Run = Callable[[np.ndarray], np.ndarray]
+STEP_IO = (
+    ("pre", "RAW", "INPUT__0"),
+    ("mlp", "INPUT__0", "OUTPUT__0"),
+    ("post", "OUTPUT__0", "SCORE"),
+)
 
 
 def paths(endpoint: str, stack: contextlib.ExitStack) -> dict[str, Run]:
     c = stack.enter_context(Client(endpoint, timeout=60))
-    shm = stack.enter_context(ShmClient(endpoint, timeout=60, input_bytes=4 << 20))
+    shm = stack.enter_context(ShmClient(endpoint, timeout=60, input_bytes=8 << 20))
     request = shm.request("pipeline", ["SCORE"])
     raw = request.input("RAW", (ROWS, COLS), np.float32)
+    steps = [shm.request(model, [out]) for model, _, out in STEP_IO]
+    step_inputs = [
+        r.input(inp, (ROWS, COLS), np.float32)
+        for r, (_, inp, _) in zip(steps, STEP_IO, strict=True)
+    ]
 
     def chain(x: np.ndarray) -> np.ndarray:
         y = c.infer("pre", {"RAW": x})["INPUT__0"]
         z = c.infer("mlp", {"INPUT__0": y})["OUTPUT__0"]
         return c.infer("post", {"OUTPUT__0": z})["SCORE"]
 
+    def chain_shm(x: np.ndarray) -> np.ndarray:
+        np.copyto(step_inputs[0], x)  # the client's producer would write here in the first place
+        for i, (_, _, out) in enumerate(STEP_IO[:-1]):
+            with shm.run(steps[i]) as result:  # read in place, written into the next input
+                np.copyto(step_inputs[i + 1], result[out])
+        with shm.run(steps[-1]) as result:
+            return np.asarray(result["SCORE"][0, :4]).copy()
+
     def ensemble(x: np.ndarray) -> np.ndarray:
         return c.infer("pipeline", {"RAW": x})["SCORE"]
 
     def ensemble_shm(x: np.ndarray) -> np.ndarray:
-        np.copyto(raw, x)  # the client's producer would write here in the first place
+        np.copyto(raw, x)
         with shm.run(request) as result:
             return np.asarray(result["SCORE"][0, :4]).copy()
 
@@ -186,6 +206,7 @@ def paths(endpoint: str, stack: contextlib.ExitStack) -> dict[str, Run]:
 
     return {
         "chain": chain,
+        "chain shm": chain_shm,
         "ensemble": ensemble,
         "ensemble shm": ensemble_shm,
         "bls": bls,
@@ -193,28 +214,31 @@ def paths(endpoint: str, stack: contextlib.ExitStack) -> dict[str, Run]:
     }
 
 
-def execution_ns(c: Client) -> dict[str, tuple[int, int]]:
-    """(requests, ns of compute input + infer + output) per step, from the statistics."""
+PARTS = ("compute_input", "compute_infer", "compute_output")
+
+
+def counters(c: Client) -> dict[str, list[int]]:
+    """Per step: [requests, ns of compute input, infer, output], from the statistics."""
     out = {}
     for name in STEPS:
         s = c.statistics(name)["model_stats"][0]["inference_stats"]
-        ns = s["compute_input"]["ns"] + s["compute_infer"]["ns"] + s["compute_output"]["ns"]
-        out[name] = (s["success"]["count"], ns)
+        out[name] = [s["success"]["count"], *(s[part]["ns"] for part in PARTS)]
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--iters", type=int, default=200, help="requests per path per round")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=40, help="turns of every path")
+    parser.add_argument("--iters", type=int, default=10, help="requests per path per turn")
     parser.add_argument("--hidden", type=int, default=64, help="the MLP's hidden width")
     parser.add_argument("--threads", type=int, default=1, help="the MLP's intra-op threads")
     parser.add_argument("--pin", choices=("auto", "none"), default="auto", help="the server's")
     args = parser.parse_args()
     x = np.random.default_rng(0).random((ROWS, COLS), dtype=np.float32)
     expected = np.maximum(_reference(x, args.hidden), 0)  # checks every path's answer
-    samples: dict[str, list[float]] = {}
-    spent: dict[str, dict[str, list[int]]] = {}  # path -> step -> [requests, ns]
+    samples: dict[str, list[int]] = {}
+    spent: dict[str, dict[str, list[int]]] = {}  # path -> step -> [requests, ns per part]
+    load = [os.getloadavg()[0]]
     with (
         tempfile.TemporaryDirectory(prefix="ibp-", dir="/tmp") as tmp,
         contextlib.ExitStack() as st,
@@ -229,22 +253,26 @@ def main() -> None:
             for _ in range(20):
                 got = run(x)
             if name != ROUND_TRIP:
-                want = expected[0, :4] if name == "ensemble shm" else expected
+                want = expected[0, :4] if name.endswith("shm") else expected
                 np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=name)
-        for _ in range(args.rounds):
-            for name, run in runs.items():
-                before = execution_ns(control)
+        names = list(runs)
+        for turn in range(args.rounds):
+            for name in names[turn % len(names) :] + names[: turn % len(names)]:
+                run = runs[name]
+                before = counters(control)
                 times = samples.setdefault(name, [])
                 for _ in range(args.iters):
                     t0 = time.perf_counter_ns()
                     run(x)
                     times.append(time.perf_counter_ns() - t0)
-                after = execution_ns(control)
-                mine = spent.setdefault(name, {s: [0, 0] for s in STEPS})
+                after = counters(control)
+                mine = spent.setdefault(name, {s: [0] * 4 for s in STEPS})
                 for s in STEPS:
-                    mine[s][0] += after[s][0] - before[s][0]
-                    mine[s][1] += after[s][1] - before[s][1]
-    report(samples, spent, args)
+                    mine[s] = [
+                        m + a - b for m, a, b in zip(mine[s], after[s], before[s], strict=True)
+                    ]
+        load.append(os.getloadavg()[0])
+    report(samples, spent, args, load)
 
 
 def _reference(x: np.ndarray, hidden: int) -> np.ndarray:
@@ -256,33 +284,40 @@ def _reference(x: np.ndarray, hidden: int) -> np.ndarray:
         return mlp(torch.from_numpy((x - 0.5) * 2.0)).numpy()
 
 
-def report(samples: dict[str, list[float]], spent: dict[str, Any], args: Any) -> None:
+def report(
+    samples: dict[str, list[int]], spent: dict[str, Any], args: Any, load: list[float]
+) -> None:
     def p(name: str, q: float) -> float:
         ordered = sorted(samples[name])
         return ordered[min(len(ordered) - 1, int(len(ordered) * q))] / 1e6
 
-    floor = {  # the steps' own execution, per request, as the server measured it on each path
-        name: sum(ns / max(count, 1) for count, ns in steps.values()) / 1e6
-        for name, steps in spent.items()
+    def mean_ms(steps: dict[str, list[int]], step: str, part: int) -> float:
+        return steps[step][1 + part] / max(steps[step][0], 1) / 1e6
+
+    floor = {  # the steps' own execution (compute_infer), per request, on each path
+        name: sum(mean_ms(steps, s, 1) for s in STEPS) for name, steps in spent.items()
     }
-    per_step = {s: spent["ensemble"][s][1] / max(spent["ensemble"][s][0], 1) / 1e6 for s in STEPS}
+    ens = spent["ensemble"]
     print(
-        f"1 MiB FP32 tensors [{ROWS}, {COLS}], MLP hidden {args.hidden}, "
-        f"{args.rounds} rounds x {args.iters} requests per path, {os.cpu_count()} cpus, "
-        f"pin {args.pin}, load average {os.getloadavg()[0]:.1f}"
+        f"1 MiB FP32 tensors [{ROWS}, {COLS}], MLP {COLS}-{args.hidden}-{COLS} "
+        f"({args.threads} thread), {args.rounds} turns x {args.iters} requests per path, "
+        f"{os.cpu_count()} cpus, pin {args.pin}, load average {load[0]:.1f} -> {load[1]:.1f}"
     )
     print(
-        "steps' own execution (server statistics, ensemble path): "
-        + ", ".join(f"{s} {ms:.3f} ms" for s, ms in per_step.items())
-        + f"; sum {floor['ensemble']:.3f} ms"
+        "steps' compute_infer (server statistics, ensemble path): "
+        + ", ".join(f"{s} {mean_ms(ens, s, 1):.3f} ms" for s in STEPS)
+        + f"; sum {floor['ensemble']:.3f} ms (compute input + output beside it: "
+        + ", ".join(f"{s} {mean_ms(ens, s, 0) + mean_ms(ens, s, 2):.3f}" for s in STEPS)
+        + " ms)"
     )
-    chain, hop = p("chain", 0.5), p(ROUND_TRIP, 0.5)
+    hop = p(ROUND_TRIP, 0.5)
     print(f"a {ROUND_TRIP} (client -> broker -> worker -> back): p50 {hop:.3f} ms")
     print("| path | p50 ms | p99 ms | p50 / sum of steps | chain p50 / p50 | beyond the steps |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for name in samples:
         if name == ROUND_TRIP:
             continue
+        chain = p("chain shm" if name.endswith("shm") else "chain", 0.5)
         p50 = p(name, 0.5)
         print(
             f"| {name} | {p50:.3f} | {p(name, 0.99):.3f} | {p50 / floor[name]:.2f}x | "

@@ -30,6 +30,17 @@ def our_regions() -> set[str]:
     return {e for e in os.listdir("/dev/shm") if e.startswith("inferpool-")}
 
 
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs.  A zombie does not: an orphan (a worker whose broker
+    was killed) stays one until the machine's init reaps it, which may take seconds."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in (b"Z", b"X")
+
+
 def run_id_of(server: Server | int) -> str:
     """A live broker's run id, from the lock object it holds open (``server`` or its pid)."""
     pid = server if isinstance(server, int) else server.proc.pid

@@ -18,6 +18,7 @@ words count modulo 2**32.
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
@@ -88,6 +89,9 @@ _PARAM = struct.Struct("<BxHI")  # kind, key length, value length (+ key, value,
 _KINDS = {str: 0, int: 1, bool: 2, float: 3}
 _I64 = struct.Struct("<q")
 _F64 = struct.Struct("<d")
+# A NamedTuple built from a tuple by tuple.__new__ skips its Python-level __new__ (a third
+# of the cost): the readers below make one or more per request.
+_make = tuple.__new__
 
 
 class Geometry(NamedTuple):
@@ -198,28 +202,41 @@ def code_name(status: int) -> str:
 
 
 # ---------------------------------------------------------------------------- tensors
+@functools.cache
+def _dims(ndim: int) -> struct.Struct:
+    """The struct of ``ndim`` dimensions (ndim is a u8: at most 256 of them, made once)."""
+    return struct.Struct(f"<{ndim}q")
+
+
 def pack_tensors(tensors: Sequence[Tensor]) -> bytes:
     """Tensor entries: index, datatype, ndim, offset, byte size, then the dimensions."""
-    out = bytearray()
-    for t in tensors:
-        out += _TENSOR.pack(t.position, t.datatype, len(t.shape), t.offset, t.byte_size)
-        out += struct.pack(f"<{len(t.shape)}q", *t.shape)
-    return bytes(out)
+    return b"".join(
+        _TENSOR.pack(t.position, t.datatype, len(t.shape), t.offset, t.byte_size)
+        + _dims(len(t.shape)).pack(*t.shape)
+        for t in tensors
+    )
 
 
 def _read_tensors(buf: Any, pos: int, count: int, end: int) -> tuple[list[Tensor], int]:
     tensors = []
+    step = _TENSOR.size
     for _ in range(count):
-        if pos + _TENSOR.size > end:
+        if pos + step > end:
             raise ValueError("tensor entries run past the slot")
         index, datatype, ndim, offset, byte_size = _TENSOR.unpack_from(buf, pos)
-        pos += _TENSOR.size
+        pos += step
         if pos + 8 * ndim > end:
             raise ValueError("tensor dimensions run past the slot")
-        shape = struct.unpack_from(f"<{ndim}q", buf, pos)
+        shape = _dims(ndim).unpack_from(buf, pos)
         pos += 8 * ndim
-        tensors.append(Tensor(index, datatype, offset, byte_size, shape))
+        tensors.append(_make(Tensor, (index, datatype, offset, byte_size, shape)))
     return tensors, pos
+
+
+@functools.cache
+def _releases(count: int) -> struct.Struct:
+    """The struct of ``count`` release tokens (at most a slot's worth: made once each)."""
+    return struct.Struct(f"<{count}Q")
 
 
 def _pad(n: int) -> int:
@@ -255,7 +272,7 @@ def write_request(
     )
     buf[at + _REQUEST_HEAD.size : at + end] = body
     if releases:
-        struct.pack_into(f"<{len(releases)}Q", buf, at + end, *releases)
+        _releases(len(releases)).pack_into(buf, at + end, *releases)
 
 
 def read_request(buf: Any, at: int, slot_size: int) -> LaneRequest:
@@ -267,10 +284,9 @@ def read_request(buf: Any, at: int, slot_size: int) -> LaneRequest:
     end = start + body_len
     if end + 8 * n_release > at + slot_size:
         raise ValueError("the request runs past its slot")
-    releases = list(struct.unpack_from(f"<{n_release}Q", buf, end)) if n_release else []
-    return LaneRequest(
-        request_id, sent_ns, flags, n_inputs, n_outputs, bytes(buf[start:end]), releases
-    )
+    releases = list(_releases(n_release).unpack_from(buf, end)) if n_release else []
+    body = bytes(buf[start:end])
+    return _make(LaneRequest, (request_id, sent_ns, flags, n_inputs, n_outputs, body, releases))
 
 
 def parse_body(body: bytes, n_inputs: int, n_outputs: int) -> tuple[list[Tensor], list[int]]:
@@ -291,7 +307,7 @@ _REMEMBERED = 16
 
 def pack_parameters(params: Mapping[str, Any]) -> bytes:
     """Response parameters: kind (0 str, 1 int, 2 bool, 3 float), key, value, padded to 8."""
-    key = tuple((k, v.__class__, v) for k, v in params.items())
+    key = (*params.items(), *map(type, params.values()))
     try:
         return _packed[key]
     except (KeyError, TypeError):  # TypeError: a value that cannot be a key is refused below
@@ -355,24 +371,33 @@ def write_response(
     at: int,
     slot_size: int,
     request_id: int,
-    outputs: Sequence[Tensor],
+    outputs: Sequence[tuple[int, int, int, int, tuple[int, ...]]],
     parameters: Mapping[str, Any] | None,
     status: int = 0,
     error: str = "",
 ) -> None:
     """Fill the response slot at ``at``; ValueError if it does not fit."""
-    tensors = pack_tensors(outputs) if outputs else b""
     params = pack_parameters(parameters) if parameters else b""
     message = error.encode() if error else b""
-    size = _RESPONSE_HEAD.size + len(tensors) + len(params) + len(message)
+    pos = at + _RESPONSE_HEAD.size
+    end = at + slot_size
+    step = _TENSOR.size
+    for position, datatype, offset, byte_size, shape in outputs:  # Tensors, or their tuples
+        ndim = len(shape)  # straight into the slot: nothing is read before the bell rings
+        if pos + step + 8 * ndim > end:
+            raise ValueError(f"the outputs do not fit a {slot_size}-byte lane slot")
+        _TENSOR.pack_into(buf, pos, position, datatype, ndim, offset, byte_size)
+        _dims(ndim).pack_into(buf, pos + step, *shape)
+        pos += step + 8 * ndim
+    size = pos - at + len(params) + len(message)
     if size > slot_size:
         raise ValueError(f"a response of {size} bytes does not fit a {slot_size}-byte lane slot")
     n_params = len(parameters) if parameters else 0
     _RESPONSE_HEAD.pack_into(
         buf, at, request_id, status, len(outputs), n_params, len(message), len(params)
     )
-    pos = at + _RESPONSE_HEAD.size
-    buf[pos : at + size] = tensors + params + message
+    if params or message:
+        buf[pos : at + size] = params + message
 
 
 def read_response(buf: Any, at: int, slot_size: int) -> LaneResponse:
@@ -386,4 +411,4 @@ def read_response(buf: Any, at: int, slot_size: int) -> LaneResponse:
     params = unpack_parameters(bytes(buf[pos : pos + params_len]), n_params) if n_params else {}
     pos += params_len
     error = bytes(buf[pos : pos + error_len]).decode(errors="replace") if error_len else ""
-    return LaneResponse(request_id, status, outputs, params, error)
+    return _make(LaneResponse, (request_id, status, outputs, params, error))

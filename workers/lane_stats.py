@@ -37,13 +37,13 @@ class Tally:
         total_ns: int,
         queue_ns: int,
         batch_size: int,
-        durations: Durations | None,
+        stamps: Sequence[int] | None,
         batches: Sequence[BatchStats],
-        exec_start: int,
-        exec_end: int,
+        exec_ns: int,
     ) -> None:
-        """One executed lane request; ``batches``: what the backend reported, if anything."""
-        measured = Durations(0, exec_end - exec_start, 0)
+        """One executed lane request: ``stamps``, the four instants its backend reported
+        (``backends.metrics.Timestamps``), if it did; ``batches``, what the backend reported
+        of its batch, if anything; ``exec_ns``, how long it executed as the worker saw it."""
         with self._lock:
             self.pending = True
             if not ok:
@@ -54,21 +54,27 @@ class Tally:
                 self.success_ns += total_ns
                 self.queue_ns += queue_ns
                 self.inferences += batch_size
-                d = durations or measured
                 sums = self.durations
-                sums[0] += d.compute_input
-                sums[1] += d.compute_infer
-                sums[2] += d.compute_output
-            for size, d in [(b.batch_size, b.durations) for b in batches] or [
-                (batch_size, measured)
-            ]:
-                entry = self.batches.get(size)
-                if entry is None:
-                    entry = self.batches[size] = [0, 0, 0, 0]
-                entry[0] += 1
-                entry[1] += d.compute_input
-                entry[2] += d.compute_infer
-                entry[3] += d.compute_output
+                if stamps is not None:
+                    exec_start, compute_start, compute_end, exec_end = stamps
+                    sums[0] += compute_start - exec_start
+                    sums[1] += compute_end - compute_start
+                    sums[2] += exec_end - compute_end
+                else:
+                    sums[1] += exec_ns
+            if not batches:
+                self._batch(batch_size, 0, exec_ns, 0)
+            for b in batches:
+                self._batch(b.batch_size, *b.durations)
+
+    def _batch(self, size: int, compute_input: int, compute_infer: int, output: int) -> None:
+        entry = self.batches.get(size)
+        if entry is None:
+            entry = self.batches[size] = [0, 0, 0, 0]
+        entry[0] += 1
+        entry[1] += compute_input
+        entry[2] += compute_infer
+        entry[3] += output
 
     def fail_one(self, total_ns: int) -> None:
         """A lane request refused before it ran (malformed, invalid inputs)."""

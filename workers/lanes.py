@@ -4,13 +4,14 @@ The broker opens a lane (``LaneOpen``) and closes it (``LaneClose``); the worker
 thread passes both here.  Each lane is served by a thread of its own, which waits on the
 lane's request ring (``shm.bell``: a bounded spin when the client runs on another core, then
 a futex), checks each request against the model's inputs and against the client's own
-region (the only memory a lane may read inputs from), and executes it on the instance under
+region (the only memory a lane may read inputs from; ``workers.lane_plans``, once per
+distinct body), and executes it on the instance under
 the worker's execute lock, with the same Request and Response objects as a broker batch.
 Responses go into the lane's response ring; outputs stay in the worker's output region as
 leases of the lane, freed when the client releases them or when the lane closes.
 
 What the lanes served is folded and sent to the broker as ``LaneStats`` (at most every
-``FLUSH_S``, and when a lane goes quiet), so the broker's statistics count it.
+``FLUSH_NS``, and when a lane goes quiet), so the broker's statistics count it.
 """
 
 from __future__ import annotations
@@ -21,49 +22,27 @@ import threading
 import time
 from typing import Any
 
-from inferpool.backends.api import Request, RequestedOutput, Response, batch_size_of
+from inferpool.backends.api import Request, Response, batch_size_of
 from inferpool.backends.host import BackendHost
-from inferpool.backends.reshape import output_reshapes
 from inferpool.shm.bell import apart, bells
 from inferpool.shm.region import Region
 from inferpool.wire import lane as wl
-from inferpool.wire.contract import (
-    TensorSpec,
-    check_byte_size,
-    check_input,
-    check_required,
-    tensor_spec,
-)
 from inferpool.wire.errors import Code, InferpoolError, internal, invalid_arg, not_found
 from inferpool.wire.worker.link import Link
-from inferpool.wire.worker.messages import LaneClosed, LaneOpen, Slot, TensorRef
+from inferpool.wire.worker.messages import LaneClosed, LaneOpen, Slot
 from inferpool.workers.calls import HoldingThread
+from inferpool.workers.lane_plans import Contract, Plans
 from inferpool.workers.lane_stats import Tally
-from inferpool.workers.memory import WorkerMemory, host_input, wanted_outputs
+from inferpool.workers.memory import WorkerMemory, wanted_outputs
 
 log = logging.getLogger("inferpool.worker")
-Plan = tuple[list[tuple[TensorRef, "tuple[int, ...] | None"]], dict[str, RequestedOutput]]
 SLICE_S = 1.0  # the longest sleep: a lane thread looks at its lane at least this often
-FLUSH_S = 0.05  # statistics reach the broker at most this long after a lane goes quiet
-PLANS = 16  # request bodies a lane remembers as checked
+FLUSH_NS = 50_000_000  # statistics reach the broker at most this long after a lane goes quiet
+MASK = 0xFFFFFFFF
+_now = time.monotonic_ns
+REQ_DONE = wl.REQ_DONE >> 2  # the word the worker counts claimed requests in
 SWITCH_S = 0.001  # the GIL's switch interval while lanes are open (a busy lane thread
 # must let the main thread read the channel soon)
-
-
-class Contract:
-    """The model's tensors as a lane names them: by their index in the configuration."""
-
-    def __init__(self, config: Any, reshapes: dict[str, tuple[int, ...]]) -> None:
-        self.model = config.name
-        self.max_batch_size = int(config.max_batch_size)
-        self.batched = self.max_batch_size > 0
-        self.inputs: list[TensorSpec] = [tensor_spec(t, t.optional) for t in config.input]
-        self.outputs = [t.name for t in config.output]
-        self.required = frozenset(s.name for s in self.inputs if not s.optional)
-        self.reshapes = reshapes
-        self.all_outputs = {name: RequestedOutput(name) for name in self.outputs}
-        self.output_index = {name: i for i, name in enumerate(self.outputs)}
-        self.output_reshapes = output_reshapes(config)  # the client sees the config's dims
 
 
 class Lanes:
@@ -166,7 +145,12 @@ class LaneServer(HoldingThread):
             self.region.close()
             raise
         self.header = header = wl.Header(buf)
+        self.words = header.words
         self.requests, self.responses = bells(buf, header.words, wl.BELLS)
+        geometry = self.geometry
+        self.slots, self.slot_size = geometry.slots, geometry.slot_size
+        self.request_at = [geometry.request(i) for i in range(geometry.slots)]
+        self.response_at = [geometry.response(i) for i in range(geometry.slots)]
         self.spin_ns = msg.spin_us * 1000 if msg.spin_us > 0 and apart(msg.client_pid) else 0
         self.leases: set[int] = set()  # output offsets the client holds
         self._closing = False
@@ -174,7 +158,7 @@ class LaneServer(HoldingThread):
         self._mapped = True
         self._map_lock = threading.Lock()
         self._current = (0, 0)  # (request number, client's id) being executed
-        self._plans: dict[tuple[int, int, bytes], Plan] = {}
+        self.plans = Plans(self.contract, self.inputs, self.memory, self._emit)
         self._ok = False
 
     # ------------------------------------------------------------------ from the main thread
@@ -201,151 +185,105 @@ class LaneServer(HoldingThread):
         header = self.header
         lanes = self.lanes
         tally = lanes.tally
-        execute_lock = lanes.execute_lock
+        requests = self.requests
+        slots = self.geometry.slots
         n = 0
-        flush_at = 0.0
+        flush_at = 0  # when the statistics folded so far are due (monotonic ns)
         while not self._closing and not header.revoked:
-            spinning = (
-                self.spin_ns and not execute_lock.locked() and lanes.spinner.acquire(blocking=False)
-            )
-            wait_s = SLICE_S if not tally.pending else max(0.0, flush_at - time.monotonic())
-            try:
-                head = self.requests.wait(n, self.spin_ns if spinning else 0, wait_s)
-            finally:
-                if spinning:
-                    lanes.spinner.release()
+            head = requests.value()
             if head == n:
-                if tally.pending and time.monotonic() >= flush_at:
-                    lanes.flush()
-                continue
-            if (head - n) & 0xFFFFFFFF > self.geometry.slots:
+                head = self._wait(n, (flush_at - _now()) / 1e9 if tally.pending else SLICE_S)
+                if head == n:
+                    if tally.pending and _now() >= flush_at:
+                        lanes.flush()
+                    continue
+            if (head - n) & MASK > slots:
                 raise InferpoolError(
                     Code.INVALID_ARG,
-                    f"the client posted more than {self.geometry.slots} requests "
+                    f"the client posted more than {slots} requests "
                     f"(request {head} while the worker is at {n})",
                 )
-            self._serve_one(n)
-            n = (n + 1) & 0xFFFFFFFF
-            if not tally.pending:
-                flush_at = time.monotonic() + FLUSH_S
-            elif time.monotonic() >= flush_at:
-                lanes.flush()
-                flush_at = time.monotonic() + FLUSH_S
+            end = self._serve_one(n)
+            n = (n + 1) & MASK
+            if end >= flush_at:
+                if tally.pending:
+                    lanes.flush()
+                flush_at = end + FLUSH_NS
 
-    def _serve_one(self, n: int) -> None:
-        geometry = self.geometry
-        claimed = time.monotonic_ns()
+    def _wait(self, n: int, limit: float) -> int:
+        """The request sequence once it passes ``n``, or after at most ``limit`` seconds:
+        spinning first while nothing else runs (one lane spins at a time), then asleep."""
+        lanes = self.lanes
+        spinning = (
+            self.spin_ns
+            and not lanes.execute_lock.locked()
+            and lanes.spinner.acquire(blocking=False)
+        )
         try:
-            req = wl.read_request(self.region.buf, geometry.request(n), geometry.slot_size)
+            return self.requests.wait(n, self.spin_ns if spinning else 0, max(0.0, limit))
+        finally:
+            if spinning:
+                lanes.spinner.release()
+
+    def _serve_one(self, n: int) -> int:
+        """Claim request ``n``, execute it, answer it; when it was done (monotonic ns)."""
+        claimed = _now()
+        words = self.words
+        try:
+            req = wl.read_request(self.region.buf, self.request_at[n % self.slots], self.slot_size)
         except ValueError as exc:  # nothing of it can be trusted: not even its id
-            self.header[wl.REQ_DONE] = n + 1
+            words[REQ_DONE] = (n + 1) & MASK
             self._answer_error(n, 0, invalid_arg(f"malformed lane request: {exc}"), claimed)
-            return
-        self.header[wl.REQ_DONE] = n + 1  # claimed: it will be answered
+            return claimed
+        words[REQ_DONE] = (n + 1) & MASK  # claimed: it will be answered
         sent = req.sent_ns if 0 < req.sent_ns <= claimed else claimed
         try:
             if req.releases:
                 self._release(req.releases)
             if req.flags & wl.FLAG_RELEASE_ONLY:
                 self._write(n, req.id, (), None)
-                return
-            request = self._request(n, req)
+                return claimed
+            request = self.plans.request(n, req)
         except InferpoolError as err:
             self._answer_error(n, req.id, err, sent)
-            return
-        host = self.lanes.host
+            return claimed
+        lanes = self.lanes
+        host = lanes.host
         self._current = (n, req.id)
         self._ok = False
-        with self.lanes.execute_lock:
-            exec_start = time.monotonic_ns()
+        with lanes.execute_lock:
+            exec_start = _now()
             host.execute([request])
             timing = host.timing_of(request)
             batches = host.take_batches()
-        end = time.monotonic_ns()
-        self.lanes.tally.add(
+        end = _now()
+        lanes.tally.add(
             self._ok,
             end - sent,
             claimed - sent,
             batch_size_of(request, self.contract.batched),
-            timing.stamps.durations() if timing is not None else None,
+            timing.stamps if timing is not None else None,
             batches,
-            exec_start,
-            end,
+            end - exec_start,
         )
-
-    def _request(self, n: int, req: wl.LaneRequest) -> Request:
-        """The Request a backend sees (as on the broker path).  A client sends the same body
-        over and over: it is checked once, and its plan kept."""
-        key = (req.n_inputs, req.n_outputs, req.body)
-        plan = self._plans.get(key)
-        if plan is None:
-            plan = self._plan(req)
-            if len(self._plans) >= PLANS:
-                self._plans.clear()
-            self._plans[key] = plan
-        refs, wanted = plan
-        region = self.inputs
-        return Request(
-            id=str(req.id),
-            inputs={ref.name: host_input(region, ref, reshape) for ref, reshape in refs},
-            requested_outputs=wanted,
-            memory=self.memory,
-            emit=self._emit,
-            handle=n,
-        )
-
-    def _plan(self, req: wl.LaneRequest) -> Plan:
-        """Check a request body against the model and the client's region (INVALID_ARG in
-        the broker's words): where its inputs are, which outputs it wants."""
-        contract = self.contract
-        model = contract.model
-        specs = contract.inputs
-        try:
-            tensors, outputs = wl.parse_body(req.body, req.n_inputs, req.n_outputs)
-        except ValueError as exc:
-            raise invalid_arg(f"malformed lane request: {exc}") from None
-        refs: list[tuple[TensorRef, tuple[int, ...] | None]] = []
-        seen: set[str] = set()
-        batch = 0
-        for t in tensors:
-            spec = specs[t.position] if t.position < len(specs) else None
-            if spec is None:
-                raise invalid_arg(f"unexpected inference input {t.position} for model '{model}'")
-            name = spec.name
-            if name in seen:
-                raise invalid_arg(f"input '{name}' is given more than once for model '{model}'")
-            seen.add(name)
-            datatype = wl.DATATYPE_NAMES.get(t.datatype, str(t.datatype))
-            batch, expected = check_input(
-                model, spec, datatype, t.shape, contract.max_batch_size, batch
-            )
-            check_byte_size(model, name, expected, t.byte_size)
-            reshape = contract.reshapes.get(name)
-            if reshape is not None and contract.max_batch_size > 0:
-                reshape = (t.shape[0], *reshape)
-            ref = TensorRef(name, datatype, t.shape, self.inputs.name, t.offset, t.byte_size)
-            host_input(self.inputs, ref, reshape)  # inside the client's region, or INVALID_ARG
-            refs.append((ref, reshape))
-        check_required(model, contract.required, seen)
-        if not outputs:
-            return refs, contract.all_outputs
-        names = contract.outputs
-        if any(i >= len(names) for i in outputs):
-            raise invalid_arg(f"unexpected inference output index for model '{model}'")
-        return refs, {names[i]: RequestedOutput(names[i]) for i in outputs}
+        self.plans.prepare()
+        return end
 
     def _release(self, tokens: list[int]) -> None:
         """Free the outputs the client is done with; NOT_FOUND for a token it does not hold
         (the others are freed)."""
         leases = self.leases
-        mine = [t for t in tokens if t in leases]
-        leases.difference_update(mine)
-        self.memory.free([Slot(self.output_region, t) for t in mine])
-        if len(mine) != len(tokens):
-            bad = [t for t in tokens if t not in mine]
+        bad = []
+        for token in tokens:
+            if token in leases:
+                leases.discard(token)
+                self.memory.release(self.output_region, token)
+            else:
+                bad.append(token)
+        if bad:
             raise not_found(
                 f"{len(bad)} lease(s) not held on this lane: {bad[:5]} (released already or "
-                f"never granted); {len(mine)} other lease(s) were released"
+                f"never granted); {len(tokens) - len(bad)} other lease(s) were released"
             )
 
     def _emit(self, request: Request, response: Response | None, final: bool) -> None:
@@ -356,35 +294,32 @@ class LaneServer(HoldingThread):
             self._ok = False
             self._write_error(n, request_id, response.error)
             return
-        outputs = []
+        outputs = []  # wire.lane.Tensor's fields, as plain tuples
         contract = self.contract
         if response is not None:
-            wanted = wanted_outputs(
-                self.memory, request, response, contract.output_reshapes, contract.batched
-            )
             index, datatypes = contract.output_index, wl.DATATYPES
-            outputs = [
-                wl.Tensor(
-                    index[out.name], datatypes[out.datatype], out.offset, out.byte_size, shape
+            for out, shape in wanted_outputs(
+                self.memory, request, response, contract.output_reshapes, contract.batched
+            ):
+                outputs.append(
+                    (index[out.name], datatypes[out.datatype], out.offset, out.byte_size, shape)
                 )
-                for out, shape in wanted
-            ]
         try:
             self._write(n, request_id, outputs, response.parameters if response else None)
         except ValueError as exc:
             for t in outputs:
-                self.memory.release(self.output_region, t.offset)
+                self.memory.release(self.output_region, t[2])
             self._ok = False
             self._write_error(n, request_id, internal(f"response too large for the lane: {exc}"))
             return
-        self.leases.update(t.offset for t in outputs)
+        leases = self.leases
+        for t in outputs:
+            leases.add(t[2])
         self._ok = True
 
     def _write(self, n: int, request_id: int, outputs: Any, parameters: Any) -> None:
-        at = self.geometry.response(n)
-        wl.write_response(
-            self.region.buf, at, self.geometry.slot_size, request_id, outputs, parameters
-        )
+        at = self.response_at[n % self.slots]
+        wl.write_response(self.region.buf, at, self.slot_size, request_id, outputs, parameters)
         self.responses.ring(n + 1)
 
     def _write_error(self, n: int, request_id: int, err: InferpoolError) -> None:
@@ -408,6 +343,7 @@ class LaneServer(HoldingThread):
         if self._free:
             self.memory.free([Slot(self.output_region, t) for t in self.leases])
         self.leases.clear()
+        self.plans.clear()  # their input views go before the client's region is unmapped
         with self._map_lock:
             self._mapped = False
             self.header.release()

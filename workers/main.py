@@ -31,6 +31,7 @@ from inferpool.wire.worker.spec import (
     WorkerSpec,
     read_spec,
 )
+from inferpool.workers.heap import keep_freed_memory
 from inferpool.workers.lifeline import set_parent_death_signal
 from inferpool.workers.pinning import apply
 
@@ -95,6 +96,7 @@ def _boot(spec: WorkerSpec, link: Link[BrokerMessage]) -> Worker:
     applied = apply(spec.pinning, policy=spec.instance.host_policy)
     for warning in applied.warnings:
         log.warning("%s", warning)
+    keep_freed_memory()  # before the model's first allocations
     from inferpool.workers.worker import Worker  # the heavy imports, after the pinning
 
     worker = Worker(spec, link)

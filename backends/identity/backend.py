@@ -148,7 +148,11 @@ class IdentityInstance(ModelInstance):
             time.sleep(model.execute_delay_ms * max(multiplier, 1) / 1000.0)
         responses = [self._answer(r) for r in requests]
         compute_end = now_ns()
-        total_batch = sum(batch_size_of(r, model.supports_batching) for r in requests)
+        total_batch = (
+            sum(batch_size_of(r, True) for r in requests)
+            if model.supports_batching
+            else len(requests)
+        )
         for request, response in zip(requests, responses, strict=True):
             self.report_statistics(
                 request, response.error is None, exec_start, compute_start, compute_end, now_ns()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -11,7 +13,7 @@ import pytest
 import zmq
 
 from inferpool.client import InferpoolError
-from tests.support import Server, identity_config, write_model
+from tests.support import EXAMPLES, Server, copy_models, identity_config, serving, write_model
 
 
 def raw(endpoint: str, parts: list[Any], timeout_ms: int = 10000) -> list[bytes]:
@@ -172,12 +174,68 @@ BAD = [
 ]
 
 
-@pytest.fixture
-def server(short_tmp, shm_clean):
-    with Server(
-        short_tmp, __import__("tests.support").support.EXAMPLES, "--max-request-bytes", "2M"
-    ) as s:
-        yield s
+FAILING = ("nobackend", "noversion", "badnames", "mismatch", "nobody")
+
+
+def repository(tmp: Path) -> Path:
+    """Every test's models in one repository: the example identity, a batching pair, and a
+    good model beside five that fail to load, each for another reason."""
+    repo = copy_models(tmp, EXAMPLES, "identity")
+    write_model(
+        repo,
+        "pair",
+        """
+        name: "pair"
+        backend: "identity"
+        max_batch_size: 4
+        dynamic_batching { max_queue_delay_microseconds: 300000 }
+        input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 2 ] },
+                { name: "INPUT1" data_type: TYPE_INT32 dims: [ 2 ] optional: true } ]
+        output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 2 ] },
+                 { name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 2 ] } ]
+        parameters { key: "execute_delay_ms" value: { string_value: "50" } }
+    """,
+    )
+    write_model(repo, "good", identity_config("good"))
+    write_model(
+        repo,
+        "nobackend",
+        """
+        name: "nobackend"
+        input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+        output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+    """,
+    )
+    write_model(repo, "noversion", identity_config("noversion"), versions=())
+    write_model(
+        repo,
+        "badnames",
+        """
+        name: "badnames"
+        backend: "identity"
+        input [ { name: "IN0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+        output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+    """,
+    )
+    write_model(
+        repo,
+        "mismatch",
+        """
+        name: "mismatch"
+        backend: "identity"
+        input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+        output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 4 ] } ]
+    """,
+    )
+    write_model(repo, "nobody", identity_config("nobody").replace('"identity"', '"nosuchbackend"'))
+    return repo
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    """One server for the module: its tests send what no other test sees (each compares the
+    arena before and after, or uses a model of its own)."""
+    yield from serving(repository, "--max-request-bytes", "2M")
 
 
 def test_each_bad_request_gets_a_named_error_and_nothing_leaks(server: Server) -> None:
@@ -224,101 +282,51 @@ def test_other_clients_are_served_during_a_burst_of_garbage(server: Server) -> N
         assert c.statistics()["arena"]["free"] == c.statistics()["arena"]["size"]
 
 
-def test_backend_errors_do_not_sink_the_batch(short_tmp, shm_clean) -> None:
+def test_backend_errors_do_not_sink_the_batch(server: Server) -> None:
     """identity answers a request that asks for an output of a missing, non-optional input
     with an error, and the other requests of the same batch still get their results."""
-    repo = short_tmp / "repo"
-    write_model(
-        repo,
-        "pair",
-        """
-        name: "pair"
-        backend: "identity"
-        max_batch_size: 4
-        dynamic_batching { max_queue_delay_microseconds: 300000 }
-        input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 2 ] },
-                { name: "INPUT1" data_type: TYPE_INT32 dims: [ 2 ] optional: true } ]
-        output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 2 ] },
-                 { name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 2 ] } ]
-        parameters { key: "execute_delay_ms" value: { string_value: "50" } }
-    """,
-    )
-    with Server(short_tmp, repo) as s:
-        c1, c2 = s.client(), s.client()
-        try:
-            a = np.array([[1, 2]], np.int32)
-            r1 = c1._send(
-                {
-                    "type": "infer",
-                    "model_name": "pair",
-                    "inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1, 2]}],
-                },
-                [a.data],
+    c1, c2 = server.client(), server.client()
+    try:
+        a = np.array([[1, 2]], np.int32)
+        r1 = c1._send(
+            {
+                "type": "infer",
+                "model_name": "pair",
+                "inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1, 2]}],
+            },
+            [a.data],
+        )
+        r2 = c2._send(
+            {
+                "type": "infer",
+                "model_name": "pair",
+                "inputs": [
+                    {"name": "INPUT0", "datatype": "INT32", "shape": [1, 2]},
+                    {"name": "INPUT1", "datatype": "INT32", "shape": [1, 2]},
+                ],
+            },
+            [a.data, a.data],
+        )
+        h1, f1 = c1._recv(r1, 10)
+        h2, f2 = c2._recv(r2, 10)
+        assert "error" not in h1 and "error" not in h2
+        assert np.frombuffer(f1[1].buffer, np.int32).tolist() == [0, 0]  # optional -> zeros
+        assert np.frombuffer(f2[1].buffer, np.int32).tolist() == [1, 2]
+        only_optional = {"name": "INPUT1", "datatype": "INT32", "shape": [1, 2]}
+        for _ in range(2):  # checked in full, then as an input the model has seen
+            r3 = c1._send(
+                {"type": "infer", "model_name": "pair", "inputs": [only_optional]}, [a.data]
             )
-            r2 = c2._send(
-                {
-                    "type": "infer",
-                    "model_name": "pair",
-                    "inputs": [
-                        {"name": "INPUT0", "datatype": "INT32", "shape": [1, 2]},
-                        {"name": "INPUT1", "datatype": "INT32", "shape": [1, 2]},
-                    ],
-                },
-                [a.data, a.data],
-            )
-            h1, f1 = c1._recv(r1, 10)
-            h2, f2 = c2._recv(r2, 10)
-            assert "error" not in h1 and "error" not in h2
-            assert np.frombuffer(f1[1].buffer, np.int32).tolist() == [0, 0]  # optional -> zeros
-            assert np.frombuffer(f2[1].buffer, np.int32).tolist() == [1, 2]
-            only_optional = {"name": "INPUT1", "datatype": "INT32", "shape": [1, 2]}
-            for _ in range(2):  # checked in full, then as an input the model has seen
-                r3 = c1._send(
-                    {"type": "infer", "model_name": "pair", "inputs": [only_optional]}, [a.data]
-                )
-                h3, _ = c1._recv(r3, 10)
-                assert h3["error"]["code"] == "INVALID_ARG"
-                assert "missing required input(s) ['INPUT0']" in h3["error"]["message"]
-        finally:
-            c1.close()
-            c2.close()
+            h3, _ = c1._recv(r3, 10)
+            assert h3["error"]["code"] == "INVALID_ARG"
+            assert "missing required input(s) ['INPUT0']" in h3["error"]["message"]
+    finally:
+        c1.close()
+        c2.close()
 
 
-def test_model_that_fails_to_load_is_unavailable_with_its_reason(short_tmp, shm_clean) -> None:
-    repo = short_tmp / "repo"
-    write_model(repo, "good", identity_config("good"))
-    write_model(
-        repo,
-        "nobackend",
-        """
-        name: "nobackend"
-        input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
-        output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
-    """,
-    )
-    write_model(repo, "noversion", identity_config("noversion"), versions=())
-    write_model(
-        repo,
-        "badnames",
-        """
-        name: "badnames"
-        backend: "identity"
-        input [ { name: "IN0" data_type: TYPE_FP32 dims: [ 4 ] } ]
-        output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
-    """,
-    )
-    write_model(
-        repo,
-        "mismatch",
-        """
-        name: "mismatch"
-        backend: "identity"
-        input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
-        output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 4 ] } ]
-    """,
-    )
-    write_model(repo, "nobody", identity_config("nobody").replace('"identity"', '"nosuchbackend"'))
-    with Server(short_tmp, repo) as s, s.client() as c:
+def test_model_that_fails_to_load_is_unavailable_with_its_reason(server: Server) -> None:
+    with server.client() as c:
         assert not c.is_ready()  # strict readiness: not every model loaded
         rows = {r["name"]: r for r in c.models()}
         assert rows["good"]["state"] == "READY"
@@ -341,7 +349,7 @@ def test_model_that_fails_to_load_is_unavailable_with_its_reason(short_tmp, shm_
             in rows["mismatch"]["reason"]
         )
         assert "unable to find backend 'nosuchbackend'" in rows["nobody"]["reason"]
-        for name in ("nobackend", "noversion", "badnames", "mismatch", "nobody"):
+        for name in FAILING:
             assert rows[name]["state"] == "UNAVAILABLE", rows[name]
         with pytest.raises(InferpoolError, match="badnames") as err:
             c.infer("badnames", {"INPUT0": np.ones(4, np.float32)})
@@ -353,5 +361,5 @@ def test_model_that_fails_to_load_is_unavailable_with_its_reason(short_tmp, shm_
         states = {r["instance"]: r["state"] for r in c.status()}
         assert states["good_0_0"] == "READY"
         assert all(
-            v in ("FAILED", "STOPPED") for k, v in states.items() if not k.startswith("good")
+            v in ("FAILED", "STOPPED") for k, v in states.items() if k.rsplit("_", 2)[0] in FAILING
         )

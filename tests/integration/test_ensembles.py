@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from inferpool.broker.sched_slice import current_slice_ns
 from inferpool.client import Code, InferpoolError, ShmClient
 from tests.support import Server, identity_config, serving, write_model
 
@@ -448,3 +449,12 @@ def test_ensembles_that_cannot_run_are_unavailable_with_the_reason(server: Serve
         assert err.value.code is Code.UNAVAILABLE and "not available or ambiguous" in (
             err.value.message
         )
+
+
+def test_the_servers_processes_ask_for_a_short_slice(server: Server) -> None:
+    """Each hand-off between the steps wakes a process: the broker asked the kernel for a
+    300 us slice (the default), and its workers inherited it."""
+    if current_slice_ns(server.proc.pid) != 300_000:
+        pytest.skip("this kernel keeps its own slices (custom slices came with Linux 6.12)")
+    pids = server.worker_pids("pre")
+    assert pids and all(current_slice_ns(pid) == 300_000 for pid in pids)

@@ -51,6 +51,7 @@ def server() -> Iterator[Server]:
     write_model(repo, "reshaped", reshaped)
     write_model(repo, "cached", identity_config("cached", extra="response_cache { enable: true }"))
     write_model(repo, "again", identity_config("again"))
+    write_model(repo, "strings", identity_config("strings", "TYPE_STRING"))
     args = ("--model-control-mode", "explicit", "--load-model", "*", "--lease-timeout", "2")
     args += ("--cache-size", "1M")
     port = free_tcp_port()
@@ -119,6 +120,23 @@ def test_a_reshaped_output_has_the_configs_dims_on_a_lane_too(server: Server) ->
         with c.run(req) as result:
             assert result["OUTPUT0"].shape == broker.shape == (4,)
             assert result["OUTPUT0"].tolist() == broker.tolist() == [0, 1, 2, 3]
+
+
+def test_bytes_inputs_are_read_anew_for_every_request(server: Server) -> None:
+    """The worker keeps a checked body's input views, but BYTES elements are decoded from
+    the client's region each time: new bytes under the same body are what the backend sees."""
+    with ShmClient(server.endpoint, timeout=10) as c:
+        c.lane("strings")
+        req = c.request("strings", outputs=["OUTPUT0"])
+        req.set_input("INPUT0", np.array([b"abc"], dtype=object))
+        with c.run(req) as result:
+            assert result["OUTPUT0"].tolist() == [b"abc"]
+        offset = req.header["inputs"][0]["parameters"]["shared_memory_offset"]
+        assert c.session.region is not None
+        c.session.region.buf[offset + 4 : offset + 7] = b"xyz"  # after its u32 length
+        with c.run(req) as result:
+            assert result["OUTPUT0"].tolist() == [b"xyz"]
+        assert c.session.lanes.lanes[("strings", "")].sent == 2  # both went through the lane
 
 
 @pytest.mark.parametrize(("model", "why"), [("dyn", "dynamic batching"), ("cached", "caches")])

@@ -60,14 +60,14 @@ def mapped_by(pids: list[int], name: str) -> bool:
 class InFlight(threading.Thread):
     """One ``run`` on its own thread, so the test can kill something while it waits."""
 
-    def __init__(self, client: ShmClient, request: Any) -> None:
+    def __init__(self, client: ShmClient, request: Any, timeout: float | None = None) -> None:
         super().__init__(daemon=True)
-        self.client, self.request = client, request
+        self.client, self.request, self.timeout = client, request, timeout
         self.answer: Any = None
 
     def run(self) -> None:
         try:
-            self.answer = self.client.run(self.request)
+            self.answer = self.client.run(self.request, self.timeout)
         except InferpoolError as err:
             self.answer = err
 
@@ -126,9 +126,12 @@ def test_sigkill_of_client_worker_and_broker_loses_nothing(short_tmp) -> None:
             with c.run(slow) as result:
                 np.testing.assert_array_equal(result["OUTPUT0"], [5, 5])
 
-            # 3. the broker SIGKILLed with a request in flight and a lease held
-            held = c.run(slow)
-            request = InFlight(c, slow)
+            # 3. the broker SIGKILLed with a request in flight (the client gives up on it
+            # after twice its 800 ms execute) and a lease held
+            fast = c.request("fast")
+            fast.input("INPUT0", (2,), np.float32)[:] = 5
+            held = c.run(fast)
+            request = InFlight(c, slow, timeout=1.6)
             request.start()
             wait_until(lambda: busy(ep, "slow"), "the request executing")
             first.proc.send_signal(signal.SIGKILL)

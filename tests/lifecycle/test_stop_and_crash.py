@@ -15,6 +15,7 @@ from tests.lifecycle.helpers import NAP, instance, send_act, write_act_model
 from tests.support import (
     EXAMPLES,
     Server,
+    alive,
     assert_run_gone,
     identity_config,
     our_regions,
@@ -81,7 +82,7 @@ def test_killed_broker_takes_its_workers_and_the_next_start_sweeps(short_tmp) ->
         first.proc.send_signal(signal.SIGKILL)  # the broker alone, not its process group
         first.proc.wait(10)
         for pid in pids:  # parent-death signal: workers go with the broker
-            wait_until(lambda pid=pid: not os.path.exists(f"/proc/{pid}"))
+            wait_until(lambda pid=pid: not alive(pid))
         # its regions stay until a broker starts (another session's may sweep them first)
         assert not run_is_alive(run)
         second = Server(short_tmp, EXAMPLES)
@@ -91,7 +92,7 @@ def test_killed_broker_takes_its_workers_and_the_next_start_sweeps(short_tmp) ->
 
 
 def test_worker_crash_answers_in_flight_and_respawns(short_tmp) -> None:
-    with Server(short_tmp, slow_repo(short_tmp, 1000)) as server, server.client() as c:
+    with Server(short_tmp, slow_repo(short_tmp)) as server, server.client() as c:
         [worker] = server.worker_pids()
         rid = c._send(
             {

@@ -29,7 +29,7 @@ from tests.lifecycle.helpers import (
 )
 from tests.support import serving, wait_until, write_model
 
-EXECUTE_TIMEOUT = 4.0
+EXECUTE_TIMEOUT = 2.5  # a frozen worker is noticed in two heartbeats: 0.4 s
 HEARTBEAT_MS = 200
 
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support import wait_until
+from tests.support import alive, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,14 +27,6 @@ child = subprocess.Popen([sys.executable, "-c", sys.argv[1], str(os.getpid())],
 print(child.pid, child.stdout.readline().strip(), flush=True)
 os._exit(0)
 """
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state not in ("Z", "X")  # a zombie nobody has reaped yet is dead
 
 
 def test_child_dies_when_its_parent_does() -> None:
