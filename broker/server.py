@@ -15,7 +15,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import zmq
 
@@ -376,7 +376,7 @@ class Broker:
         try:
             for _ in range(FRONT_BATCH):
                 self.router.handle(recv_frames(frontend, NOBLOCK))
-                if not frontend.getsockopt(EVENTS) & POLLIN:
+                if not cast(int, frontend.getsockopt(EVENTS)) & POLLIN:
                     break
         finally:
             manager.dispatch_gathered()

@@ -418,7 +418,7 @@ class Manager:
         handle.began_executing(time.monotonic())
         unmaps = self.unmaps.pop(handle.identity, ()) if self.unmaps else ()
         frees = self.outputs.take_frees(handle.output_region)
-        works = [r.work if r.wire is None else r.wire for r in batch]
+        works: list[Any] = [r.work if r.wire is None else r.wire for r in batch]  # as sized
         msg = Execute(works, frees, unmaps, release, nulls)
         self.supervisor.send(handle, msg)
         self.dispatched.append(handle)

@@ -178,9 +178,9 @@ class LaneBatch(NamedTuple):
 # ---------------------------------------------------------------------------- broker -> worker
 class Execute(NamedTuple):
     """Run ``requests`` as one batch, after dropping what the other fields name (the broker
-    sends each Work as its ``encoded`` bytes; the worker reads Work records)."""
+    may send a Work as the bytes ``encoded`` made of it: the same on the wire)."""
 
-    requests: Sequence[Work | orjson.Fragment]
+    requests: Sequence[Work]
     free: Sequence[Slot] = ()
     unmap: Sequence[str] = ()  # client regions no request will name again
     release: Sequence[CorrelationId] = ()  # sequences released as idle: drop their state
