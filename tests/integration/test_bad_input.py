@@ -177,6 +177,19 @@ BAD = [
 FAILING = ("nobackend", "noversion", "badnames", "mismatch", "nobody")
 
 
+def four(
+    name: str, backend: str = "identity", input_name: str = "INPUT0", output_type: str = "TYPE_FP32"
+) -> str:
+    """A config of one FP32 input and one output of 4 elements (no backend line: ``""``)."""
+    line = f'backend: "{backend}"' if backend else ""
+    return f"""
+        name: "{name}"
+        {line}
+        input [ {{ name: "{input_name}" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+        output [ {{ name: "OUTPUT0" data_type: {output_type} dims: [ 4 ] }} ]
+    """
+
+
 def repository(tmp: Path) -> Path:
     """Every test's models in one repository: the example identity, a batching pair, and a
     good model beside five that fail to load, each for another reason."""
@@ -197,36 +210,10 @@ def repository(tmp: Path) -> Path:
     """,
     )
     write_model(repo, "good", identity_config("good"))
-    write_model(
-        repo,
-        "nobackend",
-        """
-        name: "nobackend"
-        input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
-        output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
-    """,
-    )
+    write_model(repo, "nobackend", four("nobackend", backend=""))
     write_model(repo, "noversion", identity_config("noversion"), versions=())
-    write_model(
-        repo,
-        "badnames",
-        """
-        name: "badnames"
-        backend: "identity"
-        input [ { name: "IN0" data_type: TYPE_FP32 dims: [ 4 ] } ]
-        output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
-    """,
-    )
-    write_model(
-        repo,
-        "mismatch",
-        """
-        name: "mismatch"
-        backend: "identity"
-        input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
-        output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 4 ] } ]
-    """,
-    )
+    write_model(repo, "badnames", four("badnames", input_name="IN0"))
+    write_model(repo, "mismatch", four("mismatch", output_type="TYPE_INT32"))
     write_model(repo, "nobody", identity_config("nobody").replace('"identity"', '"nosuchbackend"'))
     return repo
 

@@ -35,7 +35,8 @@ class TritonPythonModel:
             )
         return responses
 """
-SLOW_BATCHES = "dynamic_batching { max_queue_delay_microseconds: 2000000 }"
+# long enough for requests sent together to be batched together
+SLOW_BATCHES = "dynamic_batching { max_queue_delay_microseconds: 500000 }"
 
 
 @pytest.fixture(scope="module")
