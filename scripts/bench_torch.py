@@ -9,8 +9,8 @@ call made as a worker makes it: a request over read-only input memory, request c
 assembly, outputs written into response memory and read in place), ``inferpool`` sends it to
 a real ``inferpool serve`` with the zmq ``Client`` (one request at a time), ``lane`` to
 another through a lane (``ShmClient(lane=True)``: the input copied into the client's region,
-the output read in place; this process moves to cores that server's worker is not pinned to,
-so that both sides may spin, and every path runs there).  From the statistics counted while a
+the output read in place; while the lane is timed this process moves to cores that server's
+worker is not pinned to, so that both sides may spin).  From the statistics counted while a
 path is timed, each request's time is split into the backend's input, the model, the
 backend's output and what lies around them (the hops, for a server).  A path is a callable
 made from the model repository and an ExitStack (for its clean-up): ``infer(x) -> output``.
@@ -39,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -203,12 +203,20 @@ class Laned(Served):
         super().__init__(repo, stack)
         self.shm = stack.enter_context(ShmClient(self.client.endpoint, timeout=60, lane=True))
         lane = self.shm.lane("mlp")  # raises if the server grants none
-        # on cores the worker does not use, so both sides of the lane may spin (client.lane)
-        mine, theirs = os.sched_getaffinity(0), os.sched_getaffinity(lane.worker_pid)
-        if mine - theirs:
-            os.sched_setaffinity(0, mine - theirs)
-            stack.callback(os.sched_setaffinity, 0, mine)
+        self.worker_cores = os.sched_getaffinity(lane.worker_pid)
         self.requests: dict[int, tuple[Any, np.ndarray]] = {}  # batch -> (request, input)
+
+    @contextlib.contextmanager
+    def placed(self) -> Iterator[None]:
+        """This process on cores the worker does not use while the lane is timed, so that
+        both sides of it may spin (client.lane); the other paths run where they ran."""
+        mine = os.sched_getaffinity(0)
+        if mine - self.worker_cores:
+            os.sched_setaffinity(0, mine - self.worker_cores)
+        try:
+            yield
+        finally:
+            os.sched_setaffinity(0, mine)
 
     def __call__(self, x: np.ndarray) -> Any:
         known = self.requests.get(x.shape[0])
@@ -279,8 +287,9 @@ def time_paths(
     the statistics counted meanwhile, per path."""
     x = np.random.default_rng(0).random((batch, 256), dtype=np.float32)
     for infer in paths.values():
-        for _ in range(min(50, iters)):
-            infer(x)
+        with getattr(infer, "placed", contextlib.nullcontext)():
+            for _ in range(min(50, iters)):
+                infer(x)
     names = list(paths)
     samples: dict[str, list[int]] = {name: [] for name in names}
     totals: dict[str, Stats] = {name: {} for name in names}
@@ -290,10 +299,11 @@ def time_paths(
             infer, got = paths[name], samples[name]
             stats = getattr(infer, "stats", None)
             before = stats() if stats else None
-            for _ in range(chunk):
-                t0 = time.perf_counter_ns()
-                infer(x)
-                got.append(time.perf_counter_ns() - t0)
+            with getattr(infer, "placed", contextlib.nullcontext)():
+                for _ in range(chunk):
+                    t0 = time.perf_counter_ns()
+                    infer(x)
+                    got.append(time.perf_counter_ns() - t0)
             if stats and before is not None:
                 delta(before, stats(), totals[name])
     return samples, totals
