@@ -69,8 +69,9 @@ def encode_inputs(
     """Input descriptors and their frames (zero-copy buffers for fixed-size types)."""
     specs: list[dict[str, Any]] = []
     frames: list[Any] = []
+    given = datatypes or {}
     for name, value in inputs.items():
-        datatype = (datatypes or {}).get(name)
+        datatype = given.get(name)
         arr = codec.as_array(value, datatype)
         datatype = datatype or codec.datatype_of(arr.dtype)
         specs.append({"name": name, "datatype": datatype, "shape": list(arr.shape)})

@@ -1,19 +1,23 @@
 """Benchmark the pytorch backend: latency per path, and memory with ENABLE_WEIGHT_SHARING.
 
-    python scripts/bench_torch.py [--iters 2000] [--instances 4] [--weights-mb 64]
+    python scripts/bench_torch.py [--iters 2000] [--rounds 10] [--instances 4] [--weights-mb 64]
 
 Latency: a small MLP at batch 1 and 32, timed in one run along each *path* in ``PATHS``:
 ``torch`` calls the TorchScript module in a loop (the baseline), ``backend`` runs the same
-model through the pytorch backend in-process (``BackendHarness``: request checks, batch
-assembly, outputs written into response memory), ``inferpool`` sends it to a real
-``inferpool serve`` with the zmq ``Client`` (one request at a time) and, from the server's
-statistics, splits each request's time into the model, the backend's input/output, the
-broker<->worker hop and the client<->broker hop; ``lane`` sends it to the same server
-through a lane (``ShmClient(lane=True)``: the input copied into the client's region, the
-output read in place; this process moves to cores the worker is not pinned to, so that both
-sides may spin).  A path is one function that takes the
-model repository and an ExitStack (for its clean-up) and returns ``infer(x) -> output``.
-Ratios against ``torch`` are printed last: compare within one run, never across machines.
+model through the pytorch backend in-process (the lifecycle host of ``BackendHarness``, each
+call made as a worker makes it: a request over read-only input memory, request checks, batch
+assembly, outputs written into response memory and read in place), ``inferpool`` sends it to
+a real ``inferpool serve`` with the zmq ``Client`` (one request at a time), ``lane`` to
+another through a lane (``ShmClient(lane=True)``: the input copied into the client's region,
+the output read in place; while the lane is timed this process moves to cores that server's
+worker is not pinned to, so that both sides may spin).  From the statistics counted while a
+path is timed, each request's time is split into the backend's input, the model, the
+backend's output and what lies around them (the hops, for a server).  A path is a callable
+made from the model repository and an ExitStack (for its clean-up): ``infer(x) -> output``.
+The paths are timed in alternating rounds (``--rounds`` chunks each, the order rotating), so
+that load coming and going on a shared machine weighs on all alike; p50 ratios against
+``torch`` are printed last, with the load average: compare within one run, never across
+machines.
 
 Memory: a real ``inferpool serve`` loads the same model as N instances (N workers), with and
 without ENABLE_WEIGHT_SHARING, with workers forked from a zygote and started fresh
@@ -35,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,8 +50,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from inferpool.backends.api import InputTensor, Request, RequestedOutput, Response
 from inferpool.backends.testing import BackendHarness
 from inferpool.client import Client, ShmClient
+from inferpool.wire.worker.messages import Durations
 
 Infer = Callable[[np.ndarray], Any]
 MLP_CONFIG = """
@@ -89,19 +95,61 @@ def torch_path(repo: Path, stack: contextlib.ExitStack) -> Infer:
     return infer
 
 
-def backend_path(repo: Path, stack: contextlib.ExitStack) -> Infer:
-    """Through the pytorch backend in this process (the real lifecycle host, heap memory)."""
-    harness = stack.enter_context(BackendHarness("pytorch", MLP_CONFIG, repository_path=str(repo)))
+class InProcess:
+    """Through the pytorch backend in this process (the real lifecycle host), each call made
+    as a worker makes it: a ``Request`` over a read-only view of input memory (into which the
+    input is first copied, as a client writes it), the response's output read in place and
+    its memory released.  ``stages`` splits the backend's time as its statistics report it."""
 
-    def infer(x: np.ndarray) -> Any:
-        out = harness.infer({"INPUT__0": x})["OUTPUT__0"]
-        for _, response, _ in harness.responses:  # the harness keeps every response: a worker
-            if response is not None:  # would not, and a growing heap would time the GC
-                response.discard()
-        harness.responses.clear()
-        return out
+    def __init__(self, repo: Path, stack: contextlib.ExitStack) -> None:
+        harness = BackendHarness("pytorch", MLP_CONFIG, repository_path=str(repo))
+        self.host = stack.enter_context(harness).host
+        self.memory = harness.memory
+        self.wanted = {"OUTPUT__0": RequestedOutput("OUTPUT__0")}
+        self.inputs: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # batch -> (memory, view)
+        self.answers: list[Response | None] = []
+        self.durations: list[Durations] = []
 
-    return infer
+    def _emit(self, request: Request, response: Response | None, final: bool) -> None:
+        self.answers.append(response)
+
+    def __call__(self, x: np.ndarray) -> Any:
+        known = self.inputs.get(x.shape[0])
+        if known is None:
+            memory = np.empty(x.shape, np.float32)
+            view = memory.view()
+            view.flags.writeable = False
+            known = self.inputs[x.shape[0]] = (memory, view)
+        memory, view = known
+        np.copyto(memory, x)
+        tensor = InputTensor("INPUT__0", "FP32", view.shape, view, view.nbytes)
+        request = Request(
+            id="1",
+            inputs={"INPUT__0": tensor},
+            requested_outputs=self.wanted,
+            memory=self.memory,
+            emit=self._emit,
+        )
+        self.host.execute([request])
+        timing = self.host.timing_of(request)
+        self.host.take_batches()
+        response = self.answers.pop()
+        assert response is not None and response.error is None and timing is not None
+        self.durations.append(timing.stamps.durations())
+        out = response.outputs["OUTPUT__0"]
+        value = np.frombuffer(self.memory.read(out.offset), np.float32).reshape(out.shape)
+        response.discard()
+        return value
+
+    def stages(self, last: int, p50_us: float) -> str:
+        """Where the ``last`` calls' time went: the p50 of each of the backend's stages, as
+        its statistics report them, and what the p50 call spent around them."""
+        timed = self.durations[-last:]
+        p50s = [p50([getattr(d, key) for d in timed]) for key in Durations._fields]
+        return (
+            f"  p50: input {p50s[0]:.1f} | model {p50s[1]:.1f} | output {p50s[2]:.1f} | "
+            f"around the backend {p50_us - sum(p50s):.1f}  (us per request)"
+        )
 
 
 def serve(repo: Path, stack: contextlib.ExitStack, *args: str) -> Client:
@@ -155,12 +203,20 @@ class Laned(Served):
         super().__init__(repo, stack)
         self.shm = stack.enter_context(ShmClient(self.client.endpoint, timeout=60, lane=True))
         lane = self.shm.lane("mlp")  # raises if the server grants none
-        # on cores the worker does not use, so both sides of the lane may spin (client.lane)
-        mine, theirs = os.sched_getaffinity(0), os.sched_getaffinity(lane.worker_pid)
-        if mine - theirs:
-            os.sched_setaffinity(0, mine - theirs)
-            stack.callback(os.sched_setaffinity, 0, mine)
+        self.worker_cores = os.sched_getaffinity(lane.worker_pid)
         self.requests: dict[int, tuple[Any, np.ndarray]] = {}  # batch -> (request, input)
+
+    @contextlib.contextmanager
+    def placed(self) -> Iterator[None]:
+        """This process on cores the worker does not use while the lane is timed, so that
+        both sides of it may spin (client.lane); the other paths run where they ran."""
+        mine = os.sched_getaffinity(0)
+        if mine - self.worker_cores:
+            os.sched_setaffinity(0, mine - self.worker_cores)
+        try:
+            yield
+        finally:
+            os.sched_setaffinity(0, mine)
 
     def __call__(self, x: np.ndarray) -> Any:
         known = self.requests.get(x.shape[0])
@@ -182,46 +238,75 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-def breakdown(before: dict[str, Any], after: dict[str, Any], mean_us: float) -> str:
-    """Where a served request's time goes, from the statistics' deltas (means, us)."""
+Stats = dict[str, dict[str, int]]  # key -> {"count": n, "ns": total}, as inference_stats
+
+
+def delta(before: Stats, after: Stats, into: Stats) -> None:
+    """Add what ``after`` counts beyond ``before`` into ``into``."""
+    for key, value in after.items():
+        if isinstance(value, dict) and "ns" in value:
+            total = into.setdefault(key, {"count": 0, "ns": 0})
+            total["count"] += value["count"] - before[key]["count"]
+            total["ns"] += value["ns"] - before[key]["ns"]
+
+
+def breakdown(totals: Stats, mean_us: float) -> str:
+    """Where a served request's time goes, from the statistics counted while it was timed
+    (means, us): in the backend (its input, the model, its output) and around it."""
 
     def mean(key: str) -> float:
-        count = after[key]["count"] - before[key]["count"]
-        return (after[key]["ns"] - before[key]["ns"]) / max(count, 1) / 1e3
+        total = totals[key]
+        return total["ns"] / max(total["count"], 1) / 1e3
 
-    model, io = mean("compute_infer"), mean("compute_input") + mean("compute_output")
-    queue, served = mean("queue"), mean("success")
+    model, served, queue = mean("compute_infer"), mean("success"), mean("queue")
+    inputs, outputs = mean("compute_input"), mean("compute_output")
     return (
-        f"  model {model:.1f} | backend input+output {io:.1f} | queue {queue:.1f} | "
-        f"broker<->worker {served - model - io - queue:.1f} | "
+        f"  mean: input {inputs:.1f} | model {model:.1f} | output {outputs:.1f} | queue "
+        f"{queue:.1f} | broker<->worker {served - model - inputs - outputs - queue:.1f} | "
         f"client<->broker {mean_us - served:.1f}  (us per request)"
     )
 
 
 PATHS: dict[str, Callable[[Path, contextlib.ExitStack], Infer]] = {
     "torch": torch_path,
-    "backend": backend_path,
+    "backend": InProcess,
     "inferpool": Served,
     "lane": Laned,
 }
 
 
-def time_path(infer: Infer, batch: int, iters: int) -> dict[str, float]:
+def p50(samples: list[int]) -> float:
+    return sorted(samples)[len(samples) // 2] / 1e3
+
+
+def time_paths(
+    paths: dict[str, Infer], batch: int, iters: int, rounds: int
+) -> tuple[dict[str, list[int]], dict[str, Stats]]:
+    """Every path timed ``iters`` times in ``rounds`` alternating chunks (the order rotating
+    each round), so that load that comes and goes weighs on all alike; the samples (ns) and
+    the statistics counted meanwhile, per path."""
     x = np.random.default_rng(0).random((batch, 256), dtype=np.float32)
-    for _ in range(min(50, iters)):
-        infer(x)
-    samples = []
-    for _ in range(iters):
-        t0 = time.perf_counter_ns()
-        infer(x)
-        samples.append(time.perf_counter_ns() - t0)
-    samples.sort()
-    return {
-        "p50_us": samples[len(samples) // 2] / 1e3,
-        "p99_us": samples[int(len(samples) * 0.99)] / 1e3,
-        "mean_us": statistics.fmean(samples) / 1e3,
-        "per_s": batch * 1e9 / statistics.fmean(samples),
-    }
+    for infer in paths.values():
+        with getattr(infer, "placed", contextlib.nullcontext)():
+            for _ in range(min(50, iters)):
+                infer(x)
+    names = list(paths)
+    samples: dict[str, list[int]] = {name: [] for name in names}
+    totals: dict[str, Stats] = {name: {} for name in names}
+    chunk = max(1, iters // rounds)
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            infer, got = paths[name], samples[name]
+            stats = getattr(infer, "stats", None)
+            before = stats() if stats else None
+            with getattr(infer, "placed", contextlib.nullcontext)():
+                for _ in range(chunk):
+                    t0 = time.perf_counter_ns()
+                    infer(x)
+                    got.append(time.perf_counter_ns() - t0)
+            if stats and before is not None:
+                delta(before, stats(), totals[name])
+    return samples, totals
 
 
 # ---------------------------------------------------------------------------- memory
@@ -308,7 +393,11 @@ def _report_memory(instances: int, weights_mb: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--iters", type=int, default=2000)
+    parser.add_argument("--iters", type=int, default=2000, help="timed calls per path and batch")
+    parser.add_argument("--rounds", type=int, default=10, help="alternating chunks of them")
+    parser.add_argument(
+        "--paths", nargs="+", choices=list(PATHS), default=list(PATHS), help="torch is the base"
+    )
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--instances", type=int, default=4)
     parser.add_argument("--weights-mb", type=int, default=64)
@@ -322,30 +411,31 @@ def main() -> None:
         _report_memory(args.instances, args.weights_mb)
     if args.part == "memory":
         return
-    results: dict[tuple[str, int], dict[str, float]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
+    print(f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    ratios: dict[tuple[str, int], float] = {}
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         repo = Path(tmp)
         save_model(mlp(), repo)
-        for name, make in PATHS.items():
-            with contextlib.ExitStack() as stack:
-                infer = make(repo, stack)
-                stats = getattr(infer, "stats", None)
-                for batch in args.batches:
-                    before = stats() if stats else None
-                    r = results[name, batch] = time_path(infer, batch, args.iters)
-                    print(
-                        f"{name:9} batch {batch:3}: p50 {r['p50_us']:8.1f} us  "
-                        f"p99 {r['p99_us']:8.1f} us  {r['per_s']:10.0f} inferences/s"
-                    )
-                    if stats and before:
-                        print(breakdown(before, stats(), r["mean_us"]))
-    for name in PATHS:
+        paths = {name: make(repo, stack) for name, make in PATHS.items() if name in args.paths}
         for batch in args.batches:
-            base, r = results["torch", batch], results[name, batch]
-            print(
-                f"{name:9} / torch, batch {batch:3}: p50 x{r['p50_us'] / base['p50_us']:5.2f}  "
-                f"throughput x{r['per_s'] / base['per_s']:5.2f}"
-            )
+            samples, totals = time_paths(paths, batch, args.iters, args.rounds)
+            base = p50(samples["torch"])
+            for name, got in samples.items():
+                mean_us = statistics.fmean(got) / 1e3
+                ratios[name, batch] = p50(got) / base
+                print(
+                    f"{name:9} batch {batch:3}: p50 {p50(got):8.1f} us  "
+                    f"p99 {sorted(got)[int(len(got) * 0.99)] / 1e3:8.1f} us  "
+                    f"{batch * 1e6 / mean_us:10.0f} inferences/s"
+                )
+                path = paths[name]
+                if totals[name]:
+                    print(breakdown(totals[name], mean_us))
+                elif isinstance(path, InProcess):
+                    print(path.stages(len(got), p50(got)))
+    print(f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    for (name, batch), ratio in ratios.items():
+        print(f"{name:9} / torch, batch {batch:3}: p50 x{ratio:5.2f}")
 
 
 if __name__ == "__main__":

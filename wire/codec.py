@@ -53,6 +53,10 @@ def numpy_dtype(datatype: str) -> np.dtype[Any]:
 
 def datatype_of(dtype: Any) -> str:
     """The wire datatype of a numpy (or torch, cupy) dtype (str/bytes/object arrays are BYTES)."""
+    if isinstance(dtype, np.dtype):  # the common case: an array's own dtype, one lookup
+        known = _BY_DTYPE.get(dtype)
+        if known is not None:
+            return known
     if type(dtype).__module__ == "torch":  # torch.float32 -> "float32", as numpy names it
         dtype = str(dtype).removeprefix("torch.")
     dt = np.dtype(dtype)
@@ -192,7 +196,7 @@ def host_array(value: Any) -> np.ndarray:
 def as_array(value: Any, datatype: str | None = None) -> np.ndarray:
     """Accept numpy arrays, torch tensors, cupy arrays (copied to host memory), lists and
     scalars as tensors."""
-    if hasattr(value, "__dlpack__") and not isinstance(value, np.ndarray):
+    if not isinstance(value, np.ndarray) and hasattr(value, "__dlpack__"):
         value = host_array(value)
     if datatype == "BYTES":
         arr = np.asarray(value, dtype=np.object_)

@@ -175,11 +175,8 @@ def host_input(
         buf = mapping.buf[offset : offset + nbytes]
         data = codec.array_from_buffer(buf, datatype, ref.shape, f"input '{name}'")
     else:
-        dtype = codec.numpy_dtype(datatype)
-        data = np.frombuffer(
-            mapping.buf, dtype=dtype, count=nbytes // dtype.itemsize, offset=offset
-        )
-        data.flags.writeable = False
+        dtype = codec.numpy_dtype(datatype)  # read-only: a view of a read-only buffer
+        data = np.frombuffer(mapping.buf.toreadonly(), dtype, nbytes // dtype.itemsize, offset)
         if len(ref.shape) != 1:
             data = data.reshape(ref.shape)
     if reshape is not None:

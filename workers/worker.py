@@ -244,7 +244,7 @@ class Worker:
         if self.decoupled:  # a response's compute time runs from the one before it
             for request in requests:
                 self._response_start[request.handle] = exec_start
-        nulls = [self._null(requests[0]) for _ in msg.nulls] if requests else []
+        nulls = [self._null(requests[0]) for _ in msg.nulls] if requests and msg.nulls else ()
         for position, null in zip(msg.nulls, nulls, strict=False):
             requests.insert(min(position, len(requests)), null)
         compute_start = now_ns()

@@ -61,7 +61,9 @@ def _load_torchscript(path: str, device: torch.device | None) -> Artifact:
     if arguments and arguments[0].type.kind() == "ClassType":
         arguments = arguments[1:]  # self
     args = [Arg(a.name, _TS_KINDS.get(a.type.kind(), "other"), str(a.type)) for a in arguments]
-    return Artifact(path, "torchscript", args, module, module)
+    # the compiled method itself: calling the module adds nn.Module's Python dispatch (hooks
+    # a loaded TorchScript module cannot have had scripted in) to every execution
+    return Artifact(path, "torchscript", args, module.forward, module)
 
 
 def _is_aoti(path: str) -> bool:

@@ -19,7 +19,7 @@ from inferpool.backends.pytorch import artifact, naming
 from inferpool.backends.pytorch.device import Placement
 from inferpool.backends.pytorch.inputs import InputAssembler, Prepared
 from inferpool.backends.pytorch.outputs import OutputWriter, normalize
-from inferpool.backends.pytorch.parameters import Settings
+from inferpool.backends.pytorch.parameters import Settings, adopt_threads
 from inferpool.backends.pytorch.weights import SharedWeights, held_bytes, region_key
 from inferpool.wire.errors import InferpoolError, internal, unsupported
 
@@ -66,6 +66,8 @@ class PyTorchInstance(ModelInstance):
             self.artifact = artifact.load(
                 path, self.placement.device, model.settings.inference_mode, model.name
             )
+            self.forward = self.artifact.forward
+            self.input_device = self.placement.input_device
             stack.callback(self._drop_model)
             self.weights = self._share_weights(path)
             self._report_memory()
@@ -129,7 +131,7 @@ class PyTorchInstance(ModelInstance):
                 self.report_memory_usage("CPU", size)
 
     def _drop_model(self) -> None:
-        del self.artifact
+        del self.artifact, self.forward
         gc.collect()  # TorchScript modules hold cycles: free the weights (and their mapping) now
 
     def finalize(self) -> None:
@@ -140,24 +142,26 @@ class PyTorchInstance(ModelInstance):
     def execute(self, requests: list[Request]) -> list[Response]:
         model = self.model
         exec_start = now_ns()
+        adopt_threads()
         responses: dict[int, Response] = {}
         batch: list[Prepared] = []
+        prepare = self.assembler.prepare
         for request in requests:
             try:
-                batch.append(self.assembler.prepare(request))
+                batch.append(prepare(request))
             except InferpoolError as err:
                 responses[id(request)] = Response(request, err)
-        batch, rejected = self.assembler.split_uniform(batch)
-        for p, problem in rejected:
-            responses[id(p.request)] = Response(p.request, problem)
-        total = sum(p.batch for p in batch)
+        if len(batch) > 1:
+            batch, rejected = self.assembler.split_uniform(batch)
+            for p, problem in rejected:
+                responses[id(p.request)] = Response(p.request, problem)
+        total = sum([p.batch for p in batch])
         ran = False
         compute_start = compute_end = exec_start
         if batch:
-            if total != 1 and total > model.max_batch_size:
-                error = internal(
-                    f"batch size {total} for '{self.name}', max allowed is {model.max_batch_size}"
-                )
+            limit = self.assembler.max_batch_size  # the config's, read once at load
+            if total != 1 and total > limit:
+                error = internal(f"batch size {total} for '{self.name}', max allowed is {limit}")
                 for p in batch:
                     responses[id(p.request)] = Response(p.request, error)
             else:
@@ -165,8 +169,9 @@ class PyTorchInstance(ModelInstance):
                 ran = True
         exec_end = now_ns()
         ordered = [responses[id(r)] for r in requests]
+        report = self.report_statistics
         for request, response in zip(requests, ordered, strict=True):
-            self.report_statistics(
+            report(
                 request, response.error is None, exec_start, compute_start, compute_end, exec_end
             )
         if ran:
@@ -178,23 +183,23 @@ class PyTorchInstance(ModelInstance):
     def _run(
         self, batch: list[Prepared], responses: dict[int, Response], exec_start: int
     ) -> tuple[int, int]:
-        """One forward pass over ``batch``; fills ``responses``; returns (compute start, end)."""
+        """One forward pass over ``batch``, its inputs gathered and its outputs written under
+        the model's settings (inference mode); fills ``responses``; returns (compute start,
+        end)."""
         placement = self.placement
         pairs = [(p, p.request.response()) for p in batch]
         placement.begin()
         try:
-            with placement.active():
+            with placement.active(), self.model.settings.applied():
                 placement.mark(0)
-                args = self.assembler.forward_args(batch, placement.input_device)
+                args = self.assembler.forward_args(batch, self.input_device)
                 placement.mark(1)
-                with self.model.settings.applied():
-                    try:
-                        result = self.artifact.forward(*args)
-                    except Exception as exc:
-                        raise internal(f"PyTorch execute failure: {exc}") from exc
-                    outputs = normalize(result)
+                try:
+                    result = self.forward(*args)
+                except Exception as exc:
+                    raise internal(f"PyTorch execute failure: {exc}") from exc
+                outputs = normalize(result)
                 placement.mark(2)
-                self.writer.check_indices(len(outputs))
                 self.writer.write(outputs, pairs)
             for p, response in pairs:
                 responses[id(p.request)] = response

@@ -18,6 +18,8 @@ import torch
 from inferpool.backends.api import now_ns
 from inferpool.wire.errors import unavailable
 
+_NOTHING = contextlib.nullcontext()
+
 
 class Placement:
     """Device, streams and the three timing marks of one execution (input, infer, output)."""
@@ -28,7 +30,7 @@ class Placement:
         self.streams: list[torch.cuda.Stream] = []
         self._events: list[torch.cuda.Event] = []
         self._wall = [0, 0, 0]
-        self._marked: set[int] = set()
+        self._reached = 0  # marks reached in this execution (they come in order)
         device_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if kind == "GPU":
             if ordinal >= device_count:
@@ -62,17 +64,16 @@ class Placement:
     def uses_cuda(self) -> bool:
         return bool(self.streams)
 
-    @contextlib.contextmanager
-    def active(self) -> Iterator[None]:
+    def active(self) -> contextlib.AbstractContextManager[None]:
         """Make this instance's streams current, and its device: KIND_GPU's own, for
         KIND_MODEL the one that was current (the model chooses its devices itself).
+        Nothing to do on the CPU."""
+        return self._cuda_active() if self.streams else _NOTHING
 
-        ``torch.cuda.set_stream`` also makes the stream's device current, so after one
-        stream per GPU the last GPU would be; the device is set back once they are set.
-        """
-        if not self.streams:
-            yield
-            return
+    @contextlib.contextmanager
+    def _cuda_active(self) -> Iterator[None]:
+        """``torch.cuda.set_stream`` also makes the stream's device current, so after one
+        stream per GPU the last GPU would be; the device is set back once they are set."""
         with contextlib.ExitStack() as stack:
             before = torch.cuda.current_device()
             stack.callback(torch.cuda.set_device, before)  # runs last: the device as found
@@ -85,23 +86,24 @@ class Placement:
 
     def begin(self) -> None:
         """Start an execution's timing (marks it does not reach read as its end)."""
-        self._marked = set()
+        self._reached = 0
 
     def mark(self, which: int) -> None:
-        """Timing mark 0 (input start), 1 (infer start) or 2 (output start)."""
-        if which == 2 and self.kind == "MODEL":
-            for stream in self.streams:  # the model may have used any of them
-                stream.synchronize()
+        """Timing mark 0 (input start), 1 (infer start) or 2 (output start), in this order."""
         if self._events:
+            if which == 2 and self.kind == "MODEL":
+                for stream in self.streams:  # the model may have used any of them
+                    stream.synchronize()
             self._events[which].record(self.streams[0])
         self._wall[which] = now_ns()
-        self._marked.add(which)
+        self._reached = which + 1
 
     def compute_span(self, exec_start: int) -> tuple[int, int]:
         """(compute_start, compute_end) in the seed's terms, from events where CUDA ran."""
         end = now_ns()
-        wall = [self._wall[i] if i in self._marked else end for i in range(3)]
-        if not self._events or len(self._marked) < 3:
+        reached = self._reached
+        wall = [self._wall[i] if i < reached else end for i in range(3)]
+        if not self._events or reached < 3:
             return wall[1], wall[2]
         self.streams[0].synchronize()
         input_ns = int(self._events[0].elapsed_time(self._events[1]) * 1e6)

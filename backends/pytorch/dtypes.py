@@ -3,16 +3,19 @@
 The config types torch can hold are those of the seed's ``ModelConfigDataTypeToTorchType``;
 ``TYPE_STRING`` is not a tensor type but travels as ``List[str]``.
 
-Read-only arrays become tensors through DLPack rather than ``torch.from_numpy``: inputs are
-read-only views of shared memory, DLPack says so, and torch takes them without a copy and
-without the "non-writable array" warning ``from_numpy`` raises (torch has no read-only
-tensors; the backend never writes to an input).  Device arrays (GPU inputs, outputs in a
-client's CUDA region: cupy arrays) go through DLPack too: numpy's calls and attributes
-(``flags.writeable``, ``torch.from_numpy``) do not apply to them.
+Inputs are read-only views of shared memory; torch has no read-only tensors (the backend
+never writes to an input) and warns of the first read-only array ``torch.from_numpy`` takes,
+once per process.  That one warning is taken here, silently, at import, so that inputs go
+through ``from_numpy`` (a third of DLPack's cost per call); should a torch warn of every such
+array, read-only arrays go through DLPack, which takes them without a copy or a warning.
+Device arrays (GPU inputs, outputs in a client's CUDA region: cupy arrays) go through DLPack
+too: numpy's calls and attributes (``flags.writeable``, ``torch.from_numpy``) do not apply to
+them.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -55,6 +58,22 @@ def datatype_of(dtype: torch.dtype) -> str:
     return _WIRE.get(dtype, "INVALID")
 
 
+def _read_only_warned() -> bool:
+    """Take ``from_numpy``'s warning of a read-only array, silently; whether later ones are
+    silent (torch warns once per process)."""
+    probe = np.zeros(1, np.uint8)
+    probe.flags.writeable = False
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.from_numpy(probe)
+        first = len(seen)
+        torch.from_numpy(probe)
+        return len(seen) == first
+
+
+_FROM_NUMPY_READ_ONLY = _read_only_warned()
+
+
 def as_tensor(array: Any) -> torch.Tensor:
     """A tensor over the same memory as ``array`` (no copy): a numpy array, bfloat16
     included, or a device array (cupy, torch: any DLPack producer)."""
@@ -62,6 +81,6 @@ def as_tensor(array: Any) -> torch.Tensor:
         return array if isinstance(array, torch.Tensor) else torch.from_dlpack(array)
     if array.dtype.itemsize == 2 and array.dtype.name == "bfloat16":
         return as_tensor(array.view(np.uint16)).view(torch.bfloat16)
-    if array.flags.writeable:
-        return torch.from_numpy(array)  # the cheaper call, where numpy has nothing to warn of
+    if _FROM_NUMPY_READ_ONLY or array.flags.writeable:
+        return torch.from_numpy(array)
     return torch.from_dlpack(array)

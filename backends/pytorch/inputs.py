@@ -34,8 +34,8 @@ def _shape_str(shape: Any) -> str:
 
 
 def _matches(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
-    return len(shape) == len(dims) and all(
-        d < 0 or d == s for s, d in zip(shape, dims, strict=True)
+    return shape == dims or (
+        len(shape) == len(dims) and all(d < 0 or d == s for s, d in zip(shape, dims, strict=True))
     )
 
 
@@ -72,23 +72,25 @@ class InputAssembler:
             )
         for control in controls:
             self.specs[control.name] = TensorSpec(control.name, control.config_type, (1,))
+        self.positions = list(layout.index.items())  # (name, forward argument position)
 
     # ------------------------------------------------------------------ one request
     def prepare(self, request: Request) -> Prepared:
         """Check ``request`` and collect its values; InferpoolError for this request only."""
-        missing = [s.name for s in self.inputs if not request.has_input(s.name)]
+        given = request.inputs
+        missing = [s.name for s in self.inputs if s.name not in given]
         if missing:
             raise invalid_arg(
                 f"expected {len(self.inputs)} inputs but got {len(request.inputs)} inputs for "
                 f"model '{self.model}'. Got input(s) {sorted(request.inputs)}, but missing "
                 f"required input(s) {missing}. Please provide all required input(s)."
             )
-        for name in request.inputs:
+        for name in given:
             if name not in self.specs:
                 raise invalid_arg(f"unexpected inference input '{name}' for model '{self.model}'")
         prepared = Prepared(request, self._batch_size(request))
         for spec in self.inputs:
-            prepared.values[spec.name] = self._value(request.input(spec.name), spec, prepared.batch)
+            prepared.values[spec.name] = self._value(given[spec.name], spec, prepared.batch)
         for control in self.controls:  # the sequence batcher's (backends.sequence)
             prepared.values[control.name] = self._value(
                 request.input(control.name), self.specs[control.name], prepared.batch
@@ -134,7 +136,7 @@ class InputAssembler:
                 f"batch size is {batch} (from input '{self.inputs[0].name}'): every input of a "
                 f"request shares the batch dimension (model '{self.model}')"
             )
-        shape = tuple(tensor.shape[1:] if self.batching else tensor.shape)
+        shape = tensor.shape[1:] if self.batching else tensor.shape
         if not (_matches(shape, spec.dims) or _matches(shape, spec.model_dims)):
             expected = ((-1,) if self.batching else ()) + spec.dims
             raise invalid_arg(
@@ -178,31 +180,34 @@ class InputAssembler:
 
     def forward_args(self, batch: list[Prepared], device: torch.device) -> list[Any]:
         """The positional forward arguments (a single dict for a Dict[str, Tensor] model)."""
-        values = {
-            name: self._join(name, [p.values[name] for p in batch], device)
-            for name in self.layout.index
-        }
+        join = self._join
         if self.layout.is_dict:
-            return [values]
+            return [{name: join(name, batch, device) for name in self.layout.index}]
         args: list[Any] = [None] * self.layout.arg_count
-        for name, position in self.layout.index.items():
-            args[position] = values[name]
+        for name, position in self.positions:
+            args[position] = join(name, batch, device)
         return args
 
-    def _join(self, name: str, parts: list[Any], device: torch.device) -> Any:
-        if isinstance(parts[0], list):
-            return [s for part in parts for s in part]
-        if len(parts) == 1:
-            tensor = dtypes.as_tensor(parts[0])
+    def _join(self, name: str, batch: list[Prepared], device: torch.device) -> Any:
+        """Input ``name`` of every request of ``batch`` as one value."""
+        if len(batch) == 1:
+            value = batch[0].values[name]
+            if isinstance(value, list):
+                return value
+            tensor = dtypes.as_tensor(value)
             if device.type != "cpu":
                 tensor = tensor.to(device, non_blocking=True)
-        elif (
-            all(isinstance(p, np.ndarray) for p in parts)
-            and (span := contiguous_span(parts)) is not None
-        ):
-            tensor = dtypes.as_tensor(span).to(device, non_blocking=_queued(device))
         else:
-            tensor = _copy_into_batch(parts, device)
+            parts = [p.values[name] for p in batch]
+            if isinstance(parts[0], list):
+                return [s for part in parts for s in part]
+            if (
+                all(isinstance(p, np.ndarray) for p in parts)
+                and (span := contiguous_span(parts)) is not None
+            ):
+                tensor = dtypes.as_tensor(span).to(device, non_blocking=_queued(device))
+            else:
+                tensor = _copy_into_batch(parts, device)
         reshape = self.specs[name].reshape
         if reshape is not None:
             tensor = tensor.reshape((tensor.shape[0], *reshape) if self.batching else reshape)

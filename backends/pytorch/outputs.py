@@ -77,20 +77,26 @@ class OutputWriter:
     def __init__(self, model: str, layout: dict[str, OutputSpec], batching: bool) -> None:
         self.model = model
         self.layout = layout
+        self.specs = list(layout.values())
         self.batching = batching
+        self._checked = -1  # an output count check_indices has passed
 
     def check_indices(self, count: int) -> None:
-        for spec in self.layout.values():
+        if count == self._checked:
+            return
+        for spec in self.specs:
             if not 0 <= spec.index < count:
                 raise invalid_arg(
                     f"The output {spec.name} in the model configuration refers to an output "
                     f"index which doesn't exist. This model has {count} outputs"
                 )
+        self._checked = count
 
     def write(self, outputs: list[Any], batch: list[tuple[Prepared, Response]]) -> None:
         """Fill every response of ``batch``; a mismatch with the config fails the whole batch."""
+        self.check_indices(len(outputs))
         rows = sum(p.batch for p, _ in batch)
-        for spec in self.layout.values():
+        for spec in self.specs:
             value = outputs[spec.index]
             wanted = [
                 (p, r)
@@ -145,9 +151,9 @@ class OutputWriter:
         batch: list[tuple[Prepared, Response]],
         wanted: list[tuple[Prepared, Response]],
     ) -> None:
-        slices = self._slices(batch)
+        slices = self._slices(batch) if len(batch) > 1 else None  # one request: the whole
         for p, response in wanted:
-            part = value if len(batch) == 1 else value[slices[id(p)]]
+            part = value if slices is None else value[slices[id(p)]]
             dtypes.as_tensor(response.output(spec.name, part.shape, spec.datatype)).copy_(part)
 
     def _write_strings(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from inferpool.broker.front.limits import check_id, work_size
+from inferpool.broker.front.limits import check_id, encode_work
 from inferpool.broker.models.registry import ModelVersion
 from inferpool.broker.models.request import FLAG_SEQUENCE_END, FLAG_SEQUENCE_START, PendingRequest
 from inferpool.shm.arena import Arena, ArenaFull, Slot
@@ -78,10 +78,12 @@ def admit(
         for i, inp in enumerate(inputs):
             try:  # the fast path: an input as this model has seen it before
                 iname, datatype, shape = inp["name"], inp["datatype"], inp["shape"]
-                key = (iname, datatype, *shape)
-                input_batch, expected_bytes = checked[key]
-                if type(shape) is not list or not all(type(d) is int for d in shape):
-                    raise KeyError  # 1.0 and True would pass for 1 as a key
+                input_batch, expected_bytes = checked[(iname, datatype, *shape)]
+                if type(shape) is not list:
+                    raise KeyError
+                for d in shape:
+                    if type(d) is not int:
+                        raise KeyError  # 1.0 and True would pass for 1 as a key
                 shape = tuple(shape)
             except (KeyError, TypeError):
                 iname, datatype, shape, input_batch, expected_bytes = _check(i, inp, model)
@@ -154,7 +156,7 @@ def admit(
             priority,
             timeout_us,
         )
-        wire_bytes = work_size(work, parameters, name)
+        wire, wire_bytes = encode_work(work, parameters, name)
     except BaseException:
         for slot in slots:
             arena.free(slot)
@@ -170,6 +172,7 @@ def admit(
         batch_size=batch or 1,
         received_ns=now_ns,
         shm_outputs=shm_outputs,
+        wire=wire,
         wire_bytes=wire_bytes,
     )
 

@@ -59,6 +59,18 @@ class ClientTracker:
         self._connection(client, source)
         self._clients[client] = _Client(time.monotonic())
 
+    def active(self, client: bytes, source: Any) -> None:
+        """``client`` sent a request (``source``: a frame of it): it is watched from now on
+        (``track``), who it is was looked at (``peer``) and it was ``seen`` now; one lookup
+        for a client already known, as every request of a steady client is."""
+        state = self._clients.get(client)
+        if state is not None and client in self._peers:
+            state.last_seen = time.monotonic()
+            return
+        self.track(client, source)
+        self.peer(client, source)
+        self.seen(client)
+
     def peer(self, client: bytes, source: Any) -> Peer:
         """Who ``client`` is (``source``: a frame of the message it just sent)."""
         if client.startswith(KSERVE_TAG):

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from inferpool.wire.errors import invalid_arg
-from inferpool.wire.worker.messages import BATCH_BYTES, Work, record_size
+from inferpool.wire.worker.messages import BATCH_BYTES, Work, encoded, record_size
 
 MAX_ID_LENGTH = 1024  # characters of a request's "id"
 MAX_PARAMETERS_BYTES = 64 * 1024  # a request's "parameters", as JSON
@@ -34,12 +36,12 @@ def check_id(client_id: Any) -> str:
     return text
 
 
-def work_size(work: Work, parameters: Any, model: str) -> int:
-    """The encoded size of ``work``; INVALID_ARG if it, or the request's ``parameters`` (as
-    the client sent them), exceed their limits."""
-    size = record_size(work)
+def encode_work(work: Work, parameters: Any, model: str) -> tuple[orjson.Fragment, int]:
+    """``work`` encoded, as it travels to its worker, and its size; INVALID_ARG if it, or
+    the request's ``parameters`` (as the client sent them), exceed their limits."""
+    wire, size = encoded(work)
     if size <= MAX_PARAMETERS_BYTES:  # neither limit can be reached: the common case
-        return size
+        return wire, size
     sent = record_size(parameters)
     if sent > MAX_PARAMETERS_BYTES:
         raise invalid_arg(
@@ -51,4 +53,4 @@ def work_size(work: Work, parameters: Any, model: str) -> int:
             f"request for model '{model}' is {size} bytes as its worker would receive it "
             f"(id, parameters, inputs and outputs); at most {MAX_WORK_BYTES} bytes are allowed"
         )
-    return size
+    return wire, size

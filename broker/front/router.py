@@ -71,7 +71,7 @@ class Router:
                 ),
             )
             return
-        envelope = [f.bytes for f in frames[:split]]
+        envelope = [frames[0].bytes] if split == 1 else [f.bytes for f in frames[:split]]
         if tag:
             named = NAMED_BY[tag]
             if named >= split:

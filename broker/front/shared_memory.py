@@ -103,9 +103,8 @@ class SharedMemory:
         release = header.get("release")
         if release:
             self.handles.release(client, release)
-        self._track(client)  # its peer is known from now on, for its outputs' share
-        self.clients.seen(client)
-        self.handles.shares.admit(client)
+        self.clients.active(client, self._source)  # its peer is known from now on, for
+        self.handles.shares.admit(client)  # its outputs' share
 
     def peer(self, client: bytes) -> Peer:
         """Who ``client``, the sender of the message being handled, is."""

@@ -22,7 +22,7 @@ from inferpool.wire.worker.messages import (
     TensorRef,
     WantedOutput,
     Work,
-    record_size,
+    encoded,
 )
 
 _rids = itertools.count(-1, -1)
@@ -60,7 +60,7 @@ def make_request(
         list(outputs),
         model.default_priority,  # the called model's default level (models.queue_policy)
     )
-    size = record_size(work)  # the batchers keep a batch within one message (front.limits)
+    wire, size = encoded(work)  # the batchers keep a batch within one message (front.limits)
     if size > BATCH_BYTES:
         raise invalid_arg(
             f"request for model '{model.name}' is {size} bytes as its worker would receive it; "
@@ -78,6 +78,7 @@ def make_request(
         received_ns=now_ns,
         deadline_ns=deadline_ns,
         sink=sink,
+        wire=wire,
         wire_bytes=size,
     )
 

@@ -106,6 +106,8 @@ class Manager:
         self.load_waiters: dict[str, list[Waiter]] = {}
         self._unload_waiters: dict[int, list[Waiter]] = {}  # id(record) -> waiters
         self.lanes: LaneEvents | None = None
+        self.dispatched: list[Worker] = []  # sent a batch since the loop last looked
+        self._gathered: list[Scheduler] | None = None  # while requests arrive together
         self.ensembles = Ensembles(self)  # pipelines: ensembles, models' calls (BLS)
         self.calls = Calls(self)
         outputs.on_lent_gone = self._unmap_everywhere
@@ -372,7 +374,23 @@ class Manager:
         self.inflight[req.rid] = req
         scheduler = req.model.scheduler
         assert scheduler is not None
+        if self._gathered is not None and not scheduler.gathering:
+            scheduler.gathering = True
+            self._gathered.append(scheduler)
         self._note_wake(scheduler, scheduler.enqueue(req, now_ns))
+
+    def gather(self) -> None:
+        """Requests that arrived together are being admitted: they are queued, and batches
+        form from all of them at :meth:`dispatch_gathered` (not the first running alone)."""
+        self._gathered = []
+
+    def dispatch_gathered(self) -> None:
+        """Dispatch what was queued since :meth:`gather`."""
+        gathered, self._gathered = self._gathered or [], None
+        now = time.monotonic_ns()
+        for scheduler in gathered:
+            scheduler.gathering = False
+            self._note_wake(scheduler, scheduler.pump(now))
 
     def dispatch(
         self,
@@ -400,8 +418,10 @@ class Manager:
         handle.began_executing(time.monotonic())
         unmaps = self.unmaps.pop(handle.identity, ()) if self.unmaps else ()
         frees = self.outputs.take_frees(handle.output_region)
-        msg = Execute([r.work for r in batch], frees, unmaps, release, nulls)
+        works: list[Any] = [r.work if r.wire is None else r.wire for r in batch]  # as sized
+        msg = Execute(works, frees, unmaps, release, nulls)
         self.supervisor.send(handle, msg)
+        self.dispatched.append(handle)
 
     def reject(self, req: PendingRequest, err: InferpoolError, reason: str = "") -> None:
         """Answer ``req`` with an error (unless it was cancelled: answered) and end it;

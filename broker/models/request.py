@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import orjson
+
 from inferpool.broker.models.registry import ModelVersion
 from inferpool.shm.arena import Slot
 from inferpool.wire.errors import InferpoolError
@@ -49,4 +51,5 @@ class PendingRequest:
     cache_key: bytes | None = None  # set when a response cache lookup missed: store the result
     cache_ns: int = 0  # how long that lookup took
     responses: int = 0  # responses sent so far (a decoupled model's response statistics)
+    wire: orjson.Fragment | None = None  # ``work`` encoded at admission, sent as is
     wire_bytes: int = 0  # the size of ``work`` in an Execute message (front.limits)

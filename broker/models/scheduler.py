@@ -52,6 +52,7 @@ class Scheduler:
         self.delay_ns = int(dyn.max_queue_delay_microseconds) * 1000 if self.batching else 0
         preferred = sorted(int(s) for s in dyn.preferred_batch_size) if self.batching else []
         self.target = preferred[-1] if preferred else model.max_batch_size
+        self.gathering = False  # requests are arriving together: pump once all are queued
 
     # ------------------------------------------------------------------ instances
     def instance_idle(self, worker: Any, now_ns: int) -> int | None:
@@ -89,6 +90,8 @@ class Scheduler:
 
     def pump(self, now_ns: int) -> int | None:
         """Dispatch what can go now; returns the ns time of the next batching decision."""
+        if self.gathering:
+            return None
         deadline = self.queue.next_deadline
         if deadline and now_ns >= deadline:
             self.queue.expire(now_ns, self.reject)

@@ -214,6 +214,8 @@ class SequenceScheduler(Scheduler):
     # ------------------------------------------------------------------ batches
     def pump(self, now_ns: int) -> int | None:
         """Run every idle instance that has work; the ns time of the next decision."""
+        if self.gathering:
+            return None
         for worker in list(self.idle):
             self._run(self.instances[worker], now_ns)
         return min(self.wake_at.values(), default=None)

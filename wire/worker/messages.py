@@ -177,7 +177,8 @@ class LaneBatch(NamedTuple):
 
 # ---------------------------------------------------------------------------- broker -> worker
 class Execute(NamedTuple):
-    """Run ``requests`` as one batch, after dropping what the other fields name."""
+    """Run ``requests`` as one batch, after dropping what the other fields name (the broker
+    may send a Work as the bytes ``encoded`` made of it: the same on the wire)."""
 
     requests: Sequence[Work]
     free: Sequence[Slot] = ()
@@ -387,6 +388,13 @@ def encode(msg: Message) -> bytes:
 def record_size(record: Any) -> int:
     """The bytes ``record`` (or any value of a message) takes inside an encoded message."""
     return len(orjson.dumps(record, default=_fields))
+
+
+def encoded(record: Any) -> tuple[orjson.Fragment, int]:
+    """``record`` encoded once, to travel in messages as is, and its size there: a request's
+    Work is sized at admission and sent as it was sized."""
+    data = orjson.dumps(record, default=_fields)
+    return orjson.Fragment(data), len(data)
 
 
 # An Execute is its frame plus its work items, each followed by a comma but the last: a

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import threading
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -435,6 +438,41 @@ def test_settings_apply_to_the_forward_pass_and_are_restored(
     finally:
         torch.set_num_threads(threads)
         torch._C._jit_set_profiling_mode(profiling)
+
+
+def threads_now() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: any thread's team is one thread")
+def test_an_execution_on_another_thread_keeps_the_thread_count(repo, harness):
+    """A lane's thread runs executions too; OpenMP would give it a team of one thread per core
+    (on a worker pinned to fewer cores, a team that spins against itself)."""
+    tm.save(tm.Linear(256, 512), repo)
+    params = 'parameters { key: "INTRA_OP_THREAD_COUNT" value: { string_value: "1" } }'
+    config = tm.config(
+        [tm.inp("INPUT__0", "TYPE_FP32", [256])],
+        [tm.out("OUTPUT__0", "TYPE_FP32", [512])],
+        max_batch_size=32,
+        extra=params,
+    )
+    threads = torch.get_num_threads()
+    try:
+        h = harness(config)
+        x = np.ones((32, 256), np.float32)
+        during: list[int] = []
+
+        def execute() -> None:
+            h.infer({"INPUT__0": x})
+            during.append(threads_now())
+
+        before = threads_now()
+        thread = threading.Thread(target=execute)
+        thread.start()
+        thread.join()
+        assert during == [before + 1]  # this thread alone, no team beside it
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_inputs_of_one_request_must_share_the_batch_size(repo, harness):

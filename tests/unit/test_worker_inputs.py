@@ -1,0 +1,42 @@
+"""A worker's view of an input in shared memory: the request's bytes, read-only, and never
+outside the region its reference names."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from inferpool.shm.region import Region
+from inferpool.wire.errors import InferpoolError
+from inferpool.wire.worker.messages import TensorRef
+from inferpool.workers.memory import host_input
+
+
+@pytest.fixture
+def region() -> Iterator[Region]:
+    reg = Region.create(f"inferpool-test-inputs-{os.getpid()}", 8192, prefault=False)
+    yield reg
+    reg.destroy()
+
+
+def test_an_input_is_a_read_only_view_of_its_bytes(region: Region) -> None:
+    region.buf[4096 : 4096 + 8] = np.arange(8, dtype=np.uint8).tobytes()
+    ref = TensorRef("INPUT0", "UINT8", [2, 4], region.name, 4096, 8)
+    tensor = host_input(region, ref, None)
+    assert tensor.shape == (2, 4) and tensor.byte_size == 8
+    assert tensor.data.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert not tensor.data.flags.writeable
+    with pytest.raises(ValueError):
+        tensor.data[0, 0] = 9
+    region.buf[4096] = 7  # a view, not a copy
+    assert tensor.data[0, 0] == 7
+    assert host_input(region, ref, (8,)).data.shape == (8,)  # the config's reshape
+
+
+def test_an_input_outside_its_region_is_refused(region: Region) -> None:
+    ref = TensorRef("INPUT0", "FP32", [4], region.name, 8192 - 8, 16)
+    with pytest.raises(InferpoolError, match="lies outside shared-memory region"):
+        host_input(region, ref, None)
