@@ -28,6 +28,7 @@ from inferpool.backends.api import (
 )
 from inferpool.backends.loader import find_backend
 from inferpool.backends.metrics import RequestTiming, StatsCollector
+from inferpool.backends.threads import adopt_torch_threads
 from inferpool.wire.errors import Code, InferpoolError, internal
 from inferpool.wire.worker.messages import BatchStats
 from inferpool.wire.worker.spec import InstanceSpec
@@ -165,6 +166,7 @@ class BackendHost:
         A raising backend fails the requests it had not answered yet; the worker carries on.
         """
         assert self.instance is not None, "execute before load"
+        adopt_torch_threads()
         try:
             result = self.instance.execute(requests)
             if result is not None:

@@ -19,7 +19,7 @@ from inferpool.backends.pytorch import artifact, naming
 from inferpool.backends.pytorch.device import Placement
 from inferpool.backends.pytorch.inputs import InputAssembler, Prepared
 from inferpool.backends.pytorch.outputs import OutputWriter, normalize
-from inferpool.backends.pytorch.parameters import Settings, adopt_threads
+from inferpool.backends.pytorch.parameters import Settings
 from inferpool.backends.pytorch.weights import SharedWeights, held_bytes, region_key
 from inferpool.wire.errors import InferpoolError, internal, unsupported
 
@@ -142,7 +142,6 @@ class PyTorchInstance(ModelInstance):
     def execute(self, requests: list[Request]) -> list[Response]:
         model = self.model
         exec_start = now_ns()
-        adopt_threads()
         responses: dict[int, Response] = {}
         batch: list[Prepared] = []
         prepare = self.assembler.prepare

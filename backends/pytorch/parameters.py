@@ -2,8 +2,8 @@
 
 Thread counts are set once at model load (a worker hosts one model), for the process; OpenMP
 and MKL keep theirs per thread, so a thread that runs executions besides the one that loaded
-the model (a lane's) takes the count at its first (:func:`adopt_threads`).  The JIT, cuDNN
-and inference-mode switches are global; the seed sets them before every
+the model (a lane's) takes the count at its first (the host's ``backends.threads``).  The
+JIT, cuDNN and inference-mode switches are global; the seed sets them before every
 execution, and so does :meth:`Settings.applied`, which also puts the previous values back
 so that nothing leaks into other code sharing the process (tests, the harness).
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -52,21 +51,6 @@ def _int(model: Model, key: str) -> int | None:
             f"parameter '{key}' of model '{model.name}': failed to convert '{raw}' to integral "
             "number"
         ) from None
-
-
-_adopted = threading.local()
-
-
-def adopt_threads() -> None:
-    """Give the calling thread torch's intra-op thread count, once per thread.
-
-    A new thread's OpenMP and MKL otherwise run with one thread per core of the machine: on
-    a worker pinned to fewer cores their threads spin against each other, and a batch-32 MLP
-    took 24 ms instead of 0.4 ms on a lane's thread of a worker pinned to one core.
-    """
-    if not getattr(_adopted, "done", False):
-        torch.set_num_threads(torch.get_num_threads())  # the process's count, for this thread
-        _adopted.done = True
 
 
 @dataclass(frozen=True)

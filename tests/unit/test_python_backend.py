@@ -3,8 +3,11 @@ streams and statistics, through the real host (fixture ``models`` in conftest.py
 
 from __future__ import annotations
 
+import os
+import threading
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pytest
 
 from inferpool.wire.errors import Code, InferpoolError
@@ -329,3 +332,45 @@ def test_async_execute(models: PythonModels) -> None:
     """
     with models.load(models.make("m", models.io_config(), {"1/model.py": model_py})) as h:
         assert h.infer({"IN": [4]})["OUT"].tolist() == [4]
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: any thread's team is one thread")
+def test_a_model_using_torch_on_another_thread_keeps_the_thread_count(
+    models: PythonModels,
+) -> None:
+    """A lane's thread executes too: the host gives it torch's count (1 here), so a python
+    model's matmul there does not start OpenMP's team of one thread per core."""
+    model_py = """
+    import numpy as np
+    import torch
+    import triton_python_backend_utils as pb_utils
+
+    torch.set_num_threads(1)
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            x = torch.from_numpy(np.ones((256, 256), np.float32))  # no ATen kernel before
+            total = int((x @ x)[0, 0])
+            return [
+                pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([total], np.int32))])
+                for _ in requests
+            ]
+    """
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        with models.load(models.make("m", models.io_config(), {"1/model.py": model_py})) as h:
+            during: list[int] = []
+
+            def execute() -> None:
+                h.infer({"IN": np.array([1], np.int32)})
+                during.append(len(os.listdir("/proc/self/task")))
+
+            before = len(os.listdir("/proc/self/task"))
+            thread = threading.Thread(target=execute)
+            thread.start()
+            thread.join()
+            assert during == [before + 1]  # this thread alone, no team beside it
+    finally:
+        torch.set_num_threads(threads)
