@@ -48,9 +48,13 @@ class OutputShares:
             )
 
     def over(self, client: bytes) -> bool:
-        """Whether ``client``'s principal holds its share already."""
+        """Whether ``client``'s principal holds its share already (through any of its
+        connections: one that holds nothing yet is over all the same)."""
+        if not self._held:
+            return False
         owner = self._owners.get(client)
-        return owner is not None and self._held[owner.principal] >= self.share
+        principal = owner.principal if owner is not None else self._principal_of(client)
+        return self._held.get(principal, 0) >= self.share
 
     def hold(self, client: bytes, nbytes: int) -> None:
         owner = self._owners.get(client)
