@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -81,6 +82,22 @@ def wait_until(predicate: Callable[[], T], what: str = "", timeout: float = 20.0
         if time.monotonic() >= deadline:
             raise AssertionError(f"not within {timeout:g}s: {what or predicate}")
         time.sleep(0.02)
+
+
+def threads_beside(call: Callable[[], object]) -> int:
+    """Run ``call`` on a thread of its own and say how many threads, besides it and those
+    there before, the process had when ``call`` returned (a team OpenMP started for it)."""
+    during: list[int] = []
+
+    def run() -> None:
+        call()
+        during.append(len(os.listdir("/proc/self/task")))
+
+    before = len(os.listdir("/proc/self/task"))
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    return during[0] - before - 1
 
 
 def run_cli(*argv: str) -> tuple[int, str, str]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
 
 import ml_dtypes
 import numpy as np
@@ -13,6 +12,7 @@ import torch_models as tm
 from torch import Tensor, nn
 
 from inferpool.wire.errors import Code, InferpoolError
+from tests.support import threads_beside
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
 
@@ -440,10 +440,6 @@ def test_settings_apply_to_the_forward_pass_and_are_restored(
         torch._C._jit_set_profiling_mode(profiling)
 
 
-def threads_now() -> int:
-    return len(os.listdir("/proc/self/task"))
-
-
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: any thread's team is one thread")
 def test_an_execution_on_another_thread_keeps_the_thread_count(repo, harness):
     """A lane's thread runs executions too; OpenMP would give it a team of one thread per core
@@ -460,17 +456,7 @@ def test_an_execution_on_another_thread_keeps_the_thread_count(repo, harness):
     try:
         h = harness(config)
         x = np.ones((32, 256), np.float32)
-        during: list[int] = []
-
-        def execute() -> None:
-            h.infer({"INPUT__0": x})
-            during.append(threads_now())
-
-        before = threads_now()
-        thread = threading.Thread(target=execute)
-        thread.start()
-        thread.join()
-        assert during == [before + 1]  # this thread alone, no team beside it
+        assert threads_beside(lambda: h.infer({"INPUT__0": x})) == 0  # no team beside it
     finally:
         torch.set_num_threads(threads)
 
