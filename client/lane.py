@@ -22,8 +22,6 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from inferpool.client.shm_request import (
     HANDLE,
     INPUT_REGION,
@@ -83,7 +81,7 @@ class Lane:
         self.slots, self.slot_size = geometry.slots, geometry.slot_size
         self.request_at = [geometry.request(i) for i in range(geometry.slots)]
         self.response_at = [geometry.response(i) for i in range(geometry.slots)]
-        self._views: dict[tuple[int, int, tuple[int, ...]], tuple[str, Any, int, int]] = {}
+        self._views: dict[tuple[int, int, tuple[int, ...]], Any] = {}
         self.spin_ns = spin_us * 1000 if spin_us > 0 and apart(self.worker_pid) else 0
         self.sent = 0  # requests posted
         self.read = 0  # responses taken
@@ -229,40 +227,29 @@ class Lane:
         leases = []
         mapped = session.mapped.get(region).buf
         for t in response.outputs:
-            name, dtype, count, nbytes = self._view(t)
-            if dtype is None:  # BYTES: its size is its own
-                spec = {"name": name, "datatype": "BYTES", "shape": t.shape}
-                outputs[name] = output_view(mapped, t.offset, t.byte_size, spec)
-            elif nbytes != t.byte_size:
-                raise InferpoolError(
-                    Code.INTERNAL,
-                    f"output '{name}': {t.byte_size} bytes cannot hold "
-                    f"{wl.DATATYPE_NAMES[t.datatype]} {list(t.shape)}",
-                )
-            else:
-                view = np.frombuffer(mapped, dtype, count, t.offset)
-                outputs[name] = view if len(t.shape) == 1 else view.reshape(t.shape)
+            spec, typed = self._view(t)
+            outputs[spec["name"]] = output_view(mapped, t.offset, t.byte_size, spec, typed)
             leases.append((t.offset, region))
         session.hold(region, len(leases))
         return ShmResult(self, self.model, self.version, outputs, response.parameters, leases)
 
-    def _view(self, t: wl.Tensor) -> tuple[str, Any, int, int]:
-        """(name, numpy dtype or None for BYTES, element count, byte size) of an output of
-        this position, datatype and shape: worked out once, a lane's outputs keep theirs."""
+    def _view(self, t: wl.Tensor) -> tuple[dict[str, Any], tuple[Any, int] | None]:
+        """The spec of an output of this position, datatype and shape, and its numpy dtype
+        and element count (None for BYTES): worked out once, a lane's outputs keep theirs."""
         key = (t.position, t.datatype, t.shape)
         known = self._views.get(key)
         if known is None:
-            name = self.outputs[t.position]
             datatype = wl.DATATYPE_NAMES[t.datatype]
-            count = codec.element_count(list(t.shape))
-            if datatype == "BYTES":
-                known = (name, None, count, -1)
-            else:
-                dtype = codec.numpy_dtype(datatype)
-                known = (name, dtype, count, count * dtype.itemsize)
+            shape = list(t.shape)
+            spec = {"name": self.outputs[t.position], "datatype": datatype, "shape": shape}
+            typed = (
+                None
+                if datatype == "BYTES"
+                else (codec.numpy_dtype(datatype), codec.element_count(shape))
+            )
             if len(self._views) >= VIEWS:
                 self._views.clear()
-            self._views[key] = known
+            known = self._views[key] = (spec, typed)
         return known
 
     def _drop(self, n: int) -> None:

@@ -232,17 +232,24 @@ def _numpy_dtype(dtype: Any) -> Any:
     return dtype
 
 
-def output_view(buf: Any, offset: int, nbytes: int, spec: dict[str, Any]) -> np.ndarray:
-    """Output ``spec`` as a read-only array over ``nbytes`` of ``buf`` at ``offset``."""
+def output_view(
+    buf: Any,
+    offset: int,
+    nbytes: int,
+    spec: dict[str, Any],
+    typed: tuple[np.dtype[Any], int] | None = None,
+) -> np.ndarray:
+    """Output ``spec`` as a read-only array over ``nbytes`` of ``buf`` at ``offset``;
+    ``typed``: its numpy dtype and element count, where the caller keeps them (a lane)."""
     datatype, shape = spec["datatype"], spec["shape"]
     if datatype == "BYTES":
         view = memoryview(buf)[offset : offset + nbytes]
         return codec.array_from_buffer(view, datatype, shape, f"output '{spec['name']}'")
-    dtype = codec.numpy_dtype(datatype)
-    count = codec.element_count(shape)
+    dtype, count = typed or (codec.numpy_dtype(datatype), codec.element_count(shape))
     if count * dtype.itemsize != nbytes:
         raise InferpoolError(
             Code.INTERNAL,
             f"output '{spec['name']}': {nbytes} bytes cannot hold {datatype} {shape}",
         )
-    return np.frombuffer(buf, dtype=dtype, count=count, offset=offset).reshape(shape)
+    array = np.frombuffer(buf, dtype=dtype, count=count, offset=offset)
+    return array if len(shape) == 1 else array.reshape(shape)
