@@ -19,10 +19,8 @@ _adopted = threading.local()
 
 def adopt_torch_threads() -> None:
     """Give the calling thread torch's intra-op thread count, once per thread."""
-    if getattr(_adopted, "done", False):
-        return
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return  # checked again next time: the model may import torch later
+    torch = sys.modules.get("torch")  # first: a miss on the thread-local costs more
+    if torch is None or getattr(_adopted, "done", False):
+        return  # without torch, checked again next time: the model may import it later
     torch.set_num_threads(torch.get_num_threads())  # the process's count, for this thread
     _adopted.done = True
