@@ -28,6 +28,7 @@ ParameterValue = str | int | bool | float
 
 
 now_ns = time.monotonic_ns  # the clock of every statistic a backend reports
+_NO_DEVICES: frozenset[int] = frozenset()
 
 
 @dataclass(slots=True)
@@ -97,7 +98,8 @@ class Response:
         self.outputs: dict[str, OutputTensor] = {}
         self.parameters: dict[str, ParameterValue] = {}
         self.error = error
-        self.devices: set[int] = set()  # GPUs outputs were written on: waited for on delivery
+        # GPUs outputs were written on, waited for on delivery: a set once there is one
+        self.devices: set[int] | frozenset[int] = _NO_DEVICES
 
     @classmethod
     def from_error(cls, request: Request, error: BaseException | str) -> Response:
@@ -119,7 +121,7 @@ class Response:
         buf = self._place(name, datatype, shape, dtype.itemsize * count)
         if type(buf) is not memoryview and hasattr(buf, "__cuda_array_interface__"):
             return buf.view(dtype).reshape(shape)
-        array = np.frombuffer(buf, dtype=dtype, count=count)
+        array = np.frombuffer(buf, dtype, count)
         return array if len(shape) == 1 else array.reshape(shape)
 
     def set_output(self, name: str, value: Any, datatype: str | None = None) -> None:
@@ -156,7 +158,7 @@ class Response:
         if type(buf) is not memoryview:  # host memory comes as a memoryview: no device
             device = codec.device_of(buf)
             if device is not None:
-                self.devices.add(device)
+                self.devices = {*self.devices, device}
         return buf
 
     def discard(self) -> None:
@@ -316,7 +318,7 @@ class Request:
 
 def _settled(response: Response) -> Response:
     """``response`` once the GPUs have finished writing its outputs, or the error why not."""
-    devices, response.devices = response.devices, set()
+    devices, response.devices = response.devices, _NO_DEVICES
     try:
         cuda.synchronize(devices)
     except Exception as exc:  # a failed kernel surfaces here: the outputs are not valid
