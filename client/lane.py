@@ -77,6 +77,7 @@ class Lane:
             raise
         self.header = header = wl.Header(buf)
         self.words = header.words
+        self.raw = self.region.mapping  # slots are read and written through the mapping
         self.requests, self.responses = bells(buf, header.words, wl.BELLS)
         geometry = self.geometry
         self.slots, self.slot_size = geometry.slots, geometry.slot_size
@@ -140,7 +141,7 @@ class Lane:
             room = (self.slot_size - 64 - len(body[0])) // 8
             releases, self.releases = releases[:room], releases[room:]
         wl.write_request(
-            self.region.buf,
+            self.raw,
             self.request_at[n % slots],
             self.slot_size,
             n,
@@ -217,7 +218,7 @@ class Lane:
 
     def _take(self, n: int) -> ShmResult:
         at = self.response_at[n % self.slots]
-        response = wl.read_response(self.region.buf, at, self.slot_size)
+        response = wl.read_response(self.raw, at, self.slot_size)
         self.read = read = (n + 1) & MASK
         self.words[RESP_DONE] = read
         if response.status:

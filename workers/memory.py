@@ -19,7 +19,7 @@ populating: their pages fault in once, as they are first read.  Lane threads
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -122,10 +122,13 @@ class WorkerMemory:
     def free(self, slots: Sequence[Slot]) -> None:
         """Slots the broker (or a lane's client) is done with."""
         name = self.output.name
+        self.free_outputs([slot.offset for slot in slots if slot.region == name])
+
+    def free_outputs(self, offsets: Iterable[int]) -> None:
+        """Blocks of this worker's output region, under one taking of the lock."""
         with self._lock:
-            for slot in slots:
-                if slot.region == name:
-                    self.allocator.free(slot.offset)
+            for offset in offsets:
+                self.allocator.free(offset)
 
     def unmap(self, refs: Sequence[str]) -> None:
         """Client regions the broker retired: no request will name them again."""
