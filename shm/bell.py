@@ -42,7 +42,7 @@ class Bell:
         stores in order) and wake the consumer if it sleeps."""
         words = self._words
         words[self._seq] = value & 0xFFFFFFFF
-        _acquire(False)  # futex.fence(), inline: a full barrier
+        _acquire()  # futex.fence(), inline: a full barrier
         _release()
         if words[self._sleeping]:
             futex.wake(self._addr)

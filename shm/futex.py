@@ -9,7 +9,9 @@ operations, as the word lives in a MAP_SHARED mapping seen by two processes.
 ``fence()`` orders a store before a later load (the store-load barrier of a Dekker
 hand-shake: "publish, then look whether the peer sleeps").  CPython has no atomics; taking
 an uncontended ``threading.Lock`` is an atomic read-modify-write (``sem_trywait``), which is
-a full barrier on x86-64.  Where it is not (weaker architectures), a missed wake-up costs at
+a full barrier on x86-64.  It is taken blocking: two threads fencing at once take it in turn
+(a try that fails makes no barrier, and releasing the lock another thread holds would fail
+that thread's release).  Where it is not (weaker architectures), a missed wake-up costs at
 most one sleep slice: every sleeper here wakes at least that often to look again.
 """
 
@@ -49,7 +51,7 @@ fence_acquire, fence_release = _barrier.acquire, _barrier.release
 
 def fence() -> None:
     """A full memory barrier (see the module's docstring)."""
-    fence_acquire(False)
+    fence_acquire()
     fence_release()
 
 
