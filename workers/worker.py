@@ -178,8 +178,9 @@ class Worker:
             if msg is None:
                 log.error("the broker closed the channel; exiting")
                 return
-            if isinstance(msg, Execute):
-                self._drop(msg.free, msg.unmap)
+            if type(msg) is Execute:
+                if msg.free or msg.unmap:
+                    self._drop(msg.free, msg.unmap)
                 self._execute(msg)
                 if self._async_items:
                     self._flush_async()
@@ -197,6 +198,8 @@ class Worker:
         """The execute lock.  A lane's execute that holds it may wait for a call's reply,
         which only this thread reads: the channel is read while the lock is waited for."""
         lock = self.execute_lock
+        if lock.acquire(False):  # the common case: no lane holds it
+            return
         while not lock.acquire(timeout=HOLD_POLL_S):
             self.calls.pump()
 
