@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from inferpool.broker.front.limits import check_id, encode_work
+from inferpool.broker.front.limits import MAX_ID_LENGTH, check_id, encode_work
 from inferpool.broker.models.registry import ModelVersion
 from inferpool.broker.models.request import FLAG_SEQUENCE_END, FLAG_SEQUENCE_START, PendingRequest
 from inferpool.shm.arena import Arena, ArenaFull, Slot
@@ -59,7 +59,8 @@ def admit(
     if not isinstance(inputs, list):
         raise invalid_arg(f"inference request for model '{name}' has no 'inputs' list")
     client_id = header.get("id", "")
-    work_id = check_id(client_id)
+    short = type(client_id) is str and len(client_id) <= MAX_ID_LENGTH  # the common case
+    work_id = client_id if short else check_id(client_id)
     total = 0
     for f in frames:
         total += len(f)
