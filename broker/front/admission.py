@@ -23,6 +23,7 @@ from inferpool.wire.worker.messages import TensorRef, WantedOutput, Window, Work
 _BROKER_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end", "priority", "timeout")
 _NO_PARAMETERS: dict[str, Any] = {}
 CHECKED = 256  # (input, datatype, shape) a model remembers as checked
+_new = tuple.__new__  # records built per request without their Python-level __new__
 
 
 class SharedMemoryInputs(Protocol):
@@ -129,7 +130,9 @@ def admit(
             slots.append(slot)
             if nbytes:
                 arena.region.buf[slot.offset : slot.offset + nbytes] = frame.buffer
-            work_inputs.append(TensorRef(iname, datatype, shape, slot.region, slot.offset, nbytes))
+            work_inputs.append(
+                _new(TensorRef, (iname, datatype, shape, slot.region, slot.offset, nbytes))
+            )
         if next_frame != len(frames):
             raise invalid_arg(
                 f"request for model '{name}' sent {len(frames)} tensor frame(s) but its inputs "
@@ -144,19 +147,13 @@ def admit(
         corr, flags, timeout_us, priority = (
             _scheduling(parameters, model) if parameters else (0, 0, 0, model.default_priority)
         )
-        work = Work(
-            rid,
-            work_id,
-            corr,
-            flags,
+        passed = (  # what the backend sees of them
             {k: v for k, v in parameters.items() if k not in _BROKER_PARAMETERS}
             if parameters
-            else parameters,
-            work_inputs,
-            work_outputs,
-            priority,
-            timeout_us,
+            else parameters
         )
+        fields = (rid, work_id, corr, flags, passed, work_inputs, work_outputs, priority)
+        work = _new(Work, (*fields, timeout_us))
         wire, wire_bytes = encode_work(work, parameters, name)
     except BaseException:
         for slot in slots:
