@@ -112,14 +112,19 @@ def decode_result(message: Message) -> InferResult:
     if "error" in header:
         codec.raise_for_error(header)
     outputs: dict[str, np.ndarray] = {}
-    framed = header.get("outputs") or ()
-    if any(o.get("parameters") for o in framed):  # some may stay in shared memory
-        framed = [o for o in framed if not codec.in_shared_memory(o)]
-    if len(framed) > len(frames):
-        raise InferpoolError(
-            Code.INTERNAL, f"response lists {len(framed)} outputs but carries {len(frames)} frames"
-        )
-    for spec, frame in zip(framed, frames, strict=False):
+    specs = header.get("outputs") or ()
+    count = len(frames)
+    taken = 0
+    for spec in specs:
+        if spec.get("parameters") and codec.in_shared_memory(spec):
+            continue  # it stayed in shared memory: no frame carries it
+        if taken == count:
+            framed = sum(1 for o in specs if not codec.in_shared_memory(o))
+            raise InferpoolError(
+                Code.INTERNAL, f"response lists {framed} outputs but carries {count} frames"
+            )
+        frame = frames[taken]
+        taken += 1
         name = spec["name"]
         outputs[name] = codec.array_from_buffer(
             frame.buffer if type(frame) is zmq.Frame else frame,

@@ -115,7 +115,7 @@ class Client(Connection):
         self, model: str, inputs: Inputs, outputs: Outputs = None, **options: Unpack[InferOptions]
     ) -> dict[str, np.ndarray]:
         """Run one inference; returns the outputs as numpy arrays (options: infer_result's)."""
-        return self.infer_result(model, inputs, outputs, **options).outputs
+        return self._run(self._core.infer(model, inputs, outputs, **options)).outputs
 
     def infer_result(
         self, model: str, inputs: Inputs, outputs: Outputs = None, **options: Unpack[InferOptions]
