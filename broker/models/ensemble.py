@@ -157,9 +157,9 @@ class _Run:
 
     def _step_over(self, sink: _StepSink) -> None:
         self.in_flight -= 1
+        self._settle()  # the answer leaves first: the step's inputs are freed after it
         for tensor in sink.step.reads:
             self._owed((tensor, sink.iteration))
-        self._settle()
 
     def _advance(self, updated: Sequence[Key], now_ns: int) -> None:
         """Start every step whose inputs have all arrived; note complete outputs."""
@@ -299,14 +299,14 @@ class _Run:
             if top.rid in manager.inflight:
                 manager.reject(top, self.error)
         else:
-            model.stats.queue.add(self.queue_ns)
-            model.stats.batch_done(top.batch_size, Durations(*self.durations))
             if self.complete:
                 self._respond(self.complete.pop(0), final=True)
             elif top.rid in manager.inflight:  # a decoupled ensemble's last word
                 manager.respond(
                     top, Result(top.rid, True, [], None, None, Durations(*self.durations))
                 )
+            model.stats.queue.add(self.queue_ns)  # after the answer, before the next message
+            model.stats.batch_done(top.batch_size, Durations(*self.durations))
         for key in list(self.tensors):  # what failed steps never read, an unsent answer
             while key in self.tensors:
                 self._owed(key)
