@@ -78,6 +78,8 @@ class OutputWriter:
         self.model = model
         self.layout = layout
         self.specs = list(layout.values())
+        # each output with the torch dtype it must have (None: none, a BYTES output)
+        self._typed = [(spec, dtypes.torch_dtype(spec.datatype)) for spec in self.specs]
         self.batching = batching
         self._checked = -1  # an output count check_indices has passed
 
@@ -95,24 +97,27 @@ class OutputWriter:
     def write(self, outputs: list[Any], batch: list[tuple[Prepared, Response]]) -> None:
         """Fill every response of ``batch``; a mismatch with the config fails the whole batch."""
         self.check_indices(len(outputs))
-        rows = sum(p.batch for p, _ in batch)
-        for spec in self.specs:
+        rows = batch[0][0].batch if len(batch) == 1 else sum(p.batch for p, _ in batch)
+        for spec, torch_dtype in self._typed:
             value = outputs[spec.index]
-            wanted = [
-                (p, r)
-                for p, r in batch
-                if spec.state or (spec.config_output and p.request.output_requested(spec.name))
-            ]
+            if spec.state:  # the sequence batcher's, whether or not the client asked
+                wanted = batch
+            elif spec.config_output:
+                wanted = [pr for pr in batch if spec.name in pr[0].request.requested_outputs]
+            else:
+                wanted = []
             if isinstance(value, torch.Tensor):
-                self._check_tensor(spec, value, rows)
+                self._check_tensor(spec, torch_dtype, value, rows)
                 self._write_tensor(spec, value, batch, wanted)
             else:
                 self._check_strings(spec, value, rows)
                 self._write_strings(spec, value, batch, wanted)
 
-    def _check_tensor(self, spec: OutputSpec, value: torch.Tensor, rows: int) -> None:
-        provided = dtypes.datatype_of(value.dtype)
-        if provided != spec.datatype:
+    def _check_tensor(
+        self, spec: OutputSpec, torch_dtype: torch.dtype | None, value: torch.Tensor, rows: int
+    ) -> None:
+        if value.dtype is not torch_dtype:
+            provided = dtypes.datatype_of(value.dtype)
             raise invalid_arg(
                 f"configuration expects datatype {spec.config_type} for output '{spec.name}', "
                 f"model provides TYPE_{provided}"
