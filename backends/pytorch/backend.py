@@ -14,7 +14,15 @@ import gc
 import torch
 
 from inferpool.backends import sequence
-from inferpool.backends.api import Backend, Model, ModelInstance, Request, Response, now_ns
+from inferpool.backends.api import (
+    Backend,
+    Model,
+    ModelInstance,
+    Request,
+    Response,
+    Timestamps,
+    now_ns,
+)
 from inferpool.backends.pytorch import artifact, naming
 from inferpool.backends.pytorch.device import Placement
 from inferpool.backends.pytorch.inputs import InputAssembler, Prepared
@@ -22,6 +30,8 @@ from inferpool.backends.pytorch.outputs import OutputWriter, normalize
 from inferpool.backends.pytorch.parameters import Settings
 from inferpool.backends.pytorch.weights import SharedWeights, held_bytes, region_key
 from inferpool.wire.errors import InferpoolError, internal, unsupported
+
+_stamps = tuple.__new__  # a NamedTuple without its Python-level __new__
 
 
 class PyTorchModel(Model):
@@ -166,15 +176,15 @@ class PyTorchInstance(ModelInstance):
             else:
                 compute_start, compute_end = self._run(batch, responses, exec_start)
                 ran = True
-        exec_end = now_ns()
+        # one Timestamps for the batch and its requests (report_statistics' and
+        # report_batch_statistics' reports, without building it per call)
+        stamps = _stamps(Timestamps, (exec_start, compute_start, compute_end, now_ns()))
         ordered = [responses[id(r)] for r in requests]
-        report = self.report_statistics
+        stats = model.stats
         for request, response in zip(requests, ordered, strict=True):
-            report(
-                request, response.error is None, exec_start, compute_start, compute_end, exec_end
-            )
+            stats.report_request(request, response.error is None, stamps)
         if ran:
-            self.report_batch_statistics(total, exec_start, compute_start, compute_end, exec_end)
+            stats.report_batch(total, stamps)
         if model.settings.cache_cleaning:
             self.placement.clear_cache()
         return ordered
@@ -186,10 +196,10 @@ class PyTorchInstance(ModelInstance):
         the model's settings (inference mode); fills ``responses``; returns (compute start,
         end)."""
         placement = self.placement
-        pairs = [(p, p.request.response()) for p in batch]
+        pairs = [(p, Response(p.request)) for p in batch]
         placement.begin()
         try:
-            with placement.active(), self.model.settings.applied():
+            with placement.around(self.model.settings.applied()):
                 placement.mark(0)
                 args = self.assembler.forward_args(batch, self.input_device)
                 placement.mark(1)

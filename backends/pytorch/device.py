@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
 from inferpool.backends.api import now_ns
 from inferpool.wire.errors import unavailable
-
-_NOTHING = contextlib.nullcontext()
 
 
 class Placement:
@@ -64,14 +63,16 @@ class Placement:
     def uses_cuda(self) -> bool:
         return bool(self.streams)
 
-    def active(self) -> contextlib.AbstractContextManager[None]:
-        """Make this instance's streams current, and its device: KIND_GPU's own, for
-        KIND_MODEL the one that was current (the model chooses its devices itself).
-        Nothing to do on the CPU."""
-        return self._cuda_active() if self.streams else _NOTHING
+    def around(
+        self, inner: contextlib.AbstractContextManager[Any]
+    ) -> contextlib.AbstractContextManager[Any]:
+        """``inner`` (an execution's settings) with this instance's streams and device made
+        current around it: KIND_GPU's own device, for KIND_MODEL the one that was current
+        (the model chooses its devices itself).  On the CPU, ``inner`` as it is."""
+        return self._cuda_active(inner) if self.streams else inner
 
     @contextlib.contextmanager
-    def _cuda_active(self) -> Iterator[None]:
+    def _cuda_active(self, inner: contextlib.AbstractContextManager[Any]) -> Iterator[Any]:
         """``torch.cuda.set_stream`` also makes the stream's device current, so after one
         stream per GPU the last GPU would be; the device is set back once they are set."""
         with contextlib.ExitStack() as stack:
@@ -82,7 +83,8 @@ class Placement:
                 torch.cuda.set_stream(stream)
                 stack.callback(torch.cuda.set_stream, previous)
             torch.cuda.set_device(self.device if self.device is not None else before)
-            yield
+            with inner as value:
+                yield value
 
     def begin(self) -> None:
         """Start an execution's timing (marks it does not reach read as its end)."""

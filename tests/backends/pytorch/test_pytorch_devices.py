@@ -6,6 +6,7 @@ CUDA ordinal is its device id; tests/gpu serves them from narrowed workers.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 
 import numpy as np
@@ -129,9 +130,12 @@ def test_setting_the_streams_leaves_the_instances_device_current(fake_cuda, kind
     placement = Placement("CPU", 0, 0, "m_0_0")  # given the streams of a CUDA machine by hand
     placement.kind, placement.streams = kind, [Stream(d) for d in devices]  # type: ignore[list-item]
     placement.device = torch.device("cuda", devices[0]) if kind == "GPU" else None
-    with placement.active():
+    entered = []
+    with placement.around(contextlib.nullcontext(entered)) as inner:
+        inner.append("settings")  # the execution's settings apply inside the streams' scope
         # KIND_GPU on its own device; KIND_MODEL where it was, not on the last stream's
         assert fake_cuda.device == (devices[0] if kind == "GPU" else 0)
         assert [fake_cuda.current[d] for d in devices] == placement.streams
     assert fake_cuda.device == 0
     assert fake_cuda.current == fake_cuda.defaults
+    assert entered == ["settings"]
