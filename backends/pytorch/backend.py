@@ -196,19 +196,25 @@ class PyTorchInstance(ModelInstance):
         the model's settings (inference mode); fills ``responses``; returns (compute start,
         end)."""
         placement = self.placement
+        events = placement.events  # CUDA's, where the instance runs on a GPU
         pairs = [(p, Response(p.request)) for p in batch]
-        placement.begin()
+        infer_start = output_start = 0  # not reached
         try:
             with placement.around(self.model.settings.applied()):
-                placement.mark(0)
+                if events:
+                    placement.record(0)
                 args = self.assembler.forward_args(batch, self.input_device)
-                placement.mark(1)
+                if events:
+                    placement.record(1)
+                infer_start = now_ns()
                 try:
                     result = self.forward(*args)
                 except Exception as exc:
                     raise internal(f"PyTorch execute failure: {exc}") from exc
                 outputs = normalize(result)
-                placement.mark(2)
+                if events:
+                    placement.record(2)
+                output_start = now_ns()
                 self.writer.write(outputs, pairs)
             for p, response in pairs:
                 responses[id(p.request)] = response
@@ -217,7 +223,12 @@ class PyTorchInstance(ModelInstance):
             for p, response in pairs:
                 response.discard()
                 responses[id(p.request)] = Response(p.request, err)
-        return placement.compute_span(exec_start)
+        if not output_start:  # the marks not reached read as the end
+            output_start = now_ns()
+            infer_start = infer_start or output_start
+        elif events:
+            return placement.event_span(exec_start, infer_start, output_start)
+        return infer_start, output_start
 
 
 class PyTorchBackend(Backend):
