@@ -160,22 +160,14 @@ class PyTorchInstance(ModelInstance):
                 batch.append(prepare(request))
             except InferpoolError as err:
                 responses[id(request)] = Response(request, err)
+        total = 0
         if len(batch) > 1:
-            batch, rejected = self.assembler.split_uniform(batch)
-            for p, problem in rejected:
-                responses[id(p.request)] = Response(p.request, problem)
-        total = sum([p.batch for p in batch])
-        ran = False
+            batch, total = self._batchable(batch, responses)
+        elif batch:  # one request: its checks kept it within max_batch_size
+            total = batch[0].batch
         compute_start = compute_end = exec_start
         if batch:
-            limit = self.assembler.max_batch_size  # the config's, read once at load
-            if total != 1 and total > limit:
-                error = internal(f"batch size {total} for '{self.name}', max allowed is {limit}")
-                for p in batch:
-                    responses[id(p.request)] = Response(p.request, error)
-            else:
-                compute_start, compute_end = self._run(batch, responses, exec_start)
-                ran = True
+            compute_start, compute_end = self._run(batch, responses, exec_start)
         # one Timestamps for the batch and its requests (report_statistics' and
         # report_batch_statistics' reports, without building it per call)
         stamps = _stamps(Timestamps, (exec_start, compute_start, compute_end, now_ns()))
@@ -183,11 +175,29 @@ class PyTorchInstance(ModelInstance):
         stats = model.stats
         for request, response in zip(requests, ordered, strict=True):
             stats.report_request(request, response.error is None, stamps)
-        if ran:
+        if batch:
             stats.report_batch(total, stamps)
         if model.settings.cache_cleaning:
             self.placement.clear_cache()
         return ordered
+
+    def _batchable(
+        self, batch: list[Prepared], responses: dict[int, Response]
+    ) -> tuple[list[Prepared], int]:
+        """The requests of ``batch`` that run together (those shaped as the first, unless
+        they hold more rows than max_batch_size: then none), and their rows; the others are
+        answered in ``responses``."""
+        batch, rejected = self.assembler.split_uniform(batch)
+        for p, problem in rejected:
+            responses[id(p.request)] = Response(p.request, problem)
+        total = sum([p.batch for p in batch])
+        limit = self.assembler.max_batch_size  # the config's, read once at load
+        if total != 1 and total > limit:
+            error = internal(f"batch size {total} for '{self.name}', max allowed is {limit}")
+            for p in batch:
+                responses[id(p.request)] = Response(p.request, error)
+            return [], 0
+        return batch, total
 
     def _run(
         self, batch: list[Prepared], responses: dict[int, Response], exec_start: int
