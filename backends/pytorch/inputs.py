@@ -16,8 +16,7 @@ the forward pass reads it on the CPU at once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -39,13 +38,15 @@ def _matches(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
     )
 
 
-@dataclass
-class Prepared:
+class Prepared(NamedTuple):
     """A request that passed its checks: batch size and every forward value it feeds."""
 
     request: Request
     batch: int
-    values: dict[str, Any] = field(default_factory=dict)  # ndarray, GPU tensor or list[str]
+    values: dict[str, Any]  # name -> ndarray, GPU tensor or list[str]
+
+
+_prepared = tuple.__new__  # built per request: without NamedTuple's Python-level __new__
 
 
 class InputAssembler:
@@ -82,11 +83,10 @@ class InputAssembler:
         given = request.inputs
         if given.keys() != self.names:  # not exactly the config's inputs: say what is wrong
             self._check_names(request)
-        batch = self._batch_size(request) if self.batching else 1
+        batch = self._batch_size(given[self.inputs[0].name]) if self.batching else 1
         value = self._value
-        prepared = Prepared(
-            request, batch, {s.name: value(given[s.name], s, batch) for s in self.inputs}
-        )
+        values = {s.name: value(given[s.name], s, batch) for s in self.inputs}
+        prepared = _prepared(Prepared, (request, batch, values))
         if self.controls or self.states:
             self._sequence_values(request, prepared)
         return prepared
@@ -121,8 +121,7 @@ class InputAssembler:
                 request.input(state.input_name), self.specs[state.input_name], prepared.batch
             )
 
-    def _batch_size(self, request: Request) -> int:
-        first = request.input(self.inputs[0].name)
+    def _batch_size(self, first: InputTensor) -> int:
         if not first.shape:
             raise invalid_arg(
                 f"input '{first.name}' of model '{self.model}' needs a batch dimension "

@@ -157,9 +157,13 @@ class OutputWriter:
         wanted: list[tuple[Prepared, Response]],
     ) -> None:
         slices = self._slices(batch) if len(batch) > 1 else None  # one request: the whole
+        from_numpy, as_tensor, plain = torch.from_numpy, dtypes.as_tensor, spec.datatype != "BF16"
         for p, response in wanted:
             part = value if slices is None else value[slices[id(p)]]
-            dtypes.as_tensor(response.output(spec.name, part.shape, spec.datatype)).copy_(part)
+            out = response.output(spec.name, part.shape, spec.datatype)
+            # host memory (a numpy array) of a type numpy has: from_numpy, no probing
+            tensor = from_numpy(out) if type(out) is np.ndarray and plain else as_tensor(out)
+            tensor.copy_(part)
 
     def _write_strings(
         self,
