@@ -77,7 +77,6 @@ class PyTorchInstance(ModelInstance):
                 path, self.placement.device, model.settings.inference_mode, model.name
             )
             self.forward = self.artifact.forward
-            self.input_device = self.placement.input_device
             stack.callback(self._drop_model)
             self.weights = self._share_weights(path)
             self._report_memory()
@@ -92,7 +91,13 @@ class PyTorchInstance(ModelInstance):
                 self.log,
             )
             self.assembler = InputAssembler(
-                model.name, model.inputs, model.controls, model.states, layout, model.max_batch_size
+                model.name,
+                model.inputs,
+                model.controls,
+                model.states,
+                layout,
+                model.max_batch_size,
+                self.placement.input_device,
             )
             self.writer = OutputWriter(
                 model.name,
@@ -171,10 +176,12 @@ class PyTorchInstance(ModelInstance):
         # one Timestamps for the batch and its requests (report_statistics' and
         # report_batch_statistics' reports, without building it per call)
         stamps = _stamps(Timestamps, (exec_start, compute_start, compute_end, now_ns()))
-        ordered = [responses[id(r)] for r in requests]
         stats = model.stats
-        for request, response in zip(requests, ordered, strict=True):
+        ordered = []
+        for request in requests:
+            response = responses[id(request)]
             stats.report_request(request, response.error is None, stamps)
+            ordered.append(response)
         if batch:
             stats.report_batch(total, stamps)
         if model.settings.cache_cleaning:
@@ -213,7 +220,7 @@ class PyTorchInstance(ModelInstance):
             with placement.around(self.model.settings.applied()):
                 if events:
                     placement.record(0)
-                args = self.assembler.forward_args(batch, self.input_device)
+                args = self.assembler.forward_args(batch)
                 if events:
                     placement.record(1)
                 infer_start = now_ns()

@@ -58,8 +58,11 @@ class InputAssembler:
         states: list[State],
         layout: InputLayout,
         max_batch_size: int,
+        device: torch.device,
     ) -> None:
         self.model = model
+        self.device = device  # where inputs are gathered (the instance's)
+        self.on_gpu = device.type != "cpu"  # asked once: a device's type is a new string
         self.inputs = inputs
         self.controls = controls
         self.states = states
@@ -193,16 +196,14 @@ class InputAssembler:
                 kept.append(p)
         return kept, rejected
 
-    def forward_args(self, batch: list[Prepared], device: torch.device) -> list[Any]:
+    def forward_args(self, batch: list[Prepared]) -> list[Any]:
         """The positional forward arguments (a single dict for a Dict[str, Tensor] model)."""
         join = self._join
         if self.layout.is_dict:
-            return [
-                {name: join(name, reshape, batch, device) for name, _, reshape in self.positions}
-            ]
+            return [{name: join(name, reshape, batch) for name, _, reshape in self.positions}]
         args: list[Any] = [None] * self.layout.arg_count
         for name, position, reshape in self.positions:
-            args[position] = join(name, reshape, batch, device)
+            args[position] = join(name, reshape, batch)
         return args
 
     def _join(
@@ -210,7 +211,6 @@ class InputAssembler:
         name: str,
         reshape: tuple[int, ...] | None,
         batch: list[Prepared],
-        device: torch.device,
     ) -> Any:
         """Input ``name`` of every request of ``batch`` as one value (reshaped as configured)."""
         if len(batch) == 1:
@@ -218,8 +218,8 @@ class InputAssembler:
             if isinstance(value, list):
                 return value
             tensor = dtypes.as_tensor(value)
-            if device.type != "cpu":
-                tensor = tensor.to(device, non_blocking=True)
+            if self.on_gpu:
+                tensor = tensor.to(self.device, non_blocking=True)
         else:
             parts = [p.values[name] for p in batch]
             if isinstance(parts[0], list):
@@ -228,9 +228,9 @@ class InputAssembler:
                 all(isinstance(p, np.ndarray) for p in parts)
                 and (span := contiguous_span(parts)) is not None
             ):
-                tensor = dtypes.as_tensor(span).to(device, non_blocking=_queued(device))
+                tensor = dtypes.as_tensor(span).to(self.device, non_blocking=self.on_gpu)
             else:
-                tensor = _copy_into_batch(parts, device)
+                tensor = _copy_into_batch(parts, self.device)
         if reshape is not None:
             tensor = tensor.reshape((tensor.shape[0], *reshape) if self.batching else reshape)
         return tensor
