@@ -84,8 +84,6 @@ class OutputWriter:
         self._checked = -1  # an output count check_indices has passed
 
     def check_indices(self, count: int) -> None:
-        if count == self._checked:
-            return
         for spec in self.specs:
             if not 0 <= spec.index < count:
                 raise invalid_arg(
@@ -96,16 +94,20 @@ class OutputWriter:
 
     def write(self, outputs: list[Any], batch: list[tuple[Prepared, Response]]) -> None:
         """Fill every response of ``batch``; a mismatch with the config fails the whole batch."""
-        self.check_indices(len(outputs))
-        rows = batch[0][0].batch if len(batch) == 1 else sum(p.batch for p, _ in batch)
+        if len(outputs) != self._checked:
+            self.check_indices(len(outputs))
+        one = len(batch) == 1
+        rows = batch[0][0].batch if one else sum(p.batch for p, _ in batch)
         for spec, torch_dtype in self._typed:
             value = outputs[spec.index]
             if spec.state:  # the sequence batcher's, whether or not the client asked
                 wanted = batch
-            elif spec.config_output:
-                wanted = [pr for pr in batch if spec.name in pr[0].request.requested_outputs]
-            else:
+            elif not spec.config_output:
                 wanted = []
+            elif one:
+                wanted = batch if spec.name in batch[0][0].request.requested_outputs else []
+            else:
+                wanted = [pr for pr in batch if spec.name in pr[0].request.requested_outputs]
             if isinstance(value, torch.Tensor):
                 self._check_tensor(spec, torch_dtype, value, rows)
                 self._write_tensor(spec, value, batch, wanted)
