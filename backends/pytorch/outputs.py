@@ -109,28 +109,32 @@ class OutputWriter:
             else:
                 wanted = [pr for pr in batch if spec.name in pr[0].request.requested_outputs]
             if isinstance(value, torch.Tensor):
-                self._check_tensor(spec, torch_dtype, value, rows)
-                self._write_tensor(spec, value, batch, wanted)
+                shape = self._check_tensor(spec, torch_dtype, value, rows)
+                self._write_tensor(spec, value, shape, batch, wanted)
             else:
                 self._check_strings(spec, value, rows)
                 self._write_strings(spec, value, batch, wanted)
 
     def _check_tensor(
         self, spec: OutputSpec, torch_dtype: torch.dtype | None, value: torch.Tensor, rows: int
-    ) -> None:
+    ) -> torch.Size:
+        """The output's shape (read once: each read of a tensor's is a call into torch),
+        or the error why the output does not fit the config."""
         if value.dtype is not torch_dtype:
             provided = dtypes.datatype_of(value.dtype)
             raise invalid_arg(
                 f"configuration expects datatype {spec.config_type} for output '{spec.name}', "
                 f"model provides TYPE_{provided}"
             )
-        if value.dim() == 0:
+        shape = value.shape
+        if not shape:
             raise invalid_arg(f"output '{spec.name}' is a scalar which is not supported.")
-        if self.batching and value.shape[0] != rows:
+        if self.batching and shape[0] != rows:
             raise invalid_arg(
-                f"output '{spec.name}' of model '{self.model}' has {value.shape[0]} rows in its "
+                f"output '{spec.name}' of model '{self.model}' has {shape[0]} rows in its "
                 f"batch dimension, but the batch holds {rows}"
             )
+        return shape
 
     def _check_strings(self, spec: OutputSpec, value: list[str], rows: int) -> None:
         if spec.datatype != "BYTES":
@@ -155,6 +159,7 @@ class OutputWriter:
         self,
         spec: OutputSpec,
         value: torch.Tensor,
+        shape: torch.Size,
         batch: list[tuple[Prepared, Response]],
         wanted: list[tuple[Prepared, Response]],
     ) -> None:
@@ -162,7 +167,7 @@ class OutputWriter:
         from_numpy, as_tensor, plain = torch.from_numpy, dtypes.as_tensor, spec.datatype != "BF16"
         for p, response in wanted:
             part = value if slices is None else value[slices[id(p)]]
-            out = response.output(spec.name, part.shape, spec.datatype)
+            out = response.output(spec.name, shape if slices is None else part.shape, spec.datatype)
             # host memory (a numpy array) of a type numpy has: from_numpy, no probing
             tensor = from_numpy(out) if type(out) is np.ndarray and plain else as_tensor(out)
             tensor.copy_(part)
