@@ -14,12 +14,17 @@ from __future__ import annotations
 import sys
 import threading
 
-_adopted = threading.local()
+
+class _Adopted(threading.local):
+    done = False  # a class default: a thread that has not adopted raises no AttributeError
+
+
+_adopted = _Adopted()
 
 
 def adopt_torch_threads() -> None:
     """Give the calling thread torch's intra-op thread count, once per thread."""
-    if getattr(_adopted, "done", False):
+    if _adopted.done:
         return
     torch = sys.modules.get("torch")
     if torch is None:

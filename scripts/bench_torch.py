@@ -154,11 +154,13 @@ class InProcess:
         )
 
 
-def serve(repo: Path, stack: contextlib.ExitStack, *args: str) -> Client:
+def serve(
+    repo: Path, stack: contextlib.ExitStack, *args: str, python: str = sys.executable
+) -> Client:
     """A real ``inferpool serve`` over ``repo`` (and ``args``), stopped with ``stack``; its
-    ready client."""
+    ready client.  ``python``: the interpreter (and so the checkout) that serves."""
     endpoint = f"ipc://{repo.parent}/broker.sock"
-    cmd = [sys.executable, "-m", "inferpool", "serve", "--model-repository", str(repo)]
+    cmd = [python, "-m", "inferpool", "serve", "--model-repository", str(repo)]
     cmd += ["--http-port", "0", "--grpc-port", "0", "--allow-metrics", "false"]  # zmq only
     cmd += ["--listen", endpoint, "--log-level", "WARNING", *args]
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL)
