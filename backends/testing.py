@@ -48,7 +48,7 @@ class HeapMemory:
     def allocate(self, output: RequestedOutput | None, nbytes: int) -> tuple[str, int, Any]:
         self._next += 1
         self._buffers[self._next] = buf = bytearray(nbytes)
-        return "heap", self._next, buf
+        return "heap", self._next, memoryview(buf)  # host memory, as a worker's arena gives it
 
     def release(self, region: str, offset: int) -> None:
         self._buffers.pop(offset, None)

@@ -14,13 +14,20 @@ from __future__ import annotations
 import sys
 import threading
 
-_adopted = threading.local()
+
+class _Adopted(threading.local):
+    done = False  # a class default: a thread that has not adopted raises no AttributeError
+
+
+_adopted = _Adopted()
 
 
 def adopt_torch_threads() -> None:
     """Give the calling thread torch's intra-op thread count, once per thread."""
-    torch = sys.modules.get("torch")  # first: a miss on the thread-local costs more
-    if torch is None or getattr(_adopted, "done", False):
-        return  # without torch, checked again next time: the model may import it later
+    if _adopted.done:
+        return
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return  # checked again next time: the model may import torch later
     torch.set_num_threads(torch.get_num_threads())  # the process's count, for this thread
     _adopted.done = True

@@ -55,7 +55,7 @@ from inferpool.shm.cancel_flags import CancelFlags
 from inferpool.shm.leases import LeaseTable
 from inferpool.shm.runs import region_name
 from inferpool.wire.errors import InferpoolError
-from inferpool.wire.worker.messages import LaneClosed, LaneStats, Unmapped
+from inferpool.wire.worker.messages import Done, LaneClosed, LaneStats, Unmapped
 from inferpool.wire.zmqio import NOBLOCK, recv_frames
 
 log = logging.getLogger("inferpool.broker")
@@ -394,7 +394,9 @@ class Broker:
     def _from_worker(self, handle: Worker) -> None:
         assert handle.channel is not None
         msg = handle.channel.recv()
-        if msg is None:  # its end closed: the process is exiting; reap() will say how
+        if type(msg) is Done:  # a batch's results: the common case
+            self.manager.worker_message(handle, msg)
+        elif msg is None:  # its end closed: the process is exiting; reap() will say how
             self.supervisor.close_channel(handle)
         elif isinstance(msg, Unmapped):  # a CUDA unregister may be waiting for it
             self.registrations.unmapped(handle.identity, msg.refs)

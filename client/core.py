@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypedDict, TypeVar
 
 import numpy as np
+import zmq
 
 from inferpool.client.control import Call
 from inferpool.client.endpoint import Handshake, parse_endpoint
@@ -72,6 +73,12 @@ def encode_inputs(
     given = datatypes or {}
     for name, value in inputs.items():
         datatype = given.get(name)
+        if datatype is None and type(value) is np.ndarray:  # the common case, in one step
+            fixed = codec.fixed_datatype(value.dtype)
+            if fixed is not None:
+                specs.append({"name": name, "datatype": fixed, "shape": list(value.shape)})
+                frames.append(np.ascontiguousarray(value).data)
+                continue
         arr = codec.as_array(value, datatype)
         datatype = datatype or codec.datatype_of(arr.dtype)
         specs.append({"name": name, "datatype": datatype, "shape": list(arr.shape)})
@@ -102,19 +109,28 @@ def infer_header(
 def decode_result(message: Message) -> InferResult:
     """An infer response as outputs over its frames, or the error it carries, raised."""
     header, frames = message
-    codec.raise_for_error(header)
+    if "error" in header:
+        codec.raise_for_error(header)
     outputs: dict[str, np.ndarray] = {}
-    framed = [o for o in header.get("outputs") or () if not codec.in_shared_memory(o)]
-    if len(framed) > len(frames):
-        raise InferpoolError(
-            Code.INTERNAL, f"response lists {len(framed)} outputs but carries {len(frames)} frames"
-        )
-    for spec, frame in zip(framed, frames, strict=False):
-        outputs[spec["name"]] = codec.array_from_buffer(
-            frame.buffer if hasattr(frame, "buffer") else frame,
+    specs = header.get("outputs") or ()
+    count = len(frames)
+    taken = 0
+    for spec in specs:
+        if spec.get("parameters") and codec.in_shared_memory(spec):
+            continue  # it stayed in shared memory: no frame carries it
+        if taken == count:
+            framed = sum(1 for o in specs if not codec.in_shared_memory(o))
+            raise InferpoolError(
+                Code.INTERNAL, f"response lists {framed} outputs but carries {count} frames"
+            )
+        frame = frames[taken]
+        taken += 1
+        name = spec["name"]
+        outputs[name] = codec.array_from_buffer(
+            frame.buffer if type(frame) is zmq.Frame else frame,
             spec["datatype"],
             spec["shape"],
-            f"output '{spec['name']}'",
+            f"output '{name}'",
         )
     return InferResult(
         header.get("model_name", ""),

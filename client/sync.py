@@ -22,7 +22,7 @@ from inferpool.client import control
 from inferpool.client.connection import Connection
 from inferpool.client.core import Exchange, InferResult, Message, Retry
 from inferpool.wire.errors import InferpoolError
-from inferpool.wire.zmqio import SNDMORE, recv_frames
+from inferpool.wire.zmqio import recv_frames, send_parts
 
 if TYPE_CHECKING:
     from typing import Unpack
@@ -53,8 +53,8 @@ class Client(Connection):
     def _start(self, exchange: Exchange[Any]) -> None:
         if self._monitor is not None:
             self._connect(exchange.limit)
-        self._sock.send(b"", SNDMORE)
-        self._send_rest(exchange)
+        send_parts(self._sock, (b"", exchange.header, *exchange.frames), copy=False)
+        exchange.sent = True  # (pyzmq copies parts under 64 KiB: the header, small tensors)
 
     def _next(self, exchange: Exchange[Any]) -> Message:
         """The next response to ``exchange``; others go to the requests they answer.
@@ -115,7 +115,7 @@ class Client(Connection):
         self, model: str, inputs: Inputs, outputs: Outputs = None, **options: Unpack[InferOptions]
     ) -> dict[str, np.ndarray]:
         """Run one inference; returns the outputs as numpy arrays (options: infer_result's)."""
-        return self.infer_result(model, inputs, outputs, **options).outputs
+        return self._run(self._core.infer(model, inputs, outputs, **options)).outputs
 
     def infer_result(
         self, model: str, inputs: Inputs, outputs: Outputs = None, **options: Unpack[InferOptions]

@@ -14,12 +14,17 @@ in several ways in one run, against its own steps:
 - round trip:   a 64 B identity request, the cost of one client -> broker -> worker hop and
                 back on this machine at this moment.
 
-The floor is the steps' own execution: the sum of the three models' ``compute_infer`` per
-request, from the server's statistics, over the requests each path made (compute input and
-output are printed beside it).  Paths take turns in short blocks, in a rotating order, so
-that the machine's noise (other processes on its cores) falls on all of them alike.
+The floor is the steps' own execution: the sum of the three models' compute input, infer
+and output per request (what Triton's statistics and perf_analyzer call the server's
+compute), from the server's statistics, over the requests each path made; the ratio to the
+steps' compute infer alone is printed beside it.  Paths take turns in short blocks, in a
+rotating order, so that the machine's noise (other processes on its cores) falls on all of
+them alike.  ``--against CHECKOUT`` serves the same paths from a second server run by
+another checkout's ``.venv`` (main, say), their turns alternating with this one's: an A/B
+measured in one run (the client library is this checkout's for both).
 
     python scripts/bench_pipeline.py [--rounds 40] [--iters 10] [--hidden 64]
+    python scripts/bench_pipeline.py --against /work/main
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -233,9 +238,18 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=64, help="the MLP's hidden width")
     parser.add_argument("--threads", type=int, default=1, help="the MLP's intra-op threads")
     parser.add_argument("--pin", choices=("auto", "none"), default="auto", help="the server's")
+    parser.add_argument(
+        "--against",
+        metavar="CHECKOUT",
+        help="also serve from this checkout (its .venv's python), turns alternating: an A/B",
+    )
     args = parser.parse_args()
     x = np.random.default_rng(0).random((ROWS, COLS), dtype=np.float32)
     expected = np.maximum(_reference(x, args.hidden), 0)  # checks every path's answer
+    pythons = {THIS: sys.executable}
+    if args.against:
+        base = Path(args.against).resolve()
+        pythons[base.name if base.name != THIS else BASE] = str(base / ".venv" / "bin" / "python")
     samples: dict[str, list[int]] = {}
     spent: dict[str, dict[str, list[int]]] = {}  # path -> step -> [requests, ns per part]
     load = [os.getloadavg()[0]]
@@ -243,22 +257,24 @@ def main() -> None:
         tempfile.TemporaryDirectory(prefix="ibp-", dir="/tmp") as tmp,
         contextlib.ExitStack() as st,
     ):
-        repo = Path(tmp) / "repo"
-        write_repository(repo, args.hidden, args.threads)
-        control = serve(
-            repo, st, "--arena-size", "64M", "--output-arena-size", "64M", "--pin", args.pin
-        )
-        runs = paths(control.endpoint, st)
-        for name, run in runs.items():  # warm up, and check the answers
+        runs: dict[str, tuple[Client, Run]] = {}
+        for server, python in pythons.items():
+            repo = Path(tmp) / server / "repo"
+            write_repository(repo, args.hidden, args.threads)
+            server_args = ("--arena-size", "64M", "--output-arena-size", "64M", "--pin", args.pin)
+            control = serve(repo, st, *server_args, python=python)
+            for name, run in paths(control.endpoint, st).items():
+                runs[label(name, server, len(pythons))] = (control, run)
+        for name, (_, run) in runs.items():  # warm up, and check the answers
             for _ in range(20):
                 got = run(x)
-            if name != ROUND_TRIP:
-                want = expected[0, :4] if name.endswith("shm") else expected
+            if not name.startswith(ROUND_TRIP):
+                want = expected[0, :4] if "shm" in name else expected
                 np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=name)
         names = list(runs)
         for turn in range(args.rounds):
             for name in names[turn % len(names) :] + names[: turn % len(names)]:
-                run = runs[name]
+                control, run = runs[name]
                 before = counters(control)
                 times = samples.setdefault(name, [])
                 for _ in range(args.iters):
@@ -272,7 +288,14 @@ def main() -> None:
                         m + a - b for m, a, b in zip(mine[s], after[s], before[s], strict=True)
                     ]
         load.append(os.getloadavg()[0])
-    report(samples, spent, args, load)
+    report(samples, spent, args, load, list(pythons))
+
+
+THIS, BASE = "this", "base"
+
+
+def label(path: str, server: str, servers: int) -> str:
+    return path if servers == 1 else f"{path} [{server}]"
 
 
 def _reference(x: np.ndarray, hidden: int) -> np.ndarray:
@@ -285,7 +308,11 @@ def _reference(x: np.ndarray, hidden: int) -> np.ndarray:
 
 
 def report(
-    samples: dict[str, list[int]], spent: dict[str, Any], args: Any, load: list[float]
+    samples: dict[str, list[int]],
+    spent: dict[str, Any],
+    args: Any,
+    load: list[float],
+    servers: list[str],
 ) -> None:
     def p(name: str, q: float) -> float:
         ordered = sorted(samples[name])
@@ -294,35 +321,53 @@ def report(
     def mean_ms(steps: dict[str, list[int]], step: str, part: int) -> float:
         return steps[step][1 + part] / max(steps[step][0], 1) / 1e6
 
-    floor = {  # the steps' own execution (compute_infer), per request, on each path
-        name: sum(mean_ms(steps, s, 1) for s in STEPS) for name, steps in spent.items()
-    }
-    ens = spent["ensemble"]
+    def floor(name: str, parts: Sequence[int] = (0, 1, 2)) -> float:
+        """The steps' own execution per request on path ``name``: compute input, infer
+        and output (Triton's server compute), or the parts named."""
+        return sum(mean_ms(spent[name], s, part) for s in STEPS for part in parts)
+
     print(
         f"1 MiB FP32 tensors [{ROWS}, {COLS}], MLP {COLS}-{args.hidden}-{COLS} "
         f"({args.threads} thread), {args.rounds} turns x {args.iters} requests per path, "
         f"{os.cpu_count()} cpus, pin {args.pin}, load average {load[0]:.1f} -> {load[1]:.1f}"
     )
+    for server in servers:
+        ens = spent[label("ensemble", server, len(servers))]
+        print(
+            f"{server}: steps' compute input / infer / output (server statistics, ensemble "
+            "path): "
+            + ", ".join(
+                f"{s} {' / '.join(f'{mean_ms(ens, s, part):.3f}' for part in range(3))}"
+                for s in STEPS
+            )
+            + f" ms; sum {floor(label('ensemble', server, len(servers))):.3f} ms"
+        )
+        hop = label(ROUND_TRIP, server, len(servers))
+        print(f"{server}: a {ROUND_TRIP} (client -> broker -> worker -> back): {p(hop, 0.5):.3f}")
     print(
-        "steps' compute_infer (server statistics, ensemble path): "
-        + ", ".join(f"{s} {mean_ms(ens, s, 1):.3f} ms" for s in STEPS)
-        + f"; sum {floor['ensemble']:.3f} ms (compute input + output beside it: "
-        + ", ".join(f"{s} {mean_ms(ens, s, 0) + mean_ms(ens, s, 2):.3f}" for s in STEPS)
-        + " ms)"
+        "| path | p50 ms | p99 ms | p50 / steps | p50 / steps' infer | chain p50 / p50 "
+        "| beyond the steps |"
     )
-    hop = p(ROUND_TRIP, 0.5)
-    print(f"a {ROUND_TRIP} (client -> broker -> worker -> back): p50 {hop:.3f} ms")
-    print("| path | p50 ms | p99 ms | p50 / sum of steps | chain p50 / p50 | beyond the steps |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name in samples:
-        if name == ROUND_TRIP:
+        if name.startswith(ROUND_TRIP):
             continue
-        chain = p("chain shm" if name.endswith("shm") else "chain", 0.5)
+        server = name.rpartition("[")[2].rstrip("]") if len(servers) > 1 else servers[0]
+        chain = label("chain shm" if "shm" in name else "chain", server, len(servers))
+        hop = p(label(ROUND_TRIP, server, len(servers)), 0.5)
         p50 = p(name, 0.5)
         print(
-            f"| {name} | {p50:.3f} | {p(name, 0.99):.3f} | {p50 / floor[name]:.2f}x | "
-            f"{chain / p50:.2f}x | {(p50 - floor[name]) / hop:.1f} round trips |"
+            f"| {name} | {p50:.3f} | {p(name, 0.99):.3f} | {p50 / floor(name):.2f}x | "
+            f"{p50 / floor(name, (1,)):.2f}x | {p(chain, 0.5) / p50:.2f}x | "
+            f"{(p50 - floor(name)) / hop:.1f} round trips |"
         )
+    if len(servers) > 1:
+        print(f"| path | {servers[1]} p50 ms | {servers[0]} p50 ms | {servers[1]} / {servers[0]} |")
+        print("| --- | ---: | ---: | ---: |")
+        for path in (n for n in samples if n.endswith(f"[{servers[0]}]")):
+            base = path.replace(f"[{servers[0]}]", f"[{servers[1]}]")
+            a, b = p(base, 0.5), p(path, 0.5)
+            print(f"| {path.rpartition(' [')[0]} | {a:.3f} | {b:.3f} | {a / b:.2f}x |")
 
 
 if __name__ == "__main__":

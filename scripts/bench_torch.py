@@ -50,7 +50,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from inferpool.backends.api import InputTensor, Request, RequestedOutput, Response
+from inferpool.backends.api import InputTensor, Request, RequestedOutput, Response, Timestamps
 from inferpool.backends.testing import BackendHarness
 from inferpool.client import Client, ShmClient
 from inferpool.wire.worker.messages import Durations
@@ -85,43 +85,45 @@ def mlp() -> torch.nn.Module:
 
 # ---------------------------------------------------------------------------- latency paths
 def torch_path(repo: Path, stack: contextlib.ExitStack) -> Infer:
-    """The baseline: the TorchScript module called directly, as the backend would call it."""
-    module = torch.jit.load(str(repo / "1" / "model.pt"))
+    """The baseline: the TorchScript module called directly, as the backend calls it: its
+    compiled ``forward`` (no ``nn.Module`` dispatch) under inference mode's C guard (no
+    Python context manager around it), the input taken with ``from_numpy``, the output
+    read in place (``numpy()``)."""
+    forward = torch.jit.load(str(repo / "1" / "model.pt")).forward
 
     def infer(x: np.ndarray) -> Any:
-        with torch.inference_mode():
-            return module(torch.from_numpy(x)).numpy()
+        with torch._C._InferenceMode(True):
+            return forward(torch.from_numpy(x)).numpy()
 
     return infer
 
 
 class InProcess:
     """Through the pytorch backend in this process (the real lifecycle host), each call made
-    as a worker makes it: a ``Request`` over a read-only view of input memory (into which the
-    input is first copied, as a client writes it), the response's output read in place and
-    its memory released.  ``stages`` splits the backend's time as its statistics report it."""
+    as a worker makes it: a ``Request`` over a read-only view of the input (the caller's
+    array, read in place as a worker reads a client's shared memory: writing it there is
+    the client's work, and the bare call copies nothing either), the response's output read
+    in place and its memory released.  ``stages`` splits the backend's time as its
+    statistics report it."""
 
     def __init__(self, repo: Path, stack: contextlib.ExitStack) -> None:
         harness = BackendHarness("pytorch", MLP_CONFIG, repository_path=str(repo))
         self.host = stack.enter_context(harness).host
         self.memory = harness.memory
         self.wanted = {"OUTPUT__0": RequestedOutput("OUTPUT__0")}
-        self.inputs: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # batch -> (memory, view)
+        self.viewed: tuple[np.ndarray, np.ndarray] | None = None  # (array, read-only view)
         self.answers: list[Response | None] = []
-        self.durations: list[Durations] = []
+        self.stamps: list[Timestamps] = []  # each call's, split into stages after timing
 
     def _emit(self, request: Request, response: Response | None, final: bool) -> None:
         self.answers.append(response)
 
     def __call__(self, x: np.ndarray) -> Any:
-        known = self.inputs.get(x.shape[0])
-        if known is None:
-            memory = np.empty(x.shape, np.float32)
-            view = memory.view()
+        if self.viewed is None or self.viewed[0] is not x:
+            view = x.view()
             view.flags.writeable = False
-            known = self.inputs[x.shape[0]] = (memory, view)
-        memory, view = known
-        np.copyto(memory, x)
+            self.viewed = (x, view)
+        view = self.viewed[1]
         tensor = InputTensor("INPUT__0", "FP32", view.shape, view, view.nbytes)
         request = Request(
             id="1",
@@ -135,16 +137,16 @@ class InProcess:
         self.host.take_batches()
         response = self.answers.pop()
         assert response is not None and response.error is None and timing is not None
-        self.durations.append(timing.stamps.durations())
+        self.stamps.append(timing.stamps)
         out = response.outputs["OUTPUT__0"]
-        value = np.frombuffer(self.memory.read(out.offset), np.float32).reshape(out.shape)
+        value = np.ndarray(out.shape, np.float32, self.memory.read(out.offset))
         response.discard()
         return value
 
     def stages(self, last: int, p50_us: float) -> str:
         """Where the ``last`` calls' time went: the p50 of each of the backend's stages, as
         its statistics report them, and what the p50 call spent around them."""
-        timed = self.durations[-last:]
+        timed = [stamps.durations() for stamps in self.stamps[-last:]]
         p50s = [p50([getattr(d, key) for d in timed]) for key in Durations._fields]
         return (
             f"  p50: input {p50s[0]:.1f} | model {p50s[1]:.1f} | output {p50s[2]:.1f} | "
@@ -152,11 +154,13 @@ class InProcess:
         )
 
 
-def serve(repo: Path, stack: contextlib.ExitStack, *args: str) -> Client:
+def serve(
+    repo: Path, stack: contextlib.ExitStack, *args: str, python: str = sys.executable
+) -> Client:
     """A real ``inferpool serve`` over ``repo`` (and ``args``), stopped with ``stack``; its
-    ready client."""
+    ready client.  ``python``: the interpreter (and so the checkout) that serves."""
     endpoint = f"ipc://{repo.parent}/broker.sock"
-    cmd = [sys.executable, "-m", "inferpool", "serve", "--model-repository", str(repo)]
+    cmd = [python, "-m", "inferpool", "serve", "--model-repository", str(repo)]
     cmd += ["--http-port", "0", "--grpc-port", "0", "--allow-metrics", "false"]  # zmq only
     cmd += ["--listen", endpoint, "--log-level", "WARNING", *args]
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL)

@@ -19,6 +19,7 @@ from inferpool.shm.warm import Warm
 
 ALIGN = 64  # cache line; also satisfies every numpy/torch dtype
 QUICK_BLOCKS = 8  # freed blocks kept per exact size before they are merged
+_ZEROS = memoryview(bytes(4096))  # what small freed slots are scrubbed with
 
 
 class ArenaFull(MemoryError):
@@ -190,8 +191,13 @@ class Arena:
 
     def free(self, slot: Slot) -> None:
         self.allocator.free(slot.offset)
-        if self._bytes is not None and slot.nbytes:
-            self._bytes[slot.offset : slot.offset + slot.nbytes] = 0
+        nbytes = slot.nbytes
+        if self._bytes is not None and nbytes:
+            start = slot.offset
+            if nbytes <= len(_ZEROS):  # a copy of zeros: a third of numpy's fill, this small
+                self.region.buf[start : start + nbytes] = _ZEROS[:nbytes]
+            else:
+                self._bytes[start : start + nbytes] = 0
 
     def view(self, slot: Slot) -> memoryview:
         return self.region.view(slot.offset, slot.nbytes)

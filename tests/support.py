@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+import psutil
+
 from inferpool.cli import main
 from inferpool.client import Client
 from inferpool.shm.runs import regions_of_run, run_of
@@ -164,6 +166,16 @@ def identity_config(
     """
 
 
+def kill_tree(pid: int) -> None:
+    """SIGKILL process ``pid``'s group and every process under it."""
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process(pid).children(recursive=True):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
 class Server:
     """``inferpool serve`` as a child process in its own process group."""
 
@@ -279,9 +291,9 @@ class Server:
         return self.proc.returncode
 
     def kill(self) -> None:
-        """SIGKILL the whole process group (broker and workers)."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        """SIGKILL the broker, its zygotes and every worker (each worker has a process group
+        of its own: the server's group does not hold them)."""
+        kill_tree(self.proc.pid)
         self.proc.wait(10)
 
     def worker_pids(self, model: str | None = None) -> list[int]:

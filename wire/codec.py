@@ -68,6 +68,13 @@ def datatype_of(dtype: Any) -> str:
     return name
 
 
+def fixed_datatype(dtype: np.dtype[Any]) -> str | None:
+    """The wire datatype of a numpy dtype of fixed-size elements; None for any other
+    (byte-swapped, object, str: ``datatype_of`` says what those are)."""
+    datatype = _BY_DTYPE.get(dtype)
+    return None if datatype == "BYTES" else datatype
+
+
 def element_size(datatype: str) -> int:
     """Bytes per element; 0 for BYTES, whose elements vary in size."""
     if datatype == "BYTES":
@@ -147,17 +154,19 @@ def tensor_bytes(array: np.ndarray, datatype: str) -> Any:
 
 def array_from_buffer(buf: Any, datatype: str, shape: Sequence[int], what: str) -> np.ndarray:
     """A numpy view (no copy) of ``buf`` as a tensor; BYTES decode into an object array."""
-    count = element_count(shape)
+    count = math.prod(shape)
     if datatype == "BYTES":
         return bytes_array(deserialize_bytes(buf, count, what), shape)
-    dtype = numpy_dtype(datatype)
-    expected = dtype.itemsize * count
-    nbytes = memoryview(buf).nbytes
-    if nbytes != expected:
+    dtype = _DTYPES.get(datatype) if type(datatype) is str else None
+    if dtype is None:
+        dtype = numpy_dtype(datatype)  # raises: not a datatype
+    nbytes = buf.nbytes if type(buf) is memoryview else memoryview(buf).nbytes
+    if nbytes != dtype.itemsize * count:
         raise invalid_arg(
-            f"{what}: expected {expected} bytes for {datatype} shape {list(shape)}, got {nbytes}"
+            f"{what}: expected {dtype.itemsize * count} bytes for {datatype} shape {list(shape)}, "
+            f"got {nbytes}"
         )
-    return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
+    return np.ndarray(shape, dtype, buf)  # one array over the buffer (not frombuffer + reshape)
 
 
 # DLPack device types numpy can view: kDLCPU and kDLCUDAHost (pinned host memory).

@@ -64,6 +64,10 @@ def run(spec: WorkerSpec) -> int:
     """
     if not set_parent_death_signal(signal.SIGTERM, parent_pid=spec.broker_pid):
         return EXIT_BROKER_GONE
+    # A process group of its own: a SIGTERM to the server's group (``kill %1``, a script's
+    # killpg) reaches the broker, which drains and then stops its workers; before, each
+    # worker ended at once and requests in flight failed.
+    os.setpgid(0, 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the broker's to handle
     signal.signal(signal.SIGTERM, _on_sigterm)  # finalizers still run (SystemExit unwinds)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # blocked in a zygote's fork

@@ -58,6 +58,7 @@ from inferpool.workers.sequence_state import SequenceStates
 
 log = logging.getLogger("inferpool.worker")
 HOLD_POLL_S = 0.002  # how often the channel is read while a lane's execute holds the instance
+_new = tuple.__new__  # a record per batch without its Python-level __new__
 
 
 class Worker:
@@ -178,8 +179,9 @@ class Worker:
             if msg is None:
                 log.error("the broker closed the channel; exiting")
                 return
-            if isinstance(msg, Execute):
-                self._drop(msg.free, msg.unmap)
+            if type(msg) is Execute:
+                if msg.free or msg.unmap:
+                    self._drop(msg.free, msg.unmap)
                 self._execute(msg)
                 if self._async_items:
                     self._flush_async()
@@ -197,6 +199,8 @@ class Worker:
         """The execute lock.  A lane's execute that holds it may wait for a call's reply,
         which only this thread reads: the channel is read while the lock is waited for."""
         lock = self.execute_lock
+        if lock.acquire(False):  # the common case: no lane holds it
+            return
         while not lock.acquire(timeout=HOLD_POLL_S):
             self.calls.pump()
 
@@ -261,7 +265,7 @@ class Worker:
         finally:
             self._in_execute = False
         compute_end = now_ns()
-        batch = Durations(compute_start - exec_start, compute_end - compute_start, 0)
+        batch = _new(Durations, (compute_start - exec_start, compute_end - compute_start, 0))
         timings = host.stats.timings
         for null in nulls:
             timings.pop(id(null), None)

@@ -14,7 +14,15 @@ import gc
 import torch
 
 from inferpool.backends import sequence
-from inferpool.backends.api import Backend, Model, ModelInstance, Request, Response, now_ns
+from inferpool.backends.api import (
+    Backend,
+    Model,
+    ModelInstance,
+    Request,
+    Response,
+    Timestamps,
+    now_ns,
+)
 from inferpool.backends.pytorch import artifact, naming
 from inferpool.backends.pytorch.device import Placement
 from inferpool.backends.pytorch.inputs import InputAssembler, Prepared
@@ -22,6 +30,8 @@ from inferpool.backends.pytorch.outputs import OutputWriter, normalize
 from inferpool.backends.pytorch.parameters import Settings
 from inferpool.backends.pytorch.weights import SharedWeights, held_bytes, region_key
 from inferpool.wire.errors import InferpoolError, internal, unsupported
+
+_stamps = tuple.__new__  # a NamedTuple without its Python-level __new__
 
 
 class PyTorchModel(Model):
@@ -67,7 +77,6 @@ class PyTorchInstance(ModelInstance):
                 path, self.placement.device, model.settings.inference_mode, model.name
             )
             self.forward = self.artifact.forward
-            self.input_device = self.placement.input_device
             stack.callback(self._drop_model)
             self.weights = self._share_weights(path)
             self._report_memory()
@@ -82,7 +91,13 @@ class PyTorchInstance(ModelInstance):
                 self.log,
             )
             self.assembler = InputAssembler(
-                model.name, model.inputs, model.controls, model.states, layout, model.max_batch_size
+                model.name,
+                model.inputs,
+                model.controls,
+                model.states,
+                layout,
+                model.max_batch_size,
+                self.placement.input_device,
             )
             self.writer = OutputWriter(
                 model.name,
@@ -150,34 +165,46 @@ class PyTorchInstance(ModelInstance):
                 batch.append(prepare(request))
             except InferpoolError as err:
                 responses[id(request)] = Response(request, err)
+        total = 0
         if len(batch) > 1:
-            batch, rejected = self.assembler.split_uniform(batch)
-            for p, problem in rejected:
-                responses[id(p.request)] = Response(p.request, problem)
-        total = sum([p.batch for p in batch])
-        ran = False
+            batch, total = self._batchable(batch, responses)
+        elif batch:  # one request: its checks kept it within max_batch_size
+            total = batch[0].batch
         compute_start = compute_end = exec_start
         if batch:
-            limit = self.assembler.max_batch_size  # the config's, read once at load
-            if total != 1 and total > limit:
-                error = internal(f"batch size {total} for '{self.name}', max allowed is {limit}")
-                for p in batch:
-                    responses[id(p.request)] = Response(p.request, error)
-            else:
-                compute_start, compute_end = self._run(batch, responses, exec_start)
-                ran = True
-        exec_end = now_ns()
-        ordered = [responses[id(r)] for r in requests]
-        report = self.report_statistics
-        for request, response in zip(requests, ordered, strict=True):
-            report(
-                request, response.error is None, exec_start, compute_start, compute_end, exec_end
-            )
-        if ran:
-            self.report_batch_statistics(total, exec_start, compute_start, compute_end, exec_end)
+            compute_start, compute_end = self._run(batch, responses, exec_start)
+        # one Timestamps for the batch and its requests (report_statistics' and
+        # report_batch_statistics' reports, without building it per call)
+        stamps = _stamps(Timestamps, (exec_start, compute_start, compute_end, now_ns()))
+        stats = model.stats
+        ordered = []
+        for request in requests:
+            response = responses[id(request)]
+            stats.report_request(request, response.error is None, stamps)
+            ordered.append(response)
+        if batch:
+            stats.report_batch(total, stamps)
         if model.settings.cache_cleaning:
             self.placement.clear_cache()
         return ordered
+
+    def _batchable(
+        self, batch: list[Prepared], responses: dict[int, Response]
+    ) -> tuple[list[Prepared], int]:
+        """The requests of ``batch`` that run together (those shaped as the first, unless
+        they hold more rows than max_batch_size: then none), and their rows; the others are
+        answered in ``responses``."""
+        batch, rejected = self.assembler.split_uniform(batch)
+        for p, problem in rejected:
+            responses[id(p.request)] = Response(p.request, problem)
+        total = sum([p.batch for p in batch])
+        limit = self.assembler.max_batch_size  # the config's, read once at load
+        if total != 1 and total > limit:
+            error = internal(f"batch size {total} for '{self.name}', max allowed is {limit}")
+            for p in batch:
+                responses[id(p.request)] = Response(p.request, error)
+            return [], 0
+        return batch, total
 
     def _run(
         self, batch: list[Prepared], responses: dict[int, Response], exec_start: int
@@ -186,19 +213,25 @@ class PyTorchInstance(ModelInstance):
         the model's settings (inference mode); fills ``responses``; returns (compute start,
         end)."""
         placement = self.placement
-        pairs = [(p, p.request.response()) for p in batch]
-        placement.begin()
+        events = placement.events  # CUDA's, where the instance runs on a GPU
+        pairs = [(p, Response(p.request)) for p in batch]
+        infer_start = output_start = 0  # not reached
         try:
-            with placement.active(), self.model.settings.applied():
-                placement.mark(0)
-                args = self.assembler.forward_args(batch, self.input_device)
-                placement.mark(1)
+            with placement.around(self.model.settings.applied()):
+                if events:
+                    placement.record(0)
+                args = self.assembler.forward_args(batch)
+                if events:
+                    placement.record(1)
+                infer_start = now_ns()
                 try:
                     result = self.forward(*args)
                 except Exception as exc:
                     raise internal(f"PyTorch execute failure: {exc}") from exc
                 outputs = normalize(result)
-                placement.mark(2)
+                if events:
+                    placement.record(2)
+                output_start = now_ns()
                 self.writer.write(outputs, pairs)
             for p, response in pairs:
                 responses[id(p.request)] = response
@@ -207,7 +240,12 @@ class PyTorchInstance(ModelInstance):
             for p, response in pairs:
                 response.discard()
                 responses[id(p.request)] = Response(p.request, err)
-        return placement.compute_span(exec_start)
+        if not output_start:  # the marks not reached read as the end
+            output_start = now_ns()
+            infer_start = infer_start or output_start
+        elif events:
+            return placement.event_span(exec_start, infer_start, output_start)
+        return infer_start, output_start
 
 
 class PyTorchBackend(Backend):

@@ -1,4 +1,4 @@
-"""Where an instance runs: its device, its CUDA streams and events, and compute timing.
+"""Where an instance runs: its device, its CUDA streams, and the events that time a GPU execution.
 
 KIND_CPU runs on the CPU, KIND_GPU on ``cuda:<ordinal>`` with its own stream, KIND_MODEL
 wherever the model puts itself, with one stream per visible GPU (as the seed, which cannot
@@ -12,25 +12,21 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
-from inferpool.backends.api import now_ns
 from inferpool.wire.errors import unavailable
-
-_NOTHING = contextlib.nullcontext()
 
 
 class Placement:
-    """Device, streams and the three timing marks of one execution (input, infer, output)."""
+    """Device, streams, and the CUDA events that time an execution where it runs on a GPU."""
 
     def __init__(self, kind: str, device_id: int, ordinal: int, instance: str) -> None:
         self.kind = kind
         self.device: torch.device | None = torch.device("cpu")
         self.streams: list[torch.cuda.Stream] = []
-        self._events: list[torch.cuda.Event] = []
-        self._wall = [0, 0, 0]
-        self._reached = 0  # marks reached in this execution (they come in order)
+        self.events: list[torch.cuda.Event] = []  # none on the CPU
         device_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if kind == "GPU":
             if ordinal >= device_count:
@@ -41,12 +37,12 @@ class Placement:
                 )
             self.device = torch.device("cuda", ordinal)
             self.streams = [torch.cuda.Stream(device=self.device)]
-            self._events = self._new_events(ordinal)
+            self.events = self._new_events(ordinal)
         elif kind == "MODEL":
             self.device = None  # the model places itself
             self.streams = [torch.cuda.Stream(device=i) for i in range(device_count)]
             if self.streams:
-                self._events = self._new_events(0)
+                self.events = self._new_events(0)
         elif kind != "CPU":
             raise unavailable(f"instance '{instance}' has unknown kind '{kind}'")
 
@@ -64,14 +60,16 @@ class Placement:
     def uses_cuda(self) -> bool:
         return bool(self.streams)
 
-    def active(self) -> contextlib.AbstractContextManager[None]:
-        """Make this instance's streams current, and its device: KIND_GPU's own, for
-        KIND_MODEL the one that was current (the model chooses its devices itself).
-        Nothing to do on the CPU."""
-        return self._cuda_active() if self.streams else _NOTHING
+    def around(
+        self, inner: contextlib.AbstractContextManager[Any]
+    ) -> contextlib.AbstractContextManager[Any]:
+        """``inner`` (an execution's settings) with this instance's streams and device made
+        current around it: KIND_GPU's own device, for KIND_MODEL the one that was current
+        (the model chooses its devices itself).  On the CPU, ``inner`` as it is."""
+        return self._cuda_active(inner) if self.streams else inner
 
     @contextlib.contextmanager
-    def _cuda_active(self) -> Iterator[None]:
+    def _cuda_active(self, inner: contextlib.AbstractContextManager[Any]) -> Iterator[Any]:
         """``torch.cuda.set_stream`` also makes the stream's device current, so after one
         stream per GPU the last GPU would be; the device is set back once they are set."""
         with contextlib.ExitStack() as stack:
@@ -82,35 +80,26 @@ class Placement:
                 torch.cuda.set_stream(stream)
                 stack.callback(torch.cuda.set_stream, previous)
             torch.cuda.set_device(self.device if self.device is not None else before)
-            yield
+            with inner as value:
+                yield value
 
-    def begin(self) -> None:
-        """Start an execution's timing (marks it does not reach read as its end)."""
-        self._reached = 0
+    def record(self, which: int) -> None:
+        """CUDA event 0 (input start), 1 (infer start) or 2 (output start), in this order;
+        only where ``events`` time the execution (the wall clock times it on the CPU)."""
+        if which == 2 and self.kind == "MODEL":
+            for stream in self.streams:  # the model may have used any of them
+                stream.synchronize()
+        self.events[which].record(self.streams[0])
 
-    def mark(self, which: int) -> None:
-        """Timing mark 0 (input start), 1 (infer start) or 2 (output start), in this order."""
-        if self._events:
-            if which == 2 and self.kind == "MODEL":
-                for stream in self.streams:  # the model may have used any of them
-                    stream.synchronize()
-            self._events[which].record(self.streams[0])
-        self._wall[which] = now_ns()
-        self._reached = which + 1
-
-    def compute_span(self, exec_start: int) -> tuple[int, int]:
-        """(compute_start, compute_end) in the seed's terms, from events where CUDA ran."""
-        end = now_ns()
-        reached = self._reached
-        wall = [self._wall[i] if i < reached else end for i in range(3)]
-        if not self._events or reached < 3:
-            return wall[1], wall[2]
+    def event_span(self, exec_start: int, infer_start: int, output_start: int) -> tuple[int, int]:
+        """(compute_start, compute_end) in the seed's terms from the three recorded events;
+        KIND_MODEL's infer time by the wall clock (streams on several devices)."""
         self.streams[0].synchronize()
-        input_ns = int(self._events[0].elapsed_time(self._events[1]) * 1e6)
+        input_ns = int(self.events[0].elapsed_time(self.events[1]) * 1e6)
         if self.kind == "GPU":
-            infer_ns = int(self._events[1].elapsed_time(self._events[2]) * 1e6)
-        else:  # KIND_MODEL: streams on several devices, timed by the wall clock
-            infer_ns = wall[2] - wall[1]
+            infer_ns = int(self.events[1].elapsed_time(self.events[2]) * 1e6)
+        else:
+            infer_ns = output_start - infer_start
         compute_start = exec_start + input_ns
         return compute_start, compute_start + infer_ns
 
@@ -125,4 +114,4 @@ class Placement:
                 stream.synchronize()
             torch.cuda.empty_cache()
         self.streams = []
-        self._events = []
+        self.events = []

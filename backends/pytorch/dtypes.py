@@ -53,6 +53,11 @@ def supported(config_type: str) -> bool:
     return config_type.startswith("TYPE_") and config_type.removeprefix("TYPE_") in _TORCH
 
 
+def torch_dtype(datatype: str) -> torch.dtype | None:
+    """The torch dtype of a wire datatype, None for BYTES (a list of strings)."""
+    return _TORCH.get(datatype)
+
+
 def datatype_of(dtype: torch.dtype) -> str:
     """The wire datatype of a torch dtype, ``INVALID`` for those Triton cannot carry."""
     return _WIRE.get(dtype, "INVALID")

@@ -16,8 +16,7 @@ the forward pass reads it on the CPU at once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -34,18 +33,20 @@ def _shape_str(shape: Any) -> str:
 
 
 def _matches(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
-    return shape == dims or (
-        len(shape) == len(dims) and all(d < 0 or d == s for s, d in zip(shape, dims, strict=True))
+    return len(shape) == len(dims) and all(
+        d < 0 or d == s for s, d in zip(shape, dims, strict=True)
     )
 
 
-@dataclass
-class Prepared:
+class Prepared(NamedTuple):
     """A request that passed its checks: batch size and every forward value it feeds."""
 
     request: Request
     batch: int
-    values: dict[str, Any] = field(default_factory=dict)  # ndarray, GPU tensor or list[str]
+    values: dict[str, Any]  # name -> ndarray, GPU tensor or list[str]
+
+
+_prepared = tuple.__new__  # built per request: without NamedTuple's Python-level __new__
 
 
 class InputAssembler:
@@ -57,8 +58,11 @@ class InputAssembler:
         states: list[State],
         layout: InputLayout,
         max_batch_size: int,
+        device: torch.device,
     ) -> None:
         self.model = model
+        self.device = device  # where inputs are gathered (the instance's)
+        self.on_gpu = device.type != "cpu"  # asked once: a device's type is a new string
         self.inputs = inputs
         self.controls = controls
         self.states = states
@@ -72,11 +76,25 @@ class InputAssembler:
             )
         for control in controls:
             self.specs[control.name] = TensorSpec(control.name, control.config_type, (1,))
-        self.positions = list(layout.index.items())  # (name, forward argument position)
+        self.names = {s.name for s in inputs}  # what a request without sequence inputs gives
+        # (name, forward argument position, reshape) of each forward value
+        self.positions = [(n, i, self.specs[n].reshape) for n, i in layout.index.items()]
 
     # ------------------------------------------------------------------ one request
     def prepare(self, request: Request) -> Prepared:
         """Check ``request`` and collect its values; InferpoolError for this request only."""
+        given = request.inputs
+        if given.keys() != self.names:  # not exactly the config's inputs: say what is wrong
+            self._check_names(request)
+        batch = self._batch_size(given[self.inputs[0].name]) if self.batching else 1
+        value = self._value
+        values = {s.name: value(given[s.name], s, batch) for s in self.inputs}
+        prepared = _prepared(Prepared, (request, batch, values))
+        if self.controls or self.states:
+            self._sequence_values(request, prepared)
+        return prepared
+
+    def _check_names(self, request: Request) -> None:
         given = request.inputs
         missing = [s.name for s in self.inputs if s.name not in given]
         if missing:
@@ -88,14 +106,14 @@ class InputAssembler:
         for name in given:
             if name not in self.specs:
                 raise invalid_arg(f"unexpected inference input '{name}' for model '{self.model}'")
-        prepared = Prepared(request, self._batch_size(request))
-        for spec in self.inputs:
-            prepared.values[spec.name] = self._value(given[spec.name], spec, prepared.batch)
-        for control in self.controls:  # the sequence batcher's (backends.sequence)
+
+    def _sequence_values(self, request: Request, prepared: Prepared) -> None:
+        """The sequence batcher's control inputs and the states (backends.sequence)."""
+        for control in self.controls:
             prepared.values[control.name] = self._value(
                 request.input(control.name), self.specs[control.name], prepared.batch
             )
-        for state in self.states:  # the initial value or its predecessor's (backends.sequence)
+        for state in self.states:  # the initial value or its predecessor's
             if not request.has_input(state.input_name):
                 raise invalid_arg(
                     f"request '{request.id}' of a sequence of model '{self.model}' carries no "
@@ -105,12 +123,8 @@ class InputAssembler:
             prepared.values[state.input_name] = self._value(
                 request.input(state.input_name), self.specs[state.input_name], prepared.batch
             )
-        return prepared
 
-    def _batch_size(self, request: Request) -> int:
-        if not self.batching:
-            return 1
-        first = request.input(self.inputs[0].name)
+    def _batch_size(self, first: InputTensor) -> int:
         if not first.shape:
             raise invalid_arg(
                 f"input '{first.name}' of model '{self.model}' needs a batch dimension "
@@ -130,14 +144,18 @@ class InputAssembler:
                 f"inference input '{spec.name}' data-type is '{tensor.datatype}', but model "
                 f"'{self.model}' expects '{spec.datatype}'"
             )
-        if self.batching and (not tensor.shape or tensor.shape[0] != batch):
-            raise invalid_arg(
-                f"input '{spec.name}' has shape {_shape_str(tensor.shape)}, but the request's "
-                f"batch size is {batch} (from input '{self.inputs[0].name}'): every input of a "
-                f"request shares the batch dimension (model '{self.model}')"
-            )
-        shape = tensor.shape[1:] if self.batching else tensor.shape
-        if not (_matches(shape, spec.dims) or _matches(shape, spec.model_dims)):
+        shape = tensor.shape
+        if self.batching:
+            if not shape or shape[0] != batch:
+                raise invalid_arg(
+                    f"input '{spec.name}' has shape {_shape_str(shape)}, but the request's "
+                    f"batch size is {batch} (from input '{self.inputs[0].name}'): every input "
+                    f"of a request shares the batch dimension (model '{self.model}')"
+                )
+            shape = shape[1:]
+        if shape != spec.dims and not (
+            _matches(shape, spec.dims) or _matches(shape, spec.model_dims)
+        ):
             expected = ((-1,) if self.batching else ()) + spec.dims
             raise invalid_arg(
                 f"unexpected shape for input '{spec.name}' for model '{self.model}'. Expected "
@@ -178,25 +196,30 @@ class InputAssembler:
                 kept.append(p)
         return kept, rejected
 
-    def forward_args(self, batch: list[Prepared], device: torch.device) -> list[Any]:
+    def forward_args(self, batch: list[Prepared]) -> list[Any]:
         """The positional forward arguments (a single dict for a Dict[str, Tensor] model)."""
         join = self._join
         if self.layout.is_dict:
-            return [{name: join(name, batch, device) for name in self.layout.index}]
+            return [{name: join(name, reshape, batch) for name, _, reshape in self.positions}]
         args: list[Any] = [None] * self.layout.arg_count
-        for name, position in self.positions:
-            args[position] = join(name, batch, device)
+        for name, position, reshape in self.positions:
+            args[position] = join(name, reshape, batch)
         return args
 
-    def _join(self, name: str, batch: list[Prepared], device: torch.device) -> Any:
-        """Input ``name`` of every request of ``batch`` as one value."""
+    def _join(
+        self,
+        name: str,
+        reshape: tuple[int, ...] | None,
+        batch: list[Prepared],
+    ) -> Any:
+        """Input ``name`` of every request of ``batch`` as one value (reshaped as configured)."""
         if len(batch) == 1:
             value = batch[0].values[name]
             if isinstance(value, list):
                 return value
             tensor = dtypes.as_tensor(value)
-            if device.type != "cpu":
-                tensor = tensor.to(device, non_blocking=True)
+            if self.on_gpu:
+                tensor = tensor.to(self.device, non_blocking=True)
         else:
             parts = [p.values[name] for p in batch]
             if isinstance(parts[0], list):
@@ -205,10 +228,9 @@ class InputAssembler:
                 all(isinstance(p, np.ndarray) for p in parts)
                 and (span := contiguous_span(parts)) is not None
             ):
-                tensor = dtypes.as_tensor(span).to(device, non_blocking=_queued(device))
+                tensor = dtypes.as_tensor(span).to(self.device, non_blocking=self.on_gpu)
             else:
-                tensor = _copy_into_batch(parts, device)
-        reshape = self.specs[name].reshape
+                tensor = _copy_into_batch(parts, self.device)
         if reshape is not None:
             tensor = tensor.reshape((tensor.shape[0], *reshape) if self.batching else reshape)
         return tensor

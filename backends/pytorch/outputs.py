@@ -78,12 +78,12 @@ class OutputWriter:
         self.model = model
         self.layout = layout
         self.specs = list(layout.values())
+        # each output with the torch dtype it must have (None: none, a BYTES output)
+        self._typed = [(spec, dtypes.torch_dtype(spec.datatype)) for spec in self.specs]
         self.batching = batching
         self._checked = -1  # an output count check_indices has passed
 
     def check_indices(self, count: int) -> None:
-        if count == self._checked:
-            return
         for spec in self.specs:
             if not 0 <= spec.index < count:
                 raise invalid_arg(
@@ -94,36 +94,47 @@ class OutputWriter:
 
     def write(self, outputs: list[Any], batch: list[tuple[Prepared, Response]]) -> None:
         """Fill every response of ``batch``; a mismatch with the config fails the whole batch."""
-        self.check_indices(len(outputs))
-        rows = sum(p.batch for p, _ in batch)
-        for spec in self.specs:
+        if len(outputs) != self._checked:
+            self.check_indices(len(outputs))
+        one = len(batch) == 1
+        rows = batch[0][0].batch if one else sum(p.batch for p, _ in batch)
+        for spec, torch_dtype in self._typed:
             value = outputs[spec.index]
-            wanted = [
-                (p, r)
-                for p, r in batch
-                if spec.state or (spec.config_output and p.request.output_requested(spec.name))
-            ]
+            if spec.state:  # the sequence batcher's, whether or not the client asked
+                wanted = batch
+            elif not spec.config_output:
+                wanted = []
+            elif one:
+                wanted = batch if spec.name in batch[0][0].request.requested_outputs else []
+            else:
+                wanted = [pr for pr in batch if spec.name in pr[0].request.requested_outputs]
             if isinstance(value, torch.Tensor):
-                self._check_tensor(spec, value, rows)
-                self._write_tensor(spec, value, batch, wanted)
+                shape = self._check_tensor(spec, torch_dtype, value, rows)
+                self._write_tensor(spec, value, shape, batch, wanted)
             else:
                 self._check_strings(spec, value, rows)
                 self._write_strings(spec, value, batch, wanted)
 
-    def _check_tensor(self, spec: OutputSpec, value: torch.Tensor, rows: int) -> None:
-        provided = dtypes.datatype_of(value.dtype)
-        if provided != spec.datatype:
+    def _check_tensor(
+        self, spec: OutputSpec, torch_dtype: torch.dtype | None, value: torch.Tensor, rows: int
+    ) -> torch.Size:
+        """The output's shape (read once: each read of a tensor's is a call into torch),
+        or the error why the output does not fit the config."""
+        if value.dtype is not torch_dtype:
+            provided = dtypes.datatype_of(value.dtype)
             raise invalid_arg(
                 f"configuration expects datatype {spec.config_type} for output '{spec.name}', "
                 f"model provides TYPE_{provided}"
             )
-        if value.dim() == 0:
+        shape = value.shape
+        if not shape:
             raise invalid_arg(f"output '{spec.name}' is a scalar which is not supported.")
-        if self.batching and value.shape[0] != rows:
+        if self.batching and shape[0] != rows:
             raise invalid_arg(
-                f"output '{spec.name}' of model '{self.model}' has {value.shape[0]} rows in its "
+                f"output '{spec.name}' of model '{self.model}' has {shape[0]} rows in its "
                 f"batch dimension, but the batch holds {rows}"
             )
+        return shape
 
     def _check_strings(self, spec: OutputSpec, value: list[str], rows: int) -> None:
         if spec.datatype != "BYTES":
@@ -148,13 +159,18 @@ class OutputWriter:
         self,
         spec: OutputSpec,
         value: torch.Tensor,
+        shape: torch.Size,
         batch: list[tuple[Prepared, Response]],
         wanted: list[tuple[Prepared, Response]],
     ) -> None:
         slices = self._slices(batch) if len(batch) > 1 else None  # one request: the whole
+        from_numpy, as_tensor, plain = torch.from_numpy, dtypes.as_tensor, spec.datatype != "BF16"
         for p, response in wanted:
             part = value if slices is None else value[slices[id(p)]]
-            dtypes.as_tensor(response.output(spec.name, part.shape, spec.datatype)).copy_(part)
+            out = response.output(spec.name, shape if slices is None else part.shape, spec.datatype)
+            # host memory (a numpy array) of a type numpy has: from_numpy, no probing
+            tensor = from_numpy(out) if type(out) is np.ndarray and plain else as_tensor(out)
+            tensor.copy_(part)
 
     def _write_strings(
         self,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from inferpool.broker.front.limits import check_id, encode_work
+from inferpool.broker.front.limits import MAX_ID_LENGTH, check_id, encode_work
 from inferpool.broker.models.registry import ModelVersion
 from inferpool.broker.models.request import FLAG_SEQUENCE_END, FLAG_SEQUENCE_START, PendingRequest
 from inferpool.shm.arena import Arena, ArenaFull, Slot
@@ -23,6 +23,7 @@ from inferpool.wire.worker.messages import TensorRef, WantedOutput, Window, Work
 _BROKER_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end", "priority", "timeout")
 _NO_PARAMETERS: dict[str, Any] = {}
 CHECKED = 256  # (input, datatype, shape) a model remembers as checked
+_new = tuple.__new__  # records built per request without their Python-level __new__
 
 
 class SharedMemoryInputs(Protocol):
@@ -59,7 +60,8 @@ def admit(
     if not isinstance(inputs, list):
         raise invalid_arg(f"inference request for model '{name}' has no 'inputs' list")
     client_id = header.get("id", "")
-    work_id = check_id(client_id)
+    short = type(client_id) is str and len(client_id) <= MAX_ID_LENGTH  # the common case
+    work_id = client_id if short else check_id(client_id)
     total = 0
     for f in frames:
         total += len(f)
@@ -128,7 +130,9 @@ def admit(
             slots.append(slot)
             if nbytes:
                 arena.region.buf[slot.offset : slot.offset + nbytes] = frame.buffer
-            work_inputs.append(TensorRef(iname, datatype, shape, slot.region, slot.offset, nbytes))
+            work_inputs.append(
+                _new(TensorRef, (iname, datatype, shape, slot.region, slot.offset, nbytes))
+            )
         if next_frame != len(frames):
             raise invalid_arg(
                 f"request for model '{name}' sent {len(frames)} tensor frame(s) but its inputs "
@@ -143,19 +147,13 @@ def admit(
         corr, flags, timeout_us, priority = (
             _scheduling(parameters, model) if parameters else (0, 0, 0, model.default_priority)
         )
-        work = Work(
-            rid,
-            work_id,
-            corr,
-            flags,
+        passed = (  # what the backend sees of them
             {k: v for k, v in parameters.items() if k not in _BROKER_PARAMETERS}
             if parameters
-            else parameters,
-            work_inputs,
-            work_outputs,
-            priority,
-            timeout_us,
+            else parameters
         )
+        fields = (rid, work_id, corr, flags, passed, work_inputs, work_outputs, priority)
+        work = _new(Work, (*fields, timeout_us))
         wire, wire_bytes = encode_work(work, parameters, name)
     except BaseException:
         for slot in slots:

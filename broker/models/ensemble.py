@@ -6,8 +6,10 @@ broker makes itself (models/internal.py) to the step's model and version, schedu
 client's.  A step's outputs stay where its worker wrote them, in that worker's output arena:
 the steps that read them name those slots as inputs (read in place, no copy), and the client
 gets them as any response's outputs (frames, handles, or written into its own region by the
-last step).  Each slot has one owner per step that reads it and one for the response
-(``pool.outputs.share``); it goes back to its worker once all have finished.
+last step).  Each slot has one owner per step that reads it and one for the response; the
+run's own reference is the first owner's and the others are shares (``pool.outputs.share``),
+so a tensor with one reader costs no bookkeeping beyond its one free; it goes back to its
+worker once all have finished.
 
 A step that fails fails the run: no further step starts, the steps in flight finish, and the
 client gets one error naming the step.  A decoupled step's responses each start the steps
@@ -155,13 +157,14 @@ class _Run:
 
     def _step_over(self, sink: _StepSink) -> None:
         self.in_flight -= 1
-        for tensor in set(sink.step.inputs.values()):
+        self._settle()  # the answer leaves first: the step's inputs are freed after it
+        for tensor in sink.step.reads:
             self._owed((tensor, sink.iteration))
-        self._settle()
 
     def _advance(self, updated: Sequence[Key], now_ns: int) -> None:
         """Start every step whose inputs have all arrived; note complete outputs."""
         plan = self.plan
+        tensors = self.tensors
         self.depth += 1
         try:
             for tensor, k in updated:
@@ -169,9 +172,7 @@ class _Run:
                     if self.error is not None:
                         return
                     step = plan.steps[i]
-                    if (i, k) in self.started or any(
-                        (t, k) not in self.tensors for t in step.inputs.values()
-                    ):
+                    if (i, k) in self.started or not all((t, k) in tensors for t in step.reads):
                         continue
                     self.started.add((i, k))
                     self._start_step(step, k, now_ns)
@@ -214,7 +215,7 @@ class _Run:
             )
         except InferpoolError as err:
             self._fail(step, err)
-            for tensor in set(step.inputs.values()):
+            for tensor in step.reads:
                 self._owed((tensor, k))
             return
         outputs = self.manager.outputs
@@ -234,12 +235,13 @@ class _Run:
                 self.manager.outputs.free(ref.region, ref.offset, held=False)
             return (tensor, k)
         self.tensors[(tensor, k)] = _Tensor(ref, batched, owners)
-        if ref is not None:
-            self.manager.outputs.share(ref.region, ref.offset, owners)
+        if ref is not None and owners > 1:  # the first owner has the run's own reference
+            self.manager.outputs.share(ref.region, ref.offset, owners - 1)
         return (tensor, k)
 
     def _owed(self, key: Key, freed: bool = True) -> None:
-        """One owner of a tensor has finished (``freed``: its share goes back here)."""
+        """One owner of a tensor has finished (``freed``: its share goes back here; else
+        the responder gives it back); the last one's is the run's own reference."""
         entry = self.tensors.get(key)
         if entry is None:
             return
@@ -249,8 +251,6 @@ class _Run:
             self.manager.outputs.free(ref.region, ref.offset, held=False)
         if entry.owed <= 0:
             del self.tensors[key]
-            if ref is not None:  # the run's own reference
-                self.manager.outputs.free(ref.region, ref.offset, held=False)
 
     def _all_there(self, k: int) -> bool:
         return all((name, k) in self.tensors for name in self.wanted)
@@ -299,14 +299,14 @@ class _Run:
             if top.rid in manager.inflight:
                 manager.reject(top, self.error)
         else:
-            model.stats.queue.add(self.queue_ns)
-            model.stats.batch_done(top.batch_size, Durations(*self.durations))
             if self.complete:
                 self._respond(self.complete.pop(0), final=True)
             elif top.rid in manager.inflight:  # a decoupled ensemble's last word
                 manager.respond(
                     top, Result(top.rid, True, [], None, None, Durations(*self.durations))
                 )
+            model.stats.queue.add(self.queue_ns)  # after the answer, before the next message
+            model.stats.batch_done(top.batch_size, Durations(*self.durations))
         for key in list(self.tensors):  # what failed steps never read, an unsent answer
             while key in self.tensors:
                 self._owed(key)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as pb
@@ -31,6 +32,11 @@ class Step:
     model_version: int  # -1: the highest ready version
     inputs: Mapping[str, str]  # model input -> ensemble tensor
     outputs: Mapping[str, str]  # model output -> ensemble tensor
+
+    @cached_property
+    def reads(self) -> tuple[str, ...]:
+        """The ensemble tensors the step reads, each once."""
+        return tuple(dict.fromkeys(self.inputs.values()))
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,7 @@ def start_fresh(spec: WorkerSpec) -> subprocess.Popen[bytes]:
         stdin=subprocess.DEVNULL,
         close_fds=True,
         pass_fds=[spec.channel_fd],
+        process_group=0,  # out of the server's group from the start (workers.main.run)
     )
 
 

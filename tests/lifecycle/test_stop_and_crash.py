@@ -57,7 +57,10 @@ def test_signal_runs_finalizers_and_unlinks_everything(short_tmp, sig) -> None:
         wait_until(lambda pid=pid: not os.path.exists(f"/proc/{pid}"))
 
 
-def test_graceful_shutdown_finishes_in_flight_requests(short_tmp) -> None:
+@pytest.mark.parametrize("whom", ["broker", "group"])
+def test_graceful_shutdown_finishes_in_flight_requests(short_tmp, whom) -> None:
+    """SIGTERM to the broker, or to the server's whole process group (``kill %1``, a
+    script's killpg): the workers are not in that group, so the broker drains them."""
     with Server(short_tmp, slow_repo(short_tmp)) as server, server.client() as c:
         rid = c._send(
             {
@@ -68,10 +71,14 @@ def test_graceful_shutdown_finishes_in_flight_requests(short_tmp) -> None:
             [np.ones(2, np.float32).data],
         )
         wait_until(lambda: c.status()[0]["busy"], "the request executing")
-        server.proc.send_signal(signal.SIGTERM)
+        if whom == "group":
+            os.killpg(server.proc.pid, signal.SIGTERM)
+        else:
+            server.proc.send_signal(signal.SIGTERM)
         header, _frames = c._recv(rid, 10)
-        assert "error" not in header
+        assert "error" not in header, header
         assert server.stop() == 0
+    assert "restarting" not in server.log()
 
 
 def test_killed_broker_takes_its_workers_and_the_next_start_sweeps(short_tmp) -> None:

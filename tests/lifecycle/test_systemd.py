@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from inferpool.client import Client
-from tests.support import EXAMPLES, ROOT, Server, assert_run_gone, run_id_of
+from tests.support import EXAMPLES, ROOT, Server, assert_run_gone, kill_tree, run_id_of
 
 UNIT = ROOT / "scripts" / "systemd" / "inferpool.service"
 ENV_FILE = ROOT / "scripts" / "systemd" / "inferpool.env"
@@ -145,7 +145,7 @@ def test_exec_start_reload_and_stop_as_systemd_runs_them(short_tmp, shm_clean) -
             assert notify.recv(4096) == b"STATUS=stopped"
         finally:
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+                kill_tree(proc.pid)
                 proc.wait(10)
             log.close()
     assert_run_gone(run_id)

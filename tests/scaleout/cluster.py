@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tests.node_support import http
-from tests.support import run_id_of, wait_until
+from tests.support import kill_tree, run_id_of, wait_until
 
 SUBNET = "10.231.0"
 HEALTH_PORT = 8003
@@ -34,9 +34,13 @@ def sh(*cmd: str) -> None:
 
 
 def ended(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> int:
-    """Signal ``proc``'s process group and wait for ``proc``."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, sig)
+    """Signal ``proc``'s process group (SIGKILL: every process under it too) and wait for
+    ``proc``."""
+    if sig == signal.SIGKILL:
+        kill_tree(proc.pid)
+    else:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
     return proc.wait(60)
 
 

@@ -16,7 +16,9 @@ import numpy as np
 import pytest
 
 from inferpool.backends import loader
-from inferpool.backends.testing import BackendHarness
+from inferpool.backends.api import Request
+from inferpool.backends.testing import BackendHarness, HeapMemory
+from inferpool.wire import codec
 from inferpool.wire.errors import Code, InferpoolError
 
 # A backend that records every hook into RECORD, fails in the hook named FAIL_IN, and tags
@@ -369,3 +371,21 @@ def test_unanswered_request_gets_internal_naming_the_backend(layout: Layout) -> 
             )
             for rid in ("1", "2")
         ]
+
+
+@pytest.mark.parametrize(
+    ("shape", "datatype"), [((), "FP32"), ((0, 3), "FP32"), ((2, 3), "FP16"), ((5,), "INT64")]
+)
+def test_response_output_is_a_writable_array_over_its_memory(shape, datatype) -> None:
+    memory = HeapMemory()
+    request = Request(
+        id="1", inputs={}, requested_outputs={}, memory=memory, emit=lambda *answer: None
+    )
+    response = request.response()
+    array = response.output("OUT", list(shape), datatype)
+    assert array.shape == shape and array.dtype == codec.numpy_dtype(datatype)
+    array[...] = 7
+    out = response.outputs["OUT"]
+    assert (out.shape, out.byte_size) == (shape, array.nbytes)
+    stored = np.frombuffer(memory.read(out.offset), array.dtype).reshape(shape)
+    assert (stored == 7).all()  # written in place: no copy between the array and the memory

@@ -482,7 +482,9 @@ def _free(body: Sequence[Any]) -> Free:
 
 def _done(body: Sequence[Any]) -> Done:
     items, batches, metrics = body
-    return _new(Done, (list(map(_result, items)), list(map(_batch, batches)), _metrics(metrics)))
+    if metrics is not None:
+        metrics = _metrics(metrics)
+    return _new(Done, (list(map(_result, items)), list(map(_batch, batches)), metrics))
 
 
 def _metrics(raw: Sequence[Any] | None) -> MetricsUpdate | None:

@@ -6,6 +6,7 @@ CUDA ordinal is its device id; tests/gpu serves them from narrowed workers.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 
 import numpy as np
@@ -129,9 +130,54 @@ def test_setting_the_streams_leaves_the_instances_device_current(fake_cuda, kind
     placement = Placement("CPU", 0, 0, "m_0_0")  # given the streams of a CUDA machine by hand
     placement.kind, placement.streams = kind, [Stream(d) for d in devices]  # type: ignore[list-item]
     placement.device = torch.device("cuda", devices[0]) if kind == "GPU" else None
-    with placement.active():
+    entered = []
+    with placement.around(contextlib.nullcontext(entered)) as inner:
+        inner.append("settings")  # the execution's settings apply inside the streams' scope
         # KIND_GPU on its own device; KIND_MODEL where it was, not on the last stream's
         assert fake_cuda.device == (devices[0] if kind == "GPU" else 0)
         assert [fake_cuda.current[d] for d in devices] == placement.streams
     assert fake_cuda.device == 0
     assert fake_cuda.current == fake_cuda.defaults
+    assert entered == ["settings"]
+
+
+class Event:
+    """A CUDA event that logs its recording and tells elapsed times 2 ms apart per index."""
+
+    def __init__(self, index: int, log: list[int]) -> None:
+        self.index, self.log = index, log
+
+    def record(self, stream: object) -> None:
+        self.log.append(self.index)
+
+    def elapsed_time(self, end: Event) -> float:
+        return 2.0 * (end.index - self.index)
+
+
+class TimedStream(Stream):
+    def synchronize(self) -> None:
+        pass
+
+
+def test_cuda_events_time_a_gpu_execution(repo, harness, fake_cuda):
+    tm.save(tm.Linear(), repo)
+    h = harness(CONFIG)  # a CPU instance given a GPU's stream and events by hand
+    placement, recorded = h.host.instance.placement, []
+    placement.kind, placement.streams = "GPU", [TimedStream(0)]  # type: ignore[list-item]
+    placement.events = [Event(i, recorded) for i in range(3)]  # type: ignore[misc]
+    x = np.ones((2, 4), np.float32)
+    request = h.request({"INPUT__0": x})
+    [(_, response, _)] = h.execute([request])
+    np.testing.assert_allclose(h.outputs_of(response)["OUTPUT__0"], expected(x), rtol=1e-6)
+    assert recorded == [0, 1, 2]
+    stamps = h.host.timing_of(request).stamps  # input and infer time as the events tell
+    assert stamps.compute_start - stamps.exec_start == 2_000_000
+    assert stamps.compute_end - stamps.compute_start == 2_000_000
+    recorded.clear()  # a batch that fails before its output is timed by the wall clock
+    request = h.request({"INPUT__0": np.ones((2, 4), np.float32)}, ["OUTPUT__0"])
+    h.host.instance.forward = lambda *args: 1 / 0
+    [(_, response, _)] = h.execute([request])
+    assert response.error is not None and "PyTorch execute failure" in response.error.message
+    assert recorded == [0, 1]
+    stamps = h.host.timing_of(request).stamps
+    assert stamps.exec_start <= stamps.compute_start <= stamps.compute_end <= stamps.exec_end
