@@ -112,6 +112,7 @@ class ChannelCalls:
         self._ids = itertools.count(1)
         self._arrived = threading.Condition()
         self._released: deque[Slot] = deque()  # lent reply slots no longer viewed
+        self._viewed: dict[int, tuple[weakref.ref[np.ndarray], Slot]] = {}  # lent, viewed
         self.stopping = False  # a Stop arrived while a call was waited for
         self._closed = False
 
@@ -131,7 +132,9 @@ class ChannelCalls:
             refs,
             [WantedOutput(name) for name in request.requested_outputs],
         )
-        held = isinstance(threading.current_thread(), HoldingThread)
+        held = threading.get_ident() != self._main and isinstance(
+            threading.current_thread(), HoldingThread
+        )
         msg = Call(
             request.model_name, request.model_version, work, request.timeout_us, decoupled, held
         )
@@ -240,8 +243,14 @@ class ChannelCalls:
         root = tensor.data
         while isinstance(root.base, np.ndarray):
             root = root.base
-        weakref.finalize(root, self._released.append, slot)
+        # a bare weak reference with a callback: a tenth of weakref.finalize's cost
+        watch = weakref.ref(root, self._unviewed)
+        self._viewed[id(watch)] = (watch, slot)
         return tensor
+
+    def _unviewed(self, watch: weakref.ref[np.ndarray]) -> None:
+        """The last view of a lent slot is gone (any thread): release it."""
+        self._released.append(self._viewed.pop(id(watch))[1])
 
     def _place(self, inputs: Sequence[CallInput]) -> tuple[list[TensorRef], list[Slot]]:
         """References for the inputs; arrays not in shared memory are copied into it."""

@@ -287,7 +287,7 @@ def _call_input(tensor: Tensor) -> CallInput:
     """A Tensor as a call's input: a reference where its bytes lie in shared memory (the
     data stays referenced, so that memory lent to this process stays lent while the call
     runs)."""
-    shape = tuple(tensor.shape())
+    shape = tuple(tensor._data.shape)
     if tensor._shared is not None:
         region, offset, nbytes = tensor._shared
         return CallInput(
