@@ -142,6 +142,24 @@ class Response:
         else:
             copy_into(self.output(name, arr.shape, datatype), arr)
 
+    def pass_on(self, name: str, datatype: str, data: Any, lent: tuple[str, int, int]) -> bool:
+        """Answer output ``name`` with ``data``, a BLS reply's output (host memory) lying at
+        ``lent`` (region, offset, byte size), where it lies: no copy.  False, with nothing
+        done, where the answer cannot name another worker's memory (a lane's request, a
+        response sent from another thread than the worker's, an output into a client's
+        region): copy it then (:meth:`set_output`).  The request keeps ``data`` until it is
+        over, so that the slot is not given back before the broker has the response."""
+        request = self._request
+        if request.pass_on_thread != threading.get_ident() or name in self.outputs:
+            return False
+        wanted = request.requested_outputs.get(name)
+        if wanted is not None and wanted.target is not None:
+            return False
+        region, offset, nbytes = lent
+        self.outputs[name] = OutputTensor(name, datatype, data.shape, region, offset, nbytes)
+        request.kept.append(data)
+        return True
+
     def set_parameter(self, name: str, value: ParameterValue) -> None:
         if not isinstance(value, str | int | bool | float):
             raise invalid_arg(f"response parameter '{name}' must be str, int, bool or float")
@@ -211,9 +229,12 @@ class Request:
         timeout_us: int = 0,
         handle: Any = None,
         cancelled: Callable[[Any], bool] | None = None,
+        pass_on_thread: int = 0,
     ) -> None:
         """``cancelled(handle)`` says whether the client has cancelled the request (the
-        worker's reads the broker's marks, shm.cancel_flags); None: it cannot be."""
+        worker's reads the broker's marks, shm.cancel_flags); None: it cannot be.
+        ``pass_on_thread``: the thread whose responses may answer with a BLS reply's
+        outputs in place (:meth:`Response.pass_on`; 0: none may)."""
         self.id = id
         self.handle = handle  # opaque to backends: the worker's key for routing the answer
         self.inputs = inputs
@@ -227,6 +248,8 @@ class Request:
         self._memory = memory
         self._emit = emit
         self._cancelled = cancelled
+        self.pass_on_thread = pass_on_thread
+        self.kept: list[Any] = []  # views of BLS replies its responses pass on
         self._sender: ResponseSender | None = None  # made (with its lock) only when asked for
         self._sent = 0
         self._final = False

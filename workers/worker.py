@@ -350,6 +350,7 @@ class Worker:
             timeout_us=work.timeout_us,
             handle=work.rid,
             cancelled=self._cancelled,
+            pass_on_thread=self._main_thread,  # its answers leave before `requests` goes
         )
 
     def _null(self, like: Request) -> Request:

@@ -123,8 +123,10 @@ def response(reply: CallReply) -> InferenceResponse:
     """A reply as the ``pb_utils.InferenceResponse`` a model reads: outputs in place."""
     if reply.error is not None:
         return InferenceResponse(error=_triton_error(reply.error))
-    tensors = [
-        Tensor._wrap(t.name, t.datatype, t.data, True, (t.region, t.offset, t.byte_size))
+    tensors = [  # a BYTES output was decoded, its slot given back: it is nowhere shared
+        Tensor._wrap(t.name, t.datatype, t.data, True, (t.region, t.offset, t.byte_size), True)
+        if t.datatype != "BYTES"
+        else Tensor._wrap(t.name, t.datatype, t.data, True)
         for t in reply.outputs.values()
     ]
     return InferenceResponse(tensors, parameters=reply.parameters)

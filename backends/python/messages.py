@@ -109,9 +109,14 @@ def to_api_response(request: Request, response: InferenceResponse) -> Response:
                 raise TritonModelException(
                     f"output_tensors holds a {type(tensor).__name__}, not a pb_utils.Tensor"
                 )
-            if request.output_requested(tensor.name()):
-                data = tensor.as_numpy() if tensor.is_cpu() else tensor._data
-                out.set_output(tensor.name(), data, tensor.datatype())
+            if not request.output_requested(tensor.name()):
+                continue
+            if tensor._lent and tensor._shared is not None:  # a BLS reply's: in place
+                lent = tensor._shared
+                if out.pass_on(tensor.name(), tensor.datatype(), tensor._data, lent):
+                    continue
+            data = tensor.as_numpy() if tensor.is_cpu() else tensor._data
+            out.set_output(tensor.name(), data, tensor.datatype())
         for key, value in response._parameters.items():
             out.set_parameter(key, value)
     except Exception as exc:

@@ -70,6 +70,7 @@ class Tensor:
         self._data: Any = array
         self._cpu = True
         self._shared: tuple[str, int, int] | None = None
+        self._lent = False
 
     @classmethod
     def _wrap(
@@ -79,13 +80,15 @@ class Tensor:
         data: Any,
         cpu: bool,
         shared: tuple[str, int, int] | None = None,
+        lent: bool = False,
     ) -> Tensor:
         """A Tensor over existing memory (no copy): request inputs, BLS outputs, DLPack
         imports.  ``shared``: (region, offset, byte size) where the bytes lie in shared
-        memory, so that a BLS call passes the tensor on without copying it."""
+        memory, so that a BLS call passes the tensor on without copying it; ``lent``:
+        that memory is a BLS reply's, which a response may also answer with in place."""
         tensor = cls.__new__(cls)
         tensor._name, tensor._datatype, tensor._data, tensor._cpu = name, datatype, data, cpu
-        tensor._shared = shared
+        tensor._shared, tensor._lent = shared, lent
         return tensor
 
     @classmethod

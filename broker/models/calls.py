@@ -19,6 +19,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from inferpool.broker.models.internal import make_request
@@ -137,6 +138,35 @@ class Calls:
                 if count == 1:
                     del lent[key]
                 outputs.free(slot.region, slot.offset, held=False)
+
+    def passed_on(self, caller: Worker, items: Sequence[Result]) -> Sequence[Result]:
+        """A caller's results, where it answers with a reply's outputs in place: each such
+        slot gets one more owner (the response) and goes back to its worker once both the
+        response and the caller are done with it.  An output in memory neither the
+        caller's nor lent to it fails its result (the worker must not name it)."""
+        lent = self.lent.get(caller)
+        if lent is None:  # no reply lent to it: nothing to pass on
+            return items
+        own = caller.output_region
+        checked = list(items)
+        for i, item in enumerate(checked):
+            foreign = [o for o in item.outputs if o.region != own]
+            if not foreign:
+                continue
+            if all(lent.get((o.region, o.offset), 0) > 0 for o in foreign):
+                for out in foreign:
+                    self.manager.outputs.share(out.region, out.offset, 1)
+                continue
+            for out in item.outputs:
+                if out.region == own:
+                    self.manager.outputs.free(out.region, out.offset, held=False)
+            err = InferpoolError(
+                Code.INTERNAL,
+                f"instance '{caller.name}' answered with an output in memory that is neither "
+                "its own nor a reply lent to it",
+            )
+            checked[i] = Result(item.rid, item.final, [], None, err.to_wire(), item.durations)
+        return checked
 
     def worker_gone(self, caller: Worker) -> None:
         """A caller's process ended: its calls are dropped, what it read goes back."""

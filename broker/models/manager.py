@@ -468,10 +468,10 @@ class Manager:
     # ================================================================== results
     def worker_message(self, handle: Worker, msg: WorkerMessage | Garbled) -> None:
         if isinstance(msg, Done):
-            self._results(msg.items)
+            self._results(self.calls.passed_on(handle, msg.items))
             self._batch_done(handle, msg)
         elif isinstance(msg, Items):
-            self._results(msg.items)
+            self._results(self.calls.passed_on(handle, msg.items))
             handle.exec_started = time.monotonic()  # progress: the execute timeout starts over
         elif isinstance(msg, Call):
             self.calls.call(handle, msg)

@@ -180,6 +180,32 @@ class TritonPythonModel:
             [pb_utils.Tensor("INFO", np.array([info], dtype=np.object_))])]
 """
 
+FORWARD = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.kept = None  # a reply kept beyond the execute that answered with it
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            t = pb_utils.get_input_tensor_by_name(request, "T")
+            keep = int(pb_utils.get_input_tensor_by_name(request, "KEEP").as_numpy()[0])
+            r = pb_utils.InferenceRequest(
+                model_name="double_any", inputs=[t], requested_output_names=["T"]).exec()
+            doubled = pb_utils.get_output_tensor_by_name(r, "T")  # answered with as it is
+            kept = np.zeros(0, np.float32) if self.kept is None else self.kept.as_numpy().copy()
+            if keep:
+                self.kept = doubled
+            where = np.array([doubled._shared[0].encode()], dtype=np.object_)
+            responses.append(pb_utils.InferenceResponse(
+                [doubled, pb_utils.Tensor("KEPT", kept), pb_utils.Tensor("WHERE", where)]))
+        return responses
+"""
+
 T4 = '{ name: "T" data_type: TYPE_FP32 dims: [ 4 ] }'
 INFO = '{ name: "INFO" data_type: TYPE_STRING dims: [ 1 ] }'
 
@@ -201,6 +227,15 @@ def write_repository(repo: Path) -> None:
         "double_any",
         DOUBLE.replace("[[t._shared[0].encode()]] * t.shape()[0]", "[b'']"),
         f"input [ {anything} ] output [ {anything}, {source} ]",
+    )
+    keep = '{ name: "KEEP" data_type: TYPE_INT32 dims: [ 1 ] }'
+    kept = '{ name: "KEPT" data_type: TYPE_FP32 dims: [ -1 ] }'
+    where = '{ name: "WHERE" data_type: TYPE_STRING dims: [ 1 ] }'
+    python_model(
+        repo,
+        "forward",
+        FORWARD,
+        f"input [ {anything}, {keep} ] output [ {anything}, {kept}, {where} ]",
     )
     n1 = '{ name: "N" data_type: TYPE_INT32 dims: [ 1 ] }'
     out1 = '{ name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] }'
@@ -315,6 +350,43 @@ def test_reply_memory_goes_back_once_read(server: Server) -> None:
     """Forty 1 MiB replies and forty 1 MiB inputs: more than the 16 MiB arenas hold."""
     t, _ = run(server, "big")
     assert t.tolist() == [80.0] * 4
+
+
+def forward(c: Any, t: np.ndarray, keep: int = 0) -> dict[str, np.ndarray]:
+    return dict(c.infer("forward", {"T": t, "KEEP": np.array([keep], np.int32)}))
+
+
+def test_a_reply_answered_with_in_place_goes_back_once_the_client_has_it(server: Server) -> None:
+    """``forward`` answers with its call's reply as it lies in ``double_any``'s arena: forty
+    1 MiB answers, more than that 16 MiB arena holds, so each slot goes back once both the
+    client and the caller are done with it.  A ShmClient reads the answer where the reply
+    is; over a lane (which answers from the worker's own region) it is copied."""
+    x = np.arange(1 << 18, dtype=np.float32)
+    with server.client() as c:
+        for i in range(40):
+            assert np.array_equal(forward(c, x + i)["T"], (x + i) * 2)
+    for lane in (False, True):
+        with ShmClient(server.endpoint, lane=lane, timeout=20) as shm:
+            req = shm.request("forward", ["T", "WHERE"])
+            req.input("T", (4,), np.float32)[:] = [1, 2, 3, 4]
+            req.input("KEEP", (1,), np.int32)[:] = 0
+            with shm.run(req) as result:
+                assert result["T"].tolist() == [2, 4, 6, 8]
+                reply_at = result["WHERE"][0].decode()
+                regions = {region for _, region in result._leases}
+            assert (reply_at in regions) is not lane, (reply_at, regions)
+
+
+def test_a_reply_answered_with_and_kept_stays_as_it_was(server: Server) -> None:
+    """A reply the caller answers with and also keeps is its own until it drops it: the
+    client's release does not give the slot back for other calls to overwrite."""
+    x = np.full(1 << 18, 3, np.float32)
+    with server.client() as c:
+        forward(c, x, keep=1)
+        for i in range(20):  # each call's reply takes and gives back double_any's slots
+            got = forward(c, np.full(1 << 18, i, np.float32))
+            assert np.array_equal(got["T"], np.full(1 << 18, 2 * i)), i
+            assert np.array_equal(got["KEPT"], x * 2), i
 
 
 @pytest.mark.parametrize(
