@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from inferpool.client import ShmClient
+from inferpool.wire.errors import Code, InferpoolError
 from tests.support import Server, serving, write_model
 
 DOUBLE = """
@@ -197,8 +198,10 @@ class TritonPythonModel:
             r = pb_utils.InferenceRequest(
                 model_name="double_any", inputs=[t], requested_output_names=["T"]).exec()
             doubled = pb_utils.get_output_tensor_by_name(r, "T")  # answered with as it is
+            if keep == 2:  # claims its request input (the broker's arena) as a lent reply
+                doubled = pb_utils.Tensor._wrap("T", "FP32", t.as_numpy(), True, t._shared, True)
             kept = np.zeros(0, np.float32) if self.kept is None else self.kept.as_numpy().copy()
-            if keep:
+            if keep == 1:
                 self.kept = doubled
             where = np.array([doubled._shared[0].encode()], dtype=np.object_)
             responses.append(pb_utils.InferenceResponse(
@@ -375,6 +378,18 @@ def test_a_reply_answered_with_in_place_goes_back_once_the_client_has_it(server:
                 reply_at = result["WHERE"][0].decode()
                 regions = {region for _, region in result._leases}
             assert (reply_at in regions) is not lane, (reply_at, regions)
+
+
+def test_an_output_claimed_in_memory_not_lent_to_the_caller_fails_its_request(
+    server: Server,
+) -> None:
+    x = np.ones(4, np.float32)
+    with server.client() as c:
+        with pytest.raises(InferpoolError) as failed:
+            forward(c, x, keep=2)
+        assert failed.value.code is Code.INTERNAL
+        assert "neither its own nor a reply lent to it" in failed.value.message
+        assert forward(c, x)["T"].tolist() == [2, 2, 2, 2]  # it serves on
 
 
 def test_a_reply_answered_with_and_kept_stays_as_it_was(server: Server) -> None:
