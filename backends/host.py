@@ -171,7 +171,10 @@ class BackendHost:
             result = self.instance.execute(requests)
             if result is not None:
                 for request, response in iter_responses(requests, result):
-                    self._send_returned(request, response)
+                    if type(response) is Response and not request.answered:
+                        request.respond(response)  # the common case of _send_returned
+                    else:
+                        self._send_returned(request, response)
         except Exception as exc:
             err = InferpoolError.wrap(exc, Code.INTERNAL)
             log.error("execute of %s failed: %s", self.model_name, err)

@@ -28,6 +28,7 @@ ParameterValue = str | int | bool | float
 
 
 now_ns = time.monotonic_ns  # the clock of every statistic a backend reports
+_NO_DEVICES: frozenset[int] = frozenset()
 
 
 @dataclass(slots=True)
@@ -97,7 +98,8 @@ class Response:
         self.outputs: dict[str, OutputTensor] = {}
         self.parameters: dict[str, ParameterValue] = {}
         self.error = error
-        self.devices: set[int] = set()  # GPUs outputs were written on: waited for on delivery
+        # GPUs outputs were written on, waited for on delivery: a set once there is one
+        self.devices: set[int] | frozenset[int] = _NO_DEVICES
 
     @classmethod
     def from_error(cls, request: Request, error: BaseException | str) -> Response:
@@ -154,7 +156,7 @@ class Response:
         if type(buf) is not memoryview:  # host memory comes as a memoryview: no device
             device = codec.device_of(buf)
             if device is not None:
-                self.devices.add(device)
+                self.devices = {*self.devices, device}
         return buf
 
     def discard(self) -> None:
@@ -314,7 +316,7 @@ class Request:
 
 def _settled(response: Response) -> Response:
     """``response`` once the GPUs have finished writing its outputs, or the error why not."""
-    devices, response.devices = response.devices, set()
+    devices, response.devices = response.devices, _NO_DEVICES
     try:
         cuda.synchronize(devices)
     except Exception as exc:  # a failed kernel surfaces here: the outputs are not valid

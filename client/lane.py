@@ -46,6 +46,7 @@ VIEWS = 64  # output shapes a lane remembers how to view
 _now = time.monotonic_ns
 # the header's words a client reads on every request
 STATE, WORKER_CLOSED, RESP_DONE = wl.STATE >> 2, wl.WORKER_CLOSED >> 2, wl.RESP_DONE >> 2
+RESP_SEQ = wl.RESP_SEQ >> 2
 
 
 class LaneRevoked(Exception):
@@ -76,6 +77,7 @@ class Lane:
             raise
         self.header = header = wl.Header(buf)
         self.words = header.words
+        self.raw = self.region.mapping  # slots are read and written through the mapping
         self.requests, self.responses = bells(buf, header.words, wl.BELLS)
         geometry = self.geometry
         self.slots, self.slot_size = geometry.slots, geometry.slot_size
@@ -139,7 +141,7 @@ class Lane:
             room = (self.slot_size - 64 - len(body[0])) // 8
             releases, self.releases = releases[:room], releases[room:]
         wl.write_request(
-            self.region.buf,
+            self.raw,
             self.request_at[n % slots],
             self.slot_size,
             n,
@@ -157,10 +159,10 @@ class Lane:
     # ------------------------------------------------------------------ responses
     def result(self, n: int, limit: float) -> ShmResult:
         """The answer to request ``n``, waited for at most ``limit`` seconds."""
-        head = self.responses.value()
+        head = self.words[RESP_SEQ]
         if not 0 < (head - n) & MASK <= self.slots:
             self._await(n, head, limit)
-        return self.take(n)
+        return self._take(n) if self.read == n else self.take(n)
 
     def _await(self, n: int, head: int, limit: float) -> None:
         """Wait until response ``n`` is in: a spin, then sleeps of at most SLICE_S after
@@ -176,7 +178,7 @@ class Lane:
                     f"no response on lane {self.id} (model '{self.model}') within {limit:g}s",
                 )
             head = responses.wait(head, self.spin_ns, min(SLICE_S, left))
-            if self.answered(n, head):
+            if 0 < (head - n) & MASK <= self.slots:  # answered
                 return
             if self.over():
                 self.fail(n)
@@ -216,7 +218,7 @@ class Lane:
 
     def _take(self, n: int) -> ShmResult:
         at = self.response_at[n % self.slots]
-        response = wl.read_response(self.region.buf, at, self.slot_size)
+        response = wl.read_response(self.raw, at, self.slot_size)
         self.read = read = (n + 1) & MASK
         self.words[RESP_DONE] = read
         if response.status:
@@ -226,8 +228,9 @@ class Lane:
         outputs: dict[str, Any] = {}
         leases = []
         mapped = session.mapped.get(region).buf
+        views = self._views
         for t in response.outputs:
-            spec, typed = self._view(t)
+            spec, typed = views.get((t.position, t.datatype, t.shape)) or self._view(t)
             outputs[spec["name"]] = output_view(mapped, t.offset, t.byte_size, spec, typed)
             leases.append((t.offset, region))
         session.hold(region, len(leases))
@@ -235,21 +238,19 @@ class Lane:
 
     def _view(self, t: wl.Tensor) -> tuple[dict[str, Any], tuple[Any, int] | None]:
         """The spec of an output of this position, datatype and shape, and its numpy dtype
-        and element count (None for BYTES): worked out once, a lane's outputs keep theirs."""
-        key = (t.position, t.datatype, t.shape)
-        known = self._views.get(key)
-        if known is None:
-            datatype = wl.DATATYPE_NAMES[t.datatype]
-            shape = list(t.shape)
-            spec = {"name": self.outputs[t.position], "datatype": datatype, "shape": shape}
-            typed = (
-                None
-                if datatype == "BYTES"
-                else (codec.numpy_dtype(datatype), codec.element_count(shape))
-            )
-            if len(self._views) >= VIEWS:
-                self._views.clear()
-            known = self._views[key] = (spec, typed)
+        and element count (None for BYTES): worked out once (``_take`` looks in ``_views``
+        first), a lane's outputs keep theirs."""
+        datatype = wl.DATATYPE_NAMES[t.datatype]
+        shape = list(t.shape)
+        spec = {"name": self.outputs[t.position], "datatype": datatype, "shape": shape}
+        typed = (
+            None
+            if datatype == "BYTES"
+            else (codec.numpy_dtype(datatype), codec.element_count(shape))
+        )
+        if len(self._views) >= VIEWS:
+            self._views.clear()
+        known = self._views[(t.position, t.datatype, t.shape)] = (spec, typed)
         return known
 
     def _drop(self, n: int) -> None:

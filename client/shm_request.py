@@ -251,5 +251,5 @@ def output_view(
             Code.INTERNAL,
             f"output '{spec['name']}': {nbytes} bytes cannot hold {datatype} {shape}",
         )
-    array = np.frombuffer(buf, dtype=dtype, count=count, offset=offset)
+    array = np.frombuffer(buf, dtype, count, offset)
     return array if len(shape) == 1 else array.reshape(shape)

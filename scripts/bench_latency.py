@@ -73,6 +73,17 @@ LAYOUTS = {
 }
 
 
+WARMUP = 25  # round trips every client makes before it is timed, whatever the size
+
+
+def warmups(iterations: int) -> int:
+    """Untimed round trips before a chunk's ``iterations``: a fresh client process's first
+    round trips run cold (its code, the peer's caches) for about twenty of them, and a chunk
+    of a large size has few iterations (1 MiB: twenty in --quick), so a tenth of them alone
+    would time the warm-up at large sizes and not at 64 B."""
+    return max(WARMUP, iterations // 10)
+
+
 def pin(cpu: int) -> None:
     cpus = sorted(os.sched_getaffinity(0) | set(range(os.cpu_count() or 1)))
     os.sched_setaffinity(0, {cpu if cpu in cpus else cpus[0]})
@@ -131,7 +142,7 @@ def relay_client(
     sock = ctx.socket(zmq.DEALER)
     sock.connect(endpoint)
     payload = np.random.bytes(nbytes)
-    for _ in range(max(5, iterations // 10)):  # warm-up
+    for _ in range(warmups(iterations)):  # warm-up
         _send(sock, [b"", b"{}", payload], lean)
         _recv(sock, lean)
     start.wait()
@@ -152,7 +163,7 @@ def inferpool_client(
     pin(cpu)
     x = np.frombuffer(np.random.bytes(nbytes), dtype=np.uint8).reshape(1, nbytes)
     with Client(endpoint, timeout=60) as c:
-        for _ in range(max(5, iterations // 10)):
+        for _ in range(warmups(iterations)):
             c.infer("bench", {"INPUT0": x})
         start.wait()
         lat = []
@@ -182,7 +193,7 @@ def kserve_client(
     def once() -> None:
         client.infer("bench", [inp], outputs=wanted).as_numpy("OUTPUT0")
 
-    for _ in range(max(5, iterations // 10)):
+    for _ in range(warmups(iterations)):
         once()
     start.wait()
     lat = []
@@ -268,15 +279,15 @@ def _chunk(
 ) -> tuple[list[float], float]:
     """One chunk: ``clients`` processes each doing ``iterations`` round trips at once."""
     ctx = mp.get_context("spawn")
-    start, out = ctx.Event(), ctx.Queue()
+    # every client waits at the barrier after its warm-up: all start timing together
+    start, out = ctx.Barrier(clients + 1, timeout=600), ctx.Queue()
     procs = [
         ctx.Process(target=target, args=(endpoint, nbytes, iterations, cpu, start, out))
         for _ in range(clients)
     ]
     for p in procs:
         p.start()
-    time.sleep(0.5 + nbytes / 2e8)  # let every client finish its warm-up
-    start.set()
+    start.wait()
     results = [out.get(timeout=600) for _ in procs]
     for p in procs:
         p.join()
@@ -426,7 +437,7 @@ def shm_client(
                 raise SystemExit("shm client: the output differs from the input")
         if lane and not c.session.lanes.lanes:
             raise SystemExit("shm client: no lane was granted")
-        for _ in range(max(5, iterations // 10)):
+        for _ in range(warmups(iterations)):
             with c.run(req) as result:
                 result["OUTPUT0"]
         start.wait()

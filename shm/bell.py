@@ -16,6 +16,7 @@ import time
 from inferpool.shm import futex
 
 _now = time.monotonic_ns
+_acquire, _release = futex.fence_acquire, futex.fence_release
 
 
 class Bell:
@@ -30,7 +31,7 @@ class Bell:
         self._words = words
         self._seq = seq >> 2
         self._sleeping = sleeping >> 2
-        self._addr = futex.address(buf, seq)
+        self._addr = futex.word(futex.address(buf, seq))
 
     def value(self) -> int:
         return int(self._words[self._seq])
@@ -41,7 +42,8 @@ class Bell:
         stores in order) and wake the consumer if it sleeps."""
         words = self._words
         words[self._seq] = value & 0xFFFFFFFF
-        futex.fence()
+        _acquire()  # futex.fence(), inline: a full barrier
+        _release()
         if words[self._sleeping]:
             futex.wake(self._addr)
 

@@ -163,6 +163,13 @@ class Region:
     def closed(self) -> bool:
         return self._map is None
 
+    @property
+    def mapping(self) -> mmap.mmap:
+        """The mapping itself, until ``close``: a slice of it is ``bytes`` at once (a slice of
+        ``buf`` is a view, and copying it out costs three times as much)."""
+        assert self._map is not None, f"region {self.name!r} is closed"
+        return self._map
+
     def close(self) -> None:
         """Drop this process's mapping.  Views still alive keep it until they are released."""
         if self._map is None:

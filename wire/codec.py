@@ -166,8 +166,7 @@ def array_from_buffer(buf: Any, datatype: str, shape: Sequence[int], what: str) 
             f"{what}: expected {dtype.itemsize * count} bytes for {datatype} shape {list(shape)}, "
             f"got {nbytes}"
         )
-    array = np.frombuffer(buf, dtype=dtype, count=count)
-    return array if len(shape) == 1 else array.reshape(shape)
+    return np.ndarray(shape, dtype, buf)  # one array over the buffer (not frombuffer + reshape)
 
 
 # DLPack device types numpy can view: kDLCPU and kDLCUDAHost (pinned host memory).

@@ -203,16 +203,18 @@ def code_name(status: int) -> str:
 
 # ---------------------------------------------------------------------------- tensors
 @functools.cache
-def _dims(ndim: int) -> struct.Struct:
-    """The struct of ``ndim`` dimensions (ndim is a u8: at most 256 of them, made once)."""
-    return struct.Struct(f"<{ndim}q")
+def _entry(ndim: int) -> struct.Struct:
+    """The struct of a whole tensor entry of ``ndim`` dimensions (a u8: at most 255, each
+    made once): one pack or unpack per entry."""
+    return struct.Struct(f"{_TENSOR.format}{ndim}q")
 
 
 def pack_tensors(tensors: Sequence[Tensor]) -> bytes:
     """Tensor entries: index, datatype, ndim, offset, byte size, then the dimensions."""
     return b"".join(
-        _TENSOR.pack(t.position, t.datatype, len(t.shape), t.offset, t.byte_size)
-        + _dims(len(t.shape)).pack(*t.shape)
+        _entry(len(t.shape)).pack(
+            t.position, t.datatype, len(t.shape), t.offset, t.byte_size, *t.shape
+        )
         for t in tensors
     )
 
@@ -223,13 +225,12 @@ def _read_tensors(buf: Any, pos: int, count: int, end: int) -> tuple[list[Tensor
     for _ in range(count):
         if pos + step > end:
             raise ValueError("tensor entries run past the slot")
-        index, datatype, ndim, offset, byte_size = _TENSOR.unpack_from(buf, pos)
-        pos += step
-        if pos + 8 * ndim > end:
+        entry = _entry(buf[pos + 3])  # the entry's ndim byte
+        if pos + entry.size > end:
             raise ValueError("tensor dimensions run past the slot")
-        shape = _dims(ndim).unpack_from(buf, pos)
-        pos += 8 * ndim
-        tensors.append(_make(Tensor, (index, datatype, offset, byte_size, shape)))
+        v = entry.unpack_from(buf, pos)  # index, datatype, ndim, offset, byte_size, dims
+        pos += entry.size
+        tensors.append(_make(Tensor, (v[0], v[1], v[3], v[4], v[5:])))
     return tensors, pos
 
 
@@ -302,16 +303,29 @@ def parse_body(body: bytes, n_inputs: int, n_outputs: int) -> tuple[list[Tensor]
 # last few encoded to (keyed with the values' types: True == 1, but not on the wire).
 _packed: dict[tuple[Any, ...], bytes] = {}
 _unpacked: dict[bytes, dict[str, Any]] = {}
+_last_packed: tuple[Any, ...] = ()  # the last parameters packed: a dict, its keys, types, bytes
 _REMEMBERED = 16
 
 
 def pack_parameters(params: Mapping[str, Any]) -> bytes:
     """Response parameters: kind (0 str, 1 int, 2 bool, 3 float), key, value, padded to 8."""
+    global _last_packed
+    last = _last_packed  # one tuple, replaced whole: lane threads pack at the same time
+    if (  # the same as the last ones: values of the same types (then == is safe), equal, and
+        last  # their keys in the same order
+        and tuple(map(type, params.values())) == last[2]
+        and params == last[0]
+        and tuple(params) == last[1]
+    ):
+        return last[3]
     key = (*params.items(), *map(type, params.values()))
     try:
-        return _packed[key]
+        packed = _packed[key]
     except (KeyError, TypeError):  # TypeError: a value that cannot be a key is refused below
         pass
+    else:
+        _last_packed = (dict(params), tuple(params), key[len(params) :], packed)
+        return packed
     out = bytearray()
     for name, value in params.items():
         kind = _KINDS.get(type(value))
@@ -331,6 +345,7 @@ def pack_parameters(params: Mapping[str, Any]) -> bytes:
     if len(_packed) >= _REMEMBERED:
         _packed.clear()
     _packed[key] = packed = bytes(out)
+    _last_packed = (dict(params), tuple(params), key[len(params) :], packed)
     return packed
 
 
@@ -381,14 +396,13 @@ def write_response(
     message = error.encode() if error else b""
     pos = at + _RESPONSE_HEAD.size
     end = at + slot_size
-    step = _TENSOR.size
     for position, datatype, offset, byte_size, shape in outputs:  # Tensors, or their tuples
         ndim = len(shape)  # straight into the slot: nothing is read before the bell rings
-        if pos + step + 8 * ndim > end:
+        entry = _entry(ndim)
+        if pos + entry.size > end:
             raise ValueError(f"the outputs do not fit a {slot_size}-byte lane slot")
-        _TENSOR.pack_into(buf, pos, position, datatype, ndim, offset, byte_size)
-        _dims(ndim).pack_into(buf, pos + step, *shape)
-        pos += step + 8 * ndim
+        entry.pack_into(buf, pos, position, datatype, ndim, offset, byte_size, *shape)
+        pos += entry.size
     size = pos - at + len(params) + len(message)
     if size > slot_size:
         raise ValueError(f"a response of {size} bytes does not fit a {slot_size}-byte lane slot")

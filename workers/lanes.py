@@ -146,6 +146,7 @@ class LaneServer(HoldingThread):
             raise
         self.header = header = wl.Header(buf)
         self.words = header.words
+        self.raw = self.region.mapping  # slots are read and written through the mapping
         self.requests, self.responses = bells(buf, header.words, wl.BELLS)
         geometry = self.geometry
         self.slots, self.slot_size = geometry.slots, geometry.slot_size
@@ -230,7 +231,7 @@ class LaneServer(HoldingThread):
         claimed = _now()
         words = self.words
         try:
-            req = wl.read_request(self.region.buf, self.request_at[n % self.slots], self.slot_size)
+            req = wl.read_request(self.raw, self.request_at[n % self.slots], self.slot_size)
         except ValueError as exc:  # nothing of it can be trusted: not even its id
             words[REQ_DONE] = (n + 1) & MASK
             self._answer_error(n, 0, invalid_arg(f"malformed lane request: {exc}"), claimed)
@@ -273,13 +274,14 @@ class LaneServer(HoldingThread):
         """Free the outputs the client is done with; NOT_FOUND for a token it does not hold
         (the others are freed)."""
         leases = self.leases
-        bad = []
+        good, bad = [], []
         for token in tokens:
             if token in leases:
                 leases.discard(token)
-                self.memory.release(self.output_region, token)
+                good.append(token)
             else:
                 bad.append(token)
+        self.memory.free_outputs(good)
         if bad:
             raise not_found(
                 f"{len(bad)} lease(s) not held on this lane: {bad[:5]} (released already or "
@@ -319,7 +321,7 @@ class LaneServer(HoldingThread):
 
     def _write(self, n: int, request_id: int, outputs: Any, parameters: Any) -> None:
         at = self.response_at[n % self.slots]
-        wl.write_response(self.region.buf, at, self.slot_size, request_id, outputs, parameters)
+        wl.write_response(self.raw, at, self.slot_size, request_id, outputs, parameters)
         self.responses.ring(n + 1)
 
     def _write_error(self, n: int, request_id: int, err: InferpoolError) -> None:

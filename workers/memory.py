@@ -19,7 +19,7 @@ populating: their pages fault in once, as they are first read.  Lane threads
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -122,10 +122,13 @@ class WorkerMemory:
     def free(self, slots: Sequence[Slot]) -> None:
         """Slots the broker (or a lane's client) is done with."""
         name = self.output.name
+        self.free_outputs([slot.offset for slot in slots if slot.region == name])
+
+    def free_outputs(self, offsets: Iterable[int]) -> None:
+        """Blocks of this worker's output region, under one taking of the lock."""
         with self._lock:
-            for slot in slots:
-                if slot.region == name:
-                    self.allocator.free(slot.offset)
+            for offset in offsets:
+                self.allocator.free(offset)
 
     def unmap(self, refs: Sequence[str]) -> None:
         """Client regions the broker retired: no request will name them again."""
@@ -146,17 +149,19 @@ def wanted_outputs(
     response: Response,
     reshapes: dict[str, OutputReshape],
     batched: bool,
-) -> Iterator[tuple[OutputTensor, tuple[int, ...]]]:
+) -> list[tuple[OutputTensor, tuple[int, ...]]]:
     """The outputs of ``response`` its client asked for, each with the shape the client sees
     (a reshaped output in the config's dims); the others are released as they go by."""
+    wanted = request.requested_outputs
+    found = []
     for name, out in response.outputs.items():
-        if name not in request.requested_outputs:
+        if name not in wanted:
             memory.release(out.region, out.offset)
-            continue
-        shape = out.shape
-        if name in reshapes:
-            shape = to_config_shape(shape, reshapes[name], batched)
-        yield out, tuple(shape)
+        elif reshapes and name in reshapes:
+            found.append((out, tuple(to_config_shape(out.shape, reshapes[name], batched))))
+        else:
+            found.append((out, tuple(out.shape)))
+    return found
 
 
 def host_input(

@@ -153,11 +153,12 @@ class IdentityInstance(ModelInstance):
             if model.supports_batching
             else len(requests)
         )
+        exec_end = now_ns()
         for request, response in zip(requests, responses, strict=True):
             self.report_statistics(
-                request, response.error is None, exec_start, compute_start, compute_end, now_ns()
+                request, response.error is None, exec_start, compute_start, compute_end, exec_end
             )
-        self.report_batch_statistics(total_batch, exec_start, compute_start, compute_end, now_ns())
+        self.report_batch_statistics(total_batch, exec_start, compute_start, compute_end, exec_end)
         return responses
 
     def _answer(self, request: Request) -> Response:
@@ -171,8 +172,8 @@ class IdentityInstance(ModelInstance):
             for name in request.requested_outputs:
                 index = name[len("OUTPUT") :]
                 input_name = "INPUT" + index
-                if request.has_input(input_name):
-                    src = request.input(input_name)
+                src = request.inputs.get(input_name)
+                if src is not None:
                     model.input_bytes.increment(src.byte_size)
                     if src.datatype == "BYTES":
                         response.set_output(name, src.data, "BYTES")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import mmap
 import os
 import subprocess
+import sys
 import threading
 import time
 
@@ -115,6 +116,33 @@ def test_a_bell_wakes_its_consumer(region: memoryview, spin_ns: int) -> None:
     thread.join(5)
     assert got == [1] and time.monotonic() - start < 1.0  # woken, not timed out
     assert wl.Header(region)[wl.WORKER_SLEEPING] == 0
+
+
+def test_threads_that_ring_at_once_all_fence(region: memoryview) -> None:
+    """Each lane of a worker rings from its own thread: fences at the same moment take the
+    barrier in turn (a try-and-release would release another thread's hold, whose release
+    then fails with "release unlocked lock")."""
+    bells = [Bell(region, wl.Header(region).words, wl.RESP_SEQ, wl.CLIENT_SLEEPING)] * 4
+    errors: list[BaseException] = []
+
+    def ring(bell: Bell) -> None:
+        try:
+            for i in range(20_000):
+                bell.ring(i)
+        except BaseException as exc:
+            errors.append(exc)
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch between any two calls
+    try:
+        threads = [threading.Thread(target=ring, args=(b,)) for b in bells]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+    finally:
+        sys.setswitchinterval(switch)
+    assert errors == []
 
 
 def test_a_bell_wait_times_out_on_a_quiet_word(region: memoryview) -> None:
