@@ -143,14 +143,16 @@ class Calls:
         """A caller's results, where it answers with a reply's outputs in place: each such
         slot gets one more owner (the response) and goes back to its worker once both the
         response and the caller are done with it.  An output in memory neither the
-        caller's nor lent to it fails its result (the worker must not name it)."""
+        caller's nor lent to it fails its result (the worker must not name it); an output
+        written into a client's registered region is the client's and passes as it is."""
         lent = self.lent.get(caller)
         if lent is None:  # no reply lent to it: nothing to pass on
             return items
         own = caller.output_region
         checked = list(items)
         for i, item in enumerate(checked):
-            foreign = [o for o in item.outputs if o.region != own]
+            # the broker's regions go by bare names, a client's by a reference ("sys/...")
+            foreign = [o for o in item.outputs if o.region != own and "/" not in o.region]
             if not foreign:
                 continue
             if all(lent.get((o.region, o.offset), 0) > 0 for o in foreign):

@@ -10,6 +10,8 @@ could only run on a waiting instance is refused instead of hanging the pool.
 from __future__ import annotations
 
 import json
+import os
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ import numpy as np
 import pytest
 
 from inferpool.client import ShmClient
+from inferpool.shm.region import Region
 from inferpool.wire.errors import Code, InferpoolError
 from tests.support import Server, serving, write_model
 
@@ -378,6 +381,28 @@ def test_a_reply_answered_with_in_place_goes_back_once_the_client_has_it(server:
                 reply_at = result["WHERE"][0].decode()
                 regions = {region for _, region in result._leases}
             assert (reply_at in regions) is not lane, (reply_at, regions)
+
+
+def test_a_callers_output_into_a_clients_registered_region_is_the_clients(
+    server: Server,
+) -> None:
+    """A caller still holding its call's reply when it answers writes an output the client
+    asked into its own registered region there: the broker passes it (it is neither the
+    caller's arena nor a reply slot, and is not refused as one)."""
+    region = Region.create(f"ipt-{os.getpid()}-{secrets.token_hex(3)}", 4096, prefault=False)
+    try:
+        with ShmClient(server.endpoint, timeout=20) as c:
+            c.register_system_shared_memory("mine", "/" + region.name, 4096)
+            req = c.request("forward", outputs=[])
+            req.input("T", (4,), np.float32)[:] = [1, 2, 3, 4]
+            req.input("KEEP", (1,), np.int32)[:] = 0
+            req.output_to("T", "mine", 16, offset=64)
+            with c.run(req) as result:
+                assert result["T"].tolist() == [2, 4, 6, 8]
+            assert np.frombuffer(region.buf, np.float32, 4, 64).tolist() == [2, 4, 6, 8]
+            c.unregister_system_shared_memory("mine")
+    finally:
+        region.destroy()
 
 
 def test_an_output_claimed_in_memory_not_lent_to_the_caller_fails_its_request(
