@@ -143,8 +143,10 @@ class Calls:
         """A caller's results, where it answers with a reply's outputs in place: each such
         slot gets one more owner (the response) and goes back to its worker once both the
         response and the caller are done with it.  An output in memory neither the
-        caller's nor lent to it fails its result (the worker must not name it); an output
-        written into a client's registered region is the client's and passes as it is."""
+        caller's nor lent to it fails its result (the worker must not name it), and so does
+        a reply whose region went with its worker (the called instance died since: a lent
+        slot does not keep the region); an output written into a client's registered
+        region is the client's and passes as it is."""
         lent = self.lent.get(caller)
         if lent is None:  # no reply lent to it: nothing to pass on
             return items
@@ -155,18 +157,27 @@ class Calls:
             foreign = [o for o in item.outputs if o.region != own and "/" not in o.region]
             if not foreign:
                 continue
-            if all(lent.get((o.region, o.offset), 0) > 0 for o in foreign):
+            outputs = self.manager.outputs
+            if not all(lent.get((o.region, o.offset), 0) > 0 for o in foreign):
+                err = InferpoolError(
+                    Code.INTERNAL,
+                    f"instance '{caller.name}' answered with an output in memory that is "
+                    "neither its own nor a reply lent to it",
+                )
+            elif gone := [o.name for o in foreign if o.region not in outputs]:
+                err = InferpoolError(
+                    Code.UNAVAILABLE,
+                    f"instance '{caller.name}' answered with output '{gone[0]}' as a call "
+                    "returned it, but the instance that computed it has exited since and "
+                    "its memory is gone",
+                )
+            else:
                 for out in foreign:
-                    self.manager.outputs.share(out.region, out.offset, 1)
+                    outputs.share(out.region, out.offset, 1)
                 continue
             for out in item.outputs:
                 if out.region == own:
-                    self.manager.outputs.free(out.region, out.offset, held=False)
-            err = InferpoolError(
-                Code.INTERNAL,
-                f"instance '{caller.name}' answered with an output in memory that is neither "
-                "its own nor a reply lent to it",
-            )
+                    outputs.free(out.region, out.offset, held=False)
             checked[i] = Result(item.rid, item.final, [], None, err.to_wire(), item.durations)
         return checked
 

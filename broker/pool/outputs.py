@@ -158,6 +158,10 @@ class OutputRegions:
     def __len__(self) -> int:
         return len(self._regions)
 
+    def __contains__(self, name: object) -> bool:
+        """Whether output region ``name`` is still there (its worker may have died)."""
+        return name in self._regions
+
 
 def first_batch_bytes(config: Any) -> int | None:
     """The bytes of a full batch of a model's outputs; None if the config does not fix them

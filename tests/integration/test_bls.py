@@ -212,6 +212,45 @@ class TritonPythonModel:
         return responses
 """
 
+VICTIM = """
+import os
+import signal
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            t = pb_utils.get_input_tensor_by_name(request, "T").as_numpy()
+            if t[0] < 0:
+                os.kill(os.getpid(), signal.SIGKILL)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("T", t * 2)]))
+        return responses
+"""
+
+HOLDER = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            t = pb_utils.get_input_tensor_by_name(request, "T")
+            r = pb_utils.InferenceRequest(
+                model_name="victim", inputs=[t], requested_output_names=["T"]).exec()
+            held = pb_utils.get_output_tensor_by_name(r, "T")  # the victim's memory
+            crash = pb_utils.InferenceRequest(
+                model_name="victim", requested_output_names=["T"],
+                inputs=[pb_utils.Tensor("T", -np.ones(4, np.float32))]).exec()
+            assert crash.has_error()
+            responses.append(pb_utils.InferenceResponse([held]))
+        return responses
+"""
+
 T4 = '{ name: "T" data_type: TYPE_FP32 dims: [ 4 ] }'
 INFO = '{ name: "INFO" data_type: TYPE_STRING dims: [ 1 ] }'
 
@@ -243,6 +282,8 @@ def write_repository(repo: Path) -> None:
         FORWARD,
         f"input [ {anything}, {keep} ] output [ {anything}, {kept}, {where} ]",
     )
+    python_model(repo, "victim", VICTIM, f"input [ {T4} ] output [ {T4} ]")
+    python_model(repo, "holder", HOLDER, f"input [ {T4} ] output [ {T4} ]")
     n1 = '{ name: "N" data_type: TYPE_INT32 dims: [ 1 ] }'
     out1 = '{ name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] }'
     decoupled = "model_transaction_policy { decoupled: true }"
@@ -486,3 +527,18 @@ def test_a_batch_for_an_instance_a_lanes_execute_holds_waits_without_blocking_it
         assert z.infer("napper", {"DEPTH": np.array([1], np.int32)})["INFO"][0] == b"ok"
         with on_lane.result(n, 20) as result:
             assert result["INFO"][0] == b"ok"
+
+
+def test_a_reply_of_an_instance_that_died_since_fails_the_answer_not_the_broker(
+    server: Server,
+) -> None:
+    """``holder`` answers with its first call's reply after a second call killed the
+    called instance: that memory went with it, so the answer is UNAVAILABLE, and the
+    broker serves on (it had died reading a region that was gone)."""
+    with server.client() as c:
+        with pytest.raises(InferpoolError) as failed:
+            c.infer("holder", {"T": np.ones(4, np.float32)})
+        assert failed.value.code is Code.UNAVAILABLE, failed.value
+        assert "has exited since" in failed.value.message
+        assert c.infer("double_any", {"T": np.ones(2, np.float32)})["T"].tolist() == [2, 2]
+    assert server.proc.poll() is None
