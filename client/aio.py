@@ -134,7 +134,7 @@ class AsyncClient(Connection):
                 self._writable.append(future)
                 self._on_events()
                 await self._wait(future, limit, "could not send to")
-        self._send_rest(exchange)
+        self._send_request(exchange)
         self._on_events()
 
     async def _next(self, exchange: Exchange[Any]) -> Message:

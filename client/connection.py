@@ -109,14 +109,11 @@ class Connection:
             self._monitor = None
 
     # ------------------------------------------------------------------ sending, closing
-    def _send_rest(self, exchange: Exchange[Any]) -> None:
-        """Everything after the empty delimiter: the header, copied, and the tensor frames
-        without a copy (pyzmq still copies parts under 64 KiB)."""
-        if exchange.frames:
-            self._sock.send(exchange.header, SNDMORE)
-            send_parts(self._sock, exchange.frames, copy=False)
-        else:
-            self._sock.send(exchange.header)
+    def _send_request(self, exchange: Exchange[Any], *first: bytes) -> None:
+        """The request's message from ``first`` on (the empty delimiter, unless it went
+        already): the header and the tensor frames, one send, without a copy (pyzmq still
+        copies parts under 64 KiB: the header, small tensors)."""
+        send_parts(self._sock, (*first, exchange.header, *exchange.frames), copy=False)
         exchange.sent = True
 
     def _cancel(self, exchange: Exchange[Any]) -> None:

@@ -22,7 +22,7 @@ from inferpool.client import control
 from inferpool.client.connection import Connection
 from inferpool.client.core import Exchange, InferResult, Message, Retry
 from inferpool.wire.errors import InferpoolError
-from inferpool.wire.zmqio import recv_frames, send_parts
+from inferpool.wire.zmqio import recv_frames
 
 if TYPE_CHECKING:
     from typing import Unpack
@@ -53,8 +53,7 @@ class Client(Connection):
     def _start(self, exchange: Exchange[Any]) -> None:
         if self._monitor is not None:
             self._connect(exchange.limit)
-        send_parts(self._sock, (b"", exchange.header, *exchange.frames), copy=False)
-        exchange.sent = True  # (pyzmq copies parts under 64 KiB: the header, small tensors)
+        self._send_request(exchange, b"")
 
     def _next(self, exchange: Exchange[Any]) -> Message:
         """The next response to ``exchange``; others go to the requests they answer.

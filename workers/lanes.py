@@ -29,7 +29,7 @@ from inferpool.shm.region import Region
 from inferpool.wire import lane as wl
 from inferpool.wire.errors import Code, InferpoolError, internal, invalid_arg, not_found
 from inferpool.wire.worker.link import Link
-from inferpool.wire.worker.messages import LaneClosed, LaneOpen, Slot
+from inferpool.wire.worker.messages import LaneClosed, LaneOpen
 from inferpool.workers.calls import HoldingThread
 from inferpool.workers.lane_plans import Contract, Plans
 from inferpool.workers.lane_stats import Tally
@@ -343,7 +343,7 @@ class LaneServer(HoldingThread):
         self.header[wl.WORKER_CLOSED] = 1
         self.responses.wake()
         if self._free:
-            self.memory.free([Slot(self.output_region, t) for t in self.leases])
+            self.memory.free_outputs(self.leases)
         self.leases.clear()
         self.plans.clear()  # their input views go before the client's region is unmapped
         with self._map_lock:

@@ -151,13 +151,13 @@ class Calls:
         if lent is None:  # no reply lent to it: nothing to pass on
             return items
         own = caller.output_region
+        outputs = self.manager.outputs
         checked = list(items)
         for i, item in enumerate(checked):
             # the broker's regions go by bare names, a client's by a reference ("sys/...")
             foreign = [o for o in item.outputs if o.region != own and "/" not in o.region]
             if not foreign:
                 continue
-            outputs = self.manager.outputs
             if not all(lent.get((o.region, o.offset), 0) > 0 for o in foreign):
                 err = InferpoolError(
                     Code.INTERNAL,
