@@ -43,7 +43,8 @@ def test_a_response_round_trips_with_every_kind_of_parameter(region: memoryview)
     params = {"s": "text", "i": -42, "b": True, "f": 1.5}
     at = GEOMETRY.response(2)
     wl.write_response(region, at, 1024, 9, outputs, params)
-    assert wl.read_response(region, at, 1024) == wl.LaneResponse(9, 0, outputs, params, "")
+    size = 24 + 32 + 16 + 24 + 16 + 24  # the head, a 1-D tensor, the four parameters
+    assert wl.read_response(region, at, 1024) == wl.LaneResponse(9, 0, outputs, params, "", size)
     wl.write_response(region, at, 1024, 9, outputs, {"s": "text", "i": -42, "b": 1, "f": 1.5})
     back = wl.read_response(region, at, 1024).parameters["b"]
     assert type(back) is int and back == 1  # not True: a new encoding
