@@ -246,9 +246,7 @@ class Lane:
                 array = _frombuffer(mapped, typed[0], typed[1], offset)
                 outputs[name] = array if shape is None else array.reshape(shape)
         self.session.hold(self.output_region, len(leases))
-        return ShmResult(
-            self, self.model, self.version, outputs, dict(parameters), list(leases)
-        )
+        return ShmResult(self, self.model, self.version, outputs, dict(parameters), list(leases))
 
     def _learn(self, n: int, at: int) -> Known:
         """Read the response record at ``at`` in full: an error is raised (response ``n``
