@@ -130,6 +130,7 @@ def model_type_name(data_type: int) -> str:
 
 class IdentityInstance(ModelInstance):
     model: IdentityModel
+    answered_bytes = 0  # the bytes of the inputs answered in this execution (the metric's)
 
     def initialize(self) -> None:
         self.log.info(
@@ -150,11 +151,14 @@ class IdentityInstance(ModelInstance):
         if model.execute_delay_ms > 0:
             multiplier = model.delay_multiplier * self.index if model.delay_multiplier > 0 else 0
             time.sleep(model.execute_delay_ms * max(multiplier, 1) / 1000.0)
+        self.answered_bytes = 0
         responses = [self._answer(r) for r in requests]
         compute_end = now_ns()
         for request, response in zip(requests, responses, strict=True):
             request.respond(response)
         exec_end = now_ns()
+        if self.answered_bytes:  # counted once per execution
+            model.input_bytes.increment(self.answered_bytes)
         total_batch = (
             sum(batch_size_of(r, True) for r in requests)
             if model.supports_batching
@@ -178,7 +182,7 @@ class IdentityInstance(ModelInstance):
                 input_name = model.sources.get(name) or "INPUT" + name[len("OUTPUT") :]
                 src = request.inputs.get(input_name)
                 if src is not None:
-                    model.input_bytes.increment(src.byte_size)
+                    self.answered_bytes += src.byte_size
                     if src.datatype == "BYTES":
                         response.set_output(name, src.data, "BYTES")
                     else:
