@@ -90,7 +90,7 @@ class OutputMemory(Protocol):
 
 
 # ============================================================================ responses
-_SIZES: dict[tuple[str, tuple[int, ...]], tuple[np.dtype[Any], int, tuple[int, ...]]] = {}
+_SIZES: dict[tuple[str, Any], tuple[np.dtype[Any], int, tuple[int, ...]]] = {}
 _REMEMBERED = 64  # output shapes whose size is kept
 
 
@@ -134,13 +134,13 @@ class Response:
         the client asked for the output in its CUDA region this is a device (cupy) array.
         """
         try:  # a shape given as a tuple, met before: its dtype and size worked out then
-            dtype, nbytes, shape = _SIZES[(datatype, shape)]
+            dtype, nbytes, dims = _SIZES[(datatype, shape)]
         except (KeyError, TypeError):  # TypeError: a list (unhashable), always worked out
-            dtype, nbytes, shape = _size(name, datatype, shape)
-        buf = self._place(name, datatype, shape, nbytes)
+            dtype, nbytes, dims = _size(name, datatype, shape)
+        buf = self._place(name, datatype, dims, nbytes)
         if type(buf) is not memoryview and hasattr(buf, "__cuda_array_interface__"):
-            return buf.view(dtype).reshape(shape)
-        return np.ndarray(shape, dtype, buf)  # one call: frombuffer and reshape cost two
+            return buf.view(dtype).reshape(dims)
+        return np.ndarray(dims, dtype, buf)  # one call: frombuffer and reshape cost two
 
     def set_output(self, name: str, value: Any, datatype: str | None = None) -> None:
         """Copy an array (or a list of str/bytes for BYTES) into output ``name``.
