@@ -57,6 +57,26 @@ def test_a_response_round_trips_with_every_kind_of_parameter(region: memoryview)
     )
 
 
+def test_a_response_like_the_last_but_its_id_is_copied_and_a_change_written_anew(
+    region: memoryview,
+) -> None:
+    writer = wl.ResponseWriter(region, 1024)
+    at = GEOMETRY.response(1)
+    outputs = [(0, wl.DATATYPES["FP32"], 256, 16, (4,))]
+    params = {"a": 1, "b": "x"}
+    writer.write(at, 1, outputs, params)
+    first = wl.read_response(region, at, 1024)
+    region[at : at + 1024] = bytes(1024)  # a copy must write the whole record
+    writer.write(at, 2, outputs, dict(params))
+    assert wl.read_response(region, at, 1024) == first._replace(id=2)
+    writer.write(at, 3, outputs, {"a": True, "b": "x"})  # equal to 1, but a bool
+    assert wl.read_response(region, at, 1024).parameters["a"] is True
+    writer.write(at, 4, outputs, {"b": "x", "a": 1})  # the same, in another order
+    assert list(wl.read_response(region, at, 1024).parameters) == ["b", "a"]
+    writer.write(at, 5, [(0, wl.DATATYPES["FP32"], 512, 16, (4,))], params)  # elsewhere
+    assert wl.read_response(region, at, 1024)[:3] == (5, 0, [wl.Tensor(0, 11, 512, 16, (4,))])
+
+
 def test_what_does_not_fit_a_slot_is_refused(region: memoryview) -> None:
     with pytest.raises(ValueError, match="does not fit"):
         wl.write_response(region, GEOMETRY.response(0), 1024, 1, (), {"big": "x" * 2000})
