@@ -187,14 +187,18 @@ def model_repository(model_pt: Path, name: str, config: str, stack: contextlib.E
 class Served:
     """``infer`` through a real ``inferpool serve`` (one worker, this process's torch threads)."""
 
-    def __init__(self, repo: Path, stack: contextlib.ExitStack) -> None:
+    def __init__(self, repo: Path, stack: contextlib.ExitStack, cores: str = "") -> None:
+        """``cores``: where the worker is pinned (``--host-policy`` cpu-cores; "": anywhere)."""
         threads = f'{{ string_value: "{torch.get_num_threads()}" }}'
+        policy = ' host_policy: "bench"' if cores else ""
         config = (
-            f"{MLP_CONFIG}instance_group [{{ count: 1 kind: KIND_CPU }}]\n"
+            f"{MLP_CONFIG}instance_group [{{ count: 1 kind: KIND_CPU{policy} }}]\n"
             f'parameters {{ key: "INTRA_OP_THREAD_COUNT" value: {threads} }}\n'
         )
         served = model_repository(repo / "1" / "model.pt", "mlp", config, stack)
-        self.client = serve(served, stack)
+        self.client = serve(
+            served, stack, *([f"--host-policy=bench,cpu-cores={cores}"] * bool(cores))
+        )
 
     def __call__(self, x: np.ndarray) -> Any:
         return self.client.infer("mlp", {"INPUT__0": x})["OUTPUT__0"]
@@ -208,7 +212,8 @@ class Laned(Served):
     client's region, the output read in place (and copied out, as the others return it)."""
 
     def __init__(self, repo: Path, stack: contextlib.ExitStack) -> None:
-        super().__init__(repo, stack)
+        cores = sorted(os.sched_getaffinity(0))  # its worker on the last core, where it can
+        super().__init__(repo, stack, str(cores[-1]) if len(cores) > 1 else "")
         self.shm = stack.enter_context(
             ShmClient(self.client.endpoint, timeout=60, lane=True, lane_spin_us=LANE_SPIN_US)
         )
