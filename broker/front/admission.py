@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from inferpool.broker.front.limits import MAX_ID_LENGTH, check_id, encode_work
-from inferpool.broker.front.plans import SharedMemoryInputs, outputs_of, plan_for
+from inferpool.broker.front.plans import SharedMemoryInputs, outputs_of, plan_for, scheduling
 from inferpool.broker.models.registry import ModelVersion
 from inferpool.broker.models.request import PendingRequest
 from inferpool.shm.arena import Arena, ArenaFull, Slot
@@ -40,10 +40,12 @@ def admit(
     shm: SharedMemoryInputs | None,
 ) -> PendingRequest:
     """Validate ``header``/``frames`` for ``model``; returns the request with inputs placed.
-    ``header`` loses its ``id`` and ``release`` (what is left is the request's signature)."""
+    ``header`` loses its ``id``, ``parameters`` and ``release`` (what is left is the request's
+    signature)."""
     name = model.name
     client_id = header.pop("id", "")
     header.pop("release", None)  # handled before admission (front.shared_memory)
+    parameters = header.pop("parameters", None)
     short = type(client_id) is str and len(client_id) <= MAX_ID_LENGTH  # the common case
     work_id = client_id if short else check_id(client_id)
     total = 0
@@ -54,6 +56,7 @@ def admit(
             f"request of {total} bytes for model '{name}' exceeds the server limit of "
             f"{limit} bytes (--max-request-bytes / --arena-size)"
         )
+    corr, flags, timeout_us, priority, passed = scheduling(parameters, model)
     plan = plan_for(header, model, shm)
     work_inputs: list[TensorRef] = []
     slots: list[Slot] = []
@@ -100,9 +103,9 @@ def admit(
             outputs, work_outputs, shm_outputs = plan.outputs, plan.work_outputs, False
         else:  # windows in the client's regions: resolved each time
             outputs, work_outputs, shm_outputs = outputs_of(plan.shm_outputs, model, client, shm)
-        fields = (rid, work_id, plan.correlation_id, plan.flags, plan.passed, work_inputs)
-        work = _new(Work, (*fields, work_outputs, plan.priority, plan.timeout_us))
-        wire, wire_bytes = encode_work(work, plan.parameters, name)
+        fields = (rid, work_id, corr, flags, passed, work_inputs, work_outputs, priority)
+        work = _new(Work, (*fields, timeout_us))
+        wire, wire_bytes = encode_work(work, parameters, name)
     except BaseException:
         for slot in slots:
             arena.free(slot)

@@ -1,17 +1,18 @@
 """Admission plans: what checking an infer request found, kept per request signature.
 
 A client sends the same request again and again with new data: the same model, inputs (names,
-datatypes, shapes, where their bytes lie), outputs and parameters, only its ``id`` changes.
-Everything admission checks of such a request depends on that signature and the model alone,
-so it is checked once, in full (Triton's words, ``wire.contract``), and what it found is
-kept as a :class:`Plan` on the model version, under the header's bytes less its ``id``
-(and the lease releases it carries): the next request of that signature costs one encoding
-and one dict lookup.  What depends on the request itself stays per request in
+datatypes, shapes, where their bytes lie) and outputs; only its ``id`` changes.  Everything
+admission checks of such a request depends on that signature and the model alone, so it is
+checked once, in full (Triton's words, ``wire.contract``), and what it found is kept as a
+:class:`Plan` on the model version, under the header's bytes less its ``id``, its
+``parameters`` and the lease releases it carries: the next request of that signature costs
+one encoding and one dict lookup.  What depends on the request itself stays per request in
 ``front.admission``: the frames' sizes against the inputs', the client's shared-memory
 regions (resolved each time: a region may be unregistered between two requests), the limits.
 
-Requests with ``parameters`` (sequences, priorities, timeouts, a backend's own) are checked in
-full every time and not kept: their values change from one request to the next.
+A request's ``parameters`` (sequences, priorities, timeouts, a backend's own) are no part of
+its signature: their values change from one request to the next, so they are checked for
+each request (``scheduling``), which costs nothing when it has none.
 """
 
 from __future__ import annotations
@@ -49,21 +50,9 @@ class SharedMemoryInputs(Protocol):
 
 
 class Plan:
-    """One signature's inputs in order and all that follows from the header alone."""
+    """One signature's inputs in order and the outputs it asks for."""
 
-    __slots__ = (
-        "batch",
-        "correlation_id",
-        "flags",
-        "inputs",
-        "outputs",
-        "parameters",
-        "passed",
-        "priority",
-        "shm_outputs",
-        "timeout_us",
-        "work_outputs",
-    )
+    __slots__ = ("batch", "inputs", "outputs", "shm_outputs", "work_outputs")
 
     def __init__(
         self,
@@ -72,25 +61,12 @@ class Plan:
         outputs: dict[str, dict[str, Any]],
         work_outputs: list[WantedOutput],
         shm_outputs: Any,
-        parameters: dict[str, Any],
-        model: ModelVersion,
     ) -> None:
         self.inputs = inputs
         self.batch = batch or 1
         self.outputs = outputs
         self.work_outputs = work_outputs
         self.shm_outputs = shm_outputs  # the outputs' entries when one names shared memory
-        self.parameters = parameters  # as sent: their size is checked with the Work's
-        scheduling = (
-            _scheduling(parameters, model) if parameters else (0, 0, 0, model.default_priority)
-        )
-        self.correlation_id: Any = scheduling[0]
-        self.flags, self.timeout_us, self.priority = scheduling[1:]
-        self.passed = (  # what the backend sees of them
-            {k: v for k, v in parameters.items() if k not in _BROKER_PARAMETERS}
-            if parameters
-            else parameters
-        )
 
 
 def plan_for(header: dict[str, Any], model: ModelVersion, shm: SharedMemoryInputs | None) -> Plan:
@@ -104,10 +80,9 @@ def plan_for(header: dict[str, Any], model: ModelVersion, shm: SharedMemoryInput
     plan = plans.get(key)
     if plan is None:
         plan = _plan(header, model, shm)
-        if not plan.parameters:
-            if len(plans) >= PLANS:
-                plans.clear()
-            plans[key] = plan
+        if len(plans) >= PLANS:
+            plans.clear()
+        plans[key] = plan
     return plan
 
 
@@ -141,15 +116,12 @@ def _plan(header: dict[str, Any], model: ModelVersion, shm: SharedMemoryInputs |
     check_required(name, model.required, seen)  # (optional inputs count in seen too)
     raw_outputs = header.get("outputs")
     outputs, work_outputs, in_shm = outputs_of(raw_outputs, model, b"", None)
-    parameters = header.get("parameters") or _NO_PARAMETERS
-    if not isinstance(parameters, dict):
-        raise invalid_arg("request 'parameters' must be an object")
     if in_shm and shm is None:
         raise InferpoolError(
             Code.UNSUPPORTED, "shared-memory outputs are not enabled on this server"
         )
     shm_outputs = raw_outputs if in_shm else None
-    return Plan(inputs, batch, outputs, work_outputs, shm_outputs, parameters, model)
+    return Plan(inputs, batch, outputs, work_outputs, shm_outputs)
 
 
 def _check(i: int, inp: Any, model: ModelVersion) -> tuple[str, str, tuple[int, ...], int, Any]:
@@ -208,6 +180,18 @@ def outputs_of(
         outputs[oname] = params
         work.append(WantedOutput(oname, target))
     return outputs, work, in_shm
+
+
+def scheduling(parameters: Any, model: ModelVersion) -> tuple[Any, int, int, int, dict[str, Any]]:
+    """What a request's ``parameters`` (checked per request: their values change from one
+    request to the next) say: its correlation id, sequence flags, timeout (us), priority
+    level, and the parameters its backend sees."""
+    if not parameters:
+        return 0, 0, 0, model.default_priority, _NO_PARAMETERS
+    if not isinstance(parameters, dict):
+        raise invalid_arg("request 'parameters' must be an object")
+    passed = {k: v for k, v in parameters.items() if k not in _BROKER_PARAMETERS}
+    return (*_scheduling(parameters, model), passed)
 
 
 def _scheduling(params: dict[str, Any], model: ModelVersion) -> tuple[Any, int, int, int]:

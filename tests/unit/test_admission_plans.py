@@ -1,5 +1,6 @@
 """Admission against a real model version and a real arena: a request signature is checked in
-full once and its plan kept; what depends on each request is still checked every time."""
+full once and its plan kept; what depends on each request (its data, id, parameters) is still
+checked every time."""
 
 from __future__ import annotations
 
@@ -100,14 +101,21 @@ def test_a_known_signature_still_checks_each_requests_data(
     assert arena.allocator.used_blocks == used  # nothing a failed request took is kept
 
 
-def test_requests_with_parameters_are_checked_in_full_every_time(
+def test_parameters_are_no_part_of_the_signature_and_checked_every_time(
     model: ModelVersion, arena: Arena
 ) -> None:
     req = run(model, arena, request(parameters={"priority": 0, "custom": 1}), b"abcd")
     assert req.work.parameters == {"custom": 1}
+    req = run(
+        model, arena, request(parameters={"sequence_id": 7, "sequence_start": True}), b"x" * 4
+    )
+    assert (req.work.correlation_id, req.work.flags, req.work.parameters) == (7, 1, {})
     with pytest.raises(InferpoolError, match="timeout must be a non-negative integer"):
         run(model, arena, request(parameters={"timeout": -1}), b"abcd")
-    assert model.plans == {}
+    with pytest.raises(InferpoolError, match="'parameters' must be an object"):
+        run(model, arena, request(parameters=[1]), b"abcd")
+    assert run(model, arena, request(), b"abcd").work.parameters == {}
+    assert len(model.plans) == 1
 
 
 def test_a_bad_signature_is_never_kept(model: ModelVersion, arena: Arena) -> None:
