@@ -1,5 +1,5 @@
 """A Triton user's own files: python_backend's examples, byte for byte
-(tests/data/triton_python_backend), served by inferpool and driven with its clients the way
+(tests/third_party/triton_python_backend), served by inferpool and driven with its clients the way
 the examples' client.py scripts drive Triton: add_sub, auto_complete, pytorch, decoupled, and
 the BLS examples (examples/bls and examples/bls_decoupled, each with a sync and an async model)
 calling them.
@@ -20,7 +20,7 @@ import pytest
 from inferpool.client import AsyncClient, InferpoolError
 from tests.support import ROOT, Server, copy_models, serving
 
-EXAMPLES = ROOT / "tests" / "data" / "triton_python_backend"
+EXAMPLES = ROOT / "tests" / "third_party" / "triton_python_backend"
 
 
 def int32(n: int) -> np.ndarray:
