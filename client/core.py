@@ -118,7 +118,8 @@ def header_template(header: Header) -> bytes:
 
 def _signature(model: str, inputs: Inputs, outputs: Outputs, version: str | int) -> Any:
     """What an infer request's header follows from, hashable; None when its inputs are not
-    all numpy arrays or its outputs carry parameters."""
+    all numpy arrays of a fixed-size native datatype (others, byte-swapped ones among them,
+    are converted as they are framed) or its outputs carry parameters."""
     outs: Any = None
     if outputs:
         outs = tuple(outputs)
@@ -126,7 +127,7 @@ def _signature(model: str, inputs: Inputs, outputs: Outputs, version: str | int)
             return None
     key: list[Any] = [model, version, outs]
     for name, value in inputs.items():
-        if type(value) is not np.ndarray:
+        if type(value) is not np.ndarray or codec.fixed_datatype(value.dtype) is None:
             return None
         key.append((name, value.dtype, value.shape))
     return tuple(key)
@@ -280,11 +281,11 @@ class ClientCore:
             if not stream:
                 header["single_response"] = True
             template = header_template(header)
-            if key is not None and all(type(f) is memoryview for f in frames):
+            if key is not None:
                 if len(self._templates) >= TEMPLATES:
                     self._templates.clear()
                 self._templates[key, stream] = template
-        else:  # framed as encode_inputs frames them: their kinds are known
+        else:  # framed as encode_inputs frames a fixed-size native array
             frames = [np.ascontiguousarray(value).data for value in inputs.values()]
         exchange = self.prepared(template, frames, decode_result, timeout)
         exchange.cancellable = True

@@ -247,6 +247,16 @@ def test_a_request_like_an_earlier_one_reuses_its_encoded_header() -> None:
     assert sent(core.infer("m", {"INPUT0": x[:1]}, ["OUTPUT0"]))["inputs"][0]["shape"] == [1, 3]
 
 
+def test_a_byte_swapped_input_is_converted_every_time() -> None:
+    """Its frame is a native copy, not the array's bytes: no header template may skip that."""
+    core = ClientCore("ipc:///tmp/inferpool-test/none.sock")
+    x = np.arange(4, dtype=">f4")
+    for _ in range(3):
+        exchange = core.infer("m", {"INPUT0": x}, ["OUTPUT0"])
+        assert sent(exchange)["inputs"][0]["datatype"] == "FP32"
+        assert bytes(exchange.frames[0]) == x.astype("<f4").tobytes()
+
+
 def test_any_header_gets_its_id_last() -> None:
     core = ClientCore("ipc:///tmp/inferpool-test/none.sock")
     assert sent(core.raw({})) == {"id": "1"}
