@@ -126,9 +126,11 @@ class ShmRequest:
     def input(self, name: str, shape: Sequence[int], dtype: Any) -> np.ndarray:
         """A writable array for input ``name`` in shared memory: write the tensor into it.
 
-        ``torch.from_numpy`` of the array is a tensor over the same memory.
+        ``torch.from_numpy`` of the array is a tensor over the same memory.  Its dtype is in
+        the machine's byte order, as the server reads the tensor: values of a byte-swapped
+        ``dtype`` are converted as they are written into it.
         """
-        dt = np.dtype(_numpy_dtype(dtype))
+        dt = np.dtype(_numpy_dtype(dtype)).newbyteorder("=")
         datatype = codec.datatype_of(dt)
         if datatype == "BYTES":
             raise InferpoolError(Code.INVALID_ARG, f"input '{name}': use set_input() for BYTES")

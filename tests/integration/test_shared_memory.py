@@ -260,6 +260,17 @@ def test_shm_client_is_zero_copy_with_numpy_and_torch(server: Server) -> None:
         assert c.session.allocator.used_blocks == 0
 
 
+def test_an_input_of_a_byte_swapped_dtype_holds_its_values(server: Server) -> None:
+    """The server reads tensors in the machine's byte order: the input's array is in it,
+    and values written into it arrive as written (a big-endian view sent garbage)."""
+    with ShmClient(server.endpoint, input_bytes=1 << 20) as c, c.request("identity") as req:
+        x = req.input("INPUT0", (4,), ">f4")
+        x[:] = [0.5, 1, 2, 3]
+        assert x.dtype == np.float32 and x.dtype.isnative
+        with c.run(req) as result:
+            assert result["OUTPUT0"].tolist() == [0.5, 1, 2, 3]
+
+
 def test_shm_client_bytes_batches_and_default_outputs(server: Server) -> None:
     with ShmClient(server.endpoint, input_bytes=1 << 20) as c:
         with c.request("identity_batched") as req:  # outputs: every output of the model
