@@ -5,7 +5,7 @@ the collector that holds it until the worker sends it to the broker."""
 from __future__ import annotations
 
 import threading
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from inferpool.backends.messages import Request
 from inferpool.wire.errors import invalid_arg
@@ -108,7 +108,8 @@ class StatsCollector:
         self.timings: dict[int, RequestTiming] = {}  # keyed by id(request)
         self.batches: list[BatchStats] = []
         self._families: list[MetricFamilyInfo] = []
-        self._ops: dict[tuple[str, tuple[tuple[str, str], ...]], MetricOp] = {}  # Metric.key ->
+        # Metric.key -> [metric, op, value]: folded in place until drained
+        self._ops: dict[tuple[str, tuple[tuple[str, str], ...]], list[Any]] = {}
         self._memory: dict[tuple[str, int], int] = {}  # (memory type, device id) -> bytes
         self._lock = threading.Lock()
 
@@ -140,19 +141,21 @@ class StatsCollector:
 
     # MetricSink
     def record(self, metric: Metric, op: str, value: float) -> None:
-        """Updates are folded per metric until sent: one entry per metric per batch."""
+        """Updates are folded per metric until sent: one entry per metric per batch (an
+        increment adds to the entry's value, whatever its op; a set replaces it)."""
         with self._lock:
             entry = self._ops.get(metric.key)
             if entry is not None and op == "inc":
-                value += entry.value
-                op = entry.op
-            self._ops[metric.key] = _make(MetricOp, (metric.family, metric.labels, op, value))
+                entry[2] += value
+            else:
+                self._ops[metric.key] = [metric, op, value]
 
     def drain_metrics(self) -> MetricsUpdate | None:
         """The metric updates since the last drain, or None if there were none."""
         with self._lock:
             if not self._families and not self._ops:
                 return None
-            update = MetricsUpdate(self._families, list(self._ops.values()))
+            ops = [_make(MetricOp, (m.family, m.labels, op, v)) for m, op, v in self._ops.values()]
+            update = MetricsUpdate(self._families, ops)
             self._families, self._ops = [], {}
             return update
