@@ -27,13 +27,14 @@ from inferpool.backends.api import (
     iter_responses,
 )
 from inferpool.backends.loader import find_backend
-from inferpool.backends.metrics import RequestTiming, StatsCollector
+from inferpool.backends.metrics import RequestTiming, StatsCollector, Timestamps
 from inferpool.backends.threads import adopt_torch_threads
 from inferpool.wire.errors import Code, InferpoolError, internal
 from inferpool.wire.worker.messages import BatchStats
 from inferpool.wire.worker.spec import InstanceSpec
 
 API_VERSION = (1, 0)
+_make = tuple.__new__  # a NamedTuple without its Python-level __new__
 log = logging.getLogger("inferpool.worker")
 
 
@@ -213,5 +214,11 @@ class BackendHost:
         return self.stats.timings.pop(id(request), None)
 
     def take_batches(self) -> list[BatchStats]:
+        return [
+            _make(BatchStats, (size, stamps.durations())) for size, stamps in self.take_stamps()
+        ]
+
+    def take_stamps(self) -> list[tuple[int, Timestamps]]:
+        """The batches reported since the last take, as reported: (batch size, instants)."""
         batches, self.stats.batches = self.stats.batches, []
         return batches

@@ -10,7 +10,6 @@ from typing import Any, NamedTuple, Protocol
 from inferpool.backends.messages import Request
 from inferpool.wire.errors import invalid_arg
 from inferpool.wire.worker.messages import (
-    BatchStats,
     Durations,
     MemoryUsage,
     MetricFamilyInfo,
@@ -106,7 +105,8 @@ class StatsCollector:
 
     def __init__(self) -> None:
         self.timings: dict[int, RequestTiming] = {}  # keyed by id(request)
-        self.batches: list[BatchStats] = []
+        # (batch size, Timestamps) of each batch reported: made BatchStats when taken
+        self.batches: list[tuple[int, Timestamps]] = []
         self._families: list[MetricFamilyInfo] = []
         # Metric.key -> [metric, op, value]: folded in place until drained
         self._ops: dict[tuple[str, tuple[tuple[str, str], ...]], list[Any]] = {}
@@ -118,7 +118,7 @@ class StatsCollector:
         self.timings[id(request)] = _make(RequestTiming, (success, stamps))
 
     def report_batch(self, batch_size: int, stamps: Timestamps) -> None:
-        self.batches.append(_make(BatchStats, (batch_size, stamps.durations())))
+        self.batches.append((batch_size, stamps))
 
     def report_memory_usage(self, memory_type: str, device_id: int, byte_size: int) -> None:
         """The instance holds ``byte_size`` bytes of this memory (replaces an earlier report)."""

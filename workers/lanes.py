@@ -258,7 +258,7 @@ class LaneServer(HoldingThread):
             exec_start = _now()
             host.execute([request])
             timing = host.timing_of(request)
-            batches = host.take_batches()
+            batches = host.take_stamps()
         end = _now()
         lanes.tally.add(
             self._ok,
