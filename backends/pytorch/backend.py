@@ -107,7 +107,7 @@ class PyTorchInstance(ModelInstance):
                 naming.output_layout(model.outputs, model.states, model.name, batching, self.log),
                 batching,
             )
-            self.plans = Plans(self.assembler, self.writer)
+            self.plans = Plans(self.assembler, self.writer, not self.placement.streams)
             self._resources = stack.pop_all()
 
     def _share_weights(self, path: str) -> SharedWeights | None:
@@ -241,8 +241,7 @@ class PyTorchInstance(ModelInstance):
             return self._batchable(batch, responses)
         if not batch:
             return batch, 0
-        if not self.placement.streams:
-            self.plans.add(batch[0])
+        self.plans.add(batch[0])
         return batch, batch[0].batch  # one request: its checks kept it within max_batch_size
 
     def _batchable(

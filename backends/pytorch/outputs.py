@@ -116,9 +116,9 @@ class OutputWriter:
         one = len(batch) == 1
         rows = batch[0][0].batch if one else sum(p.batch for p, _ in batch)
         if writes is not None:
-            for spec, torch_dtype, wanted in writes:
+            for spec, torch_dtype, asked in writes:
                 self._write(
-                    spec, torch_dtype, outputs[spec.index], rows, batch, batch if wanted else []
+                    spec, torch_dtype, outputs[spec.index], rows, batch, batch if asked else []
                 )
             return
         for spec, torch_dtype in self._typed:

@@ -87,11 +87,14 @@ class Plan:
 class Plans:
     """The plans of the signatures an instance has seen, up to :data:`LIMIT` of them."""
 
-    def __init__(self, assembler: InputAssembler, writer: OutputWriter) -> None:
+    def __init__(self, assembler: InputAssembler, writer: OutputWriter, on_cpu: bool) -> None:
+        """``on_cpu``: the instance runs on the CPU alone (no CUDA streams to make current)."""
         self.assembler = assembler
         self.writer = writer
-        # what no signature changes: inputs gathered on the CPU, no sequence inputs
-        self.enabled = not assembler.on_gpu and not assembler.controls and not assembler.states
+        # what no signature changes: the CPU, no sequence inputs
+        self.enabled = (
+            on_cpu and not assembler.on_gpu and not (assembler.controls or assembler.states)
+        )
         self._known: dict[tuple[Any, ...], Plan] = {}
 
     def get(self, request: Request) -> Plan | None:
