@@ -107,7 +107,7 @@ class PyTorchInstance(ModelInstance):
                 naming.output_layout(model.outputs, model.states, model.name, batching, self.log),
                 batching,
             )
-            self.plans = Plans(self.assembler, self.writer, not self.placement.streams)
+            self.plans = Plans(self.assembler, self.writer)
             self._resources = stack.pop_all()
 
     def _share_weights(self, path: str) -> SharedWeights | None:
@@ -160,7 +160,7 @@ class PyTorchInstance(ModelInstance):
     # ------------------------------------------------------------------ execution
     def execute(self, requests: list[Request]) -> list[Response]:
         exec_start = now_ns()
-        if len(requests) == 1:
+        if len(requests) == 1 and not self.placement.streams:  # the CPU: no streams to set
             plan = self.plans.get(requests[0])
             if plan is not None:  # a known signature: its checks passed when the plan was made
                 return [self._planned(requests[0], plan, exec_start)]
@@ -170,7 +170,7 @@ class PyTorchInstance(ModelInstance):
         if batch:
             compute_start, compute_end = self._run(batch, responses, exec_start)
         ordered = [responses[id(request)] for request in requests]
-        self._report(requests, ordered, (exec_start, compute_start, compute_end), total, batch)
+        self._report(requests, ordered, exec_start, compute_start, compute_end, total, batch)
         return ordered
 
     def _planned(self, request: Request, plan: Plan, exec_start: int) -> Response:
@@ -179,7 +179,7 @@ class PyTorchInstance(ModelInstance):
         response = Response(request)
         infer_start = output_start = 0  # not reached
         try:
-            with self.model.settings.applied():  # on the CPU: no streams to make current
+            with self.model.settings.applied():  # on the CPU (placement.around: as it is)
                 args = plan.forward_args(request.inputs)
                 infer_start = now_ns()
                 outputs = self._forward(args)
@@ -191,22 +191,24 @@ class PyTorchInstance(ModelInstance):
         if not output_start:  # the marks not reached read as the end
             output_start = now_ns()
             infer_start = infer_start or output_start
-        self._report((request,), (response,), (exec_start, infer_start, output_start), plan.rows)
+        self._report((request,), (response,), exec_start, infer_start, output_start, plan.rows)
         return response
 
     def _report(
         self,
         requests: Sequence[Request],
         responses: Sequence[Response],
-        marks: tuple[int, int, int],
+        exec_start: int,
+        compute_start: int,
+        compute_end: int,
         rows: int,
         ran: object = True,
     ) -> None:
-        """Statistics of an execution (``marks``: its start, compute start and end; it ends
-        now): each request's, and the batch's where one ``ran`` (``rows`` rows)."""
+        """Statistics of an execution that ends now: each request's, and the batch's where
+        one ``ran`` (``rows`` rows)."""
         # one Timestamps for the batch and its requests (report_statistics' and
         # report_batch_statistics' reports, without building it per call)
-        stamps = _stamps(Timestamps, (*marks, now_ns()))
+        stamps = _stamps(Timestamps, (exec_start, compute_start, compute_end, now_ns()))
         model = self.model
         stats = model.stats
         for request, response in zip(requests, responses):  # noqa: B905 (one per request)
@@ -241,7 +243,8 @@ class PyTorchInstance(ModelInstance):
             return self._batchable(batch, responses)
         if not batch:
             return batch, 0
-        self.plans.add(batch[0])
+        if not self.placement.streams:
+            self.plans.add(batch[0])
         return batch, batch[0].batch  # one request: its checks kept it within max_batch_size
 
     def _batchable(

@@ -10,9 +10,9 @@ checked by one tuple built and one dict lookup (:meth:`Plans.get`), then runs th
 same execution as any batch with the plan's answers in place of the per-request work.
 
 Only what the signature decides is planned: host-memory tensors, for a model without
-sequence controls or states, on an instance that gathers its inputs on the CPU.  BYTES
-inputs (whose strings are checked per request), GPU memory, sequences and batches of several
-requests take the general path every time.  The model's outputs are checked on every
+sequence controls or states, on an instance that runs on the CPU alone (the instance asks
+before it makes or uses a plan).  BYTES inputs (whose strings are checked per request), GPU
+memory, sequences and batches of several requests take the general path every time.  The model's outputs are checked on every
 execution: the signature decides what the model is given, not what it returns.
 """
 
@@ -87,14 +87,11 @@ class Plan:
 class Plans:
     """The plans of the signatures an instance has seen, up to :data:`LIMIT` of them."""
 
-    def __init__(self, assembler: InputAssembler, writer: OutputWriter, on_cpu: bool) -> None:
-        """``on_cpu``: the instance runs on the CPU alone (no CUDA streams to make current)."""
+    def __init__(self, assembler: InputAssembler, writer: OutputWriter) -> None:
         self.assembler = assembler
         self.writer = writer
-        # what no signature changes: the CPU, no sequence inputs
-        self.enabled = (
-            on_cpu and not assembler.on_gpu and not (assembler.controls or assembler.states)
-        )
+        # what no signature changes: inputs gathered on the CPU, no sequence inputs
+        self.enabled = not assembler.on_gpu and not (assembler.controls or assembler.states)
         self._known: dict[tuple[Any, ...], Plan] = {}
 
     def get(self, request: Request) -> Plan | None:
