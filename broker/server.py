@@ -395,7 +395,7 @@ class Broker:
         assert handle.channel is not None
         msg = handle.channel.recv()
         if type(msg) is Done:  # a batch's results: the common case
-            self.manager.worker_message(handle, msg)
+            self.manager.done(handle, msg)
         elif msg is None:  # its end closed: the process is exiting; reap() will say how
             self.supervisor.close_channel(handle)
         elif isinstance(msg, Unmapped):  # a CUDA unregister may be waiting for it

@@ -25,6 +25,7 @@ from inferpool.wire import codec
 from inferpool.wire.errors import Code, InferpoolError
 
 DEFAULT_TIMEOUT = 60.0
+TEMPLATES = 64  # infer signatures a client keeps the header of; all dropped when full
 T = TypeVar("T")
 Header = dict[str, Any]
 Message = tuple[Header, list[Any]]  # a response: its header and its tensor frames
@@ -104,6 +105,31 @@ def infer_header(
     if parameters:
         header["parameters"] = dict(parameters)
     return header
+
+
+def header_template(header: Header) -> bytes:
+    """``header`` encoded up to its ``id``, which goes last: the header frame of a request is
+    this, the id (digits) and ``"}``, so a request sent again is encoded only once."""
+    if "id" in header:
+        header = {k: v for k, v in header.items() if k != "id"}
+    body = codec.encode_header(header)
+    return body[:-1] + (b',"id":"' if len(body) > 2 else b'"id":"')
+
+
+def _signature(model: str, inputs: Inputs, outputs: Outputs, version: str | int) -> Any:
+    """What an infer request's header follows from, hashable; None when its inputs are not
+    all numpy arrays or its outputs carry parameters."""
+    outs: Any = None
+    if outputs:
+        outs = tuple(outputs)
+        if not all(type(o) is str for o in outs):
+            return None
+    key: list[Any] = [model, version, outs]
+    for name, value in inputs.items():
+        if type(value) is not np.ndarray:
+            return None
+        key.append((name, value.dtype, value.shape))
+    return tuple(key)
 
 
 def decode_result(message: Message) -> InferResult:
@@ -197,6 +223,7 @@ class ClientCore:
         self.closed = False
         self._ids = itertools.count(1)
         self._waiting: dict[str, Exchange[Any]] = {}
+        self._templates: dict[tuple[Any, bool], bytes] = {}  # infer signature -> its header
 
     # ------------------------------------------------------------------ requests
     def open(
@@ -207,12 +234,22 @@ class ClientCore:
         timeout: float | None = None,
     ) -> Exchange[T]:
         """A request with the next id, waiting for its responses from now on."""
+        return self.prepared(header_template(header), frames, read, timeout)
+
+    def prepared(
+        self,
+        template: bytes,
+        frames: Sequence[Any],
+        read: Callable[[Message], T],
+        timeout: float | None = None,
+    ) -> Exchange[T]:
+        """A request whose header ``header_template`` encoded: it gets the next id."""
         if self.closed:
             raise InferpoolError(Code.CANCELLED, "the client is closed")
         request_id = f"{next(self._ids)}"
-        header["id"] = request_id
         limit = self.timeout if timeout is None else timeout
-        exchange = Exchange(request_id, codec.encode_header(header), frames, read, limit)
+        header = b"".join((template, request_id.encode(), b'"}'))
+        exchange = Exchange(request_id, header, frames, read, limit)
         self._waiting[request_id] = exchange
         return exchange
 
@@ -230,12 +267,26 @@ class ClientCore:
     ) -> Exchange[InferResult]:
         """An infer request; fixed-size inputs go as zero-copy frames.  It takes exactly one
         response (``single_response``: the server refuses a decoupled model up front, so no
-        response is dropped) unless it is a ``stream``, which reads every response."""
-        specs, frames = encode_inputs(inputs, datatypes)
-        header = infer_header(model, specs, outputs, version, parameters)
-        if not stream:
-            header["single_response"] = True
-        exchange = self.open(header, frames, decode_result, timeout)
+        response is dropped) unless it is a ``stream``, which reads every response.
+
+        A request like an earlier one (same model, version, outputs, and inputs: numpy
+        arrays of the same names, dtypes and shapes; no parameters, no datatypes) reuses
+        that one's encoded header: only its inputs' frames and its id are new."""
+        key = None if parameters or datatypes else _signature(model, inputs, outputs, version)
+        template = self._templates.get((key, stream)) if key is not None else None
+        if template is None:
+            specs, frames = encode_inputs(inputs, datatypes)
+            header = infer_header(model, specs, outputs, version, parameters)
+            if not stream:
+                header["single_response"] = True
+            template = header_template(header)
+            if key is not None and all(type(f) is memoryview for f in frames):
+                if len(self._templates) >= TEMPLATES:
+                    self._templates.clear()
+                self._templates[key, stream] = template
+        else:  # framed as encode_inputs frames them: their kinds are known
+            frames = [np.ascontiguousarray(value).data for value in inputs.values()]
+        exchange = self.prepared(template, frames, decode_result, timeout)
         exchange.cancellable = True
         return exchange
 

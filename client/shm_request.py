@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from inferpool.client.core import Header
+from inferpool.client.core import Header, header_template
 from inferpool.wire import codec
 from inferpool.wire.errors import Code, InferpoolError
 
@@ -110,6 +110,7 @@ class ShmRequest:
         if parameters:
             self.header["parameters"] = dict(parameters)
         self.revision = 0  # bumped whenever an input or output changes
+        self._template = (-1, b"")  # (revision, the header encoded up to its id)
         self.lane_cache: Any = None  # what a lane made of this revision (client.lane)
         self.resolve(outputs or ())
         self.resolved = outputs is not None  # whether every wanted output is known
@@ -201,6 +202,14 @@ class ShmRequest:
     def _update(self) -> None:
         self.header["outputs"] = [{"name": n, "parameters": p} for n, p in self._outputs.items()]
         self.revision += 1
+
+    def template(self) -> bytes:
+        """The header as ``client.core.header_template`` encodes it, once per revision."""
+        revision, template = self._template
+        if revision != self.revision:
+            template = header_template(self.header)
+            self._template = (self.revision, template)
+        return template
 
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:

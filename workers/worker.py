@@ -323,7 +323,7 @@ class Worker:
             reshape = reshapes.get(ref.name)
             if reshape is not None and self.batching:
                 reshape = (ref.shape[0], *reshape)
-            tensor = self.memory.input_tensor(ref, reshape)
+            tensor = self.memory.batch_input(ref, reshape)
             inputs[tensor.name] = tensor
         shared = self._wanted
         wanted = {

@@ -83,6 +83,7 @@ class Inference:
                 "use a stream",
             )
         self._next_rid += 1
+        client_id = header.get("id")
         now = time.monotonic_ns()
         try:
             req = admit(
@@ -100,6 +101,6 @@ class Inference:
         except InferpoolError as err:  # counted as a failure, as Triton counts it
             reason = failure_reason(err)
             model.stats.request_done(False, time.monotonic_ns() - now, 0, None, reason)
-            log_failure(header.get("id"), model, reason, err)
+            log_failure(client_id, model, reason, err)
             raise
         self.submit(req, now)

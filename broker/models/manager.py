@@ -466,10 +466,14 @@ class Manager:
         )
 
     # ================================================================== results
+    def done(self, handle: Worker, msg: Done) -> None:
+        """A batch's last results and statistics: the message of every request."""
+        self._results(self.calls.passed_on(handle, msg.items))
+        self._batch_done(handle, msg)
+
     def worker_message(self, handle: Worker, msg: WorkerMessage | Garbled) -> None:
         if isinstance(msg, Done):
-            self._results(self.calls.passed_on(handle, msg.items))
-            self._batch_done(handle, msg)
+            self.done(handle, msg)
         elif isinstance(msg, Items):
             self._results(self.calls.passed_on(handle, msg.items))
             handle.exec_started = time.monotonic()  # progress: the execute timeout starts over

@@ -60,8 +60,8 @@ class ModelVersion:
         )
         self.inputs = {t.name: tensor_spec(t, t.optional) for t in config.input}
         self.outputs = {t.name: tensor_spec(t) for t in config.output}
-        # (input, datatype, *shape) -> (batch size, byte size) of inputs admitted before
-        self.checked: dict[tuple[Any, ...], tuple[int, int | None]] = {}
+        # a request signature -> what admission found checking it (front.plans)
+        self.plans: dict[bytes, Any] = {}
         self.required = frozenset(n for n, t in self.inputs.items() if not t.optional)
         self.all_outputs = tuple(self.outputs)
         # what a request that names no outputs gets (shared, never mutated)

@@ -203,7 +203,7 @@ class Supervisor(Generic[M]):
             self._last_words(handle)
         self.close_channel(handle)
         self.outputs.retire(handle.output_region)
-        pid_text = describe_exit(code)
+        pid_text = describe_exit(code, ready=handle.state is not WorkerState.STARTING)
         if handle.state is WorkerState.STOPPING:
             handle.set_state(WorkerState.STOPPED)
             self.events.worker_stopped(handle)

@@ -37,7 +37,7 @@ class TritonPythonModel:
                     error=pb_utils.TritonError("pre refuses -1")))
                 continue
             if x[0] == -2:
-                os._exit(17)  # a crash in the middle of a pipeline
+                os._exit(3)  # a crash mid-pipeline, with the code a worker's failed boot uses
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x * 2)]))
         return responses
 """
@@ -410,7 +410,8 @@ def test_a_crashed_composing_model_fails_the_request_and_comes_back(server: Serv
         assert "in ensemble 'chain', step 0 (model 'pre') failed: instance 'pre_0_0'" in (
             err.value.message
         )
-        assert "died with exit code 17" in err.value.message
+        assert "died with exit code 3" in err.value.message
+        assert "boot failed" not in err.value.message  # it was ready: the model's own exit
         _wait_instance_ready(c, "pre")
         assert c.infer("chain", {"IN": np.ones(4, np.float32)})["OUT"].tolist() == [3] * 4
         assert c.is_model_ready("chain")

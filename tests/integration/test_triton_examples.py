@@ -1,6 +1,8 @@
 """A Triton user's own files: python_backend's examples, byte for byte
-(tests/data/triton_python_backend), served by inferpool and driven with its clients the way
-the examples' client.py scripts drive Triton.
+(tests/third_party/triton_python_backend), served by inferpool and driven with its clients the way
+the examples' client.py scripts drive Triton: add_sub, auto_complete, pytorch, decoupled, and
+the BLS examples (examples/bls and examples/bls_decoupled, each with a sync and an async model)
+calling them.
 
 ``nobatch_auto_complete`` and ``batch_auto_complete`` ship no config.pbtxt: the backend is
 inferred from ``1/model.py`` and ``auto_complete_config`` fills the rest.  The served
@@ -15,10 +17,10 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from inferpool.client import AsyncClient
+from inferpool.client import AsyncClient, InferpoolError
 from tests.support import ROOT, Server, copy_models, serving
 
-EXAMPLES = ROOT / "tests" / "data" / "triton_python_backend"
+EXAMPLES = ROOT / "tests" / "third_party" / "triton_python_backend"
 
 
 def int32(n: int) -> np.ndarray:
@@ -44,6 +46,10 @@ def test_every_example_loads(server: Server) -> None:
         for name in (
             "add_sub",
             "batch_auto_complete",
+            "bls_async",
+            "bls_decoupled_async",
+            "bls_decoupled_sync",
+            "bls_sync",
             "nobatch_auto_complete",
             "pytorch",
             "repeat_int32",
@@ -119,3 +125,46 @@ def test_both_decoupled_examples_stream(server: Server) -> None:
             ]
 
     assert asyncio.run(repeat()) == [(i, int(v)) for i, v in enumerate(values)]
+
+
+def test_bls_sync_calls_the_model_its_input_names(server: Server) -> None:
+    """examples/bls/sync_client.py: add_sub, then pytorch, then an undefined model."""
+    a = np.random.rand(4).astype(np.float32)
+    b = np.random.rand(4).astype(np.float32)
+    with server.client() as c:
+        assert all(m["state"] == "READY" for m in c.models()), c.models()
+        for model in ("add_sub", "pytorch"):
+            names = np.array([model], dtype=np.object_)
+            out = c.infer(
+                "bls_sync",
+                {"INPUT0": a, "INPUT1": b, "MODEL_NAME": names},
+                ["OUTPUT0", "OUTPUT1"],
+            )
+            assert np.allclose(a + b, out["OUTPUT0"]) and np.allclose(a - b, out["OUTPUT1"])
+        with pytest.raises(InferpoolError) as err:
+            names = np.array(["undefined_model"], dtype=np.object_)
+            c.infer("bls_sync", {"INPUT0": a, "INPUT1": b, "MODEL_NAME": names})
+    assert "Failed for execute the inference request. Model 'undefined_model' is not ready." in (
+        err.value.message
+    )
+
+
+def test_bls_async_gathers_two_calls(server: Server) -> None:
+    """examples/bls/async_client.py."""
+    a = np.random.rand(4).astype(np.float32)
+    b = np.random.rand(4).astype(np.float32)
+    with server.client() as c:
+        out = c.infer("bls_async", {"INPUT0": a, "INPUT1": b}, ["OUTPUT0", "OUTPUT1"])
+    assert np.allclose(a + b, out["OUTPUT0"]) and np.allclose(a - b, out["OUTPUT1"])
+
+
+@pytest.mark.parametrize(
+    ("model", "times"), [("bls_decoupled_sync", 1), ("bls_decoupled_async", 2)]
+)
+def test_bls_decoupled_sums_the_streams(server: Server, model: str, times: int) -> None:
+    """examples/bls_decoupled/{sync,async}_client.py: the square of IN (twice for async)."""
+    with server.client() as c:
+        for value in (4, 2, 0, 1):
+            data = np.array([value], dtype=np.int32)
+            out = c.infer(model, {"IN": data}, ["SUM"])
+            assert np.allclose(times * data * data, out["SUM"]), (value, out["SUM"])

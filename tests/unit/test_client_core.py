@@ -214,3 +214,40 @@ def test_releases_ride_on_the_next_request_and_keepalives_come_while_leases_are_
     assert [sent(e)["type"] for e in session.goodbye()] == []  # nothing registered, queued
     session.close()
     assert output_region.name not in session.mapped
+
+
+def test_a_request_like_an_earlier_one_reuses_its_encoded_header() -> None:
+    core = ClientCore("ipc:///tmp/inferpool-test/none.sock")
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    first = core.infer("m", {"INPUT0": x}, ["OUTPUT0"])
+    again = core.infer("m", {"INPUT0": x + 1}, ["OUTPUT0"])
+    assert sent(first) == {
+        "type": "infer",
+        "model_name": "m",
+        "model_version": "",
+        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2, 3]}],
+        "outputs": [{"name": "OUTPUT0"}],
+        "single_response": True,
+        "id": first.id,
+    }
+    assert sent(again) == {**sent(first), "id": again.id} and first.id != again.id
+    assert bytes(again.frames[0]) == (x + 1).tobytes()  # the new request's own data
+    assert len(core._templates) == 1
+    # another shape, dtype, version, stream or parameters: another header, never the old one
+    core.infer("m", {"INPUT0": x[:1]}, ["OUTPUT0"])
+    core.infer("m", {"INPUT0": x.astype(np.int8)}, ["OUTPUT0"])
+    core.infer("m", {"INPUT0": x}, ["OUTPUT0"], version=2)
+    streamed = core.infer("m", {"INPUT0": x}, ["OUTPUT0"], stream=True)
+    assert "single_response" not in sent(streamed)
+    with_params = core.infer("m", {"INPUT0": x}, ["OUTPUT0"], parameters={"priority": 1})
+    assert sent(with_params)["parameters"] == {"priority": 1}
+    listed = core.infer("m", {"INPUT0": [1, 2]}, ["OUTPUT0"])  # not numpy: encoded each time
+    assert sent(listed)["inputs"][0]["shape"] == [2]
+    assert len(core._templates) == 5
+    assert sent(core.infer("m", {"INPUT0": x[:1]}, ["OUTPUT0"]))["inputs"][0]["shape"] == [1, 3]
+
+
+def test_any_header_gets_its_id_last() -> None:
+    core = ClientCore("ipc:///tmp/inferpool-test/none.sock")
+    assert sent(core.raw({})) == {"id": "1"}
+    assert sent(core.raw({"type": "x", "id": "mine", "n": 1})) == {"type": "x", "n": 1, "id": "2"}

@@ -299,6 +299,7 @@ def test_an_unreadable_spec_says_what_is_wrong(environ: dict[str, str], problem:
 
 def test_exits_are_described_by_their_meaning() -> None:
     assert describe_exit(EXIT_BOOT_FAILED) == "exit code 3 (boot failed)"
+    assert describe_exit(EXIT_BOOT_FAILED, ready=True) == "exit code 3"  # the model's sys.exit(3)
     assert describe_exit(7) == "exit code 7"
     assert describe_exit(-9) == "signal SIGKILL"
     assert describe_exit(-6) == "signal SIGABRT"

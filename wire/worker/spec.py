@@ -31,6 +31,7 @@ EXIT_NAMES = {
     EXIT_BROKER_GONE: "broker gone",
     EXIT_ZYGOTE_GONE: "ended with its zygote",
 }
+BOOT_EXITS = frozenset({EXIT_BOOT_FAILED, EXIT_BROKER_GONE})  # a worker's words only while it boots
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,12 +108,14 @@ def read_spec(environ: Mapping[str, str]) -> WorkerSpec:
         raise InferpoolError(Code.INTERNAL, f"unreadable ${SPEC_ENV}: {exc}") from None
 
 
-def describe_exit(code: int) -> str:
-    """How a worker ended, for logs and errors: a signal name or an exit code's meaning."""
+def describe_exit(code: int, ready: bool = False) -> str:
+    """How a worker ended, for logs and errors: a signal name or an exit code's meaning.
+    Once the worker was ``ready`` its boot codes are no longer its words: an exit code 3
+    then comes from the model's own code (``sys.exit(3)``), not from a failed boot."""
     if code < 0:
         try:
             return f"signal {signal.Signals(-code).name}"
         except ValueError:
             return f"signal {-code}"
-    name = EXIT_NAMES.get(code)
+    name = None if ready and code in BOOT_EXITS else EXIT_NAMES.get(code)
     return f"exit code {code} ({name})" if name else f"exit code {code}"
