@@ -12,8 +12,9 @@ same execution as any batch with the plan's answers in place of the per-request 
 Only what the signature decides is planned: host-memory tensors, for a model without
 sequence controls or states, on an instance that runs on the CPU alone (the instance asks
 before it makes or uses a plan).  BYTES inputs (whose strings are checked per request), GPU
-memory, sequences and batches of several requests take the general path every time.  The model's outputs are checked on every
-execution: the signature decides what the model is given, not what it returns.
+memory, sequences and batches of several requests take the general path every time.  The
+model's outputs are checked on every execution: the signature decides what the model is
+given, not what it returns.
 """
 
 from __future__ import annotations

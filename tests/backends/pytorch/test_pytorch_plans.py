@@ -101,13 +101,7 @@ def test_the_outputs_asked_for_are_part_of_the_signature(repo, harness):
 
 def test_a_dict_input_and_a_reshape_go_through_a_plan(repo, harness):
     tm.save(tm.DictInput(), repo)
-    h = harness(
-        tm.config(
-            [tm.inp("x", "TYPE_INT64", [3]), tm.inp("y", "TYPE_INT64", [3])],
-            [tm.out("OUTPUT__0", "TYPE_INT64", [3])],
-            max_batch_size=4,
-        )
-    )
+    h = harness(tm.DICT_INPUT)
     for k in range(3):
         x, y = np.arange(6).reshape(2, 3) + k, np.full((2, 3), 10)
         np.testing.assert_array_equal(h.infer({"y": y, "x": x})["OUTPUT__0"], x * 2 + y)
