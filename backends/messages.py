@@ -90,6 +90,26 @@ class OutputMemory(Protocol):
 
 
 # ============================================================================ responses
+_SIZES: dict[tuple[str, Any], tuple[np.dtype[Any], int, tuple[int, ...]]] = {}
+_REMEMBERED = 64  # output shapes whose size is kept
+
+
+def _size(
+    name: str, datatype: str, shape: Sequence[int]
+) -> tuple[np.dtype[Any], int, tuple[int, ...]]:
+    """The numpy dtype, byte size and shape (of ints) of output ``name``; kept for a tuple."""
+    if datatype == "BYTES":
+        raise invalid_arg(f"output '{name}': use set_output() for BYTES tensors")
+    ints = tuple(map(int, shape))
+    dtype = codec.numpy_dtype(datatype)
+    known = dtype, dtype.itemsize * math.prod(ints), ints
+    if type(shape) is tuple:
+        if len(_SIZES) >= _REMEMBERED:
+            _SIZES.clear()
+        _SIZES[(datatype, shape)] = known
+    return known
+
+
 class Response:
     """The answer to one request: outputs written in place, parameters, or an error.
 
@@ -117,14 +137,14 @@ class Response:
         Write the result straight into the returned array: no further copy is made.  When
         the client asked for the output in its CUDA region this is a device (cupy) array.
         """
-        if datatype == "BYTES":
-            raise invalid_arg(f"output '{name}': use set_output() for BYTES tensors")
-        shape = tuple(map(int, shape))
-        dtype = codec.numpy_dtype(datatype)
-        buf = self._place(name, datatype, shape, dtype.itemsize * math.prod(shape))
+        try:  # a shape given as a tuple, met before: its dtype and size worked out then
+            dtype, nbytes, dims = _SIZES[(datatype, shape)]
+        except (KeyError, TypeError):  # TypeError: a list (unhashable), always worked out
+            dtype, nbytes, dims = _size(name, datatype, shape)
+        buf = self._place(name, datatype, dims, nbytes)
         if type(buf) is not memoryview and hasattr(buf, "__cuda_array_interface__"):
-            return buf.view(dtype).reshape(shape)
-        return np.ndarray(shape, dtype, buf)  # one call: frombuffer and reshape cost two
+            return buf.view(dtype).reshape(dims)
+        return np.ndarray(dims, dtype, buf)  # one call: frombuffer and reshape cost two
 
     def set_output(self, name: str, value: Any, datatype: str | None = None) -> None:
         """Copy an array (or a list of str/bytes for BYTES) into output ``name``.

@@ -18,7 +18,10 @@ In one run, with the same pinning for both:
 - lanes:     ShmClient(lane=True) straight to the worker (scripts/bench_lanes.py), spinning
              and not, next to its floors measured in the same run: a POSIX semaphore
              ping-pong and a bare spin hand-off between two processes (64 B copied on each
-             side), and what an idle lane costs over 10 s.
+             side), the lane bound (the least Python a lane round trip needs: records
+             packed and unpacked, one request and one response object, an output slot
+             from a free list, the 64 B copied, the output viewed), and what an idle lane
+             costs over 10 s.
 
 Sizes 64 B, 1 MiB, 16 MiB, 64 MiB (shm also 256 MiB); 1 and 4 concurrent client processes.
 The systems are measured in alternating rounds (noise on a shared machine hits them alike).
@@ -621,6 +624,8 @@ def run_lane_layout(name: str, layout: dict[str, int], quick: bool) -> dict[str,
         "sizes": sizes,
         "idle": idle,
         "spin_x_floor": spin["p50_us"] / floors["spin"]["p50_us"],
+        "bound_x_floor": floors["bound"]["p50_us"] / floors["spin"]["p50_us"],
+        "spin_x_bound": spin["p50_us"] / floors["bound"]["p50_us"],
         "relay_over_spin": small["relay"]["p50_us"] / spin["p50_us"],
         "sleep_x_sem": sleep["p50_us"] / floors["sem"]["p50_us"],
     }
@@ -634,6 +639,11 @@ def print_lane_row(r: dict[str, Any]) -> None:
         f"{r['layout']:6} floors: spin hand-off p50 {f['spin']['p50_us']:.1f}us, semaphore "
         f"ping-pong p50 {f['sem']['p50_us']:.1f}us; relay p50 {s['relay']['p50_us']:.0f}us, "
         f"lean relay {s['lean']['p50_us']:.0f}us"
+    )
+    print(
+        f"{r['layout']:6} lane bound (the least Python a lane round trip needs): p50 "
+        f"{f['bound']['p50_us']:.1f}us = {r['bound_x_floor']:.2f} x the spin floor; lane spin "
+        f"= {r['spin_x_bound']:.2f} x the bound"
     )
     for key in ("lane spin", "lane sleep"):
         x = s[key]

@@ -56,6 +56,10 @@ from inferpool.client import Client, ShmClient
 from inferpool.wire.worker.messages import Durations
 
 Infer = Callable[[np.ndarray], Any]
+# How long the lane's client spins for an answer before it sleeps: longer than a forward pass
+# of the batches timed here (ShmClient's default, 100 us, is shorter than the batch-1 pass
+# plus the backend around it, and a sleeping client pays a wake-up across cores)
+LANE_SPIN_US = 2000
 MLP_CONFIG = """
 name: "mlp"
 backend: "pytorch"
@@ -183,14 +187,18 @@ def model_repository(model_pt: Path, name: str, config: str, stack: contextlib.E
 class Served:
     """``infer`` through a real ``inferpool serve`` (one worker, this process's torch threads)."""
 
-    def __init__(self, repo: Path, stack: contextlib.ExitStack) -> None:
+    def __init__(self, repo: Path, stack: contextlib.ExitStack, cores: str = "") -> None:
+        """``cores``: where the worker is pinned (``--host-policy`` cpu-cores; "": anywhere)."""
         threads = f'{{ string_value: "{torch.get_num_threads()}" }}'
+        policy = ' host_policy: "bench"' if cores else ""
         config = (
-            f"{MLP_CONFIG}instance_group [{{ count: 1 kind: KIND_CPU }}]\n"
+            f"{MLP_CONFIG}instance_group [{{ count: 1 kind: KIND_CPU{policy} }}]\n"
             f'parameters {{ key: "INTRA_OP_THREAD_COUNT" value: {threads} }}\n'
         )
         served = model_repository(repo / "1" / "model.pt", "mlp", config, stack)
-        self.client = serve(served, stack)
+        self.client = serve(
+            served, stack, *([f"--host-policy=bench,cpu-cores={cores}"] * bool(cores))
+        )
 
     def __call__(self, x: np.ndarray) -> Any:
         return self.client.infer("mlp", {"INPUT__0": x})["OUTPUT__0"]
@@ -204,20 +212,27 @@ class Laned(Served):
     client's region, the output read in place (and copied out, as the others return it)."""
 
     def __init__(self, repo: Path, stack: contextlib.ExitStack) -> None:
-        super().__init__(repo, stack)
-        self.shm = stack.enter_context(ShmClient(self.client.endpoint, timeout=60, lane=True))
+        cores = sorted(os.sched_getaffinity(0))  # its worker on the last core, where it can
+        super().__init__(repo, stack, str(cores[-1]) if len(cores) > 1 else "")
+        self.shm = stack.enter_context(
+            ShmClient(self.client.endpoint, timeout=60, lane=True, lane_spin_us=LANE_SPIN_US)
+        )
         lane = self.shm.lane("mlp")  # raises if the server grants none
         self.worker_cores = os.sched_getaffinity(lane.worker_pid)
+        self.shm.close_lane("mlp")  # opened again where it is timed: placed()
         self.requests: dict[int, tuple[Any, np.ndarray]] = {}  # batch -> (request, input)
 
     @contextlib.contextmanager
     def placed(self) -> Iterator[None]:
         """This process on cores the worker does not use while the lane is timed, so that
-        both sides of it may spin (client.lane); the other paths run where they ran."""
+        both sides of it may spin (client.lane); the other paths run where they ran.  The
+        lane is opened here the first time: its two ends choose to spin when it opens, if
+        their processes are pinned apart then."""
         mine = os.sched_getaffinity(0)
         if mine - self.worker_cores:
             os.sched_setaffinity(0, mine - self.worker_cores)
         try:
+            self.shm.lane("mlp")
             yield
         finally:
             os.sched_setaffinity(0, mine)

@@ -32,7 +32,8 @@ from inferpool.workers.memory import WorkerMemory, host_input
 
 # For each input: its InputTensor, or None for BYTES (decoded per request), and where it lies.
 PlanInput = tuple["InputTensor | None", TensorRef, "tuple[int, ...] | None"]
-Plan = tuple[list[PlanInput], dict[str, RequestedOutput]]
+# its inputs, the outputs it wants, whether its Request can be made ahead (no BYTES input)
+Plan = tuple[list[PlanInput], dict[str, RequestedOutput], bool]
 Key = tuple[int, int, bytes]  # inputs, outputs, the body's bytes
 PLANS = 16  # request bodies a lane remembers as checked
 Emit = Callable[[Request, "Response | None", bool], None]
@@ -88,7 +89,7 @@ class Plans:
         """Make the Request of the next request ahead, for the body the latest one had
         (not for BYTES inputs: those are read when the request comes)."""
         last = self._last
-        if last is not None and self._ready is None and all(p[0] for p in last[1][0]):
+        if last is not None and self._ready is None and last[1][2]:
             self._ready = (last[0], self._make(last[1], "", -1))
 
     def clear(self) -> None:
@@ -97,7 +98,7 @@ class Plans:
         self._last = self._ready = None
 
     def _make(self, plan: Plan, request_id: str, n: int) -> Request:
-        planned, wanted = plan
+        planned, wanted, _ = plan
         inputs = {}
         for tensor, ref, reshape in planned:
             inputs[ref.name] = tensor or host_input(self.inputs, ref, reshape)
@@ -143,9 +144,10 @@ class Plans:
             tensor = host_input(self.inputs, ref, reshape)  # in the region, or INVALID_ARG
             refs.append((None if datatype == "BYTES" else tensor, ref, reshape))
         check_required(model, contract.required, seen)
+        ahead = all(r[0] is not None for r in refs)
         if not outputs:
-            return refs, contract.all_outputs
+            return refs, contract.all_outputs, ahead
         names = contract.outputs
         if any(i >= len(names) for i in outputs):
             raise invalid_arg(f"unexpected inference output index for model '{model}'")
-        return refs, {names[i]: RequestedOutput(names[i]) for i in outputs}
+        return refs, {names[i]: RequestedOutput(names[i]) for i in outputs}, ahead

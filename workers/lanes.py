@@ -152,6 +152,7 @@ class LaneServer(HoldingThread):
         self.slots, self.slot_size = geometry.slots, geometry.slot_size
         self.request_at = [geometry.request(i) for i in range(geometry.slots)]
         self.response_at = [geometry.response(i) for i in range(geometry.slots)]
+        self.writer = wl.ResponseWriter(self.raw, self.slot_size)
         self.spin_ns = msg.spin_us * 1000 if msg.spin_us > 0 and apart(msg.client_pid) else 0
         self.leases: set[int] = set()  # output offsets the client holds
         self._closing = False
@@ -320,8 +321,7 @@ class LaneServer(HoldingThread):
         self._ok = True
 
     def _write(self, n: int, request_id: int, outputs: Any, parameters: Any) -> None:
-        at = self.response_at[n % self.slots]
-        wl.write_response(self.raw, at, self.slot_size, request_id, outputs, parameters)
+        self.writer.write(self.response_at[n % self.slots], request_id, outputs, parameters)
         self.responses.ring(n + 1)
 
     def _write_error(self, n: int, request_id: int, err: InferpoolError) -> None:

@@ -61,6 +61,8 @@ class IdentityModel(Model):
         self.log.info("Repository location: %s", self.repository_path)
         self.optional_inputs: dict[int, tuple[str, list[int]]] = {}
         self._validate()
+        # each output's input, named once: OUTPUT<i> answers with INPUT<i>
+        self.sources = {o.name: "INPUT" + o.name[len("OUTPUT") :] for o in self.config.output}
         self.execute_delay_ms = _int_parameter(self, "execute_delay_ms")
         self.delay_multiplier = (
             _int_parameter(self, "instance_wise_delay_multiplier") if self.execute_delay_ms else 0
@@ -128,6 +130,7 @@ def model_type_name(data_type: int) -> str:
 
 class IdentityInstance(ModelInstance):
     model: IdentityModel
+    answered_bytes = 0  # the bytes of the inputs answered in this execution (the metric's)
 
     def initialize(self) -> None:
         self.log.info(
@@ -139,27 +142,33 @@ class IdentityInstance(ModelInstance):
         if self.kind != "CPU":
             raise invalid_arg("'identity' backend only supports CPU instances")
 
-    def execute(self, requests: list[Request]) -> list[Response]:
+    def execute(self, requests: list[Request]) -> None:
+        """Each request is answered as soon as its outputs are written, and the statistics
+        reported after all are sent, as identity.cc does: they are off the answer's path."""
         model = self.model
         exec_start = now_ns()
         compute_start = exec_start
         if model.execute_delay_ms > 0:
             multiplier = model.delay_multiplier * self.index if model.delay_multiplier > 0 else 0
             time.sleep(model.execute_delay_ms * max(multiplier, 1) / 1000.0)
+        self.answered_bytes = 0
         responses = [self._answer(r) for r in requests]
         compute_end = now_ns()
+        for request, response in zip(requests, responses, strict=True):
+            request.respond(response)
+        exec_end = now_ns()
+        if self.answered_bytes:  # counted once per execution
+            model.input_bytes.increment(self.answered_bytes)
         total_batch = (
             sum(batch_size_of(r, True) for r in requests)
             if model.supports_batching
             else len(requests)
         )
-        exec_end = now_ns()
         for request, response in zip(requests, responses, strict=True):
             self.report_statistics(
                 request, response.error is None, exec_start, compute_start, compute_end, exec_end
             )
         self.report_batch_statistics(total_batch, exec_start, compute_start, compute_end, exec_end)
-        return responses
 
     def _answer(self, request: Request) -> Response:
         model = self.model
@@ -170,17 +179,16 @@ class IdentityInstance(ModelInstance):
                 first = next(iter(request.inputs.values()))
                 batch_dim = first.shape[0] if first.shape else 0
             for name in request.requested_outputs:
-                index = name[len("OUTPUT") :]
-                input_name = "INPUT" + index
+                input_name = model.sources.get(name) or "INPUT" + name[len("OUTPUT") :]
                 src = request.inputs.get(input_name)
                 if src is not None:
-                    model.input_bytes.increment(src.byte_size)
+                    self.answered_bytes += src.byte_size
                     if src.datatype == "BYTES":
                         response.set_output(name, src.data, "BYTES")
                     else:
                         copy_into(response.output(name, src.shape, src.datatype), src.data)
                     continue
-                optional = model.optional_inputs.get(_index(index))
+                optional = model.optional_inputs.get(_index(input_name[len("INPUT") :]))
                 if optional is None:
                     raise InferpoolError(Code.UNSUPPORTED, f"failed to get input '{input_name}'")
                 datatype, shape = optional

@@ -103,6 +103,23 @@ def test_a_lane_answers_in_place_and_is_counted(server: Server) -> None:
     assert samples[("nv_inference_request_success", labels[:1] + labels[2:])] >= 5
 
 
+def test_a_lane_tells_a_changed_response_from_the_last_one(server: Server) -> None:
+    """Each end knows a record like its last one by its bytes: a response of another shape,
+    or in another place, is read anew, and a result's parameters are its own."""
+    with ShmClient(server.endpoint, lane=True, timeout=10) as c:
+        for n in (6, 6, 3, 3, 6):  # released each time: the same place, twice the same
+            values = np.arange(n, dtype=np.float32) + n
+            with c.run(fp32_request(c, "plain", values)) as result:
+                assert np.array_equal(result["OUTPUT0"], values)
+                assert result.parameters["param1"] == 42
+                result.parameters["param1"] = 0  # the next result's are not these
+        held = c.run(fp32_request(c, "plain", np.ones(6, np.float32)))
+        with c.run(fp32_request(c, "plain", np.zeros(6, np.float32))) as result:
+            assert result.leases != held.leases  # the held output is elsewhere
+            assert not result["OUTPUT0"].any() and held["OUTPUT0"].all()
+        held.release()
+
+
 def test_a_batching_model_takes_its_batch_dimension_on_a_lane(server: Server) -> None:
     with ShmClient(server.endpoint, timeout=10) as c:
         c.lane("batch")

@@ -43,7 +43,8 @@ def test_a_response_round_trips_with_every_kind_of_parameter(region: memoryview)
     params = {"s": "text", "i": -42, "b": True, "f": 1.5}
     at = GEOMETRY.response(2)
     wl.write_response(region, at, 1024, 9, outputs, params)
-    assert wl.read_response(region, at, 1024) == wl.LaneResponse(9, 0, outputs, params, "")
+    size = 24 + 32 + 16 + 24 + 16 + 24  # the head, a 1-D tensor, the four parameters
+    assert wl.read_response(region, at, 1024) == wl.LaneResponse(9, 0, outputs, params, "", size)
     wl.write_response(region, at, 1024, 9, outputs, {"s": "text", "i": -42, "b": 1, "f": 1.5})
     back = wl.read_response(region, at, 1024).parameters["b"]
     assert type(back) is int and back == 1  # not True: a new encoding
@@ -54,6 +55,26 @@ def test_a_response_round_trips_with_every_kind_of_parameter(region: memoryview)
         "no such input",
         "INVALID_ARG",
     )
+
+
+def test_a_response_like_the_last_but_its_id_is_copied_and_a_change_written_anew(
+    region: memoryview,
+) -> None:
+    writer = wl.ResponseWriter(region, 1024)
+    at = GEOMETRY.response(1)
+    outputs = [(0, wl.DATATYPES["FP32"], 256, 16, (4,))]
+    params = {"a": 1, "b": "x"}
+    writer.write(at, 1, outputs, params)
+    first = wl.read_response(region, at, 1024)
+    region[at : at + 1024] = bytes(1024)  # a copy must write the whole record
+    writer.write(at, 2, outputs, dict(params))
+    assert wl.read_response(region, at, 1024) == first._replace(id=2)
+    writer.write(at, 3, outputs, {"a": True, "b": "x"})  # equal to 1, but a bool
+    assert wl.read_response(region, at, 1024).parameters["a"] is True
+    writer.write(at, 4, outputs, {"b": "x", "a": 1})  # the same, in another order
+    assert list(wl.read_response(region, at, 1024).parameters) == ["b", "a"]
+    writer.write(at, 5, [(0, wl.DATATYPES["FP32"], 512, 16, (4,))], params)  # elsewhere
+    assert wl.read_response(region, at, 1024)[:3] == (5, 0, [wl.Tensor(0, 11, 512, 16, (4,))])
 
 
 def test_what_does_not_fit_a_slot_is_refused(region: memoryview) -> None:
