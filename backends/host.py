@@ -16,6 +16,7 @@ from typing import Any
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2
 
+from inferpool.backends import threads
 from inferpool.backends.api import (
     Backend,
     InferenceCalls,
@@ -28,7 +29,6 @@ from inferpool.backends.api import (
 )
 from inferpool.backends.loader import find_backend
 from inferpool.backends.metrics import RequestTiming, StatsCollector, Timestamps
-from inferpool.backends.threads import adopt_torch_threads
 from inferpool.wire.errors import Code, InferpoolError, internal
 from inferpool.wire.worker.messages import BatchStats
 from inferpool.wire.worker.spec import InstanceSpec
@@ -167,7 +167,8 @@ class BackendHost:
         A raising backend fails the requests it had not answered yet; the worker carries on.
         """
         assert self.instance is not None, "execute before load"
-        adopt_torch_threads()
+        if not threads.adopted.done:
+            threads.adopt_torch_threads()
         try:
             result = self.instance.execute(requests)
             if result is not None:
