@@ -246,4 +246,4 @@ def iter_responses(requests: Sequence[Request], result: Any) -> Iterator[tuple[R
     """Pair execute()'s returned list with its requests, checking the count."""
     if len(result) != len(requests):
         raise internal(f"execute() returned {len(result)} responses for {len(requests)} requests")
-    return zip(requests, result, strict=True)
+    return zip(requests, result)  # noqa: B905 (counted above; strict= is parsed per call)

@@ -16,6 +16,7 @@ from typing import Any
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2
 
+from inferpool.backends import threads
 from inferpool.backends.api import (
     Backend,
     InferenceCalls,
@@ -27,13 +28,13 @@ from inferpool.backends.api import (
     iter_responses,
 )
 from inferpool.backends.loader import find_backend
-from inferpool.backends.metrics import RequestTiming, StatsCollector
-from inferpool.backends.threads import adopt_torch_threads
+from inferpool.backends.metrics import RequestTiming, StatsCollector, Timestamps
 from inferpool.wire.errors import Code, InferpoolError, internal
 from inferpool.wire.worker.messages import BatchStats
 from inferpool.wire.worker.spec import InstanceSpec
 
 API_VERSION = (1, 0)
+_make = tuple.__new__  # a NamedTuple without its Python-level __new__
 log = logging.getLogger("inferpool.worker")
 
 
@@ -166,7 +167,8 @@ class BackendHost:
         A raising backend fails the requests it had not answered yet; the worker carries on.
         """
         assert self.instance is not None, "execute before load"
-        adopt_torch_threads()
+        if not threads.adopted.done:
+            threads.adopt_torch_threads()
         try:
             result = self.instance.execute(requests)
             if result is not None:
@@ -213,5 +215,11 @@ class BackendHost:
         return self.stats.timings.pop(id(request), None)
 
     def take_batches(self) -> list[BatchStats]:
+        return [
+            _make(BatchStats, (size, stamps.durations())) for size, stamps in self.take_stamps()
+        ]
+
+    def take_stamps(self) -> list[tuple[int, Timestamps]]:
+        """The batches reported since the last take, as reported: (batch size, instants)."""
         batches, self.stats.batches = self.stats.batches, []
         return batches

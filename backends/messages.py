@@ -111,7 +111,11 @@ def _size(
 
 
 class Response:
-    """The answer to one request: outputs written in place, parameters, or an error."""
+    """The answer to one request: outputs written in place, parameters, or an error.
+
+    Made for every request on every path: slots, no instance dict."""
+
+    __slots__ = ("_request", "devices", "error", "outputs", "parameters")
 
     def __init__(self, request: Request, error: InferpoolError | None = None) -> None:
         self._request = request
@@ -177,6 +181,8 @@ class Response:
             return False
         region, offset, nbytes = lent
         self.outputs[name] = OutputTensor(name, datatype, data.shape, region, offset, nbytes)
+        if request.kept is None:
+            request.kept = []
         request.kept.append(data)
         return True
 
@@ -233,6 +239,27 @@ class ResponseSender:
 class Request:
     """A request as the backend sees it: inputs as views of shared memory, outputs to fill."""
 
+    __slots__ = (
+        "_cancelled",
+        "_emit",
+        "_final",
+        "_memory",
+        "_sender",
+        "_sent",
+        "correlation_id",
+        "decoupled",
+        "flags",
+        "handle",
+        "id",
+        "inputs",
+        "kept",
+        "parameters",
+        "pass_on_thread",
+        "priority",
+        "requested_outputs",
+        "timeout_us",
+    )
+
     def __init__(
         self,
         *,
@@ -269,7 +296,7 @@ class Request:
         self._emit = emit
         self._cancelled = cancelled
         self.pass_on_thread = pass_on_thread
-        self.kept: list[Any] = []  # views of BLS replies its responses pass on
+        self.kept: list[Any] | None = None  # views of BLS replies its responses pass on
         self._sender: ResponseSender | None = None  # made (with its lock) only when asked for
         self._sent = 0
         self._final = False

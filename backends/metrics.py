@@ -5,12 +5,11 @@ the collector that holds it until the worker sends it to the broker."""
 from __future__ import annotations
 
 import threading
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from inferpool.backends.messages import Request
 from inferpool.wire.errors import invalid_arg
 from inferpool.wire.worker.messages import (
-    BatchStats,
     Durations,
     MemoryUsage,
     MetricFamilyInfo,
@@ -106,9 +105,11 @@ class StatsCollector:
 
     def __init__(self) -> None:
         self.timings: dict[int, RequestTiming] = {}  # keyed by id(request)
-        self.batches: list[BatchStats] = []
+        # (batch size, Timestamps) of each batch reported: made BatchStats when taken
+        self.batches: list[tuple[int, Timestamps]] = []
         self._families: list[MetricFamilyInfo] = []
-        self._ops: dict[tuple[str, tuple[tuple[str, str], ...]], MetricOp] = {}  # Metric.key ->
+        # Metric.key -> [metric, op, value]: folded in place until drained
+        self._ops: dict[tuple[str, tuple[tuple[str, str], ...]], list[Any]] = {}
         self._memory: dict[tuple[str, int], int] = {}  # (memory type, device id) -> bytes
         self._lock = threading.Lock()
 
@@ -117,7 +118,7 @@ class StatsCollector:
         self.timings[id(request)] = _make(RequestTiming, (success, stamps))
 
     def report_batch(self, batch_size: int, stamps: Timestamps) -> None:
-        self.batches.append(_make(BatchStats, (batch_size, stamps.durations())))
+        self.batches.append((batch_size, stamps))
 
     def report_memory_usage(self, memory_type: str, device_id: int, byte_size: int) -> None:
         """The instance holds ``byte_size`` bytes of this memory (replaces an earlier report)."""
@@ -140,19 +141,21 @@ class StatsCollector:
 
     # MetricSink
     def record(self, metric: Metric, op: str, value: float) -> None:
-        """Updates are folded per metric until sent: one entry per metric per batch."""
+        """Updates are folded per metric until sent: one entry per metric per batch (an
+        increment adds to the entry's value, whatever its op; a set replaces it)."""
         with self._lock:
             entry = self._ops.get(metric.key)
             if entry is not None and op == "inc":
-                value += entry.value
-                op = entry.op
-            self._ops[metric.key] = _make(MetricOp, (metric.family, metric.labels, op, value))
+                entry[2] += value
+            else:
+                self._ops[metric.key] = [metric, op, value]
 
     def drain_metrics(self) -> MetricsUpdate | None:
         """The metric updates since the last drain, or None if there were none."""
         with self._lock:
             if not self._families and not self._ops:
                 return None
-            update = MetricsUpdate(self._families, list(self._ops.values()))
+            ops = [_make(MetricOp, (m.family, m.labels, op, v)) for m, op, v in self._ops.values()]
+            update = MetricsUpdate(self._families, ops)
             self._families, self._ops = [], {}
             return update

@@ -19,15 +19,17 @@ class _Adopted(threading.local):
     done = False  # a class default: a thread that has not adopted raises no AttributeError
 
 
-_adopted = _Adopted()
+#: ``adopted.done``: whether this thread has adopted (asked before each execution, so
+#: that the call below is made once per thread)
+adopted = _Adopted()
 
 
 def adopt_torch_threads() -> None:
     """Give the calling thread torch's intra-op thread count, once per thread."""
-    if _adopted.done:
+    if adopted.done:
         return
     torch = sys.modules.get("torch")
     if torch is None:
         return  # checked again next time: the model may import torch later
     torch.set_num_threads(torch.get_num_threads())  # the process's count, for this thread
-    _adopted.done = True
+    adopted.done = True

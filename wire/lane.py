@@ -19,6 +19,7 @@ words count modulo 2**32.
 from __future__ import annotations
 
 import functools
+import operator
 import struct
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
@@ -306,6 +307,33 @@ def read_request(buf: Any, at: int, slot_size: int) -> LaneRequest:
     return _make(LaneRequest, (request_id, sent_ns, flags, n_inputs, n_outputs, body, releases))
 
 
+class RequestReader:
+    """Reads the request records of one lane's slots in ``buf``.  A client sends a stream of
+    like requests: a record whose body and release count have the lengths of the last one
+    read is unpacked whole with that one's struct (head, body, releases in one call), its
+    head's lengths checked against the struct's; any other goes through ``read_request``."""
+
+    __slots__ = ("_lengths", "_record", "buf", "slot_size")
+
+    def __init__(self, buf: Any, slot_size: int) -> None:
+        self.buf = buf
+        self.slot_size = slot_size
+        self._record: struct.Struct | None = None  # the last record's struct: fits a slot
+        self._lengths = (-1, -1)  # its release count and body length
+
+    def read(self, at: int) -> LaneRequest:
+        """``read_request`` of the slot at ``at``."""
+        record = self._record
+        if record is not None:
+            v = record.unpack_from(self.buf, at)
+            if (v[5], v[6]) == self._lengths:
+                return _make(LaneRequest, (v[0], v[1], v[2], v[3], v[4], v[7], list(v[8:])))
+        req = read_request(self.buf, at, self.slot_size)
+        self._record = _request_record(len(req.body), len(req.releases))
+        self._lengths = (len(req.releases), len(req.body))
+        return req
+
+
 def parse_body(body: bytes, n_inputs: int, n_outputs: int) -> tuple[list[Tensor], list[int]]:
     """A request body's inputs and wanted outputs; ValueError if they do not fit it."""
     inputs, pos = _read_tensors(body, 0, n_inputs, len(body))
@@ -435,15 +463,16 @@ class ResponseWriter:
     """Writes the response records of one lane's slots in ``buf``.  A backend answers a
     stream of like requests alike: a record equal to the last one written but for its id
     (the same outputs in the same places, parameters equal, with the same keys in the same
-    order and values of the same types) is the last one's bytes, copied whole."""
+    order and values of the same types) is the last one's bytes, copied whole.  A backend
+    that answers with the same parameter objects each time is known by their identity."""
 
     __slots__ = ("_last", "buf", "slot_size")
 
     def __init__(self, buf: Any, slot_size: int) -> None:
         self.buf = buf
         self.slot_size = slot_size
-        # the last success written: its outputs, parameters, their keys and types, its bytes
-        self._last: tuple[Any, Any, tuple[Any, ...], bytes] = (None, None, (), b"")
+        # the last success written: its outputs, its parameters' keys and values, its bytes
+        self._last: tuple[Any, tuple[Any, ...], tuple[Any, ...], bytes] = (None, (), (), b"")
 
     def write(
         self,
@@ -454,16 +483,29 @@ class ResponseWriter:
     ) -> None:
         """A success into the slot at ``at`` (``write_response``'s ValueError if it does not
         fit)."""
-        last_outputs, last_parameters, last_kinds, record = self._last
-        kinds = (*parameters, *map(type, parameters.values())) if parameters else ()
+        last_outputs, keys, values, record = self._last
         buf = self.buf
-        if outputs == last_outputs and parameters == last_parameters and kinds == last_kinds:
+        if outputs == last_outputs and (
+            _same(parameters, keys, values) if parameters else not keys
+        ):
             _U64.pack_into(buf, at, request_id)
             buf[at + 8 : at + 8 + len(record)] = record
             return
         size = write_response(buf, at, self.slot_size, request_id, outputs, parameters)
-        kept = dict(parameters) if parameters else None
-        self._last = (list(outputs), kept, kinds, bytes(buf[at + 8 : at + size]))
+        keys, values = (tuple(parameters), tuple(parameters.values())) if parameters else ((), ())
+        self._last = (list(outputs), keys, values, bytes(buf[at + 8 : at + size]))
+
+
+def _same(parameters: Mapping[str, Any], keys: tuple[Any, ...], values: tuple[Any, ...]) -> bool:
+    """Whether ``parameters`` are ``keys`` and ``values`` (str, int, bool, float: immutable),
+    in that order: the very objects, or equal values of the same types (True == 1)."""
+    if len(parameters) != len(keys):
+        return False
+    if not all(map(operator.is_, parameters.values(), values)):
+        now = tuple(parameters.values())
+        if tuple(map(type, now)) != tuple(map(type, values)) or now != values:
+            return False
+    return tuple(parameters) == keys
 
 
 def read_response(buf: Any, at: int, slot_size: int) -> LaneResponse:

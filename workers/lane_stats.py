@@ -11,7 +11,6 @@ import threading
 from collections.abc import Sequence
 
 from inferpool.wire.worker.messages import (
-    BatchStats,
     Durations,
     LaneBatch,
     LaneStats,
@@ -19,7 +18,8 @@ from inferpool.wire.worker.messages import (
 )
 
 # an executed request as ``Tally.add`` keeps it until it is folded
-Row = tuple[bool, int, int, int, "Sequence[int] | None", "Sequence[BatchStats]", int]
+Row = tuple[bool, int, int, int, "Sequence[int] | None", "Sequence[Batch]", int]
+Batch = tuple[int, Sequence[int]]  # a batch its backend reported: size, its four instants
 
 
 class Tally:
@@ -42,13 +42,14 @@ class Tally:
         queue_ns: int,
         batch_size: int,
         stamps: Sequence[int] | None,
-        batches: Sequence[BatchStats],
+        batches: Sequence[Batch],
         exec_ns: int,
     ) -> None:
         """One executed lane request: ``stamps``, the four instants its backend reported
         (``backends.metrics.Timestamps``), if it did; ``batches``, what the backend reported
-        of its batch, if anything; ``exec_ns``, how long it executed as the worker saw it.
-        Kept as it is and folded when taken: a lane thread answers its next request sooner."""
+        of its batch, if anything (its size and four instants); ``exec_ns``, how long it
+        executed as the worker saw it.  Kept as it is and folded when taken: a lane thread
+        answers its next request sooner."""
         row = (ok, total_ns, queue_ns, batch_size, stamps, batches, exec_ns)
         with self._lock:
             self.pending = True
@@ -75,8 +76,10 @@ class Tally:
                     sums[1] += exec_ns
             if not batches:
                 self._batch(batch_size, 0, exec_ns, 0)
-            for b in batches:
-                self._batch(b.batch_size, *b.durations)
+            for size, (start, compute_start, compute_end, end) in batches:
+                self._batch(
+                    size, compute_start - start, compute_end - compute_start, end - compute_end
+                )
 
     def _batch(self, size: int, compute_input: int, compute_infer: int, output: int) -> None:
         entry = self.batches.get(size)

@@ -152,6 +152,7 @@ class LaneServer(HoldingThread):
         self.slots, self.slot_size = geometry.slots, geometry.slot_size
         self.request_at = [geometry.request(i) for i in range(geometry.slots)]
         self.response_at = [geometry.response(i) for i in range(geometry.slots)]
+        self.reader = wl.RequestReader(self.raw, self.slot_size)
         self.writer = wl.ResponseWriter(self.raw, self.slot_size)
         self.spin_ns = msg.spin_us * 1000 if msg.spin_us > 0 and apart(msg.client_pid) else 0
         self.leases: set[int] = set()  # output offsets the client holds
@@ -232,7 +233,7 @@ class LaneServer(HoldingThread):
         claimed = _now()
         words = self.words
         try:
-            req = wl.read_request(self.raw, self.request_at[n % self.slots], self.slot_size)
+            req = self.reader.read(self.request_at[n % self.slots])
         except ValueError as exc:  # nothing of it can be trusted: not even its id
             words[REQ_DONE] = (n + 1) & MASK
             self._answer_error(n, 0, invalid_arg(f"malformed lane request: {exc}"), claimed)
@@ -257,7 +258,7 @@ class LaneServer(HoldingThread):
             exec_start = _now()
             host.execute([request])
             timing = host.timing_of(request)
-            batches = host.take_batches()
+            batches = host.take_stamps()
         end = _now()
         lanes.tally.add(
             self._ok,
@@ -275,15 +276,13 @@ class LaneServer(HoldingThread):
         """Free the outputs the client is done with; NOT_FOUND for a token it does not hold
         (the others are freed)."""
         leases = self.leases
-        good, bad = [], []
-        for token in tokens:
-            if token in leases:
-                leases.discard(token)
-                good.append(token)
-            else:
-                bad.append(token)
-        self.memory.free_outputs(good)
-        if bad:
+        held = leases.intersection(tokens)
+        leases.difference_update(held)
+        self.memory.free_outputs(held)
+        if len(held) != len(tokens):  # a token not held, or one given twice
+            bad = list(tokens)
+            for token in held:
+                bad.remove(token)  # its first occurrence: a second one is not held
             raise not_found(
                 f"{len(bad)} lease(s) not held on this lane: {bad[:5]} (released already or "
                 f"never granted); {len(tokens) - len(bad)} other lease(s) were released"

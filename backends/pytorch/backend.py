@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -28,6 +30,7 @@ from inferpool.backends.pytorch.device import Placement
 from inferpool.backends.pytorch.inputs import InputAssembler, Prepared
 from inferpool.backends.pytorch.outputs import OutputWriter, normalize
 from inferpool.backends.pytorch.parameters import Settings
+from inferpool.backends.pytorch.plans import Plan, Plans
 from inferpool.backends.pytorch.weights import SharedWeights, held_bytes, region_key
 from inferpool.wire.errors import InferpoolError, internal, unsupported
 
@@ -104,6 +107,7 @@ class PyTorchInstance(ModelInstance):
                 naming.output_layout(model.outputs, model.states, model.name, batching, self.log),
                 batching,
             )
+            self.plans = Plans(self.assembler, self.writer)
             self._resources = stack.pop_all()
 
     def _share_weights(self, path: str) -> SharedWeights | None:
@@ -155,9 +159,79 @@ class PyTorchInstance(ModelInstance):
 
     # ------------------------------------------------------------------ execution
     def execute(self, requests: list[Request]) -> list[Response]:
-        model = self.model
         exec_start = now_ns()
+        if len(requests) == 1 and not self.placement.streams:  # the CPU: no streams to set
+            plan = self.plans.get(requests[0])
+            if plan is not None:  # a known signature: its checks passed when the plan was made
+                return [self._planned(requests[0], plan, exec_start)]
         responses: dict[int, Response] = {}
+        batch, total = self._checked(requests, responses)
+        compute_start = compute_end = exec_start
+        if batch:
+            compute_start, compute_end = self._run(batch, responses, exec_start)
+        ordered = [responses[id(request)] for request in requests]
+        self._report(requests, ordered, exec_start, compute_start, compute_end, total, batch)
+        return ordered
+
+    def _planned(self, request: Request, plan: Plan, exec_start: int) -> Response:
+        """A lone request of a known signature on the CPU: its inputs taken and its outputs
+        written as the plan says, around the forward pass every batch gets."""
+        response = Response(request)
+        infer_start = output_start = 0  # not reached
+        try:
+            with self.model.settings.applied():  # on the CPU (placement.around: as it is)
+                args = plan.forward_args(request.inputs)
+                infer_start = now_ns()
+                outputs = self._forward(args)
+                output_start = now_ns()
+                self.writer.write(outputs, [(plan.prepared(request), response)], plan.writes)
+        except Exception as exc:  # nothing written for it may leak
+            response.discard()
+            response = Response(request, InferpoolError.wrap(exc))
+        if not output_start:  # the marks not reached read as the end
+            output_start = now_ns()
+            infer_start = infer_start or output_start
+        self._report((request,), (response,), exec_start, infer_start, output_start, plan.rows)
+        return response
+
+    def _report(
+        self,
+        requests: Sequence[Request],
+        responses: Sequence[Response],
+        exec_start: int,
+        compute_start: int,
+        compute_end: int,
+        rows: int,
+        ran: object = True,
+    ) -> None:
+        """Statistics of an execution that ends now: each request's, and the batch's where
+        one ``ran`` (``rows`` rows)."""
+        # one Timestamps for the batch and its requests (report_statistics' and
+        # report_batch_statistics' reports, without building it per call)
+        stamps = _stamps(Timestamps, (exec_start, compute_start, compute_end, now_ns()))
+        model = self.model
+        stats = model.stats
+        for request, response in zip(requests, responses):  # noqa: B905 (one per request)
+            stats.report_request(request, response.error is None, stamps)
+        if ran:
+            stats.report_batch(rows, stamps)
+        if model.settings.cache_cleaning:
+            self.placement.clear_cache()
+
+    def _forward(self, args: list[Any]) -> list[Any]:
+        """The model's outputs for ``args`` (backends.pytorch.outputs.normalize)."""
+        try:
+            result = self.forward(*args)
+        except Exception as exc:
+            raise internal(f"PyTorch execute failure: {exc}") from exc
+        return [result] if type(result) is torch.Tensor else normalize(result)
+
+    def _checked(
+        self, requests: list[Request], responses: dict[int, Response]
+    ) -> tuple[list[Prepared], int]:
+        """Every request checked on its own: those that run together and their rows; the
+        others are answered in ``responses``.  A lone request that passes leaves the plan of
+        its signature (backends.pytorch.plans) for the next of the same."""
         batch: list[Prepared] = []
         prepare = self.assembler.prepare
         for request in requests:
@@ -165,28 +239,13 @@ class PyTorchInstance(ModelInstance):
                 batch.append(prepare(request))
             except InferpoolError as err:
                 responses[id(request)] = Response(request, err)
-        total = 0
         if len(batch) > 1:
-            batch, total = self._batchable(batch, responses)
-        elif batch:  # one request: its checks kept it within max_batch_size
-            total = batch[0].batch
-        compute_start = compute_end = exec_start
-        if batch:
-            compute_start, compute_end = self._run(batch, responses, exec_start)
-        # one Timestamps for the batch and its requests (report_statistics' and
-        # report_batch_statistics' reports, without building it per call)
-        stamps = _stamps(Timestamps, (exec_start, compute_start, compute_end, now_ns()))
-        stats = model.stats
-        ordered = []
-        for request in requests:
-            response = responses[id(request)]
-            stats.report_request(request, response.error is None, stamps)
-            ordered.append(response)
-        if batch:
-            stats.report_batch(total, stamps)
-        if model.settings.cache_cleaning:
-            self.placement.clear_cache()
-        return ordered
+            return self._batchable(batch, responses)
+        if not batch:
+            return batch, 0
+        if not self.placement.streams:
+            self.plans.add(batch[0])
+        return batch, batch[0].batch  # one request: its checks kept it within max_batch_size
 
     def _batchable(
         self, batch: list[Prepared], responses: dict[int, Response]
@@ -224,11 +283,7 @@ class PyTorchInstance(ModelInstance):
                 if events:
                     placement.record(1)
                 infer_start = now_ns()
-                try:
-                    result = self.forward(*args)
-                except Exception as exc:
-                    raise internal(f"PyTorch execute failure: {exc}") from exc
-                outputs = normalize(result)
+                outputs = self._forward(args)
                 if events:
                     placement.record(2)
                 output_start = now_ns()

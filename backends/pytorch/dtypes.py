@@ -76,7 +76,7 @@ def _read_only_warned() -> bool:
         return len(seen) == first
 
 
-_FROM_NUMPY_READ_ONLY = _read_only_warned()
+FROM_NUMPY_READ_ONLY = _read_only_warned()
 
 
 def as_tensor(array: Any) -> torch.Tensor:
@@ -86,6 +86,6 @@ def as_tensor(array: Any) -> torch.Tensor:
         return array if isinstance(array, torch.Tensor) else torch.from_dlpack(array)
     if array.dtype.itemsize == 2 and array.dtype.name == "bfloat16":
         return as_tensor(array.view(np.uint16)).view(torch.bfloat16)
-    if _FROM_NUMPY_READ_ONLY or array.flags.writeable:
+    if FROM_NUMPY_READ_ONLY or array.flags.writeable:
         return torch.from_numpy(array)
     return torch.from_dlpack(array)

@@ -19,6 +19,9 @@ from inferpool.backends.pytorch.inputs import Prepared
 from inferpool.backends.pytorch.naming import OutputSpec
 from inferpool.wire.errors import internal, invalid_arg
 
+#: an output, its torch dtype (None: BYTES) and whether a request gets it
+Write = tuple[OutputSpec, torch.dtype | None, bool]
+
 
 def _type_name(value: Any) -> str:
     if isinstance(value, torch.Tensor):
@@ -92,14 +95,33 @@ class OutputWriter:
                 )
         self._checked = count
 
-    def write(self, outputs: list[Any], batch: list[tuple[Prepared, Response]]) -> None:
-        """Fill every response of ``batch``; a mismatch with the config fails the whole batch."""
+    def writes(self, requested: dict[str, Any]) -> list[Write]:
+        """Each output with its torch dtype and whether a lone request asking for the
+        outputs ``requested`` gets it (a state always goes back to the sequence batcher)."""
+        return [
+            (spec, torch_dtype, spec.state or (spec.config_output and spec.name in requested))
+            for spec, torch_dtype in self._typed
+        ]
+
+    def write(
+        self,
+        outputs: list[Any],
+        batch: list[tuple[Prepared, Response]],
+        writes: list[Write] | None = None,
+    ) -> None:
+        """Fill every response of ``batch``; a mismatch with the config fails the whole batch.
+        ``writes``: what :meth:`writes` said of ``batch``'s one request, where known."""
         if len(outputs) != self._checked:
             self.check_indices(len(outputs))
         one = len(batch) == 1
         rows = batch[0][0].batch if one else sum(p.batch for p, _ in batch)
+        if writes is not None:
+            for spec, torch_dtype, asked in writes:
+                self._write(
+                    spec, torch_dtype, outputs[spec.index], rows, batch, batch if asked else []
+                )
+            return
         for spec, torch_dtype in self._typed:
-            value = outputs[spec.index]
             if spec.state:  # the sequence batcher's, whether or not the client asked
                 wanted = batch
             elif not spec.config_output:
@@ -108,12 +130,24 @@ class OutputWriter:
                 wanted = batch if spec.name in batch[0][0].request.requested_outputs else []
             else:
                 wanted = [pr for pr in batch if spec.name in pr[0].request.requested_outputs]
-            if isinstance(value, torch.Tensor):
-                shape = self._check_tensor(spec, torch_dtype, value, rows)
-                self._write_tensor(spec, value, shape, batch, wanted)
-            else:
-                self._check_strings(spec, value, rows)
-                self._write_strings(spec, value, batch, wanted)
+            self._write(spec, torch_dtype, outputs[spec.index], rows, batch, wanted)
+
+    def _write(
+        self,
+        spec: OutputSpec,
+        torch_dtype: torch.dtype | None,
+        value: Any,
+        rows: int,
+        batch: list[tuple[Prepared, Response]],
+        wanted: list[tuple[Prepared, Response]],
+    ) -> None:
+        """One output, checked against the config, into the responses that want it."""
+        if isinstance(value, torch.Tensor):
+            shape = self._check_tensor(spec, torch_dtype, value, rows)
+            self._write_tensor(spec, value, shape, batch, wanted)
+        else:
+            self._check_strings(spec, value, rows)
+            self._write_strings(spec, value, batch, wanted)
 
     def _check_tensor(
         self, spec: OutputSpec, torch_dtype: torch.dtype | None, value: torch.Tensor, rows: int

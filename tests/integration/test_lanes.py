@@ -231,6 +231,13 @@ def test_a_lane_reads_nothing_outside_the_clients_region(server: Server) -> None
         with pytest.raises(InferpoolError) as info:
             lane.result(n, 10)
         assert info.value.code is Code.NOT_FOUND
+        token = lane.result(raw_request(lane, [wl.Tensor(0, fp32, 0, 16, (4,))]), 10).leases[0]
+        lane.releases = [token, token]  # held once, given twice: freed once, the second refused
+        with pytest.raises(InferpoolError, match=r"1 lease\(s\) not held.*1 other lease"):
+            lane.result(raw_request(lane, [wl.Tensor(0, fp32, 0, 16, (4,))]), 10)
+        lane.releases = [token]
+        with pytest.raises(InferpoolError, match=r"lease\(s\) not held on this lane: \["):
+            lane.result(raw_request(lane, [wl.Tensor(0, fp32, 0, 16, (4,))]), 10)
         assert lane.usable
 
 

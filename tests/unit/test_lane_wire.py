@@ -75,6 +75,29 @@ def test_a_response_like_the_last_but_its_id_is_copied_and_a_change_written_anew
     assert list(wl.read_response(region, at, 1024).parameters) == ["b", "a"]
     writer.write(at, 5, [(0, wl.DATATYPES["FP32"], 512, 16, (4,))], params)  # elsewhere
     assert wl.read_response(region, at, 1024)[:3] == (5, 0, [wl.Tensor(0, 11, 512, 16, (4,))])
+    writer.write(at, 6, outputs, {"a": 1, "b": "".join("x")})  # equal, not the same objects
+    assert wl.read_response(region, at, 1024) == first._replace(id=6)
+    writer.write(at, 7, outputs, {"a": 1.0, "b": "x"})  # equal to 1, but a float
+    assert type(wl.read_response(region, at, 1024).parameters["a"]) is float
+    writer.write(at, 8, outputs, None)  # no parameters after some
+    assert wl.read_response(region, at, 1024).parameters == {}
+    writer.write(at, 9, outputs, {"a": 1})  # a key fewer
+    assert wl.read_response(region, at, 1024).parameters == {"a": 1}
+
+
+def test_a_request_like_the_last_is_read_whole_and_another_read_anew(region: memoryview) -> None:
+    reader = wl.RequestReader(region, 1024)
+    body = wl.pack_request_body([wl.Tensor(0, wl.DATATYPES["FP32"], 128, 16, (4,))], [0])
+    at = GEOMETRY.request(1)
+    for request_id, releases in ((1, [64]), (2, [128]), (3, []), (4, [64, 128]), (5, [192])):
+        wl.write_request(region, at, 1024, request_id, 7, 0, 1, 1, body, releases)
+        assert reader.read(at) == wl.LaneRequest(request_id, 7, 0, 1, 1, body, releases)
+    longer = wl.pack_request_body([wl.Tensor(0, wl.DATATYPES["FP32"], 128, 32, (2, 4))], [0])
+    wl.write_request(region, at, 1024, 6, 7, 0, 1, 1, longer, [192])
+    assert reader.read(at) == wl.LaneRequest(6, 7, 0, 1, 1, longer, [192])
+    region[at + 28 : at + 32] = (5000).to_bytes(4, "little")  # a body longer than the slot
+    with pytest.raises(ValueError, match="runs past its slot"):
+        reader.read(at)
 
 
 def test_what_does_not_fit_a_slot_is_refused(region: memoryview) -> None:

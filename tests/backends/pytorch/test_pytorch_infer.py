@@ -155,13 +155,7 @@ def test_only_requested_outputs_are_produced(repo, harness):
 
 def test_dict_input(repo, harness):
     tm.save(tm.DictInput(), repo)
-    h = harness(
-        tm.config(
-            [tm.inp("x", "TYPE_INT64", [3]), tm.inp("y", "TYPE_INT64", [3])],
-            [tm.out("OUTPUT__0", "TYPE_INT64", [3])],
-            max_batch_size=4,
-        )
-    )
+    h = harness(tm.DICT_INPUT)
     x, y = np.arange(6).reshape(2, 3), np.full((2, 3), 10)
     np.testing.assert_array_equal(h.infer({"x": x, "y": y})["OUTPUT__0"], x * 2 + y)
 

@@ -96,6 +96,13 @@ def out(name: str, data_type: str, dims: list[int], extra: str = "") -> str:
     return io("output", name, data_type, dims, extra)
 
 
+#: the config of ``DictInput``: inputs x and y (INT64, [3]), batched
+DICT_INPUT = config(
+    [inp("x", "TYPE_INT64", [3]), inp("y", "TYPE_INT64", [3])],
+    [out("OUTPUT__0", "TYPE_INT64", [3])],
+    max_batch_size=4,
+)
+
 SEQUENCE_CONTROLS = """
   control_input [
     { name: "START__1" control [{ kind: CONTROL_SEQUENCE_START int32_false_true: [0, 1] }] },
