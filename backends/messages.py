@@ -97,16 +97,16 @@ _REMEMBERED = 64  # output shapes whose size is kept
 def _size(
     name: str, datatype: str, shape: Sequence[int]
 ) -> tuple[np.dtype[Any], int, tuple[int, ...]]:
-    """The numpy dtype, byte size and shape (of ints) of output ``name``; kept for a tuple."""
+    """The numpy dtype, byte size and shape (of ints) of output ``name``, kept under the
+    shape as ints: any tuple equal to it finds it then (a torch.Size, a numpy shape)."""
     if datatype == "BYTES":
         raise invalid_arg(f"output '{name}': use set_output() for BYTES tensors")
     ints = tuple(map(int, shape))
     dtype = codec.numpy_dtype(datatype)
     known = dtype, dtype.itemsize * math.prod(ints), ints
-    if type(shape) is tuple:
-        if len(_SIZES) >= _REMEMBERED:
-            _SIZES.clear()
-        _SIZES[(datatype, shape)] = known
+    if len(_SIZES) >= _REMEMBERED:
+        _SIZES.clear()
+    _SIZES[(datatype, ints)] = known
     return known
 
 
@@ -137,7 +137,7 @@ class Response:
         Write the result straight into the returned array: no further copy is made.  When
         the client asked for the output in its CUDA region this is a device (cupy) array.
         """
-        try:  # a shape given as a tuple, met before: its dtype and size worked out then
+        try:  # a shape given as a tuple (torch.Size is one), met before: worked out then
             dtype, nbytes, dims = _SIZES[(datatype, shape)]
         except (KeyError, TypeError):  # TypeError: a list (unhashable), always worked out
             dtype, nbytes, dims = _size(name, datatype, shape)
