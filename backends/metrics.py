@@ -92,6 +92,12 @@ class StatisticsReporter(Protocol):
 
     def report_batch(self, batch_size: int, stamps: Timestamps) -> None: ...
 
+    def report_alone(
+        self, request: Request, success: bool, batch_size: int, stamps: Timestamps
+    ) -> None:
+        """``report_request`` and ``report_batch`` of a batch of one request, in one call."""
+        ...
+
     def report_memory_usage(self, memory_type: str, device_id: int, byte_size: int) -> None: ...
 
     def metric_family(self, name: str, description: str, kind: str) -> MetricFamily: ...
@@ -118,6 +124,12 @@ class StatsCollector:
         self.timings[id(request)] = _make(RequestTiming, (success, stamps))
 
     def report_batch(self, batch_size: int, stamps: Timestamps) -> None:
+        self.batches.append((batch_size, stamps))
+
+    def report_alone(
+        self, request: Request, success: bool, batch_size: int, stamps: Timestamps
+    ) -> None:
+        self.timings[id(request)] = _make(RequestTiming, (success, stamps))
         self.batches.append((batch_size, stamps))
 
     def report_memory_usage(self, memory_type: str, device_id: int, byte_size: int) -> None:

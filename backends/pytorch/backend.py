@@ -211,10 +211,13 @@ class PyTorchInstance(ModelInstance):
         stamps = _stamps(Timestamps, (exec_start, compute_start, compute_end, now_ns()))
         model = self.model
         stats = model.stats
-        for request, response in zip(requests, responses):  # noqa: B905 (one per request)
-            stats.report_request(request, response.error is None, stamps)
-        if ran:
-            stats.report_batch(rows, stamps)
+        if ran and len(requests) == 1:  # the common case: one call for both reports
+            stats.report_alone(requests[0], responses[0].error is None, rows, stamps)
+        else:
+            for request, response in zip(requests, responses):  # noqa: B905 (one each)
+                stats.report_request(request, response.error is None, stamps)
+            if ran:
+                stats.report_batch(rows, stamps)
         if model.settings.cache_cleaning:
             self.placement.clear_cache()
 
