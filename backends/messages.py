@@ -192,11 +192,12 @@ class Response:
         self.parameters[name] = value
 
     def _place(self, name: str, datatype: str, shape: tuple[int, ...], nbytes: int) -> Any:
+        """Allocate ``nbytes`` for output ``name`` of ``shape`` (a tuple of ints, kept as it is)."""
         if name in self.outputs:
             raise invalid_arg(f"output '{name}' was already set in this response")
         requested = self._request.requested_outputs.get(name)
         region, offset, buf = self._request._memory.allocate(requested, nbytes)
-        self.outputs[name] = OutputTensor(name, datatype, tuple(shape), region, offset, nbytes)
+        self.outputs[name] = OutputTensor(name, datatype, shape, region, offset, nbytes)
         if type(buf) is not memoryview:  # host memory comes as a memoryview: no device
             device = codec.device_of(buf)
             if device is not None:

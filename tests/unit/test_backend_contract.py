@@ -373,19 +373,27 @@ def test_unanswered_request_gets_internal_naming_the_backend(layout: Layout) -> 
         ]
 
 
+class Size(tuple):
+    """A tuple of ints of another type, as torch.Size is."""
+
+
+@pytest.mark.parametrize("given", [list, tuple, Size])
 @pytest.mark.parametrize(
     ("shape", "datatype"), [((), "FP32"), ((0, 3), "FP32"), ((2, 3), "FP16"), ((5,), "INT64")]
 )
-def test_response_output_is_a_writable_array_over_its_memory(shape, datatype) -> None:
+def test_response_output_is_a_writable_array_over_its_memory(shape, datatype, given) -> None:
+    """Whatever sequence the shape is given as (the first time or again: a size worked
+    out once is kept), the output has that shape as a tuple of ints."""
     memory = HeapMemory()
     request = Request(
         id="1", inputs={}, requested_outputs={}, memory=memory, emit=lambda *answer: None
     )
     response = request.response()
-    array = response.output("OUT", list(shape), datatype)
+    array = response.output("OUT", given(shape), datatype)
     assert array.shape == shape and array.dtype == codec.numpy_dtype(datatype)
     array[...] = 7
     out = response.outputs["OUT"]
+    assert type(out.shape) is tuple and all(type(d) is int for d in out.shape)
     assert (out.shape, out.byte_size) == (shape, array.nbytes)
     stored = np.frombuffer(memory.read(out.offset), array.dtype).reshape(shape)
     assert (stored == 7).all()  # written in place: no copy between the array and the memory
