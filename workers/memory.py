@@ -20,8 +20,9 @@ it builds per request costs there, so an input's view is made once per place (re
 offset, size, datatype, shape) and handed out again when a request names the same place: a
 pipeline's steps and a client's region name the same slots request after request (a lane
 hands out its plan's views the same way).  The slots the broker frees with a batch are
-given back before it runs, not after its answer: so its outputs go into the slot the last
-request used, one slot in rotation rather than two, for 20 us that did not show end to end.
+given back before the batch runs, so its outputs reuse the slot the last request's outputs
+took: one slot in rotation, not two (giving them back after the answer saved 20 us that did
+not show end to end, and doubled the slots in use).
 """
 
 from __future__ import annotations
