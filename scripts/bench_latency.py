@@ -701,8 +701,9 @@ def main() -> int:
     shm_rows: list[dict[str, Any]] = []
     if args.part in ("frames", "all"):
         print(
-            "p50 x / rps x = inferpool p50 / req/s over the relay's (goals: <= 1.3 for 64 B, "
-            ">= 0.5 req/s with 4 clients); x lean: the same over the lean relay"
+            "p50 x / rps x = inferpool p50 / req/s over the relay's; x lean: the same over the "
+            "lean relay (goals, 64 B on one core: p50 <= 1.2 x relay and <= 1.5 x lean; "
+            "4 clients: req/s >= 0.8 x lean)"
         )
         print(HEADER)
         rows = [r for name in layouts for r in run_layout(name, LAYOUTS[name], sizes, [1, 4])]
