@@ -32,19 +32,18 @@ from inferpool.wire import codec
 PLANS = 64  # response plans (and candidates) a client keeps; all dropped when full,
 UNPLANNED = 16 * PLANS  # and this many responses decoded before it learns plans again
 LONGEST = 4096  # bytes of a header worth a plan (a plan keeps them)
-_ID = b'"id":"'
 _SCALARS = (str, int, float, bool, type(None))
 Key = tuple[bytes, bytes]  # a header's bytes before and after its id's digits
 
 
 def split_id(raw: bytes) -> tuple[Key, bytes] | None:
     """The bytes around the first ``"id":"<digits>"`` in a header, and its digits."""
-    start = raw.find(_ID) + len(_ID)
+    start = raw.find(b'"id":"') + 6
     end = raw.find(b'"', start)
     digits = raw[start:end]
-    if start < len(_ID) or end < 0 or not digits.isdigit() or len(raw) > LONGEST:
-        return None
-    return (raw[:start], raw[end:]), digits
+    if start > 5 and end > 0 and digits.isdigit() and len(raw) <= LONGEST:
+        return (raw[:start], raw[end:]), digits
+    return None
 
 
 class PlannedHeader(dict[str, Any]):

@@ -201,7 +201,7 @@ class ShmSession(ClientCore):
 
     def release(self, leases: list[tuple[str, str]]) -> None:
         """Queue ``leases`` for release; drop mappings the server has since unlinked."""
-        self.pending.extend(token for token, _ in leases)
+        self.pending.extend([token for token, _ in leases])
         self.unhold(leases)
 
     def hold(self, region: str, count: int) -> None:
