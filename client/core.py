@@ -369,7 +369,7 @@ class ClientCore:
     def _learn(self, raw: bytes, header: Header, split: tuple[Key, bytes] | None) -> None:
         """Plan the response ``header`` decoded from ``raw``, or confirm a plan learnt from
         one like it; a plan is used once confirmed (client.plan says why)."""
-        if self._unplanned:  # after PLANS headers in a row that no plan fitted
+        if self._unplanned:  # resting: PLANS different headers filled the plans
             self._unplanned -= 1
             return
         split = split or split_id(raw)
@@ -381,7 +381,7 @@ class ClientCore:
             known.confirm(header, digits)
         elif len(self._plans) < PLANS:
             self._plans[key] = ResponsePlan(header, digits)
-        else:  # responses that differ each time (other shapes, parameters): rest a while
+        else:  # headers that differ each time (other shapes, parameters): rest a while
             self._plans.clear()
             self._unplanned = UNPLANNED
 

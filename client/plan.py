@@ -30,7 +30,7 @@ import zmq
 from inferpool.wire import codec
 
 PLANS = 64  # response plans (and candidates) a client keeps; all dropped when full,
-UNPLANNED = 16 * PLANS  # and this many responses decoded before it learns plans again
+UNPLANNED = 16 * PLANS  # and this many infer responses decoded before it learns again
 LONGEST = 4096  # bytes of a header worth a plan (a plan keeps them)
 _SCALARS = (str, int, float, bool, type(None))
 Key = tuple[bytes, bytes]  # a header's bytes before and after its id's digits
@@ -79,13 +79,13 @@ class ResponsePlan:
             type(params) is dict and all(type(v) in _SCALARS for v in params.values())
         ):
             return  # nested values: the user's copy would share them
-        outputs = [_described(spec) for spec in specs]
-        if None in outputs or type(header.get("model_name", "")) is not str:
+        outputs = [d for d in map(_described, specs) if d is not None]
+        if len(outputs) != len(specs) or type(header.get("model_name", "")) is not str:
             return
         own = dict(header)
         if params is not None:
             own["parameters"] = dict(params)
-        self.header, self.outputs, self.usable = own, outputs, True  # type: ignore[assignment]
+        self.header, self.outputs, self.usable = own, outputs, True
 
     def header_for(self, request_id: str) -> PlannedHeader:
         """The header of the response with id ``request_id`` (its own parameters)."""
