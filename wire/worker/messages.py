@@ -458,14 +458,15 @@ def _result(raw: Sequence[Any]) -> Result:
     rid, final, outputs, parameters, error, durations = raw
     if outputs:
         outputs = list(map(_ref, outputs))
-    if durations is not None:
-        durations = _durations(durations)
+    if durations is not None:  # (a wrong arity goes to _make, which refuses it)
+        durations = _new(Durations, durations) if len(durations) == 3 else _durations(durations)
     return _new(Result, (rid, final, outputs, parameters, error, durations))
 
 
 def _batch(raw: Sequence[Any]) -> BatchStats:
     batch_size, durations = raw
-    return _new(BatchStats, (batch_size, _durations(durations)))
+    durations = _new(Durations, durations) if len(durations) == 3 else _durations(durations)
+    return _new(BatchStats, (batch_size, durations))
 
 
 def _execute(body: Sequence[Any]) -> Execute:
