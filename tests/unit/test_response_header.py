@@ -19,14 +19,11 @@ from inferpool.broker.models.registry import ModelVersion
 from inferpool.wire.codec import encode_header
 from inferpool.wire.worker.messages import TensorRef
 
-CONFIG = """
-name: "m"
-backend: "identity"
-max_batch_size: 8
-input [ { name: "INPUT0" data_type: TYPE_UINT8 dims: [ -1 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_UINT8 dims: [ -1 ] } ]
-output [ { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ -1 ] } ]
-"""
+# two outputs of different datatypes (the responses' headers describe either or both)
+OUTPUTS = "output [ { name: 'OUTPUT0' data_type: TYPE_UINT8 dims: [ -1 ] } ]\n" + (
+    "output [ { name: 'OUTPUT1' data_type: TYPE_FP32 dims: [ -1 ] } ]"
+)
+CONFIG = "name: 'm' backend: 'identity' max_batch_size: 8\n" + OUTPUTS
 
 
 @pytest.fixture
