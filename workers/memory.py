@@ -28,7 +28,7 @@ not show end to end, and doubled the slots in use).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -60,6 +60,7 @@ class WorkerMemory:
         self._regions: dict[str, Mapped] = {self.output.name: self.output}
         self.allocator = Allocator(self.output.size)
         self.batch = 0  # advanced by the worker before each batch
+        self._holders: list[Callable[[], None]] = []  # drop what else keeps input views
         self._lock = threading.Lock()
         self._views: dict[str, dict[ViewKey, InputTensor]] = {}  # by region, then place
         try:
@@ -78,6 +79,18 @@ class WorkerMemory:
             except ObjectChanged as exc:
                 raise InferpoolError(Code.INVALID_ARG, str(exc)) from None
         return region
+
+    def hold_views(self, drop: Callable[[], None]) -> None:
+        """``drop`` lets go of the input views its caller keeps: called before any unmap."""
+        self._holders.append(drop)
+
+    def checks(self, ref: str) -> bool:
+        """Whether region ``ref`` is a client's window, checked again once per batch."""
+        return type(self._regions.get(ref)) is ObjectWindow
+
+    def check(self, ref: str) -> None:
+        """Check a client's window once this batch (INVALID_ARG if its object shrank)."""
+        self._region(ref)
 
     # ------------------------------------------------------------------ inputs
     def input_tensor(self, ref: TensorRef, reshape: tuple[int, ...] | None) -> InputTensor:
@@ -101,7 +114,7 @@ class WorkerMemory:
                 self._region(ref.region)  # a client's window is still checked once a batch
                 return tensor
         tensor = self.input_tensor(ref, reshape)
-        if tensor.memory == "cpu":
+        if lasting(tensor):
             if views is None or len(views) >= VIEWS:
                 views = self._views[ref.region] = {}
             views[key] = tensor
@@ -165,6 +178,8 @@ class WorkerMemory:
 
     def unmap(self, refs: Sequence[str]) -> None:
         """Client regions the broker retired: no request will name them again."""
+        for drop in self._holders:  # what keeps views of them lets go first
+            drop()
         for ref in refs:
             self._views.pop(ref, None)  # the views first: they keep the mapping alive
             region = self._regions.pop(ref, None)
@@ -172,10 +187,19 @@ class WorkerMemory:
                 region.close()
 
     def close(self) -> None:
+        for drop in self._holders:
+            drop()
         self._views.clear()
         for region in self._regions.values():
             region.close()
         self._regions.clear()
+
+
+def lasting(tensor: InputTensor) -> bool:
+    """Whether ``tensor`` may serve every request that names its place until the region is
+    unmapped: a view of host memory (BYTES elements are decoded copies; a device array is
+    made for each request)."""
+    return tensor.memory == "cpu" and tensor.datatype != "BYTES"
 
 
 def wanted_outputs(

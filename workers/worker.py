@@ -54,6 +54,7 @@ from inferpool.workers.lanes import Lanes
 from inferpool.workers.memory import WorkerMemory, wanted_outputs
 from inferpool.workers.pinning import cuda_ordinal, read_back
 from inferpool.workers.regions import ChannelRegions
+from inferpool.workers.request_plans import RequestPlans
 from inferpool.workers.sequence_state import SequenceStates
 
 log = logging.getLogger("inferpool.worker")
@@ -104,7 +105,7 @@ class Worker:
         self.sequence: SequenceInputs | None = None  # control inputs and initial states
         self.output_reshapes: dict[str, OutputReshape] = {}
         self.states: SequenceStates | None = None  # sequence state, if the model keeps any
-        self._wanted: dict[str, RequestedOutput] = {}
+        self.plans: RequestPlans  # made with the rest
         self.lanes: Lanes | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -154,7 +155,8 @@ class Worker:
         self.sequence = SequenceInputs.of(cfg, self.spec.model_name, self.spec.repository_path)
         self.states = SequenceStates.of(cfg, self.memory, self.sequence)
         # outputs wanted in this worker's own region: one RequestedOutput each, shared
-        self._wanted = {t.name: RequestedOutput(t.name) for t in cfg.output}
+        wanted = {t.name: RequestedOutput(t.name) for t in cfg.output}
+        self.plans = RequestPlans(self.memory, self.reshapes, self.batching, wanted)
 
     def _loop(self) -> None:
         """One message at a time.  A decoupled model's backend threads may answer between
@@ -317,21 +319,7 @@ class Worker:
         return Result(item.rid, item.final, (), None, err.to_wire(), item.durations)
 
     def _request(self, work: Work) -> Request:
-        reshapes = self.reshapes
-        inputs = {}
-        for ref in work.inputs:
-            reshape = reshapes.get(ref.name)
-            if reshape is not None and self.batching:
-                reshape = (ref.shape[0], *reshape)
-            tensor = self.memory.batch_input(ref, reshape)
-            inputs[tensor.name] = tensor
-        shared = self._wanted
-        wanted = {
-            out.name: shared.get(out.name) or RequestedOutput(out.name)
-            if out.window is None
-            else RequestedOutput(out.name, out.window)
-            for out in work.outputs
-        }
+        inputs, wanted = self.plans.of(work)
         if self.sequence is not None:
             self.sequence.add_controls(inputs, work.correlation_id, work.flags, 1, True, work.id)
             if self.states is not None:
