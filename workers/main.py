@@ -83,7 +83,7 @@ def run(spec: WorkerSpec) -> int:
             "version": str(spec.model_version),
         },
     )
-    link: Link[BrokerMessage] = Link(socket.socket(fileno=spec.channel_fd), BrokerReader())
+    link: Link[BrokerMessage] = Link(socket.socket(fileno=spec.channel_fd), BrokerReader().decode)
     try:
         worker = _boot(spec, link)
     except Exception as exc:

@@ -167,8 +167,11 @@ class WorkerMemory:
 
     def free(self, slots: Sequence[Slot]) -> None:
         """Slots the broker (or a lane's client) is done with."""
-        name = self.output.name
-        self.free_outputs([slot.offset for slot in slots if slot.region == name])
+        name, free = self.output.name, self.allocator.free
+        with self._lock:
+            for region, offset in slots:
+                if region == name:
+                    free(offset)
 
     def free_outputs(self, offsets: Iterable[int]) -> None:
         """Blocks of this worker's output region, under one taking of the lock."""

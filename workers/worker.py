@@ -272,8 +272,8 @@ class Worker:
         for null in nulls:
             timings.pop(id(null), None)
         items = []
-        for item, owner in zip(self._items, self._item_requests, strict=True):
-            timing = timings.pop(id(owner), None) if owner is not None else None
+        for item, owner in zip(self._items, self._item_requests):  # noqa: B905 (in pairs)
+            timing = timings.pop(id(owner), None)  # None's id is no request's
             items.append(item.timed(batch if timing is None else timing.stamps.durations()))
         self._items, self._item_requests = [], []
         if not batches:
@@ -293,7 +293,7 @@ class Worker:
                 self._send_items(items[:half])
                 items = items[half:]
         try:
-            self.link.send(Done(items, batches, metrics))
+            self.link.send(_new(Done, (items, batches, metrics)))
         except TooLarge:
             self.link.send(Done([self._too_large(item) for item in items], batches, metrics))
 
@@ -362,7 +362,7 @@ class Worker:
 
     def _emit(self, request: Request, response: Response | None, final: bool) -> None:
         """Called by ResponseSender: turn a response into a result for the broker."""
-        sent = now_ns()
+        sent = now_ns() if self.decoupled else 0
         item = self._result(request, response, final)
         if self.decoupled:  # Triton's response statistics: producing it, delivering it
             starts = self._response_start
@@ -387,16 +387,18 @@ class Worker:
         if self.states is not None:
             self.states.keep(request, response, final)
         if response is None:
-            return Result(request.handle, final, ())
+            return _new(Result, (request.handle, final, (), None, None, None))
         if response.error is not None:
             response.discard()
             return Result(request.handle, final, (), None, response.error.to_wire())
-        wanted = wanted_outputs(self.memory, request, response, self.output_reshapes, self.batching)
-        outputs = [
-            TensorRef(out.name, out.datatype, shape, out.region, out.offset, out.byte_size)
-            for out, shape in wanted
-        ]
-        return Result(request.handle, final, outputs, response.parameters or None)
+        outputs = []
+        for out, shape in wanted_outputs(
+            self.memory, request, response, self.output_reshapes, self.batching
+        ):
+            ref = (out.name, out.datatype, shape, out.region, out.offset, out.byte_size)
+            outputs.append(_new(TensorRef, ref))
+        result = (request.handle, final, outputs, response.parameters or None, None, None)
+        return _new(Result, result)
 
     def _flush_async(self) -> None:
         with contextlib.suppress(BlockingIOError):

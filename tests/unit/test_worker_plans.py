@@ -34,7 +34,7 @@ def execute(*works: m.Work, free: list[m.Slot] | None = None) -> bytes:
 
 @pytest.mark.parametrize("msg", FROM_BROKER, ids=lambda msg: type(msg).__name__)
 def test_the_reader_decodes_what_decode_from_broker_does(msg: m.BrokerMessage) -> None:
-    read = BrokerReader()
+    read = BrokerReader().decode
     for _ in range(2):  # decoded afresh, then from what the first decoding made
         back = read(m.encode(msg))
         assert back == msg == m.decode_from_broker(m.encode(msg))
@@ -42,7 +42,7 @@ def test_the_reader_decodes_what_decode_from_broker_does(msg: m.BrokerMessage) -
 
 
 def test_a_repeated_record_is_decoded_to_the_same_objects() -> None:
-    read = BrokerReader()
+    read = BrokerReader().decode
     slot = [m.Slot("inferpool-0123456789-out0g0", 64)]
     first = read(execute(work(1), work(2), free=slot))
     second = read(execute(work(3), free=slot))
@@ -54,7 +54,7 @@ def test_a_repeated_record_is_decoded_to_the_same_objects() -> None:
 
 
 def test_a_record_that_differs_in_anything_is_decoded_afresh() -> None:
-    read = BrokerReader()
+    read = BrokerReader().decode
     first = read(execute(work(1)))
     assert isinstance(first, m.Execute)
     seen = first.requests[0].inputs
@@ -98,7 +98,7 @@ def test_like_items_share_their_inputs_views_in_dicts_of_their_own(
     memory: WorkerMemory, arena: Region
 ) -> None:
     plans = plans_of(memory)
-    read = BrokerReader()
+    read = BrokerReader().decode
     msg = read(execute(work(1, region=arena.name), work(2, region=arena.name)))
     assert isinstance(msg, m.Execute)
     (inputs, wanted), (again, wanted_again) = (plans.of(w) for w in msg.requests)

@@ -583,7 +583,9 @@ _FROM_WORKER: dict[str, Callable[[Any], Any]] = {
 }
 
 
-def decode(data: bytes | memoryview, table: dict[str, Callable[[Any], Any]], sender: str) -> Any:
+def decode(table: dict[str, Callable[[Any], Any]], sender: str, data: bytes | memoryview) -> Any:
+    """The message ``data`` by the kinds of ``table``; INTERNAL naming ``sender`` if it is
+    not one."""
     try:
         kind, body = orjson.loads(data)
         return table[kind](body)
@@ -595,11 +597,11 @@ def decode(data: bytes | memoryview, table: dict[str, Callable[[Any], Any]], sen
 
 def decode_from_broker(data: bytes | memoryview) -> BrokerMessage:
     """A message the broker sent; INTERNAL if it is not one."""
-    msg: BrokerMessage = decode(data, FROM_BROKER, "broker")
+    msg: BrokerMessage = decode(FROM_BROKER, "broker", data)
     return msg
 
 
 def decode_from_worker(data: bytes | memoryview) -> WorkerMessage:
     """A message a worker sent; INTERNAL if it is not one."""
-    msg: WorkerMessage = decode(data, _FROM_WORKER, "worker")
+    msg: WorkerMessage = decode(_FROM_WORKER, "worker", data)
     return msg

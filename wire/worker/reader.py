@@ -16,6 +16,7 @@ the same object, checked with ``is``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from inferpool.wire.worker.messages import (
@@ -39,19 +40,18 @@ class BrokerReader:
     """Decodes the broker's messages (as ``decode_from_broker``), a repeated record to the
     records its first decoding made."""
 
-    __slots__ = ("_free", "_inputs", "_outputs", "_table")
+    __slots__ = ("_free", "_inputs", "_outputs", "decode")
 
     def __init__(self) -> None:
         # each: (the raw JSON value last decoded, the records made of it)
         self._inputs: tuple[Any, list[TensorRef]] = (None, [])
         self._outputs: tuple[Any, list[WantedOutput]] = (None, [])
         self._free: tuple[Any, list[Slot]] = (None, [])
-        self._table: dict[str, Callable[[Any], Any]] = {**FROM_BROKER, Kind.EXECUTE: self._execute}
-
-    def __call__(self, data: bytes | memoryview) -> BrokerMessage:
-        """A message the broker sent; INTERNAL if it is not one."""
-        msg: BrokerMessage = decode(data, self._table, "broker")
-        return msg
+        table: dict[str, Callable[[Any], Any]] = {**FROM_BROKER, Kind.EXECUTE: self._execute}
+        #: a message the broker sent; INTERNAL if it is not one
+        self.decode: Callable[[bytes | memoryview], BrokerMessage] = partial(
+            decode, table, "broker"
+        )
 
     def _execute(self, body: Any) -> Execute:
         requests, free, unmap, release, nulls = body
