@@ -162,3 +162,38 @@ def test_a_clients_window_is_checked_in_every_batch_that_reuses_a_plan(
     with pytest.raises(InferpoolError, match="shrank"):
         plans.of(item)
     memory.unmap([ref])
+
+
+def test_a_batch_of_one_like_the_last_is_that_batch_with_its_handle_and_id() -> None:
+    read = BrokerReader().decode
+    slot = [m.Slot("inferpool-0123456789-out0g0", 64)]
+    first = read(execute(work(1), free=slot))
+    tricky = work(2)._replace(id='2",0,0,{},[],[]]],[["x",1]],[],[],[]]]')  # an id of JSON
+    for item in (work(2), tricky, work(12345678901234)):
+        data = execute(item, free=slot)
+        again, fresh = read(data), m.decode_from_broker(data)
+        assert again == fresh and _record_types(again) == _record_types(fresh)
+        assert isinstance(again, m.Execute) and isinstance(first, m.Execute)
+        assert again.requests[0].inputs is first.requests[0].inputs  # not parsed again
+        assert (again.requests[0].rid, again.requests[0].id) == (item.rid, item.id)
+
+
+def test_a_batch_that_differs_after_its_id_is_read_in_full() -> None:
+    read = BrokerReader().decode
+    read(execute(work(1), free=[m.Slot("r", 0)]))
+    others = [
+        m.Execute([work(2)], [m.Slot("r", 8)]),  # another slot to free
+        m.Execute([work(3, offset=64)], [m.Slot("r", 8)]),  # the input elsewhere
+        m.Execute([work(4)._replace(flags=1)], [m.Slot("r", 8)]),
+        m.Execute([work(5), work(6)], [m.Slot("r", 8)]),  # ends as the last batch of one did
+        m.Execute([work(7)], [m.Slot("r", 8)], ["ref"]),
+    ]
+    for msg in others:
+        back = read(m.encode(msg))
+        assert back == m.decode_from_broker(m.encode(msg)) and back.requests == msg.requests
+    with_parameters = work(8)._replace(parameters={"p": [1]})
+    first = read(execute(with_parameters))
+    again = read(execute(with_parameters._replace(rid=9, id="9")))
+    assert isinstance(first, m.Execute) and isinstance(again, m.Execute)
+    assert again.requests[0].parameters == {"p": [1]}
+    assert again.requests[0].parameters is not first.requests[0].parameters  # a backend's own
