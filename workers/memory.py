@@ -62,6 +62,9 @@ class WorkerMemory:
         self.batch = 0  # advanced by the worker before each batch
         self._lock = threading.Lock()
         self._views: dict[str, dict[ViewKey, InputTensor]] = {}  # by region, then place
+        # views over slots of the output region (Response.output_view): it stays mapped,
+        # at one address, until close()
+        self._slot_views: dict[Any, Any] = {}
         try:
             self.warm = Warm(self.output, prefault, f"the output region of '{instance_name}'")
         except ShmExhausted as exc:
@@ -147,6 +150,11 @@ class WorkerMemory:
             )
         return ref, offset, region.buf[local : local + nbytes]
 
+    def slot_views(self, region: str) -> dict[Any, Any] | None:
+        """The views kept over this worker's output slots; none over a client's region
+        (unmapped when the broker retires it, and written rarely)."""
+        return self._slot_views if region == self.output.name else None
+
     def release(self, region: str, offset: int) -> None:
         if region == self.output.name:
             with self._lock:
@@ -172,7 +180,8 @@ class WorkerMemory:
                 region.close()
 
     def close(self) -> None:
-        self._views.clear()
+        self._views.clear()  # the views first: they keep the mappings alive
+        self._slot_views.clear()
         for region in self._regions.values():
             region.close()
         self._regions.clear()

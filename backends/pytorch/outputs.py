@@ -197,14 +197,17 @@ class OutputWriter:
         batch: list[tuple[Prepared, Response]],
         wanted: list[tuple[Prepared, Response]],
     ) -> None:
-        slices = self._slices(batch) if len(batch) > 1 else None  # one request: the whole
-        from_numpy, as_tensor, plain = torch.from_numpy, dtypes.as_tensor, spec.datatype != "BF16"
+        # each output through a tensor over its slot, made once per slot where the memory
+        # keeps views (Response.output_view; only copied into here, never kept)
+        name, datatype, as_tensor = spec.name, spec.datatype, dtypes.as_tensor
+        if len(batch) == 1:  # one request: the whole output
+            for _, response in wanted:
+                response.output_view(name, shape, datatype, as_tensor).copy_(value)
+            return
+        slices = self._slices(batch)
         for p, response in wanted:
-            part = value if slices is None else value[slices[id(p)]]
-            out = response.output(spec.name, shape if slices is None else part.shape, spec.datatype)
-            # host memory (a numpy array) of a type numpy has: from_numpy, no probing
-            tensor = from_numpy(out) if type(out) is np.ndarray and plain else as_tensor(out)
-            tensor.copy_(part)
+            part = value[slices[id(p)]]
+            response.output_view(name, part.shape, datatype, as_tensor).copy_(part)
 
     def _write_strings(
         self,
