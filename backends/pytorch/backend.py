@@ -191,7 +191,7 @@ class PyTorchInstance(ModelInstance):
                 infer_start = now_ns()
                 outputs = self._forward(args)
                 output_start = now_ns()
-                self.writer.write(outputs, [(plan.prepared(request), response)], plan.writes)
+                self.writer.write_alone(outputs, plan.rows, response, plan.writes)
         except Exception as exc:  # nothing written for it may leak
             response.discard()
             response = Response(request, InferpoolError.wrap(exc))
