@@ -19,7 +19,10 @@ A worker runs cold (woken after other processes went through the caches), and ev
 it builds per request costs there, so an input's view is made once per place (region,
 offset, size, datatype, shape) and handed out again when a request names the same place: a
 pipeline's steps and a client's region name the same slots request after request (a lane
-hands out its plan's views the same way).  The slots the broker frees with a batch are
+hands out its plan's views the same way); a view a backend makes of an output slot
+(``Response.output_view``: the pytorch backend's tensor over it) is kept for the slot of
+this worker's output region, which stays mapped at one address until ``close``, under the
+slot's offset, datatype, shape and maker.  The slots the broker frees with a batch are
 given back before the batch runs, so its outputs reuse the slot the last request's outputs
 took: one slot in rotation, not two (giving them back after the answer saved 20 us that did
 not show end to end, and doubled the slots in use).
