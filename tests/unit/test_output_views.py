@@ -4,7 +4,6 @@ again always sees the memory the output was just given, in its datatype and shap
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -14,15 +13,6 @@ from inferpool.backends.api import OutputMemory, Request, RequestedOutput, Respo
 from inferpool.backends.testing import HeapMemory
 from inferpool.shm.region import Region
 from inferpool.workers.memory import WorkerMemory
-
-
-@pytest.fixture
-def memory() -> Iterator[WorkerMemory]:
-    reg = Region.create(f"inferpool-test-views-{os.getpid()}", 1 << 20, prefault=False)
-    mem = WorkerMemory(reg.name, "test_0", prefault=1 << 16)
-    yield mem
-    mem.close()
-    reg.destroy()
 
 
 class Maker:
