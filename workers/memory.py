@@ -19,7 +19,10 @@ A worker runs cold (woken after other processes went through the caches), and ev
 it builds per request costs there, so an input's view is made once per place (region,
 offset, size, datatype, shape) and handed out again when a request names the same place: a
 pipeline's steps and a client's region name the same slots request after request (a lane
-hands out its plan's views the same way).  The slots the broker frees with a batch are
+hands out its plan's views the same way); a view a backend makes of an output slot
+(``Response.output_view``: the pytorch backend's tensor over it) is kept for the slot of
+this worker's output region, which stays mapped at one address until ``close``, under the
+slot's offset, datatype, shape and maker.  The slots the broker frees with a batch are
 given back before the batch runs, so its outputs reuse the slot the last request's outputs
 took: one slot in rotation, not two (giving them back after the answer saved 20 us that did
 not show end to end, and doubled the slots in use).
@@ -63,6 +66,9 @@ class WorkerMemory:
         self._holders: list[Callable[[], None]] = []  # drop what else keeps input views
         self._lock = threading.Lock()
         self._views: dict[str, dict[ViewKey, InputTensor]] = {}  # by region, then place
+        # views over slots of the output region (Response.output_view): it stays mapped,
+        # at one address, until close()
+        self._slot_views: dict[Any, Any] = {}
         try:
             self.warm = Warm(self.output, prefault, f"the output region of '{instance_name}'")
         except ShmExhausted as exc:
@@ -160,6 +166,11 @@ class WorkerMemory:
             )
         return ref, offset, region.buf[local : local + nbytes]
 
+    def slot_views(self, region: str) -> dict[Any, Any] | None:
+        """The views kept over this worker's output slots; none over a client's region
+        (unmapped when the broker retires it, and written rarely)."""
+        return self._slot_views if region == self.output.name else None
+
     def release(self, region: str, offset: int) -> None:
         if region == self.output.name:
             with self._lock:
@@ -192,7 +203,8 @@ class WorkerMemory:
     def close(self) -> None:
         for drop in self._holders:
             drop()
-        self._views.clear()
+        self._views.clear()  # the views first: they keep the mappings alive
+        self._slot_views.clear()
         for region in self._regions.values():
             region.close()
         self._regions.clear()
