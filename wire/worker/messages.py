@@ -561,7 +561,7 @@ def _tensor_ref(ref: TensorRef) -> bool:
     )
 
 
-_FROM_BROKER: dict[str, Callable[[Any], Any]] = {
+FROM_BROKER: dict[str, Callable[[Any], Any]] = {
     Kind.EXECUTE: _execute,
     Kind.FREE: _free,
     Kind.STOP: Stop._make,
@@ -585,7 +585,9 @@ _FROM_WORKER: dict[str, Callable[[Any], Any]] = {
 }
 
 
-def _decode(data: bytes | memoryview, table: dict[str, Callable[[Any], Any]], sender: str) -> Any:
+def decode(table: dict[str, Callable[[Any], Any]], sender: str, data: bytes | memoryview) -> Any:
+    """The message ``data`` by the kinds of ``table``; INTERNAL naming ``sender`` if it is
+    not one."""
     try:
         kind, body = orjson.loads(data)
         return table[kind](body)
@@ -597,11 +599,11 @@ def _decode(data: bytes | memoryview, table: dict[str, Callable[[Any], Any]], se
 
 def decode_from_broker(data: bytes | memoryview) -> BrokerMessage:
     """A message the broker sent; INTERNAL if it is not one."""
-    msg: BrokerMessage = _decode(data, _FROM_BROKER, "broker")
+    msg: BrokerMessage = decode(FROM_BROKER, "broker", data)
     return msg
 
 
 def decode_from_worker(data: bytes | memoryview) -> WorkerMessage:
     """A message a worker sent; INTERNAL if it is not one."""
-    msg: WorkerMessage = _decode(data, _FROM_WORKER, "worker")
+    msg: WorkerMessage = decode(_FROM_WORKER, "worker", data)
     return msg
