@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -88,10 +88,19 @@ class OutputMemory(Protocol):
 
     def release(self, region: str, offset: int) -> None: ...
 
+    def slot_views(self, region: str) -> dict[Any, Any] | None:
+        """Views over the outputs allocated in ``region`` that may be kept and made once
+        per slot (:meth:`Response.output_view`), or None where none may be kept.  The
+        memory drops the dict whenever the memory its views see stops being that slot's
+        (the region unmapped, a buffer given up)."""
+        ...
+
 
 # ============================================================================ responses
 _SIZES: dict[tuple[str, Any], tuple[np.dtype[Any], int, tuple[int, ...]]] = {}
 _REMEMBERED = 64  # output shapes whose size is kept
+_SLOT_VIEWS = 64  # views a region's slots keep, at most (then they are made afresh)
+_V = TypeVar("_V")
 
 
 def _size(
@@ -141,10 +150,34 @@ class Response:
             dtype, nbytes, dims = _SIZES[(datatype, shape)]
         except (KeyError, TypeError):  # TypeError: a list (unhashable), always worked out
             dtype, nbytes, dims = _size(name, datatype, shape)
-        buf = self._place(name, datatype, dims, nbytes)
-        if type(buf) is not memoryview and hasattr(buf, "__cuda_array_interface__"):
-            return buf.view(dtype).reshape(dims)
-        return np.ndarray(dims, dtype, buf)  # one call: frombuffer and reshape cost two
+        return _array(self._place(name, datatype, dims, nbytes)[2], dtype, dims)
+
+    def output_view(
+        self, name: str, shape: Sequence[int], datatype: str, make: Callable[[Any], _V]
+    ) -> _V:
+        """:meth:`output` as ``make(array)``: another view of the same memory
+        (``torch.from_numpy``), made once per output slot where the memory keeps views
+        (``OutputMemory.slot_views``) and handed out again whenever an output of the same
+        datatype and shape takes that slot.  Only write the output's elements through it:
+        the object is shared with the slot's later outputs, so never change it (its
+        shape, its storage) nor keep it after the response is sent."""
+        try:
+            dtype, nbytes, dims = _SIZES[(datatype, shape)]
+        except (KeyError, TypeError):
+            dtype, nbytes, dims = _size(name, datatype, shape)
+        region, offset, buf = self._place(name, datatype, dims, nbytes)
+        views = self._request._memory.slot_views(region)
+        if views is None:
+            return make(_array(buf, dtype, dims))
+        # the slot (its offset in this region's views), what it holds and how it is viewed:
+        # all that decides the view's memory and shape
+        key = (offset, datatype, dims, make)
+        view = views.get(key)
+        if view is None:
+            if len(views) >= _SLOT_VIEWS:
+                views.clear()
+            view = views[key] = make(_array(buf, dtype, dims))
+        return view
 
     def set_output(self, name: str, value: Any, datatype: str | None = None) -> None:
         """Copy an array (or a list of str/bytes for BYTES) into output ``name``.
@@ -161,7 +194,7 @@ class Response:
         datatype = datatype or codec.datatype_of(arr.dtype)
         if datatype == "BYTES":
             payload = codec.serialize_bytes(arr.reshape(-1))
-            buf = self._place(name, datatype, arr.shape, len(payload))
+            buf = self._place(name, datatype, arr.shape, len(payload))[2]
             memoryview(buf).cast("B")[: len(payload)] = payload
         else:
             copy_into(self.output(name, arr.shape, datatype), arr)
@@ -191,24 +224,36 @@ class Response:
             raise invalid_arg(f"response parameter '{name}' must be str, int, bool or float")
         self.parameters[name] = value
 
-    def _place(self, name: str, datatype: str, shape: tuple[int, ...], nbytes: int) -> Any:
-        """Allocate ``nbytes`` for output ``name`` of ``shape`` (a tuple of ints, kept as it is)."""
+    def _place(
+        self, name: str, datatype: str, shape: tuple[int, ...], nbytes: int
+    ) -> tuple[str, int, Any]:
+        """Allocate ``nbytes`` for output ``name`` of ``shape`` (a tuple of ints, kept as it
+        is): its region, offset and buffer."""
         if name in self.outputs:
             raise invalid_arg(f"output '{name}' was already set in this response")
         requested = self._request.requested_outputs.get(name)
-        region, offset, buf = self._request._memory.allocate(requested, nbytes)
+        placed = self._request._memory.allocate(requested, nbytes)
+        region, offset, buf = placed
         self.outputs[name] = OutputTensor(name, datatype, shape, region, offset, nbytes)
         if type(buf) is not memoryview:  # host memory comes as a memoryview: no device
             device = codec.device_of(buf)
             if device is not None:
                 self.devices = {*self.devices, device}
-        return buf
+        return placed
 
     def discard(self) -> None:
         """Give back every output's memory (used when a response is not sent)."""
         for out in self.outputs.values():
             self._request._memory.release(out.region, out.offset)
         self.outputs.clear()
+
+
+def _array(buf: Any, dtype: np.dtype[Any], dims: tuple[int, ...]) -> Any:
+    """An output's buffer as an array of its dtype and shape: numpy over host memory (one
+    call: frombuffer and reshape cost two), cupy over a client's CUDA region."""
+    if type(buf) is not memoryview and hasattr(buf, "__cuda_array_interface__"):
+        return buf.view(dtype).reshape(dims)
+    return np.ndarray(dims, dtype, buf)
 
 
 class ResponseSender:

@@ -167,7 +167,9 @@ class StatsCollector:
         with self._lock:
             if not self._families and not self._ops:
                 return None
-            ops = [_make(MetricOp, (m.family, m.labels, op, v)) for m, op, v in self._ops.values()]
-            update = MetricsUpdate(self._families, ops)
+            ops = []  # a loop, not a comprehension: this runs once per batch
+            for m, op, v in self._ops.values():
+                ops.append(_make(MetricOp, (m.family, m.labels, op, v)))
+            update = _make(MetricsUpdate, (self._families, ops))
             self._families, self._ops = [], {}
             return update

@@ -39,19 +39,50 @@ from inferpool.wire.worker.spec import InstanceSpec
 
 
 class HeapMemory:
-    """OutputMemory over private bytearrays (shared memory is the worker's business)."""
+    """OutputMemory over private bytearrays (shared memory is the worker's business).
+
+    A buffer released goes back to a spare list of its size, under its number, and the next
+    output of that size takes it, as a worker's outputs take the slot the last one freed:
+    a backend runs here as it runs in a worker, its views of output slots made once
+    (``slot_views``).  Past ``SPARE`` spare buffers all are dropped, with their views."""
+
+    SPARE = 64
 
     def __init__(self) -> None:
-        self._buffers: dict[int, bytearray] = {}
+        self._buffers: dict[int, bytearray] = {}  # by number ("offset"), those allocated
+        self._spare: dict[int, list[tuple[int, bytearray]]] = {}  # by size, those released
+        self._spares = 0
+        self._views: dict[Any, Any] = {}
         self._next = 0
 
     def allocate(self, output: RequestedOutput | None, nbytes: int) -> tuple[str, int, Any]:
-        self._next += 1
-        self._buffers[self._next] = buf = bytearray(nbytes)
-        return "heap", self._next, memoryview(buf)  # host memory, as a worker's arena gives it
+        spare = self._spare.get(nbytes)
+        if spare:
+            number, buf = spare.pop()
+            self._spares -= 1
+        else:
+            self._next += 1
+            number, buf = self._next, bytearray(nbytes)
+        self._buffers[number] = buf
+        return "heap", number, memoryview(buf)  # host memory, as a worker's arena gives it
 
     def release(self, region: str, offset: int) -> None:
-        self._buffers.pop(offset, None)
+        buf = self._buffers.pop(offset, None)
+        if buf is None:
+            return
+        if self._spares >= self.SPARE:  # the views go with the buffers they see
+            self._spare.clear()
+            self._views.clear()
+            self._spares = 0
+        self._spares += 1
+        spare = self._spare.get(len(buf))
+        if spare is None:
+            self._spare[len(buf)] = [(offset, buf)]
+        else:
+            spare.append((offset, buf))
+
+    def slot_views(self, region: str) -> dict[Any, Any]:
+        return self._views
 
     def read(self, offset: int) -> bytearray:
         return self._buffers[offset]

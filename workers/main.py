@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING
 from inferpool.wire.errors import Code, InferpoolError
 from inferpool.wire.logs import configure
 from inferpool.wire.worker.link import Link
-from inferpool.wire.worker.messages import BrokerMessage, Failed, decode_from_broker
+from inferpool.wire.worker.messages import BrokerMessage, Failed
+from inferpool.wire.worker.reader import BrokerReader
 from inferpool.wire.worker.spec import (
     EXIT_BOOT_FAILED,
     EXIT_BROKER_GONE,
@@ -82,7 +83,7 @@ def run(spec: WorkerSpec) -> int:
             "version": str(spec.model_version),
         },
     )
-    link: Link[BrokerMessage] = Link(socket.socket(fileno=spec.channel_fd), decode_from_broker)
+    link: Link[BrokerMessage] = Link(socket.socket(fileno=spec.channel_fd), BrokerReader().decode)
     try:
         worker = _boot(spec, link)
     except Exception as exc:

@@ -19,7 +19,10 @@ A worker runs cold (woken after other processes went through the caches), and ev
 it builds per request costs there, so an input's view is made once per place (region,
 offset, size, datatype, shape) and handed out again when a request names the same place: a
 pipeline's steps and a client's region name the same slots request after request (a lane
-hands out its plan's views the same way).  The slots the broker frees with a batch are
+hands out its plan's views the same way); a view a backend makes of an output slot
+(``Response.output_view``: the pytorch backend's tensor over it) is kept for the slot of
+this worker's output region, which stays mapped at one address until ``close``, under the
+slot's offset, datatype, shape and maker.  The slots the broker frees with a batch are
 given back before the batch runs, so its outputs reuse the slot the last request's outputs
 took: one slot in rotation, not two (giving them back after the answer saved 20 us that did
 not show end to end, and doubled the slots in use).
@@ -28,7 +31,7 @@ not show end to end, and doubled the slots in use).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -60,8 +63,12 @@ class WorkerMemory:
         self._regions: dict[str, Mapped] = {self.output.name: self.output}
         self.allocator = Allocator(self.output.size)
         self.batch = 0  # advanced by the worker before each batch
+        self._holders: list[Callable[[], None]] = []  # drop what else keeps input views
         self._lock = threading.Lock()
         self._views: dict[str, dict[ViewKey, InputTensor]] = {}  # by region, then place
+        # views over slots of the output region (Response.output_view): it stays mapped,
+        # at one address, until close()
+        self._slot_views: dict[Any, Any] = {}
         try:
             self.warm = Warm(self.output, prefault, f"the output region of '{instance_name}'")
         except ShmExhausted as exc:
@@ -78,6 +85,18 @@ class WorkerMemory:
             except ObjectChanged as exc:
                 raise InferpoolError(Code.INVALID_ARG, str(exc)) from None
         return region
+
+    def hold_views(self, drop: Callable[[], None]) -> None:
+        """``drop`` lets go of the input views its caller keeps: called before any unmap."""
+        self._holders.append(drop)
+
+    def checks(self, ref: str) -> bool:
+        """Whether region ``ref`` is a client's window, checked again once per batch."""
+        return type(self._regions.get(ref)) is ObjectWindow
+
+    def check(self, ref: str) -> None:
+        """Check a client's window once this batch (INVALID_ARG if its object shrank)."""
+        self._region(ref)
 
     # ------------------------------------------------------------------ inputs
     def input_tensor(self, ref: TensorRef, reshape: tuple[int, ...] | None) -> InputTensor:
@@ -101,7 +120,7 @@ class WorkerMemory:
                 self._region(ref.region)  # a client's window is still checked once a batch
                 return tensor
         tensor = self.input_tensor(ref, reshape)
-        if tensor.memory == "cpu":
+        if lasting(tensor):
             if views is None or len(views) >= VIEWS:
                 views = self._views[ref.region] = {}
             views[key] = tensor
@@ -147,6 +166,11 @@ class WorkerMemory:
             )
         return ref, offset, region.buf[local : local + nbytes]
 
+    def slot_views(self, region: str) -> dict[Any, Any] | None:
+        """The views kept over this worker's output slots; none over a client's region
+        (unmapped when the broker retires it, and written rarely)."""
+        return self._slot_views if region == self.output.name else None
+
     def release(self, region: str, offset: int) -> None:
         if region == self.output.name:
             with self._lock:
@@ -154,8 +178,11 @@ class WorkerMemory:
 
     def free(self, slots: Sequence[Slot]) -> None:
         """Slots the broker (or a lane's client) is done with."""
-        name = self.output.name
-        self.free_outputs([slot.offset for slot in slots if slot.region == name])
+        name, free = self.output.name, self.allocator.free
+        with self._lock:
+            for region, offset in slots:
+                if region == name:
+                    free(offset)
 
     def free_outputs(self, offsets: Iterable[int]) -> None:
         """Blocks of this worker's output region, under one taking of the lock."""
@@ -165,6 +192,8 @@ class WorkerMemory:
 
     def unmap(self, refs: Sequence[str]) -> None:
         """Client regions the broker retired: no request will name them again."""
+        for drop in self._holders:  # what keeps views of them lets go first
+            drop()
         for ref in refs:
             self._views.pop(ref, None)  # the views first: they keep the mapping alive
             region = self._regions.pop(ref, None)
@@ -172,10 +201,20 @@ class WorkerMemory:
                 region.close()
 
     def close(self) -> None:
-        self._views.clear()
+        for drop in self._holders:
+            drop()
+        self._views.clear()  # the views first: they keep the mappings alive
+        self._slot_views.clear()
         for region in self._regions.values():
             region.close()
         self._regions.clear()
+
+
+def lasting(tensor: InputTensor) -> bool:
+    """Whether ``tensor`` may serve every request that names its place until the region is
+    unmapped: a view of host memory (BYTES elements are decoded copies; a device array is
+    made for each request)."""
+    return tensor.memory == "cpu" and tensor.datatype != "BYTES"
 
 
 def wanted_outputs(

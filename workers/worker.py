@@ -54,6 +54,7 @@ from inferpool.workers.lanes import Lanes
 from inferpool.workers.memory import WorkerMemory, wanted_outputs
 from inferpool.workers.pinning import cuda_ordinal, read_back
 from inferpool.workers.regions import ChannelRegions
+from inferpool.workers.request_plans import RequestPlans
 from inferpool.workers.sequence_state import SequenceStates
 
 log = logging.getLogger("inferpool.worker")
@@ -104,7 +105,7 @@ class Worker:
         self.sequence: SequenceInputs | None = None  # control inputs and initial states
         self.output_reshapes: dict[str, OutputReshape] = {}
         self.states: SequenceStates | None = None  # sequence state, if the model keeps any
-        self._wanted: dict[str, RequestedOutput] = {}
+        self.plans: RequestPlans  # made with the rest
         self.lanes: Lanes | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -154,7 +155,8 @@ class Worker:
         self.sequence = SequenceInputs.of(cfg, self.spec.model_name, self.spec.repository_path)
         self.states = SequenceStates.of(cfg, self.memory, self.sequence)
         # outputs wanted in this worker's own region: one RequestedOutput each, shared
-        self._wanted = {t.name: RequestedOutput(t.name) for t in cfg.output}
+        wanted = {t.name: RequestedOutput(t.name) for t in cfg.output}
+        self.plans = RequestPlans(self.memory, self.reshapes, self.batching, wanted)
 
     def _loop(self) -> None:
         """One message at a time.  A decoupled model's backend threads may answer between
@@ -270,8 +272,8 @@ class Worker:
         for null in nulls:
             timings.pop(id(null), None)
         items = []
-        for item, owner in zip(self._items, self._item_requests, strict=True):
-            timing = timings.pop(id(owner), None) if owner is not None else None
+        for item, owner in zip(self._items, self._item_requests):  # noqa: B905 (in pairs)
+            timing = timings.pop(id(owner), None)  # None's id is no request's
             items.append(item.timed(batch if timing is None else timing.stamps.durations()))
         self._items, self._item_requests = [], []
         if not batches:
@@ -291,7 +293,7 @@ class Worker:
                 self._send_items(items[:half])
                 items = items[half:]
         try:
-            self.link.send(Done(items, batches, metrics))
+            self.link.send(_new(Done, (items, batches, metrics)))
         except TooLarge:
             self.link.send(Done([self._too_large(item) for item in items], batches, metrics))
 
@@ -317,21 +319,7 @@ class Worker:
         return Result(item.rid, item.final, (), None, err.to_wire(), item.durations)
 
     def _request(self, work: Work) -> Request:
-        reshapes = self.reshapes
-        inputs = {}
-        for ref in work.inputs:
-            reshape = reshapes.get(ref.name)
-            if reshape is not None and self.batching:
-                reshape = (ref.shape[0], *reshape)
-            tensor = self.memory.batch_input(ref, reshape)
-            inputs[tensor.name] = tensor
-        shared = self._wanted
-        wanted = {
-            out.name: shared.get(out.name) or RequestedOutput(out.name)
-            if out.window is None
-            else RequestedOutput(out.name, out.window)
-            for out in work.outputs
-        }
+        inputs, wanted = self.plans.of(work)
         if self.sequence is not None:
             self.sequence.add_controls(inputs, work.correlation_id, work.flags, 1, True, work.id)
             if self.states is not None:
@@ -374,7 +362,7 @@ class Worker:
 
     def _emit(self, request: Request, response: Response | None, final: bool) -> None:
         """Called by ResponseSender: turn a response into a result for the broker."""
-        sent = now_ns()
+        sent = now_ns() if self.decoupled else 0
         item = self._result(request, response, final)
         if self.decoupled:  # Triton's response statistics: producing it, delivering it
             starts = self._response_start
@@ -399,16 +387,18 @@ class Worker:
         if self.states is not None:
             self.states.keep(request, response, final)
         if response is None:
-            return Result(request.handle, final, ())
+            return _new(Result, (request.handle, final, (), None, None, None))
         if response.error is not None:
             response.discard()
             return Result(request.handle, final, (), None, response.error.to_wire())
-        wanted = wanted_outputs(self.memory, request, response, self.output_reshapes, self.batching)
-        outputs = [
-            TensorRef(out.name, out.datatype, shape, out.region, out.offset, out.byte_size)
-            for out, shape in wanted
-        ]
-        return Result(request.handle, final, outputs, response.parameters or None)
+        outputs = []
+        for out, shape in wanted_outputs(
+            self.memory, request, response, self.output_reshapes, self.batching
+        ):
+            ref = (out.name, out.datatype, shape, out.region, out.offset, out.byte_size)
+            outputs.append(_new(TensorRef, ref))
+        result = (request.handle, final, outputs, response.parameters or None, None, None)
+        return _new(Result, result)
 
     def _flush_async(self) -> None:
         with contextlib.suppress(BlockingIOError):

@@ -158,24 +158,31 @@ class PyTorchInstance(ModelInstance):
         self._resources.close()
 
     # ------------------------------------------------------------------ execution
-    def execute(self, requests: list[Request]) -> list[Response]:
+    def execute(self, requests: list[Request]) -> None:
+        """Answer each request as soon as its outputs are written, then report the
+        statistics (as identity.cc sends its responses before it reports): on a lane the
+        answer is on its way to the client while they are counted."""
         exec_start = now_ns()
         if len(requests) == 1 and not self.placement.streams:  # the CPU: no streams to set
             plan = self.plans.get(requests[0])
             if plan is not None:  # a known signature: its checks passed when the plan was made
-                return [self._planned(requests[0], plan, exec_start)]
+                self._planned(requests[0], plan, exec_start)
+                return
         responses: dict[int, Response] = {}
         batch, total = self._checked(requests, responses)
         compute_start = compute_end = exec_start
         if batch:
             compute_start, compute_end = self._run(batch, responses, exec_start)
         ordered = [responses[id(request)] for request in requests]
-        self._report(requests, ordered, exec_start, compute_start, compute_end, total, batch)
-        return ordered
+        try:
+            for request, response in zip(requests, ordered):  # noqa: B905 (one each)
+                request.respond(response)
+        finally:
+            self._report(requests, ordered, exec_start, compute_start, compute_end, total, batch)
 
-    def _planned(self, request: Request, plan: Plan, exec_start: int) -> Response:
+    def _planned(self, request: Request, plan: Plan, exec_start: int) -> None:
         """A lone request of a known signature on the CPU: its inputs taken and its outputs
-        written as the plan says, around the forward pass every batch gets."""
+        written as the plan says, around the forward pass every batch gets; answered."""
         response = Response(request)
         infer_start = output_start = 0  # not reached
         try:
@@ -184,15 +191,17 @@ class PyTorchInstance(ModelInstance):
                 infer_start = now_ns()
                 outputs = self._forward(args)
                 output_start = now_ns()
-                self.writer.write(outputs, [(plan.prepared(request), response)], plan.writes)
+                self.writer.write_alone(outputs, plan.rows, response, plan.writes)
         except Exception as exc:  # nothing written for it may leak
             response.discard()
             response = Response(request, InferpoolError.wrap(exc))
         if not output_start:  # the marks not reached read as the end
             output_start = now_ns()
             infer_start = infer_start or output_start
-        self._report((request,), (response,), exec_start, infer_start, output_start, plan.rows)
-        return response
+        try:
+            request.respond(response)
+        finally:
+            self._report((request,), (response,), exec_start, infer_start, output_start, plan.rows)
 
     def _report(
         self,

@@ -103,51 +103,51 @@ class OutputWriter:
             for spec, torch_dtype in self._typed
         ]
 
-    def write(
-        self,
-        outputs: list[Any],
-        batch: list[tuple[Prepared, Response]],
-        writes: list[Write] | None = None,
-    ) -> None:
-        """Fill every response of ``batch``; a mismatch with the config fails the whole batch.
-        ``writes``: what :meth:`writes` said of ``batch``'s one request, where known."""
+    def write(self, outputs: list[Any], batch: list[tuple[Prepared, Response]]) -> None:
+        """Fill every response of ``batch``; a mismatch with the config fails the whole batch."""
+        if len(batch) == 1:
+            prepared, response = batch[0]
+            writes = self.writes(prepared.request.requested_outputs)
+            self.write_alone(outputs, prepared.batch, response, writes)
+            return
         if len(outputs) != self._checked:
             self.check_indices(len(outputs))
-        one = len(batch) == 1
-        rows = batch[0][0].batch if one else sum(p.batch for p, _ in batch)
-        if writes is not None:
-            for spec, torch_dtype, asked in writes:
-                self._write(
-                    spec, torch_dtype, outputs[spec.index], rows, batch, batch if asked else []
-                )
-            return
+        rows = sum(p.batch for p, _ in batch)
         for spec, torch_dtype in self._typed:
             if spec.state:  # the sequence batcher's, whether or not the client asked
                 wanted = batch
             elif not spec.config_output:
                 wanted = []
-            elif one:
-                wanted = batch if spec.name in batch[0][0].request.requested_outputs else []
             else:
                 wanted = [pr for pr in batch if spec.name in pr[0].request.requested_outputs]
-            self._write(spec, torch_dtype, outputs[spec.index], rows, batch, wanted)
+            value = outputs[spec.index]
+            if isinstance(value, torch.Tensor):
+                self._check_tensor(spec, torch_dtype, value, rows)
+                self._write_tensor(spec, value, batch, wanted)
+            else:
+                self._check_strings(spec, value, rows)
+                self._write_strings(spec, value, batch, wanted)
 
-    def _write(
-        self,
-        spec: OutputSpec,
-        torch_dtype: torch.dtype | None,
-        value: Any,
-        rows: int,
-        batch: list[tuple[Prepared, Response]],
-        wanted: list[tuple[Prepared, Response]],
+    def write_alone(
+        self, outputs: list[Any], rows: int, response: Response, writes: list[Write]
     ) -> None:
-        """One output, checked against the config, into the responses that want it."""
-        if isinstance(value, torch.Tensor):
-            shape = self._check_tensor(spec, torch_dtype, value, rows)
-            self._write_tensor(spec, value, shape, batch, wanted)
-        else:
-            self._check_strings(spec, value, rows)
-            self._write_strings(spec, value, batch, wanted)
+        """The outputs of a batch of one request (``rows`` rows) into its ``response``, each
+        checked against the config; ``writes``: what :meth:`writes` said of the request.
+        A tensor goes through a tensor over its slot, made once per slot where the memory
+        keeps views (``Response.output_view``; only copied into here, never kept)."""
+        if len(outputs) != self._checked:
+            self.check_indices(len(outputs))
+        for spec, torch_dtype, asked in writes:
+            value = outputs[spec.index]
+            if isinstance(value, torch.Tensor):
+                shape = self._check_tensor(spec, torch_dtype, value, rows)
+                if asked:
+                    view = response.output_view(spec.name, shape, spec.datatype, dtypes.as_tensor)
+                    view.copy_(value)
+            else:
+                self._check_strings(spec, value, rows)
+                if asked:
+                    response.set_output(spec.name, _strings(value), "BYTES")
 
     def _check_tensor(
         self, spec: OutputSpec, torch_dtype: torch.dtype | None, value: torch.Tensor, rows: int
@@ -193,18 +193,16 @@ class OutputWriter:
         self,
         spec: OutputSpec,
         value: torch.Tensor,
-        shape: torch.Size,
         batch: list[tuple[Prepared, Response]],
         wanted: list[tuple[Prepared, Response]],
     ) -> None:
-        slices = self._slices(batch) if len(batch) > 1 else None  # one request: the whole
-        from_numpy, as_tensor, plain = torch.from_numpy, dtypes.as_tensor, spec.datatype != "BF16"
+        """Each request's rows of a batch's output, through views of their slots as
+        :meth:`write_alone` writes them."""
+        slices = self._slices(batch)
+        name, datatype, as_tensor = spec.name, spec.datatype, dtypes.as_tensor
         for p, response in wanted:
-            part = value if slices is None else value[slices[id(p)]]
-            out = response.output(spec.name, shape if slices is None else part.shape, spec.datatype)
-            # host memory (a numpy array) of a type numpy has: from_numpy, no probing
-            tensor = from_numpy(out) if type(out) is np.ndarray and plain else as_tensor(out)
-            tensor.copy_(part)
+            part = value[slices[id(p)]]
+            response.output_view(name, part.shape, datatype, as_tensor).copy_(part)
 
     def _write_strings(
         self,
@@ -215,7 +213,11 @@ class OutputWriter:
     ) -> None:
         slices = self._slices(batch)
         for p, response in wanted:
-            part = value[slices[id(p)]]
-            strings = np.empty(len(part), dtype=object)
-            strings[:] = part
-            response.set_output(spec.name, strings, "BYTES")
+            response.set_output(spec.name, _strings(value[slices[id(p)]]), "BYTES")
+
+
+def _strings(value: list[str]) -> np.ndarray:
+    """A list of str as the object array ``Response.set_output`` takes for BYTES."""
+    strings = np.empty(len(value), dtype=object)
+    strings[:] = value
+    return strings

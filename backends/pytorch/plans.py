@@ -2,7 +2,7 @@
 
 A client sends the same inputs (names, datatypes, shapes, memory) and asks for the same
 outputs over and over.  Everything ``InputAssembler.prepare`` checks of a request follows
-from that signature, and so does everything ``forward_args`` and ``OutputWriter.write``
+from that signature, and so does everything ``forward_args`` and ``OutputWriter.writes``
 decide for it: the rows, which input feeds which forward argument and how it becomes a
 tensor, which outputs are written.  The first lone request of a signature runs the full
 checks; a :class:`Plan` keeps what they decided, and the next request of the signature is
@@ -68,11 +68,6 @@ class Plan:
         self.takes = takes
         self.is_dict = is_dict
         self.writes = writes
-
-    def prepared(self, request: Request) -> Prepared:
-        """``request`` as the checks that made this plan would have prepared it (its values
-        are taken straight from its inputs by :meth:`forward_args`)."""
-        return tuple.__new__(Prepared, (request, self.rows, None))
 
     def forward_args(self, inputs: dict[str, InputTensor]) -> list[Any]:
         """The forward arguments of a request of this signature, over its inputs' memory."""

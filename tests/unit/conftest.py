@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from inferpool.backends.testing import BackendHarness
+from inferpool.shm.region import Region
 from inferpool.wire.errors import InferpoolError
+from inferpool.workers.memory import WorkerMemory
+
+
+@pytest.fixture
+def memory() -> Iterator[WorkerMemory]:
+    """A worker's memory over an output region of 4 MiB, 1 MiB of it populated."""
+    reg = Region.create(f"inferpool-test-memory-{os.getpid()}", 4 << 20, prefault=False)
+    mem = WorkerMemory(reg.name, "test_0", prefault=1 << 20)
+    yield mem
+    mem.close()
+    reg.destroy()
 
 
 class PythonModels:

@@ -88,6 +88,9 @@ class CudaWindow:
     def release(self, region: str, offset: int) -> None:
         self.released.append(offset)
 
+    def slot_views(self, region: str) -> None:
+        return None  # a client's region: no views kept
+
 
 def request(memory: Any, replies: list[Any]) -> Request:
     def emit(request: Request, response: Response | None, final: bool) -> None:

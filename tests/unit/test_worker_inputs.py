@@ -42,16 +42,6 @@ def test_an_input_outside_its_region_is_refused(region: Region) -> None:
         host_input(region, ref, None)
 
 
-@pytest.fixture
-def memory() -> Iterator[WorkerMemory]:
-    """A worker's memory over an output region of 4 MiB, 1 MiB of it populated."""
-    reg = Region.create(f"inferpool-test-memory-{os.getpid()}", 4 << 20, prefault=False)
-    mem = WorkerMemory(reg.name, "test_0", prefault=1 << 20)
-    yield mem
-    mem.close()
-    reg.destroy()
-
-
 def test_a_place_named_again_gets_the_same_view_until_its_region_is_unmapped(
     region: Region, memory: WorkerMemory
 ) -> None:

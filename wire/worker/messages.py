@@ -382,7 +382,8 @@ def _fields(obj: Any) -> tuple[Any, ...]:
 
 
 def encode(msg: Message) -> bytes:
-    return orjson.dumps((_KINDS[type(msg)], msg), default=_fields)
+    # (the message as a plain tuple: orjson writes it without calling back into Python)
+    return orjson.dumps((_KINDS[type(msg)], tuple(msg)), default=_fields)
 
 
 def record_size(record: Any) -> int:
@@ -390,10 +391,10 @@ def record_size(record: Any) -> int:
     return len(orjson.dumps(record, default=_fields))
 
 
-def encoded(record: Any) -> tuple[orjson.Fragment, int]:
+def encoded(record: tuple[Any, ...]) -> tuple[orjson.Fragment, int]:
     """``record`` encoded once, to travel in messages as is, and its size there: a request's
     Work is sized at admission and sent as it was sized."""
-    data = orjson.dumps(record, default=_fields)
+    data = orjson.dumps(tuple(record), default=_fields)
     return orjson.Fragment(data), len(data)
 
 
@@ -458,14 +459,15 @@ def _result(raw: Sequence[Any]) -> Result:
     rid, final, outputs, parameters, error, durations = raw
     if outputs:
         outputs = list(map(_ref, outputs))
-    if durations is not None:
-        durations = _durations(durations)
+    if durations is not None:  # (a wrong arity goes to _make, which refuses it)
+        durations = _new(Durations, durations) if len(durations) == 3 else _durations(durations)
     return _new(Result, (rid, final, outputs, parameters, error, durations))
 
 
 def _batch(raw: Sequence[Any]) -> BatchStats:
     batch_size, durations = raw
-    return _new(BatchStats, (batch_size, _durations(durations)))
+    durations = _new(Durations, durations) if len(durations) == 3 else _durations(durations)
+    return _new(BatchStats, (batch_size, durations))
 
 
 def _execute(body: Sequence[Any]) -> Execute:
@@ -559,7 +561,7 @@ def _tensor_ref(ref: TensorRef) -> bool:
     )
 
 
-_FROM_BROKER: dict[str, Callable[[Any], Any]] = {
+FROM_BROKER: dict[str, Callable[[Any], Any]] = {
     Kind.EXECUTE: _execute,
     Kind.FREE: _free,
     Kind.STOP: Stop._make,
@@ -583,7 +585,9 @@ _FROM_WORKER: dict[str, Callable[[Any], Any]] = {
 }
 
 
-def _decode(data: bytes | memoryview, table: dict[str, Callable[[Any], Any]], sender: str) -> Any:
+def decode(table: dict[str, Callable[[Any], Any]], sender: str, data: bytes | memoryview) -> Any:
+    """The message ``data`` by the kinds of ``table``; INTERNAL naming ``sender`` if it is
+    not one."""
     try:
         kind, body = orjson.loads(data)
         return table[kind](body)
@@ -595,11 +599,11 @@ def _decode(data: bytes | memoryview, table: dict[str, Callable[[Any], Any]], se
 
 def decode_from_broker(data: bytes | memoryview) -> BrokerMessage:
     """A message the broker sent; INTERNAL if it is not one."""
-    msg: BrokerMessage = _decode(data, _FROM_BROKER, "broker")
+    msg: BrokerMessage = decode(FROM_BROKER, "broker", data)
     return msg
 
 
 def decode_from_worker(data: bytes | memoryview) -> WorkerMessage:
     """A message a worker sent; INTERNAL if it is not one."""
-    msg: WorkerMessage = _decode(data, _FROM_WORKER, "worker")
+    msg: WorkerMessage = decode(_FROM_WORKER, "worker", data)
     return msg
