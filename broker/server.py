@@ -15,12 +15,12 @@ import signal
 import socket
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import zmq
 
 from inferpool.broker.devshm import start_arena, warn_if_too_small
-from inferpool.broker.drain import Drain
+from inferpool.broker.drain import Drain, Phase
 from inferpool.broker.endpoints import listen, open_run
 from inferpool.broker.front.control import Control
 from inferpool.broker.front.handles import Handles
@@ -61,9 +61,10 @@ from inferpool.wire.zmqio import NOBLOCK, recv_frames
 log = logging.getLogger("inferpool.broker")
 HOUSEKEEPING_S = 0.05
 FRONT_BATCH = 64  # client messages handled per readiness of the socket, at most
-EVENTS, POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
+POLLIN = int(zmq.POLLIN)
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+SERVING = Phase.SERVING
 
 
 class StartInterrupted(Exception):
@@ -324,46 +325,55 @@ class Broker:
             self.poller.register(fd, zmq.POLLIN)
 
     def run(self) -> int:
-        """Load the initial models and serve until a signal stops the broker (0), then close."""
-        poller = self.poller
-        metrics = self.metrics
+        """Load the initial models and serve until a signal stops the broker (0), then close.
+
+        One iteration per readiness, and it is on every request's path: it reads what it
+        needs into locals once, asks the clock once, and reaches for the timers (batching
+        decisions, zero-copy sends, housekeeping) only when one is pending."""
+        poll, items = zmq.zmq_poll, self.poller.sockets  # (the Poller's list, kept in place)
+        manager, responder, drain = self.manager, self.responder, self.drain
+        frontend, tagged, metrics = self.frontend, self.tagged, self.metrics
+        channels, readers, wake_fd = self.channels, self.readers, self._wake.fileno()
         next_housekeeping = 0.0
         try:
             for name in self._initial:
-                self.manager.load(name, self._start_waiter(name))
+                manager.load(name, self._start_waiter(name))
             self._maybe_started()
+            now = time.monotonic()
             while True:
-                now = time.monotonic()
-                timeout = max(0.0, next_housekeeping - now)
-                wake_ns = self.manager.tick(time.monotonic_ns()) if self.manager.wakes else None
-                if wake_ns is not None:
-                    timeout = min(timeout, max(0.0, (wake_ns - time.monotonic_ns()) / 1e9))
-                if self.responder.poll():
+                timeout = next_housekeeping - now
+                if manager.wakes:
+                    wake_ns = manager.tick(time.monotonic_ns())
+                    if wake_ns is not None:
+                        timeout = min(timeout, (wake_ns - time.monotonic_ns()) / 1e9)
+                if responder.sending and responder.poll():
                     timeout = min(timeout, 0.001)
-                events = dict(poller.poll(int(timeout * 1000) + (1 if timeout > 0 else 0)))
+                ms = int(timeout * 1000) + 1 if timeout > 0 else 0
+                events = dict(poll(items, ms))
                 for fd in events:
-                    handle = self.channels.get(fd)
+                    handle = channels.get(fd)
                     if handle is not None:
                         self._from_worker(handle)
-                    elif fd in self.readers:  # a zygote: it may report a worker's exit
-                        self.readers[fd]()
+                    elif fd in readers:  # a zygote: it may report a worker's exit
+                        readers[fd]()
                         self.supervisor.reap()
-                if self.frontend in events:
+                if frontend in events:
                     self._drain_frontend()
-                for tag, sock in self.tagged.items():
-                    if sock in events:
-                        self.router.handle(recv_frames(sock, NOBLOCK), tag)
+                if tagged:
+                    for tag, sock in tagged.items():
+                        if sock in events:
+                            self.router.handle(recv_frames(sock, NOBLOCK), tag)
                 if metrics is not None and metrics.socket in events:
                     metrics.answer()
-                if self._wake.fileno() in events or self._signals:
+                if wake_fd in events or self._signals:
                     self._handle_signals()
-                if self.manager.dispatched:
+                if manager.dispatched:
                     self._read_dispatched()
                 now = time.monotonic()
                 if now >= next_housekeeping:
                     self._housekeeping(now)
                     next_housekeeping = now + HOUSEKEEPING_S
-                if self.drain.active and self.drain.step(now):
+                if drain.phase is not SERVING and drain.step(now):
                     return 0
         finally:
             self.close()
@@ -371,12 +381,13 @@ class Broker:
     def _drain_frontend(self) -> None:
         """The messages waiting (up to FRONT_BATCH), then their dispatch: requests that
         arrived together can run as one batch, and they cost one poll."""
-        frontend, manager = self.frontend, self.manager
+        frontend, manager, handle = self.frontend, self.manager, self.router.handle
+        waiting = [(frontend, POLLIN)]  # (a poll without a timeout: cheaper than EVENTS)
         manager.gather()
         try:
             for _ in range(FRONT_BATCH):
-                self.router.handle(recv_frames(frontend, NOBLOCK))
-                if not cast(int, frontend.getsockopt(EVENTS)) & POLLIN:
+                handle(recv_frames(frontend, NOBLOCK))
+                if not zmq.zmq_poll(waiting, 0):
                     break
         finally:
             manager.dispatch_gathered()

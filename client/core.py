@@ -21,11 +21,13 @@ import zmq
 
 from inferpool.client.control import Call
 from inferpool.client.endpoint import Handshake, parse_endpoint
+from inferpool.client.plan import PLANS, UNPLANNED, Key, PlannedHeader, ResponsePlan, split_id
 from inferpool.wire import codec
 from inferpool.wire.errors import Code, InferpoolError
 
 DEFAULT_TIMEOUT = 60.0
 TEMPLATES = 64  # infer signatures a client keeps the header of; all dropped when full
+_FIXED = frozenset(codec.numpy_dtype(d) for d in codec.DATATYPES if d != "BYTES")
 T = TypeVar("T")
 Header = dict[str, Any]
 Message = tuple[Header, list[Any]]  # a response: its header and its tensor frames
@@ -116,26 +118,52 @@ def header_template(header: Header) -> bytes:
     return body[:-1] + (b',"id":"' if len(body) > 2 else b'"id":"')
 
 
-def _signature(model: str, inputs: Inputs, outputs: Outputs, version: str | int) -> Any:
-    """What an infer request's header follows from, hashable; None when its inputs are not
-    all numpy arrays of a fixed-size native datatype (others, byte-swapped ones among them,
-    are converted as they are framed) or its outputs carry parameters."""
+def extended(template: bytes, name: str, value: Any) -> bytes:
+    """A ``header_template`` with one more field (not in its header) before the id: what
+    ``header_template({**header, name: value})`` gives, without encoding the rest again."""
+    return b"".join((template[:-6], codec.encode_header({name: value})[1:-1], b',"id":"'))
+
+
+def _framed(
+    model: str, inputs: Inputs, outputs: Outputs, version: str | int, stream: bool
+) -> tuple[Any, list[Any]]:
+    """What an infer request's header follows from (hashable), and its inputs' frames as
+    encode_inputs frames them; (None, []) when its inputs are not all numpy arrays of a
+    fixed-size native datatype (others, byte-swapped ones among them, are converted as
+    they are framed) or its outputs carry parameters."""
     outs: Any = None
     if outputs:
         outs = tuple(outputs)
         if not all(type(o) is str for o in outs):
-            return None
-    key: list[Any] = [model, version, outs]
+            return None, []
+    key: list[Any] = [model, version, outs, stream]
+    frames = []
     for name, value in inputs.items():
-        if type(value) is not np.ndarray or codec.fixed_datatype(value.dtype) is None:
-            return None
-        key.append((name, value.dtype, value.shape))
-    return tuple(key)
+        dtype = value.dtype if type(value) is np.ndarray else None
+        if dtype not in _FIXED:
+            return None, []
+        key.append((name, dtype, value.shape))
+        frames.append(np.ascontiguousarray(value).data)
+    return tuple(key), frames
 
 
 def decode_result(message: Message) -> InferResult:
-    """An infer response as outputs over its frames, or the error it carries, raised."""
+    """An infer response as outputs over its frames, or the error it carries, raised (a
+    planned header's outputs as its plan says, client.plan)."""
     header, frames = message
+    outputs = header.plan.arrays(frames) if type(header) is PlannedHeader else None
+    if outputs is None:
+        outputs = _outputs(header, frames)
+    return InferResult(
+        header.get("model_name", ""),
+        str(header.get("model_version", "")),
+        outputs,
+        header.get("parameters") or {},
+        header.get("id", ""),
+    )
+
+
+def _outputs(header: Header, frames: list[Any]) -> dict[str, np.ndarray]:
     if "error" in header:
         codec.raise_for_error(header)
     outputs: dict[str, np.ndarray] = {}
@@ -159,13 +187,7 @@ def decode_result(message: Message) -> InferResult:
             spec["shape"],
             f"output '{name}'",
         )
-    return InferResult(
-        header.get("model_name", ""),
-        str(header.get("model_version", "")),
-        outputs,
-        header.get("parameters") or {},
-        header.get("id", ""),
-    )
+    return outputs
 
 
 def checked(message: Message) -> Header:
@@ -224,7 +246,9 @@ class ClientCore:
         self.closed = False
         self._ids = itertools.count(1)
         self._waiting: dict[str, Exchange[Any]] = {}
-        self._templates: dict[tuple[Any, bool], bytes] = {}  # infer signature -> its header
+        self._templates: dict[Any, bytes] = {}  # infer signature -> its header
+        self._plans: dict[Key, ResponsePlan] = {}  # infer responses' headers (client.plan)
+        self._unplanned = 0  # infer responses to decode before learning plans again
 
     # ------------------------------------------------------------------ requests
     def open(
@@ -273,8 +297,12 @@ class ClientCore:
         A request like an earlier one (same model, version, outputs, and inputs: numpy
         arrays of the same names, dtypes and shapes; no parameters, no datatypes) reuses
         that one's encoded header: only its inputs' frames and its id are new."""
-        key = None if parameters or datatypes else _signature(model, inputs, outputs, version)
-        template = self._templates.get((key, stream)) if key is not None else None
+        key, frames = (
+            (None, [])
+            if parameters or datatypes
+            else _framed(model, inputs, outputs, version, stream)
+        )
+        template = self._templates.get(key)  # never one for None
         if template is None:
             specs, frames = encode_inputs(inputs, datatypes)
             header = infer_header(model, specs, outputs, version, parameters)
@@ -284,9 +312,7 @@ class ClientCore:
             if key is not None:
                 if len(self._templates) >= TEMPLATES:
                     self._templates.clear()
-                self._templates[key, stream] = template
-        else:  # framed as encode_inputs frames a fixed-size native array
-            frames = [np.ascontiguousarray(value).data for value in inputs.values()]
+                self._templates[key] = template
         exchange = self.prepared(template, frames, decode_result, timeout)
         exchange.cancellable = True
         return exchange
@@ -313,17 +339,51 @@ class ClientCore:
     # ------------------------------------------------------------------ responses
     def receive(self, parts: list[Any]) -> Exchange[Any] | None:
         """File one received message with the request it answers; None when it answers none
-        waiting (a request given up on) or is not a message of the protocol."""
+        waiting (a request given up on) or is not a message of the protocol.  An infer
+        response whose header a plan knows is filed without decoding it (client.plan)."""
         if len(parts) < 2 or len(parts[0]) != 0:
             return None
+        raw = parts[1].bytes
+        split = split_id(raw) if self._plans else None
+        if split is not None:
+            plan = self._plans.get(split[0])
+            if plan is not None and plan.usable:
+                request_id = split[1].decode()
+                exchange = self._waiting.get(request_id)
+                if exchange is None:
+                    return None
+                if exchange.read is decode_result:
+                    exchange.replies.append((plan.header_for(request_id), parts[2:]))
+                    return exchange
         try:
-            header = codec.decode_header(parts[1].bytes)
+            header = codec.decode_header(raw)
         except InferpoolError:
             return None
         exchange = self._waiting.get(str(header.get("id")))
         if exchange is not None:
             exchange.replies.append((header, parts[2:]))
+            if exchange.read is decode_result:
+                self._learn(raw, header, split)
         return exchange
+
+    def _learn(self, raw: bytes, header: Header, split: tuple[Key, bytes] | None) -> None:
+        """Plan the response ``header`` decoded from ``raw``, or confirm a plan learnt from
+        one like it; a plan is used once confirmed (client.plan says why)."""
+        if self._unplanned:  # resting: PLANS different headers filled the plans
+            self._unplanned -= 1
+            return
+        split = split or split_id(raw)
+        if split is None:
+            return
+        key, digits = split
+        known = self._plans.get(key)
+        if known is not None:
+            known.confirm(header, digits)
+        elif len(self._plans) < PLANS:
+            self._plans[key] = ResponsePlan(header, digits)
+        else:  # headers that differ each time (other shapes, parameters): rest a while
+            self._plans.clear()
+            self._unplanned = UNPLANNED
 
     def take(self, exchange: Exchange[Any]) -> Message:
         """The next response received for ``exchange`` (it has one); after the final one the

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inferpool.client.control import Call
-from inferpool.client.core import ClientCore, Exchange, Header, Message, header_template
+from inferpool.client.core import ClientCore, Exchange, Header, Message, extended
 from inferpool.client.lane_book import LaneBook
 from inferpool.client.shm_request import INPUT_REGION, ShmRequest, ShmResult, output_view
 from inferpool.shm.arena import Allocator, ArenaFull
@@ -129,11 +129,10 @@ class ShmSession(ClientCore):
 
     def run(self, request: ShmRequest, timeout: float | None = None) -> Exchange[ShmResult]:
         """``request`` (resolved), with the releases queued since the last message."""
+        template = request.template()
         if self.pending:
-            template = header_template({**request.header, "release": self.pending})
+            template = extended(template, "release", self.pending)
             self.pending = []
-        else:
-            template = request.template()
         self._heard = time.monotonic()
         exchange = self.prepared(template, (), self.decode, timeout)
         exchange.cancellable = True
@@ -202,7 +201,7 @@ class ShmSession(ClientCore):
 
     def release(self, leases: list[tuple[str, str]]) -> None:
         """Queue ``leases`` for release; drop mappings the server has since unlinked."""
-        self.pending.extend(token for token, _ in leases)
+        self.pending.extend([token for token, _ in leases])
         self.unhold(leases)
 
     def hold(self, region: str, count: int) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import zmq
 
 from inferpool.broker.front.handles import Handles
+from inferpool.broker.front.response_header import described, plain_header, response_header
 from inferpool.broker.models.request import PendingRequest
 from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.wire import codec
@@ -45,7 +46,7 @@ class Responder:
         self.handles = handles
         self.shares = handles.shares
         # zero-copy sends still in libzmq's hands: (trackers, [(region, offset)], client, bytes)
-        self._in_flight: list[_InFlight] = []
+        self.sending: list[_InFlight] = []
 
     # ------------------------------------------------------------------ plain messages
     def _route(self, envelope: list[Any]) -> tuple[zmq.Socket[Any], list[Any]]:
@@ -79,29 +80,16 @@ class Responder:
                 header["parameters"] = {"triton_final_response": item.final}
             self.send(req.envelope, header)
             return
-        out_headers: list[dict[str, Any]] = []
+        if req.shm_outputs or item.parameters or model.decoupled:
+            outputs, encoded = self._described(req, item)
+        else:  # the common case: the template of the model's last such header, this id in it
+            encoded = plain_header(model, req.client_id, outputs)
         frames = []
         large = False
         view = self.outputs.view
-        if req.shm_outputs:
-            outputs = self.handles.place(req, outputs, out_headers)
         for out in outputs:
-            out_headers.append({"name": out.name, "datatype": out.datatype, "shape": out.shape})
             frames.append(view(out.region, out.offset, out.byte_size))
             large = large or out.byte_size >= ZERO_COPY_MIN
-        params = item.parameters or {}
-        if model.decoupled:
-            params["triton_final_response"] = item.final
-        encoded = codec.encode_header(
-            {
-                "type": "infer",
-                "id": req.client_id,
-                "model_name": model.name,
-                "model_version": model.version_str,
-                "outputs": out_headers,
-                "parameters": params,
-            }
-        )
         if not large or self.shares.over(req.envelope[0]):  # copied: the slots are free at once
             sock, envelope = self._route(req.envelope)
             send_parts(sock, [*envelope, _EMPTY, encoded, *frames])
@@ -109,6 +97,20 @@ class Responder:
                 self.outputs.free(out.region, out.offset, held=False)
             return
         self._send_tracked(req.envelope, encoded, frames, outputs)
+
+    def _described(self, req: PendingRequest, item: Result) -> tuple[Sequence[TensorRef], bytes]:
+        """The outputs to send as frames and the header, encoded in full: it has parameters
+        or describes outputs that stay in shared memory."""
+        out_headers: list[dict[str, Any]] = []
+        outputs = item.outputs
+        if req.shm_outputs:
+            outputs = self.handles.place(req, outputs, out_headers)
+        out_headers.extend(described(out) for out in outputs)
+        params = item.parameters or {}
+        if req.model.decoupled:
+            params["triton_final_response"] = item.final
+        header = response_header(req.model, req.client_id, out_headers, params)
+        return outputs, codec.encode_header(header)
 
     def _send_tracked(
         self,
@@ -136,14 +138,14 @@ class Responder:
             self.outputs.hold(region)
         nbytes = sum(out.byte_size for out in outputs)
         self.shares.hold(envelope[0], nbytes)
-        self._in_flight.append((trackers, slots, envelope[0], nbytes))
+        self.sending.append((trackers, slots, envelope[0], nbytes))
 
     def poll(self) -> bool:
         """Free the slots of zero-copy sends libzmq has finished; True while some remain."""
-        if not self._in_flight:
+        if not self.sending:
             return False
         still = []
-        for sent in self._in_flight:
+        for sent in self.sending:
             trackers, slots, client, nbytes = sent
             if all(t.done for t in trackers):
                 for region, offset in slots:
@@ -151,5 +153,5 @@ class Responder:
                 self.shares.free(client, nbytes)
             else:
                 still.append(sent)
-        self._in_flight = still
+        self.sending = still
         return bool(still)

@@ -71,7 +71,8 @@ class Router:
                 ),
             )
             return
-        envelope = [frames[0].bytes] if split == 1 else [f.bytes for f in frames[:split]]
+        # (bytes() of a Frame: its .bytes, without pyzmq's attribute hook, wire.zmqio)
+        envelope = [bytes(frames[0])] if split == 1 else [bytes(f) for f in frames[:split]]
         if tag:
             named = NAMED_BY[tag]
             if named >= split:
@@ -84,7 +85,7 @@ class Router:
         msg_type: Any = "error"
         request_id: Any = ""
         try:
-            header = codec.decode_header(frames[split + 1].bytes)
+            header = codec.decode_header(memoryview(frames[split + 1]))
             request_id = header.get("id", "")
             msg_type = header.get("type")
             codec.protocol_check(header)

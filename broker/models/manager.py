@@ -357,11 +357,14 @@ class Manager:
     def _idle(self, handle: Worker) -> None:
         if handle.passive or handle.held or handle.state is not WorkerState.READY:
             return
-        mv = handle.model
-        assert mv.scheduler is not None
-        self._note_wake(mv.scheduler, mv.scheduler.instance_idle(handle, time.monotonic_ns()))
+        scheduler = handle.model.scheduler
+        assert scheduler is not None
+        wake = scheduler.instance_idle(handle, time.monotonic_ns())
+        if wake is not None or self.wakes:  # (no call when there is nothing to note)
+            self._note_wake(scheduler, wake)
 
     def _note_wake(self, scheduler: Scheduler, wake: int | None) -> None:
+        """When ``scheduler`` wants to be pumped again (None: not by a timer)."""
         if wake is None:
             self.wakes.pop(scheduler, None)
         else:
@@ -377,7 +380,9 @@ class Manager:
         if self._gathered is not None and not scheduler.gathering:
             scheduler.gathering = True
             self._gathered.append(scheduler)
-        self._note_wake(scheduler, scheduler.enqueue(req, now_ns))
+        wake = scheduler.enqueue(req, now_ns)
+        if wake is not None or self.wakes:
+            self._note_wake(scheduler, wake)
 
     def gather(self) -> None:
         """Requests that arrived together are being admitted: they are queued, and batches
@@ -390,7 +395,9 @@ class Manager:
         now = time.monotonic_ns()
         for scheduler in gathered:
             scheduler.gathering = False
-            self._note_wake(scheduler, scheduler.pump(now))
+            wake = scheduler.pump(now)
+            if wake is not None or self.wakes:
+                self._note_wake(scheduler, wake)
 
     def dispatch(
         self,
@@ -400,13 +407,17 @@ class Manager:
         nulls: Sequence[int] = (),
     ) -> None:
         now = time.monotonic_ns()
-        stats = handle.model.stats
+        queued = handle.model.stats.queue
         for req in batch:
             req.dispatched_ns = now
             req.worker = handle
-            stats.queue.add(now - req.received_ns)
+            queued.count += 1  # (Duration.add, inline: per request)
+            queued.ns += now - req.received_ns
         handle.busy = batch
-        self.gate.dispatch(handle, batch, release, nulls)
+        if self.gate.limiter is None:  # no rate limiter: the batch goes at once
+            self._send(handle, batch, release, nulls)
+        else:
+            self.gate.dispatch(handle, batch, release, nulls)
 
     def _send(
         self,
@@ -418,7 +429,9 @@ class Manager:
         handle.began_executing(time.monotonic())
         unmaps = self.unmaps.pop(handle.identity, ()) if self.unmaps else ()
         frees = self.outputs.take_frees(handle.output_region)
-        works: list[Any] = [r.work if r.wire is None else r.wire for r in batch]  # as sized
+        works: list[Any] = []
+        for r in batch:
+            works.append(r.work if r.wire is None else r.wire)  # as it was sized
         msg = Execute(works, frees, unmaps, release, nulls)
         self.supervisor.send(handle, msg)
         self.dispatched.append(handle)
@@ -468,7 +481,8 @@ class Manager:
     # ================================================================== results
     def done(self, handle: Worker, msg: Done) -> None:
         """A batch's last results and statistics: the message of every request."""
-        self._results(self.calls.passed_on(handle, msg.items))
+        calls = self.calls
+        self._results(calls.passed_on(handle, msg.items) if calls.lent else msg.items)
         self._batch_done(handle, msg)
 
     def worker_message(self, handle: Worker, msg: WorkerMessage | Garbled) -> None:
@@ -496,16 +510,17 @@ class Manager:
             self.respond(req, item)
 
     def _batch_done(self, handle: Worker, msg: Done) -> None:
-        mv = handle.model
+        stats = handle.model.stats
         for batch in msg.batches:
-            mv.stats.batch_done(batch.batch_size, batch.durations)
+            stats.batch_done(batch.batch_size, batch.durations)
         if msg.metrics is not None:
             self.metrics.apply(msg.metrics)
         handle.busy = None
         handle.ended_executing(time.monotonic())
         if handle.state is not WorkerState.STOPPING:
             self._next_batch(handle)
-        self.gate.done(handle)  # its next batch, if any, competes for what it releases
+        if self.gate.limiter is not None:  # its next batch competes for what it releases
+            self.gate.done(handle)
 
     def _next_batch(self, handle: Worker) -> None:
         mv = handle.model

@@ -206,9 +206,8 @@ class Gate:
             self.limiter.remove(instance)
 
     def dispatch(self, instance: Any, batch: Any, release: Any, nulls: Any) -> None:
-        if self.limiter is None:
-            self.send(instance, batch, release, nulls)
-            return
+        """With a rate limiter (without one, the caller sends the batch itself)."""
+        assert self.limiter is not None
         instance.exec_started = math.inf
         self._run(self.limiter.acquire(instance, (batch, release, nulls)))
 

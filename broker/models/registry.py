@@ -47,6 +47,7 @@ class ModelVersion:
         self.placements: list[Any] = []  # pool.placement.Placement, one per instance
         self.scheduler: Scheduler | None = None
         self.version_str = str(version)
+        self.header_template: Any = None  # its last plain response header (front.response_header)
 
     def use_config(self, config: pb.ModelConfig) -> None:
         """Serve ``config``: the I/O tables admission checks requests against."""

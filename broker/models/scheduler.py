@@ -76,7 +76,7 @@ class Scheduler:
             except InferpoolError as err:  # its priority level is full
                 self.reject(req, err)
                 return None
-        return self.pump(now_ns)
+        return None if self.gathering else self.pump(now_ns)
 
     def cancel(self, req: PendingRequest) -> list[PendingRequest]:
         """Take ``req`` out of the queue: the requests that will not run (none if it is not
@@ -125,7 +125,11 @@ class Scheduler:
             and now_ns - queue[0].received_ns < self.delay_ns
         ):
             return None  # wait a little longer for a fuller batch
-        return [queue.popleft() for _ in range(count)]
+        popleft = queue.popleft
+        batch = [popleft()]
+        for _ in range(count - 1):
+            batch.append(popleft())
+        return batch
 
     def expire(self, now_ns: int) -> None:
         """Apply the queue policy to queued requests whose timeout has passed."""

@@ -31,6 +31,17 @@ class Duration:
         return {"count": self.count, "ns": self.ns}
 
 
+def _timed(ci: Duration, cf: Duration, co: Duration, timing: Durations) -> None:
+    """One execution's compute durations, added (in one call: this runs per request and per
+    batch)."""
+    ci.count += 1
+    ci.ns += timing.compute_input
+    cf.count += 1
+    cf.ns += timing.compute_infer
+    co.count += 1
+    co.ns += timing.compute_output
+
+
 @dataclass
 class BatchStats:
     compute_input: Duration = field(default_factory=Duration)
@@ -106,13 +117,7 @@ class ModelStats:
             return
         self.inference_count += batch_size
         if timing:
-            ci, cf, co = self.compute_input, self.compute_infer, self.compute_output
-            ci.count += 1
-            ci.ns += timing.compute_input
-            cf.count += 1
-            cf.ns += timing.compute_infer
-            co.count += 1
-            co.ns += timing.compute_output
+            _timed(self.compute_input, self.compute_infer, self.compute_output, timing)
 
     def cache_hit_done(self, total_ns: int, queue_ns: int, lookup_ns: int) -> None:
         """A request answered from the response cache: a success that ran nothing."""
@@ -143,9 +148,7 @@ class ModelStats:
         b = self.batches.get(batch_size)
         if b is None:
             b = self.batches[batch_size] = BatchStats()
-        b.compute_input.add(timing.compute_input)
-        b.compute_infer.add(timing.compute_infer)
-        b.compute_output.add(timing.compute_output)
+        _timed(b.compute_input, b.compute_infer, b.compute_output, timing)
 
     def lanes_done(self, lanes: LaneStats) -> None:
         """Fold what a worker's lanes served (they bypass the broker)."""

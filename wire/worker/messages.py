@@ -382,7 +382,8 @@ def _fields(obj: Any) -> tuple[Any, ...]:
 
 
 def encode(msg: Message) -> bytes:
-    return orjson.dumps((_KINDS[type(msg)], msg), default=_fields)
+    # (the message as a plain tuple: orjson writes it without calling back into Python)
+    return orjson.dumps((_KINDS[type(msg)], tuple(msg)), default=_fields)
 
 
 def record_size(record: Any) -> int:
@@ -390,10 +391,10 @@ def record_size(record: Any) -> int:
     return len(orjson.dumps(record, default=_fields))
 
 
-def encoded(record: Any) -> tuple[orjson.Fragment, int]:
+def encoded(record: tuple[Any, ...]) -> tuple[orjson.Fragment, int]:
     """``record`` encoded once, to travel in messages as is, and its size there: a request's
     Work is sized at admission and sent as it was sized."""
-    data = orjson.dumps(record, default=_fields)
+    data = orjson.dumps(tuple(record), default=_fields)
     return orjson.Fragment(data), len(data)
 
 
@@ -458,14 +459,15 @@ def _result(raw: Sequence[Any]) -> Result:
     rid, final, outputs, parameters, error, durations = raw
     if outputs:
         outputs = list(map(_ref, outputs))
-    if durations is not None:
-        durations = _durations(durations)
+    if durations is not None:  # (a wrong arity goes to _make, which refuses it)
+        durations = _new(Durations, durations) if len(durations) == 3 else _durations(durations)
     return _new(Result, (rid, final, outputs, parameters, error, durations))
 
 
 def _batch(raw: Sequence[Any]) -> BatchStats:
     batch_size, durations = raw
-    return _new(BatchStats, (batch_size, _durations(durations)))
+    durations = _new(Durations, durations) if len(durations) == 3 else _durations(durations)
+    return _new(BatchStats, (batch_size, durations))
 
 
 def _execute(body: Sequence[Any]) -> Execute:
