@@ -1,6 +1,6 @@
 """Benchmark the pytorch backend: latency per path, and memory with ENABLE_WEIGHT_SHARING.
 
-    python scripts/bench_torch.py [--iters 2000] [--rounds 10] [--instances 4] [--weights-mb 64]
+    python scripts/bench_torch.py [--iters 2000] [--rounds 40] [--instances 4] [--weights-mb 64]
 
 Latency: a small MLP at batch 1 and 32, timed in one run along each *path* in ``PATHS``:
 ``torch`` calls the TorchScript module in a loop (the baseline), ``backend`` runs the same
@@ -17,7 +17,12 @@ made from the model repository and an ExitStack (for its clean-up): ``infer(x) -
 The paths are timed in alternating rounds (``--rounds`` chunks each, the order rotating), so
 that load coming and going on a shared machine weighs on all alike; p50 ratios against
 ``torch`` are printed last, with the load average: compare within one run, never across
-machines.
+machines.  With a lane among the paths, the in-process paths (``torch``, ``backend``) run
+on the core the lane's worker is pinned to, so that every forward pass compared is made on
+one core: on a shared host each core's speed moves in stretches of its own (the batch-1
+forward pass runs at 51 us or at 75-90 us for hundreds of calls, one core at a time), and a
+baseline timed on the other core compares the two cores, not the paths.  Chunks of 50 calls
+(2000 in 40 rounds) keep each path's chunk next to the others' within one such stretch.
 
 Memory: a real ``inferpool serve`` loads the same model as N instances (N workers), with and
 without ENABLE_WEIGHT_SHARING, with workers forked from a zygote and started fresh
@@ -292,21 +297,48 @@ PATHS: dict[str, Callable[[Path, contextlib.ExitStack], Infer]] = {
     "inferpool": Served,
     "lane": Laned,
 }
+IN_PROCESS = ("torch", "backend")  # the paths that run the forward pass in this process
 
 
 def p50(samples: list[int]) -> float:
     return sorted(samples)[len(samples) // 2] / 1e3
 
 
+@contextlib.contextmanager
+def pinned(cores: set[int]) -> Iterator[None]:
+    """This process on ``cores`` (after a lane's worker there has stopped spinning: it spins
+    ``LANE_SPIN_US`` after its last request), then back where it was."""
+    mine = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    time.sleep(2 * LANE_SPIN_US / 1e6)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, mine)
+
+
+def placement(infer: Infer, cores: set[int] | None) -> contextlib.AbstractContextManager[Any]:
+    """Where ``infer`` is timed: its own placement (a lane's), else ``cores`` if given."""
+    placed = getattr(infer, "placed", None)
+    if placed is not None:
+        return placed()  # type: ignore[no-any-return]
+    return pinned(cores) if cores else contextlib.nullcontext()
+
+
 def time_paths(
-    paths: dict[str, Infer], batch: int, iters: int, rounds: int
+    paths: dict[str, Infer],
+    batch: int,
+    iters: int,
+    rounds: int,
+    cores: set[int] | None = None,
 ) -> tuple[dict[str, list[int]], dict[str, Stats]]:
     """Every path timed ``iters`` times in ``rounds`` alternating chunks (the order rotating
     each round), so that load that comes and goes weighs on all alike; the samples (ns) and
-    the statistics counted meanwhile, per path."""
+    the statistics counted meanwhile, per path.  ``cores``: where the paths without a
+    placement of their own run (the in-process ones)."""
     x = np.random.default_rng(0).random((batch, 256), dtype=np.float32)
     for infer in paths.values():
-        with getattr(infer, "placed", contextlib.nullcontext)():
+        with placement(infer, cores):
             for _ in range(min(50, iters)):
                 infer(x)
     names = list(paths)
@@ -318,7 +350,7 @@ def time_paths(
             infer, got = paths[name], samples[name]
             stats = getattr(infer, "stats", None)
             before = stats() if stats else None
-            with getattr(infer, "placed", contextlib.nullcontext)():
+            with placement(infer, cores if name in IN_PROCESS else None):
                 for _ in range(chunk):
                     t0 = time.perf_counter_ns()
                     infer(x)
@@ -413,7 +445,7 @@ def _report_memory(instances: int, weights_mb: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--iters", type=int, default=2000, help="timed calls per path and batch")
-    parser.add_argument("--rounds", type=int, default=10, help="alternating chunks of them")
+    parser.add_argument("--rounds", type=int, default=40, help="alternating chunks of them")
     parser.add_argument(
         "--paths", nargs="+", choices=list(PATHS), default=list(PATHS), help="torch is the base"
     )
@@ -436,8 +468,12 @@ def main() -> None:
         repo = Path(tmp)
         save_model(mlp(), repo)
         paths = {name: make(repo, stack) for name, make in PATHS.items() if name in args.paths}
+        lane = paths.get("lane")
+        cores = lane.worker_cores if isinstance(lane, Laned) else None
+        if cores is not None:
+            print(f"torch and backend run on cpu {sorted(cores)}, where the lane's worker runs")
         for batch in args.batches:
-            samples, totals = time_paths(paths, batch, args.iters, args.rounds)
+            samples, totals = time_paths(paths, batch, args.iters, args.rounds, cores)
             base = p50(samples["torch"])
             for name, got in samples.items():
                 mean_us = statistics.fmean(got) / 1e3
