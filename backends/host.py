@@ -216,10 +216,8 @@ class BackendHost:
 
     def take_batches(self) -> list[BatchStats]:
         """The batches reported since the last take, as the broker counts them."""
-        stats = self.stats
-        batches, stats.batches = stats.batches, []
         taken = []  # a loop, not a comprehension: this runs once per batch
-        for size, stamps in batches:
+        for size, stamps in self.take_stamps():
             taken.append(_make(BatchStats, (size, stamps.durations())))
         return taken
 

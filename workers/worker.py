@@ -272,7 +272,7 @@ class Worker:
         for null in nulls:
             timings.pop(id(null), None)
         items = []
-        for item, owner in zip(self._items, self._item_requests):  # noqa: B905 (in pairs)
+        for item, owner in zip(self._items, self._item_requests, strict=True):
             timing = timings.pop(id(owner), None)  # None's id is no request's
             items.append(item.timed(batch if timing is None else timing.stamps.durations()))
         self._items, self._item_requests = [], []
