@@ -31,12 +31,15 @@ now_ns = time.monotonic_ns  # the clock of every statistic a backend reports
 _NO_DEVICES: frozenset[int] = frozenset()
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False, weakref_slot=True)
 class InputTensor:
     """One input of a request.
 
     ``data`` is a zero-copy view of shared memory: a read-only numpy array for CPU memory
-    (an object array of ``bytes`` for BYTES), or a device array for GPU memory.
+    (an object array of ``bytes`` for BYTES), or a device array for GPU memory.  An input
+    is a view of one place: two are the same input only when they are the same object (the
+    worker hands out one object for every request that names the same place, until the
+    memory is unmapped: ``WorkerMemory.batch_input``, a lane's plan).
     """
 
     name: str
@@ -50,6 +53,9 @@ class InputTensor:
     #: inference call (BLS) can pass the input on without copying it
     region: str = ""
     offset: int = 0
+    #: what a backend made of ``data`` (the pytorch backend: ``(data, maker, tensor)``), kept
+    #: with this object and so for as long as its view: made once per place, not per request
+    made: Any = field(default=None, repr=False)
 
     def as_numpy(self) -> np.ndarray:
         if self.memory != "cpu":

@@ -120,7 +120,9 @@ class InProcess:
         self.host = stack.enter_context(harness).host
         self.memory = harness.memory
         self.wanted = {"OUTPUT__0": RequestedOutput("OUTPUT__0")}
-        self.viewed: tuple[np.ndarray, np.ndarray] | None = None  # (array, read-only view)
+        # (array, its input): a read-only view in one InputTensor, as a worker hands out one
+        # for every request naming the same place
+        self.viewed: tuple[np.ndarray, InputTensor] | None = None
         self.answers: list[Response | None] = []
         self.stamps: list[Timestamps] = []  # each call's, split into stages after timing
 
@@ -131,9 +133,8 @@ class InProcess:
         if self.viewed is None or self.viewed[0] is not x:
             view = x.view()
             view.flags.writeable = False
-            self.viewed = (x, view)
-        view = self.viewed[1]
-        tensor = InputTensor("INPUT__0", "FP32", view.shape, view, view.nbytes)
+            self.viewed = (x, InputTensor("INPUT__0", "FP32", view.shape, view, view.nbytes))
+        tensor = self.viewed[1]
         request = Request(
             id="1",
             inputs={"INPUT__0": tensor},

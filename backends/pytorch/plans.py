@@ -20,6 +20,7 @@ given, not what it returns.
 from __future__ import annotations
 
 import operator
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +36,7 @@ from inferpool.backends.pytorch.outputs import OutputWriter, Write
 LIMIT = 64
 
 _INPUT_KEY = operator.attrgetter("name", "datatype", "shape", "memory")
+_deref = operator.call  # a weak reference's object (None once it is gone)
 
 
 def signature(request: Request) -> tuple[Any, ...]:
@@ -48,6 +50,20 @@ def _converter(datatype: str) -> Callable[[Any], torch.Tensor]:
     if datatype == "BF16" or not dtypes.FROM_NUMPY_READ_ONLY:
         return dtypes.as_tensor
     return torch.from_numpy
+
+
+def over(given: InputTensor, convert: Callable[[Any], torch.Tensor]) -> torch.Tensor:
+    """``convert(given.data)``, made once and kept with the input (``InputTensor.made``):
+    the worker hands out the same input object for every request naming the same place,
+    and a new one once the memory there is another (a region unmapped and mapped again),
+    so a tensor kept with it sees the memory its ``data`` sees, and goes with it.  It is
+    taken only for the very ``data`` and ``convert`` it was made of (never another
+    datatype's or shape's)."""
+    data = given.data
+    made = given.made
+    if made is None or made[0] is not data or made[1] is not convert:
+        made = given.made = (data, convert, convert(data))
+    return made[2]
 
 
 class Plan:
@@ -70,11 +86,13 @@ class Plan:
         self.writes = writes
 
     def forward_args(self, inputs: dict[str, InputTensor]) -> list[Any]:
-        """The forward arguments of a request of this signature, over its inputs' memory."""
+        """The forward arguments of a request of this signature, over its inputs' memory:
+        each a tensor of its own (``detach``: a shape the model changes in place is not
+        the next request's), a view of the tensor made once per input place (:func:`over`)."""
         args = []
         for name, convert, shape in self.takes:
-            tensor = convert(inputs[name].data)
-            args.append(tensor if shape is None else tensor.reshape(shape))
+            tensor = over(inputs[name], convert)
+            args.append(tensor.detach() if shape is None else tensor.reshape(shape))
         if self.is_dict:
             return [{name: tensor for (name, _, _), tensor in zip(self.takes, args, strict=True)}]
         return args
@@ -89,10 +107,27 @@ class Plans:
         # what no signature changes: inputs gathered on the CPU, no sequence inputs
         self.enabled = not assembler.on_gpu and not (assembler.controls or assembler.states)
         self._known: dict[tuple[Any, ...], Plan] = {}
+        # the plan found last, with the inputs (weakly: their memory is not kept mapped for
+        # it) and the output names of the request it was found for
+        self._last: tuple[tuple[weakref.ref[InputTensor], ...], tuple[str, ...], Plan] | None
+        self._last = None
 
     def get(self, request: Request) -> Plan | None:
-        """The plan of ``request``'s signature, if one was made."""
-        return self._known.get(signature(request)) if self._known else None
+        """The plan of ``request``'s signature, if one was made.  A request with the very
+        inputs of the last one found (the same objects, alive, in the same order) asking
+        for the same outputs has its signature: an input object keeps its name, datatype,
+        shape and memory (a worker hands out one per place); it skips the lookup."""
+        last = self._last
+        if last is not None:
+            refs, wanted, plan = last
+            inputs = tuple(request.inputs.values())  # InputTensor: equal only when the same
+            if tuple(map(_deref, refs)) == inputs and tuple(request.requested_outputs) == wanted:
+                return plan
+        found = self._known.get(signature(request)) if self._known else None
+        if found is not None:
+            refs = tuple(map(weakref.ref, request.inputs.values()))
+            self._last = (refs, tuple(request.requested_outputs), found)
+        return found
 
     def add(self, prepared: Prepared) -> None:
         """Keep the plan of a lone request that passed every check, if its signature

@@ -4,6 +4,8 @@ signature, and every model output, is checked in full."""
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +15,7 @@ import torch
 import torch_models as tm
 from torch import Tensor, nn
 
+from inferpool.backends.api import Request
 from inferpool.backends.pytorch import plans
 from inferpool.backends.testing import BackendHarness
 
@@ -180,3 +183,71 @@ def test_plans_are_bounded_and_none_is_made_for_strings(
     [(_, response, _)] = s.execute([s.request({"INPUT__0": np.array([[b"\xff"]], dtype=object)})])
     assert "element 0 of input 'INPUT__0' is not valid UTF-8" in str(response.error)
     assert not s.host.instance.plans._known  # type: ignore[union-attr]
+
+
+def again(h: BackendHarness, first: Request, outputs: list[str] | None = None) -> Request:
+    """A request over the very input objects of ``first``, as a worker hands out one object
+    for every request naming the same place (WorkerMemory.batch_input, a lane's plan)."""
+    request = h.request({}, outputs)
+    request.inputs = dict(first.inputs)
+    return request
+
+
+def answer(h: BackendHarness, request: Request) -> dict[str, np.ndarray]:
+    [(_, response, _)] = h.execute([request])
+    assert response is not None
+    h.host.take_batches()
+    return h.outputs_of(response)
+
+
+def test_an_input_object_keeps_its_tensor_and_each_request_gets_a_view_of_its_own(repo, harness):
+    tm.save(tm.GrowsItsInput(), repo)
+    h = harness(
+        tm.config(
+            [tm.inp("INPUT__0", "TYPE_FP32", [4])],
+            [tm.out("OUTPUT__0", "TYPE_FP32", [4])],
+            max_batch_size=8,
+        )
+    )
+    x = np.arange(4, dtype=np.float32).reshape(1, 4)
+    first = h.request({"INPUT__0": x})
+    given = first.inputs["INPUT__0"]
+    for request in (first, again(h, first), again(h, first)):  # checked, planned, planned
+        got = answer(h, request)["OUTPUT__0"]
+        # the model grew its own tensor's shape, not the one the next request is given
+        assert got.shape == (1, 4)
+        np.testing.assert_array_equal(got, x * 2)
+    made = given.made
+    assert made is not None and made[0] is given.data  # made once, kept with the input
+    y = np.full((1, 4), 5, np.float32)
+    y.flags.writeable = False
+    given.data = y  # another array: the tensor kept is not its
+    np.testing.assert_array_equal(answer(h, again(h, first))["OUTPUT__0"], y * 2)
+    assert given.made[0] is y
+    for other in (torch.from_numpy, lambda a: torch.zeros(a.shape)):  # another maker's
+        assert torch.equal(plans.over(given, other), other(y))
+
+
+def test_the_last_plan_serves_only_the_same_input_objects_asking_the_same_outputs(repo, harness):
+    tm.save(tm.AddSub(), repo)
+    outputs = [tm.out("OUTPUT__0", "TYPE_FP32", [-1]), tm.out("OUTPUT__1", "TYPE_FP32", [-1])]
+    inputs = [tm.inp("a", "TYPE_FP32", [-1]), tm.inp("b", "TYPE_FP32", [-1])]
+    h = harness(tm.config(inputs, outputs))
+    a, b = np.array([3, 4], np.float32), np.array([1, 1], np.float32)
+    first = h.request({"a": a, "b": b}, ["OUTPUT__0"])
+    assert sorted(answer(h, first)) == ["OUTPUT__0"]
+    for wanted in (["OUTPUT__0"], ["OUTPUT__0", "OUTPUT__1"], ["OUTPUT__1"], ["OUTPUT__0"]):
+        got = answer(h, again(h, first, wanted))
+        assert sorted(got) == sorted(wanted)
+        for name, value in got.items():
+            np.testing.assert_array_equal(value, a + b if name == "OUTPUT__0" else a - b)
+    longer = h.request({"a": np.arange(3, dtype=np.float32), "b": np.ones(3, np.float32)})
+    for request in (longer, again(h, longer)):  # other objects, of another shape: checked
+        np.testing.assert_array_equal(answer(h, request)["OUTPUT__1"], np.arange(3) - 1)
+    # the plan found last does not keep its inputs (nor the memory they see) alive
+    gone = weakref.ref(longer.inputs["a"])
+    del longer, request
+    h.responses.clear()  # the harness's record of what it answered
+    gc.collect()
+    assert gone() is None
+    np.testing.assert_array_equal(answer(h, again(h, first))["OUTPUT__0"], a + b)

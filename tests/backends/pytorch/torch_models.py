@@ -37,6 +37,14 @@ class AddSub(nn.Module):
         return a + b, a - b
 
 
+class GrowsItsInput(nn.Module):
+    """Changes its input's shape in place (``unsqueeze_``) and answers twice its values."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        x.unsqueeze_(0)
+        return x[0] * 2
+
+
 class DictInput(nn.Module):
     def forward(self, inputs: dict[str, Tensor]) -> Tensor:
         return inputs["x"] * 2 + inputs["y"]
