@@ -22,6 +22,10 @@ import torch
 from inferpool.backends.api import Model
 from inferpool.wire.errors import invalid_arg
 
+# read for every execution (bound once: no lookups in torch._C each time)
+_get_optimize = torch._C._get_graph_executor_optimize
+_get_cudnn = torch._C._get_cudnn_enabled
+_InferenceMode = torch._C._InferenceMode
 _TRUE = ("true", "on", "1")
 _FALSE = ("false", "off", "0")
 
@@ -134,14 +138,13 @@ class Settings:
         the process-wide switches are set (and set back) only where they differ.  Where none
         differs (the usual case) this is only the grad mode's guard: no generator, no flags
         read twice."""
-        c = torch._C
         if (
             self.jit_switches
-            or c._get_graph_executor_optimize() != self.optimized_execution
-            or c._get_cudnn_enabled() != self.cudnn
+            or _get_optimize() != self.optimized_execution
+            or _get_cudnn() != self.cudnn
         ):
             return self._swapped()
-        return c._InferenceMode(True) if self.inference_mode else torch.no_grad()
+        return _InferenceMode(True) if self.inference_mode else torch.no_grad()
 
     @contextlib.contextmanager
     def _swapped(self) -> Iterator[None]:
