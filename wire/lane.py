@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import operator
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 MAGIC = b"IPL1"
@@ -355,20 +355,23 @@ def pack_parameters(params: Mapping[str, Any]) -> bytes:
     """Response parameters: kind (0 str, 1 int, 2 bool, 3 float), key, value, padded to 8."""
     global _last_packed
     last = _last_packed  # one tuple, replaced whole: lane threads pack at the same time
+    types = tuple(map(type, params.values()))
+    floats = float in types  # equal floats may differ (0.0, -0.0): known by their bits
     if (  # the same as the last ones: values of the same types (then == is safe), equal, and
         last  # their keys in the same order
-        and tuple(map(type, params.values())) == last[2]
+        and not floats
+        and types == last[2]
         and params == last[0]
         and tuple(params) == last[1]
     ):
         return last[3]
-    key = (*params.items(), *map(type, params.values()))
+    key = (*params.items(), *types, *(_float_bits(params.values()) if floats else ()))
     try:
         packed = _packed[key]
     except (KeyError, TypeError):  # TypeError: a value that cannot be a key is refused below
         pass
     else:
-        _last_packed = (dict(params), tuple(params), key[len(params) :], packed)
+        _last_packed = (dict(params), tuple(params), types, packed)
         return packed
     out = bytearray()
     for name, value in params.items():
@@ -389,8 +392,13 @@ def pack_parameters(params: Mapping[str, Any]) -> bytes:
     if len(_packed) >= _REMEMBERED:
         _packed.clear()
     _packed[key] = packed = bytes(out)
-    _last_packed = (dict(params), tuple(params), key[len(params) :], packed)
+    _last_packed = (dict(params), tuple(params), types, packed)
     return packed
+
+
+def _float_bits(values: Iterable[Any]) -> tuple[bytes, ...]:
+    """The bits of the floats among ``values``: what tells equal floats apart."""
+    return tuple(_F64.pack(v) for v in values if type(v) is float)
 
 
 def unpack_parameters(raw: bytes, count: int) -> dict[str, Any]:
@@ -498,13 +506,17 @@ class ResponseWriter:
 
 def _same(parameters: Mapping[str, Any], keys: tuple[Any, ...], values: tuple[Any, ...]) -> bool:
     """Whether ``parameters`` are ``keys`` and ``values`` (str, int, bool, float: immutable),
-    in that order: the very objects, or equal values of the same types (True == 1)."""
+    in that order: the very objects, or equal values of the same types (True == 1) and, for
+    floats, the same bits (0.0 == -0.0)."""
     if len(parameters) != len(keys):
         return False
     if not all(map(operator.is_, parameters.values(), values)):
         now = tuple(parameters.values())
-        if tuple(map(type, now)) != tuple(map(type, values)) or now != values:
+        types = tuple(map(type, now))
+        if types != tuple(map(type, values)) or now != values:
             return False
+        if float in types and _float_bits(now) != _float_bits(values):
+            return False  # equal, but not alike: 0.0 and -0.0
     return tuple(parameters) == keys
 
 
