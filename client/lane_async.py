@@ -42,10 +42,14 @@ class AsyncLane:
         try:
             return await asyncio.wait_for(asyncio.shield(future), limit)
         except asyncio.TimeoutError:
+            lane.cancel(n)
             raise InferpoolError(
                 Code.TIMEOUT,
                 f"no response on lane {lane.id} (model '{lane.model}') within {limit:g}s",
             ) from None
+        except asyncio.CancelledError:  # the caller's task was cancelled
+            lane.cancel(n)
+            raise
 
     # ------------------------------------------------------------------ the loop's side
     def _take(self) -> None:

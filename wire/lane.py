@@ -45,6 +45,8 @@ BELLS = (REQ_SEQ, WORKER_SLEEPING, RESP_SEQ, CLIENT_SLEEPING)  # shm.bell.bells'
 
 # request flags
 FLAG_RELEASE_ONLY = 1  # no inference: only the releases (answered with no outputs)
+FLAG_CANCELLED = 2  # set by the client after posting, while unanswered: cancel_request
+FLAGS_AT = 16  # a request slot's flags: the one field a client writes in a posted slot
 
 # Triton's TRITONSERVER_DataType numbers
 DATATYPES = {
@@ -86,6 +88,7 @@ _REQUEST_HEAD = struct.Struct("<QQIHHH2xI")
 _RESPONSE_HEAD = struct.Struct("<QIHHH2xI")
 _TENSOR = struct.Struct("<HBB4xQQ")  # index, datatype, ndim, offset, byte_size (+ ndim dims)
 _U64 = struct.Struct("<Q")
+_U32 = struct.Struct("<I")
 _PARAM = struct.Struct("<BxHI")  # kind, key length, value length (+ key, value, padding)
 _KINDS = {str: 0, int: 1, bool: 2, float: 3}
 _I64 = struct.Struct("<q")
@@ -332,6 +335,24 @@ class RequestReader:
         self._record = _request_record(len(req.body), len(req.releases))
         self._lengths = (len(req.releases), len(req.body))
         return req
+
+
+def cancel_request(buf: Any, at: int) -> None:
+    """Mark the posted request in the slot at ``at`` cancelled (the client, while it is
+    unanswered): one aligned 32-bit store, as the header's words are written."""
+    with (
+        memoryview(buf) as whole,
+        whole[at + FLAGS_AT : at + FLAGS_AT + 4] as field,
+        field.cast("I") as word,
+    ):
+        word[0] |= FLAG_CANCELLED
+
+
+def request_cancelled(buf: Any, at: int, request_id: int) -> bool:
+    """Whether request ``request_id``, posted in the slot at ``at``, has been cancelled (a
+    slot taken over by a later request holds that one's id)."""
+    flags = _U32.unpack_from(buf, at + FLAGS_AT)[0]
+    return bool(flags & FLAG_CANCELLED) and _U64.unpack_from(buf, at)[0] == request_id
 
 
 def parse_body(body: bytes, n_inputs: int, n_outputs: int) -> tuple[list[Tensor], list[int]]:
