@@ -168,9 +168,16 @@ class Lane:
 
     def call(self, body: tuple[bytes, int, int], limit: float, flags: int = 0) -> ShmResult:
         """A request's round trip for a caller that waits for it (the blocking client),
-        within ``limit`` seconds: when requests given up on fill the ring, their answers are
-        awaited and dropped first (they were cancelled: they end soon if their backend
-        asks).  LaneRevoked when the lane has ended before the request was posted."""
+        within ``limit`` seconds.  LaneRevoked when the lane has ended before the request
+        was posted."""
+        if (self.sent - self.read) & MASK >= self.slots:
+            limit = self._make_room(limit)
+        return self.result(self.post(body, flags), limit)
+
+    def _make_room(self, limit: float) -> float:
+        """Requests given up on fill the ring: await their answers (they were cancelled,
+        and end soon if their backend asks) and drop them, within ``limit`` seconds; what
+        is left of it.  Returns at once when the lane is over (``post`` then says so)."""
         deadline = time.monotonic() + limit
         while (self.sent - self.read) & MASK >= self.slots:
             oldest = self.read
@@ -179,13 +186,13 @@ class Lane:
                     left = max(0.0, deadline - time.monotonic())
                     self._await(oldest, self.words[RESP_SEQ], left)
                 except LaneRevoked:
-                    break  # the lane is over: post raises it, and the caller moves on
+                    break
                 except InferpoolError as err:
                     if err.code is Code.TIMEOUT:
                         raise
-                    break  # likewise over (the worker died running it)
+                    break  # the worker died running it: the lane is over too
             self._drop(oldest)
-        return self.result(self.post(body, flags), max(0.0, deadline - time.monotonic()))
+        return max(0.0, deadline - time.monotonic())
 
     # ------------------------------------------------------------------ responses
     def result(self, n: int, limit: float) -> ShmResult:
