@@ -227,8 +227,8 @@ class Lane:
         """Cancel request ``n`` (posted, unanswered), which its caller gave up on: its
         backend's ``is_cancelled()`` turns true, a request not yet taken never runs, and its
         response is dropped when it comes (``take``)."""
-        if not self.ended and not self.answered(n):
-            with contextlib.suppress(ValueError):  # unmapped meanwhile: nothing to cancel
+        with contextlib.suppress(ValueError):  # unmapped meanwhile: nothing to cancel
+            if not self.ended and not self.answered(n):
                 wl.cancel_request(self.raw, self.request_at[n % self.slots])
 
     def answered(self, n: int, head: int | None = None) -> bool:

@@ -362,3 +362,10 @@ def test_an_async_lane_request_cancelled_while_queued_never_runs(live: Served) -
             assert len(tags(model, "start")) == starts + 2  # the first, and this one
 
     asyncio.run(main())
+
+
+def test_cancelling_on_a_lane_already_closed_does_nothing(live: Served) -> None:
+    """An asyncio task cancelled after its client closed: nothing is left to mark."""
+    with ShmClient(live.server.endpoint, lane=True, timeout=10) as c:
+        lane = c.lane("lane_waiter")
+    lane.cancel(0)
