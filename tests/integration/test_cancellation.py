@@ -88,6 +88,23 @@ class TritonPythonModel:
 """)
 
 
+# answers after 0.3 s whatever happens: a late answer that is not an error
+SLEEPER = """
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep(0.3)
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor("Y", r.inputs()[0].as_numpy())])
+            for r in requests
+        ]
+"""
+
+
 def write_repository(repo: Path) -> None:
     io = """
         input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
@@ -112,6 +129,8 @@ def write_repository(repo: Path) -> None:
     write_model(repo, "waiters", f'name: "waiters"\nplatform: "ensemble"\n{io}\n{steps}')
     config = f'name: "lane_waiter"\nbackend: "python"\n{io}'  # the lanes' own: its records
     write_model(repo, "lane_waiter", config, files={"1/model.py": WAITER})
+    config = f'name: "sleeper"\nbackend: "python"\n{io}'
+    write_model(repo, "sleeper", config, files={"1/model.py": SLEEPER})
 
 
 @pytest.fixture(scope="module")
@@ -369,3 +388,25 @@ def test_cancelling_on_a_lane_already_closed_does_nothing(live: Served) -> None:
     with ShmClient(live.server.endpoint, lane=True, timeout=10) as c:
         lane = c.lane("lane_waiter")
     lane.cancel(0)
+
+
+def test_an_async_lane_answer_that_comes_too_late_gives_its_outputs_back(live: Served) -> None:
+    """A lane request whose timeout passed is answered after all: nobody gets the answer,
+    and its output's lease goes back with the lane's next request."""
+
+    async def main() -> None:
+        async with AsyncShmClient(live.server.endpoint, lane=True, timeout=10) as c:
+            lane = await c.lane("sleeper")
+            request = c.request("sleeper", ["Y"])
+            request.input("X", (1,), np.int32)[:] = 1
+            with pytest.raises(InferpoolError) as err:
+                await c.run(request, timeout=0.05)
+            assert err.value.code is Code.TIMEOUT
+            for _ in range(500):  # until the late answer is in and settled
+                if lane.releases:
+                    break
+                await asyncio.sleep(0.02)
+            assert len(lane.releases) == 1  # its token, for the worker to free
+            assert c.session.held[lane.output_region] == 0
+
+    asyncio.run(main())
