@@ -166,6 +166,34 @@ class Lane:
         self.requests.ring(self.sent)
         return n
 
+    def call(self, body: tuple[bytes, int, int], limit: float, flags: int = 0) -> ShmResult:
+        """A request's round trip for a caller that waits for it (the blocking client),
+        within ``limit`` seconds.  LaneRevoked when the lane has ended before the request
+        was posted."""
+        if (self.sent - self.read) & MASK >= self.slots:
+            limit = self._make_room(limit)
+        return self.result(self.post(body, flags), limit)
+
+    def _make_room(self, limit: float) -> float:
+        """Requests given up on fill the ring: await their answers (they were cancelled,
+        and end soon if their backend asks) and drop them, within ``limit`` seconds; what
+        is left of it.  Returns at once when the lane is over (``post`` then says so)."""
+        deadline = time.monotonic() + limit
+        while (self.sent - self.read) & MASK >= self.slots:
+            oldest = self.read
+            if not self.answered(oldest):
+                try:
+                    left = max(0.0, deadline - time.monotonic())
+                    self._await(oldest, self.words[RESP_SEQ], left)
+                except LaneRevoked:
+                    break
+                except InferpoolError as err:
+                    if err.code is Code.TIMEOUT:
+                        raise
+                    break  # the worker died running it: the lane is over too
+            self._drop(oldest)
+        return max(0.0, deadline - time.monotonic())
+
     # ------------------------------------------------------------------ responses
     def result(self, n: int, limit: float) -> ShmResult:
         """The answer to request ``n``, waited for at most ``limit`` seconds."""
@@ -183,6 +211,7 @@ class Lane:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
+                self.cancel(n)
                 raise InferpoolError(
                     Code.TIMEOUT,
                     f"no response on lane {self.id} (model '{self.model}') within {limit:g}s",
@@ -193,6 +222,14 @@ class Lane:
             if self.over():
                 self.fail(n)
                 return
+
+    def cancel(self, n: int) -> None:
+        """Cancel request ``n`` (posted, unanswered), which its caller gave up on: its
+        backend's ``is_cancelled()`` turns true, a request not yet taken never runs, and its
+        response is dropped when it comes (``take``)."""
+        with contextlib.suppress(ValueError):  # unmapped meanwhile: nothing to cancel
+            if not self.ended and not self.answered(n):
+                wl.cancel_request(self.raw, self.request_at[n % self.slots])
 
     def answered(self, n: int, head: int | None = None) -> bool:
         """Whether the response to request ``n`` is in the ring."""
@@ -303,7 +340,7 @@ class Lane:
         """Send queued releases now, on a request of their own; how many."""
         count = len(self.releases)
         while self.releases:
-            self.result(self.post(RELEASE_ONLY, wl.FLAG_RELEASE_ONLY), limit).release()
+            self.call(RELEASE_ONLY, limit, wl.FLAG_RELEASE_ONLY).release()
         return count
 
     # ------------------------------------------------------------------ the lane's end

@@ -42,10 +42,20 @@ class AsyncLane:
         try:
             return await asyncio.wait_for(asyncio.shield(future), limit)
         except asyncio.TimeoutError:
+            self._give_up(n, future)
             raise InferpoolError(
                 Code.TIMEOUT,
                 f"no response on lane {lane.id} (model '{lane.model}') within {limit:g}s",
             ) from None
+        except asyncio.CancelledError:  # the caller's task was cancelled
+            self._give_up(n, future)
+            raise
+
+    def _give_up(self, n: int, future: asyncio.Future[ShmResult]) -> None:
+        """Request ``n``'s caller is gone: the request is cancelled, and its answer, when
+        it comes, is settled on a future nobody awaits (``_settle`` gives its outputs back)."""
+        future.cancel()
+        self.lane.cancel(n)
 
     # ------------------------------------------------------------------ the loop's side
     def _take(self) -> None:

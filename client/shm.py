@@ -66,7 +66,7 @@ class ShmClient(ShmBase, Client):
             body = lane.body(request)
             if body is not None:
                 try:
-                    return lane.result(lane.post(body), self._core.limit(timeout))
+                    return lane.call(body, self._core.limit(timeout))
                 except LaneRevoked:
                     self.session.lanes.lost(lane)  # it never ran: the broker path takes it
         return self._run(self.session.run(request, timeout))

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import operator
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 MAGIC = b"IPL1"
@@ -45,6 +45,8 @@ BELLS = (REQ_SEQ, WORKER_SLEEPING, RESP_SEQ, CLIENT_SLEEPING)  # shm.bell.bells'
 
 # request flags
 FLAG_RELEASE_ONLY = 1  # no inference: only the releases (answered with no outputs)
+FLAG_CANCELLED = 2  # set by the client after posting, while unanswered: cancel_request
+FLAGS_AT = 16  # a request slot's flags: the one field a client writes in a posted slot
 
 # Triton's TRITONSERVER_DataType numbers
 DATATYPES = {
@@ -86,6 +88,7 @@ _REQUEST_HEAD = struct.Struct("<QQIHHH2xI")
 _RESPONSE_HEAD = struct.Struct("<QIHHH2xI")
 _TENSOR = struct.Struct("<HBB4xQQ")  # index, datatype, ndim, offset, byte_size (+ ndim dims)
 _U64 = struct.Struct("<Q")
+_U32 = struct.Struct("<I")
 _PARAM = struct.Struct("<BxHI")  # kind, key length, value length (+ key, value, padding)
 _KINDS = {str: 0, int: 1, bool: 2, float: 3}
 _I64 = struct.Struct("<q")
@@ -334,6 +337,24 @@ class RequestReader:
         return req
 
 
+def cancel_request(buf: Any, at: int) -> None:
+    """Mark the posted request in the slot at ``at`` cancelled (the client, while it is
+    unanswered): one aligned 32-bit store, as the header's words are written."""
+    with (
+        memoryview(buf) as whole,
+        whole[at + FLAGS_AT : at + FLAGS_AT + 4] as field,
+        field.cast("I") as word,
+    ):
+        word[0] |= FLAG_CANCELLED
+
+
+def request_cancelled(buf: Any, at: int, request_id: int) -> bool:
+    """Whether request ``request_id``, posted in the slot at ``at``, has been cancelled (a
+    slot taken over by a later request holds that one's id)."""
+    flags = _U32.unpack_from(buf, at + FLAGS_AT)[0]
+    return bool(flags & FLAG_CANCELLED) and _U64.unpack_from(buf, at)[0] == request_id
+
+
 def parse_body(body: bytes, n_inputs: int, n_outputs: int) -> tuple[list[Tensor], list[int]]:
     """A request body's inputs and wanted outputs; ValueError if they do not fit it."""
     inputs, pos = _read_tensors(body, 0, n_inputs, len(body))
@@ -355,20 +376,23 @@ def pack_parameters(params: Mapping[str, Any]) -> bytes:
     """Response parameters: kind (0 str, 1 int, 2 bool, 3 float), key, value, padded to 8."""
     global _last_packed
     last = _last_packed  # one tuple, replaced whole: lane threads pack at the same time
+    types = tuple(map(type, params.values()))
+    floats = float in types  # equal floats may differ (0.0, -0.0): known by their bits
     if (  # the same as the last ones: values of the same types (then == is safe), equal, and
         last  # their keys in the same order
-        and tuple(map(type, params.values())) == last[2]
+        and not floats
+        and types == last[2]
         and params == last[0]
         and tuple(params) == last[1]
     ):
         return last[3]
-    key = (*params.items(), *map(type, params.values()))
+    key = (*params.items(), *types, *(_float_bits(params.values()) if floats else ()))
     try:
         packed = _packed[key]
     except (KeyError, TypeError):  # TypeError: a value that cannot be a key is refused below
         pass
     else:
-        _last_packed = (dict(params), tuple(params), key[len(params) :], packed)
+        _last_packed = (dict(params), tuple(params), types, packed)
         return packed
     out = bytearray()
     for name, value in params.items():
@@ -389,8 +413,13 @@ def pack_parameters(params: Mapping[str, Any]) -> bytes:
     if len(_packed) >= _REMEMBERED:
         _packed.clear()
     _packed[key] = packed = bytes(out)
-    _last_packed = (dict(params), tuple(params), key[len(params) :], packed)
+    _last_packed = (dict(params), tuple(params), types, packed)
     return packed
+
+
+def _float_bits(values: Iterable[Any]) -> tuple[bytes, ...]:
+    """The bits of the floats among ``values``: what tells equal floats apart."""
+    return tuple(_F64.pack(v) for v in values if type(v) is float)
 
 
 def unpack_parameters(raw: bytes, count: int) -> dict[str, Any]:
@@ -498,13 +527,17 @@ class ResponseWriter:
 
 def _same(parameters: Mapping[str, Any], keys: tuple[Any, ...], values: tuple[Any, ...]) -> bool:
     """Whether ``parameters`` are ``keys`` and ``values`` (str, int, bool, float: immutable),
-    in that order: the very objects, or equal values of the same types (True == 1)."""
+    in that order: the very objects, or equal values of the same types (True == 1) and, for
+    floats, the same bits (0.0 == -0.0)."""
     if len(parameters) != len(keys):
         return False
     if not all(map(operator.is_, parameters.values(), values)):
         now = tuple(parameters.values())
-        if tuple(map(type, now)) != tuple(map(type, values)) or now != values:
+        types = tuple(map(type, now))
+        if types != tuple(map(type, values)) or now != values:
             return False
+        if float in types and _float_bits(now) != _float_bits(values):
+            return False  # equal, but not alike: 0.0 and -0.0
     return tuple(parameters) == keys
 
 

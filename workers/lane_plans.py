@@ -37,6 +37,7 @@ Plan = tuple[list[PlanInput], dict[str, RequestedOutput], bool]
 Key = tuple[int, int, bytes]  # inputs, outputs, the body's bytes
 PLANS = 16  # request bodies a lane remembers as checked
 Emit = Callable[[Request, "Response | None", bool], None]
+Cancelled = Callable[[int], bool]  # whether the client has cancelled request n
 
 
 class Contract:
@@ -58,11 +59,19 @@ class Contract:
 class Plans:
     """One lane's checked bodies; ``inputs``: the client's region, mapped read-only."""
 
-    def __init__(self, contract: Contract, inputs: Region, memory: WorkerMemory, emit: Emit):
+    def __init__(
+        self,
+        contract: Contract,
+        inputs: Region,
+        memory: WorkerMemory,
+        emit: Emit,
+        cancelled: Cancelled,
+    ):
         self.contract = contract
         self.inputs = inputs
         self.memory = memory
         self.emit = emit
+        self.cancelled = cancelled
         self._plans: dict[Key, Plan] = {}
         self._last: tuple[Key, Plan] | None = None  # the plan of the latest request
         self._ready: tuple[Key, Request] | None = None  # a Request made ahead for it
@@ -109,6 +118,7 @@ class Plans:
             memory=self.memory,
             emit=self.emit,
             handle=n,
+            cancelled=self.cancelled,
         )
 
     def _check(self, req: wl.LaneRequest) -> Plan:

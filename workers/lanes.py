@@ -161,7 +161,7 @@ class LaneServer(HoldingThread):
         self._mapped = True
         self._map_lock = threading.Lock()
         self._current = (0, 0)  # (request number, client's id) being executed
-        self.plans = Plans(self.contract, self.inputs, self.memory, self._emit)
+        self.plans = Plans(self.contract, self.inputs, self.memory, self._emit, self._cancelled)
         self._ok = False
 
     # ------------------------------------------------------------------ from the main thread
@@ -246,6 +246,12 @@ class LaneServer(HoldingThread):
             if req.flags & wl.FLAG_RELEASE_ONLY:
                 self._write(n, req.id, (), None)
                 return claimed
+            if req.flags & wl.FLAG_CANCELLED:  # given up on before it was taken: never run
+                raise InferpoolError(
+                    Code.CANCELLED,
+                    f"request {req.id} on lane {self.lane} for model "
+                    f"'{self.contract.model}' was cancelled",
+                )
             request = self.plans.request(n, req)
         except InferpoolError as err:
             self._answer_error(n, req.id, err, sent)
@@ -287,6 +293,17 @@ class LaneServer(HoldingThread):
                 f"{len(bad)} lease(s) not held on this lane: {bad[:5]} (released already or "
                 f"never granted); {len(tokens) - len(bad)} other lease(s) were released"
             )
+
+    def _cancelled(self, n: int) -> bool:
+        """``Request.is_cancelled`` of lane request ``n``: whether the client has marked it
+        cancelled in its slot (only the request in execution can be: the others are
+        answered)."""
+        current, request_id = self._current
+        if n != current:
+            return False
+        with self._map_lock:
+            at = self.request_at[n % self.slots]
+            return self._mapped and wl.request_cancelled(self.raw, at, request_id)
 
     def _emit(self, request: Request, response: Response | None, final: bool) -> None:
         """The backend's answer to the request in execution, into the response ring."""

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from inferpool.client import AsyncClient, Client, Code, InferpoolError
+from inferpool.client import AsyncClient, AsyncShmClient, Client, Code, InferpoolError, ShmClient
 from tests.integration.recording import Served, model_py, served, tags, wait_seen
 from tests.support import write_model
 
@@ -88,6 +88,23 @@ class TritonPythonModel:
 """)
 
 
+# answers after 0.3 s whatever happens: a late answer that is not an error
+SLEEPER = """
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep(0.3)
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor("Y", r.inputs()[0].as_numpy())])
+            for r in requests
+        ]
+"""
+
+
 def write_repository(repo: Path) -> None:
     io = """
         input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
@@ -110,6 +127,10 @@ def write_repository(repo: Path) -> None:
         ] }
     """
     write_model(repo, "waiters", f'name: "waiters"\nplatform: "ensemble"\n{io}\n{steps}')
+    config = f'name: "lane_waiter"\nbackend: "python"\n{io}'  # the lanes' own: its records
+    write_model(repo, "lane_waiter", config, files={"1/model.py": WAITER})
+    config = f'name: "sleeper"\nbackend: "python"\n{io}'
+    write_model(repo, "sleeper", config, files={"1/model.py": SLEEPER})
 
 
 @pytest.fixture(scope="module")
@@ -305,3 +326,87 @@ def test_kserve_callers_that_go_away_are_cancelled(live: Served) -> None:
         client.close()
     with live.server.client() as c:  # the server goes on serving
         assert c.infer("waiter", {"X": np.array([0], np.int32)})["Y"].tolist() == [0]
+
+
+def lane_waiter(live: Served) -> Path:
+    return live.repo / "lane_waiter"
+
+
+def test_a_lane_request_given_up_on_is_cancelled(live: Served) -> None:
+    """A lane request whose timeout passes is cancelled in its slot: its backend sees
+    is_cancelled() and stops; the lane goes on (the late answer is dropped)."""
+    model = lane_waiter(live)
+    with ShmClient(live.server.endpoint, lane=True, timeout=10) as c:
+        c.lane("lane_waiter")
+        request = c.request("lane_waiter", ["Y"])
+        x = request.input("X", (1,), np.int32)
+        x[:] = 1
+        with pytest.raises(InferpoolError) as err:
+            c.run(request, timeout=0.5)
+        assert err.value.code is Code.TIMEOUT
+        assert "on lane" in err.value.message  # it went on the lane, not the broker path
+        stopped = wait_seen(model, {"cancelled": True})
+        x[:] = 0
+        with c.run(request) as result:
+            assert result["Y"].tolist() == [0]
+    assert stopped["end"] in tags(model, "start")
+
+
+def test_an_async_lane_request_cancelled_while_queued_never_runs(live: Served) -> None:
+    """Two lane requests in flight, both cancelled: the one executing sees is_cancelled();
+    the one behind it is answered CANCELLED without running."""
+    model = lane_waiter(live)
+
+    async def main() -> None:
+        async with AsyncShmClient(live.server.endpoint, lane=True, timeout=10) as c:
+            await c.lane("lane_waiter")
+            first, second = (c.request("lane_waiter", ["Y"]) for _ in range(2))
+            for request in (first, second):
+                request.input("X", (1,), np.int32)[:] = 1
+            starts = len(tags(model, "start"))
+            running = asyncio.create_task(c.run(first))
+            while len(tags(model, "start")) == starts:
+                await asyncio.sleep(0.02)
+            queued = asyncio.create_task(c.run(second))
+            await asyncio.sleep(0)  # posted behind the first
+            for task in (queued, running):
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+            again = c.request("lane_waiter", ["Y"])
+            again.input("X", (1,), np.int32)[:] = 0
+            result = await c.run(again)
+            assert result["Y"].tolist() == [0]
+            result.release()
+            assert len(tags(model, "start")) == starts + 2  # the first, and this one
+
+    asyncio.run(main())
+
+
+def test_cancelling_on_a_lane_already_closed_does_nothing(live: Served) -> None:
+    """An asyncio task cancelled after its client closed: nothing is left to mark."""
+    with ShmClient(live.server.endpoint, lane=True, timeout=10) as c:
+        lane = c.lane("lane_waiter")
+    lane.cancel(0)
+
+
+def test_an_async_lane_answer_that_comes_too_late_gives_its_outputs_back(live: Served) -> None:
+    """A lane request whose timeout passed is answered after all: nobody gets the answer,
+    and its output's lease goes back with the lane's next request."""
+
+    async def main() -> None:
+        async with AsyncShmClient(live.server.endpoint, lane=True, timeout=10) as c:
+            lane = await c.lane("sleeper")
+            request = c.request("sleeper", ["Y"])
+            request.input("X", (1,), np.int32)[:] = 1
+            with pytest.raises(InferpoolError) as err:
+                await c.run(request, timeout=0.05)
+            assert err.value.code is Code.TIMEOUT
+            for _ in range(500):  # until the late answer is in and settled
+                if lane.releases:
+                    break
+                await asyncio.sleep(0.02)
+            assert len(lane.releases) == 1  # its token, for the worker to free
+            assert c.session.held[lane.output_region] == 0
+
+    asyncio.run(main())

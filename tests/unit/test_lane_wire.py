@@ -238,3 +238,16 @@ def test_spinning_pays_only_toward_a_process_on_other_cores() -> None:
         os.sched_setaffinity(0, mine)
         peer.kill()
         peer.wait()
+
+
+def test_a_cancelled_mark_is_read_for_its_own_request_only(region: memoryview) -> None:
+    at = GEOMETRY.request(3)
+    body = wl.pack_request_body([], [])
+    wl.write_request(region, at, 1024, 3, 0, wl.FLAG_RELEASE_ONLY, 0, 0, body, [])
+    assert not wl.request_cancelled(region, at, 3)
+    wl.cancel_request(region, at)
+    assert wl.request_cancelled(region, at, 3)
+    assert wl.read_request(region, at, 1024).flags == wl.FLAG_RELEASE_ONLY | wl.FLAG_CANCELLED
+    assert not wl.request_cancelled(region, at, 7)  # the slot holds another request
+    wl.write_request(region, at, 1024, 7, 0, 0, 0, 0, body, [])  # taken over: unmarked
+    assert not wl.request_cancelled(region, at, 7)

@@ -8,6 +8,8 @@ from typing import Any
 import orjson
 import pytest
 from google.protobuf import text_format
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tritonclient.grpc import model_config_pb2 as pb
 
 from inferpool.broker.front.response_header import (
@@ -72,3 +74,24 @@ def test_each_model_version_has_its_own_template(model: ModelVersion) -> None:
     plain_header(model, "1", [ref()])
     header = orjson.loads(plain_header(other, "1", [ref()]))
     assert (header["model_name"], header["model_version"]) == ("other", "1")
+
+
+refs = st.builds(
+    ref,
+    st.sampled_from(["OUTPUT0", "OUTPUT1"]),
+    st.sampled_from(["UINT8", "FP32", "INT8"]),
+    st.lists(st.integers(0, 3), min_size=1, max_size=2).flatmap(
+        lambda dims: st.sampled_from([dims, tuple(dims)])
+    ),
+)
+ids = st.one_of(st.text(max_size=4), st.integers(-(2**63), 2**63 - 1))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(ids, st.lists(refs, max_size=2)), min_size=1))
+def test_every_header_of_a_stream_is_its_full_encoding(
+    stream: list[tuple[Any, list[TensorRef]]],
+) -> None:
+    model = ModelVersion("m", 3, text_format.Parse(CONFIG, pb.ModelConfig()), "/nonexistent")
+    for client_id, outputs in stream:
+        assert plain_header(model, client_id, outputs) == full(model, client_id, outputs)

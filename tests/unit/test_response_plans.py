@@ -9,6 +9,8 @@ import numpy as np
 import orjson
 import pytest
 import zmq
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from inferpool.client.core import ClientCore, Exchange, InferResult, extended, header_template
 from inferpool.client.plan import PlannedHeader
@@ -146,3 +148,66 @@ def test_a_malformed_header_is_still_dropped() -> None:
     for junk in (raw[:-1], raw[:at] + b"\xff" + raw[at + len(exchange.id) :]):
         assert answer(core, junk, Y)[0] is None  # not JSON; not UTF-8 where the id goes
     assert not exchange.replies
+
+
+def outcome(core: ClientCore, exchange: Exchange[Any], raw: bytes, frames: list[bytes]) -> Any:
+    """What reading ``raw`` and ``frames`` as ``exchange``'s response gives: the result's
+    fields (outputs as dtype, shape and bytes; parameters with their types) or the error."""
+    answer(core, raw, *frames)
+    try:
+        r = read(core, exchange)
+    except InferpoolError as err:
+        return ("error", str(err))
+    outputs = {k: (v.dtype.str, v.shape, v.tobytes()) for k, v in r.outputs.items()}
+    params = {k: (repr(v), type(v)) for k, v in r.parameters.items()}
+    return (r.model_name, r.model_version, r.id == exchange.id, outputs, params)
+
+
+SHAPES = st.sampled_from([[1, 2], [2, 1], [2], [1, 1]])
+OUTPUTS = st.lists(
+    st.fixed_dictionaries(
+        {"name": st.sampled_from(["Y", "Z"]), "datatype": st.sampled_from(["FP32", "INT32"])}
+    ).flatmap(lambda spec: SHAPES.map(lambda shape: {**spec, "shape": shape})),
+    max_size=2,
+)
+PARAMETERS = st.none() | st.dictionaries(
+    st.sampled_from(["a", "b"]),
+    st.sampled_from([1, True, 1.0, 0.0, -0.0, "1", None, [1], {"c": 1}]),
+    max_size=2,
+)
+RESPONSES = st.tuples(
+    st.sampled_from(["m", "n"]),
+    st.sampled_from(["1", "2"]),
+    OUTPUTS,
+    PARAMETERS,
+    st.sampled_from([None, {"code": "INTERNAL", "message": "it broke"}]),
+    st.integers(-1, 1),  # frames: one fewer than the outputs, as many, one more
+)
+
+
+# a stream: a few responses, each coming again and again in any order
+STREAMS = st.lists(RESPONSES, min_size=1, max_size=3).flatmap(
+    lambda kinds: st.lists(st.sampled_from(kinds), min_size=1, max_size=12)
+)
+
+
+SHORT = ("m", "1", [{"name": "Y", "datatype": "FP32", "shape": [1, 1]}], None, None, 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(STREAMS)
+@example([SHORT] * 4)  # planned, then a frame longer than the output
+def test_every_response_of_a_stream_reads_as_a_new_client_reads_it(stream: list[Any]) -> None:
+    core = ClientCore("ipc:///tmp/x.sock", timeout=5)  # learns plans along the stream
+    for model, version, outputs, params, error, extra in stream:
+        fields: dict[str, Any] = {"model_name": model, "model_version": version}
+        for key, value in (("outputs", outputs), ("parameters", params), ("error", error)):
+            if value is not None:
+                fields[key] = value
+        frames = [Y] * max(0, len(outputs) + extra)
+        got = []
+        for reader in (core, ClientCore("ipc:///tmp/x.sock", timeout=5)):
+            (exchange,) = ask(reader, 1)
+            raw = orjson.dumps({"type": "infer", "id": exchange.id, **fields})
+            got.append(outcome(reader, exchange, raw, frames))
+        assert got[0] == got[1]
