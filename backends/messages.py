@@ -253,12 +253,6 @@ class Response:
             self._request._memory.release(out.region, out.offset)
         self.outputs.clear()
 
-    def give_back(self, name: str) -> None:
-        """Give back output ``name``'s memory and forget it (placed at a shape the result
-        did not have): it may be placed again."""
-        out = self.outputs.pop(name)
-        self._request._memory.release(out.region, out.offset)
-
 
 def _array(buf: Any, dtype: np.dtype[Any], dims: tuple[int, ...]) -> Any:
     """An output's buffer as an array of its dtype and shape: numpy over host memory (one

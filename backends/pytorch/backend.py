@@ -182,20 +182,16 @@ class PyTorchInstance(ModelInstance):
 
     def _planned(self, request: Request, plan: Plan, exec_start: int) -> None:
         """A lone request of a known signature on the CPU: its inputs taken and its outputs
-        written as the plan says (placed ahead at the shapes of the last request's), around
-        the forward pass every batch gets; answered."""
+        written as the plan says, around the forward pass every batch gets; answered."""
         response = Response(request)
         infer_start = output_start = 0  # not reached
         try:
             with self.model.settings.applied():  # on the CPU (placement.around: as it is)
-                writer = self.writer
-                placed = writer.place(response, plan.shapes)
                 args = plan.forward_args(request.inputs)
                 infer_start = now_ns()
                 outputs = self._forward(args)
                 output_start = now_ns()
-                if not writer.write_alone(outputs, plan.rows, response, plan.writes, placed):
-                    plan.shapes = writer.shapes(response, plan.writes)
+                self.writer.write_alone(outputs, plan.rows, response, plan.writes)
         except Exception as exc:  # nothing written for it may leak
             response.discard()
             response = Response(request, InferpoolError.wrap(exc))

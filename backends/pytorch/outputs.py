@@ -19,13 +19,8 @@ from inferpool.backends.pytorch.inputs import Prepared
 from inferpool.backends.pytorch.naming import OutputSpec
 from inferpool.wire.errors import internal, invalid_arg
 
-_view = dtypes.as_tensor  # how a tensor over an output slot is made
-
 #: an output, its torch dtype (None: BYTES) and whether a request gets it
 Write = tuple[OutputSpec, torch.dtype | None, bool]
-#: an output's view placed ahead of the forward pass, by name, with its shape
-Placed = dict[str, tuple[tuple[int, ...], torch.Tensor]]
-_NOTHING_PLACED: Placed = {}
 
 
 def _type_name(value: Any) -> str:
@@ -133,64 +128,26 @@ class OutputWriter:
                 self._check_strings(spec, value, rows)
                 self._write_strings(spec, value, batch, wanted)
 
-    def place(self, response: Response, shapes: list[tuple[OutputSpec, tuple[int, ...]]]) -> Placed:
-        """``response``'s tensor outputs placed ahead of the forward pass, at ``shapes``
-        (those a plan's last request had: a model answers most requests of one signature
-        at one shape), while what placing touches is still in the caches the forward pass
-        is about to evict; :meth:`write_alone` uses each view whose shape the result has."""
-        return {
-            spec.name: (shape, response.output_view(spec.name, shape, spec.datatype, _view))
-            for spec, shape in shapes
-        }
-
     def write_alone(
-        self,
-        outputs: list[Any],
-        rows: int,
-        response: Response,
-        writes: list[Write],
-        placed: Placed = _NOTHING_PLACED,
-    ) -> bool:
+        self, outputs: list[Any], rows: int, response: Response, writes: list[Write]
+    ) -> None:
         """The outputs of a batch of one request (``rows`` rows) into its ``response``, each
         checked against the config; ``writes``: what :meth:`writes` said of the request.
         A tensor goes through a tensor over its slot, made once per slot where the memory
-        keeps views (``Response.output_view``; only copied into here, never kept): the
-        one :meth:`place` placed for it where it has that shape, else (that one given
-        back) one placed now.  Whether every output asked went where it was placed."""
+        keeps views (``Response.output_view``; only copied into here, never kept)."""
         if len(outputs) != self._checked:
             self.check_indices(len(outputs))
-        fits = True
         for spec, torch_dtype, asked in writes:
             value = outputs[spec.index]
-            ahead = placed.get(spec.name)
             if isinstance(value, torch.Tensor):
                 shape = self._check_tensor(spec, torch_dtype, value, rows)
                 if asked:
-                    if ahead is not None and ahead[0] == shape:
-                        ahead[1].copy_(value)
-                        continue
-                    fits = False
-                    if ahead is not None:
-                        response.give_back(spec.name)
-                    response.output_view(spec.name, shape, spec.datatype, _view).copy_(value)
+                    view = response.output_view(spec.name, shape, spec.datatype, dtypes.as_tensor)
+                    view.copy_(value)
             else:
                 self._check_strings(spec, value, rows)
-                if ahead is not None:
-                    response.give_back(spec.name)
                 if asked:
                     response.set_output(spec.name, _strings(value), "BYTES")
-        return fits
-
-    def shapes(
-        self, response: Response, writes: list[Write]
-    ) -> list[tuple[OutputSpec, tuple[int, ...]]]:
-        """The shapes of the tensor outputs ``response`` was given (:meth:`place`'s)."""
-        outputs = response.outputs
-        return [
-            (spec, outputs[spec.name].shape)
-            for spec, torch_dtype, asked in writes
-            if asked and torch_dtype is not None and spec.name in outputs
-        ]
 
     def _check_tensor(
         self, spec: OutputSpec, torch_dtype: torch.dtype | None, value: torch.Tensor, rows: int
@@ -242,10 +199,10 @@ class OutputWriter:
         """Each request's rows of a batch's output, through views of their slots as
         :meth:`write_alone` writes them."""
         slices = self._slices(batch)
-        name, datatype = spec.name, spec.datatype
+        name, datatype, as_tensor = spec.name, spec.datatype, dtypes.as_tensor
         for p, response in wanted:
             part = value[slices[id(p)]]
-            response.output_view(name, part.shape, datatype, _view).copy_(part)
+            response.output_view(name, part.shape, datatype, as_tensor).copy_(part)
 
     def _write_strings(
         self,

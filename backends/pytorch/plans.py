@@ -29,7 +29,6 @@ import torch
 from inferpool.backends.api import InputTensor, Request
 from inferpool.backends.pytorch import dtypes
 from inferpool.backends.pytorch.inputs import InputAssembler, Prepared
-from inferpool.backends.pytorch.naming import OutputSpec
 from inferpool.backends.pytorch.outputs import OutputWriter, Write
 
 #: how many signatures are kept: a model with variable dimensions sees many; past this
@@ -70,11 +69,9 @@ def over(given: InputTensor, convert: Callable[[Any], torch.Tensor]) -> torch.Te
 class Plan:
     """What the checks of one signature decided: the request's rows, the forward arguments
     (input name, how it becomes a tensor, the shape a configured reshape gives it) in
-    forward order, and each output with whether the request asked for it; and what the
-    last request of the signature got: its tensor outputs' shapes, where the next one's
-    are placed ahead (``OutputWriter.place``; the outputs are checked all the same)."""
+    forward order, and each output with whether the request asked for it."""
 
-    __slots__ = ("is_dict", "rows", "shapes", "takes", "writes")
+    __slots__ = ("is_dict", "rows", "takes", "writes")
 
     def __init__(
         self,
@@ -87,7 +84,6 @@ class Plan:
         self.takes = takes
         self.is_dict = is_dict
         self.writes = writes
-        self.shapes: list[tuple[OutputSpec, tuple[int, ...]]] = []
 
     def forward_args(self, inputs: dict[str, InputTensor]) -> list[Any]:
         """The forward arguments of a request of this signature, over its inputs' memory:
