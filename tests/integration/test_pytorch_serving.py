@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from inferpool.client import InferpoolError
+from inferpool.client import InferpoolError, ShmClient
 from tests.backends.pytorch import torch_models as tm
 from tests.integration.pytorch_support import (
     ONE_THREAD,
@@ -82,6 +82,8 @@ def build_repository(repo: Path) -> None:
         ),
         tm.Upper(),
     )
+    grows = [tm.inp("INPUT__0", "TYPE_FP32", [4])], [tm.out("OUTPUT__0", "TYPE_FP32", [4])]
+    model_dir(repo, "grows", cfg("grows", *grows, mbs=8), tm.GrowsItsInput())
     model_dir(repo, "nofile", cfg("nofile", *LINEAR_IO), None)
     bad = 'parameters { key: "INFERENCE_MODE" value: { string_value: "maybe" } }'
     model_dir(repo, "badparam", cfg("badparam", *LINEAR_IO, extra=bad), tm.Linear())
@@ -199,3 +201,21 @@ def test_the_example_pytorch_repository(server: Server) -> None:
             )
             totals.append(out["OUTPUT__0"].item())
         assert totals == [1.0, 3.0, 6.0]
+
+
+def test_a_lane_request_reads_its_slot_anew_and_the_models_shape_changes_stay_its_own(
+    server: Server,
+) -> None:
+    """The worker keeps one tensor over a lane's input slot (InputTensor.made) and gives
+    each request a view of its own: what the client writes there is read every time, and
+    the shape the model changes in place (unsqueeze_) is not the next request's."""
+    with ShmClient(server.endpoint, timeout=30) as c:
+        c.lane("grows")
+        req = c.request("grows", outputs=["OUTPUT__0"])
+        slot = req.input("INPUT__0", (1, 4), np.float32)
+        for k in range(4):
+            slot[:] = np.arange(4) + k
+            with c.run(req) as result:
+                got = np.array(result["OUTPUT__0"])
+            assert got.shape == (1, 4)
+            np.testing.assert_array_equal(got, (np.arange(4, dtype=np.float32) + k)[None] * 2)
