@@ -182,26 +182,29 @@ class PyTorchInstance(ModelInstance):
 
     def _planned(self, request: Request, plan: Plan, exec_start: int) -> None:
         """A lone request of a known signature on the CPU: its inputs taken and its outputs
-        written as the plan says, around the forward pass every batch gets; answered."""
+        written as the plan says, around the forward pass every batch gets; answered.  The
+        model's settings are put back after the answer (answering runs no torch op): their
+        guard's exit is not on the way to the client."""
         response = Response(request)
         infer_start = output_start = 0  # not reached
-        try:
-            with self.model.settings.applied():  # on the CPU (placement.around: as it is)
+        with self.model.settings.applied():  # on the CPU (placement.around: as it is)
+            try:
                 args = plan.forward_args(request.inputs)
                 infer_start = now_ns()
                 outputs = self._forward(args)
                 output_start = now_ns()
                 self.writer.write_alone(outputs, plan.rows, response, plan.writes)
-        except Exception as exc:  # nothing written for it may leak
-            response.discard()
-            response = Response(request, InferpoolError.wrap(exc))
-        if not output_start:  # the marks not reached read as the end
-            output_start = now_ns()
-            infer_start = infer_start or output_start
-        try:
-            request.respond(response)
-        finally:
-            self._report((request,), (response,), exec_start, infer_start, output_start, plan.rows)
+            except Exception as exc:  # nothing written for it may leak
+                response.discard()
+                response = Response(request, InferpoolError.wrap(exc))
+            if not output_start:  # the marks not reached read as the end
+                output_start = now_ns()
+                infer_start = infer_start or output_start
+            try:
+                request.respond(response)
+            finally:
+                rows = plan.rows
+                self._report((request,), (response,), exec_start, infer_start, output_start, rows)
 
     def _report(
         self,
