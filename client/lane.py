@@ -36,6 +36,7 @@ from inferpool.shm.refs import posix_name
 from inferpool.shm.region import Region
 from inferpool.wire import codec
 from inferpool.wire import lane as wl
+from inferpool.wire import lane_records as lr
 from inferpool.wire.errors import Code, InferpoolError
 
 if TYPE_CHECKING:
@@ -133,7 +134,7 @@ class Lane:
             if spec["parameters"] != HANDLE or index is None:
                 return None
             outputs.append(index)
-        return wl.pack_request_body(inputs, outputs), len(inputs), len(outputs)
+        return lr.pack_request_body(inputs, outputs), len(inputs), len(outputs)
 
     def post(self, body: tuple[bytes, int, int], flags: int = 0) -> int:
         """Put a request into the ring and ring the worker; its number.  LaneRevoked if the
@@ -150,7 +151,7 @@ class Lane:
         if releases:
             room = (self.slot_size - 64 - len(body[0])) // 8
             releases, self.releases = releases[:room], releases[room:]
-        wl.write_request(
+        lr.write_request(
             self.raw,
             self.request_at[n % slots],
             self.slot_size,
@@ -229,7 +230,7 @@ class Lane:
         response is dropped when it comes (``take``)."""
         with contextlib.suppress(ValueError):  # unmapped meanwhile: nothing to cancel
             if not self.ended and not self.answered(n):
-                wl.cancel_request(self.raw, self.request_at[n % self.slots])
+                lr.cancel_request(self.raw, self.request_at[n % self.slots])
 
     def answered(self, n: int, head: int | None = None) -> bool:
         """Whether the response to request ``n`` is in the ring."""
@@ -289,7 +290,7 @@ class Lane:
         """Read the response record at ``at`` in full: an error is raised (response ``n``
         taken), a success checked once (each output's view made as ``output_view`` makes
         it) and remembered as the plan of records with the same bytes."""
-        response = wl.read_response(self.raw, at, self.slot_size)
+        response = lr.read_response(self.raw, at, self.slot_size)
         if response.status:
             self.read = read = (n + 1) & MASK
             self.words[RESP_DONE] = read

@@ -19,6 +19,7 @@ from inferpool.backends.api import InputTensor, Request, RequestedOutput, Respon
 from inferpool.backends.reshape import output_reshapes
 from inferpool.shm.region import Region
 from inferpool.wire import lane as wl
+from inferpool.wire import lane_records as lr
 from inferpool.wire.contract import (
     TensorSpec,
     check_byte_size,
@@ -128,7 +129,7 @@ class Plans:
         model = contract.model
         specs = contract.inputs
         try:
-            tensors, outputs = wl.parse_body(req.body, req.n_inputs, req.n_outputs)
+            tensors, outputs = lr.parse_body(req.body, req.n_inputs, req.n_outputs)
         except ValueError as exc:
             raise invalid_arg(f"malformed lane request: {exc}") from None
         refs: list[PlanInput] = []

@@ -27,6 +27,7 @@ from inferpool.backends.host import BackendHost
 from inferpool.shm.bell import apart, bells
 from inferpool.shm.region import Region
 from inferpool.wire import lane as wl
+from inferpool.wire import lane_records as lr
 from inferpool.wire.errors import Code, InferpoolError, internal, invalid_arg, not_found
 from inferpool.wire.worker.link import Link
 from inferpool.wire.worker.messages import LaneClosed, LaneOpen
@@ -152,8 +153,8 @@ class LaneServer(HoldingThread):
         self.slots, self.slot_size = geometry.slots, geometry.slot_size
         self.request_at = [geometry.request(i) for i in range(geometry.slots)]
         self.response_at = [geometry.response(i) for i in range(geometry.slots)]
-        self.reader = wl.RequestReader(self.raw, self.slot_size)
-        self.writer = wl.ResponseWriter(self.raw, self.slot_size)
+        self.reader = lr.RequestReader(self.raw, self.slot_size)
+        self.writer = lr.ResponseWriter(self.raw, self.slot_size)
         self.spin_ns = msg.spin_us * 1000 if msg.spin_us > 0 and apart(msg.client_pid) else 0
         self.leases: set[int] = set()  # output offsets the client holds
         self._closing = False
@@ -303,7 +304,7 @@ class LaneServer(HoldingThread):
             return False
         with self._map_lock:
             at = self.request_at[n % self.slots]
-            return self._mapped and wl.request_cancelled(self.raw, at, request_id)
+            return self._mapped and lr.request_cancelled(self.raw, at, request_id)
 
     def _emit(self, request: Request, response: Response | None, final: bool) -> None:
         """The backend's answer to the request in execution, into the response ring."""
@@ -344,7 +345,7 @@ class LaneServer(HoldingThread):
         at = self.geometry.response(n)
         status = wl.STATUS.get(err.code.value, wl.STATUS["UNKNOWN"])
         message = err.message.encode()[: self.geometry.slot_size - 64].decode(errors="ignore")
-        wl.write_response(
+        lr.write_response(
             self.region.buf, at, self.geometry.slot_size, request_id, (), None, status, message
         )
         self.responses.ring(n + 1)

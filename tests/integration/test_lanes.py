@@ -24,6 +24,7 @@ import pytest
 from inferpool.client import AsyncShmClient, Client, InferpoolError, ShmClient, ShmResult
 from inferpool.client.lane import Lane
 from inferpool.wire import lane as wl
+from inferpool.wire import lane_records as lr
 from inferpool.wire.errors import Code
 from tests.integration.test_metrics import scrape
 from tests.support import Server, free_tcp_port, identity_config, wait_until, write_model
@@ -206,7 +207,7 @@ def test_bad_inputs_get_the_broker_paths_errors_and_the_lane_goes_on(server: Ser
 
 
 def raw_request(lane: Lane, inputs: list[wl.Tensor]) -> int:
-    body = wl.pack_request_body(inputs, [0])
+    body = lr.pack_request_body(inputs, [0])
     return lane.post((body, len(inputs), 1))
 
 
@@ -244,7 +245,7 @@ def test_a_lane_reads_nothing_outside_the_clients_region(server: Server) -> None
 def test_a_malformed_slot_is_refused(server: Server) -> None:
     with ShmClient(server.endpoint, timeout=10) as c:
         lane = c.lane("plain")
-        body = wl.pack_request_body([wl.Tensor(0, 11, 0, 16, (4,))], [0])
+        body = lr.pack_request_body([wl.Tensor(0, 11, 0, 16, (4,))], [0])
         n = lane.post((body, 200, 1))  # 200 inputs announced, one there
         with pytest.raises(InferpoolError, match="malformed lane request"):
             lane.result(n, 10)

@@ -18,6 +18,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from inferpool.wire import lane as wl
+from inferpool.wire import lane_records as lr
 
 SLOT = 1024
 GEOMETRY = wl.Geometry(2, SLOT)
@@ -58,13 +59,13 @@ def test_each_response_written_is_the_plain_record(
     stream: list[tuple[list[tuple[int, int, int, int, tuple[int, ...]]], dict | None]],
 ) -> None:
     remembered, plain = _region(), _region()
-    writer = wl.ResponseWriter(remembered, SLOT)
+    writer = lr.ResponseWriter(remembered, SLOT)
     at = GEOMETRY.response(0)
     for request_id, (outs, params) in enumerate(stream):
         writer.write(at, request_id, outs, params)
-        size = wl.write_response(plain, at, SLOT, request_id, outs, params)
+        size = lr.write_response(plain, at, SLOT, request_id, outs, params)
         assert bytes(remembered[at : at + size]) == bytes(plain[at : at + size])
-        back = wl.read_response(remembered, at, SLOT)
+        back = lr.read_response(remembered, at, SLOT)
         assert _bits(back.parameters) == _bits(params or {})
 
 
@@ -81,12 +82,12 @@ def test_each_request_read_is_what_the_plain_reader_reads(
     stream: list[tuple[list[int], list[int], list[int]]],
 ) -> None:
     region = _region()
-    reader = wl.RequestReader(region, SLOT)
+    reader = lr.RequestReader(region, SLOT)
     at = GEOMETRY.request(0)
     for request_id, (offsets, wanted, releases) in enumerate(stream):
         inputs = [wl.Tensor(i, wl.DATATYPES["FP32"], o, 16, (4,)) for i, o in enumerate(offsets)]
-        body = wl.pack_request_body(inputs, wanted)
-        wl.write_request(
+        body = lr.pack_request_body(inputs, wanted)
+        lr.write_request(
             region, at, SLOT, request_id, 7, 0, len(inputs), len(wanted), body, releases
         )
-        assert reader.read(at) == wl.read_request(region, at, SLOT)
+        assert reader.read(at) == lr.read_request(region, at, SLOT)

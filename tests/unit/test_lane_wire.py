@@ -13,6 +13,7 @@ import pytest
 
 from inferpool.shm.bell import Bell, apart
 from inferpool.wire import lane as wl
+from inferpool.wire import lane_records as lr
 
 GEOMETRY = wl.Geometry(4, 1024)
 
@@ -29,27 +30,27 @@ def test_a_request_round_trips(region: memoryview) -> None:
         wl.Tensor(0, wl.DATATYPES["FP32"], 128, 24, (2, 3)),
         wl.Tensor(1, wl.DATATYPES["BYTES"], 4096, 11, (1,)),
     ]
-    body = wl.pack_request_body(inputs, [1, 0, 2])
+    body = lr.pack_request_body(inputs, [1, 0, 2])
     at = GEOMETRY.request(5)
     assert at == wl.HEADER_BYTES + 1024  # request 5 of 4 slots: slot 1
-    wl.write_request(region, at, 1024, 5, 123456789, 0, 2, 3, body, [64, 4160])
-    req = wl.read_request(region, at, 1024)
+    lr.write_request(region, at, 1024, 5, 123456789, 0, 2, 3, body, [64, 4160])
+    req = lr.read_request(region, at, 1024)
     assert req == wl.LaneRequest(5, 123456789, 0, 2, 3, body, [64, 4160])
-    assert wl.parse_body(req.body, 2, 3) == (inputs, [1, 0, 2])
+    assert lr.parse_body(req.body, 2, 3) == (inputs, [1, 0, 2])
 
 
 def test_a_response_round_trips_with_every_kind_of_parameter(region: memoryview) -> None:
     outputs = [wl.Tensor(0, wl.DATATYPES["INT64"], 640, 16, (2,))]
     params = {"s": "text", "i": -42, "b": True, "f": 1.5}
     at = GEOMETRY.response(2)
-    wl.write_response(region, at, 1024, 9, outputs, params)
+    lr.write_response(region, at, 1024, 9, outputs, params)
     size = 24 + 32 + 16 + 24 + 16 + 24  # the head, a 1-D tensor, the four parameters
-    assert wl.read_response(region, at, 1024) == wl.LaneResponse(9, 0, outputs, params, "", size)
-    wl.write_response(region, at, 1024, 9, outputs, {"s": "text", "i": -42, "b": 1, "f": 1.5})
-    back = wl.read_response(region, at, 1024).parameters["b"]
+    assert lr.read_response(region, at, 1024) == wl.LaneResponse(9, 0, outputs, params, "", size)
+    lr.write_response(region, at, 1024, 9, outputs, {"s": "text", "i": -42, "b": 1, "f": 1.5})
+    back = lr.read_response(region, at, 1024).parameters["b"]
     assert type(back) is int and back == 1  # not True: a new encoding
-    wl.write_response(region, at, 1024, 10, (), None, wl.STATUS["INVALID_ARG"], "no such input")
-    back = wl.read_response(region, at, 1024)
+    lr.write_response(region, at, 1024, 10, (), None, wl.STATUS["INVALID_ARG"], "no such input")
+    back = lr.read_response(region, at, 1024)
     assert (back.status, back.error, wl.code_name(back.status)) == (
         1,
         "no such input",
@@ -60,40 +61,40 @@ def test_a_response_round_trips_with_every_kind_of_parameter(region: memoryview)
 def test_a_response_like_the_last_but_its_id_is_copied_and_a_change_written_anew(
     region: memoryview,
 ) -> None:
-    writer = wl.ResponseWriter(region, 1024)
+    writer = lr.ResponseWriter(region, 1024)
     at = GEOMETRY.response(1)
     outputs = [(0, wl.DATATYPES["FP32"], 256, 16, (4,))]
     params = {"a": 1, "b": "x"}
     writer.write(at, 1, outputs, params)
-    first = wl.read_response(region, at, 1024)
+    first = lr.read_response(region, at, 1024)
     region[at : at + 1024] = bytes(1024)  # a copy must write the whole record
     writer.write(at, 2, outputs, dict(params))
-    assert wl.read_response(region, at, 1024) == first._replace(id=2)
+    assert lr.read_response(region, at, 1024) == first._replace(id=2)
     writer.write(at, 3, outputs, {"a": True, "b": "x"})  # equal to 1, but a bool
-    assert wl.read_response(region, at, 1024).parameters["a"] is True
+    assert lr.read_response(region, at, 1024).parameters["a"] is True
     writer.write(at, 4, outputs, {"b": "x", "a": 1})  # the same, in another order
-    assert list(wl.read_response(region, at, 1024).parameters) == ["b", "a"]
+    assert list(lr.read_response(region, at, 1024).parameters) == ["b", "a"]
     writer.write(at, 5, [(0, wl.DATATYPES["FP32"], 512, 16, (4,))], params)  # elsewhere
-    assert wl.read_response(region, at, 1024)[:3] == (5, 0, [wl.Tensor(0, 11, 512, 16, (4,))])
+    assert lr.read_response(region, at, 1024)[:3] == (5, 0, [wl.Tensor(0, 11, 512, 16, (4,))])
     writer.write(at, 6, outputs, {"a": 1, "b": "".join("x")})  # equal, not the same objects
-    assert wl.read_response(region, at, 1024) == first._replace(id=6)
+    assert lr.read_response(region, at, 1024) == first._replace(id=6)
     writer.write(at, 7, outputs, {"a": 1.0, "b": "x"})  # equal to 1, but a float
-    assert type(wl.read_response(region, at, 1024).parameters["a"]) is float
+    assert type(lr.read_response(region, at, 1024).parameters["a"]) is float
     writer.write(at, 8, outputs, None)  # no parameters after some
-    assert wl.read_response(region, at, 1024).parameters == {}
+    assert lr.read_response(region, at, 1024).parameters == {}
     writer.write(at, 9, outputs, {"a": 1})  # a key fewer
-    assert wl.read_response(region, at, 1024).parameters == {"a": 1}
+    assert lr.read_response(region, at, 1024).parameters == {"a": 1}
 
 
 def test_a_request_like_the_last_is_read_whole_and_another_read_anew(region: memoryview) -> None:
-    reader = wl.RequestReader(region, 1024)
-    body = wl.pack_request_body([wl.Tensor(0, wl.DATATYPES["FP32"], 128, 16, (4,))], [0])
+    reader = lr.RequestReader(region, 1024)
+    body = lr.pack_request_body([wl.Tensor(0, wl.DATATYPES["FP32"], 128, 16, (4,))], [0])
     at = GEOMETRY.request(1)
     for request_id, releases in ((1, [64]), (2, [128]), (3, []), (4, [64, 128]), (5, [192])):
-        wl.write_request(region, at, 1024, request_id, 7, 0, 1, 1, body, releases)
+        lr.write_request(region, at, 1024, request_id, 7, 0, 1, 1, body, releases)
         assert reader.read(at) == wl.LaneRequest(request_id, 7, 0, 1, 1, body, releases)
-    longer = wl.pack_request_body([wl.Tensor(0, wl.DATATYPES["FP32"], 128, 32, (2, 4))], [0])
-    wl.write_request(region, at, 1024, 6, 7, 0, 1, 1, longer, [192])
+    longer = lr.pack_request_body([wl.Tensor(0, wl.DATATYPES["FP32"], 128, 32, (2, 4))], [0])
+    lr.write_request(region, at, 1024, 6, 7, 0, 1, 1, longer, [192])
     assert reader.read(at) == wl.LaneRequest(6, 7, 0, 1, 1, longer, [192])
     region[at + 28 : at + 32] = (5000).to_bytes(4, "little")  # a body longer than the slot
     with pytest.raises(ValueError, match="runs past its slot"):
@@ -102,23 +103,23 @@ def test_a_request_like_the_last_is_read_whole_and_another_read_anew(region: mem
 
 def test_what_does_not_fit_a_slot_is_refused(region: memoryview) -> None:
     with pytest.raises(ValueError, match="does not fit"):
-        wl.write_response(region, GEOMETRY.response(0), 1024, 1, (), {"big": "x" * 2000})
+        lr.write_response(region, GEOMETRY.response(0), 1024, 1, (), {"big": "x" * 2000})
     with pytest.raises(ValueError, match="does not fit"):
-        wl.write_request(region, GEOMETRY.request(0), 1024, 1, 0, 0, 0, 0, b"", [0] * 200)
+        lr.write_request(region, GEOMETRY.request(0), 1024, 1, 0, 0, 0, 0, b"", [0] * 200)
     with pytest.raises(ValueError, match="is a list"):
-        wl.pack_parameters({"bad": [1]})
+        lr.pack_parameters({"bad": [1]})
 
 
 def test_a_slot_that_lies_about_its_counts_is_refused(region: memoryview) -> None:
-    body = wl.pack_request_body([wl.Tensor(0, 11, 0, 16, (4,))], [])
+    body = lr.pack_request_body([wl.Tensor(0, 11, 0, 16, (4,))], [])
     at = GEOMETRY.request(0)
-    wl.write_request(region, at, 1024, 1, 0, 0, 100, 0, body, [])  # 100 inputs, one there
-    req = wl.read_request(region, at, 1024)
+    lr.write_request(region, at, 1024, 1, 0, 0, 100, 0, body, [])  # 100 inputs, one there
+    req = lr.read_request(region, at, 1024)
     with pytest.raises(ValueError, match="run past the slot"):
-        wl.parse_body(req.body, req.n_inputs, req.n_outputs)
+        lr.parse_body(req.body, req.n_inputs, req.n_outputs)
     region[at + 28 : at + 32] = (5000).to_bytes(4, "little")  # a body longer than the slot
     with pytest.raises(ValueError, match="runs past its slot"):
-        wl.read_request(region, at, 1024)
+        lr.read_request(region, at, 1024)
 
 
 def test_the_header_carries_geometry_and_revocation(region: memoryview) -> None:
@@ -242,12 +243,12 @@ def test_spinning_pays_only_toward_a_process_on_other_cores() -> None:
 
 def test_a_cancelled_mark_is_read_for_its_own_request_only(region: memoryview) -> None:
     at = GEOMETRY.request(3)
-    body = wl.pack_request_body([], [])
-    wl.write_request(region, at, 1024, 3, 0, wl.FLAG_RELEASE_ONLY, 0, 0, body, [])
-    assert not wl.request_cancelled(region, at, 3)
-    wl.cancel_request(region, at)
-    assert wl.request_cancelled(region, at, 3)
-    assert wl.read_request(region, at, 1024).flags == wl.FLAG_RELEASE_ONLY | wl.FLAG_CANCELLED
-    assert not wl.request_cancelled(region, at, 7)  # the slot holds another request
-    wl.write_request(region, at, 1024, 7, 0, 0, 0, 0, body, [])  # taken over: unmarked
-    assert not wl.request_cancelled(region, at, 7)
+    body = lr.pack_request_body([], [])
+    lr.write_request(region, at, 1024, 3, 0, wl.FLAG_RELEASE_ONLY, 0, 0, body, [])
+    assert not lr.request_cancelled(region, at, 3)
+    lr.cancel_request(region, at)
+    assert lr.request_cancelled(region, at, 3)
+    assert lr.read_request(region, at, 1024).flags == wl.FLAG_RELEASE_ONLY | wl.FLAG_CANCELLED
+    assert not lr.request_cancelled(region, at, 7)  # the slot holds another request
+    lr.write_request(region, at, 1024, 7, 0, 0, 0, 0, body, [])  # taken over: unmarked
+    assert not lr.request_cancelled(region, at, 7)
