@@ -380,6 +380,19 @@ def report(
             f"{p50 / floor(name, (1,)):.2f}x | {p(chain, 0.5) / p50:.2f}x | "
             f"{(p50 - floor(name)) / hop:.1f} round trips |"
         )
+    for server in servers:
+        beyond = {  # each path's time beyond its own steps
+            path: p(label(path, server, len(servers)), 0.5)
+            - floor(label(path, server, len(servers)))
+            for path in ("chain", "chain shm", "ensemble", "ensemble shm")
+        }
+        print(
+            f"{server}: chain's time beyond its steps / the ensemble's (p50 <= 1.2 x the steps "
+            "and 2 x faster than the chain need 7 or more, whatever the steps take): "
+            f"Client {beyond['chain'] / beyond['ensemble']:.2f}, ShmClient "
+            f"{beyond['chain shm'] / beyond['ensemble shm']:.2f}, the Client chain against the "
+            f"ShmClient ensemble {beyond['chain'] / beyond['ensemble shm']:.2f}"
+        )
     if len(servers) > 1:
         print(f"| path | {servers[1]} p50 ms | {servers[0]} p50 ms | {servers[1]} / {servers[0]} |")
         print("| --- | ---: | ---: | ---: |")
