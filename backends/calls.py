@@ -76,6 +76,11 @@ class PendingCall(Protocol):
         """Call ``listener`` (on the main thread) whenever a reply arrives."""
         ...
 
+    def cancel(self) -> None:
+        """Give up on the call (unless it is over): the called request is cancelled as a
+        client's is; the replies up to its end still come."""
+        ...
+
 
 class InferenceCalls(Protocol):
     def start(self, request: CallRequest, decoupled: bool) -> PendingCall:

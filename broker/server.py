@@ -135,6 +135,7 @@ class Broker:
             cancellation = Cancellation(
                 manager.inflight, flags, manager.reject, self.responder.send_error
             )
+            manager.calls.cancel_request = cancellation.cancel_part
             stack.callback(manager.overrides.close)
             limited = opts.rate_limit == "execution_count"
             manager.support = ConfigSupport(cache=opts.cache_size > 0, rate_limit=limited)

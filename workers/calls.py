@@ -37,6 +37,7 @@ from inferpool.wire.worker.link import Link
 from inferpool.wire.worker.messages import (
     BrokerMessage,
     Call,
+    CancelCall,
     Release,
     Replies,
     Result,
@@ -84,6 +85,16 @@ class PendingCall:
 
     def notify(self, listener: Callable[[], None] | None) -> None:
         self._listener = listener
+
+    def cancel(self) -> None:
+        """Give up on the call, unless its final reply is in: the broker cancels it; the
+        replies up to its end still come (the last may be a CANCELLED error)."""
+        if self._taken_final or (self._replies and self._replies[-1].final):
+            return
+        try:
+            self._calls.link.send(CancelCall(self.call_id))
+        except (InferpoolError, OSError) as exc:  # the broker is gone: the call ends anyway
+            log.warning("the call %d could not be cancelled: %s", self.call_id, exc)
 
     def add(self, reply: CallReply) -> None:
         """A reply arrived (main thread)."""

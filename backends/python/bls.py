@@ -106,6 +106,14 @@ class ResponseIterator:
             self._index = 0
         return self
 
+    def cancel(self) -> None:
+        """Cancel the call, as Triton's ``cancel()`` on a decoupled BLS iterator: the called
+        model's request leaves its queue, or its ``is_cancelled()`` turns true; whether it
+        stops, and how (a CANCELLED error as its last response), is up to that model.  The
+        responses up to the call's end still come from the iterator."""
+        if self._pending is not None and not self._finished:
+            self._pending.cancel()
+
     def __next__(self) -> InferenceResponse:
         if self._index < len(self._responses):
             self._index += 1

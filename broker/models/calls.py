@@ -12,6 +12,8 @@ as ``Replies``.
   instance, two models calling each other) is refused at once (``_progresses``).  A call
   made by a lane's execute (``held``) takes its instance out of scheduling until it ends: the
   broker did not schedule that execute, so it would otherwise see the instance idle.
+- A caller may give up on a call (``CancelCall``): it is cancelled as a client's request
+  is (models/cancellation.py), and the call ends with the answer that brings.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from inferpool.broker.models.internal import make_request
@@ -27,7 +29,7 @@ from inferpool.broker.models.registry import ModelVersion
 from inferpool.broker.models.request import PendingRequest
 from inferpool.broker.pool.handle import WorkerState
 from inferpool.wire.errors import Code, InferpoolError
-from inferpool.wire.worker.messages import Call, Release, Replies, Result
+from inferpool.wire.worker.messages import Call, CancelCall, Release, Replies, Result
 
 if TYPE_CHECKING:
     from inferpool.broker.models.manager import Manager, Worker
@@ -48,6 +50,7 @@ class _Call:
         self.timeout_us = call.timeout_us
         self.held = call.held  # its instance is out of scheduling until the call ends
         self.over = False  # answered finally (or its caller is gone)
+        self.req: PendingRequest | None = None  # the request made for it, once made
 
     def result(self, req: PendingRequest, item: Result) -> None:
         outputs = self.calls.manager.outputs
@@ -73,6 +76,8 @@ class _Call:
 class Calls:
     def __init__(self, manager: Manager) -> None:
         self.manager = manager
+        # how a request is cancelled for whoever made it (the server's Cancellation)
+        self.cancel_request: Callable[[PendingRequest, str], None] | None = None
         self.waiting: dict[Worker, dict[int, _Call]] = {}  # caller -> calls not answered
         self.lent: dict[Worker, dict[tuple[str, int], int]] = {}  # caller -> slots it reads
         self._deadlines: list[tuple[int, int, _Call]] = []
@@ -119,12 +124,22 @@ class Calls:
             self.ended(call)
             self._refuse(caller, msg, err)
             return
+        call.req = req
         outputs = self.manager.outputs
         for ref in work.inputs:  # the called worker maps the regions it reads
             outputs.lend(ref.region)
         if deadline:
             heapq.heappush(self._deadlines, (deadline, next(_order), call))
         self.manager.submit(req, now)
+
+    def cancel(self, caller: Worker, msg: CancelCall) -> None:
+        """The caller gave up on a call (a decoupled call's ``cancel()``, as in Triton): its
+        request leaves its queue (answered CANCELLED), or its backend sees ``is_cancelled()``
+        and its own answer ends the call.  A call already answered is left alone."""
+        call = self.waiting.get(caller, {}).get(msg.call)
+        if call is None or call.over or call.req is None or self.cancel_request is None:
+            return
+        self.cancel_request(call.req, "was cancelled by the model that called it")
 
     def release(self, caller: Worker, msg: Release) -> None:
         """The caller has finished reading lent slots."""

@@ -69,6 +69,12 @@ class Cancellation:
         if mine:
             log.info("client %s disconnected: cancelled %d request(s)", client.hex(), len(mine))
 
+    def cancel_part(self, req: PendingRequest, why: str) -> None:
+        """Cancel a request the broker made for another (a model's BLS call): a queued one
+        is answered CANCELLED; an executing one is flagged for its backend, whose own answer
+        ends it."""
+        self._cancel(req, why, part=True)
+
     def _cancel(self, req: PendingRequest, why: str, part: bool = False) -> None:
         """``part``: a request the broker made for a cancelled one (an ensemble's step),
         flagged for its backend when it executes but not answered here: its backend's answer

@@ -38,6 +38,7 @@ from inferpool.shm.arena import Arena
 from inferpool.wire.errors import Code, InferpoolError
 from inferpool.wire.worker.messages import (
     Call,
+    CancelCall,
     CorrelationId,
     Done,
     Durations,
@@ -495,6 +496,8 @@ class Manager:
             self.calls.call(handle, msg)
         elif isinstance(msg, Release):
             self.calls.release(handle, msg)
+        elif isinstance(msg, CancelCall):
+            self.calls.cancel(handle, msg)
         else:
             self.supervisor.handle_message(handle, msg)
 

@@ -105,6 +105,39 @@ class TritonPythonModel:
 """
 
 
+# calls the ticker (a decoupled BLS call), cancels the call after three responses and reads
+# on to its end: answers how many responses carried a tensor, and whether one was an error
+BLS_CANCELLER = """
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            tag = json.loads(request.parameters())["tag"]
+            call = pb_utils.InferenceRequest(
+                model_name="ticker", inputs=[], requested_output_names=["N"], request_id=tag
+            )
+            responses = call.exec(decoupled=True)
+            ticks = errors = 0
+            for response in responses:
+                if response.has_error():
+                    errors += 1
+                elif response.output_tensors():
+                    ticks += 1
+                    if ticks == 3:
+                        responses.cancel()
+                        responses.cancel()  # again: nothing more
+            y = np.array([ticks, errors], np.int32)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", y)]))
+        return out
+"""
+
+
 def write_repository(repo: Path) -> None:
     io = """
         input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
@@ -131,6 +164,12 @@ def write_repository(repo: Path) -> None:
     write_model(repo, "lane_waiter", config, files={"1/model.py": WAITER})
     config = f'name: "sleeper"\nbackend: "python"\n{io}'
     write_model(repo, "sleeper", config, files={"1/model.py": SLEEPER})
+    both = """
+        input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        output [ { name: "Y" data_type: TYPE_INT32 dims: [ 2 ] } ]
+    """
+    config = f'name: "bls_canceller"\nbackend: "python"\n{both}'
+    write_model(repo, "bls_canceller", config, files={"1/model.py": BLS_CANCELLER})
 
 
 @pytest.fixture(scope="module")
@@ -410,3 +449,14 @@ def test_an_async_lane_answer_that_comes_too_late_gives_its_outputs_back(live: S
             assert c.session.held[lane.output_region] == 0
 
     asyncio.run(main())
+
+
+def test_a_model_cancels_its_decoupled_bls_call(live: Served) -> None:
+    """Triton's cancel() on a decoupled call's response iterator: the called stream sees
+    is_cancelled() and ends; the caller reads the responses up to that end."""
+    tag = new_tag()
+    with live.server.client() as c:
+        x = {"X": np.array([1], np.int32)}
+        ticks, errors = c.infer("bls_canceller", x, parameters={"tag": tag})["Y"].tolist()
+    got = wait_seen(live.repo / "ticker", {"end": tag, "cancelled": True})
+    assert 3 <= ticks == got["sent"] < 2000 and errors == 0

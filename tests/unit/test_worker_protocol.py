@@ -99,6 +99,7 @@ FROM_WORKER = [
         "preprocess", -1, WORK._replace(outputs=[m.WantedOutput("OUTPUT0")]), 5000, False, False
     ),
     m.Call("stream", 2, WORK._replace(outputs=[m.WantedOutput("OUT")]), 0, True, True),
+    m.CancelCall(7),
     m.Release([m.Slot("inferpool-0123456789-out1g0", 4096)]),
 ]
 
@@ -171,6 +172,8 @@ def test_records_travel_as_arrays_without_field_names() -> None:
             "wrong types",
         ),
         (b'["release", [[["inferpool-0123456789-out0g0", "0"]]]]', "wrong types"),
+        (b'["cancel_call", [true]]', "not an integer"),
+        (b'["cancel_call", [1, 2]]', "TypeError"),
     ],
 )
 def test_what_is_not_a_message_is_an_internal_error(data: bytes, problem: str) -> None:

@@ -13,8 +13,9 @@ worker -> broker  Ready (loaded: its placement and served config), Failed (why i
                   boot), Items (results mid-batch, decoupled models), Done (a batch's last
                   results and its statistics), ShareRegion / RegionFilled (shared regions),
                   Unmapped (client regions it has closed), Call (a model's inference request
-                  to another model: BLS), Release (reply slots it has finished reading),
-                  LaneClosed (a lane it no longer serves), LaneStats (what its lanes served)
+                  to another model: BLS), CancelCall (a call it gave up on), Release (reply
+                  slots it has finished reading), LaneClosed (a lane it no longer serves),
+                  LaneStats (what its lanes served)
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class Kind(str, enum.Enum):
     LANE_CLOSED = "lane_closed"
     LANE_STATS = "lane_stats"
     CALL = "call"
+    CANCEL_CALL = "cancel_call"
     REPLIES = "replies"
     RELEASE = "release"
 
@@ -329,6 +331,13 @@ class Call(NamedTuple):
     held: bool
 
 
+class CancelCall(NamedTuple):
+    """The model has given up on one of its calls (a decoupled call's ``cancel()``): the
+    called request leaves its queue, or its backend sees ``is_cancelled()``."""
+
+    call: int  # the call's ``work.rid``
+
+
 class Release(NamedTuple):
     """Reply output slots (of Replies) the worker has finished reading."""
 
@@ -345,6 +354,7 @@ WorkerMessage = (
     | RegionFilled
     | Unmapped
     | Call
+    | CancelCall
     | Release
     | LaneClosed
     | LaneStats
@@ -368,6 +378,7 @@ _KINDS: dict[type, Kind] = {
     LaneClosed: Kind.LANE_CLOSED,
     LaneStats: Kind.LANE_STATS,
     Call: Kind.CALL,
+    CancelCall: Kind.CANCEL_CALL,
     Replies: Kind.REPLIES,
     Release: Kind.RELEASE,
 }
@@ -541,6 +552,13 @@ def _call(body: Sequence[Any]) -> Call:
     return call
 
 
+def _cancel_call(body: Sequence[Any]) -> CancelCall:
+    cancel = CancelCall._make(body)
+    if not _all(int, cancel.call):
+        raise ValueError("a call number that is not an integer")
+    return cancel
+
+
 def _release(body: Sequence[Any]) -> Release:
     (slots,) = body
     release = _new(Release, (list(map(_slot, slots)),))
@@ -581,6 +599,7 @@ _FROM_WORKER: dict[str, Callable[[Any], Any]] = {
     Kind.LANE_CLOSED: LaneClosed._make,
     Kind.LANE_STATS: _lane_stats,
     Kind.CALL: _call,
+    Kind.CANCEL_CALL: _cancel_call,
     Kind.RELEASE: _release,
 }
 
