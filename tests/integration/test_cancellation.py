@@ -138,6 +138,63 @@ class TritonPythonModel:
 """
 
 
+# a stream of three responses sent from execute itself: the instance is busy meanwhile
+BLOCKER = model_py("""
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.record = Recorder(args)
+
+    def execute(self, requests):
+        for request in requests:
+            self.record(start=tag(request))
+            sender = request.get_response_sender()
+            for n in range(3):
+                time.sleep(0.05)
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("N", np.array([n], np.int32))]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+""")
+
+# two calls to the blocker, the second cancelled at once (queued behind the first): answers
+# the first's responses with a tensor and the second's CANCELLED errors
+BLS_TWO = """
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def call(tag):
+    request = pb_utils.InferenceRequest(
+        model_name="blocker", inputs=[], requested_output_names=["N"], request_id=tag
+    )
+    return request.exec(decoupled=True)
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            tag = json.loads(request.parameters())["tag"]
+            first, second = call(tag + "-first"), call(tag + "-second")
+            second.cancel()
+            cancelled = sum(
+                r.has_error() and r.error().code() == pb_utils.TritonError.CANCELLED
+                for r in second
+            )
+            ticks = sum(bool(r.output_tensors()) for r in first)
+            y = np.array([ticks, cancelled], np.int32)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", y)]))
+        return out
+"""
+
+
 def write_repository(repo: Path) -> None:
     io = """
         input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
@@ -170,6 +227,14 @@ def write_repository(repo: Path) -> None:
     """
     config = f'name: "bls_canceller"\nbackend: "python"\n{both}'
     write_model(repo, "bls_canceller", config, files={"1/model.py": BLS_CANCELLER})
+    write_model(
+        repo,
+        "bls_two",
+        f'name: "bls_two"\nbackend: "python"\n{both}',
+        files={"1/model.py": BLS_TWO},
+    )
+    config = f'name: "blocker"\nbackend: "python"\n{decoupled}'
+    write_model(repo, "blocker", config, files={"1/model.py": BLOCKER})
 
 
 @pytest.fixture(scope="module")
@@ -460,3 +525,13 @@ def test_a_model_cancels_its_decoupled_bls_call(live: Served) -> None:
         ticks, errors = c.infer("bls_canceller", x, parameters={"tag": tag})["Y"].tolist()
     got = wait_seen(live.repo / "ticker", {"end": tag, "cancelled": True})
     assert 3 <= ticks == got["sent"] < 2000 and errors == 0
+
+
+def test_a_decoupled_bls_call_cancelled_while_queued_never_runs(live: Served) -> None:
+    """A call cancelled while it waits behind another on the called model's one instance
+    leaves the queue: its iterator gives one CANCELLED error, and it never runs."""
+    tag = new_tag()
+    with live.server.client() as c:
+        x = {"X": np.array([1], np.int32)}
+        assert c.infer("bls_two", x, parameters={"tag": tag})["Y"].tolist() == [3, 1]
+    assert tags(live.repo / "blocker", "start") == [f"{tag}-first"]
