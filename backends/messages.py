@@ -31,7 +31,7 @@ now_ns = time.monotonic_ns  # the clock of every statistic a backend reports
 _NO_DEVICES: frozenset[int] = frozenset()
 
 
-@dataclass(slots=True, eq=False, weakref_slot=True)
+@dataclass(eq=False)  # no slots: a plan holds it weakly (weakref_slot needs Python 3.11)
 class InputTensor:
     """One input of a request.
 

@@ -36,7 +36,7 @@ from inferpool.backends.pytorch.outputs import OutputWriter, Write
 LIMIT = 64
 
 _INPUT_KEY = operator.attrgetter("name", "datatype", "shape", "memory")
-_deref = operator.call  # a weak reference's object (None once it is gone)
+_deref = weakref.ref.__call__  # a weak reference's object (None once it is gone)
 
 
 def signature(request: Request) -> tuple[Any, ...]:
