@@ -54,7 +54,8 @@ RESP_SEQ = wl.RESP_SEQ >> 2
 
 _frombuffer = np.frombuffer
 # A response record read before: its size, its bytes after the id, its outputs' views (name,
-# offset, byte size, spec, numpy dtype and count or None for BYTES, shape unless 1-D),
+# offset, byte size, spec, numpy dtype and count or None for BYTES, shape unless 1-D,
+# whether the request placed it in the client's own region),
 # its parameters, its leases
 Known = tuple[int, "bytes | None", list[Any], dict[str, Any], tuple[tuple[int, str], ...]]
 
@@ -167,15 +168,21 @@ class Lane:
         self.requests.ring(self.sent)
         return n
 
+    def run(self, request: ShmRequest, limit: float) -> ShmResult | None:
+        """``request``'s round trip within ``limit`` seconds, or None if it cannot travel
+        on a lane (``body``)."""
+        body = self.body(request)
+        return None if body is None else self.call(body, limit)
+
     def call(self, body: tuple[bytes, int, int], limit: float, flags: int = 0) -> ShmResult:
         """A request's round trip for a caller that waits for it (the blocking client),
         within ``limit`` seconds.  LaneRevoked when the lane has ended before the request
         was posted."""
         if (self.sent - self.read) & MASK >= self.slots:
-            limit = self._make_room(limit)
+            limit = self.make_room(limit)
         return self.result(self.post(body, flags), limit)
 
-    def _make_room(self, limit: float) -> float:
+    def make_room(self, limit: float) -> float:
         """Requests given up on fill the ring: await their answers (they were cancelled,
         and end soon if their backend asks) and drop them, within ``limit`` seconds; what
         is left of it.  Returns at once when the lane is over (``post`` then says so)."""
@@ -275,16 +282,18 @@ class Lane:
         self.read = read = (n + 1) & MASK
         self.words[RESP_DONE] = read
         _, _, views, parameters, leases = known
-        mapped = self.session.mapped.get(self.output_region).buf
+        bufs = self._bufs()
         outputs: dict[str, Any] = {}
-        for name, offset, nbytes, spec, typed, shape in views:
+        for name, offset, nbytes, spec, typed, shape, placed in views:
             if typed is None:  # BYTES: decoded afresh (its elements are copies)
-                outputs[name] = output_view(mapped, offset, nbytes, spec)
+                outputs[name] = output_view(bufs[placed], offset, nbytes, spec)
             else:
-                array = _frombuffer(mapped, typed[0], typed[1], offset)
+                array = _frombuffer(bufs[placed], typed[0], typed[1], offset)
                 outputs[name] = array if shape is None else array.reshape(shape)
         self.session.hold(self.output_region, len(leases))
-        return ShmResult(self, self.model, self.version, outputs, dict(parameters), list(leases))
+        result = ShmResult(self, self.model, self.version, outputs, dict(parameters), list(leases))
+        result.layout = views
+        return result
 
     def _learn(self, n: int, at: int) -> Known:
         """Read the response record at ``at`` in full: an error is raised (response ``n``
@@ -295,18 +304,25 @@ class Lane:
             self.read = read = (n + 1) & MASK
             self.words[RESP_DONE] = read
             raise InferpoolError(wl.code_name(response.status), response.error)
-        mapped = self.session.mapped.get(self.output_region).buf
+        bufs = self._bufs()
         views = []
         for t in response.outputs:
             spec, typed = self._views.get((t.position, t.datatype, t.shape)) or self._view(t)
-            output_view(mapped, t.offset, t.byte_size, spec, typed)  # raises if it cannot be
+            placed = bool(t.position & wl.PLACED)
+            output_view(bufs[placed], t.offset, t.byte_size, spec, typed)  # raises if it cannot
             shape = None if len(t.shape) == 1 else t.shape
-            views.append((spec["name"], t.offset, t.byte_size, spec, typed, shape))
+            views.append((spec["name"], t.offset, t.byte_size, spec, typed, shape, placed))
         region = self.output_region
-        leases = tuple((t.offset, region) for t in response.outputs)
+        leases = tuple((t.offset, region) for t in response.outputs if not t.position & wl.PLACED)
         record = bytes(self.raw[at + 8 : at + response.size])
         self._known = known = (response.size, record, views, response.parameters, leases)
         return known
+
+    def _bufs(self) -> tuple[Any, Any]:
+        """Where outputs lie: the worker's output region, or (placed there as the request
+        asked) the client's own input region."""
+        own = self.session.region
+        return self.session.mapped.get(self.output_region).buf, own.buf if own else None
 
     def _view(self, t: wl.Tensor) -> tuple[dict[str, Any], tuple[Any, int] | None]:
         """The spec of an output of this position, datatype and shape, and its numpy dtype
@@ -314,7 +330,7 @@ class Lane:
         first), a lane's outputs keep theirs."""
         datatype = wl.DATATYPE_NAMES[t.datatype]
         shape = list(t.shape)
-        spec = {"name": self.outputs[t.position], "datatype": datatype, "shape": shape}
+        spec = {"name": self.outputs[t.position & ~wl.PLACED], "datatype": datatype, "shape": shape}
         typed = (
             None
             if datatype == "BYTES"

@@ -51,6 +51,7 @@ class ShmResult:
         self.outputs = outputs
         self.parameters = parameters
         self._leases = leases  # (token, region): a lane's tokens are output offsets
+        self.layout: list[Any] = []  # a lane's: where each output lies (client.lane's views)
 
     def __getitem__(self, name: str) -> Any:
         return self.outputs[name]

@@ -20,6 +20,7 @@ from typing import Any
 from inferpool.wire.lane import (
     FLAG_CANCELLED,
     FLAGS_AT,
+    PLACED,
     LaneRequest,
     LaneResponse,
     Tensor,
@@ -86,10 +87,20 @@ def _pad(n: int) -> int:
 
 
 # ---------------------------------------------------------------------------- requests
-def pack_request_body(inputs: Sequence[Tensor], outputs: Sequence[int]) -> bytes:
-    """The part of a request that stays the same from one run to the next."""
-    body = pack_tensors(inputs) + struct.pack(f"<{len(outputs)}H", *outputs)
-    return body.ljust(_pad(len(body)), b"\0")
+def pack_request_body(
+    inputs: Sequence[Tensor],
+    outputs: Sequence[int],
+    windows: Mapping[int, tuple[int, int]] | None = None,
+) -> bytes:
+    """The part of a request that stays the same from one run to the next; ``windows``:
+    where in the client's input region to write outputs (index -> offset, byte size)."""
+    if not windows:
+        body = pack_tensors(inputs) + struct.pack(f"<{len(outputs)}H", *outputs)
+        return body.ljust(_pad(len(body)), b"\0")
+    marked = [i | PLACED if i in windows else i for i in outputs]
+    body = pack_tensors(inputs) + struct.pack(f"<{len(marked)}H", *marked)
+    placed = [v for i in outputs if i in windows for v in windows[i]]
+    return body.ljust(_pad(len(body)), b"\0") + struct.pack(f"<{len(placed)}Q", *placed)
 
 
 def write_request(
@@ -191,12 +202,26 @@ def request_cancelled(buf: Any, at: int, request_id: int) -> bool:
     return bool(flags & FLAG_CANCELLED) and _U64.unpack_from(buf, at)[0] == request_id
 
 
-def parse_body(body: bytes, n_inputs: int, n_outputs: int) -> tuple[list[Tensor], list[int]]:
-    """A request body's inputs and wanted outputs; ValueError if they do not fit it."""
+def parse_body(
+    body: bytes, n_inputs: int, n_outputs: int
+) -> tuple[list[Tensor], list[int], dict[int, tuple[int, int]]]:
+    """A request body's inputs, wanted outputs (their indices) and the windows some of them
+    are to be written into (index -> offset, byte size); ValueError if they do not fit it."""
     inputs, pos = _read_tensors(body, 0, n_inputs, len(body))
     if pos + 2 * n_outputs > len(body):
         raise ValueError("output indices run past the request")
-    return inputs, list(struct.unpack_from(f"<{n_outputs}H", body, pos))
+    marked = struct.unpack_from(f"<{n_outputs}H", body, pos)
+    placed = [i & ~PLACED for i in marked if i & PLACED]
+    if not placed:
+        return inputs, list(marked), {}
+    pos = _pad(pos + 2 * n_outputs)
+    if pos + 16 * len(placed) > len(body):
+        raise ValueError("output windows run past the request")
+    spans = struct.unpack_from(f"<{2 * len(placed)}Q", body, pos)
+    windows = {i: (spans[2 * k], spans[2 * k + 1]) for k, i in enumerate(placed)}
+    if len(windows) != len(placed):
+        raise ValueError("an output is given more than one window")
+    return inputs, [i & ~PLACED for i in marked], windows
 
 
 # ---------------------------------------------------------------------------- responses

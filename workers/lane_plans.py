@@ -13,9 +13,9 @@ it ready.  BYTES inputs are decoded afresh for every request: their elements are
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
-from inferpool.backends.api import InputTensor, Request, RequestedOutput, Response
+from inferpool.backends.api import InputTensor, OutputMemory, Request, RequestedOutput, Response
 from inferpool.backends.reshape import output_reshapes
 from inferpool.shm.region import Region
 from inferpool.wire import lane as wl
@@ -33,8 +33,9 @@ from inferpool.workers.memory import WorkerMemory, host_input
 
 # For each input: its InputTensor, or None for BYTES (decoded per request), and where it lies.
 PlanInput = tuple["InputTensor | None", TensorRef, "tuple[int, ...] | None"]
-# its inputs, the outputs it wants, whether its Request can be made ahead (no BYTES input)
-Plan = tuple[list[PlanInput], dict[str, RequestedOutput], bool]
+# its inputs, the outputs it wants, whether its Request can be made ahead (no BYTES input),
+# the memory its outputs go into
+Plan = tuple[list[PlanInput], dict[str, RequestedOutput], bool, OutputMemory]
 Key = tuple[int, int, bytes]  # inputs, outputs, the body's bytes
 PLANS = 16  # request bodies a lane remembers as checked
 Emit = Callable[[Request, "Response | None", bool], None]
@@ -57,8 +58,39 @@ class Contract:
         self.output_reshapes = output_reshapes(config)  # the client sees the config's dims
 
 
+class Window(NamedTuple):
+    """Where in the client's region a lane request wants an output written."""
+
+    offset: int
+    byte_size: int
+
+
+class ClientWindows:
+    """Output memory for a lane request that places outputs in the client's own region
+    (``Window`` targets); an output too large for its window, and every other output, go
+    into the worker's output region as usual."""
+
+    def __init__(self, memory: WorkerMemory, region: Region) -> None:
+        self.memory = memory
+        self.region = region
+
+    def allocate(self, output: RequestedOutput | None, nbytes: int) -> tuple[str, int, Any]:
+        window = output.target if output is not None else None
+        if type(window) is not Window or nbytes > window.byte_size:
+            return self.memory.allocate(None, nbytes)
+        offset = window.offset
+        return self.region.name, offset, self.region.buf[offset : offset + nbytes]
+
+    def release(self, region: str, offset: int) -> None:
+        self.memory.release(region, offset)  # the client's region has nothing to give back
+
+    def slot_views(self, region: str) -> dict[Any, Any] | None:
+        return self.memory.slot_views(region)
+
+
 class Plans:
-    """One lane's checked bodies; ``inputs``: the client's region, mapped read-only."""
+    """One lane's checked bodies; ``inputs``: the client's region (inputs are read from it
+    through read-only views; outputs may be placed in it)."""
 
     def __init__(
         self,
@@ -73,6 +105,7 @@ class Plans:
         self.memory = memory
         self.emit = emit
         self.cancelled = cancelled
+        self.placing = ClientWindows(memory, inputs)
         self._plans: dict[Key, Plan] = {}
         self._last: tuple[Key, Plan] | None = None  # the plan of the latest request
         self._ready: tuple[Key, Request] | None = None  # a Request made ahead for it
@@ -108,7 +141,7 @@ class Plans:
         self._last = self._ready = None
 
     def _make(self, plan: Plan, request_id: str, n: int) -> Request:
-        planned, wanted, _ = plan
+        planned, wanted, _, memory = plan
         inputs = {}
         for tensor, ref, reshape in planned:
             inputs[ref.name] = tensor or host_input(self.inputs, ref, reshape)
@@ -116,7 +149,7 @@ class Plans:
             id=request_id,
             inputs=inputs,
             requested_outputs=wanted,
-            memory=self.memory,
+            memory=memory,
             emit=self.emit,
             handle=n,
             cancelled=self.cancelled,
@@ -129,7 +162,7 @@ class Plans:
         model = contract.model
         specs = contract.inputs
         try:
-            tensors, outputs = lr.parse_body(req.body, req.n_inputs, req.n_outputs)
+            tensors, outputs, windows = lr.parse_body(req.body, req.n_inputs, req.n_outputs)
         except ValueError as exc:
             raise invalid_arg(f"malformed lane request: {exc}") from None
         refs: list[PlanInput] = []
@@ -157,8 +190,21 @@ class Plans:
         check_required(model, contract.required, seen)
         ahead = all(r[0] is not None for r in refs)
         if not outputs:
-            return refs, contract.all_outputs, ahead
+            return refs, contract.all_outputs, ahead, self.memory
         names = contract.outputs
         if any(i >= len(names) for i in outputs):
             raise invalid_arg(f"unexpected inference output index for model '{model}'")
-        return refs, {names[i]: RequestedOutput(names[i]) for i in outputs}, ahead
+        if not windows:
+            return refs, {names[i]: RequestedOutput(names[i]) for i in outputs}, ahead, self.memory
+        size = self.inputs.size
+        for i, (offset, nbytes) in windows.items():
+            if offset + nbytes > size:
+                raise invalid_arg(
+                    f"the window of output '{names[i]}' lies outside shared-memory region "
+                    f"'{self.inputs.name}' ({offset} + {nbytes} > {size} bytes)"
+                )
+        wanted = {
+            names[i]: RequestedOutput(names[i], Window(*windows[i]) if i in windows else None)
+            for i in outputs
+        }
+        return refs, wanted, ahead, self.placing

@@ -141,7 +141,7 @@ class LaneServer(HoldingThread):
             self.geometry, _, _ = wl.read_header(buf)
             if self.geometry.size > self.region.size:
                 raise ValueError(f"lane region {msg.region!r} is smaller than its geometry")
-            self.inputs = Region.attach(msg.inputs, readonly=True)
+            self.inputs = Region.attach(msg.inputs)  # read-only views; placed outputs
         except BaseException:
             self.region.close()
             raise
@@ -317,24 +317,23 @@ class LaneServer(HoldingThread):
         outputs = []  # wire.lane.Tensor's fields, as plain tuples
         contract = self.contract
         if response is not None:
-            index, datatypes = contract.output_index, wl.DATATYPES
+            index, datatypes, ours = contract.output_index, wl.DATATYPES, self.output_region
             for out, shape in wanted_outputs(
                 self.memory, request, response, contract.output_reshapes, contract.batched
             ):
-                outputs.append(
-                    (index[out.name], datatypes[out.datatype], out.offset, out.byte_size, shape)
-                )
+                at = index[out.name] if out.region == ours else index[out.name] | wl.PLACED
+                outputs.append((at, datatypes[out.datatype], out.offset, out.byte_size, shape))
         try:
             self._write(n, request_id, outputs, response.parameters if response else None)
         except ValueError as exc:
-            for t in outputs:
-                self.memory.release(self.output_region, t[2])
+            self.memory.free_outputs(t[2] for t in outputs if not t[0] & wl.PLACED)
             self._ok = False
             self._write_error(n, request_id, internal(f"response too large for the lane: {exc}"))
             return
         leases = self.leases
         for t in outputs:
-            leases.add(t[2])
+            if not t[0] & wl.PLACED:  # one in the client's region is the client's already
+                leases.add(t[2])
         self._ok = True
 
     def _write(self, n: int, request_id: int, outputs: Any, parameters: Any) -> None:

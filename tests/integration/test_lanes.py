@@ -242,6 +242,40 @@ def test_a_lane_reads_nothing_outside_the_clients_region(server: Server) -> None
         assert lane.usable
 
 
+def test_a_lane_writes_outputs_into_the_clients_region_only_where_asked(server: Server) -> None:
+    """A window in the client's region takes the output when it fits it; one too small
+    leaves the output in the worker's region (leased as usual); one outside the region is
+    refused."""
+    with ShmClient(server.endpoint, input_bytes=1 << 16, timeout=10) as c:
+        lane = c.lane("plain")
+        fp32 = wl.DATATYPES["FP32"]
+        own = c.session.region
+        np.frombuffer(own.buf, np.float32, 4, 0)[:] = [1, 2, 3, 4]
+        data = [wl.Tensor(0, fp32, 0, 16, (4,))]
+
+        def placed(window: tuple[int, int]) -> Any:
+            body = lr.pack_request_body(data, [0], {0: window})
+            return lane.result(lane.post((body, 1, 1)), 10)
+
+        result = placed((4096, 16))
+        assert result.leases == [] and result.layout[0][-1] is True
+        assert np.frombuffer(own.buf, np.float32, 4, 4096).tolist() == [1, 2, 3, 4]
+        assert result["OUTPUT0"].tolist() == [1, 2, 3, 4]
+        result = placed((8192, 8))  # too small: the worker's region, as without a window
+        assert result.layout[0][-1] is False and len(result.leases) == 1
+        assert np.frombuffer(own.buf, np.float32, 2, 8192).tolist() == [0, 0]
+        result.release()
+        for window in [(1 << 16, 16), ((1 << 16) - 8, 16), (1 << 40, 4)]:
+            with pytest.raises(InferpoolError) as info:
+                placed(window)
+            assert info.value.code is Code.INVALID_ARG
+            assert "the window of output 'OUTPUT0' lies outside shared-memory region" in (
+                info.value.message
+            )
+        assert lane.usable and not lane.releases  # the lease went back with a request
+        assert placed((4096, 16))["OUTPUT0"].tolist() == [1, 2, 3, 4]
+
+
 def test_a_malformed_slot_is_refused(server: Server) -> None:
     with ShmClient(server.endpoint, timeout=10) as c:
         lane = c.lane("plain")

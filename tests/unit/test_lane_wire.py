@@ -36,7 +36,24 @@ def test_a_request_round_trips(region: memoryview) -> None:
     lr.write_request(region, at, 1024, 5, 123456789, 0, 2, 3, body, [64, 4160])
     req = lr.read_request(region, at, 1024)
     assert req == wl.LaneRequest(5, 123456789, 0, 2, 3, body, [64, 4160])
-    assert lr.parse_body(req.body, 2, 3) == (inputs, [1, 0, 2])
+    assert lr.parse_body(req.body, 2, 3) == (inputs, [1, 0, 2], {})
+
+
+def test_outputs_placed_in_the_clients_region_round_trip(region: memoryview) -> None:
+    """Outputs 2 and 0 are to be written into windows of the client's region; output 1
+    goes into the worker's region as usual."""
+    inputs = [wl.Tensor(0, wl.DATATYPES["FP32"], 128, 24, (2, 3))]
+    windows = {2: (4096, 64), 0: (8192, 1 << 20)}
+    body = lr.pack_request_body(inputs, [2, 1, 0], windows)
+    assert len(body) % 8 == 0
+    assert lr.parse_body(body, 1, 3) == (inputs, [2, 1, 0], windows)
+    assert lr.parse_body(lr.pack_request_body(inputs, [2, 1, 0], {}), 1, 3)[2] == {}
+    with pytest.raises(ValueError, match="output windows run past the request"):
+        lr.parse_body(body[:-8], 1, 3)
+    twice = bytearray(lr.pack_request_body(inputs, [2, 2], {2: (0, 8)}))
+    twice += bytes(16)  # index 2 marked twice: a second window for it
+    with pytest.raises(ValueError, match="more than one window"):
+        lr.parse_body(bytes(twice), 1, 2)
 
 
 def test_a_response_round_trips_with_every_kind_of_parameter(region: memoryview) -> None:
