@@ -7,7 +7,8 @@ from the served configuration, and raise the same errors.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from inferpool.wire import codec
@@ -36,10 +37,29 @@ def tensor_spec(t: Any, optional: bool = False) -> TensorSpec:
     from tritonclient.grpc import model_config_pb2 as pb
 
     datatype = codec.config_to_wire_datatype(pb.DataType.Name(t.data_type))
-    dims = tuple(int(d) for d in t.dims)
+    spec = spec_of(t.name, datatype, t.dims)
+    return replace(spec, optional=True) if optional else spec
+
+
+def spec_of(name: str, datatype: str, dims: Any) -> TensorSpec:
+    """A spec from a tensor's name, wire datatype and configured dims."""
+    dims = tuple(int(d) for d in dims)
     return TensorSpec(
-        t.name, datatype, dims, optional, codec.element_size(datatype), any(d < 0 for d in dims)
+        name, datatype, dims, False, codec.element_size(datatype), any(d < 0 for d in dims)
     )
+
+
+def batch_reshape(
+    spec: TensorSpec, batching: bool, batched: bool, shape: Sequence[int]
+) -> Sequence[int]:
+    """A tensor of ``shape`` (``batched``: made by a side that batches) as ``spec``'s model
+    reads it (``batching``: it batches): the batch dimension of one added or removed where
+    one side batches and the other does not (Triton's ReshapeTensorDims in an ensemble)."""
+    if batching and not batched and spec.matches(tuple(shape)):
+        return (1, *shape)
+    if not batching and batched and not spec.matches(tuple(shape)) and shape and shape[0] == 1:
+        return shape[1:]
+    return shape
 
 
 def shape_text(shape: Any) -> str:

@@ -28,9 +28,10 @@ from typing import TYPE_CHECKING
 
 from inferpool.broker.models.ensemble_config import Plan, Step
 from inferpool.broker.models.internal import make_request
-from inferpool.broker.models.registry import ModelVersion, State, TensorSpec
+from inferpool.broker.models.registry import ModelVersion, State
 from inferpool.broker.models.request import PendingRequest
 from inferpool.broker.models.scheduler import Scheduler
+from inferpool.wire.contract import batch_reshape
 from inferpool.wire.errors import Code, InferpoolError
 from inferpool.wire.worker.messages import Durations, Result, TensorRef, WantedOutput
 
@@ -264,7 +265,8 @@ class _Run:
             entry = self.tensors[(name, k)]
             if entry.ref is not None:
                 spec = model.outputs[name]
-                shape = _reshape(spec, model.max_batch_size > 0, entry.batched, entry.ref.shape)
+                batching = model.max_batch_size > 0
+                shape = batch_reshape(spec, batching, entry.batched, entry.ref.shape)
                 outs.append(entry.ref._replace(shape=list(shape)))
         durations = Durations(*self.durations) if final else None
         if self.top.rid in self.manager.inflight:
@@ -322,15 +324,5 @@ def _as_input(model: ModelVersion, name: str, entry: _Tensor) -> TensorRef:
     spec = model.inputs.get(name)
     shape = ref.shape
     if spec is not None:
-        shape = _reshape(spec, model.max_batch_size > 0, entry.batched, shape)
+        shape = batch_reshape(spec, model.max_batch_size > 0, entry.batched, shape)
     return TensorRef(name, ref.datatype, list(shape), ref.region, ref.offset, ref.byte_size)
-
-
-def _reshape(
-    spec: TensorSpec, batching: bool, batched: bool, shape: Sequence[int]
-) -> Sequence[int]:
-    if batching and not batched and spec.matches(tuple(shape)):
-        return (1, *shape)
-    if not batching and batched and not spec.matches(tuple(shape)) and shape and shape[0] == 1:
-        return shape[1:]
-    return shape
