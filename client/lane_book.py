@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from inferpool.client.control import Call
 from inferpool.client.lane import Lane
+from inferpool.client.lane_ensemble import EnsembleLane
 from inferpool.client.shm_request import ShmRequest
 from inferpool.wire.errors import Code, InferpoolError
 
@@ -24,29 +25,34 @@ if TYPE_CHECKING:
 
 RETRY_S = 1.0
 Key = tuple[str, str]  # (model, version as the requests name it)
+AnyLane = Lane | EnsembleLane
 _PERMANENT = (Code.UNSUPPORTED, Code.INVALID_ARG, Code.ALREADY_EXISTS)
 
 
 class LaneBook:
-    def __init__(self, session: ShmSession, auto: bool, spin_us: int, slots: int) -> None:
+    def __init__(
+        self, session: ShmSession, auto: bool, spin_us: int, slots: int, steps: bool = False
+    ) -> None:
         """``auto``: a lane for every model; ``spin_us``: how long a wait spins before it
-        sleeps (when the worker runs on another core); ``slots``: requests in flight."""
+        sleeps (when the worker runs on another core); ``slots``: requests in flight;
+        ``steps``: ask for an ensemble's lanes and run its steps (client.lane_ensemble)."""
         self.session = session
         self.auto = auto
         self.spin_us = spin_us
         self.slots = slots
-        self.lanes: dict[Key, Lane] = {}
+        self.steps = steps
+        self.lanes: dict[Key, AnyLane] = {}
         self.wanted: set[Key] = set()
         self._retry_at: dict[Key, float] = {}
 
     def __len__(self) -> int:
         return len(self.lanes)
 
-    def lane_for(self, request: ShmRequest) -> Lane | None:
+    def lane_for(self, request: ShmRequest) -> AnyLane | None:
         """The open lane ``request`` may take, if any."""
         return self.reuse(request.model, request.version) if self.lanes else None
 
-    def reuse(self, model: str, version: str | int) -> Lane | None:
+    def reuse(self, model: str, version: str | int) -> AnyLane | None:
         """The model's lane if it is still open (an ended one is forgotten)."""
         lane = self.lanes.get((model, str(version)))
         if lane is not None and not lane.usable:
@@ -62,22 +68,24 @@ class LaneBook:
             return False
         return time.monotonic() >= self._retry_at.get(key, 0.0)
 
-    def open(self, model: str, version: str | int = "") -> Call[Lane]:
+    def open(self, model: str, version: str | int = "") -> Call[AnyLane]:
         """The ``open_lane`` message; its answer is the Lane, recorded here."""
         key = (model, str(version))
-        if not self.auto:
-            self.wanted.add(key)
         fields = {
             "model_name": model,
             "model_version": str(version),
             "pid": os.getpid(),
             "slots": self.slots,
             "spin_us": self.spin_us,  # the worker spins no longer for this client's requests
+            "steps": self.steps,
         }
 
-        def read(grant: dict[str, Any]) -> Lane:
-            lane = Lane(self.session, grant, self.spin_us)
+        def read(grant: dict[str, Any]) -> AnyLane:
+            made = EnsembleLane if grant.get("ensemble") else Lane
+            lane = made(self.session, grant, self.spin_us)
             self.lanes[key] = lane
+            if not self.auto:  # asked for: asked for again when it ends (a refusal is not)
+                self.wanted.add(key)
             return lane
 
         return Call("open_lane", read, fields)
@@ -88,7 +96,7 @@ class LaneBook:
             raise err
         self._retry_at[(model, version)] = time.monotonic() + RETRY_S
 
-    def lost(self, lane: Lane) -> None:
+    def lost(self, lane: AnyLane) -> None:
         """``lane`` ended: forget it; a new one may be asked for after ``RETRY_S``."""
         for key, known in list(self.lanes.items()):
             if known is lane:

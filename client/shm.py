@@ -26,7 +26,8 @@ from typing import Any
 
 import zmq
 
-from inferpool.client.lane import Lane, LaneRevoked
+from inferpool.client.lane import LaneRevoked
+from inferpool.client.lane_book import AnyLane
 from inferpool.client.shm_base import DEFAULT_INPUT_BYTES, ShmBase
 from inferpool.client.shm_core import ShmSession
 from inferpool.client.shm_request import ShmRequest, ShmResult
@@ -41,6 +42,8 @@ __all__ = ["DEFAULT_INPUT_BYTES", "ShmClient"]
 class ShmClient(ShmBase, Client):
     """Made with an input region (``input_bytes``, asked of the server at once) and a
     keep-alive thread (``keepalive``)."""
+
+    LANE_STEPS = True
 
     def _setup(self) -> None:
         super()._setup()
@@ -63,15 +66,16 @@ class ShmClient(ShmBase, Client):
             self.control(self.session.describe(request), timeout)
         lane = self._lane_for(request)
         if lane is not None:
-            body = lane.body(request)
-            if body is not None:
-                try:
-                    return lane.call(body, self._core.limit(timeout))
-                except LaneRevoked:
-                    self.session.lanes.lost(lane)  # it never ran: the broker path takes it
+            try:
+                result = lane.run(request, self._core.limit(timeout))
+            except LaneRevoked:
+                self.session.lanes.lost(lane)  # it never ran: the broker path takes it
+            else:
+                if result is not None:
+                    return result
         return self._run(self.session.run(request, timeout))
 
-    def lane(self, model: str, version: str | int = "") -> Lane:
+    def lane(self, model: str, version: str | int = "") -> AnyLane:
         """Open a lane to ``model`` (or return the open one): its requests go through it
         from now on.  UNSUPPORTED for a model lanes do not serve (docs/PROTOCOL.md)."""
         lane = self.session.lanes.reuse(model, version)
@@ -81,7 +85,7 @@ class ShmClient(ShmBase, Client):
         """Close the lane to ``model``: its requests take the broker path again."""
         self.control(self.session.lanes.close_lane(model, version))
 
-    def _lane_for(self, request: ShmRequest) -> Lane | None:
+    def _lane_for(self, request: ShmRequest) -> AnyLane | None:
         book = self.session.lanes
         lane = book.lane_for(request)
         if lane is None and book.should_open(request):

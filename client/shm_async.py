@@ -22,6 +22,7 @@ from typing import Any
 from inferpool.client.aio import AsyncClient
 from inferpool.client.lane import RELEASE_ONLY, Lane, LaneRevoked
 from inferpool.client.lane_async import AsyncLane
+from inferpool.client.lane_book import AnyLane
 from inferpool.client.shm_base import ShmBase
 from inferpool.client.shm_core import CLOSE_TIMEOUT
 from inferpool.client.shm_request import ShmRequest, ShmResult
@@ -35,7 +36,7 @@ class AsyncShmClient(ShmBase, AsyncClient):
     def _setup(self) -> None:
         super()._setup()
         self._keeper: asyncio.Task[None] | None = None
-        self._opening: dict[tuple[str, str], asyncio.Future[Lane]] = {}
+        self._opening: dict[tuple[str, str], asyncio.Future[AnyLane]] = {}
 
     async def start(self) -> AsyncShmClient:
         """Create the input region, start the keep-alives."""
@@ -68,7 +69,7 @@ class AsyncShmClient(ShmBase, AsyncClient):
     async def lane(self, model: str, version: str | int = "") -> Lane:
         """Open a lane to ``model`` (or return the open one): its requests go through it
         from now on.  UNSUPPORTED for a model lanes do not serve (docs/PROTOCOL.md)."""
-        lane = self.session.lanes.reuse(model, version)
+        lane = _plain(self.session.lanes.reuse(model, version))
         return lane or await self._open_lane(model, str(version))
 
     async def close_lane(self, model: str, version: str | int = "") -> None:
@@ -77,7 +78,7 @@ class AsyncShmClient(ShmBase, AsyncClient):
 
     async def _lane_for(self, request: ShmRequest) -> Lane | None:
         book = self.session.lanes
-        lane = book.lane_for(request)
+        lane = _plain(book.lane_for(request))
         if lane is None and book.should_open(request):
             try:
                 lane = await self._open_lane(request.model, request.version)
@@ -93,7 +94,9 @@ class AsyncShmClient(ShmBase, AsyncClient):
             opening = asyncio.ensure_future(self.control(self.session.lanes.open(model, version)))
             self._opening[key] = opening
             opening.add_done_callback(lambda _f: self._opening.pop(key, None))
-        return await asyncio.shield(opening)
+        lane = _plain(await asyncio.shield(opening))
+        assert lane is not None
+        return lane
 
     @staticmethod
     def _async_lane(lane: Lane) -> AsyncLane:
@@ -106,7 +109,8 @@ class AsyncShmClient(ShmBase, AsyncClient):
     async def flush(self) -> int:
         """Release queued leases now instead of with the next request (lanes' too)."""
         count = 0
-        for lane in [la for la in self.session.lanes.lanes.values() if la.usable]:
+        for lane in [_plain(la) for la in self.session.lanes.lanes.values() if la.usable]:
+            assert lane is not None
             count += len(lane.releases)
             while lane.releases:
                 waiter = self._async_lane(lane)
@@ -161,3 +165,9 @@ class AsyncShmClient(ShmBase, AsyncClient):
 
     async def __aenter__(self) -> AsyncShmClient:
         return await self.start()
+
+
+def _plain(lane: AnyLane | None) -> Lane | None:
+    """A lane this client opened: never an ensemble's (it does not ask for those)."""
+    assert lane is None or isinstance(lane, Lane)
+    return lane

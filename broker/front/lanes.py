@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from inferpool.broker.front.registrations import Registrations
 from inferpool.broker.front.router import Handler
+from inferpool.broker.models.ensemble import EnsembleScheduler
+from inferpool.broker.models.ensemble_config import Plan
 from inferpool.broker.models.manager import Worker
 from inferpool.broker.models.registry import ModelVersion, Registry
 from inferpool.broker.pool.handle import WorkerState
@@ -32,6 +35,7 @@ from inferpool.shm import futex
 from inferpool.shm.region import Region, ShmExhausted
 from inferpool.shm.runs import region_name
 from inferpool.wire import lane as wl
+from inferpool.wire.contract import TensorSpec
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg, not_found
 from inferpool.wire.worker.messages import LaneClose, LaneClosed, LaneOpen, LaneStats
 
@@ -50,7 +54,19 @@ class Lane:
     header: wl.Header
     input_region: str  # the registration's name
     principal: str  # whose server-made memory the lane's region counts as
+    ensemble: ModelVersion | None = None  # the ensemble whose steps it serves, if any
     revoked: bool = False
+
+
+@dataclass(frozen=True)
+class _Ask:
+    """What an ``open_lane`` asks for, checked."""
+
+    owner: bytes
+    pid: int
+    spin: int  # within the server's --lane-spin-us
+    slots: int
+    reg: Any  # the client's server-made input region (a registration)
 
 
 class Lanes:
@@ -87,7 +103,15 @@ class Lanes:
         if self.drained:
             raise InferpoolError(Code.UNAVAILABLE, f"the server is draining ({self.drained})")
         mv = self.registry.resolve(h.get("model_name"), h.get("model_version"))
-        _check_rule(mv, self.rate_limited)
+        plan = ensemble_plan(mv)
+        if plan is not None and h.get("steps") is not True:
+            raise InferpoolError(
+                Code.UNSUPPORTED,
+                f"model {mv.label} is an ensemble: lanes serve its steps to a client that runs "
+                "them itself and asks with 'steps' (ShmClient does); use the broker path",
+            )
+        if plan is None:
+            _check_rule(mv, self.rate_limited)
         pid = h.get("pid")
         if type(pid) is not int or pid <= 0:
             raise invalid_arg(f"open_lane needs 'pid': the client's process id, got {pid!r}")
@@ -104,29 +128,42 @@ class Lanes:
                 f"open_lane needs a server-made input region {name!r} of this client "
                 "(create_shared_memory_region): lane inputs are read from it and nowhere else"
             )
-        if any(la.owner == owner and la.model is mv and not la.revoked for la in self._all()):
+        ask = _Ask(owner, pid, min(spin, self.spin_us), slots, reg)
+        if plan is not None:
+            return self._open_ensemble(mv, plan, ask)
+        if any(la.model is mv and not (la.ensemble or la.revoked) for la in self._mine(ask)):
             raise InferpoolError(
                 Code.ALREADY_EXISTS, f"this client already has a lane to model {mv.label}"
             )
+        return self._grant(self._open(mv, ask))
+
+    def _open(self, mv: ModelVersion, ask: _Ask, ensemble: ModelVersion | None = None) -> Lane:
+        """A lane of ``ask``'s client to an instance of ``mv`` (for ``ensemble``'s runs)."""
         worker = self._pick(mv)
         lane_id = next(self._ids)
-        geometry = wl.Geometry(slots, wl.SLOT_SIZE)
-        self.registrations.charge(reg.principal, geometry.size, f"lane to model {mv.label}")
+        geometry = wl.Geometry(ask.slots, wl.SLOT_SIZE)
+        principal = ask.reg.principal
+        self.registrations.charge(principal, geometry.size, f"lane to model {mv.label}")
         try:
             region = Region.create(region_name(self.run_id, f"lane{lane_id}"), geometry.size)
         except ShmExhausted as exc:
-            self.registrations.refund(reg.principal, geometry.size)
+            self.registrations.refund(principal, geometry.size)
             raise InferpoolError(Code.UNAVAILABLE, f"no room for a lane: {exc}") from None
         wl.init_header(region.buf, geometry)
-        lane = Lane(lane_id, owner, mv, worker, region, wl.Header(region.buf), name, reg.principal)
+        header = wl.Header(region.buf)
+        owner = ask.owner
+        lane = Lane(lane_id, owner, mv, worker, region, header, ask.reg.name, principal, ensemble)
         self.lanes[lane_id] = lane
         self.track(owner)
-        spin = min(spin, self.spin_us)  # the server's --lane-spin-us bounds what a client asks
-        self.supervisor.send(worker, LaneOpen(lane_id, region.name, reg.key, pid, spin))
+        self.supervisor.send(worker, LaneOpen(lane_id, region.name, ask.reg.key, ask.pid, ask.spin))
         log.info("lane %d open: client %s, instance %s", lane_id, owner.hex(), worker.name)
+        return lane
+
+    def _grant(self, lane: Lane) -> dict[str, Any]:
+        mv, worker, geometry = lane.model, lane.worker, wl.read_header(lane.region.buf)[0]
         return {
-            "lane": lane_id,
-            "key": "/" + region.name,
+            "lane": lane.id,
+            "key": "/" + lane.region.name,
             "slots": geometry.slots,
             "slot_size": geometry.slot_size,
             "model_name": mv.name,
@@ -136,6 +173,62 @@ class Lanes:
             "output_region": worker.output_region,
             "inputs": [{"name": s.name, "datatype": s.datatype} for s in mv.inputs.values()],
             "outputs": list(mv.outputs),
+        }
+
+    def _open_ensemble(self, mv: ModelVersion, plan: Plan, ask: _Ask) -> dict[str, Any]:
+        """A lane to an instance of each step's model (one per step, so that branches on
+        a model of several instances run side by side), and the ensemble's wiring: the
+        client's library runs the steps over them (client.lane_ensemble), each step
+        reading its inputs in the client's region.  The lanes end together (``revoke``)."""
+        if any(la.ensemble is mv and not la.revoked for la in self._mine(ask)):
+            raise InferpoolError(
+                Code.ALREADY_EXISTS, f"this client already has lanes to ensemble {mv.label}"
+            )
+        if mv.config.response_cache.enable:
+            raise InferpoolError(
+                Code.UNSUPPORTED,
+                f"ensemble {mv.label} caches its responses in the broker (response_cache): "
+                "lanes would bypass the cache; use the broker path",
+            )
+        models = []
+        for step in plan.steps:
+            version = step.model_version if step.model_version > 0 else ""
+            model = self.registry.resolve(step.model_name, version)
+            try:
+                _check_rule(model, self.rate_limited)
+            except InferpoolError as err:
+                raise InferpoolError(
+                    err.code,
+                    f"in ensemble {mv.label}, step {step.index} (model '{step.model_name}'): "
+                    f"{err.message}",
+                ) from None
+            models.append(model)
+        opened: list[Lane] = []
+        try:
+            for model in models:
+                opened.append(self._open(model, ask, mv))
+        except InferpoolError:
+            for lane in opened:
+                self.revoke(lane, Code.UNAVAILABLE, f"ensemble {mv.label} could not be opened")
+            raise
+        steps = [
+            {
+                "input_map": dict(step.inputs),
+                "output_map": dict(step.outputs),
+                "max_batch_size": model.max_batch_size,
+                "inputs": _specs(model.inputs.values()),
+            }
+            for step, model in zip(plan.steps, models, strict=True)
+        ]
+        return {
+            "ensemble": True,
+            "model_name": mv.name,
+            "model_version": mv.version_str,
+            "max_batch_size": mv.max_batch_size,
+            "inputs": _specs(mv.inputs.values()),
+            "outputs": _specs(mv.outputs.values()),
+            "lanes": [self._grant(lane) for lane in opened],  # step i's is lanes[i]
+            "steps": steps,
         }
 
     def close_lane(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
@@ -156,6 +249,10 @@ class Lanes:
         for word in (wl.REQ_SEQ, wl.RESP_SEQ):
             futex.wake(futex.address(lane.region.buf, word))
         log.info("lane %d revoked: %s", lane.id, reason)
+        if lane.ensemble is not None:  # an ensemble's lanes end together
+            for sibling in self._all():
+                if sibling.ensemble is lane.ensemble and sibling.owner == lane.owner:
+                    self.revoke(sibling, code, reason, free)
         worker = lane.worker
         if worker.channel is not None and worker.state in (WorkerState.READY, WorkerState.STOPPING):
             self.supervisor.send(worker, LaneClose(lane.id, free))
@@ -196,7 +293,7 @@ class Lanes:
                 self._worker_gone(lane)
 
     def version_retired(self, mv: ModelVersion, why: str) -> None:
-        for lane in [la for la in self._all() if la.model is mv]:  # its outputs stay readable
+        for lane in [la for la in self._all() if mv in (la.model, la.ensemble)]:  # outputs stay
             self.revoke(lane, Code.UNAVAILABLE, f"model {mv.label} {why}", free=False)
 
     def draining(self, why: str) -> None:
@@ -217,6 +314,9 @@ class Lanes:
     # ------------------------------------------------------------------ looking
     def _all(self) -> list[Lane]:
         return list(self.lanes.values())
+
+    def _mine(self, ask: _Ask) -> list[Lane]:
+        return [la for la in self.lanes.values() if la.owner == ask.owner]
 
     def _pick(self, mv: ModelVersion) -> Worker:
         """The ready instance with the fewest lanes."""
@@ -266,3 +366,13 @@ def _check_rule(mv: ModelVersion, rate_limited: bool) -> None:
             "decoupled responses or a response cache, on a server without a rate limiter (the "
             "broker batches, streams, caches or gates those requests); use the broker path",
         )
+
+
+def ensemble_plan(mv: ModelVersion) -> Plan | None:
+    """The wiring of ``mv`` if it is an ensemble."""
+    scheduler = mv.scheduler
+    return scheduler.plan if isinstance(scheduler, EnsembleScheduler) else None
+
+
+def _specs(specs: Iterable[TensorSpec]) -> list[dict[str, Any]]:
+    return [{"name": s.name, "datatype": s.datatype, "dims": list(s.dims)} for s in specs]

@@ -1,0 +1,307 @@
+"""An ensemble over lanes: its steps run by the client's library, no broker on the path.
+
+``open_lane`` on an ensemble (asked with ``steps``) grants one lane to an instance of every
+model its steps run on, and the ensemble's wiring.  An :class:`EnsembleLane` then runs each
+request as the broker's ensemble scheduler would: a step is posted on its model's lane as
+soon as every tensor it reads exists, with the batch dimension added or removed where one
+side batches and the other does not, and a failing step fails the request, named.
+
+Nothing moves between the steps.  A tensor the later steps read is written by its step
+straight into a window of the client's own input region (a lane request may place its
+outputs there, PROTOCOL.md), and the next step reads it there in place.  The window's size
+is learnt from the first request: an output that does not fit its window (the first time,
+or a larger shape) comes back in the worker's region, is copied into a window of its size
+once, and the window is kept.  The ensemble's outputs stay in the last steps' workers'
+regions and are leased to the caller, as any lane result's.
+
+When a lane of the ensemble ends, the broker ends them all: a step not taken yet raises
+:class:`~inferpool.client.lane.LaneRevoked`, and the caller sends the whole request on the
+broker path (steps that ran already run again there).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from inferpool.client.lane import Lane
+from inferpool.client.shm_request import HANDLE, INPUT_REGION, ShmRequest, ShmResult
+from inferpool.wire import lane as wl
+from inferpool.wire import lane_records as lr
+from inferpool.wire.contract import (
+    TensorSpec,
+    batch_reshape,
+    check_byte_size,
+    check_input,
+    check_required,
+    spec_of,
+)
+from inferpool.wire.errors import InferpoolError, invalid_arg
+
+if TYPE_CHECKING:
+    from inferpool.client.shm_core import ShmSession
+
+# An ensemble tensor of a request being run, in the client's region: its offset, datatype,
+# shape, byte size, and whether a side that batches made it
+Where = tuple[int, str, tuple[int, ...], int, bool]
+MASK = 0xFFFFFFFF
+
+
+def _specs(entries: list[dict[str, Any]]) -> dict[str, TensorSpec]:
+    return {d["name"]: spec_of(d["name"], d["datatype"], d["dims"]) for d in entries}
+
+
+class _Step:
+    """One step of the ensemble: its lane, and how its model names the tensors."""
+
+    def __init__(self, index: int, grant: dict[str, Any], lane: Lane) -> None:
+        self.index = index
+        self.lane = lane
+        self.model = lane.model
+        self.batching = grant["max_batch_size"] > 0
+        self.reads: dict[str, str] = dict(grant["input_map"])  # model input -> tensor
+        self.writes: dict[str, str] = dict(grant["output_map"])  # model output -> tensor
+        self.specs = _specs(grant["inputs"])
+        self.wanted = [lane.outputs.index(name) for name in self.writes]
+        self.last: tuple[Any, tuple[bytes, int, int]] = (None, (b"", 0, 0))  # key, body
+
+    def failed(self, ensemble: str, err: InferpoolError) -> InferpoolError:
+        return InferpoolError(
+            err.code,
+            f"in ensemble '{ensemble}', step {self.index} (model '{self.model}') failed: "
+            f"{err.message}",
+        )
+
+
+class EnsembleLane:
+    """The lanes of one ensemble, granted together, and the runs of its requests."""
+
+    def __init__(self, session: ShmSession, grant: dict[str, Any], spin_us: int) -> None:
+        self.session = session
+        self.model: str = grant["model_name"]
+        self.version: str = grant["model_version"]
+        self.max_batch_size: int = grant["max_batch_size"]
+        self.windows: dict[str, tuple[int, int]] = {}  # tensor -> (offset, capacity)
+        self.placing = 0  # bumped whenever a window is made: the steps' bodies change
+        self.copies = 0  # outputs copied into their windows (none once the windows fit)
+        self.lanes: list[Lane] = []
+        try:
+            for lane_grant in grant["lanes"]:
+                self.lanes.append(Lane(session, lane_grant, spin_us))
+        except BaseException:
+            self.close()
+            raise
+        self.id = self.lanes[0].id  # closing any of them closes them all (the broker)
+        self.inputs = _specs(grant["inputs"])
+        self.required = frozenset(self.inputs)
+        self.output_specs = _specs(grant["outputs"])
+        self.outputs = frozenset(self.output_specs)
+        pairs = zip(grant["steps"], self.lanes, strict=True)  # step i runs on lane i
+        self.steps = [_Step(i, step, lane) for i, (step, lane) in enumerate(pairs)]
+        # the tensors later steps read: they are placed in windows of the client's region
+        self.read = frozenset(t for step in self.steps for t in step.reads.values())
+        self.waiter: Any = None
+
+    # ------------------------------------------------------------------ a request
+    def body(self, request: ShmRequest) -> dict[str, Where] | None:
+        """The request's inputs as ensemble tensors (checked as the broker checks an
+        ensemble's request), or None when it cannot run over lanes (inputs outside the
+        input region, outputs into windows, parameters): the broker path takes it."""
+        cached = request.lane_cache
+        if cached is not None and cached[0] == (self.id, request.revision):
+            return cached[1]
+        found = self._check(request)
+        request.lane_cache = ((self.id, request.revision), found)
+        return found
+
+    def _check(self, request: ShmRequest) -> dict[str, Where] | None:
+        header = request.header
+        if "parameters" in header:
+            return None
+        if any(spec["parameters"] != HANDLE for spec in header["outputs"]):
+            return None
+        found: dict[str, Where] = {}
+        batch = 0
+        batched = self.max_batch_size > 0
+        for entry in header["inputs"]:
+            params = entry["parameters"]
+            if params["shared_memory_region"] != INPUT_REGION:
+                return None
+            name, datatype, shape = entry["name"], entry["datatype"], tuple(entry["shape"])
+            spec = self.inputs.get(name)
+            if spec is None:
+                raise invalid_arg(f"unexpected inference input '{name}' for model '{self.model}'")
+            batch, expected = check_input(
+                self.model, spec, datatype, shape, self.max_batch_size, batch
+            )
+            nbytes = params["shared_memory_byte_size"]
+            check_byte_size(self.model, name, expected, nbytes)
+            found[name] = (params["shared_memory_offset"], datatype, shape, nbytes, batched)
+        check_required(self.model, self.required, set(found))
+        return found
+
+    def run(self, request: ShmRequest, limit: float) -> ShmResult | None:
+        """Run the ensemble on ``request`` within ``limit`` seconds: its result, whose
+        outputs are leased from the workers of the steps that made them; None if it cannot
+        run over lanes (``body``)."""
+        inputs = self.body(request)
+        if inputs is None:
+            return None
+        run = _Run(self, dict(inputs), time.monotonic() + limit)
+        try:
+            return run.go()
+        except BaseException:
+            run.drop()
+            raise
+
+    def window(self, tensor: str, nbytes: int) -> int:
+        """The offset of ``tensor``'s window, made (or grown) to hold ``nbytes``."""
+        known = self.windows.get(tensor)
+        if known is not None and known[1] >= nbytes:
+            return known[0]
+        if known is not None:
+            del self.windows[tensor]
+            self.session.free(known[0])
+        offset = self.session.alloc(nbytes, f"ensemble tensor '{tensor}'")
+        self.windows[tensor] = (offset, nbytes)
+        self.placing += 1
+        return offset
+
+    def copy_in(self, tensor: str, lane: Lane, offset: int, nbytes: int) -> int:
+        """Copy ``tensor``, an output at ``offset`` in ``lane``'s worker's region, into
+        its window (which fits it from now on); the window's offset."""
+        own, source = self.session.region, self.session.mapped.get(lane.output_region)
+        assert own is not None  # the broker grants lanes only to a client with one
+        at = self.window(tensor, nbytes)
+        own.buf[at : at + nbytes] = source.buf[offset : offset + nbytes]
+        self.copies += 1
+        return at
+
+    # ------------------------------------------------------------------ releases, lifetime
+    def release(self, leases: list[tuple[Any, str]]) -> None:
+        """ShmResult's: each lease goes back on the lane of the worker that holds it."""
+        for lane in self.lanes:
+            mine = [lease for lease in leases if lease[1] == lane.output_region]
+            if mine:
+                lane.release(mine)
+
+    def flush(self, limit: float) -> int:
+        return sum(lane.flush(limit) for lane in self.lanes if lane.usable)
+
+    @property
+    def usable(self) -> bool:
+        return all(lane.usable for lane in self.lanes)
+
+    def close(self) -> None:
+        for lane in self.lanes:
+            lane.close()
+        for offset, _ in self.windows.values():
+            self.session.free(offset)
+        self.windows.clear()
+
+
+class _Run:
+    """One request through the ensemble's steps."""
+
+    def __init__(self, ensemble: EnsembleLane, inputs: dict[str, Where], deadline: float) -> None:
+        self.ensemble = ensemble
+        self.deadline = deadline
+        self.tensors = inputs  # ensemble tensor -> where it lies in the client's region
+        self.final: dict[str, tuple[Any, bool]] = {}  # output -> (its array, batched)
+        self.held: list[ShmResult] = []  # results whose outputs the answer keeps
+
+    def left(self) -> float:
+        return max(0.0, self.deadline - time.monotonic())
+
+    def go(self) -> ShmResult:
+        """Post every step whose tensors exist (when its lane has room), take the oldest
+        answer, again, until every step has run."""
+        ensemble = self.ensemble
+        waiting = list(ensemble.steps)
+        posted: list[tuple[_Step, int]] = []
+        while waiting or posted:
+            for step in [s for s in waiting if all(t in self.tensors for t in s.reads.values())]:
+                lane = step.lane
+                if (lane.sent - lane.read) & MASK >= lane.slots:
+                    if any(p[0].lane is lane for p in posted):
+                        continue  # posted once that step's answer is read
+                    lane.make_room(self.left())  # answers of given-up requests: dropped
+                waiting.remove(step)
+                posted.append((step, lane.post(self._body(step))))
+            if not posted:
+                raise invalid_arg(
+                    f"in ensemble '{ensemble.model}', unexpected deadlock, at least one output "
+                    "is not set while no more ensemble steps can be made"
+                )
+            step, n = posted.pop(0)
+            try:
+                result = step.lane.result(n, self.left())
+            except InferpoolError as err:
+                raise step.failed(ensemble.model, err) from None
+            self._took(step, result)
+        return self._answer()
+
+    def _body(self, step: _Step) -> tuple[bytes, int, int]:
+        """Step ``step``'s request: its inputs where their tensors lie, the outputs that
+        later steps read placed in their windows (once their size is known)."""
+        ensemble, lane = self.ensemble, step.lane
+        key = (ensemble.placing, *[self.tensors[tensor] for tensor in step.reads.values()])
+        if step.last[0] == key:  # the same places as the last request's: the same body
+            return step.last[1]
+        inputs = []
+        for name, tensor in step.reads.items():
+            offset, datatype, shape, nbytes, batched = self.tensors[tensor]
+            spec = step.specs.get(name)
+            if spec is not None:
+                shape = tuple(batch_reshape(spec, step.batching, batched, shape))
+            position, code = lane.inputs[name], wl.DATATYPES[datatype]
+            inputs.append(wl.Tensor(position, code, offset, nbytes, shape))
+        windows = {
+            index: ensemble.windows[tensor]
+            for index, tensor in zip(step.wanted, step.writes.values(), strict=True)
+            if tensor in ensemble.windows and tensor not in ensemble.outputs
+        }
+        body = lr.pack_request_body(inputs, step.wanted, windows), len(inputs), len(step.wanted)
+        step.last = (key, body)
+        return body
+
+    def _took(self, step: _Step, result: ShmResult) -> None:
+        """Step ``step``'s result: each output where the steps that read it find it (in
+        the client's region), or kept for the answer (an output of the ensemble)."""
+        ensemble = self.ensemble
+        kept = False
+        for name, offset, nbytes, spec, _, _, placed in result.layout:
+            tensor = step.writes[name]
+            if tensor in ensemble.outputs:
+                self.final[tensor] = (result.outputs[name], step.batching)
+                kept = True
+            if tensor not in ensemble.read:
+                continue
+            if not placed:  # in the worker's region: copied into the tensor's window
+                offset = ensemble.copy_in(tensor, step.lane, offset, nbytes)
+            shape = tuple(spec["shape"])
+            self.tensors[tensor] = (offset, spec["datatype"], shape, nbytes, step.batching)
+        if kept:
+            self.held.append(result)
+        else:
+            result.release()
+
+    def _answer(self) -> ShmResult:
+        ensemble = self.ensemble
+        batching = ensemble.max_batch_size > 0
+        outputs = {}
+        for name, spec in ensemble.output_specs.items():
+            array, batched = self.final[name]
+            shape = tuple(batch_reshape(spec, batching, batched, array.shape))
+            outputs[name] = array if shape == array.shape else array.reshape(shape)
+        leases = [lease for result in self.held for lease in result._leases]
+        for result in self.held:
+            result._leases = []
+        self.held = []
+        return ShmResult(ensemble, ensemble.model, ensemble.version, outputs, {}, leases)
+
+    def drop(self) -> None:
+        """The run failed: what it holds goes back."""
+        for result in self.held:
+            result.release()
+        self.held = []

@@ -1,0 +1,196 @@
+"""Ensembles over lanes, served for real: a ShmClient with lanes runs an ensemble's steps
+itself, each on a lane to its model's worker, and the tensors between the steps are written
+by one step into the client's own region, where the next step reads them in place.
+
+The repository is test_ensembles.py's (a chain whose last step reports where its input lay,
+parallel branches, a pinned version, a batching ensemble around a step that does not
+batch, a step that fails or crashes on demand, ensembles lanes cannot serve), with a chain
+of variable shape added.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inferpool.client import AsyncShmClient, Code, InferpoolError, ShmClient
+from inferpool.client.lane_ensemble import EnsembleLane
+from tests.integration.test_ensembles import (
+    _wait_instance_ready,
+    ensemble,
+    step,
+    tensors,
+    write_repository,
+)
+from tests.support import Server, identity_config, serving, wait_until, write_model
+
+
+def repository(tmp: Path) -> Path:
+    repo = tmp / "repo"
+    write_repository(repo)
+    for name in ("grow_a", "grow_b"):
+        write_model(repo, name, identity_config(name, dims="[ -1 ]"))
+    ensemble(
+        repo,
+        "grow",
+        tensors("input", ("IN", "TYPE_FP32", "[ -1 ]"))
+        + tensors("output", ("OUT", "TYPE_FP32", "[ -1 ]")),
+        step("grow_a", {"INPUT0": "IN"}, {"OUTPUT0": "between"}),
+        step("grow_b", {"INPUT0": "between"}, {"OUTPUT0": "OUT"}),
+    )
+    return repo
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    yield from serving(repository)
+
+
+def lanes_of(c: ShmClient, model: str) -> EnsembleLane:
+    lanes = c.lane(model)
+    assert isinstance(lanes, EnsembleLane)
+    return lanes
+
+
+def run(c: ShmClient, model: str, name: str, x: np.ndarray) -> dict[str, np.ndarray]:
+    """One request of ``model`` with input ``name`` = ``x``: its outputs, copied."""
+    req = c.request(model)
+    try:
+        req.input(name, x.shape, x.dtype)[...] = x
+        with c.run(req) as result:
+            return {k: np.array(v) for k, v in result.outputs.items()}
+    finally:
+        req.close()
+
+
+def lane_requests(c: ShmClient, model: str) -> int:
+    stats = c.statistics(model)["model_stats"][0]
+    return int(stats["lane_stats"]["success"])
+
+
+def test_the_steps_run_over_lanes_and_read_each_other_in_the_clients_region(
+    server: Server,
+) -> None:
+    x = np.array([1, 2, 3, 4], np.float32)
+    with ShmClient(server.endpoint, input_bytes=1 << 20, lane=True, timeout=20) as c:
+        before = {m: lane_requests(c, m) for m in ("pre", "mid", "post")}
+        req = c.request("chain", ["OUT", "SOURCE"])
+        req.input("IN", (4,), np.float32)[:] = x
+        for _ in range(4):
+            with c.run(req) as result:
+                np.testing.assert_array_equal(result["OUT"], x * 2 + 1)
+                # the last step read its input in this client's own region
+                assert result["SOURCE"][0].decode() == c.session.region.name
+        lanes = lanes_of(c, "chain")
+        assert [s.lane.model for s in lanes.steps] == ["pre", "mid", "post"]
+        # the first request's two intermediate tensors were copied into windows once;
+        # from then on each step wrote its output there itself
+        assert lanes.copies == 2 and set(lanes.windows) == {"doubled", "same"}
+
+        def counted() -> bool:  # the workers send what lanes served every 50 ms at most
+            return all(lane_requests(c, m) - before[m] == 4 for m in before)
+
+        wait_until(counted, "each composing model to count the 4 requests its lane served", 10)
+        with ShmClient(server.endpoint, input_bytes=1 << 20) as broker_path:
+            direct = run(broker_path, "chain", "IN", x)
+        np.testing.assert_array_equal(direct["OUT"], x * 2 + 1)
+        c.close_lane("chain")  # closing the ensemble's lanes closes every one of them
+        wait_until(lambda: c.statistics()["resources"]["lanes"] == 0, "the lanes to end", 10)
+        with c.run(req) as result:  # the broker path now: the arena of a worker
+            assert result["SOURCE"][0].decode().startswith(f"inferpool-{server.run_id}-out")
+
+
+def test_windows_grow_with_the_tensors(server: Server) -> None:
+    with ShmClient(server.endpoint, input_bytes=1 << 20, lane=True, timeout=20) as c:
+        for size, copies in [(4, 1), (4, 1), (1000, 2), (1000, 2), (4, 2), (3000, 3)]:
+            x = np.arange(size, dtype=np.float32)
+            np.testing.assert_array_equal(run(c, "grow", "IN", x)["OUT"], x)
+            assert lanes_of(c, "grow").copies == copies, size
+
+
+def test_branches_on_a_model_of_two_instances_still_overlap(server: Server) -> None:
+    x = np.arange(4, dtype=np.float32)
+    with ShmClient(server.endpoint, input_bytes=1 << 20, lane=True, timeout=20) as c:
+        out = run(c, "fork", "IN", x)
+        lanes = lanes_of(c, "fork")
+        assert {lanes.steps[0].lane.instance, lanes.steps[1].lane.instance} == {
+            "slow_0_0",
+            "slow_0_1",
+        }
+    np.testing.assert_array_equal(out["OUT"], 2 * x)
+    (a0, a1), (b0, b1) = out["SPAN_A"], out["SPAN_B"]
+    assert a0 < b1 and b0 < a1, "the two branches did not overlap"
+
+
+def test_versions_and_the_batch_dimension_as_the_broker_does(server: Server) -> None:
+    with ShmClient(server.endpoint, input_bytes=1 << 20, lane=True, timeout=20) as c:
+        assert run(c, "pinned", "IN", np.zeros(4, np.float32))["OUT"].tolist() == [10] * 4
+        assert lanes_of(c, "pinned").steps[0].lane.version == "1"
+        out = run(c, "mixed", "IN", np.arange(4, dtype=np.float32).reshape(1, 4))["OUT"]
+        assert out.shape == (1, 4) and out.tolist() == [[0, 1, 2, 3]]
+        with pytest.raises(InferpoolError) as err:  # as in Triton: only a batch of one
+            run(c, "mixed", "IN", np.zeros((2, 4), np.float32))
+        assert "in ensemble 'mixed', step 0 (model 'mid') failed: unexpected shape for input " in (
+            err.value.message
+        )
+        with pytest.raises(InferpoolError, match="unexpected shape for input 'IN'"):
+            run(c, "chain", "IN", np.zeros(5, np.float32))  # the ensemble's own check
+        assert run(c, "mixed", "IN", np.ones((1, 4), np.float32))["OUT"].tolist() == [[1] * 4]
+
+
+def test_a_failing_step_is_named_and_a_crashed_one_comes_back(server: Server) -> None:
+    ok = np.ones(4, np.float32)
+    with ShmClient(server.endpoint, input_bytes=1 << 20, lane=True, timeout=20) as c:
+        with pytest.raises(InferpoolError) as err:
+            run(c, "chain", "IN", np.array([-1, 0, 0, 0], np.float32))
+        assert err.value.code is Code.INTERNAL
+        assert "in ensemble 'chain', step 0 (model 'pre') failed: pre refuses -1" in (
+            err.value.message
+        )
+        assert run(c, "chain", "IN", ok)["OUT"].tolist() == [3] * 4
+        lanes = lanes_of(c, "chain")
+        assert lanes.usable
+        with pytest.raises(InferpoolError) as err:
+            run(c, "chain", "IN", np.array([-2, 0, 0, 0], np.float32))
+        assert err.value.code is Code.UNAVAILABLE
+        assert "in ensemble 'chain', step 0 (model 'pre') failed: lane " in err.value.message
+        assert "died with exit code 3" in err.value.message
+        # the broker ended the ensemble's other lanes with it
+        wait_until(lambda: not any(la.usable for la in lanes.lanes), "every lane to end", 10)
+        _wait_instance_ready(c, "pre")
+        assert run(c, "chain", "IN", ok)["OUT"].tolist() == [3] * 4  # the broker path
+        wait_until(
+            lambda: (
+                run(c, "chain", "IN", ok)["OUT"].tolist() == [3] * 4
+                and lanes_of(c, "chain") is not lanes
+            ),
+            "new lanes for the ensemble",
+            10,
+        )
+    with ShmClient(server.endpoint, input_bytes=1 << 20) as other:
+        assert other.statistics()["resources"]["lanes"] == 0  # the lanes went with the client
+
+
+def test_ensembles_lanes_cannot_serve_are_refused_by_name(server: Server) -> None:
+    with ShmClient(server.endpoint, input_bytes=1 << 20, timeout=20) as c:
+        with pytest.raises(InferpoolError) as err:
+            c.lane("batched")
+        assert err.value.code is Code.UNSUPPORTED
+        assert "in ensemble 'batched' version 1, step 0 (model 'mid_b'): " in err.value.message
+        assert "uses dynamic batching" in err.value.message
+        with pytest.raises(InferpoolError, match=r"step 0 \(model 'repeat'\).*is decoupled"):
+            c.lane("squares")
+        x = np.arange(4, dtype=np.float32).reshape(1, 4)
+        np.testing.assert_array_equal(run(c, "batched", "IN", x)["OUT"], x)  # the broker path
+
+    async def from_async() -> None:
+        async with AsyncShmClient(server.endpoint, input_bytes=1 << 20) as a:
+            await a.lane("chain")
+
+    import asyncio
+
+    with pytest.raises(InferpoolError, match="is an ensemble: lanes serve its steps to a client"):
+        asyncio.run(from_async())
