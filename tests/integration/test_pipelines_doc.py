@@ -15,7 +15,7 @@ BLOCKS = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
 
 
 def test_the_guide_has_its_examples() -> None:
-    assert len(BLOCKS) == 2  # the client session and the BLS model
+    assert len(BLOCKS) == 3  # the client session, over lanes, and the BLS model
 
 
 def test_the_python_blocks_run(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
