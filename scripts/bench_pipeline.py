@@ -10,6 +10,11 @@ in several ways in one run, against its own steps:
                 reading the previous step's output where that step's worker wrote it;
 - ensemble shm: the same with the shared-memory client (input written in place, the output
                 read in place as a handle);
+- ensemble lanes: the same with a shared-memory client whose requests take lanes
+                (``lane=True``): the client's library runs the steps, each on a lane to its
+                model's worker, each step's output written into the client's region where
+                the next step reads it (client.lane_ensemble);
+- chain lanes:  the chain shm path over lanes to the three models;
 - bls:          one request to a python model that calls the three with pb_utils BLS;
 - DAG at 64 B:  an ensemble of three identity steps on 64 B: what a DAG the broker runs adds
                 beyond its steps, the steps themselves next to nothing;
@@ -183,11 +188,11 @@ def paths(endpoint: str, stack: contextlib.ExitStack) -> dict[str, Run]:
     shm = stack.enter_context(ShmClient(endpoint, timeout=60, input_bytes=8 << 20))
     request = shm.request("pipeline", ["SCORE"])
     raw = request.input("RAW", (ROWS, COLS), np.float32)
-    steps = [shm.request(model, [out]) for model, _, out in STEP_IO]
-    step_inputs = [
-        r.input(inp, (ROWS, COLS), np.float32)
-        for r, (_, inp, _) in zip(steps, STEP_IO, strict=True)
-    ]
+    lanes = stack.enter_context(ShmClient(endpoint, timeout=60, input_bytes=16 << 20, lane=True))
+    over_lanes = lanes.request("pipeline", ["SCORE"])
+    raw_on_lanes = over_lanes.input("RAW", (ROWS, COLS), np.float32)
+    steps, step_inputs = chain_requests(shm)
+    lane_steps, lane_step_inputs = chain_requests(lanes)
 
     def chain(x: np.ndarray) -> np.ndarray:
         y = c.infer("pre", {"RAW": x})["INPUT__0"]
@@ -195,11 +200,14 @@ def paths(endpoint: str, stack: contextlib.ExitStack) -> dict[str, Run]:
         return c.infer("post", {"OUTPUT__0": z})["SCORE"]
 
     def chain_shm(x: np.ndarray) -> np.ndarray:
-        np.copyto(step_inputs[0], x)  # the client's producer would write here in the first place
-        for i, (_, _, out) in enumerate(STEP_IO[:-1]):
-            with shm.run(steps[i]) as result:  # read in place, written into the next input
-                np.copyto(step_inputs[i + 1], result[out])
-        with shm.run(steps[-1]) as result:
+        return run_chain(shm, steps, step_inputs, x)
+
+    def chain_lanes(x: np.ndarray) -> np.ndarray:
+        return run_chain(lanes, lane_steps, lane_step_inputs, x)
+
+    def ensemble_lanes(x: np.ndarray) -> np.ndarray:
+        np.copyto(raw_on_lanes, x)
+        with lanes.run(over_lanes) as result:
             return np.asarray(result["SCORE"][0, :4]).copy()
 
     def ensemble(x: np.ndarray) -> np.ndarray:
@@ -226,10 +234,33 @@ def paths(endpoint: str, stack: contextlib.ExitStack) -> dict[str, Run]:
         "chain shm": chain_shm,
         "ensemble": ensemble,
         "ensemble shm": ensemble_shm,
+        "chain lanes": chain_lanes,
+        "ensemble lanes": ensemble_lanes,
         "bls": bls,
         ROUND_TRIP: round_trip,
         DAG: dag,
     }
+
+
+def chain_requests(client: ShmClient) -> tuple[list[Any], list[np.ndarray]]:
+    """The chain's three requests and their inputs' arrays, in ``client``'s region."""
+    steps = [client.request(model, [out]) for model, _, out in STEP_IO]
+    inputs = [
+        r.input(inp, (ROWS, COLS), np.float32)
+        for r, (_, inp, _) in zip(steps, STEP_IO, strict=True)
+    ]
+    return steps, inputs
+
+
+def run_chain(
+    client: ShmClient, steps: list[Any], inputs: list[np.ndarray], x: np.ndarray
+) -> np.ndarray:
+    np.copyto(inputs[0], x)  # the client's producer would write here in the first place
+    for i, (_, _, out) in enumerate(STEP_IO[:-1]):
+        with client.run(steps[i]) as result:  # read in place, written into the next input
+            np.copyto(inputs[i + 1], result[out])
+    with client.run(steps[-1]) as result:
+        return np.asarray(result["SCORE"][0, :4]).copy()
 
 
 PARTS = ("compute_input", "compute_infer", "compute_output")
@@ -282,7 +313,7 @@ def main() -> None:
             for _ in range(20):
                 got = run(x)
             if not name.startswith(UNCHECKED):
-                want = expected[0, :4] if "shm" in name else expected
+                want = expected[0, :4] if "shm" in name or "lanes" in name else expected
                 np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=name)
         names = list(runs)
         for turn in range(args.rounds):
@@ -372,7 +403,8 @@ def report(
         if name.startswith(UNCHECKED):
             continue
         server = name.rpartition("[")[2].rstrip("]") if len(servers) > 1 else servers[0]
-        chain = label("chain shm" if "shm" in name else "chain", server, len(servers))
+        kind = next((k for k in ("shm", "lanes") if k in name), "")
+        chain = label(f"chain {kind}".strip(), server, len(servers))
         hop = p(label(ROUND_TRIP, server, len(servers)), 0.5)
         p50 = p(name, 0.5)
         print(
@@ -384,7 +416,7 @@ def report(
         beyond = {  # each path's time beyond its own steps
             path: p(label(path, server, len(servers)), 0.5)
             - floor(label(path, server, len(servers)))
-            for path in ("chain", "chain shm", "ensemble", "ensemble shm")
+            for path in ("chain", "chain shm", "chain lanes", "ensemble", "ensemble shm")
         }
         print(
             f"{server}: chain's time beyond its steps / the ensemble's (p50 <= 1.2 x the steps "
@@ -392,6 +424,20 @@ def report(
             f"Client {beyond['chain'] / beyond['ensemble']:.2f}, ShmClient "
             f"{beyond['chain shm'] / beyond['ensemble shm']:.2f}, the Client chain against the "
             f"ShmClient ensemble {beyond['chain'] / beyond['ensemble shm']:.2f}"
+        )
+        lanes = label("ensemble lanes", server, len(servers))
+        p50 = p(lanes, 0.5)
+        print(
+            f"{server}: the ensemble over lanes: p50 {p50 / floor(lanes):.2f} x its steps "
+            "(goal <= 1.2); the chains' p50 over it (goal >= 2): "
+            + ", ".join(
+                f"{kind} {p(label(path, server, len(servers)), 0.5) / p50:.2f}x"
+                for kind, path in (
+                    ("Client", "chain"),
+                    ("ShmClient", "chain shm"),
+                    ("ShmClient over lanes", "chain lanes"),
+                )
+            )
         )
     if len(servers) > 1:
         print(f"| path | {servers[1]} p50 ms | {servers[0]} p50 ms | {servers[1]} / {servers[0]} |")
