@@ -25,7 +25,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from inferpool.client.lane import Lane
-from inferpool.client.shm_request import HANDLE, INPUT_REGION, ShmRequest, ShmResult
+from inferpool.client.shm_request import HANDLE, INPUT_REGION, Releaser, ShmRequest, ShmResult
 from inferpool.wire import lane as wl
 from inferpool.wire import lane_records as lr
 from inferpool.wire.contract import (
@@ -177,14 +177,7 @@ class EnsembleLane:
         self.copies += 1
         return at
 
-    # ------------------------------------------------------------------ releases, lifetime
-    def release(self, leases: list[tuple[Any, str]]) -> None:
-        """ShmResult's: each lease goes back on the lane of the worker that holds it."""
-        for lane in self.lanes:
-            mine = [lease for lease in leases if lease[1] == lane.output_region]
-            if mine:
-                lane.release(mine)
-
+    # ------------------------------------------------------------------ lifetime
     def flush(self, limit: float) -> int:
         return sum(lane.flush(limit) for lane in self.lanes if lane.usable)
 
@@ -294,14 +287,28 @@ class _Run:
             array, batched = self.final[name]
             shape = tuple(batch_reshape(spec, batching, batched, array.shape))
             outputs[name] = array if shape == array.shape else array.reshape(shape)
-        leases = [lease for result in self.held for lease in result._leases]
+        parts = [(result._session, result._leases) for result in self.held]
         for result in self.held:
             result._leases = []
         self.held = []
-        return ShmResult(ensemble, ensemble.model, ensemble.version, outputs, {}, leases)
+        leases = [lease for _, mine in parts for lease in mine]
+        return ShmResult(_Parts(parts), ensemble.model, ensemble.version, outputs, {}, leases)
 
     def drop(self) -> None:
         """The run failed: what it holds goes back."""
         for result in self.held:
             result.release()
         self.held = []
+
+
+class _Parts:
+    """The releaser of an ensemble's answer: each step's leases go back on its own lane
+    (steps on one instance share its output region, so the region cannot tell)."""
+
+    def __init__(self, parts: list[tuple[Releaser, list[tuple[Any, str]]]]) -> None:
+        self.parts = parts
+
+    def release(self, leases: list[tuple[Any, str]]) -> None:
+        for lane, mine in self.parts:
+            lane.release(mine)
+        self.parts = []

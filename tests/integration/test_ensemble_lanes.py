@@ -19,6 +19,7 @@ import pytest
 from inferpool.client import AsyncShmClient, Code, InferpoolError, ShmClient
 from inferpool.client.lane_ensemble import EnsembleLane
 from tests.integration.test_ensembles import (
+    F4,
     _wait_instance_ready,
     ensemble,
     step,
@@ -40,6 +41,13 @@ def repository(tmp: Path) -> Path:
         + tensors("output", ("OUT", "TYPE_FP32", "[ -1 ]")),
         step("grow_a", {"INPUT0": "IN"}, {"OUTPUT0": "between"}),
         step("grow_b", {"INPUT0": "between"}, {"OUTPUT0": "OUT"}),
+    )
+    ensemble(  # one model twice: two lanes to its one instance, one output region
+        repo,
+        "twice",
+        tensors("input", ("IN", "TYPE_FP32", "[ 4 ]")) + tensors("output", ("OUT", *F4)),
+        step("mid", {"INPUT0": "IN"}, {"OUTPUT0": "once"}),
+        step("mid", {"INPUT0": "once"}, {"OUTPUT0": "OUT"}),
     )
     return repo
 
@@ -109,6 +117,25 @@ def test_windows_grow_with_the_tensors(server: Server) -> None:
             x = np.arange(size, dtype=np.float32)
             np.testing.assert_array_equal(run(c, "grow", "IN", x)["OUT"], x)
             assert lanes_of(c, "grow").copies == copies, size
+
+
+def test_each_lease_goes_back_on_the_lane_that_granted_it(server: Server) -> None:
+    """Both steps run on the one instance of 'mid' (two lanes, one output region): the
+    answer's lease goes back on the last step's lane, and every output slot comes back."""
+    x = np.arange(4, dtype=np.float32)
+    with ShmClient(server.endpoint, input_bytes=1 << 20, lane=True, timeout=20) as c:
+        req = c.request("twice", ["OUT"])
+        req.input("IN", (4,), np.float32)[:] = x
+        held = [c.run(req) for _ in range(3)]  # three answers alive at once
+        assert [r["OUT"].tolist() for r in held] == [x.tolist()] * 3
+        for result in held:
+            result.release()
+        lanes = lanes_of(c, "twice")
+        assert [len(la.releases) for la in lanes.lanes] == [0, 3]
+        with c.run(req) as result:  # carries the three releases: none is refused
+            assert result["OUT"].tolist() == x.tolist()
+        assert c.flush() == 1
+        assert c.statistics()["resources"]["output_slots_held"] == 0
 
 
 def test_branches_on_a_model_of_two_instances_still_overlap(server: Server) -> None:
