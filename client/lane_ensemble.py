@@ -1,7 +1,7 @@
 """An ensemble over lanes: its steps run by the client's library, no broker on the path.
 
-``open_lane`` on an ensemble (asked with ``steps``) grants one lane to an instance of every
-model its steps run on, and the ensemble's wiring.  An :class:`EnsembleLane` then runs each
+``open_lane`` on an ensemble (asked with ``steps``) grants a lane per step, to an instance of
+the step's model, and the ensemble's wiring.  An :class:`EnsembleLane` then runs each
 request as the broker's ensemble scheduler would: a step is posted on its model's lane as
 soon as every tensor it reads exists, with the batch dimension added or removed where one
 side batches and the other does not, and a failing step fails the request, named.
@@ -93,14 +93,13 @@ class EnsembleLane:
             raise
         self.id = self.lanes[0].id  # closing any of them closes them all (the broker)
         self.inputs = _specs(grant["inputs"])
-        self.required = frozenset(self.inputs)
+        self.required = frozenset(d["name"] for d in grant["inputs"] if not d.get("optional"))
         self.output_specs = _specs(grant["outputs"])
         self.outputs = frozenset(self.output_specs)
         pairs = zip(grant["steps"], self.lanes, strict=True)  # step i runs on lane i
         self.steps = [_Step(i, step, lane) for i, (step, lane) in enumerate(pairs)]
         # the tensors later steps read: they are placed in windows of the client's region
         self.read = frozenset(t for step in self.steps for t in step.reads.values())
-        self.waiter: Any = None
 
     # ------------------------------------------------------------------ a request
     def body(self, request: ShmRequest) -> dict[str, Where] | None:
@@ -222,10 +221,7 @@ class _Run:
                 waiting.remove(step)
                 posted.append((step, lane.post(self._body(step))))
             if not posted:
-                raise invalid_arg(
-                    f"in ensemble '{ensemble.model}', unexpected deadlock, at least one output "
-                    "is not set while no more ensemble steps can be made"
-                )
+                raise self.deadlock()
             step, n = posted.pop(0)
             try:
                 result = step.lane.result(n, self.left())
@@ -284,6 +280,8 @@ class _Run:
         batching = ensemble.max_batch_size > 0
         outputs = {}
         for name, spec in ensemble.output_specs.items():
+            if name not in self.final:  # a step did not answer with an output it was asked
+                raise self.deadlock()
             array, batched = self.final[name]
             shape = tuple(batch_reshape(spec, batching, batched, array.shape))
             outputs[name] = array if shape == array.shape else array.reshape(shape)
@@ -293,6 +291,13 @@ class _Run:
         self.held = []
         leases = [lease for _, mine in parts for lease in mine]
         return ShmResult(_Parts(parts), ensemble.model, ensemble.version, outputs, {}, leases)
+
+    def deadlock(self) -> InferpoolError:
+        """Triton's words for an ensemble request that cannot make all its outputs."""
+        return invalid_arg(
+            f"in ensemble '{self.ensemble.model}', unexpected deadlock, at least one output "
+            "is not set while no more ensemble steps can be made"
+        )
 
     def drop(self) -> None:
         """The run failed: what it holds goes back."""

@@ -375,4 +375,7 @@ def ensemble_plan(mv: ModelVersion) -> Plan | None:
 
 
 def _specs(specs: Iterable[TensorSpec]) -> list[dict[str, Any]]:
-    return [{"name": s.name, "datatype": s.datatype, "dims": list(s.dims)} for s in specs]
+    return [
+        {"name": s.name, "datatype": s.datatype, "dims": list(s.dims), "optional": s.optional}
+        for s in specs
+    ]

@@ -22,6 +22,7 @@ from tests.integration.test_ensembles import (
     F4,
     _wait_instance_ready,
     ensemble,
+    python_model,
     step,
     tensors,
     write_repository,
@@ -49,7 +50,27 @@ def repository(tmp: Path) -> Path:
         step("mid", {"INPUT0": "IN"}, {"OUTPUT0": "once"}),
         step("mid", {"INPUT0": "once"}, {"OUTPUT0": "OUT"}),
     )
+    python_model(
+        repo, "silent", SILENT, tensors("input", ("X", *F4)) + tensors("output", ("Y", *F4))
+    )
+    ensemble(  # its first step answers without the output the second one reads
+        repo,
+        "hollow",
+        tensors("input", ("IN", *F4)) + tensors("output", ("OUT", *F4)),
+        step("silent", {"X": "IN"}, {"Y": "nothing"}),
+        step("mid", {"INPUT0": "nothing"}, {"OUTPUT0": "OUT"}),
+    )
     return repo
+
+
+SILENT = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([]) for _ in requests]
+"""
 
 
 @pytest.fixture(scope="module")
@@ -199,6 +220,27 @@ def test_a_failing_step_is_named_and_a_crashed_one_comes_back(server: Server) ->
         )
     with ShmClient(server.endpoint, input_bytes=1 << 20) as other:
         assert other.statistics()["resources"]["lanes"] == 0  # the lanes went with the client
+
+
+def test_a_step_that_leaves_out_an_output_ends_the_request_as_on_the_broker_path(
+    server: Server,
+) -> None:
+    x = np.zeros(4, np.float32)
+    errors = []
+    for lane in (True, False):
+        with ShmClient(server.endpoint, input_bytes=1 << 20, lane=lane, timeout=20) as c:
+            with pytest.raises(InferpoolError) as err:
+                run(c, "hollow", "IN", x)
+            errors.append((err.value.code, err.value.message))
+    assert (
+        errors[0]
+        == errors[1]
+        == (
+            Code.INVALID_ARG,
+            "in ensemble 'hollow', unexpected deadlock, at least one output is not set while no "
+            "more ensemble steps can be made",
+        )
+    )
 
 
 def test_ensembles_lanes_cannot_serve_are_refused_by_name(server: Server) -> None:
