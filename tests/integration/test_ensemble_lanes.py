@@ -50,6 +50,16 @@ def repository(tmp: Path) -> Path:
         step("mid", {"INPUT0": "IN"}, {"OUTPUT0": "once"}),
         step("mid", {"INPUT0": "once"}, {"OUTPUT0": "OUT"}),
     )
+    for name in ("text_a", "text_b"):
+        write_model(repo, name, identity_config(name, "TYPE_STRING"))
+    ensemble(  # BYTES between the steps: serialized, of any length
+        repo,
+        "texts",
+        tensors("input", ("IN", "TYPE_STRING", "[ -1 ]"))
+        + tensors("output", ("OUT", "TYPE_STRING", "[ -1 ]")),
+        step("text_a", {"INPUT0": "IN"}, {"OUTPUT0": "between"}),
+        step("text_b", {"INPUT0": "between"}, {"OUTPUT0": "OUT"}),
+    )
     python_model(
         repo, "silent", SILENT, tensors("input", ("X", *F4)) + tensors("output", ("Y", *F4))
     )
@@ -157,6 +167,35 @@ def test_each_lease_goes_back_on_the_lane_that_granted_it(server: Server) -> Non
             assert result["OUT"].tolist() == x.tolist()
         assert c.flush() == 1
         assert c.statistics()["resources"]["output_slots_held"] == 0
+
+
+def test_bytes_between_the_steps(server: Server) -> None:
+    with ShmClient(server.endpoint, input_bytes=1 << 20, lane=True, timeout=20) as c:
+        for texts, copies in [
+            (["a", "bc"], 1),
+            (["a longer text than before " * 8, "", "é"], 2),  # outgrows its window
+            (["x"], 2),  # fits the window now
+        ]:
+            req = c.request("texts", ["OUT"])
+            req.set_input("IN", np.array(texts, dtype=np.object_))
+            with c.run(req) as result:
+                assert [t.decode() for t in result["OUT"]] == texts
+            req.close()
+            assert lanes_of(c, "texts").copies == copies
+
+
+def test_a_step_past_the_timeout_fails_by_name_and_the_lanes_go_on(server: Server) -> None:
+    x = np.arange(4, dtype=np.float32)
+    with ShmClient(server.endpoint, input_bytes=1 << 20, lane=True, timeout=20) as c:
+        req = c.request("fork")
+        req.input("IN", (4,), np.float32)[:] = x
+        with pytest.raises(InferpoolError) as err:
+            c.run(req, timeout=0.1)  # each branch sleeps 0.4 s
+        assert err.value.code is Code.TIMEOUT
+        assert err.value.message.startswith("in ensemble 'fork', step 0 (model 'slow') failed: ")
+        with c.run(req) as result:  # the late answers are dropped on the way
+            np.testing.assert_array_equal(result["OUT"], 2 * x)
+        assert lanes_of(c, "fork").usable
 
 
 def test_branches_on_a_model_of_two_instances_still_overlap(server: Server) -> None:
