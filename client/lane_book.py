@@ -30,17 +30,13 @@ _PERMANENT = (Code.UNSUPPORTED, Code.INVALID_ARG, Code.ALREADY_EXISTS)
 
 
 class LaneBook:
-    def __init__(
-        self, session: ShmSession, auto: bool, spin_us: int, slots: int, steps: bool = False
-    ) -> None:
+    def __init__(self, session: ShmSession, auto: bool, spin_us: int, slots: int) -> None:
         """``auto``: a lane for every model; ``spin_us``: how long a wait spins before it
-        sleeps (when the worker runs on another core); ``slots``: requests in flight;
-        ``steps``: ask for an ensemble's lanes and run its steps (client.lane_ensemble)."""
+        sleeps (when the worker runs on another core); ``slots``: requests in flight."""
         self.session = session
         self.auto = auto
         self.spin_us = spin_us
         self.slots = slots
-        self.steps = steps
         self.lanes: dict[Key, AnyLane] = {}
         self.wanted: set[Key] = set()
         self._retry_at: dict[Key, float] = {}
@@ -77,7 +73,7 @@ class LaneBook:
             "pid": os.getpid(),
             "slots": self.slots,
             "spin_us": self.spin_us,  # the worker spins no longer for this client's requests
-            "steps": self.steps,
+            "steps": True,  # an ensemble's lanes: its steps run here (client.lane_ensemble)
         }
 
         def read(grant: dict[str, Any]) -> AnyLane:

@@ -8,8 +8,9 @@ side batches and the other does not, and a failing step fails the request, named
 
 Nothing moves between the steps.  A tensor the later steps read is written by its step
 straight into a window of the client's own input region (a lane request may place its
-outputs there, PROTOCOL.md), and the next step reads it there in place.  The window's size
-is learnt from the first request: an output that does not fit its window (the first time,
+outputs there, PROTOCOL.md), and the next step reads it there in place; each request in flight
+has its own windows (the asyncio client runs many at once).  A window's size is learnt from
+the first request: an output that does not fit its window (the first time,
 or a larger shape) comes back in the worker's region, is copied into a window of its size
 once, and the window is kept.  The ensemble's outputs stay in the last steps' workers'
 regions and are leased to the caller, as any lane result's.
@@ -21,7 +22,9 @@ broker path (steps that ran already run again there).
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from inferpool.client.lane import Lane
@@ -39,6 +42,7 @@ from inferpool.wire.contract import (
 from inferpool.wire.errors import InferpoolError, invalid_arg
 
 if TYPE_CHECKING:
+    from inferpool.client.lane_async import AsyncLane
     from inferpool.client.shm_core import ShmSession
 
 # An ensemble tensor of a request being run, in the client's region: its offset, datatype,
@@ -73,6 +77,35 @@ class _Step:
         )
 
 
+class _Windows:
+    """Where one run's tensors that later steps read are written, in the client's region:
+    a set per request in flight (one for the blocking client; the asyncio client runs many
+    at once), kept from one request to the next."""
+
+    def __init__(self, session: ShmSession) -> None:
+        self.session = session
+        self.spans: dict[str, tuple[int, int]] = {}  # tensor -> (offset, capacity)
+        self.placing = 0  # bumped whenever a window is made: the steps' bodies change
+
+    def window(self, tensor: str, nbytes: int) -> int:
+        """The offset of ``tensor``'s window, made (or grown) to hold ``nbytes``."""
+        known = self.spans.get(tensor)
+        if known is not None and known[1] >= nbytes:
+            return known[0]
+        if known is not None:
+            del self.spans[tensor]
+            self.session.free(known[0])
+        offset = self.session.alloc(nbytes, f"ensemble tensor '{tensor}'")
+        self.spans[tensor] = (offset, nbytes)
+        self.placing += 1
+        return offset
+
+    def close(self) -> None:
+        for offset, _ in self.spans.values():
+            self.session.free(offset)
+        self.spans.clear()
+
+
 class EnsembleLane:
     """The lanes of one ensemble, granted together, and the runs of its requests."""
 
@@ -81,8 +114,7 @@ class EnsembleLane:
         self.model: str = grant["model_name"]
         self.version: str = grant["model_version"]
         self.max_batch_size: int = grant["max_batch_size"]
-        self.windows: dict[str, tuple[int, int]] = {}  # tensor -> (offset, capacity)
-        self.placing = 0  # bumped whenever a window is made: the steps' bodies change
+        self.spare: list[_Windows] = []  # window sets no run is using
         self.copies = 0  # outputs copied into their windows (none once the windows fit)
         self.lanes: list[Lane] = []
         try:
@@ -146,32 +178,42 @@ class EnsembleLane:
         inputs = self.body(request)
         if inputs is None:
             return None
-        run = _Run(self, dict(inputs), time.monotonic() + limit)
+        run = self._run(inputs, limit)
         try:
             return run.go()
         except BaseException:
             run.drop()
             raise
+        finally:
+            self.spare.append(run.windows)
 
-    def window(self, tensor: str, nbytes: int) -> int:
-        """The offset of ``tensor``'s window, made (or grown) to hold ``nbytes``."""
-        known = self.windows.get(tensor)
-        if known is not None and known[1] >= nbytes:
-            return known[0]
-        if known is not None:
-            del self.windows[tensor]
-            self.session.free(known[0])
-        offset = self.session.alloc(nbytes, f"ensemble tensor '{tensor}'")
-        self.windows[tensor] = (offset, nbytes)
-        self.placing += 1
-        return offset
+    async def run_async(
+        self, request: ShmRequest, limit: float, lane_of: Callable[[Lane], AsyncLane]
+    ) -> ShmResult | None:
+        """``run`` for the asyncio client: each step awaited on its lane's ``AsyncLane``
+        (``lane_of``), many requests in flight, each with its own windows."""
+        inputs = self.body(request)
+        if inputs is None:
+            return None
+        run = self._run(inputs, limit)
+        try:
+            return await run.go_async(lane_of)
+        except BaseException:
+            run.drop()
+            raise
+        finally:
+            self.spare.append(run.windows)
 
-    def copy_in(self, tensor: str, lane: Lane, offset: int, nbytes: int) -> int:
+    def _run(self, inputs: dict[str, Where], limit: float) -> _Run:
+        windows = self.spare.pop() if self.spare else _Windows(self.session)
+        return _Run(self, dict(inputs), windows, time.monotonic() + limit)
+
+    def copy_in(self, windows: _Windows, tensor: str, lane: Lane, offset: int, nbytes: int) -> int:
         """Copy ``tensor``, an output at ``offset`` in ``lane``'s worker's region, into
         its window (which fits it from now on); the window's offset."""
         own, source = self.session.region, self.session.mapped.get(lane.output_region)
         assert own is not None  # the broker grants lanes only to a client with one
-        at = self.window(tensor, nbytes)
+        at = windows.window(tensor, nbytes)
         own.buf[at : at + nbytes] = source.buf[offset : offset + nbytes]
         self.copies += 1
         return at
@@ -187,16 +229,19 @@ class EnsembleLane:
     def close(self) -> None:
         for lane in self.lanes:
             lane.close()
-        for offset, _ in self.windows.values():
-            self.session.free(offset)
-        self.windows.clear()
+        for windows in self.spare:
+            windows.close()
+        self.spare.clear()
 
 
 class _Run:
     """One request through the ensemble's steps."""
 
-    def __init__(self, ensemble: EnsembleLane, inputs: dict[str, Where], deadline: float) -> None:
+    def __init__(
+        self, ensemble: EnsembleLane, inputs: dict[str, Where], windows: _Windows, deadline: float
+    ) -> None:
         self.ensemble = ensemble
+        self.windows = windows
         self.deadline = deadline
         self.tensors = inputs  # ensemble tensor -> where it lies in the client's region
         self.final: dict[str, tuple[Any, bool]] = {}  # output -> (its array, batched)
@@ -212,7 +257,7 @@ class _Run:
         waiting = list(ensemble.steps)
         posted: list[tuple[_Step, int]] = []
         while waiting or posted:
-            for step in [s for s in waiting if all(t in self.tensors for t in s.reads.values())]:
+            for step in [s for s in waiting if self._ready(s)]:
                 lane = step.lane
                 if (lane.sent - lane.read) & MASK >= lane.slots:
                     if any(p[0].lane is lane for p in posted):
@@ -230,11 +275,40 @@ class _Run:
             self._took(step, result)
         return self._answer()
 
+    async def go_async(self, lane_of: Callable[[Lane], AsyncLane]) -> ShmResult:
+        """``go`` on the event loop: every step whose tensors exist awaited on its lane,
+        the next ones started as answers come; a failure cancels the steps in flight."""
+        waiting = list(self.ensemble.steps)
+        running: dict[asyncio.Future[ShmResult], _Step] = {}
+        try:
+            while waiting or running:
+                for step in [s for s in waiting if self._ready(s)]:
+                    waiting.remove(step)
+                    asking = lane_of(step.lane).run(self._body(step), self.left())
+                    running[asyncio.ensure_future(asking)] = step
+                if not running:
+                    raise self.deadlock()
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    step = running.pop(task)
+                    try:
+                        result = task.result()
+                    except InferpoolError as err:
+                        raise step.failed(self.ensemble.model, err) from None
+                    self._took(step, result)
+            return self._answer()
+        finally:
+            for task in running:  # their lanes cancel them and give back their answers
+                task.cancel()
+
+    def _ready(self, step: _Step) -> bool:
+        return all(t in self.tensors for t in step.reads.values())
+
     def _body(self, step: _Step) -> tuple[bytes, int, int]:
         """Step ``step``'s request: its inputs where their tensors lie, the outputs that
         later steps read placed in their windows (once their size is known)."""
-        ensemble, lane = self.ensemble, step.lane
-        key = (ensemble.placing, *[self.tensors[tensor] for tensor in step.reads.values()])
+        ensemble, lane, windows = self.ensemble, step.lane, self.windows
+        key = (windows, windows.placing, *[self.tensors[tensor] for tensor in step.reads.values()])
         if step.last[0] == key:  # the same places as the last request's: the same body
             return step.last[1]
         inputs = []
@@ -245,12 +319,13 @@ class _Run:
                 shape = tuple(batch_reshape(spec, step.batching, batched, shape))
             position, code = lane.inputs[name], wl.DATATYPES[datatype]
             inputs.append(wl.Tensor(position, code, offset, nbytes, shape))
-        windows = {
-            index: ensemble.windows[tensor]
+        spans = windows.spans
+        placed = {
+            index: spans[tensor]
             for index, tensor in zip(step.wanted, step.writes.values(), strict=True)
-            if tensor in ensemble.windows and tensor not in ensemble.outputs
+            if tensor in spans and tensor not in ensemble.outputs
         }
-        body = lr.pack_request_body(inputs, step.wanted, windows), len(inputs), len(step.wanted)
+        body = lr.pack_request_body(inputs, step.wanted, placed), len(inputs), len(step.wanted)
         step.last = (key, body)
         return body
 
@@ -267,7 +342,7 @@ class _Run:
             if tensor not in ensemble.read:
                 continue
             if not placed:  # in the worker's region: copied into the tensor's window
-                offset = ensemble.copy_in(tensor, step.lane, offset, nbytes)
+                offset = ensemble.copy_in(self.windows, tensor, step.lane, offset, nbytes)
             shape = tuple(spec["shape"])
             self.tensors[tensor] = (offset, spec["datatype"], shape, nbytes, step.batching)
         if kept:

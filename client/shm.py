@@ -43,8 +43,6 @@ class ShmClient(ShmBase, Client):
     """Made with an input region (``input_bytes``, asked of the server at once) and a
     keep-alive thread (``keepalive``)."""
 
-    LANE_STEPS = True
-
     def _setup(self) -> None:
         super()._setup()
         self._keeper: _KeepAlive | None = None

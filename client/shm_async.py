@@ -23,6 +23,7 @@ from inferpool.client.aio import AsyncClient
 from inferpool.client.lane import RELEASE_ONLY, Lane, LaneRevoked
 from inferpool.client.lane_async import AsyncLane
 from inferpool.client.lane_book import AnyLane
+from inferpool.client.lane_ensemble import EnsembleLane
 from inferpool.client.shm_base import ShmBase
 from inferpool.client.shm_core import CLOSE_TIMEOUT
 from inferpool.client.shm_request import ShmRequest, ShmResult
@@ -58,27 +59,36 @@ class AsyncShmClient(ShmBase, AsyncClient):
             await self.control(self.session.describe(request), timeout)
         lane = await self._lane_for(request)
         if lane is not None:
-            body = lane.body(request)
-            if body is not None:
-                try:
-                    return await self._async_lane(lane).run(body, self._core.limit(timeout))
-                except LaneRevoked:
-                    self.session.lanes.lost(lane)  # it never ran: the broker path takes it
+            try:
+                result = await self._on_lane(lane, request, self._core.limit(timeout))
+            except LaneRevoked:
+                self.session.lanes.lost(lane)  # it never ran: the broker path takes it
+            else:
+                if result is not None:
+                    return result
         return await self._run(self.session.run(request, timeout))
 
-    async def lane(self, model: str, version: str | int = "") -> Lane:
+    async def _on_lane(self, lane: AnyLane, request: ShmRequest, limit: float) -> ShmResult | None:
+        """``request`` over ``lane`` (an ensemble's lanes: its steps run from here), or None
+        if it cannot take it."""
+        if isinstance(lane, EnsembleLane):
+            return await lane.run_async(request, limit, self._async_lane)
+        body = lane.body(request)
+        return None if body is None else await self._async_lane(lane).run(body, limit)
+
+    async def lane(self, model: str, version: str | int = "") -> AnyLane:
         """Open a lane to ``model`` (or return the open one): its requests go through it
         from now on.  UNSUPPORTED for a model lanes do not serve (docs/PROTOCOL.md)."""
-        lane = _plain(self.session.lanes.reuse(model, version))
+        lane = self.session.lanes.reuse(model, version)
         return lane or await self._open_lane(model, str(version))
 
     async def close_lane(self, model: str, version: str | int = "") -> None:
         """Close the lane to ``model``: its requests take the broker path again."""
         await self.control(self.session.lanes.close_lane(model, version))
 
-    async def _lane_for(self, request: ShmRequest) -> Lane | None:
+    async def _lane_for(self, request: ShmRequest) -> AnyLane | None:
         book = self.session.lanes
-        lane = _plain(book.lane_for(request))
+        lane = book.lane_for(request)
         if lane is None and book.should_open(request):
             try:
                 lane = await self._open_lane(request.model, request.version)
@@ -86,7 +96,7 @@ class AsyncShmClient(ShmBase, AsyncClient):
                 book.refused(request.model, request.version, err)
         return lane
 
-    async def _open_lane(self, model: str, version: str) -> Lane:
+    async def _open_lane(self, model: str, version: str) -> AnyLane:
         """One open_lane per model at a time, however many callers ask at once."""
         key = (model, version)
         opening = self._opening.get(key)
@@ -94,9 +104,7 @@ class AsyncShmClient(ShmBase, AsyncClient):
             opening = asyncio.ensure_future(self.control(self.session.lanes.open(model, version)))
             self._opening[key] = opening
             opening.add_done_callback(lambda _f: self._opening.pop(key, None))
-        lane = _plain(await asyncio.shield(opening))
-        assert lane is not None
-        return lane
+        return await asyncio.shield(opening)
 
     @staticmethod
     def _async_lane(lane: Lane) -> AsyncLane:
@@ -109,8 +117,8 @@ class AsyncShmClient(ShmBase, AsyncClient):
     async def flush(self) -> int:
         """Release queued leases now instead of with the next request (lanes' too)."""
         count = 0
-        for lane in [_plain(la) for la in self.session.lanes.lanes.values() if la.usable]:
-            assert lane is not None
+        opened = [la for la in self.session.lanes.lanes.values() if la.usable]
+        for lane in [one for la in opened for one in _lanes(la)]:
             count += len(lane.releases)
             while lane.releases:
                 waiter = self._async_lane(lane)
@@ -167,7 +175,6 @@ class AsyncShmClient(ShmBase, AsyncClient):
         return await self.start()
 
 
-def _plain(lane: AnyLane | None) -> Lane | None:
-    """A lane this client opened: never an ensemble's (it does not ask for those)."""
-    assert lane is None or isinstance(lane, Lane)
-    return lane
+def _lanes(lane: AnyLane) -> list[Lane]:
+    """The lanes under ``lane``: itself, or an ensemble's, one per step."""
+    return lane.lanes if isinstance(lane, EnsembleLane) else [lane]

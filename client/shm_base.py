@@ -46,7 +46,7 @@ class ShmBase(Connection):
         self.routing_id = b"shm." + secrets.token_bytes(12)  # names it in keep-alives
         self._input_bytes = input_bytes
         self._keepalive = keepalive
-        self._lane = (lane, max(0, lane_spin_us), lane_slots or self.LANE_SLOTS, self.LANE_STEPS)
+        self._lane = (lane, max(0, lane_spin_us), lane_slots or self.LANE_SLOTS)
         super().__init__(
             endpoint,
             timeout=timeout,
@@ -57,7 +57,6 @@ class ShmBase(Connection):
         )
 
     LANE_SLOTS = 1
-    LANE_STEPS = False  # whether it runs an ensemble's steps over lanes (client.lane_ensemble)
 
     def _new_core(self, endpoint: str, timeout: float) -> ClientCore:
         self.session = ShmSession(endpoint, timeout, *self._lane)

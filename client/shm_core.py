@@ -52,11 +52,9 @@ class ShmSession(ClientCore):
         lane: bool = False,
         lane_spin_us: int = 0,
         lane_slots: int = 0,
-        lane_steps: bool = False,
     ) -> None:
         """``lane``: a lane (client.lane) to every model it runs; ``lane_spin_us``: how long
-        a lane's wait spins; ``lane_slots``: how many requests one lane holds in flight;
-        ``lane_steps``: an ensemble's lanes run its steps here (client.lane_ensemble)."""
+        a lane's wait spins; ``lane_slots``: how many requests one lane holds in flight."""
         super().__init__(endpoint, timeout)
         self.region: Region | None = None
         self.allocator: Allocator | None = None
@@ -69,7 +67,7 @@ class ShmSession(ClientCore):
         self._next_sweep = time.monotonic() + SWEEP_S
         self._interval = 0.0  # between keep-alives: a third of the lease timeout; 0: ask it
         self._heard = time.monotonic()  # when the server last heard from this client
-        self.lanes = LaneBook(self, lane, lane_spin_us, lane_slots or 1, lane_steps)
+        self.lanes = LaneBook(self, lane, lane_spin_us, lane_slots or 1)
 
     # ------------------------------------------------------------------ the input region
     def create_inputs(self, byte_size: int) -> Call[None]:

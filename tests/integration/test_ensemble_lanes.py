@@ -10,6 +10,7 @@ of variable shape added.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -127,7 +128,7 @@ def test_the_steps_run_over_lanes_and_read_each_other_in_the_clients_region(
         assert [s.lane.model for s in lanes.steps] == ["pre", "mid", "post"]
         # the first request's two intermediate tensors were copied into windows once;
         # from then on each step wrote its output there itself
-        assert lanes.copies == 2 and set(lanes.windows) == {"doubled", "same"}
+        assert lanes.copies == 2 and [set(w.spans) for w in lanes.spare] == [{"doubled", "same"}]
 
         def counted() -> bool:  # the workers send what lanes served every 50 ms at most
             return all(lane_requests(c, m) - before[m] == 4 for m in before)
@@ -294,11 +295,36 @@ def test_ensembles_lanes_cannot_serve_are_refused_by_name(server: Server) -> Non
         x = np.arange(4, dtype=np.float32).reshape(1, 4)
         np.testing.assert_array_equal(run(c, "batched", "IN", x)["OUT"], x)  # the broker path
 
-    async def from_async() -> None:
-        async with AsyncShmClient(server.endpoint, input_bytes=1 << 20) as a:
-            await a.lane("chain")
 
-    import asyncio
+def test_an_asyncio_client_runs_many_requests_at_once_each_in_its_own_windows(
+    server: Server,
+) -> None:
+    """Twelve chain requests at once over the same lanes, each with its own input: every
+    answer is its own (no run reads another's tensors), and a failing one is named."""
 
-    with pytest.raises(InferpoolError, match="is an ensemble: lanes serve its steps to a client"):
-        asyncio.run(from_async())
+    async def main() -> None:
+        async with AsyncShmClient(server.endpoint, input_bytes=1 << 20, lane=True) as c:
+            requests = []
+            for i in range(12):
+                req = c.request("chain", ["OUT", "SOURCE"])
+                req.input("IN", (4,), np.float32)[:] = np.arange(4) + 10 * i
+                requests.append(req)
+            for _ in range(3):
+                results = await asyncio.gather(*(c.run(r) for r in requests))
+                for i, result in enumerate(results):
+                    want = (np.arange(4) + 10 * i) * 2 + 1
+                    np.testing.assert_array_equal(result["OUT"], want)
+                    assert result["SOURCE"][0].decode() == c.session.region.name
+                    result.release()
+            lanes = await c.lane("chain")
+            assert isinstance(lanes, EnsembleLane) and 1 < len(lanes.spare) <= 12
+            bad = c.request("chain", ["OUT"])
+            bad.input("IN", (4,), np.float32)[:] = [-1, 0, 0, 0]
+            with pytest.raises(InferpoolError, match=r"step 0 \(model 'pre'\) failed: pre refuses"):
+                await c.run(bad)
+            await c.flush()
+
+    asyncio.run(main())
+    with ShmClient(server.endpoint, input_bytes=1 << 20) as other:
+        resources = other.statistics()["resources"]
+        assert resources["lanes"] == 0 and resources["output_slots_held"] == 0
