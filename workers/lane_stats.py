@@ -13,12 +13,14 @@ from collections.abc import Sequence
 from inferpool.wire.worker.messages import (
     Durations,
     LaneBatch,
+    LanePart,
     LaneStats,
     MetricsUpdate,
 )
 
-# an executed request as ``Tally.add`` keeps it until it is folded
-Row = tuple[bool, int, int, int, "Sequence[int] | None", "Sequence[Batch]", int]
+# an executed request as ``Tally.add`` keeps it until it is folded (the last field: its lane,
+# if that lane serves an ensemble's step, else 0)
+Row = tuple[bool, int, int, int, "Sequence[int] | None", "Sequence[Batch]", int, int]
 Batch = tuple[int, Sequence[int]]  # a batch its backend reported: size, its four instants
 
 
@@ -34,6 +36,9 @@ class Tally:
         self.inferences = 0
         self.durations = [0, 0, 0]
         self.batches: dict[int, list[int]] = {}  # size -> [count, input, infer, output]
+        # an ensemble step's lane -> [success, fail, success ns, fail ns, queue ns,
+        # inferences, compute input, infer, output]
+        self.parts: dict[int, list[int]] = {}
 
     def add(
         self,
@@ -44,24 +49,27 @@ class Tally:
         stamps: Sequence[int] | None,
         batches: Sequence[Batch],
         exec_ns: int,
+        part: int = 0,
     ) -> None:
         """One executed lane request: ``stamps``, the four instants its backend reported
         (``backends.metrics.Timestamps``), if it did; ``batches``, what the backend reported
         of its batch, if anything (its size and four instants); ``exec_ns``, how long it
-        executed as the worker saw it.  Kept as it is and folded when taken: a lane thread
-        answers its next request sooner."""
-        row = (ok, total_ns, queue_ns, batch_size, stamps, batches, exec_ns)
+        executed as the worker saw it; ``part``: its lane, if that serves an ensemble's step
+        (counted apart as well).  Kept as it is and folded when taken: a lane thread answers
+        its next request sooner."""
+        row = (ok, total_ns, queue_ns, batch_size, stamps, batches, exec_ns, part)
         with self._lock:
             self.pending = True
             self.rows.append(row)
 
     def _fold(self) -> None:
         """Fold the rows added since the last take into the sums."""
-        sums = self.durations
-        for ok, total_ns, queue_ns, batch_size, stamps, batches, exec_ns in self.rows:
+        for ok, total_ns, queue_ns, batch_size, stamps, batches, exec_ns, part in self.rows:
             if not ok:
                 self.fail += 1
                 self.fail_ns += total_ns
+                if part:
+                    self._part(part, 1, 0)[3] += total_ns
             else:
                 self.success += 1
                 self.success_ns += total_ns
@@ -69,11 +77,25 @@ class Tally:
                 self.inferences += batch_size
                 if stamps is not None:
                     exec_start, compute_start, compute_end, exec_end = stamps
-                    sums[0] += compute_start - exec_start
-                    sums[1] += compute_end - compute_start
-                    sums[2] += exec_end - compute_end
+                    ci, cf, co = (
+                        compute_start - exec_start,
+                        compute_end - compute_start,
+                        exec_end - compute_end,
+                    )
                 else:
-                    sums[1] += exec_ns
+                    ci, cf, co = 0, exec_ns, 0
+                sums = self.durations
+                sums[0] += ci
+                sums[1] += cf
+                sums[2] += co
+                if part:
+                    row = self._part(part, 0, 1)
+                    row[2] += total_ns
+                    row[4] += queue_ns
+                    row[5] += batch_size
+                    row[6] += ci
+                    row[7] += cf
+                    row[8] += co
             if not batches:
                 self._batch(batch_size, 0, exec_ns, 0)
             for size, (start, compute_start, compute_end, end) in batches:
@@ -90,12 +112,22 @@ class Tally:
         entry[2] += compute_infer
         entry[3] += output
 
-    def fail_one(self, total_ns: int) -> None:
+    def _part(self, lane: int, fail: int, success: int) -> list[int]:
+        row = self.parts.get(lane)
+        if row is None:
+            row = self.parts[lane] = [0] * 9
+        row[0] += success
+        row[1] += fail
+        return row
+
+    def fail_one(self, total_ns: int, part: int = 0) -> None:
         """A lane request refused before it ran (malformed, invalid inputs)."""
         with self._lock:
             self.pending = True
             self.fail += 1
             self.fail_ns += total_ns
+            if part:
+                self._part(part, 1, 0)[3] += total_ns
 
     def take(self, metrics: MetricsUpdate | None) -> LaneStats | None:
         """Everything since the last take, or None if nothing happened."""
@@ -113,6 +145,13 @@ class Tally:
                 Durations(*self.durations),
                 [LaneBatch(size, e[0], Durations(*e[1:])) for size, e in self.batches.items()],
                 metrics,
+                tuple(_part(lane, p) for lane, p in self.parts.items()),
             )
             self._reset()
             return stats
+
+
+def _part(lane: int, sums: list[int]) -> LanePart:
+    success, fail, success_ns, fail_ns, queue_ns, inferences, ci, cf, co = sums
+    durations = Durations(ci, cf, co)
+    return LanePart(lane, success, fail, success_ns, fail_ns, queue_ns, inferences, durations)

@@ -156,6 +156,7 @@ class LaneServer(HoldingThread):
         self.reader = lr.RequestReader(self.raw, self.slot_size)
         self.writer = lr.ResponseWriter(self.raw, self.slot_size)
         self.spin_ns = msg.spin_us * 1000 if msg.spin_us > 0 and apart(msg.client_pid) else 0
+        self.part = msg.lane if msg.ensemble else 0  # counted apart too: an ensemble's step
         self.leases: set[int] = set()  # output offsets the client holds
         self._closing = False
         self._free = True  # give back the client's outputs when the lane closes
@@ -275,6 +276,7 @@ class LaneServer(HoldingThread):
             timing.stamps if timing is not None else None,
             batches,
             end - exec_start,
+            self.part,
         )
         self.plans.prepare()
         return end
@@ -351,7 +353,7 @@ class LaneServer(HoldingThread):
 
     def _answer_error(self, n: int, request_id: int, err: InferpoolError, sent: int) -> None:
         self._write_error(n, request_id, err)
-        self.lanes.tally.fail_one(time.monotonic_ns() - sent)
+        self.lanes.tally.fail_one(time.monotonic_ns() - sent, self.part)
 
     def _finish(self) -> None:
         """Claim nothing more, say so, give back the outputs the client held (unless told

@@ -55,6 +55,7 @@ class Lane:
     input_region: str  # the registration's name
     principal: str  # whose server-made memory the lane's region counts as
     ensemble: ModelVersion | None = None  # the ensemble whose steps it serves, if any
+    whole: bool = False  # its step's requests count the ensemble's (its last output's step)
     revoked: bool = False
 
 
@@ -155,7 +156,9 @@ class Lanes:
         lane = Lane(lane_id, owner, mv, worker, region, header, ask.reg.name, principal, ensemble)
         self.lanes[lane_id] = lane
         self.track(owner)
-        self.supervisor.send(worker, LaneOpen(lane_id, region.name, ask.reg.key, ask.pid, ask.spin))
+        part = ensemble is not None  # its counts travel apart as well, for the ensemble's
+        opening = LaneOpen(lane_id, region.name, ask.reg.key, ask.pid, ask.spin, part)
+        self.supervisor.send(worker, opening)
         log.info("lane %d open: client %s, instance %s", lane_id, owner.hex(), worker.name)
         return lane
 
@@ -211,6 +214,9 @@ class Lanes:
             for lane in opened:
                 self.revoke(lane, Code.UNAVAILABLE, f"ensemble {mv.label} could not be opened")
             raise
+        outputs = set(plan.outputs)  # the last step that makes one counts the requests
+        finals = [i for i, step in enumerate(plan.steps) if outputs & set(step.outputs.values())]
+        opened[finals[-1]].whole = True
         steps = [
             {
                 "input_map": dict(step.inputs),
@@ -284,6 +290,10 @@ class Lanes:
 
     def worker_stats(self, handle: Worker, msg: LaneStats) -> None:
         handle.model.stats.lanes_done(msg)
+        for part in msg.parts:  # ensembles' steps: their ensembles count them too
+            lane = self.lanes.get(part.lane)
+            if lane is not None and lane.ensemble is not None and lane.worker is handle:
+                lane.ensemble.stats.steps_done(part, lane.whole)
 
     def instance_gone(self, handle: Worker, err: InferpoolError) -> None:
         """``handle``'s worker exited (crashed, stopped, failed): its lanes end now."""

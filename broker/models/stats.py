@@ -11,6 +11,7 @@ from inferpool.broker.models.failures import BACKEND, FAILURE_REASONS
 from inferpool.wire.errors import Code
 from inferpool.wire.worker.messages import (
     Durations,
+    LanePart,
     LaneStats,
     MemoryUsage,
     MetricsUpdate,
@@ -172,6 +173,26 @@ class ModelStats:
             b.compute_input.add(batch.durations.compute_input, batch.executions)
             b.compute_infer.add(batch.durations.compute_infer, batch.executions)
             b.compute_output.add(batch.durations.compute_output, batch.executions)
+
+    def steps_done(self, part: LanePart, whole: bool) -> None:
+        """What the lane of one of this ensemble's steps served (a client ran the steps over
+        lanes, client.lane_ensemble): each step adds its queue and compute times, as the
+        broker's runs add their steps'; ``whole``: the step's requests are the ensemble's
+        (the last step that makes an output), counted as its requests."""
+        count = part.success if whole else 0
+        if count:
+            self.last_inference_ms = int(time.time() * 1000)
+            self.lane_success += count
+            self.inference_count += part.inferences
+            self.execution_count += count
+        self.lane_fail += part.fail
+        self.success.add(part.success_ns, count)
+        self.fail.add(part.fail_ns, part.fail)
+        self.queue.add(part.queue_ns, count)
+        d = part.durations
+        self.compute_input.add(d.compute_input, count)
+        self.compute_infer.add(d.compute_infer, count)
+        self.compute_output.add(d.compute_output, count)
 
     def to_dict(
         self, name: str, version: int, memory: Sequence[MemoryUsage] = ()

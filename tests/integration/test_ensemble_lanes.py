@@ -116,7 +116,8 @@ def test_the_steps_run_over_lanes_and_read_each_other_in_the_clients_region(
 ) -> None:
     x = np.array([1, 2, 3, 4], np.float32)
     with ShmClient(server.endpoint, input_bytes=1 << 20, lane=True, timeout=20) as c:
-        before = {m: lane_requests(c, m) for m in ("pre", "mid", "post")}
+        before = {m: lane_requests(c, m) for m in ("chain", "pre", "mid", "post")}
+        stats_before = c.statistics("chain")["model_stats"][0]["inference_stats"]
         req = c.request("chain", ["OUT", "SOURCE"])
         req.input("IN", (4,), np.float32)[:] = x
         for _ in range(4):
@@ -133,7 +134,17 @@ def test_the_steps_run_over_lanes_and_read_each_other_in_the_clients_region(
         def counted() -> bool:  # the workers send what lanes served every 50 ms at most
             return all(lane_requests(c, m) - before[m] == 4 for m in before)
 
-        wait_until(counted, "each composing model to count the 4 requests its lane served", 10)
+        wait_until(counted, "the ensemble and each step's model to count the 4 requests", 10)
+        # the ensemble counts its requests once, and the sum of its steps' times
+        after = c.statistics("chain")["model_stats"][0]["inference_stats"]
+        for part in ("success", "queue", "compute_input", "compute_infer", "compute_output"):
+            assert after[part]["count"] - stats_before[part]["count"] == 4, part
+        assert after["compute_infer"]["ns"] > stats_before["compute_infer"]["ns"]
+        steps_infer = sum(
+            c.statistics(m)["model_stats"][0]["inference_stats"]["compute_infer"]["ns"]
+            for m in ("pre", "mid", "post")
+        )
+        assert after["compute_infer"]["ns"] <= steps_infer
         with ShmClient(server.endpoint, input_bytes=1 << 20) as broker_path:
             direct = run(broker_path, "chain", "IN", x)
         np.testing.assert_array_equal(direct["OUT"], x * 2 + 1)
@@ -237,6 +248,11 @@ def test_a_failing_step_is_named_and_a_crashed_one_comes_back(server: Server) ->
         assert err.value.code is Code.INTERNAL
         assert "in ensemble 'chain', step 0 (model 'pre') failed: pre refuses -1" in (
             err.value.message
+        )
+        wait_until(
+            lambda: c.statistics("chain")["model_stats"][0]["lane_stats"]["fail"] >= 1,
+            "the ensemble to count its failed request",
+            10,
         )
         assert run(c, "chain", "IN", ok)["OUT"].tolist() == [3] * 4
         lanes = lanes_of(c, "chain")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from inferpool.wire.worker.messages import Durations, LaneBatch
+from inferpool.wire.worker.messages import Durations, LaneBatch, LanePart
 from inferpool.workers.lane_stats import Tally
 
 
@@ -25,3 +25,20 @@ def test_rows_fold_into_the_broker_s_sums_when_taken() -> None:
         LaneBatch(2, 1, Durations(10, 30, 5)),
     ]
     assert tally.take(None) is None and not tally.pending
+    assert stats.parts == ()
+
+
+def test_an_ensemble_step_s_lane_is_also_counted_on_its_own() -> None:
+    tally = Tally()
+    tally.add(True, 50, 5, 1, (100, 110, 140, 145), [], 45, part=7)
+    tally.add(True, 30, 3, 1, None, [], 20)  # another lane: in the sums only
+    tally.add(True, 40, 4, 2, None, [], 25, part=7)
+    tally.add(False, 6, 1, 1, None, [], 5, part=8)
+    tally.fail_one(9, part=8)
+    stats = tally.take(None)
+    assert stats is not None and (stats.success, stats.fail) == (3, 2)
+    assert sorted(stats.parts) == [
+        LanePart(7, 2, 0, 90, 0, 9, 3, Durations(10, 30 + 25, 5)),
+        LanePart(8, 0, 2, 0, 15, 0, 0, Durations(0, 0, 0)),
+    ]
+    assert tally.take(None) is None

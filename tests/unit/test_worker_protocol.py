@@ -85,6 +85,9 @@ FROM_WORKER = [
     m.LaneClosed(4, ERROR),
     m.LaneStats(5, 1, 9000, 300, 700, 6, DURATIONS, [m.LaneBatch(1, 5, DURATIONS)]),
     m.LaneStats(
+        2, 0, 90, 0, 9, 3, DURATIONS, [], None, (m.LanePart(7, 2, 0, 90, 0, 9, 3, DURATIONS),)
+    ),
+    m.LaneStats(
         0,
         0,
         0,

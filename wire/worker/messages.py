@@ -213,13 +213,15 @@ class RegionGrant(NamedTuple):
 
 class LaneOpen(NamedTuple):
     """Serve lane ``lane``: its region, the client's input region it may read inputs from
-    (nothing else), the client's pid (to tell whether they share a core), the spin budget."""
+    (nothing else), the client's pid (to tell whether they share a core), the spin budget;
+    ``ensemble``: it serves an ensemble's step (its counts also travel apart: LanePart)."""
 
     lane: int
     region: str  # the lane's region (wire.lane)
     inputs: str  # the client's server-made input region
     client_pid: int
     spin_us: int
+    ensemble: bool = False
 
 
 class LaneClose(NamedTuple):
@@ -298,6 +300,20 @@ class LaneClosed(NamedTuple):
     error: ErrorObject | None = None
 
 
+class LanePart(NamedTuple):
+    """What one lane of an ensemble's step served (in its LaneStats too): the broker counts
+    it for the ensemble."""
+
+    lane: int
+    success: int
+    fail: int
+    success_ns: int
+    fail_ns: int
+    queue_ns: int
+    inferences: int
+    durations: Durations
+
+
 class LaneStats(NamedTuple):
     """What the worker's lanes served since its last LaneStats (lanes bypass the broker)."""
 
@@ -310,6 +326,7 @@ class LaneStats(NamedTuple):
     durations: Durations  # of the successful requests, summed
     batches: Sequence[LaneBatch]
     metrics: MetricsUpdate | None = None
+    parts: Sequence[LanePart] = ()  # the lanes of ensembles' steps, each on its own
 
 
 class Call(NamedTuple):
@@ -514,9 +531,10 @@ def _lane_batch(raw: Sequence[Any]) -> LaneBatch:
 
 
 def _lane_stats(body: Sequence[Any]) -> LaneStats:
-    success, fail, success_ns, fail_ns, queue_ns, inferences, durations, batches, metrics = body
+    success, fail, success_ns, fail_ns, queue_ns, inferences, durations, batches, metrics = body[:9]
     fields = (success, fail, success_ns, fail_ns, queue_ns, inferences, _durations(durations))
-    return _new(LaneStats, (*fields, list(map(_lane_batch, batches)), _metrics(metrics)))
+    parts = tuple(_new(LanePart, (*p[:7], _durations(p[7]))) for p in body[9])
+    return _new(LaneStats, (*fields, list(map(_lane_batch, batches)), _metrics(metrics), parts))
 
 
 def _ready(body: Sequence[Any]) -> Ready:
