@@ -137,9 +137,17 @@ class Lane:
             outputs.append(index)
         return lr.pack_request_body(inputs, outputs), len(inputs), len(outputs)
 
-    def post(self, body: tuple[bytes, int, int], flags: int = 0) -> int:
-        """Put a request into the ring and ring the worker; its number.  LaneRevoked if the
-        lane has ended (nothing was posted)."""
+    def post(
+        self,
+        body: tuple[bytes, int, int],
+        flags: int = 0,
+        after: lr.After | None = None,
+        request_id: int | None = None,
+    ) -> int:
+        """Put a request into the ring and ring the worker; its number (and its id, unless
+        ``request_id`` says otherwise).  ``after``: it runs once that response of another
+        lane of its ensemble is in (client.lane_ensemble).  LaneRevoked if the lane has
+        ended (nothing was posted)."""
         words = self.words
         if self.ended or words[STATE] or words[WORKER_CLOSED]:
             self._end()
@@ -150,19 +158,20 @@ class Lane:
             raise InferpoolError(Code.UNAVAILABLE, f"lane {self.id} has {slots} requests in flight")
         releases = self.releases
         if releases:
-            room = (self.slot_size - 64 - len(body[0])) // 8
+            room = (self.slot_size - 80 - len(body[0])) // 8
             releases, self.releases = releases[:room], releases[room:]
         lr.write_request(
             self.raw,
             self.request_at[n % slots],
             self.slot_size,
-            n,
+            n if request_id is None else request_id,
             _now(),
-            flags,
+            flags if after is None else flags | wl.FLAG_AFTER,
             body[1],
             body[2],
             body[0],
             releases,
+            after,
         )
         self.sent = (n + 1) & MASK
         self.requests.ring(self.sent)

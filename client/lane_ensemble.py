@@ -86,6 +86,9 @@ class _Windows:
         self.session = session
         self.spans: dict[str, tuple[int, int]] = {}  # tensor -> (offset, capacity)
         self.placing = 0  # bumped whenever a window is made: the steps' bodies change
+        # where each tensor later steps read lay the last time: a step that reads it may be
+        # posted before it is made, to run once its maker answers (workers.lane_after)
+        self.expected: dict[str, Where] = {}
 
     def window(self, tensor: str, nbytes: int) -> int:
         """The offset of ``tensor``'s window, made (or grown) to hold ``nbytes``."""
@@ -116,6 +119,9 @@ class EnsembleLane:
         self.max_batch_size: int = grant["max_batch_size"]
         self.spare: list[_Windows] = []  # window sets no run is using
         self.copies = 0  # outputs copied into their windows (none once the windows fit)
+        self.runs = 0  # requests run: each one's steps carry its number as their id
+        self.ahead = 0  # steps posted before the step they read from had answered
+        self.redone = 0  # steps posted again: the tensor they waited for lay elsewhere
         self.lanes: list[Lane] = []
         try:
             for lane_grant in grant["lanes"]:
@@ -246,34 +252,99 @@ class _Run:
         self.tensors = inputs  # ensemble tensor -> where it lies in the client's region
         self.final: dict[str, tuple[Any, bool]] = {}  # output -> (its array, batched)
         self.held: list[ShmResult] = []  # results whose outputs the answer keeps
+        self.waits: dict[int, int] = {}  # step -> the step whose answer it was posted after
+        self.promised: dict[str, list[int]] = {}  # tensor -> steps posted to read it where
+        # it lay last time (windows.expected), before it was made
+        self.redo: set[int] = set()  # steps posted on a promise their maker did not keep
 
     def left(self) -> float:
         return max(0.0, self.deadline - time.monotonic())
 
     def go(self) -> ShmResult:
-        """Post every step whose tensors exist (when its lane has room), take the oldest
-        answer, again, until every step has run."""
+        """Post every step whose tensors exist, or will once one step posted before it
+        answers (then it waits for that answer on its lane: no turn of this client between
+        the two); take the oldest answer; again, until every step has run."""
         ensemble = self.ensemble
+        ensemble.runs = run_id = (ensemble.runs + 1) & 0xFFFFFFFFFFFFFFFF
         waiting = list(ensemble.steps)
         posted: list[tuple[_Step, int]] = []
         while waiting or posted:
-            for step in [s for s in waiting if self._ready(s)]:
+            batch: list[tuple[_Step, int, lr.After | None]] = []
+            for step in list(waiting):
+                planned = posted + [(s, n) for s, n, _ in batch]
+                ready, maker = self._maker(step, planned)
+                if not ready:
+                    continue
                 lane = step.lane
                 if (lane.sent - lane.read) & MASK >= lane.slots:
-                    if any(p[0].lane is lane for p in posted):
+                    if any(p[0].lane is lane for p in planned):
                         continue  # posted once that step's answer is read
                     lane.make_room(self.left())  # answers of given-up requests: dropped
                 waiting.remove(step)
-                posted.append((step, lane.post(self._body(step))))
+                after = None if maker is None else self._after(step, maker, planned)
+                batch.append((step, lane.sent, after))  # its number once posted
+                if maker is not None:
+                    self.waits[step.index] = maker.index
+                    ensemble.ahead += 1
+            # the steps that wait first: a worker woken by its request may take this
+            # client's core and run its step before the client posts on
+            for step, _, after in reversed(batch):
+                step.lane.post(self._body(step), 0, after, run_id)
+            posted += [(step, n) for step, n, _ in batch]
             if not posted:
                 raise self.deadlock()
             step, n = posted.pop(0)
             try:
                 result = step.lane.result(n, self.left())
             except InferpoolError as err:
+                if step.index in self.redo:  # it waited for a tensor made elsewhere: again
+                    self.redo.discard(step.index)
+                    waiting.append(step)
+                    continue
                 raise step.failed(ensemble.model, err) from None
-            self._took(step, result)
+            if step.index in self.redo:  # ran on what it was promised: run it again
+                self.redo.discard(step.index)
+                result.release()
+                waiting.append(step)
+                continue
+            self._took(step, result, posted)
         return self._answer()
+
+    def _maker(self, step: _Step, posted: list[tuple[_Step, int]]) -> tuple[bool, _Step | None]:
+        """Whether ``step`` can be posted now: when every tensor it reads exists, or
+        when one posted step makes the others and they will lie where they did last time
+        (then that step is returned: ``step`` waits for it)."""
+        makers = set()
+        expected = self.windows.expected
+        for tensor in step.reads.values():
+            if tensor in self.tensors:
+                continue
+            maker = self._made_by(tensor, posted) if tensor in expected else None
+            if maker is None:
+                return False, None
+            makers.add(maker)
+        if len(makers) > 1:
+            return False, None
+        return True, (makers.pop() if makers else None)
+
+    @staticmethod
+    def _made_by(tensor: str, posted: list[tuple[_Step, int]]) -> _Step | None:
+        for step, _ in posted:
+            if tensor in step.writes.values():
+                return step
+        return None
+
+    def _after(self, step: _Step, maker: _Step, posted: list[tuple[_Step, int]]) -> lr.After:
+        """What ``step`` waits for: ``maker``'s answer, which writes the tensors it reads
+        that do not exist yet where they lay last time (they are taken as lying there)."""
+        n = next(m for s, m in posted if s is maker)
+        mask = 0
+        made = set(maker.writes.values())
+        for i, tensor in enumerate(step.reads.values()):
+            if tensor in made:
+                mask |= 1 << i
+                self.promised.setdefault(tensor, []).append(step.index)
+        return lr.After(maker.index, n, mask)
 
     async def go_async(self, lane_of: Callable[[Lane], AsyncLane]) -> ShmResult:
         """``go`` on the event loop: every step whose tensors exist awaited on its lane,
@@ -295,7 +366,7 @@ class _Run:
                         result = task.result()
                     except InferpoolError as err:
                         raise step.failed(self.ensemble.model, err) from None
-                    self._took(step, result)
+                    self._took(step, result, [])
             return self._answer()
         finally:
             for task in running:  # their lanes cancel them and give back their answers
@@ -308,12 +379,14 @@ class _Run:
         """Step ``step``'s request: its inputs where their tensors lie, the outputs that
         later steps read placed in their windows (once their size is known)."""
         ensemble, lane, windows = self.ensemble, step.lane, self.windows
-        key = (windows, windows.placing, *[self.tensors[tensor] for tensor in step.reads.values()])
+        # a tensor not made yet is read where it lay last time (the step waits for it)
+        places = [self.tensors.get(t) or windows.expected[t] for t in step.reads.values()]
+        key = (windows, windows.placing, *places)
         if step.last[0] == key:  # the same places as the last request's: the same body
             return step.last[1]
         inputs = []
-        for name, tensor in step.reads.items():
-            offset, datatype, shape, nbytes, batched = self.tensors[tensor]
+        for name, where in zip(step.reads, places, strict=True):
+            offset, datatype, shape, nbytes, batched = where
             spec = step.specs.get(name)
             if spec is not None:
                 shape = tuple(batch_reshape(spec, step.batching, batched, shape))
@@ -329,9 +402,11 @@ class _Run:
         step.last = (key, body)
         return body
 
-    def _took(self, step: _Step, result: ShmResult) -> None:
+    def _took(self, step: _Step, result: ShmResult, posted: list[tuple[_Step, int]]) -> None:
         """Step ``step``'s result: each output where the steps that read it find it (in
-        the client's region), or kept for the answer (an output of the ensemble)."""
+        the client's region), or kept for the answer (an output of the ensemble).  A step
+        posted to read an output where it lay last time runs again if it lies elsewhere now
+        (it grew out of its window), and so does every step posted after that one."""
         ensemble = self.ensemble
         kept = False
         for name, offset, nbytes, spec, _, _, placed in result.layout:
@@ -344,11 +419,24 @@ class _Run:
             if not placed:  # in the worker's region: copied into the tensor's window
                 offset = ensemble.copy_in(self.windows, tensor, step.lane, offset, nbytes)
             shape = tuple(spec["shape"])
-            self.tensors[tensor] = (offset, spec["datatype"], shape, nbytes, step.batching)
+            where = self.tensors[tensor] = (offset, spec["datatype"], shape, nbytes, step.batching)
+            expected = self.windows.expected
+            if expected.get(tensor) != where:
+                expected[tensor] = where
+                for reader in self.promised.get(tensor, ()):
+                    self._redo(reader, posted)
         if kept:
             self.held.append(result)
         else:
             result.release()
+
+    def _redo(self, index: int, posted: list[tuple[_Step, int]]) -> None:
+        """Step ``index`` (posted on a promise) and the steps posted after it run again."""
+        self.redo.add(index)
+        self.ensemble.redone += 1
+        for step, _ in posted:
+            if self.waits.get(step.index) == index and step.index not in self.redo:
+                self._redo(step.index, posted)
 
     def _answer(self) -> ShmResult:
         ensemble = self.ensemble

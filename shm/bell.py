@@ -47,6 +47,13 @@ class Bell:
         if words[self._sleeping]:
             futex.wake(self._addr)
 
+    def publish(self, value: int) -> None:
+        """Publish ``value`` and wake nobody yet: the caller calls ``wake`` soon (whoever
+        sleeps on the word then wakes, the consumer or others who watch it)."""
+        self._words[self._seq] = value & 0xFFFFFFFF
+        _acquire()
+        _release()
+
     def wake(self) -> None:
         """Wake the consumer whatever it waits for (a revocation, a close)."""
         futex.wake(self._addr)

@@ -43,6 +43,7 @@ BELLS = (REQ_SEQ, WORKER_SLEEPING, RESP_SEQ, CLIENT_SLEEPING)  # shm.bell.bells'
 # request flags
 FLAG_RELEASE_ONLY = 1  # no inference: only the releases (answered with no outputs)
 FLAG_CANCELLED = 2  # set by the client after posting, while unanswered: cancel_request
+FLAG_AFTER = 4  # runs after another lane's response (an ensemble's step): lane_records.After
 FLAGS_AT = 16  # a request slot's flags: the one field a client writes in a posted slot
 # An output index with this bit: in a request's wanted outputs, a window in the client's
 # input region follows for it (the output is to be written there, if it fits); in a

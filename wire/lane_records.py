@@ -15,7 +15,7 @@ import functools
 import operator
 import struct
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from inferpool.wire.lane import (
     FLAG_CANCELLED,
@@ -32,6 +32,7 @@ _REQUEST_HEAD = struct.Struct("<QQIHHH2xI")
 # a response: id, status, outputs, parameters, error length, parameters' length
 _RESPONSE_HEAD = struct.Struct("<QIHHH2xI")
 _TENSOR = struct.Struct("<HBB4xQQ")  # index, datatype, ndim, offset, byte_size (+ ndim dims)
+_AFTER = struct.Struct("<IIII")  # sibling lane, response number, inputs (a bit mask), zero
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
 _PARAM = struct.Struct("<BxHI")  # kind, key length, value length (+ key, value, padding)
@@ -114,13 +115,16 @@ def write_request(
     n_outputs: int,
     body: bytes,
     releases: Sequence[int],
+    after: After | None = None,
 ) -> None:
-    """Fill the request slot at ``at`` (one pack); ValueError if it does not fit."""
+    """Fill the request slot at ``at`` (one pack); ValueError if it does not fit.  ``after``
+    (with FLAG_AFTER in ``flags``): the response the request waits for."""
     record = _request_record(len(body), len(releases))
-    if record.size > slot_size:
-        raise ValueError(
-            f"a request of {record.size} bytes does not fit a {slot_size}-byte lane slot"
-        )
+    size = record.size + (_AFTER.size if after is not None else 0)
+    if size > slot_size:
+        raise ValueError(f"a request of {size} bytes does not fit a {slot_size}-byte lane slot")
+    if after is not None:
+        _AFTER.pack_into(buf, at + record.size, *after, 0)
     record.pack_into(
         buf,
         at,
@@ -141,6 +145,26 @@ def _request_record(body_len: int, n_releases: int) -> struct.Struct:
     """The struct of a whole request record: the head, a body of ``body_len`` bytes, then
     ``n_releases`` tokens (a client sends few distinct ones: each is made once)."""
     return struct.Struct(f"{_REQUEST_HEAD.format}{body_len}s{n_releases}Q")
+
+
+class After(NamedTuple):
+    """What a request with FLAG_AFTER waits for: response ``n`` of the ensemble's lane
+    ``sibling`` (its step's index), which is to hold, written into the client's region where
+    this request reads them, the inputs whose bits ``inputs`` sets (bit i: the request's
+    i-th input)."""
+
+    sibling: int
+    n: int
+    inputs: int
+
+
+def read_after(buf: Any, at: int, slot_size: int, req: LaneRequest) -> After:
+    """The After of request ``req``, read from the slot at ``at``; ValueError if it does not
+    fit the slot."""
+    pos = at + _REQUEST_HEAD.size + len(req.body) + 8 * len(req.releases)
+    if pos + _AFTER.size > at + slot_size:
+        raise ValueError("the request's dependency runs past its slot")
+    return _make(After, _AFTER.unpack_from(buf, pos)[:3])
 
 
 def read_request(buf: Any, at: int, slot_size: int) -> LaneRequest:

@@ -32,6 +32,7 @@ from inferpool.wire.errors import Code, InferpoolError, internal, invalid_arg, n
 from inferpool.wire.worker.link import Link
 from inferpool.wire.worker.messages import LaneClosed, LaneOpen
 from inferpool.workers.calls import HoldingThread
+from inferpool.workers.lane_after import Siblings
 from inferpool.workers.lane_plans import Contract, Plans
 from inferpool.workers.lane_stats import Tally
 from inferpool.workers.memory import WorkerMemory, wanted_outputs
@@ -156,7 +157,7 @@ class LaneServer(HoldingThread):
         self.reader = lr.RequestReader(self.raw, self.slot_size)
         self.writer = lr.ResponseWriter(self.raw, self.slot_size)
         self.spin_ns = msg.spin_us * 1000 if msg.spin_us > 0 and apart(msg.client_pid) else 0
-        self.part = msg.lane if msg.ensemble else 0  # counted apart too: an ensemble's step
+        self.part = msg.lane if msg.siblings else 0  # counted apart too: an ensemble's step
         self.leases: set[int] = set()  # output offsets the client holds
         self._closing = False
         self._free = True  # give back the client's outputs when the lane closes
@@ -164,6 +165,11 @@ class LaneServer(HoldingThread):
         self._map_lock = threading.Lock()
         self._current = (0, 0)  # (request number, client's id) being executed
         self.plans = Plans(self.contract, self.inputs, self.memory, self._emit, self._cancelled)
+        self.siblings = Siblings(msg.siblings) if msg.siblings else None
+        # an ensemble's other steps may wait on this lane's answers: each answer wakes every
+        # waiter, once the backend has taken its times (a step it wakes may take its core)
+        self.always = bool(msg.siblings)
+        self._executing = self._wake_due = False
         self._ok = False
 
     # ------------------------------------------------------------------ from the main thread
@@ -249,11 +255,9 @@ class LaneServer(HoldingThread):
                 self._write(n, req.id, (), None)
                 return claimed
             if req.flags & wl.FLAG_CANCELLED:  # given up on before it was taken: never run
-                raise InferpoolError(
-                    Code.CANCELLED,
-                    f"request {req.id} on lane {self.lane} for model "
-                    f"'{self.contract.model}' was cancelled",
-                )
+                raise InferpoolError(Code.CANCELLED, self._cancelled_text(req.id))
+            if req.flags & wl.FLAG_AFTER:  # an ensemble's step: once the step before answers
+                sent = claimed = self._after(n, req)  # queued from then on
             request = self.plans.request(n, req)
         except InferpoolError as err:
             self._answer_error(n, req.id, err, sent)
@@ -264,9 +268,16 @@ class LaneServer(HoldingThread):
         self._ok = False
         with lanes.execute_lock:
             exec_start = _now()
-            host.execute([request])
-            timing = host.timing_of(request)
-            batches = host.take_stamps()
+            self._executing = True
+            try:
+                host.execute([request])
+                timing = host.timing_of(request)
+                batches = host.take_stamps()
+            finally:
+                self._executing = False
+                if self._wake_due:
+                    self._wake_due = False
+                    self.responses.wake()
         end = _now()
         lanes.tally.add(
             self._ok,
@@ -296,6 +307,35 @@ class LaneServer(HoldingThread):
                 f"{len(bad)} lease(s) not held on this lane: {bad[:5]} (released already or "
                 f"never granted); {len(tokens) - len(bad)} other lease(s) were released"
             )
+
+    def _cancelled_text(self, request_id: int) -> str:
+        return (
+            f"request {request_id} on lane {self.lane} for model '{self.contract.model}' was "
+            "cancelled"
+        )
+
+    def _after(self, n: int, req: wl.LaneRequest) -> int:
+        """Wait for the response request ``n`` runs after (FLAG_AFTER); when it came."""
+        if self.siblings is None:
+            raise invalid_arg(
+                "a request that waits for another step's response is only for "
+                "the lanes of an ensemble"
+            )
+        at = self.request_at[n % self.slots]
+        try:
+            after = lr.read_after(self.raw, at, self.slot_size, req)
+            inputs = lr.parse_body(req.body, req.n_inputs, req.n_outputs)[0]
+        except ValueError as exc:
+            raise invalid_arg(f"malformed lane request: {exc}") from None
+
+        def stop() -> str:
+            if self._closing or self.header.revoked:
+                return f"lane {self.lane} ended while request {req.id} waited"
+            if lr.request_cancelled(self.raw, at, req.id):
+                return self._cancelled_text(req.id)
+            return ""
+
+        return self.siblings.wait(after, req.id, inputs, stop)
 
     def _cancelled(self, n: int) -> bool:
         """``Request.is_cancelled`` of lane request ``n``: whether the client has marked it
@@ -340,7 +380,7 @@ class LaneServer(HoldingThread):
 
     def _write(self, n: int, request_id: int, outputs: Any, parameters: Any) -> None:
         self.writer.write(self.response_at[n % self.slots], request_id, outputs, parameters)
-        self.responses.ring(n + 1)
+        self._rang(n + 1)
 
     def _write_error(self, n: int, request_id: int, err: InferpoolError) -> None:
         at = self.geometry.response(n)
@@ -349,7 +389,17 @@ class LaneServer(HoldingThread):
         lr.write_response(
             self.region.buf, at, self.geometry.slot_size, request_id, (), None, status, message
         )
-        self.responses.ring(n + 1)
+        self._rang(n + 1)
+
+    def _rang(self, seq: int) -> None:
+        if not self.always:
+            self.responses.ring(seq)
+        elif self._executing:  # answered by the backend: the waiters are woken after it
+            self.responses.publish(seq)
+            self._wake_due = True
+        else:
+            self.responses.publish(seq)
+            self.responses.wake()
 
     def _answer_error(self, n: int, request_id: int, err: InferpoolError, sent: int) -> None:
         self._write_error(n, request_id, err)
@@ -364,6 +414,8 @@ class LaneServer(HoldingThread):
             self.memory.free_outputs(self.leases)
         self.leases.clear()
         self.plans.clear()  # their input views go before the client's region is unmapped
+        if self.siblings is not None:
+            self.siblings.close()
         with self._map_lock:
             self._mapped = False
             self.header.release()

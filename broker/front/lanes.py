@@ -136,10 +136,13 @@ class Lanes:
             raise InferpoolError(
                 Code.ALREADY_EXISTS, f"this client already has a lane to model {mv.label}"
             )
-        return self._grant(self._open(mv, ask))
+        lane = self._make(mv, ask)
+        self._announce(lane, ask)
+        return self._grant(lane)
 
-    def _open(self, mv: ModelVersion, ask: _Ask, ensemble: ModelVersion | None = None) -> Lane:
-        """A lane of ``ask``'s client to an instance of ``mv`` (for ``ensemble``'s runs)."""
+    def _make(self, mv: ModelVersion, ask: _Ask, ensemble: ModelVersion | None = None) -> Lane:
+        """A lane of ``ask``'s client to an instance of ``mv`` (for ``ensemble``'s runs),
+        not yet announced to its worker."""
         worker = self._pick(mv)
         lane_id = next(self._ids)
         geometry = wl.Geometry(ask.slots, wl.SLOT_SIZE)
@@ -156,11 +159,14 @@ class Lanes:
         lane = Lane(lane_id, owner, mv, worker, region, header, ask.reg.name, principal, ensemble)
         self.lanes[lane_id] = lane
         self.track(owner)
-        part = ensemble is not None  # its counts travel apart as well, for the ensemble's
-        opening = LaneOpen(lane_id, region.name, ask.reg.key, ask.pid, ask.spin, part)
-        self.supervisor.send(worker, opening)
-        log.info("lane %d open: client %s, instance %s", lane_id, owner.hex(), worker.name)
         return lane
+
+    def _announce(self, lane: Lane, ask: _Ask, siblings: tuple[str, ...] = ()) -> None:
+        """Tell the lane's worker to serve it (``siblings``: an ensemble's lanes, by step)."""
+        opening = LaneOpen(lane.id, lane.region.name, ask.reg.key, ask.pid, ask.spin, siblings)
+        self.supervisor.send(lane.worker, opening)
+        owner, instance = lane.owner.hex(), lane.worker.name
+        log.info("lane %d open: client %s, instance %s", lane.id, owner, instance)
 
     def _grant(self, lane: Lane) -> dict[str, Any]:
         mv, worker, geometry = lane.model, lane.worker, wl.read_header(lane.region.buf)[0]
@@ -209,14 +215,17 @@ class Lanes:
         opened: list[Lane] = []
         try:
             for model in models:
-                opened.append(self._open(model, ask, mv))
+                opened.append(self._make(model, ask, mv))
         except InferpoolError:
             for lane in opened:
-                self.revoke(lane, Code.UNAVAILABLE, f"ensemble {mv.label} could not be opened")
+                self._worker_gone(lane)  # never announced: the broker unlinks it
             raise
         outputs = set(plan.outputs)  # the last step that makes one counts the requests
         finals = [i for i, step in enumerate(plan.steps) if outputs & set(step.outputs.values())]
         opened[finals[-1]].whole = True
+        siblings = tuple(lane.region.name for lane in opened)
+        for lane in opened:
+            self._announce(lane, ask, siblings)
         steps = [
             {
                 "input_map": dict(step.inputs),

@@ -19,6 +19,8 @@ import pytest
 
 from inferpool.client import AsyncShmClient, Code, InferpoolError, ShmClient
 from inferpool.client.lane_ensemble import EnsembleLane
+from inferpool.wire import lane as wl
+from inferpool.wire import lane_records as lr
 from tests.integration.test_ensembles import (
     F4,
     _wait_instance_ready,
@@ -130,6 +132,9 @@ def test_the_steps_run_over_lanes_and_read_each_other_in_the_clients_region(
         # the first request's two intermediate tensors were copied into windows once;
         # from then on each step wrote its output there itself
         assert lanes.copies == 2 and [set(w.spans) for w in lanes.spare] == [{"doubled", "same"}]
+        # from the second request on, 'mid' and 'post' were posted with 'pre', each to run
+        # once the step before had answered (its worker waits for that answer on its lane)
+        assert (lanes.ahead, lanes.redone) == (6, 0)
 
         def counted() -> bool:  # the workers send what lanes served every 50 ms at most
             return all(lane_requests(c, m) - before[m] == 4 for m in before)
@@ -156,10 +161,21 @@ def test_the_steps_run_over_lanes_and_read_each_other_in_the_clients_region(
 
 def test_windows_grow_with_the_tensors(server: Server) -> None:
     with ShmClient(server.endpoint, input_bytes=1 << 20, lane=True, timeout=20) as c:
-        for size, copies in [(4, 1), (4, 1), (1000, 2), (1000, 2), (4, 2), (3000, 3)]:
+        # (size, copies so far, steps posted again so far): a step posted to read a tensor
+        # where it lay last time runs again when it lies elsewhere (a new shape, or a new,
+        # larger window), and never on what it was promised
+        for size, copies, redone in [
+            (4, 1, 0),
+            (4, 1, 0),
+            (1000, 2, 1),
+            (1000, 2, 1),
+            (4, 2, 2),
+            (3000, 3, 3),
+        ]:
             x = np.arange(size, dtype=np.float32)
             np.testing.assert_array_equal(run(c, "grow", "IN", x)["OUT"], x)
-            assert lanes_of(c, "grow").copies == copies, size
+            lanes = lanes_of(c, "grow")
+            assert (lanes.copies, lanes.redone) == (copies, redone), size
 
 
 def test_each_lease_goes_back_on_the_lane_that_granted_it(server: Server) -> None:
@@ -297,6 +313,55 @@ def test_a_step_that_leaves_out_an_output_ends_the_request_as_on_the_broker_path
             "more ensemble steps can be made",
         )
     )
+
+
+def test_a_step_that_waits_runs_only_on_its_own_ensembles_answer_where_it_was_written(
+    server: Server,
+) -> None:
+    """Requests posted to wait for another step's answer (FLAG_AFTER), made by hand: the
+    worker refuses to wait outside an ensemble, checks the answer is the request's, that it
+    succeeded and that it wrote the input where the request reads it, and a client that
+    gives up on a wait gets it cancelled."""
+    fp32 = wl.DATATYPES["FP32"]
+    with ShmClient(server.endpoint, input_bytes=1 << 20, timeout=10) as c:
+        own = np.frombuffer(c.session.region.buf, np.float32, 4, 0)
+        own[:] = 1
+        body = (lr.pack_request_body([wl.Tensor(0, fp32, 0, 16, (4,))], [0]), 1, 1)
+        plain = c.lane("mid")
+        with pytest.raises(InferpoolError, match="only for the lanes of an ensemble"):
+            plain.result(plain.post(body, 0, lr.After(0, 0, 1)), 10)
+        lanes = lanes_of(c, "chain")
+        pre, mid = lanes.steps[0].lane, lanes.steps[1].lane
+        with pytest.raises(InferpoolError, match="no step 7 in this lane's ensemble"):
+            mid.result(mid.post(body, 0, lr.After(7, 0, 1)), 10)
+
+        def after_pre(request_id: int, mine: int = 0) -> tuple[int, int]:
+            """mid posted to wait for pre's next answer, then pre posted: their numbers."""
+            waiting = mid.post(body, 0, lr.After(0, pre.sent, 1), mine or request_id)
+            return pre.post(body, 0, None, request_id), waiting
+
+        made, waiting = after_pre(77)  # pre writes into its worker's region: not placed
+        pre.result(made, 10).release()
+        with pytest.raises(InferpoolError, match="input 0 of request 77 is not where step 0"):
+            mid.result(waiting, 10)
+        made, waiting = after_pre(78, mine=76)
+        pre.result(made, 10).release()
+        with pytest.raises(InferpoolError, match="is request 78's, not request 76's"):
+            mid.result(waiting, 10)
+        own[0] = -1  # pre refuses it: the step after it does not run
+        made, waiting = after_pre(79)
+        with pytest.raises(InferpoolError, match="pre refuses -1"):
+            pre.result(made, 10)
+        with pytest.raises(InferpoolError) as err:
+            mid.result(waiting, 10)
+        assert err.value.code is Code.CANCELLED and "did not run: step 0" in err.value.message
+        never = mid.post(body, 0, lr.After(0, pre.sent + 5, 1), 80)  # pre never answers it
+        with pytest.raises(InferpoolError) as err:
+            mid.result(never, 0.3)
+        assert err.value.code is Code.TIMEOUT
+        own[0] = 1
+        assert run(c, "chain", "IN", np.ones(4, np.float32))["OUT"].tolist() == [3] * 4
+        assert lanes.usable
 
 
 def test_ensembles_lanes_cannot_serve_are_refused_by_name(server: Server) -> None:

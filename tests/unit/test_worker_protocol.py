@@ -60,6 +60,7 @@ FROM_BROKER = [
     m.RegionGrant("weights-0123abcd", "inferpool-0123456789-shared-weights-0123abcd", True),
     m.RegionGrant("weights-0123abcd", "", False, ERROR),
     m.LaneOpen(3, "inferpool-0123456789-lane3", "inferpool-0123456789-c1", 4321, 100),
+    m.LaneOpen(4, "inferpool-0123456789-lane4", "inferpool-0123456789-c1", 4321, 0, ("a", "b")),
     m.LaneClose(3, True),
     m.LaneClose(4, False),
     m.Replies(RESULTS),

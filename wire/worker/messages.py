@@ -214,14 +214,15 @@ class RegionGrant(NamedTuple):
 class LaneOpen(NamedTuple):
     """Serve lane ``lane``: its region, the client's input region it may read inputs from
     (nothing else), the client's pid (to tell whether they share a core), the spin budget;
-    ``ensemble``: it serves an ensemble's step (its counts also travel apart: LanePart)."""
+    for an ensemble's lane, the regions of the ensemble's lanes by step (its requests may
+    wait for their responses: workers.lane_after; its counts also travel apart: LanePart)."""
 
     lane: int
     region: str  # the lane's region (wire.lane)
     inputs: str  # the client's server-made input region
     client_pid: int
     spin_us: int
-    ensemble: bool = False
+    siblings: tuple[str, ...] = ()
 
 
 class LaneClose(NamedTuple):
@@ -602,7 +603,7 @@ FROM_BROKER: dict[str, Callable[[Any], Any]] = {
     Kind.FREE: _free,
     Kind.STOP: Stop._make,
     Kind.REGION_GRANT: RegionGrant._make,
-    Kind.LANE_OPEN: LaneOpen._make,
+    Kind.LANE_OPEN: lambda body: _new(LaneOpen, (*body[:5], tuple(body[5]))),
     Kind.LANE_CLOSE: LaneClose._make,
     Kind.REPLIES: _replies,
 }

@@ -1,0 +1,138 @@
+"""An ensemble's step that waits on its lane for another step's response (``FLAG_AFTER``).
+
+A client running an ensemble over lanes (client.lane_ensemble) may post a step before the
+step it reads from has answered: the request names that step's lane and response, and which
+of its inputs that response provides.  The worker claims it, sleeps on the other lane's
+response word until the response is in (ensemble lanes always wake their waiters), and
+runs the step only if that response is this request's, succeeded, and wrote each of those
+inputs into the client's region exactly where this request reads it.  So the hand-off from
+one step's worker to the next takes one wake-up, not two and the client's turn between.
+
+Nothing the client wrote is trusted beyond its own memory: the other response is only read
+for its id, status and where it says it wrote its outputs, in the client's region.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import posix_ipc
+
+from inferpool.shm import futex
+from inferpool.shm.region import Region
+from inferpool.wire import lane as wl
+from inferpool.wire import lane_records as lr
+from inferpool.wire.errors import Code, InferpoolError, invalid_arg
+
+MASK = 0xFFFFFFFF
+SLICE_S = 0.05  # the longest sleep before the waiting request's lane is looked at again
+_now = time.monotonic_ns
+
+
+class _Sibling:
+    """Another lane of the ensemble, mapped to wait on its responses."""
+
+    def __init__(self, name: str) -> None:
+        self.region = Region.attach(name)
+        try:
+            self.geometry, _, _ = wl.read_header(self.region.buf)
+        except BaseException:
+            self.region.close()
+            raise
+        self.header = wl.Header(self.region.buf)
+        self.resp_seq = futex.word(futex.address(self.region.mapping, wl.RESP_SEQ))
+
+    def ended(self) -> bool:
+        return self.header.revoked or bool(self.header[wl.WORKER_CLOSED])
+
+    def close(self) -> None:
+        self.header.release()
+        self.region.close()
+
+
+class Siblings:
+    """The ensemble's lanes (their regions, by step) a lane's requests may wait on."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = names
+        self._mapped: dict[int, _Sibling] = {}
+
+    def wait(
+        self, after: lr.After, request_id: int, inputs: Sequence[wl.Tensor], stop: Callable[[], str]
+    ) -> int:
+        """Wait for the response ``after`` names and check it (InferpoolError to answer
+        the request with instead of running it); when it came (monotonic ns).  ``stop``
+        says why to give up waiting ("": go on): the lane ends, the request is cancelled."""
+        sibling = self._sibling(after.sibling)
+        words, seq, n = sibling.header.words, wl.RESP_SEQ >> 2, after.n
+        while True:
+            head = int(words[seq])
+            if (head - n - 1) & MASK < 1 << 31:  # response n is in
+                break
+            why = stop()
+            if why:
+                raise InferpoolError(Code.CANCELLED, why)
+            if sibling.ended():
+                raise InferpoolError(
+                    Code.UNAVAILABLE,
+                    f"the lane of step {after.sibling}, whose response request {request_id} "
+                    "waits for, has ended",
+                )
+            futex.wait(sibling.resp_seq, head, SLICE_S)
+        came = _now()
+        geometry = sibling.geometry
+        try:
+            response = lr.read_response(
+                sibling.region.buf, geometry.response(n), geometry.slot_size
+            )
+        except ValueError as exc:
+            raise invalid_arg(f"malformed response of step {after.sibling}: {exc}") from None
+        if response.id != request_id:
+            raise invalid_arg(
+                f"response {n} of step {after.sibling} is request {response.id}'s, not "
+                f"request {request_id}'s"
+            )
+        if response.status:
+            raise InferpoolError(
+                Code.CANCELLED,
+                f"request {request_id} did not run: step {after.sibling}, which it reads "
+                "from, failed",
+            )
+        placed = {
+            (t.offset, t.byte_size): t.shape for t in response.outputs if t.position & wl.PLACED
+        }
+        for i, tensor in enumerate(inputs):
+            if after.inputs >> i & 1:
+                shape = placed.get((tensor.offset, tensor.byte_size))
+                if shape is None or not _alike(shape, tensor.shape):
+                    raise InferpoolError(
+                        Code.UNAVAILABLE,
+                        f"input {i} of request {request_id} is not where step "
+                        f"{after.sibling} wrote it",
+                    )
+        return came
+
+    def _sibling(self, index: int) -> _Sibling:
+        sibling = self._mapped.get(index)
+        if sibling is None:
+            if not 0 <= index < len(self.names):
+                raise invalid_arg(f"no step {index} in this lane's ensemble")
+            try:
+                sibling = self._mapped[index] = _Sibling(self.names[index])
+            except (OSError, ValueError, posix_ipc.Error) as exc:
+                raise InferpoolError(
+                    Code.UNAVAILABLE, f"the lane of step {index} cannot be mapped: {exc}"
+                ) from None
+        return sibling
+
+    def close(self) -> None:
+        for sibling in self._mapped.values():
+            sibling.close()
+        self._mapped.clear()
+
+
+def _alike(made: tuple[int, ...], read: tuple[int, ...]) -> bool:
+    """Whether a tensor made as ``made`` is read as ``read``: the same, or a batch of one
+    added or removed (the ensemble's batch-dimension rule)."""
+    return made == read or made == (1, *read) or (1, *made) == read
