@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import posix_ipc
 
 from inferpool.shm import futex
+from inferpool.shm.bell import Bell
 from inferpool.shm.region import Region
 from inferpool.wire import lane as wl
 from inferpool.wire import lane_records as lr
@@ -28,6 +30,38 @@ from inferpool.wire.errors import Code, InferpoolError, invalid_arg
 MASK = 0xFFFFFFFF
 SLICE_S = 0.05  # the longest sleep before the waiting request's lane is looked at again
 _now = time.monotonic_ns
+
+
+class Waker:
+    """How a lane's answers wake who waits for them: the client if it sleeps; on an
+    ensemble's lane (``everyone``) whoever sleeps on the word, the other steps' workers
+    too, and, while the backend executes (``with waker:``), only once it has taken its
+    times: a step it wakes may take its core, and must not count in this step's time."""
+
+    def __init__(self, bell: Bell, everyone: bool) -> None:
+        self.bell = bell
+        self.everyone = everyone
+        self._deferring = self._due = False
+
+    def ring(self, seq: int) -> None:
+        bell = self.bell
+        if not self.everyone:
+            bell.ring(seq)
+            return
+        bell.publish(seq)
+        if self._deferring:
+            self._due = True
+        else:
+            bell.wake()
+
+    def __enter__(self) -> None:
+        self._deferring = True
+
+    def __exit__(self, *exc: object) -> None:
+        self._deferring = False
+        if self._due:
+            self._due = False
+            self.bell.wake()
 
 
 class _Sibling:
@@ -130,6 +164,28 @@ class Siblings:
         for sibling in self._mapped.values():
             sibling.close()
         self._mapped.clear()
+
+
+def wait_after(
+    siblings: Siblings | None,
+    buf: Any,
+    at: int,
+    slot_size: int,
+    req: wl.LaneRequest,
+    stop: Callable[[], str],
+) -> int:
+    """``Siblings.wait`` for the request ``req`` in the slot at ``at`` of ``buf`` (with
+    FLAG_AFTER): INVALID_ARG on a lane that is not an ensemble's, or a malformed slot."""
+    if siblings is None:
+        raise invalid_arg(
+            "a request that waits for another step's response is only for the lanes of an ensemble"
+        )
+    try:
+        after = lr.read_after(buf, at, slot_size, req)
+        inputs = lr.parse_body(req.body, req.n_inputs, req.n_outputs)[0]
+    except ValueError as exc:
+        raise invalid_arg(f"malformed lane request: {exc}") from None
+    return siblings.wait(after, req.id, inputs, stop)
 
 
 def _alike(made: tuple[int, ...], read: tuple[int, ...]) -> bool:

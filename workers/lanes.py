@@ -32,7 +32,7 @@ from inferpool.wire.errors import Code, InferpoolError, internal, invalid_arg, n
 from inferpool.wire.worker.link import Link
 from inferpool.wire.worker.messages import LaneClosed, LaneOpen
 from inferpool.workers.calls import HoldingThread
-from inferpool.workers.lane_after import Siblings
+from inferpool.workers.lane_after import Siblings, Waker, wait_after
 from inferpool.workers.lane_plans import Contract, Plans
 from inferpool.workers.lane_stats import Tally
 from inferpool.workers.memory import WorkerMemory, wanted_outputs
@@ -166,10 +166,7 @@ class LaneServer(HoldingThread):
         self._current = (0, 0)  # (request number, client's id) being executed
         self.plans = Plans(self.contract, self.inputs, self.memory, self._emit, self._cancelled)
         self.siblings = Siblings(msg.siblings) if msg.siblings else None
-        # an ensemble's other steps may wait on this lane's answers: each answer wakes every
-        # waiter, once the backend has taken its times (a step it wakes may take its core)
-        self.always = bool(msg.siblings)
-        self._executing = self._wake_due = False
+        self.waker = Waker(self.responses, bool(msg.siblings))
         self._ok = False
 
     # ------------------------------------------------------------------ from the main thread
@@ -268,16 +265,10 @@ class LaneServer(HoldingThread):
         self._ok = False
         with lanes.execute_lock:
             exec_start = _now()
-            self._executing = True
-            try:
+            with self.waker:
                 host.execute([request])
                 timing = host.timing_of(request)
                 batches = host.take_stamps()
-            finally:
-                self._executing = False
-                if self._wake_due:
-                    self._wake_due = False
-                    self.responses.wake()
         end = _now()
         lanes.tally.add(
             self._ok,
@@ -316,26 +307,16 @@ class LaneServer(HoldingThread):
 
     def _after(self, n: int, req: wl.LaneRequest) -> int:
         """Wait for the response request ``n`` runs after (FLAG_AFTER); when it came."""
-        if self.siblings is None:
-            raise invalid_arg(
-                "a request that waits for another step's response is only for "
-                "the lanes of an ensemble"
-            )
         at = self.request_at[n % self.slots]
-        try:
-            after = lr.read_after(self.raw, at, self.slot_size, req)
-            inputs = lr.parse_body(req.body, req.n_inputs, req.n_outputs)[0]
-        except ValueError as exc:
-            raise invalid_arg(f"malformed lane request: {exc}") from None
 
         def stop() -> str:
             if self._closing or self.header.revoked:
                 return f"lane {self.lane} ended while request {req.id} waited"
-            if lr.request_cancelled(self.raw, at, req.id):
-                return self._cancelled_text(req.id)
-            return ""
+            return (
+                self._cancelled_text(req.id) if lr.request_cancelled(self.raw, at, req.id) else ""
+            )
 
-        return self.siblings.wait(after, req.id, inputs, stop)
+        return wait_after(self.siblings, self.raw, at, self.slot_size, req, stop)
 
     def _cancelled(self, n: int) -> bool:
         """``Request.is_cancelled`` of lane request ``n``: whether the client has marked it
@@ -380,7 +361,7 @@ class LaneServer(HoldingThread):
 
     def _write(self, n: int, request_id: int, outputs: Any, parameters: Any) -> None:
         self.writer.write(self.response_at[n % self.slots], request_id, outputs, parameters)
-        self._rang(n + 1)
+        self.waker.ring(n + 1)
 
     def _write_error(self, n: int, request_id: int, err: InferpoolError) -> None:
         at = self.geometry.response(n)
@@ -389,17 +370,7 @@ class LaneServer(HoldingThread):
         lr.write_response(
             self.region.buf, at, self.geometry.slot_size, request_id, (), None, status, message
         )
-        self._rang(n + 1)
-
-    def _rang(self, seq: int) -> None:
-        if not self.always:
-            self.responses.ring(seq)
-        elif self._executing:  # answered by the backend: the waiters are woken after it
-            self.responses.publish(seq)
-            self._wake_due = True
-        else:
-            self.responses.publish(seq)
-            self.responses.wake()
+        self.waker.ring(n + 1)
 
     def _answer_error(self, n: int, request_id: int, err: InferpoolError, sent: int) -> None:
         self._write_error(n, request_id, err)
