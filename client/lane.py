@@ -37,6 +37,7 @@ from inferpool.shm.region import Region
 from inferpool.wire import codec
 from inferpool.wire import lane as wl
 from inferpool.wire import lane_records as lr
+from inferpool.wire import lane_responses as lresp
 from inferpool.wire.errors import Code, InferpoolError
 
 if TYPE_CHECKING:
@@ -308,7 +309,7 @@ class Lane:
         """Read the response record at ``at`` in full: an error is raised (response ``n``
         taken), a success checked once (each output's view made as ``output_view`` makes
         it) and remembered as the plan of records with the same bytes."""
-        response = lr.read_response(self.raw, at, self.slot_size)
+        response = lresp.read_response(self.raw, at, self.slot_size)
         if response.status:
             self.read = read = (n + 1) & MASK
             self.words[RESP_DONE] = read

@@ -13,7 +13,8 @@ little-endian and struct-packed; nothing is JSON.  The region:
 
 Request ``n`` (counted from 0) lies in request slot ``n % slots`` and its response in
 response slot ``n % slots``; a client has at most ``slots`` requests unanswered.  Sequence
-words count modulo 2**32.  The records in the slots: wire/lane_records.py.
+words count modulo 2**32.  The records in the slots: wire/lane_records.py (requests) and
+wire/lane_responses.py (responses).
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from inferpool.shm.bell import Bell
 from inferpool.shm.region import Region
 from inferpool.wire import lane as wl
 from inferpool.wire import lane_records as lr
+from inferpool.wire import lane_responses as lresp
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg
 
 MASK = 0xFFFFFFFF
@@ -117,7 +118,7 @@ class Siblings:
         came = _now()
         geometry = sibling.geometry
         try:
-            response = lr.read_response(
+            response = lresp.read_response(
                 sibling.region.buf, geometry.response(n), geometry.slot_size
             )
         except ValueError as exc:

@@ -28,6 +28,7 @@ from inferpool.shm.bell import apart, bells
 from inferpool.shm.region import Region
 from inferpool.wire import lane as wl
 from inferpool.wire import lane_records as lr
+from inferpool.wire import lane_responses as lresp
 from inferpool.wire.errors import Code, InferpoolError, internal, invalid_arg, not_found
 from inferpool.wire.worker.link import Link
 from inferpool.wire.worker.messages import LaneClosed, LaneOpen
@@ -155,7 +156,7 @@ class LaneServer(HoldingThread):
         self.request_at = [geometry.request(i) for i in range(geometry.slots)]
         self.response_at = [geometry.response(i) for i in range(geometry.slots)]
         self.reader = lr.RequestReader(self.raw, self.slot_size)
-        self.writer = lr.ResponseWriter(self.raw, self.slot_size)
+        self.writer = lresp.ResponseWriter(self.raw, self.slot_size)
         self.spin_ns = msg.spin_us * 1000 if msg.spin_us > 0 and apart(msg.client_pid) else 0
         self.part = msg.lane if msg.siblings else 0  # counted apart too: an ensemble's step
         self.leases: set[int] = set()  # output offsets the client holds
@@ -367,7 +368,7 @@ class LaneServer(HoldingThread):
         at = self.geometry.response(n)
         status = wl.STATUS.get(err.code.value, wl.STATUS["UNKNOWN"])
         message = err.message.encode()[: self.geometry.slot_size - 64].decode(errors="ignore")
-        lr.write_response(
+        lresp.write_response(
             self.region.buf, at, self.geometry.slot_size, request_id, (), None, status, message
         )
         self.waker.ring(n + 1)

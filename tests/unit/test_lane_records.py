@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from inferpool.wire import lane as wl
 from inferpool.wire import lane_records as lr
+from inferpool.wire import lane_responses as lresp
 
 SLOT = 1024
 GEOMETRY = wl.Geometry(2, SLOT)
@@ -59,13 +60,13 @@ def test_each_response_written_is_the_plain_record(
     stream: list[tuple[list[tuple[int, int, int, int, tuple[int, ...]]], dict | None]],
 ) -> None:
     remembered, plain = _region(), _region()
-    writer = lr.ResponseWriter(remembered, SLOT)
+    writer = lresp.ResponseWriter(remembered, SLOT)
     at = GEOMETRY.response(0)
     for request_id, (outs, params) in enumerate(stream):
         writer.write(at, request_id, outs, params)
-        size = lr.write_response(plain, at, SLOT, request_id, outs, params)
+        size = lresp.write_response(plain, at, SLOT, request_id, outs, params)
         assert bytes(remembered[at : at + size]) == bytes(plain[at : at + size])
-        back = lr.read_response(remembered, at, SLOT)
+        back = lresp.read_response(remembered, at, SLOT)
         assert _bits(back.parameters) == _bits(params or {})
 
 

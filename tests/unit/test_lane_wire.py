@@ -14,6 +14,7 @@ import pytest
 from inferpool.shm.bell import Bell, apart
 from inferpool.wire import lane as wl
 from inferpool.wire import lane_records as lr
+from inferpool.wire import lane_responses as lresp
 
 GEOMETRY = wl.Geometry(4, 1024)
 
@@ -60,14 +61,14 @@ def test_a_response_round_trips_with_every_kind_of_parameter(region: memoryview)
     outputs = [wl.Tensor(0, wl.DATATYPES["INT64"], 640, 16, (2,))]
     params = {"s": "text", "i": -42, "b": True, "f": 1.5}
     at = GEOMETRY.response(2)
-    lr.write_response(region, at, 1024, 9, outputs, params)
+    lresp.write_response(region, at, 1024, 9, outputs, params)
     size = 24 + 32 + 16 + 24 + 16 + 24  # the head, a 1-D tensor, the four parameters
-    assert lr.read_response(region, at, 1024) == wl.LaneResponse(9, 0, outputs, params, "", size)
-    lr.write_response(region, at, 1024, 9, outputs, {"s": "text", "i": -42, "b": 1, "f": 1.5})
-    back = lr.read_response(region, at, 1024).parameters["b"]
+    assert lresp.read_response(region, at, 1024) == wl.LaneResponse(9, 0, outputs, params, "", size)
+    lresp.write_response(region, at, 1024, 9, outputs, {"s": "text", "i": -42, "b": 1, "f": 1.5})
+    back = lresp.read_response(region, at, 1024).parameters["b"]
     assert type(back) is int and back == 1  # not True: a new encoding
-    lr.write_response(region, at, 1024, 10, (), None, wl.STATUS["INVALID_ARG"], "no such input")
-    back = lr.read_response(region, at, 1024)
+    lresp.write_response(region, at, 1024, 10, (), None, wl.STATUS["INVALID_ARG"], "no such input")
+    back = lresp.read_response(region, at, 1024)
     assert (back.status, back.error, wl.code_name(back.status)) == (
         1,
         "no such input",
@@ -78,29 +79,29 @@ def test_a_response_round_trips_with_every_kind_of_parameter(region: memoryview)
 def test_a_response_like_the_last_but_its_id_is_copied_and_a_change_written_anew(
     region: memoryview,
 ) -> None:
-    writer = lr.ResponseWriter(region, 1024)
+    writer = lresp.ResponseWriter(region, 1024)
     at = GEOMETRY.response(1)
     outputs = [(0, wl.DATATYPES["FP32"], 256, 16, (4,))]
     params = {"a": 1, "b": "x"}
     writer.write(at, 1, outputs, params)
-    first = lr.read_response(region, at, 1024)
+    first = lresp.read_response(region, at, 1024)
     region[at : at + 1024] = bytes(1024)  # a copy must write the whole record
     writer.write(at, 2, outputs, dict(params))
-    assert lr.read_response(region, at, 1024) == first._replace(id=2)
+    assert lresp.read_response(region, at, 1024) == first._replace(id=2)
     writer.write(at, 3, outputs, {"a": True, "b": "x"})  # equal to 1, but a bool
-    assert lr.read_response(region, at, 1024).parameters["a"] is True
+    assert lresp.read_response(region, at, 1024).parameters["a"] is True
     writer.write(at, 4, outputs, {"b": "x", "a": 1})  # the same, in another order
-    assert list(lr.read_response(region, at, 1024).parameters) == ["b", "a"]
+    assert list(lresp.read_response(region, at, 1024).parameters) == ["b", "a"]
     writer.write(at, 5, [(0, wl.DATATYPES["FP32"], 512, 16, (4,))], params)  # elsewhere
-    assert lr.read_response(region, at, 1024)[:3] == (5, 0, [wl.Tensor(0, 11, 512, 16, (4,))])
+    assert lresp.read_response(region, at, 1024)[:3] == (5, 0, [wl.Tensor(0, 11, 512, 16, (4,))])
     writer.write(at, 6, outputs, {"a": 1, "b": "".join("x")})  # equal, not the same objects
-    assert lr.read_response(region, at, 1024) == first._replace(id=6)
+    assert lresp.read_response(region, at, 1024) == first._replace(id=6)
     writer.write(at, 7, outputs, {"a": 1.0, "b": "x"})  # equal to 1, but a float
-    assert type(lr.read_response(region, at, 1024).parameters["a"]) is float
+    assert type(lresp.read_response(region, at, 1024).parameters["a"]) is float
     writer.write(at, 8, outputs, None)  # no parameters after some
-    assert lr.read_response(region, at, 1024).parameters == {}
+    assert lresp.read_response(region, at, 1024).parameters == {}
     writer.write(at, 9, outputs, {"a": 1})  # a key fewer
-    assert lr.read_response(region, at, 1024).parameters == {"a": 1}
+    assert lresp.read_response(region, at, 1024).parameters == {"a": 1}
 
 
 def test_a_request_like_the_last_is_read_whole_and_another_read_anew(region: memoryview) -> None:
@@ -120,11 +121,11 @@ def test_a_request_like_the_last_is_read_whole_and_another_read_anew(region: mem
 
 def test_what_does_not_fit_a_slot_is_refused(region: memoryview) -> None:
     with pytest.raises(ValueError, match="does not fit"):
-        lr.write_response(region, GEOMETRY.response(0), 1024, 1, (), {"big": "x" * 2000})
+        lresp.write_response(region, GEOMETRY.response(0), 1024, 1, (), {"big": "x" * 2000})
     with pytest.raises(ValueError, match="does not fit"):
         lr.write_request(region, GEOMETRY.request(0), 1024, 1, 0, 0, 0, 0, b"", [0] * 200)
     with pytest.raises(ValueError, match="is a list"):
-        lr.pack_parameters({"bad": [1]})
+        lresp.pack_parameters({"bad": [1]})
 
 
 def test_a_slot_that_lies_about_its_counts_is_refused(region: memoryview) -> None:
