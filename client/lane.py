@@ -292,13 +292,14 @@ class Lane:
         self.read = read = (n + 1) & MASK
         self.words[RESP_DONE] = read
         _, _, views, parameters, leases = known
-        bufs = self._bufs()
+        mapped = self.session.mapped.get(self.output_region).buf
         outputs: dict[str, Any] = {}
         for name, offset, nbytes, spec, typed, shape, placed in views:
+            buf = self._bufs()[1] if placed else mapped  # placed: in the client's own region
             if typed is None:  # BYTES: decoded afresh (its elements are copies)
-                outputs[name] = output_view(bufs[placed], offset, nbytes, spec)
+                outputs[name] = output_view(buf, offset, nbytes, spec)
             else:
-                array = _frombuffer(bufs[placed], typed[0], typed[1], offset)
+                array = _frombuffer(buf, typed[0], typed[1], offset)
                 outputs[name] = array if shape is None else array.reshape(shape)
         self.session.hold(self.output_region, len(leases))
         result = ShmResult(self, self.model, self.version, outputs, dict(parameters), list(leases))

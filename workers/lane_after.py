@@ -36,13 +36,16 @@ _now = time.monotonic_ns
 class Waker:
     """How a lane's answers wake who waits for them: the client if it sleeps; on an
     ensemble's lane (``everyone``) whoever sleeps on the word, the other steps' workers
-    too, and, while the backend executes (``with waker:``), only once it has taken its
-    times: a step it wakes may take its core, and must not count in this step's time."""
+    too, and, while the backend executes (``deferring``), only once it has taken its
+    times (``due``, then ``wake``): a step it wakes may take its core, and must not count
+    in this step's time.  Plain attributes: the lane sets them around every execute."""
+
+    __slots__ = ("bell", "deferring", "due", "everyone")
 
     def __init__(self, bell: Bell, everyone: bool) -> None:
         self.bell = bell
         self.everyone = everyone
-        self._deferring = self._due = False
+        self.deferring = self.due = False
 
     def ring(self, seq: int) -> None:
         bell = self.bell
@@ -50,19 +53,15 @@ class Waker:
             bell.ring(seq)
             return
         bell.publish(seq)
-        if self._deferring:
-            self._due = True
+        if self.deferring:
+            self.due = True
         else:
             bell.wake()
 
-    def __enter__(self) -> None:
-        self._deferring = True
-
-    def __exit__(self, *exc: object) -> None:
-        self._deferring = False
-        if self._due:
-            self._due = False
-            self.bell.wake()
+    def wake(self) -> None:
+        """Wake the waiters of the answer given while deferring."""
+        self.due = False
+        self.bell.wake()
 
 
 class _Sibling:

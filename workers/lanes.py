@@ -264,12 +264,16 @@ class LaneServer(HoldingThread):
         host = lanes.host
         self._current = (n, req.id)
         self._ok = False
+        waker = self.waker
         with lanes.execute_lock:
             exec_start = _now()
-            with self.waker:
-                host.execute([request])
-                timing = host.timing_of(request)
-                batches = host.take_stamps()
+            waker.deferring = True  # (a backend that raises ends the lane: _finish wakes)
+            host.execute([request])
+            timing = host.timing_of(request)
+            batches = host.take_stamps()
+            waker.deferring = False
+        if waker.due:
+            waker.wake()
         end = _now()
         lanes.tally.add(
             self._ok,
@@ -362,7 +366,10 @@ class LaneServer(HoldingThread):
 
     def _write(self, n: int, request_id: int, outputs: Any, parameters: Any) -> None:
         self.writer.write(self.response_at[n % self.slots], request_id, outputs, parameters)
-        self.waker.ring(n + 1)
+        if self.waker.everyone:
+            self.waker.ring(n + 1)
+        else:
+            self.responses.ring(n + 1)
 
     def _write_error(self, n: int, request_id: int, err: InferpoolError) -> None:
         at = self.geometry.response(n)
