@@ -72,23 +72,34 @@ def test_each_response_written_is_the_plain_record(
 
 requests = st.tuples(
     st.lists(st.sampled_from([0, 4096]), max_size=2),  # the inputs' offsets
-    st.lists(st.integers(0, 2), max_size=2),  # the outputs wanted
+    st.lists(st.integers(0, 2), max_size=2, unique=True),  # the outputs wanted
     st.lists(st.sampled_from([64, 128]), max_size=2),  # the releases
+    st.dictionaries(st.integers(0, 2), st.tuples(st.integers(0, 2**40), st.integers(0, 2**20))),
+    st.none() | st.tuples(st.integers(0, 7), st.integers(0, 2**32 - 1), st.integers(0, 3)),
 )
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(requests, min_size=1))
 def test_each_request_read_is_what_the_plain_reader_reads(
-    stream: list[tuple[list[int], list[int], list[int]]],
+    stream: list[tuple[list[int], list[int], list[int], dict, tuple[int, int, int] | None]],
 ) -> None:
+    """Outputs placed in windows of the client's region (some of the wanted ones) and the
+    answer a step waits for (FLAG_AFTER) read back as they were written."""
     region = _region()
     reader = lr.RequestReader(region, SLOT)
     at = GEOMETRY.request(0)
-    for request_id, (offsets, wanted, releases) in enumerate(stream):
+    for request_id, (offsets, wanted, releases, windows, after) in enumerate(stream):
         inputs = [wl.Tensor(i, wl.DATATYPES["FP32"], o, 16, (4,)) for i, o in enumerate(offsets)]
-        body = lr.pack_request_body(inputs, wanted)
+        windows = {i: w for i, w in windows.items() if i in wanted}
+        body = lr.pack_request_body(inputs, wanted, windows)
+        flags = 0 if after is None else wl.FLAG_AFTER
+        waits = None if after is None else lr.After(*after)
         lr.write_request(
-            region, at, SLOT, request_id, 7, 0, len(inputs), len(wanted), body, releases
+            region, at, SLOT, request_id, 7, flags, len(inputs), len(wanted), body, releases, waits
         )
-        assert reader.read(at) == lr.read_request(region, at, SLOT)
+        req = reader.read(at)
+        assert req == lr.read_request(region, at, SLOT)
+        assert lr.parse_body(req.body, req.n_inputs, req.n_outputs) == (inputs, wanted, windows)
+        if waits is not None:
+            assert lr.read_after(region, at, SLOT, req) == waits
