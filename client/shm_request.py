@@ -36,6 +36,10 @@ class ShmResult:
     be used after that (the server reuses the memory).
     """
 
+    # a lane's result: where each output lies (client.lane's views), set by the lane; the
+    # class's empty default spares every other result a list of its own
+    layout: Sequence[Any] = ()
+
     def __init__(
         self,
         session: Releaser,
@@ -51,7 +55,6 @@ class ShmResult:
         self.outputs = outputs
         self.parameters = parameters
         self._leases = leases  # (token, region): a lane's tokens are output offsets
-        self.layout: list[Any] = []  # a lane's: where each output lies (client.lane's views)
 
     def __getitem__(self, name: str) -> Any:
         return self.outputs[name]

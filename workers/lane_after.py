@@ -34,24 +34,21 @@ _now = time.monotonic_ns
 
 
 class Waker:
-    """How a lane's answers wake who waits for them: the client if it sleeps; on an
-    ensemble's lane (``everyone``) whoever sleeps on the word, the other steps' workers
-    too, and, while the backend executes (``deferring``), only once it has taken its
-    times (``due``, then ``wake``): a step it wakes may take its core, and must not count
-    in this step's time.  Plain attributes: the lane sets them around every execute."""
+    """How an ensemble's lane's answers wake who waits for them: whoever sleeps on the word
+    (the client, the other steps' workers), and, while the backend executes
+    (``deferring``), only once it has taken its times (``due``, then ``wake``): a step it
+    wakes may take its core, and must not count in this step's time.  Plain attributes:
+    the lane sets them around every execute.  (A plain lane's answers wake its client only
+    if it sleeps: ``Bell.ring``.)"""
 
-    __slots__ = ("bell", "deferring", "due", "everyone")
+    __slots__ = ("bell", "deferring", "due")
 
-    def __init__(self, bell: Bell, everyone: bool) -> None:
+    def __init__(self, bell: Bell) -> None:
         self.bell = bell
-        self.everyone = everyone
         self.deferring = self.due = False
 
     def ring(self, seq: int) -> None:
         bell = self.bell
-        if not self.everyone:
-            bell.ring(seq)
-            return
         bell.publish(seq)
         if self.deferring:
             self.due = True

@@ -167,7 +167,8 @@ class LaneServer(HoldingThread):
         self._current = (0, 0)  # (request number, client's id) being executed
         self.plans = Plans(self.contract, self.inputs, self.memory, self._emit, self._cancelled)
         self.siblings = Siblings(msg.siblings) if msg.siblings else None
-        self.waker = Waker(self.responses, bool(msg.siblings))
+        self.waker = Waker(self.responses)
+        self._ring = self.waker.ring if msg.siblings else self.responses.ring  # answered
         self._ok = False
 
     # ------------------------------------------------------------------ from the main thread
@@ -366,10 +367,7 @@ class LaneServer(HoldingThread):
 
     def _write(self, n: int, request_id: int, outputs: Any, parameters: Any) -> None:
         self.writer.write(self.response_at[n % self.slots], request_id, outputs, parameters)
-        if self.waker.everyone:
-            self.waker.ring(n + 1)
-        else:
-            self.responses.ring(n + 1)
+        self._ring(n + 1)
 
     def _write_error(self, n: int, request_id: int, err: InferpoolError) -> None:
         at = self.geometry.response(n)
@@ -378,7 +376,7 @@ class LaneServer(HoldingThread):
         lresp.write_response(
             self.region.buf, at, self.geometry.slot_size, request_id, (), None, status, message
         )
-        self.waker.ring(n + 1)
+        self._ring(n + 1)
 
     def _answer_error(self, n: int, request_id: int, err: InferpoolError, sent: int) -> None:
         self._write_error(n, request_id, err)
