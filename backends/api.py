@@ -54,6 +54,8 @@ from inferpool.backends.metrics import (
 from inferpool.backends.regions import SharedRegion, SharedRegions
 from inferpool.wire.errors import Code, InferpoolError, internal, invalid_arg
 
+_log = logging.getLogger("inferpool.worker")
+
 __all__ = [
     "FLAG_SEQUENCE_END",
     "FLAG_SEQUENCE_START",
@@ -247,3 +249,25 @@ def iter_responses(requests: Sequence[Request], result: Any) -> Iterator[tuple[R
     if len(result) != len(requests):
         raise internal(f"execute() returned {len(result)} responses for {len(requests)} requests")
     return zip(requests, result)  # noqa: B905 (counted above; strict= is parsed per call)
+
+
+def answer_returned(request: Request, response: Any, backend: str) -> None:
+    """Answer ``request`` with what execute() returned for it: a Response, or an exception
+    (sent as its error); anything else, or a response for a request answered already
+    (through its response sender), is the backend's mistake, logged or sent as one."""
+    if type(response) is Response and not request.answered:  # the common case
+        request.respond(response)
+    elif request.answered:
+        if isinstance(response, Response):
+            response.discard()
+        _log.error("backend '%s' returned a response for an answered request", backend)
+    elif isinstance(response, Response):
+        request.respond(response)
+    elif isinstance(response, BaseException):
+        request.fail(InferpoolError.wrap(response))
+    else:
+        request.fail(
+            internal(
+                f"backend '{backend}' returned {type(response).__name__} instead of a Response"
+            ),
+        )

@@ -23,8 +23,8 @@ from inferpool.backends.api import (
     Model,
     ModelInstance,
     Request,
-    Response,
     SharedRegions,
+    answer_returned,
     iter_responses,
 )
 from inferpool.backends.loader import find_backend
@@ -173,10 +173,7 @@ class BackendHost:
             result = self.instance.execute(requests)
             if result is not None:
                 for request, response in iter_responses(requests, result):
-                    if type(response) is Response and not request.answered:
-                        request.respond(response)  # the common case of _send_returned
-                    else:
-                        self._send_returned(request, response)
+                    answer_returned(request, response, self.backend_name)
         except Exception as exc:
             err = InferpoolError.wrap(exc, Code.INTERNAL)
             log.error("execute of %s failed: %s", self.model_name, err)
@@ -190,24 +187,6 @@ class BackendHost:
                 internal(
                     f"backend '{self.backend_name}' did not send a final response for "
                     f"request '{request.id}' of model '{self.model_name}'"
-                ),
-            )
-
-    def _send_returned(self, request: Request, response: Any) -> None:
-        if request.answered:
-            if isinstance(response, Response):
-                response.discard()
-            log.error("backend '%s' returned a response for an answered request", self.backend_name)
-            return
-        if isinstance(response, Response):
-            request.respond(response)
-        elif isinstance(response, BaseException):
-            request.fail(InferpoolError.wrap(response))
-        else:
-            request.fail(
-                internal(
-                    f"backend '{self.backend_name}' returned {type(response).__name__} "
-                    "instead of a Response"
                 ),
             )
 

@@ -27,6 +27,7 @@ from inferpool.backends.api import (
     ModelInstance,
     Request,
     Response,
+    answer_returned,
     batch_size_of,
     now_ns,
 )
@@ -179,7 +180,9 @@ class PythonInstance(ModelInstance):
                 exc, Code.INTERNAL, f"{MODEL_CLASS}.{what} in {self.model.model_file} failed: "
             ) from exc
 
-    def execute(self, requests: list[Request]) -> list[Response] | None:
+    def execute(self, requests: list[Request]) -> None:
+        """Run the model's ``execute`` and send what it returns; the statistics count the
+        sending (Triton's python backend takes ``exec_end`` after its ResponseSend)."""
         exec_start = now_ns()
         try:
             with calling(self.model):
@@ -191,13 +194,17 @@ class PythonInstance(ModelInstance):
             raise err.to_inferpool() from None
         compute_end = now_ns()
         responses = None if result is None else self._responses(requests, result)
+        if responses is not None:  # sent before exec_end, as Triton's python backend does
+            backend = self.model.backend.name
+            for request, response in zip(requests, responses, strict=True):
+                answer_returned(request, response, backend)
         exec_end = now_ns()
         for i, request in enumerate(requests):
             success = responses is None or responses[i].error is None
             self.report_statistics(request, success, exec_start, exec_start, compute_end, exec_end)
         batch = sum(batch_size_of(r, self.model.supports_batching) for r in requests)
         self.report_batch_statistics(batch, exec_start, exec_start, compute_end, exec_end)
-        return responses
+        return None
 
     def _responses(self, requests: list[Request], result: Any) -> list[Response]:
         where = f"execute() in {self.model.model_file}"
