@@ -5,6 +5,7 @@ the collector that holds it until the worker sends it to the broker."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
 from inferpool.backends.messages import Request
@@ -118,10 +119,15 @@ class StatsCollector:
         self._ops: dict[tuple[str, tuple[tuple[str, str], ...]], list[Any]] = {}
         self._memory: dict[tuple[str, int], int] = {}  # (memory type, device id) -> bytes
         self._lock = threading.Lock()
+        # called once a request's times are reported: an ensemble's lane wakes the next
+        # step then, not before (its wake-up must not count in this step's time)
+        self.timed: Callable[[], None] | None = None
 
     # StatisticsReporter
     def report_request(self, request: Request, success: bool, stamps: Timestamps) -> None:
         self.timings[id(request)] = _make(RequestTiming, (success, stamps))
+        if self.timed is not None:
+            self.timed()
 
     def report_batch(self, batch_size: int, stamps: Timestamps) -> None:
         self.batches.append((batch_size, stamps))
@@ -131,6 +137,8 @@ class StatsCollector:
     ) -> None:
         self.timings[id(request)] = _make(RequestTiming, (success, stamps))
         self.batches.append((batch_size, stamps))
+        if self.timed is not None:
+            self.timed()
 
     def report_memory_usage(self, memory_type: str, device_id: int, byte_size: int) -> None:
         """The instance holds ``byte_size`` bytes of this memory (replaces an earlier report)."""

@@ -38,10 +38,11 @@ _now = time.monotonic_ns
 class Waker:
     """How an ensemble's lane's answers wake who waits for them: whoever sleeps on the word
     (the client, the other steps' workers), and, while the backend executes
-    (``deferring``), only once it has taken its times (``due``, then ``wake``): a step it
-    wakes may take its core, and must not count in this step's time.  Plain attributes:
-    the lane sets them around every execute.  (A plain lane's answers wake its client only
-    if it sleeps: ``Bell.ring``.)"""
+    (``deferring``), only once it has reported its times (``due``, then ``timed`` when the
+    statistics have them, or ``wake`` after the execute): a step it wakes may take its
+    core, and must not count in this step's time.  Plain attributes: the lane sets them
+    around every execute.  (A plain lane's answers wake its client only if it sleeps:
+    ``Bell.ring``.)"""
 
     __slots__ = ("bell", "deferring", "due")
 
@@ -61,6 +62,13 @@ class Waker:
         """Wake the waiters of the answer given while deferring."""
         self.due = False
         self.bell.wake()
+
+    def timed(self) -> None:
+        """The backend has reported the request's times (``StatsCollector.timed``): its
+        answer wakes its waiters now, not once the execute has returned."""
+        self.deferring = False
+        if self.due:
+            self.wake()
 
 
 class _Sibling:

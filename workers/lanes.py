@@ -169,6 +169,7 @@ class LaneServer(HoldingThread):
         self.siblings = Siblings(msg.siblings) if msg.siblings else None
         self.waker = Waker(self.responses)
         self._ring = self.waker.ring if msg.siblings else self.responses.ring  # answered
+        self._timed = self.waker.timed if msg.siblings else None  # the times are reported
         self._ok = False
 
     # ------------------------------------------------------------------ from the main thread
@@ -265,11 +266,15 @@ class LaneServer(HoldingThread):
         host = lanes.host
         self._current = (n, req.id)
         self._ok = False
-        waker = self.waker
+        waker, stats = self.waker, host.stats
         with lanes.execute_lock:
             exec_start = _now()
             waker.deferring = True  # (a backend that raises ends the lane: _finish wakes)
-            host.execute([request])
+            stats.timed = self._timed
+            try:
+                host.execute([request])
+            finally:
+                stats.timed = None  # (the main thread's executes report to nobody)
             timing = host.timing_of(request)
             batches = host.take_stamps()
             waker.deferring = False
