@@ -25,6 +25,7 @@ from inferpool.broker.endpoints import listen, open_run
 from inferpool.broker.front.control import Control
 from inferpool.broker.front.handles import Handles
 from inferpool.broker.front.inference import Inference
+from inferpool.broker.front.lane_leases import LaneLeases
 from inferpool.broker.front.lanes import EXTENSIONS as LANE_EXTENSIONS
 from inferpool.broker.front.lanes import Lanes
 from inferpool.broker.front.load_metrics import Utilisation
@@ -183,8 +184,10 @@ class Broker:
                 supervisor,
                 self.shm.track,
                 opts.lane_spin_us,
+                LaneLeases(handles.leases, outputs, shares),
                 rate_limited=opts.rate_limit != "off",
             )
+            handles.absorb = lanes.kept.absorb
             stack.callback(lanes.close)
             self.drain.admissions_end.append(lanes.draining)
             manager.lanes = lanes

@@ -104,6 +104,8 @@ class Lane:
         self.ended = ""  # why the lane is over ("": it is not)
         self.closers: list[Callable[[], None]] = []  # run before the lane is unmapped
         self.waiter: Any = None  # the asyncio client's AsyncLane over it, once it has one
+        self.closed = False  # unmapped (close)
+        self.kept = False  # revoked KEPT: its releases go through the broker
 
     # ------------------------------------------------------------------ requests
     def body(self, request: ShmRequest) -> tuple[bytes, int, int] | None:
@@ -358,11 +360,24 @@ class Lane:
             self.release(self._take(n)._leases)
 
     def release(self, leases: list[tuple[Any, str]]) -> None:
-        """ShmResult's: the tokens go with the lane's next request."""
-        releases = self.releases
-        for token, _ in leases:
-            releases.append(token)
+        """ShmResult's: the tokens go with the lane's next request, or, once the lane is
+        revoked, through the broker (``_hand_over``)."""
+        if self.closed or self.words[STATE]:
+            self._hand_over([token for token, _ in leases])
+        else:
+            releases = self.releases
+            for token, _ in leases:
+                releases.append(token)
         self.session.unhold(leases)
+
+    def _hand_over(self, tokens: list[int]) -> None:
+        """Releases of a revoked lane: through the broker, which made the outputs this
+        client's leases (``KEPT``: the broker ends a lane so while its client lives), or
+        nowhere (its worker died with them)."""
+        if not self.closed:
+            self.kept = bool(self.header[wl.KEPT])
+        if self.kept:
+            self.session.pending.extend(wl.lane_token(self.id, token) for token in tokens)
 
     def flush(self, limit: float) -> int:
         """Send queued releases now, on a request of their own; how many."""
@@ -379,10 +394,13 @@ class Lane:
         return not readable
 
     def _end(self) -> None:
-        """Note why the lane is over: the broker's reason, or the worker's death."""
+        """Note why the lane is over: the broker's reason, or the worker's death; the
+        releases not sent yet go through the broker."""
         if self.ended:
             return
         if self.header.revoked:
+            self._hand_over(self.releases)
+            self.releases = []
             self.ended = f"lane {self.id} to model '{self.model}' ended: {self.header.reason()[1]}"
         elif not self._worker_alive():
             self.ended = (
@@ -402,6 +420,10 @@ class Lane:
         if self._pidfd >= 0:
             os.close(self._pidfd)
             self._pidfd = -1
+        if not self.closed and self.header.revoked:
+            self._hand_over(self.releases)
+            self.releases = []
+        self.closed = True
         self.header.release()
         self.region.close()
 

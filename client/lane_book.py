@@ -18,6 +18,7 @@ from inferpool.client.control import Call
 from inferpool.client.lane import Lane
 from inferpool.client.lane_ensemble import EnsembleLane
 from inferpool.client.shm_request import ShmRequest
+from inferpool.wire import lane as wl
 from inferpool.wire.errors import Code, InferpoolError
 
 if TYPE_CHECKING:
@@ -112,12 +113,12 @@ class LaneBook:
         def read(_reply: dict[str, Any]) -> None:
             self.lost(lane)
 
-        return Call("close_lane", read, {"lane": lane.id})
+        return Call("close_lane", read, _closing(lane))
 
     def close_calls(self) -> list[Call[Any]]:
         """What a closing session says: close each lane."""
         return [
-            Call("close_lane", lambda h: None, {"lane": lane.id})
+            Call("close_lane", lambda h: None, _closing(lane))
             for lane in self.lanes.values()
             if lane.usable
         ]
@@ -126,3 +127,13 @@ class LaneBook:
         for lane in self.lanes.values():
             lane.close()
         self.lanes.clear()
+
+
+def _closing(lane: AnyLane) -> dict[str, Any]:
+    """The ``close_lane`` message's fields: the lane, and what was released on it and not
+    sent yet (the outputs stay the client's leases until released: front.lane_leases)."""
+    release = []
+    for one in lane.lanes if isinstance(lane, EnsembleLane) else [lane]:
+        release += [wl.lane_token(one.id, token) for token in one.releases]
+        one.releases = []
+    return {"lane": lane.id, "release": release}

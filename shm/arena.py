@@ -86,6 +86,10 @@ class Allocator:
         self.free_bytes -= need
         return start
 
+    def block_size(self, offset: int) -> int:
+        """The size of the block allocated at ``offset`` (rounded up; 0 if none is)."""
+        return self._used.get(offset, 0)
+
     def free(self, offset: int) -> None:
         """Return a block; ValueError for an offset that is not allocated (double free)."""
         try:

@@ -30,9 +30,14 @@ class LeaseTable:
         self._leases: dict[str, Lease] = {}
         self._by_owner: dict[bytes, set[str]] = {}
 
-    def grant(self, owner: bytes, region: str, offset: int, nbytes: int = 0) -> str:
-        self._next += 1
-        token = f"{self._prefix}{self._next}"
+    def grant(
+        self, owner: bytes, region: str, offset: int, nbytes: int = 0, token: str = ""
+    ) -> str:
+        """A new lease of ``owner``'s and its token: a new one, or ``token`` (which names
+        the output itself: an output a lane held, ``wire.lane.lane_token``)."""
+        if not token:
+            self._next += 1
+            token = f"{self._prefix}{self._next}"
         self._leases[token] = Lease(token, owner, region, offset, nbytes)
         tokens = self._by_owner.get(owner)
         if tokens is None:
@@ -61,6 +66,11 @@ class LeaseTable:
         """End every lease of ``owner`` (it disconnected or went silent)."""
         tokens = self._by_owner.pop(owner, ())
         return [self._leases.pop(t) for t in tokens]
+
+    def holds(self, owner: bytes, token: Any) -> bool:
+        """Whether ``owner`` holds the lease ``token``."""
+        lease = self._leases.get(token) if isinstance(token, str) else None
+        return lease is not None and lease.owner == owner
 
     def held_by(self, owner: bytes) -> int:
         return len(self._by_owner.get(owner, ()))

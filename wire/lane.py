@@ -34,6 +34,9 @@ SLOT_SIZE = 4096  # at most 65535: an error message's length is a u16
 _HEADER = struct.Struct("<4sIIIII")
 STATE = 16
 STATE_OPEN, STATE_REVOKED = 0, 1
+# set (the broker) before the lane is revoked while its client lives: the outputs the client
+# holds stay valid, as its leases, released through the broker by ``lane_token``
+KEPT = 24
 # the client's line
 REQ_SEQ, CLIENT_SLEEPING, RESP_DONE = 64, 68, 72
 # the worker's line
@@ -187,6 +190,22 @@ class Header:
     def release(self) -> None:
         """Let go of the mapping (before it is closed)."""
         self.words.release()
+
+
+def lane_token(lane: int, offset: int) -> str:
+    """The lease token of an output a client held when its lane ended (KEPT): its lane and
+    its offset in the worker's output region."""
+    return f"lane{lane}.{offset}"
+
+
+def parse_lane_token(token: object) -> tuple[int, int] | None:
+    """(lane, offset) of a ``lane_token``; None for any other token."""
+    if not isinstance(token, str) or not token.startswith("lane"):
+        return None
+    lane, _, offset = token[4:].partition(".")
+    if not (lane.isdecimal() and offset.isdecimal()):
+        return None
+    return int(lane), int(offset)
 
 
 def code_name(status: int) -> str:

@@ -101,19 +101,21 @@ class Lanes:
         with self._lock:
             servers = list(self._servers.values())
         for server in servers:
-            server.close(free=False)  # the outputs go with the worker
+            server.close(free=False)  # the client's leases now, freed when it releases them
         deadline = time.monotonic() + timeout
         for server in servers:
             server.join(max(0.0, deadline - time.monotonic()))
 
-    def closed(self, lane: int, error: InferpoolError | None) -> None:
-        """A lane thread's last word."""
+    def closed(
+        self, lane: int, error: InferpoolError | None, kept: tuple[tuple[int, int], ...]
+    ) -> None:
+        """A lane thread's last word (``kept``: the outputs its client still holds)."""
         with self._lock:
             self._servers.pop(lane, None)
             if not self._servers:
                 sys.setswitchinterval(self._switch)
         self.flush()
-        self._send(LaneClosed(lane, error.to_wire() if error else None))
+        self._send(LaneClosed(lane, error.to_wire() if error else None, kept))
 
     def flush(self) -> None:
         stats = self.tally.take(self.host.stats.drain_metrics())
@@ -189,8 +191,8 @@ class LaneServer(HoldingThread):
             log.exception("lane %d failed", self.lane)
             error = InferpoolError.wrap(exc, Code.INTERNAL, f"lane {self.lane} failed: ")
         finally:
-            self._finish()
-            self.lanes.closed(self.lane, error)
+            kept = self._finish()
+            self.lanes.closed(self.lane, error, kept)
 
     def _serve(self) -> None:
         header = self.header
@@ -387,13 +389,17 @@ class LaneServer(HoldingThread):
         self._write_error(n, request_id, err)
         self.lanes.tally.fail_one(time.monotonic_ns() - sent, self.part)
 
-    def _finish(self) -> None:
-        """Claim nothing more, say so, give back the outputs the client held (unless told
-        they stay: this worker is retiring and they go with it)."""
+    def _finish(self) -> tuple[tuple[int, int], ...]:
+        """Claim nothing more, say so, give back the outputs the client held unless told
+        they stay (its client lives: they become its leases, the broker frees them when it
+        releases them); those that stay, with their sizes."""
         self.header[wl.WORKER_CLOSED] = 1
         self.responses.wake()
-        if self._free:
+        kept: tuple[tuple[int, int], ...] = ()
+        if self._free and not self.header[wl.KEPT]:  # (KEPT: before LaneClose comes)
             self.memory.free_outputs(self.leases)
+        else:
+            kept = self.memory.output_sizes(sorted(self.leases))
         self.leases.clear()
         self.plans.clear()  # their input views go before the client's region is unmapped
         if self.siblings is not None:
@@ -403,3 +409,4 @@ class LaneServer(HoldingThread):
             self.header.release()
             self.region.close()
             self.inputs.close()
+        return kept

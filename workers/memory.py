@@ -184,6 +184,11 @@ class WorkerMemory:
                 if region == name:
                     free(offset)
 
+    def output_sizes(self, offsets: Iterable[int]) -> tuple[tuple[int, int], ...]:
+        """(offset, size) of each block of this worker's output region at ``offsets``."""
+        with self._lock:
+            return tuple((offset, self.allocator.block_size(offset)) for offset in offsets)
+
     def free_outputs(self, offsets: Iterable[int]) -> None:
         """Blocks of this worker's output region, under one taking of the lock."""
         with self._lock:

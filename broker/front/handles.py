@@ -9,7 +9,7 @@ window with the size actually written.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from inferpool.broker.front.shares import OutputShares
@@ -26,6 +26,9 @@ class Handles:
         self.leases = leases
         self.outputs = outputs
         self.shares = shares
+        # the tokens of a release the lease table is to end (front.lane_leases takes the
+        # tokens of outputs a lane held that are not leases yet, or never will be)
+        self.absorb: Callable[[bytes, list[Any]], list[Any]] = lambda owner, tokens: tokens
 
     def place(
         self, req: PendingRequest, outputs: Sequence[TensorRef], headers: list[dict[str, Any]]
@@ -75,7 +78,7 @@ class Handles:
         """End ``owner``'s leases; NOT_FOUND naming any token it does not hold."""
         if not isinstance(tokens, list):
             tokens = [tokens]
-        ended, bad = self.leases.release(owner, tokens)
+        ended, bad = self.leases.release(owner, self.absorb(owner, tokens))
         self._end(ended)
         if bad:
             shown = ", ".join(repr(t) for t in bad[:5]) + (" ..." if len(bad) > 5 else "")

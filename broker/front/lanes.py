@@ -8,7 +8,8 @@ the region's header, both sides woken, ``LaneClose`` to the worker) when the cli
 it, disconnects or goes silent, when its input region ends, when the instance stops,
 crashes or is replaced, when the model unloads or reloads, or when the server drains (its
 admissions end).  The region is unlinked once
-the worker has said ``LaneClosed`` (or is dead).
+the worker has said ``LaneClosed`` (or is dead); the outputs a living client still holds
+become its leases (front.lane_leases).
 
 The rule: lanes serve models without dynamic or sequence batching, decoupled responses or a
 response cache, on a server without a rate limiter.  Those batch, stream, cache or gate
@@ -23,6 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from inferpool.broker.front.lane_leases import LaneLeases
 from inferpool.broker.front.registrations import Registrations
 from inferpool.broker.front.router import Handler
 from inferpool.broker.models.ensemble import EnsembleScheduler
@@ -42,6 +44,7 @@ from inferpool.wire.worker.messages import LaneClose, LaneClosed, LaneOpen, Lane
 log = logging.getLogger("inferpool.lanes")
 INPUT_REGION = "inputs"  # the region a shared-memory client's inputs live in
 EXTENSIONS = ("lanes",)
+LISTENING = (WorkerState.READY, WorkerState.STOPPING)  # a worker told LaneClose hears it
 
 
 @dataclass(eq=False)
@@ -79,12 +82,15 @@ class Lanes:
         supervisor: Supervisor[ModelVersion],
         track: Any,
         spin_us: int,
+        kept: LaneLeases,
         rate_limited: bool = False,
     ) -> None:
         """``track(client)``: watch the client for disconnects and silence (the shared-memory
         extension's); ``spin_us``: how long a worker spins for its lanes' next request;
+        ``kept``: where the outputs a client holds when its lane ends become its leases;
         ``rate_limited``: the broker gates executions (``--rate-limit``): no lanes."""
         self.run_id = run_id
+        self.kept = kept
         self.registry = registry
         self.registrations = registrations
         self.supervisor = supervisor
@@ -251,15 +257,24 @@ class Lanes:
         if lane is None or lane.owner != e[0]:
             raise not_found(f"no lane {h.get('lane')!r} of this client")
         self.revoke(lane, Code.CANCELLED, "the client closed the lane")
+        release = h.get("release")  # what the client released on the lanes and never sent
+        if isinstance(release, list):
+            self.kept.absorb(e[0], release)
         return {}
 
     # ------------------------------------------------------------------ revoking
-    def revoke(self, lane: Lane, code: Code, reason: str, free: bool = True) -> None:
+    def revoke(self, lane: Lane, code: Code, reason: str, free: bool = False) -> None:
         """Tell both sides the lane is over (the region says why), then the worker;
-        ``free``: the worker gives back the outputs the client holds (LaneClose)."""
+        ``free``: the client is gone, the worker gives back the outputs it held; else they
+        stay valid, as the client's leases (``KEPT``, front.lane_leases)."""
         if lane.revoked:
             return
         lane.revoked = True
+        worker = lane.worker
+        alive = worker.channel is not None and worker.state in LISTENING
+        if alive and not free:
+            lane.header[wl.KEPT] = 1  # before the state: a worker that sees it, sees this
+            self.kept.expect(lane.id, lane.owner)
         lane.header.revoke(wl.STATUS[code.value], reason)
         for word in (wl.REQ_SEQ, wl.RESP_SEQ):
             futex.wake(futex.address(lane.region.buf, word))
@@ -268,8 +283,7 @@ class Lanes:
             for sibling in self._all():
                 if sibling.ensemble is lane.ensemble and sibling.owner == lane.owner:
                     self.revoke(sibling, code, reason, free)
-        worker = lane.worker
-        if worker.channel is not None and worker.state in (WorkerState.READY, WorkerState.STOPPING):
+        if alive:
             self.supervisor.send(worker, LaneClose(lane.id, free))
         else:
             self._worker_gone(lane)
@@ -295,6 +309,7 @@ class Lanes:
         if msg.error is not None:
             err = InferpoolError.from_wire(msg.error)
             self.revoke(lane, err.code, err.message)
+        self.kept.adopt(lane.id, handle.output_region, msg.kept)
         self._destroy(lane)
 
     def worker_stats(self, handle: Worker, msg: LaneStats) -> None:
@@ -307,13 +322,14 @@ class Lanes:
     def instance_gone(self, handle: Worker, err: InferpoolError) -> None:
         """``handle``'s worker exited (crashed, stopped, failed): its lanes end now."""
         for lane in [la for la in self._all() if la.worker is handle]:
+            self.kept.lost(lane.id)
             self.revoke(lane, Code.UNAVAILABLE, err.message)
             if lane.id in self.lanes:
                 self._worker_gone(lane)
 
     def version_retired(self, mv: ModelVersion, why: str) -> None:
         for lane in [la for la in self._all() if mv in (la.model, la.ensemble)]:  # outputs stay
-            self.revoke(lane, Code.UNAVAILABLE, f"model {mv.label} {why}", free=False)
+            self.revoke(lane, Code.UNAVAILABLE, f"model {mv.label} {why}")
 
     def draining(self, why: str) -> None:
         """The server stopped admitting requests (a drain): every lane ends, so that its
@@ -324,7 +340,8 @@ class Lanes:
 
     def client_gone(self, owner: bytes, why: str) -> None:
         for lane in [la for la in self._all() if la.owner == owner]:
-            self.revoke(lane, Code.UNAVAILABLE, f"the client {why}")
+            self.revoke(lane, Code.UNAVAILABLE, f"the client {why}", free=True)
+        self.kept.forget(owner)
 
     def region_ended(self, owner: bytes, name: str) -> None:
         for lane in [la for la in self._all() if la.owner == owner and la.input_region == name]:

@@ -294,6 +294,39 @@ def test_a_failing_step_is_named_and_a_crashed_one_comes_back(server: Server) ->
         wait_until(lambda: other.statistics()["resources"]["lanes"] == 0, "no lane left", 10)
 
 
+def test_an_answer_held_when_the_lanes_end_stays_the_clients_until_released(
+    server: Server,
+) -> None:
+    """The ensemble's lanes end (the client closes them) while the client holds an answer,
+    whose output lies in the last step's worker's region: it stays valid while that worker
+    serves other requests, as the client's lease, until the client releases it."""
+    x = np.array([1, 2, 3, 4], np.float32)
+    with (
+        ShmClient(server.endpoint, input_bytes=1 << 20, lane=True, timeout=20) as c,
+        ShmClient(server.endpoint, input_bytes=1 << 20) as other,
+    ):
+
+        def leases() -> int:
+            return int(c.statistics()["resources"]["leases"])
+
+        before = leases()
+        req = c.request("chain", ["OUT"])
+        req.input("IN", (4,), np.float32)[:] = x
+        with c.run(req):
+            pass
+        held = c.run(req)  # leased from the last step (its step answers two outputs)
+        c.close_lane("chain")
+        assert len(held.leases) == 2
+        wait_until(lambda: leases() == before + 2, "the held answer leased", 10)
+        for _ in range(4):  # the broker path: the last step's outputs of the same size
+            assert run(other, "chain", "IN", x + 10)["OUT"].tolist() == (x * 2 + 21).tolist()
+        np.testing.assert_array_equal(held["OUT"], x * 2 + 1)
+        held.release()
+        c.flush()
+        other.flush()
+        wait_until(lambda: leases() == before, "the held answer to go back", 10)
+
+
 def test_a_step_that_leaves_out_an_output_ends_the_request_as_on_the_broker_path(
     server: Server,
 ) -> None:

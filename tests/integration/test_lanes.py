@@ -378,6 +378,43 @@ def test_a_reload_revokes_the_lane_and_the_new_version_serves(server: Server) ->
             assert result["OUTPUT0"].tolist() == [1, 1]
 
 
+def test_results_held_when_a_lane_ends_stay_valid_until_released(server: Server) -> None:
+    """Results a client holds when its lane ends (it closes the lane, the model reloads)
+    stay valid: the worker's next outputs of their size do not take their memory.  They are
+    the client's leases until it releases them, through the broker; one released before
+    the close but never sent on the lane goes back with the close, and nothing is left
+    held once the client has released them."""
+    with ShmClient(server.endpoint, timeout=30) as c, ShmClient(server.endpoint) as other:
+
+        def leases() -> int:
+            return int(c.statistics()["resources"]["leases"])
+
+        before = leases()
+        c.lane("plain")
+        req = fp32_request(c, "plain", np.full(256, 7, np.float32))
+        held = [c.run(req) for _ in range(2)]
+        c.run(req).release()  # queued on the lane, never sent on it
+        c.close_lane("plain")  # the worker says what the client held: its leases now
+        wait_until(lambda: leases() == before + 2, "the two held results leased", 10)
+        c.lane("again")
+        kept = c.run(fp32_request(c, "again", np.full(256, 5, np.float32)))
+        c.load_model("again")  # a reload: the old instance retires, its lane is revoked
+        # (its result is leased too, unless the instance exits first: its memory then
+        # stays mapped here alone)
+        for model in ("plain", "again"):  # outputs of the same size on the broker path
+            stomp = fp32_request(other, model, np.full(256, -1, np.float32))
+            for _ in range(4):
+                with other.run(stomp) as result:
+                    assert (result["OUTPUT0"] == -1).all()
+        assert all((r["OUTPUT0"] == 7).all() for r in held)
+        assert (kept["OUTPUT0"] == 5).all()
+        for result in [*held, kept]:
+            result.release()
+        c.flush()
+        other.flush()
+        wait_until(lambda: leases() == before, "the held results to go back", 10)
+
+
 def test_unloading_the_model_revokes_its_lane(server: Server) -> None:
     with ShmClient(server.endpoint, timeout=10) as c:
         lane = c.lane("gone")

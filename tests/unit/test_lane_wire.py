@@ -270,3 +270,10 @@ def test_a_cancelled_mark_is_read_for_its_own_request_only(region: memoryview) -
     assert not lr.request_cancelled(region, at, 7)  # the slot holds another request
     lr.write_request(region, at, 1024, 7, 0, 0, 0, 0, body, [])  # taken over: unmarked
     assert not lr.request_cancelled(region, at, 7)
+
+
+def test_a_lane_token_names_its_lane_and_offset_and_nothing_else_parses_as_one() -> None:
+    assert wl.lane_token(7, 4096) == "lane7.4096"
+    assert wl.parse_lane_token(wl.lane_token(7, 4096)) == (7, 4096)
+    for other in ("f0c2f635c5.1", "lane7", "lane.4096", "lanex.1", "lane7.-1", "lane².1", 7, None):
+        assert wl.parse_lane_token(other) is None, other

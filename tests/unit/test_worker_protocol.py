@@ -84,6 +84,7 @@ FROM_WORKER = [
     m.Unmapped(["cuda/0011aabb/4096", "inferpool-ab12cd34-c7-input"]),
     m.LaneClosed(3),
     m.LaneClosed(4, ERROR),
+    m.LaneClosed(5, None, ((0, 64), (4096, 1 << 20))),
     m.LaneStats(5, 1, 9000, 300, 700, 6, DURATIONS, [m.LaneBatch(1, 5, DURATIONS)]),
     m.LaneStats(
         2, 0, 90, 0, 9, 3, DURATIONS, [], None, (m.LanePart(7, 2, 0, 90, 0, 9, 3, DURATIONS),)

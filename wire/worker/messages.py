@@ -295,10 +295,13 @@ class Unmapped(NamedTuple):
 
 class LaneClosed(NamedTuple):
     """The worker serves lane ``lane`` no more (told to, or it could not: ``error``); it
-    answered every request it had claimed and freed the lane's outputs."""
+    answered every request it had claimed and freed the lane's outputs, except, when told
+    not to free them (LaneClose), those its client still holds: ``kept``, (offset, byte
+    size) in its output region, which the broker makes the client's leases."""
 
     lane: int
     error: ErrorObject | None = None
+    kept: tuple[tuple[int, int], ...] = ()
 
 
 class LanePart(NamedTuple):
@@ -586,6 +589,14 @@ def _release(body: Sequence[Any]) -> Release:
     return release
 
 
+def _lane_closed(body: Sequence[Any]) -> LaneClosed:
+    lane, error, kept = body
+    closed = _new(LaneClosed, (lane, error, tuple((k[0], k[1]) for k in kept)))
+    if not (_all(int, lane) and all(_all(int, *k) for k in closed.kept)):
+        raise ValueError("a closed lane with fields of the wrong types")
+    return closed
+
+
 def _all(kind: type, *values: Any) -> bool:
     return all(type(v) is kind for v in values)  # as orjson reads them: a bool is no int
 
@@ -615,7 +626,7 @@ _FROM_WORKER: dict[str, Callable[[Any], Any]] = {
     Kind.SHARE_REGION: ShareRegion._make,
     Kind.REGION_FILLED: RegionFilled._make,
     Kind.UNMAPPED: Unmapped._make,
-    Kind.LANE_CLOSED: LaneClosed._make,
+    Kind.LANE_CLOSED: _lane_closed,
     Kind.LANE_STATS: _lane_stats,
     Kind.CALL: _call,
     Kind.CANCEL_CALL: _cancel_call,
