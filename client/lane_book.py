@@ -1,15 +1,19 @@
 """Which lanes a shared-memory session has, wants, and may ask for again (without I/O).
 
-A session with ``lane=True`` wants a lane to every model it runs; ``client.lane(model)``
-asks for one model's.  A lane is asked for (``open_lane``) the first time a request for its
-model runs; a lane that ended is asked for again at most every ``RETRY_S``, the requests
-meanwhile taking the broker path.  A refusal that would only repeat itself (the model
-batches, the client has no input region: UNSUPPORTED, INVALID_ARG) is raised to the caller;
-a passing one (no ready instance, the model is unloading) just means the broker path.
+A session with ``lane=True`` wants a lane to every model it runs that lanes serve;
+``client.lane(model)`` asks for one model's.  A lane is asked for (``open_lane``) the first
+time a request for its model runs; a lane that ended is asked for again at most every
+``RETRY_S``, the requests meanwhile taking the broker path.  A model lanes do not serve (it
+batches in the broker, streams, caches: UNSUPPORTED) is not asked for again with
+``lane=True``, its requests take the broker path; a refusal that would only repeat itself
+otherwise (a model asked for by name, a client without an input region: INVALID_ARG) is
+raised to the caller; a passing one (no ready instance, the model is unloading) just means the
+broker path.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import TYPE_CHECKING, Any
@@ -24,6 +28,7 @@ from inferpool.wire.errors import Code, InferpoolError
 if TYPE_CHECKING:
     from inferpool.client.shm_core import ShmSession
 
+log = logging.getLogger("inferpool.client")
 RETRY_S = 1.0
 Key = tuple[str, str]  # (model, version as the requests name it)
 AnyLane = Lane | EnsembleLane
@@ -40,6 +45,7 @@ class LaneBook:
         self.slots = slots
         self.lanes: dict[Key, AnyLane] = {}
         self.wanted: set[Key] = set()
+        self.unserved: set[Key] = set()  # models lanes do not serve (lane=True asks no more)
         self._retry_at: dict[Key, float] = {}
 
     def __len__(self) -> int:
@@ -61,7 +67,7 @@ class LaneBook:
         if not (self.auto or self.wanted):  # the common case: no lanes asked for
             return False
         key = (request.model, request.version)
-        if key in self.lanes or not (self.auto or key in self.wanted):
+        if key in self.lanes or key in self.unserved or not (self.auto or key in self.wanted):
             return False
         return time.monotonic() >= self._retry_at.get(key, 0.0)
 
@@ -88,10 +94,17 @@ class LaneBook:
         return Call("open_lane", read, fields)
 
     def refused(self, model: str, version: str, err: InferpoolError) -> None:
-        """An ``open_lane`` failed: raise what would only fail again, else wait a while."""
+        """An ``open_lane`` a request made failed: with ``lane=True``, a model lanes do not
+        serve takes the broker path from now on; else raise what would only fail again, or
+        wait a while."""
+        key = (model, version)
+        if err.code is Code.UNSUPPORTED and self.auto and key not in self.wanted:
+            self.unserved.add(key)
+            log.info("model '%s' takes the broker path: %s", model, err.message)
+            return
         if err.code in _PERMANENT:
             raise err
-        self._retry_at[(model, version)] = time.monotonic() + RETRY_S
+        self._retry_at[key] = time.monotonic() + RETRY_S
 
     def lost(self, lane: AnyLane) -> None:
         """``lane`` ended: forget it; a new one may be asked for after ``RETRY_S``."""

@@ -408,6 +408,9 @@ def test_ensembles_lanes_cannot_serve_are_refused_by_name(server: Server) -> Non
             c.lane("squares")
         x = np.arange(4, dtype=np.float32).reshape(1, 4)
         np.testing.assert_array_equal(run(c, "batched", "IN", x)["OUT"], x)  # the broker path
+    with ShmClient(server.endpoint, input_bytes=1 << 20, lane=True, timeout=20) as auto:
+        np.testing.assert_array_equal(run(auto, "batched", "IN", x)["OUT"], x)  # so here too
+        assert ("batched", "") in auto.session.lanes.unserved
 
 
 def test_an_asyncio_client_runs_many_requests_at_once_each_in_its_own_windows(

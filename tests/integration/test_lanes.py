@@ -173,10 +173,14 @@ def test_models_that_batch_in_the_broker_are_refused(server: Server) -> None:
         assert info.value.code is Code.UNSUPPORTED
         assert "uses dynamic batching" in info.value.message
         assert "use the broker path" in info.value.message
-    with ShmClient(server.endpoint, lane=True, timeout=10) as c:
+    with ShmClient(server.endpoint, lane=True, timeout=10) as c:  # lanes where they serve
         req = fp32_request(c, "dyn", np.ones((1, 4), np.float32))
-        with pytest.raises(InferpoolError, match="dynamic batching"):
-            c.run(req)
+        for _ in range(2):
+            with c.run(req) as result:  # the broker path, which batches
+                assert result["OUTPUT0"].tolist() == [[1, 1, 1, 1]]
+        assert c.session.lanes.unserved == {("dyn", "")} and len(c.session.lanes) == 0
+        served(c, "plain")
+        assert len(c.session.lanes) == 1  # a model lanes serve still gets its lane
 
 
 def test_a_lane_needs_the_clients_input_region(server: Server) -> None:
