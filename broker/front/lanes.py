@@ -11,23 +11,20 @@ admissions end).  The region is unlinked once
 the worker has said ``LaneClosed`` (or is dead); the outputs a living client still holds
 become its leases (front.lane_leases).
 
-The rule: lanes serve models without dynamic or sequence batching, decoupled responses or a
-response cache, on a server without a rate limiter.  Those batch, stream, cache or gate
-executions in the broker, which a lane bypasses; they are refused with UNSUPPORTED.
+Which models lanes serve: front.lane_rules.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from inferpool.broker.front.lane_leases import LaneLeases
+from inferpool.broker.front.lane_rules import check_rule, ensemble_plan, specs
 from inferpool.broker.front.registrations import Registrations
 from inferpool.broker.front.router import Handler
-from inferpool.broker.models.ensemble import EnsembleScheduler
 from inferpool.broker.models.ensemble_config import Plan
 from inferpool.broker.models.manager import Worker
 from inferpool.broker.models.registry import ModelVersion, Registry
@@ -37,7 +34,6 @@ from inferpool.shm import futex
 from inferpool.shm.region import Region, ShmExhausted
 from inferpool.shm.runs import region_name
 from inferpool.wire import lane as wl
-from inferpool.wire.contract import TensorSpec
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg, not_found
 from inferpool.wire.worker.messages import LaneClose, LaneClosed, LaneOpen, LaneStats
 
@@ -118,7 +114,7 @@ class Lanes:
                 "them itself and asks with 'steps' (ShmClient does); use the broker path",
             )
         if plan is None:
-            _check_rule(mv, self.rate_limited)
+            check_rule(mv, self.rate_limited)
         pid = h.get("pid")
         if type(pid) is not int or pid <= 0:
             raise invalid_arg(f"open_lane needs 'pid': the client's process id, got {pid!r}")
@@ -210,7 +206,7 @@ class Lanes:
             version = step.model_version if step.model_version > 0 else ""
             model = self.registry.resolve(step.model_name, version)
             try:
-                _check_rule(model, self.rate_limited)
+                check_rule(model, self.rate_limited)
             except InferpoolError as err:
                 raise InferpoolError(
                     err.code,
@@ -237,7 +233,7 @@ class Lanes:
                 "input_map": dict(step.inputs),
                 "output_map": dict(step.outputs),
                 "max_batch_size": model.max_batch_size,
-                "inputs": _specs(model.inputs.values()),
+                "inputs": specs(model.inputs.values()),
             }
             for step, model in zip(plan.steps, models, strict=True)
         ]
@@ -246,8 +242,8 @@ class Lanes:
             "model_name": mv.name,
             "model_version": mv.version_str,
             "max_batch_size": mv.max_batch_size,
-            "inputs": _specs(mv.inputs.values()),
-            "outputs": _specs(mv.outputs.values()),
+            "inputs": specs(mv.inputs.values()),
+            "outputs": specs(mv.outputs.values()),
             "lanes": [self._grant(lane) for lane in opened],  # step i's is lanes[i]
             "steps": steps,
         }
@@ -378,40 +374,3 @@ class Lanes:
             if not lane.revoked:
                 lane.header.revoke(wl.STATUS["UNAVAILABLE"], "the server shut down")
             self._worker_gone(lane)
-
-
-def _check_rule(mv: ModelVersion, rate_limited: bool) -> None:
-    cfg = mv.config
-    why = ""
-    if rate_limited:
-        why = "runs on a server whose rate limiter gates every execution (--rate-limit)"
-    elif mv.decoupled:
-        why = "is decoupled"
-    elif cfg.HasField("sequence_batching"):
-        why = "uses the sequence batcher"
-    elif cfg.HasField("dynamic_batching"):
-        why = "uses dynamic batching"
-    elif cfg.response_cache.enable:
-        why = "caches its responses in the broker (response_cache)"
-    elif not mv.instances:
-        why = "has no instances of its own"
-    if why:
-        raise InferpoolError(
-            Code.UNSUPPORTED,
-            f"model {mv.label} {why}: lanes serve models without dynamic or sequence batching, "
-            "decoupled responses or a response cache, on a server without a rate limiter (the "
-            "broker batches, streams, caches or gates those requests); use the broker path",
-        )
-
-
-def ensemble_plan(mv: ModelVersion) -> Plan | None:
-    """The wiring of ``mv`` if it is an ensemble."""
-    scheduler = mv.scheduler
-    return scheduler.plan if isinstance(scheduler, EnsembleScheduler) else None
-
-
-def _specs(specs: Iterable[TensorSpec]) -> list[dict[str, Any]]:
-    return [
-        {"name": s.name, "datatype": s.datatype, "dims": list(s.dims), "optional": s.optional}
-        for s in specs
-    ]
