@@ -59,6 +59,11 @@ class Step:
         )
 
 
+class NoRoom(Exception):
+    """A tensor later steps read does not fit in the client's input region: the request
+    takes the broker path (client.lane_ensemble)."""
+
+
 class Windows:
     """Where one run's tensors that later steps read are written, in the client's region:
     a set per request in flight (one for the blocking client; the asyncio client runs many
@@ -80,7 +85,10 @@ class Windows:
         if known is not None:
             del self.spans[tensor]
             self.session.free(known[0])
-        offset = self.session.alloc(nbytes, f"ensemble tensor '{tensor}'")
+        try:
+            offset = self.session.alloc(nbytes, f"ensemble tensor '{tensor}'")
+        except InferpoolError as err:
+            raise NoRoom(err.message) from None
         self.spans[tensor] = (offset, nbytes)
         self.placing += 1
         return offset

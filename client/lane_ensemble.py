@@ -17,7 +17,9 @@ regions and are leased to the caller, as any lane result's.
 
 When a lane of the ensemble ends, the broker ends them all: a step not taken yet raises
 :class:`~inferpool.client.lane.LaneRevoked`, and the caller sends the whole request on the
-broker path (steps that ran already run again there).
+broker path (steps that ran already run again there).  So does a request whose tensors
+between the steps do not fit in the client's input region (``NoRoom``): the broker path needs
+no room there for them, and takes the requests of the next ``CROWDED_S`` seconds too.
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from inferpool.client.ensemble_run import Run, Step, Where, Windows, specs
+from inferpool.client.ensemble_run import NoRoom, Run, Step, Where, Windows, specs
 from inferpool.client.lane import Lane
 from inferpool.client.shm_request import HANDLE, INPUT_REGION, ShmRequest, ShmResult
 from inferpool.wire.contract import check_byte_size, check_input, check_required
 from inferpool.wire.errors import invalid_arg
+
+CROWDED_S = 1.0  # how long requests take the broker path after one found no room
 
 if TYPE_CHECKING:
     from inferpool.client.lane_async import AsyncLane
@@ -50,6 +54,7 @@ class EnsembleLane:
         self.runs = 0  # requests run: each one's steps carry its number as their id
         self.ahead = 0  # steps posted before the step they read from had answered
         self.redone = 0  # steps posted again: the tensor they waited for lay elsewhere
+        self.crowded_until = 0.0  # till when requests take the broker path (NoRoom)
         self.lanes: list[Lane] = []
         try:
             for lane_grant in grant["lanes"]:
@@ -72,6 +77,8 @@ class EnsembleLane:
         """The request's inputs as ensemble tensors (checked as the broker checks an
         ensemble's request), or None when it cannot run over lanes (inputs outside the
         input region, outputs into windows, parameters): the broker path takes it."""
+        if self.crowded_until and time.monotonic() < self.crowded_until:
+            return None
         cached = request.lane_cache
         if cached is not None and cached[0] == (self.id, request.revision):
             return cached[1]
@@ -115,6 +122,10 @@ class EnsembleLane:
         run = self._run(inputs, limit)
         try:
             return run.go()
+        except NoRoom:
+            run.drop()
+            self._crowded()
+            return None
         except BaseException:
             run.drop()
             raise
@@ -132,11 +143,20 @@ class EnsembleLane:
         run = self._run(inputs, limit)
         try:
             return await run.go_async(lane_of)
+        except NoRoom:
+            run.drop()
+            self._crowded()
+            return None
         except BaseException:
             run.drop()
             raise
         finally:
             self.spare.append(run.windows)
+
+    def _crowded(self) -> None:
+        """The request's tensors did not fit in the client's region: it takes the broker
+        path, and so do the requests of the next ``CROWDED_S`` seconds."""
+        self.crowded_until = time.monotonic() + CROWDED_S
 
     def _run(self, inputs: dict[str, Where], limit: float) -> Run:
         windows = self.spare.pop() if self.spare else Windows(self.session)

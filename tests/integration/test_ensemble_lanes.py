@@ -178,6 +178,19 @@ def test_windows_grow_with_the_tensors(server: Server) -> None:
             assert (lanes.copies, lanes.redone) == (copies, redone), size
 
 
+def test_tensors_that_do_not_fit_the_clients_region_take_the_broker_path(server: Server) -> None:
+    """The client's input region holds the request's input but not the tensor between the
+    steps: the request is answered on the broker path, as are the next second's."""
+    n = 60_000
+    x = np.arange(n, dtype=np.float32)
+    with ShmClient(server.endpoint, input_bytes=4 * n + 4096, lane=True, timeout=20) as c:
+        for _ in range(3):
+            np.testing.assert_array_equal(run(c, "grow", "IN", x)["OUT"], x)
+        lanes = lanes_of(c, "grow")
+        assert lanes.usable and lanes.crowded_until > 0 and lanes.copies == 0
+        assert lanes.body(c.request("grow", ["OUT"])) is None  # the broker path, for now
+
+
 def test_each_lease_goes_back_on_the_lane_that_granted_it(server: Server) -> None:
     """Both steps run on the one instance of 'mid' (two lanes, one output region): the
     answer's lease goes back on the last step's lane, which takes it (a lease given back
