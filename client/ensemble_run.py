@@ -103,9 +103,15 @@ class Run:
     """One request through the ensemble's steps."""
 
     def __init__(
-        self, ensemble: EnsembleLane, inputs: dict[str, Where], windows: Windows, deadline: float
+        self,
+        ensemble: EnsembleLane,
+        inputs: dict[str, Where],
+        wanted: frozenset[str],
+        windows: Windows,
+        deadline: float,
     ) -> None:
         self.ensemble = ensemble
+        self.wanted = wanted  # the ensemble's outputs the request asks for
         self.windows = windows
         self.deadline = deadline
         self.tensors = inputs  # ensemble tensor -> where it lies in the client's region
@@ -270,7 +276,7 @@ class Run:
         kept = False
         for name, offset, nbytes, spec, _, _, placed in result.layout:
             tensor = step.writes[name]
-            if tensor in ensemble.outputs:
+            if tensor in self.wanted:
                 self.final[tensor] = (result.outputs[name], step.batching)
                 kept = True
             if tensor not in ensemble.read:
@@ -302,6 +308,8 @@ class Run:
         batching = ensemble.max_batch_size > 0
         outputs = {}
         for name, spec in ensemble.output_specs.items():
+            if name not in self.wanted:
+                continue
             if name not in self.final:  # a step did not answer with an output it was asked
                 raise self.deadlock()
             array, batched = self.final[name]

@@ -73,10 +73,11 @@ class EnsembleLane:
         self.read = frozenset(t for step in self.steps for t in step.reads.values())
 
     # ------------------------------------------------------------------ a request
-    def body(self, request: ShmRequest) -> dict[str, Where] | None:
-        """The request's inputs as ensemble tensors (checked as the broker checks an
-        ensemble's request), or None when it cannot run over lanes (inputs outside the
-        input region, outputs into windows, parameters): the broker path takes it."""
+    def body(self, request: ShmRequest) -> tuple[dict[str, Where], frozenset[str]] | None:
+        """The request's inputs as ensemble tensors and the outputs it asks for (checked as
+        the broker checks an ensemble's request), or None when it cannot run over lanes
+        (inputs outside the input region, outputs into windows, parameters): the broker path
+        takes it."""
         if self.crowded_until and time.monotonic() < self.crowded_until:
             return None
         cached = request.lane_cache
@@ -86,12 +87,15 @@ class EnsembleLane:
         request.lane_cache = ((self.id, request.revision), found)
         return found
 
-    def _check(self, request: ShmRequest) -> dict[str, Where] | None:
+    def _check(self, request: ShmRequest) -> tuple[dict[str, Where], frozenset[str]] | None:
         header = request.header
         if "parameters" in header:
             return None
         if any(spec["parameters"] != HANDLE for spec in header["outputs"]):
             return None
+        wanted = frozenset(spec["name"] for spec in header["outputs"]) or self.outputs
+        for name in wanted - self.outputs:
+            raise invalid_arg(f"unexpected inference output '{name}' for model '{self.model}'")
         found: dict[str, Where] = {}
         batch = 0
         batched = self.max_batch_size > 0
@@ -110,16 +114,16 @@ class EnsembleLane:
             check_byte_size(self.model, name, expected, nbytes)
             found[name] = (params["shared_memory_offset"], datatype, shape, nbytes, batched)
         check_required(self.model, self.required, set(found))
-        return found
+        return found, wanted
 
     def run(self, request: ShmRequest, limit: float) -> ShmResult | None:
         """Run the ensemble on ``request`` within ``limit`` seconds: its result, whose
         outputs are leased from the workers of the steps that made them; None if it cannot
         run over lanes (``body``)."""
-        inputs = self.body(request)
-        if inputs is None:
+        asked = self.body(request)
+        if asked is None:
             return None
-        run = self._run(inputs, limit)
+        run = self._run(*asked, limit)
         try:
             return run.go()
         except NoRoom:
@@ -137,10 +141,10 @@ class EnsembleLane:
     ) -> ShmResult | None:
         """``run`` for the asyncio client: each step awaited on its lane's ``AsyncLane``
         (``lane_of``), many requests in flight, each with its own windows."""
-        inputs = self.body(request)
-        if inputs is None:
+        asked = self.body(request)
+        if asked is None:
             return None
-        run = self._run(inputs, limit)
+        run = self._run(*asked, limit)
         try:
             return await run.go_async(lane_of)
         except NoRoom:
@@ -158,9 +162,9 @@ class EnsembleLane:
         path, and so do the requests of the next ``CROWDED_S`` seconds."""
         self.crowded_until = time.monotonic() + CROWDED_S
 
-    def _run(self, inputs: dict[str, Where], limit: float) -> Run:
+    def _run(self, inputs: dict[str, Where], wanted: frozenset[str], limit: float) -> Run:
         windows = self.spare.pop() if self.spare else Windows(self.session)
-        return Run(self, dict(inputs), windows, time.monotonic() + limit)
+        return Run(self, dict(inputs), wanted, windows, time.monotonic() + limit)
 
     def copy_in(self, windows: Windows, tensor: str, lane: Lane, offset: int, nbytes: int) -> int:
         """Copy ``tensor``, an output at ``offset`` in ``lane``'s worker's region, into

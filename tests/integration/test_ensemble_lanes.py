@@ -328,6 +328,7 @@ def test_an_answer_held_when_the_lanes_end_stays_the_clients_until_released(
         with c.run(req):
             pass
         held = c.run(req)  # leased from the last step (its step answers two outputs)
+        assert list(held.outputs) == ["OUT"]  # only what it asked for, as on the broker path
         c.close_lane("chain")
         assert len(held.leases) == 2
         wait_until(lambda: leases() == before + 2, "the held answer leased", 10)
