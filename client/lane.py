@@ -294,10 +294,10 @@ class Lane:
         self.read = read = (n + 1) & MASK
         self.words[RESP_DONE] = read
         _, _, views, parameters, leases = known
-        mapped = self.session.mapped.get(self.output_region).buf
+        mapped, own = self._bufs()
         outputs: dict[str, Any] = {}
         for name, offset, nbytes, spec, typed, shape, placed in views:
-            buf = self._bufs()[1] if placed else mapped  # placed: in the client's own region
+            buf = own if placed else mapped  # placed: in the client's own region
             if typed is None:  # BYTES: decoded afresh (its elements are copies)
                 outputs[name] = output_view(buf, offset, nbytes, spec)
             else:

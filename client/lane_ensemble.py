@@ -24,8 +24,9 @@ no room there for them, and takes the requests of the next ``CROWDED_S`` seconds
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from inferpool.client.ensemble_run import NoRoom, Run, Step, Where, Windows, specs
@@ -124,17 +125,9 @@ class EnsembleLane:
         if asked is None:
             return None
         run = self._run(*asked, limit)
-        try:
+        with self._ending(run):
             return run.go()
-        except NoRoom:
-            run.drop()
-            self._crowded()
-            return None
-        except BaseException:
-            run.drop()
-            raise
-        finally:
-            self.spare.append(run.windows)
+        return None  # no room for its tensors: the broker path
 
     async def run_async(
         self, request: ShmRequest, limit: float, lane_of: Callable[[Lane], AsyncLane]
@@ -145,22 +138,26 @@ class EnsembleLane:
         if asked is None:
             return None
         run = self._run(*asked, limit)
-        try:
+        with self._ending(run):
             return await run.go_async(lane_of)
+        return None  # no room for its tensors: the broker path
+
+    @contextlib.contextmanager
+    def _ending(self, run: Run) -> Iterator[None]:
+        """How a run ends, whichever client drives it: what it holds goes back if it fails,
+        its windows are kept for the next; a run whose tensors did not fit in the client's
+        region (NoRoom) is swallowed, and the requests of the next ``CROWDED_S`` seconds
+        take the broker path."""
+        try:
+            yield
         except NoRoom:
             run.drop()
-            self._crowded()
-            return None
+            self.crowded_until = time.monotonic() + CROWDED_S
         except BaseException:
             run.drop()
             raise
         finally:
             self.spare.append(run.windows)
-
-    def _crowded(self) -> None:
-        """The request's tensors did not fit in the client's region: it takes the broker
-        path, and so do the requests of the next ``CROWDED_S`` seconds."""
-        self.crowded_until = time.monotonic() + CROWDED_S
 
     def _run(self, inputs: dict[str, Where], wanted: frozenset[str], limit: float) -> Run:
         windows = self.spare.pop() if self.spare else Windows(self.session)
