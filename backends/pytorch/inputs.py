@@ -4,14 +4,17 @@ Each request is checked on its own first (inputs present, datatypes, shapes, bat
 UTF-8 strings), so a bad request gets its own error and the rest still run.  The good ones
 are then joined along the batch dimension:
 
-* one request: its shared-memory views become tensors as they are (``torch.from_numpy``);
+* one request: its shared-memory views become tensors as they are (``torch.from_numpy``),
+  then go to the device inputs are gathered on if they are elsewhere;
 * several requests whose inputs lie back to back in one buffer (as a batcher that places a
   batch in consecutive arena slots leaves them): one view over the whole span, no copy;
 * otherwise one copy of each request into a batch tensor on the instance's device.
 
-Copies to a GPU are queued on the instance's stream (the forward pass follows on it); a
-copy from a GPU to the CPU (a GPU input to a KIND_CPU or KIND_MODEL instance) blocks, as
-the forward pass reads it on the CPU at once.
+Inputs are gathered on the instance's GPU for KIND_GPU, on the CPU for KIND_CPU and
+KIND_MODEL (a KIND_MODEL model moves them itself).  Copies to a GPU are queued on the
+instance's stream (the forward pass follows on it); a copy from a GPU to the CPU (an input
+in a client's CUDA region sent to a KIND_CPU or KIND_MODEL instance) blocks, as the forward
+pass reads it on the CPU at once.
 """
 
 from __future__ import annotations
@@ -220,6 +223,8 @@ class InputAssembler:
             tensor = dtypes.as_tensor(value)
             if self.on_gpu:
                 tensor = tensor.to(self.device, non_blocking=True)
+            elif type(value) is not np.ndarray:  # a GPU input gathered on the CPU: blocks
+                tensor = tensor.to(self.device)
         else:
             parts = [p.values[name] for p in batch]
             if isinstance(parts[0], list):

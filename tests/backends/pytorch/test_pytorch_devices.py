@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
 import torch
 import torch_models as tm
 
+from inferpool.backends.api import InputTensor
 from inferpool.backends.pytorch.device import Placement
 from inferpool.wire.errors import Code, InferpoolError
 from tests.gpu.paths import PYTORCH_KIND_MODEL, PYTORCH_LAST_GPU, path
@@ -181,3 +183,64 @@ def test_cuda_events_time_a_gpu_execution(repo, harness, fake_cuda):
     assert recorded == [0, 1]
     stamps = h.host.timing_of(request).stamps
     assert stamps.exec_start <= stamps.compute_start <= stamps.compute_end <= stamps.exec_end
+
+
+class OnGpu(torch.Tensor):
+    """A tensor that says it lives on cuda:0, as an input in a client's CUDA region reaches
+    the backend (``torch.from_dlpack`` of a cupy array); its values lie on the CPU.  Every
+    copy made of it is recorded with whether it was queued (``non_blocking``)."""
+
+    copies: ClassVar[list[bool]] = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func == torch.Tensor.device.__get__:  # a new method-wrapper each time
+            return torch.device("cuda", 0)
+        if func in (torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.copy_):
+            cls.copies.append(bool(kwargs.get("non_blocking", False)))
+        if func in (torch.Tensor.to, torch.Tensor.cpu):  # what a copy to the CPU gives
+            with torch._C.DisableTorchFunctionSubclass():
+                return args[0].clone()
+        return super().__torch_function__(func, types, args, kwargs)
+
+
+def on_one_device(forward: Any) -> Any:
+    """``forward`` refusing tensors that are not on the CPU, as a model with CPU weights
+    does."""
+
+    def checked(*args: Any) -> Any:
+        for arg in args:
+            if arg.device.type != "cpu":
+                raise RuntimeError(
+                    "Expected all tensors to be on the same device, but found at least two "
+                    f"devices, {arg.device} and cpu!"
+                )
+        return forward(*args)
+
+    return checked
+
+
+@pytest.mark.parametrize("kind", ["CPU", "MODEL"])
+@pytest.mark.parametrize("count", [1, 2])
+def test_gpu_inputs_reach_a_cpu_side_instance_on_the_cpu(repo, harness, kind, count):
+    """An input in a client's CUDA region, sent to a KIND_CPU or KIND_MODEL instance (whose
+    inputs are gathered on the CPU), is copied to the CPU, blocking, alone or in a batch."""
+    tm.save(tm.Linear(), repo)
+    h = harness(CONFIG, instance=instance(kind))
+    instance_ = h.host.instance
+    instance_.forward = on_one_device(instance_.forward)
+    x = np.random.default_rng(count).random((count, 4), dtype=np.float32)
+    requests = []
+    for row in x:
+        request = h.request({"INPUT__0": row[None]})
+        data = torch.from_numpy(row[None].copy()).as_subclass(OnGpu)
+        request.inputs["INPUT__0"] = InputTensor("INPUT__0", "FP32", (1, 4), data, 16, "gpu")
+        requests.append(request)
+    OnGpu.copies.clear()
+    results = []
+    for _, response, _ in h.execute(requests):
+        assert response is not None and response.error is None, response
+        results.append(h.outputs_of(response)["OUTPUT__0"])
+    np.testing.assert_allclose(np.concatenate(results), expected(x), rtol=1e-5, atol=1e-6)
+    assert OnGpu.copies and not any(OnGpu.copies)  # copied, and each copy blocked
