@@ -4,8 +4,10 @@ A :class:`Lane` posts a :class:`~inferpool.client.shm_request.ShmRequest` (its i
 already in the client's input region; only a small struct crosses) and reads the answer as
 a :class:`~inferpool.client.shm_request.ShmResult` whose outputs view the worker's output
 region in place, leased until released (releases ride on the lane's next request).  How it
-waits: a bounded spin when the worker runs on another core, then a futex, in slices after
-each of which it looks whether the lane was revoked or the worker died.
+waits: a bounded spin while the waiting thread runs on a core the worker may not run on
+(looked at on every turn: ``shm.cores.Apart``; the lane's header tells the worker, which
+then spins for the next request too), then a futex, in slices after each of which it looks
+whether the lane was revoked or the worker died.
 
 When the lane ends (revoked by the broker, or the worker gone), a request the worker had not
 taken raises :class:`LaneRevoked`: nothing ran, and the client sends it on the broker path.
@@ -31,7 +33,8 @@ from inferpool.client.shm_request import (
     ShmResult,
     output_view,
 )
-from inferpool.shm.bell import apart, bells
+from inferpool.shm import cores
+from inferpool.shm.bell import bells
 from inferpool.shm.refs import posix_name
 from inferpool.shm.region import Region
 from inferpool.wire import codec
@@ -50,6 +53,7 @@ VIEWS = 64  # output shapes a lane remembers how to view
 _now = time.monotonic_ns
 # the header's words a client reads on every request
 STATE, WORKER_CLOSED, RESP_DONE = wl.STATE >> 2, wl.WORKER_CLOSED >> 2, wl.RESP_DONE >> 2
+CLIENT_APART = wl.CLIENT_APART >> 2
 RESP_SEQ = wl.RESP_SEQ >> 2
 
 
@@ -97,7 +101,11 @@ class Lane:
         self.response_at = [geometry.response(i) for i in range(geometry.slots)]
         self._views: dict[tuple[int, int, tuple[int, ...]], Any] = {}
         self._known: Known = (0, None, [], {}, ())  # the last response record read: _take
-        self.spin_ns = spin_us * 1000 if spin_us > 0 and apart(self.worker_pid) else 0
+        self.worker_cores = cores.of(self.worker_pid)  # the cores the worker may run on
+        self.held_cores = frozenset(grant.get("held_cpus", ()))  # every worker's, pinned
+        self.apart = cores.Apart(self.worker_cores)
+        self.spin_ns = spin_us * 1000 if spin_us > 0 and not self.apart.never else 0
+        self._told = False  # what the header's CLIENT_APART says
         self.sent = 0  # requests posted
         self.read = 0  # responses taken
         self.releases: list[int] = []  # tokens to send with the next request
@@ -236,12 +244,36 @@ class Lane:
                     Code.TIMEOUT,
                     f"no response on lane {self.id} (model '{self.model}') within {limit:g}s",
                 )
-            head = responses.wait(head, self.spin_ns, min(SLICE_S, left))
+            head = responses.wait(head, self.spin_ns, min(SLICE_S, left), self.stay)
             if 0 < (head - n) & MASK <= self.slots:  # answered
                 return
             if self.over():
                 self.fail(n)
                 return
+
+    def stay(self) -> bool:
+        """Whether a wait may spin on: the calling thread runs on a core the worker may not
+        run on.  The header tells the worker (CLIENT_APART) whenever that changes."""
+        apart = self.apart()
+        if apart is not self._told:
+            self._told = apart
+            self.words[CLIENT_APART] = apart
+        return apart
+
+    def placement(self) -> dict[str, Any]:
+        """Where the lane's ends run and how its waits went: the cores the worker may run
+        on, the cores the server's workers hold, the calling thread's core now and the
+        cores it may run on, whether a wait of this thread spins now, and how many waits
+        were answered while spinning and how many slept."""
+        return {
+            "worker_cores": sorted(self.worker_cores),
+            "held_cores": sorted(self.held_cores),
+            "client_core": cores.current(),
+            "client_cores": sorted(cores.allowed()),
+            "spins": bool(self.spin_ns) and self.apart(),
+            "spun": self.responses.spun,
+            "slept": self.responses.slept,
+        }
 
     def cancel(self, n: int) -> None:
         """Cancel request ``n`` (posted, unanswered), which its caller gave up on: its

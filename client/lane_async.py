@@ -1,20 +1,26 @@
 """A lane for an asyncio client: many requests in flight, answered through the event loop.
 
-The loop thread posts requests into the lane (client.lane) and awaits futures.  A thread per
-lane sleeps on the lane's response futex while requests are in flight (it never spins: a
-spinning thread would hold the GIL the loop needs) and, when responses arrive or the lane
-ends, asks the loop to take them (``call_soon_threadsafe``); the loop thread alone reads
-the rings.
+The loop thread posts requests into the lane (client.lane) and awaits futures.  While the
+loop thread runs on a core apart from the worker's (``Lane.apart``), it polls the response
+ring between its other callbacks for up to the lane's spin budget after each answer (a
+callback that schedules itself again: the loop keeps serving its other work, and no thread
+holds the GIL the loop needs).  Otherwise, and once the budget is spent, a thread per lane
+sleeps on the lane's response futex while requests are in flight and, when responses
+arrive or the lane ends, asks the loop to take them (``call_soon_threadsafe``); the loop
+thread alone reads the rings.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 from inferpool.client.lane import SLICE_S, Lane, LaneRevoked
 from inferpool.client.shm_request import ShmResult
 from inferpool.wire.errors import Code, InferpoolError
+
+_now = time.monotonic_ns
 
 
 class AsyncLane:
@@ -25,6 +31,9 @@ class AsyncLane:
         self._room: list[asyncio.Future[None]] = []  # callers waiting for a free slot
         self._cond = threading.Condition()
         self._closed = False
+        self._polling = False  # the loop polls the ring (the watcher thread does not wait)
+        self._poll_until = 0  # when the poll's budget ends (monotonic ns)
+        self._seen = lane.responses.value()  # the response sequence the loop last saw
         self._thread = threading.Thread(target=self._watch, name="inferpool-lane", daemon=True)
         self._thread.start()
 
@@ -36,9 +45,14 @@ class AsyncLane:
             await room
         n = lane.post(body, flags)  # LaneRevoked when the lane has ended
         future = self.loop.create_future()
-        with self._cond:
-            self._waiting[n] = future
-            self._cond.notify()
+        self._waiting[n] = future
+        if not self._polling and lane.spin_ns and lane.stay():
+            self._polling = True
+            self._poll_until = _now() + lane.spin_ns
+            self.loop.call_soon(self._poll)
+        elif not self._polling:
+            with self._cond:
+                self._cond.notify()
         try:
             return await asyncio.wait_for(asyncio.shield(future), limit)
         except asyncio.TimeoutError:
@@ -58,6 +72,27 @@ class AsyncLane:
         self.lane.cancel(n)
 
     # ------------------------------------------------------------------ the loop's side
+    def _poll(self) -> None:
+        """One look at the response ring; again soon while requests wait, the budget lasts
+        (renewed by each answer) and the loop thread runs apart from the worker; else the
+        watcher thread waits for the rest."""
+        lane = self.lane
+        head = lane.responses.value()
+        if head != self._seen:
+            self._seen = head
+            lane.responses.spun += 1
+            self._poll_until = _now() + lane.spin_ns
+            self._take()
+        if self._waiting and not self._closed:
+            if _now() < self._poll_until and lane.stay():
+                self.loop.call_soon(self._poll)
+                return
+            self._polling = False
+            with self._cond:
+                self._cond.notify()
+        else:
+            self._polling = False
+
     def _take(self) -> None:
         """Settle every request whose response is in (or that the lane's end decided)."""
         lane = self.lane
@@ -85,8 +120,7 @@ class AsyncLane:
     def _settle(
         self, n: int, future: asyncio.Future[ShmResult], outcome: ShmResult | BaseException
     ) -> None:
-        with self._cond:
-            del self._waiting[n]
+        del self._waiting[n]
         if future.done():  # its caller gave up: give the outputs back
             if isinstance(outcome, ShmResult):
                 outcome.release()
@@ -101,7 +135,7 @@ class AsyncLane:
         seen = lane.responses.value()
         while True:
             with self._cond:
-                while not self._waiting and not self._closed:
+                while (not self._waiting or self._polling) and not self._closed:
                     self._cond.wait()
                 if self._closed:
                     return

@@ -9,6 +9,11 @@ batches in the broker, streams, caches: UNSUPPORTED) is not asked for again with
 otherwise (a model asked for by name, a client without an input region: INVALID_ARG) is
 raised to the caller; a passing one (no ready instance, the model is unloading) just means the
 broker path.
+
+``pin``: the thread that opens a lane (it runs the lane's first request) is pinned to a core
+apart from the lane's worker, so that its waits spin: ``"auto"`` picks a core no worker
+holds (else one the lane's worker does not hold; else none: the thread stays as it was),
+cores given by number are taken as they are.
 """
 
 from __future__ import annotations
@@ -16,12 +21,14 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from inferpool.client.control import Call
 from inferpool.client.lane import Lane
 from inferpool.client.lane_ensemble import EnsembleLane
 from inferpool.client.shm_request import ShmRequest
+from inferpool.shm import cores
 from inferpool.wire import lane as wl
 from inferpool.wire.errors import Code, InferpoolError
 
@@ -33,16 +40,21 @@ RETRY_S = 1.0
 Key = tuple[str, str]  # (model, version as the requests name it)
 AnyLane = Lane | EnsembleLane
 _PERMANENT = (Code.UNSUPPORTED, Code.INVALID_ARG, Code.ALREADY_EXISTS)
+Pin = str | int | Iterable[int] | None  # "auto", cores, or None: the thread is left as it is
 
 
 class LaneBook:
-    def __init__(self, session: ShmSession, auto: bool, spin_us: int, slots: int) -> None:
+    def __init__(
+        self, session: ShmSession, auto: bool, spin_us: int, slots: int, pin: Pin = None
+    ) -> None:
         """``auto``: a lane for every model; ``spin_us``: how long a wait spins before it
-        sleeps (when the worker runs on another core); ``slots``: requests in flight."""
+        sleeps (when the worker runs on another core); ``slots``: requests in flight;
+        ``pin``: where the thread that opens a lane goes (the module's docstring)."""
         self.session = session
         self.auto = auto
         self.spin_us = spin_us
         self.slots = slots
+        self.pin = pin_option(pin)
         self.lanes: dict[Key, AnyLane] = {}
         self.wanted: set[Key] = set()
         self.unserved: set[Key] = set()  # models lanes do not serve (lane=True asks no more)
@@ -87,11 +99,31 @@ class LaneBook:
             made = EnsembleLane if grant.get("ensemble") else Lane
             lane = made(self.session, grant, self.spin_us)
             self.lanes[key] = lane
+            self.pin_thread(lane)
             if not self.auto:  # asked for: asked for again when it ends (a refusal is not)
                 self.wanted.add(key)
             return lane
 
         return Call("open_lane", read, fields)
+
+    def pin_thread(self, lane: AnyLane) -> None:
+        """Pin the calling thread as ``pin`` says, for ``lane``'s worker."""
+        if self.pin is None:
+            return
+        want = self.pin
+        if isinstance(want, str):  # "auto"
+            one = lane.lanes[0] if isinstance(lane, EnsembleLane) else lane
+            core = cores.free_core(one.held_cores, one.worker_cores)
+            if core is None:
+                log.info("pin='auto': no core apart from the workers' for this thread")
+                return
+            want = (core,)
+        try:
+            cores.pin(want)
+        except OSError as exc:
+            raise InferpoolError(
+                Code.INVALID_ARG, f"cannot pin this thread to cores {list(want)}: {exc.strerror}"
+            ) from None
 
     def refused(self, model: str, version: str, err: InferpoolError) -> None:
         """An ``open_lane`` a request made failed: with ``lane=True``, a model lanes do not
@@ -150,3 +182,19 @@ def _closing(lane: AnyLane) -> dict[str, Any]:
         release += [wl.lane_token(one.id, token) for token in one.releases]
         one.releases = []
     return {"lane": lane.id, "release": release}
+
+
+def pin_option(pin: Pin) -> str | tuple[int, ...] | None:
+    """``pin`` checked: None, "auto", or the cores as a tuple (INVALID_ARG otherwise)."""
+    if pin is None or pin == "auto":
+        return pin
+    chosen: tuple[Any, ...] = ()
+    if isinstance(pin, int):
+        chosen = (pin,)
+    elif isinstance(pin, Iterable) and not isinstance(pin, str):
+        chosen = tuple(pin)
+    if not chosen or not all(type(c) is int and c >= 0 for c in chosen):
+        raise InferpoolError(
+            Code.INVALID_ARG, f"pin must be 'auto', a core or cores, or None; got {pin!r}"
+        )
+    return chosen

@@ -11,6 +11,7 @@ import zmq
 
 from inferpool.client.connection import Connection
 from inferpool.client.core import DEFAULT_TIMEOUT, ClientCore
+from inferpool.client.lane_book import Pin, pin_option
 from inferpool.client.shm_core import ShmSession
 from inferpool.client.shm_request import ShmRequest
 
@@ -34,19 +35,25 @@ class ShmBase(Connection):
         lane: bool = False,
         lane_spin_us: int = DEFAULT_LANE_SPIN_US,
         lane_slots: int = 0,
+        pin: Pin = None,
     ) -> None:
         """``input_bytes``: size of the input region the server creates for this client
         (0: none, for callers that only read outputs as handles); ``keepalive``: keep the
         leases of a quiet client (on by default); ``lane``: run every request through a
         lane to its model's worker where the server grants one (docs/PROTOCOL.md, lanes);
-        ``lane_spin_us``: how long a lane's wait spins before it sleeps, when this process
-        and the worker are pinned to different cores (0: never); ``lane_slots``: requests
-        one lane holds in flight (default: 1 for ShmClient, 8 for AsyncShmClient); the rest
-        as for Client."""
+        ``lane_spin_us``: how long a lane's wait spins before it sleeps, while the waiting
+        thread runs on a core the worker may not run on (0: never); ``lane_slots``: requests
+        one lane holds in flight (default: 1 for ShmClient, 8 for AsyncShmClient); ``pin``:
+        pin the thread that opens a lane (it runs the lane's first request) to a core apart
+        from the lane's worker, so that its waits spin: ``"auto"`` (a core no worker holds),
+        a core or cores by number, or None (the default: the thread stays where it is, and
+        spins whenever the scheduler runs it apart from the worker); the rest as for
+        Client."""
         self.routing_id = b"shm." + secrets.token_bytes(12)  # names it in keep-alives
         self._input_bytes = input_bytes
         self._keepalive = keepalive
-        self._lane = (lane, max(0, lane_spin_us), lane_slots or self.LANE_SLOTS)
+        slots = lane_slots or self.LANE_SLOTS
+        self._lane = (lane, max(0, lane_spin_us), slots, pin_option(pin))
         super().__init__(
             endpoint,
             timeout=timeout,

@@ -21,7 +21,7 @@ from typing import Any
 
 from inferpool.client.control import Call
 from inferpool.client.core import ClientCore, Exchange, Header, Message, extended
-from inferpool.client.lane_book import LaneBook
+from inferpool.client.lane_book import LaneBook, Pin
 from inferpool.client.shm_request import INPUT_REGION, ShmRequest, ShmResult, output_view
 from inferpool.shm.arena import Allocator, ArenaFull
 from inferpool.shm.refs import posix_name
@@ -52,9 +52,11 @@ class ShmSession(ClientCore):
         lane: bool = False,
         lane_spin_us: int = 0,
         lane_slots: int = 0,
+        pin: Pin = None,
     ) -> None:
         """``lane``: a lane (client.lane) to every model it runs; ``lane_spin_us``: how long
-        a lane's wait spins; ``lane_slots``: how many requests one lane holds in flight."""
+        a lane's wait spins; ``lane_slots``: how many requests one lane holds in flight;
+        ``pin``: where the thread that opens a lane is pinned (client.lane_book)."""
         super().__init__(endpoint, timeout)
         self.region: Region | None = None
         self.allocator: Allocator | None = None
@@ -67,7 +69,7 @@ class ShmSession(ClientCore):
         self._next_sweep = time.monotonic() + SWEEP_S
         self._interval = 0.0  # between keep-alives: a third of the lease timeout; 0: ask it
         self._heard = time.monotonic()  # when the server last heard from this client
-        self.lanes = LaneBook(self, lane, lane_spin_us, lane_slots or 1)
+        self.lanes = LaneBook(self, lane, lane_spin_us, lane_slots or 1, pin)
 
     # ------------------------------------------------------------------ the input region
     def create_inputs(self, byte_size: int) -> Call[None]:

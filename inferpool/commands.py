@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from inferpool.broker.pool.topology import format_cpu_list
+from inferpool.broker.pool.topology import allowed_cpus, format_cpu_list
 from inferpool.client import Client, default_endpoint
 from inferpool.client.core import InferResult
 from inferpool.inputs import read_inputs
@@ -159,7 +159,27 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"{r['instance']:24} {r['model']:16} {r['pid'] or '-':>7} {r['state']:9} "
             f"{cpus:10} {numa:12} {device:8} {r['restarts']:>8} {r['last_error']}"
         )
+    print(held_cores_line(rows))
     return 0
+
+
+def held_cores_line(rows: list[dict[str, Any]]) -> str:
+    """Which cores the workers hold and which of this machine's cores none holds: a lane
+    client's thread spins (the fast path) only on a core apart from its worker's."""
+    held = sorted({c for r in rows if r.get("pid") for c in cores_of(r)})
+    free = sorted(set(allowed_cpus()) - set(held))
+    return (
+        f"cores held by workers: {format_cpu_list(held) if held else 'none pinned'}; "
+        f"held by none: {format_cpu_list(free) if free else 'none'} "
+        "(a lane client spins on those: docs/performance.md, Lanes)"
+    )
+
+
+def cores_of(row: dict[str, Any]) -> list[int]:
+    """The cores a status row's worker holds (as it read them back; the plan until then)."""
+    placed = row.get("placement") or {}
+    planned = row.get("pinning") or {}
+    return list(placed.get("cpus") or planned.get("cpus") or [])
 
 
 def placement_columns(row: dict[str, Any]) -> tuple[str, str, str]:
@@ -167,7 +187,7 @@ def placement_columns(row: dict[str, Any]) -> tuple[str, str, str]:
     read them back after pinning (the plan until it has)."""
     placed = row.get("placement") or {}
     planned = row.get("pinning") or {}
-    cpus = placed.get("cpus") or planned.get("cpus") or []
+    cpus = cores_of(row)
     policy = placed.get("mempolicy") or planned.get("mempolicy") or "default"
     nodes = placed.get("numa_nodes") or (
         [planned["numa_node"]] if planned.get("numa_node") is not None else []

@@ -1,7 +1,8 @@
 """One direction of a lane: a sequence word its producer bumps and its consumer waits on.
 
 The consumer spins on the word for a bounded time (worth it only when the producer runs on
-another core), then raises its ``sleeping`` flag and sleeps on the word with a futex.  The
+another core: its ``stay`` check, looked at on every turn of the spin, says so), then raises
+its ``sleeping`` flag and sleeps on the word with a futex.  The
 producer publishes by storing the new sequence number, then, after a full barrier, looks at
 the flag and makes the wake-up system call only when the consumer sleeps: a producer whose
 peer is spinning pays no system call at all.  Both words live in shared memory (the lane's
@@ -10,8 +11,8 @@ region, ``wire.lane`` gives their offsets); each side writes only its own.
 
 from __future__ import annotations
 
-import os
 import time
+from collections.abc import Callable
 
 from inferpool.shm import futex
 
@@ -25,13 +26,15 @@ class Bell:
     ``words`` the same memory cast to 32-bit words: a word is loaded and stored with one
     aligned access (``struct.pack_into`` zero-fills first, and a peer would read the 0)."""
 
-    __slots__ = ("_addr", "_seq", "_sleeping", "_words")
+    __slots__ = ("_addr", "_seq", "_sleeping", "_words", "slept", "spun")
 
     def __init__(self, buf: memoryview, words: memoryview, seq: int, sleeping: int) -> None:
         self._words = words
         self._seq = seq >> 2
         self._sleeping = sleeping >> 2
         self._addr = futex.word(futex.address(buf, seq))
+        self.spun = 0  # waits the word's change ended while spinning (consumer)
+        self.slept = 0  # waits that went to sleep
 
     def value(self) -> int:
         return int(self._words[self._seq])
@@ -59,35 +62,30 @@ class Bell:
         futex.wake(self._addr)
 
     # ------------------------------------------------------------------ consumer
-    def wait(self, seen: int, spin_ns: int, slice_s: float) -> int:
+    def wait(
+        self, seen: int, spin_ns: int, slice_s: float, stay: Callable[[], object] | None = None
+    ) -> int:
         """The word once it differs from ``seen``, or after one sleep of at most ``slice_s``
-        (then it may still equal ``seen``: the caller looks at what else changed)."""
+        (then it may still equal ``seen``: the caller looks at what else changed).  The
+        spin lasts ``spin_ns`` at most, and only while ``stay()`` is true (None: always)."""
         words, seq = self._words, self._seq
         value: int = words[seq]
         if value != seen:
             return value
-        if spin_ns > 0:
+        if spin_ns > 0 and (stay is None or stay()):
             deadline = _now() + spin_ns
             while True:
                 value = words[seq]
                 if value != seen:
+                    self.spun += 1
                     return value
-                if _now() >= deadline:
+                if _now() >= deadline or (stay is not None and not stay()):
                     break
+        self.slept += 1
         words[self._sleeping] = 1
         futex.wait(self._addr, seen, slice_s)
         words[self._sleeping] = 0
         return int(words[seq])
-
-
-def apart(pid: int) -> bool:
-    """Whether spinning toward process ``pid`` can pay: the two are pinned to cores they do
-    not share.  Where they may meet on a core, a spin burns the time the peer needs there
-    (an unpinned client spinning on its worker's core slowed a 400 us forward pass by half)."""
-    try:
-        return not os.sched_getaffinity(0) & os.sched_getaffinity(pid)
-    except OSError:
-        return False
 
 
 def bells(

@@ -5,7 +5,7 @@ broker created: requests from the client to the worker, responses back.  Everyth
 little-endian and struct-packed; nothing is JSON.  The region:
 
     0      header      magic, version, geometry, state (written by the broker)
-    64     client line req_seq (futex), client_sleeping, resp_done (written by the client)
+    64     client line req_seq (futex), client_sleeping, resp_done, client_apart (the client)
     128    worker line resp_seq (futex), worker_sleeping, req_done, worker_closed (the worker)
     512    reason      why the lane was revoked (UTF-8, NUL-padded; the broker)
     4096   requests    ``slots`` request slots of ``slot_size`` bytes
@@ -37,8 +37,9 @@ STATE_OPEN, STATE_REVOKED = 0, 1
 # set (the broker) before the lane is revoked while its client lives: the outputs the client
 # holds stay valid, as its leases, released through the broker by ``lane_token``
 KEPT = 24
-# the client's line
-REQ_SEQ, CLIENT_SLEEPING, RESP_DONE = 64, 68, 72
+# the client's line; CLIENT_APART: 1 while the client's waiting thread, when it last looked,
+# ran on a core its worker may not run on (the worker may then spin for its next request)
+REQ_SEQ, CLIENT_SLEEPING, RESP_DONE, CLIENT_APART = 64, 68, 72, 76
 # the worker's line
 RESP_SEQ, WORKER_SLEEPING, REQ_DONE, WORKER_CLOSED = 128, 132, 136, 140
 

@@ -2,13 +2,14 @@
 
 The broker opens a lane (``LaneOpen``) and closes it (``LaneClose``); the worker's main
 thread passes both here.  Each lane is served by a thread of its own, which waits on the
-lane's request ring (``shm.bell``: a bounded spin when the client runs on another core, then
-a futex), checks each request against the model's inputs and against the client's own
-region (the only memory a lane may read inputs from; ``workers.lane_plans``, once per
-distinct body), and executes it on the instance under
-the worker's execute lock, with the same Request and Response objects as a broker batch.
-Responses go into the lane's response ring; outputs stay in the worker's output region as
-leases of the lane, freed when the client releases them or when the lane closes.
+lane's request ring (``shm.bell``: a bounded spin while the client's waiting thread, as the
+lane's header says, runs on a core apart from the worker's, then a futex), checks each
+request against the model's inputs and against the client's own region (the only memory a
+lane may read inputs from; ``workers.lane_plans``, once per distinct body), and executes it
+on the instance under the worker's execute lock, with the same Request and Response objects
+as a broker batch.  Responses go into the lane's response ring; outputs stay in the
+worker's output region as leases of the lane, freed when the client releases them or when
+the lane closes.
 
 What the lanes served is folded and sent to the broker as ``LaneStats`` (at most every
 ``FLUSH_NS``, and when a lane goes quiet), so the broker's statistics count it.
@@ -16,6 +17,7 @@ What the lanes served is folded and sent to the broker as ``LaneStats`` (at most
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import threading
@@ -24,7 +26,7 @@ from typing import Any
 
 from inferpool.backends.api import Request, Response, batch_size_of
 from inferpool.backends.host import BackendHost
-from inferpool.shm.bell import apart, bells
+from inferpool.shm.bell import bells
 from inferpool.shm.region import Region
 from inferpool.wire import lane as wl
 from inferpool.wire import lane_records as lr
@@ -44,6 +46,7 @@ FLUSH_NS = 50_000_000  # statistics reach the broker at most this long after a l
 MASK = 0xFFFFFFFF
 _now = time.monotonic_ns
 REQ_DONE = wl.REQ_DONE >> 2  # the word the worker counts claimed requests in
+CLIENT_APART = wl.CLIENT_APART >> 2  # the client says its thread runs apart from the worker
 SWITCH_S = 0.001  # the GIL's switch interval while lanes are open (a busy lane thread
 # must let the main thread read the channel soon)
 
@@ -153,13 +156,14 @@ class LaneServer(HoldingThread):
         self.words = header.words
         self.raw = self.region.mapping  # slots are read and written through the mapping
         self.requests, self.responses = bells(buf, header.words, wl.BELLS)
+        self._client_apart = functools.partial(self.words.__getitem__, CLIENT_APART)
         geometry = self.geometry
         self.slots, self.slot_size = geometry.slots, geometry.slot_size
         self.request_at = [geometry.request(i) for i in range(geometry.slots)]
         self.response_at = [geometry.response(i) for i in range(geometry.slots)]
         self.reader = lr.RequestReader(self.raw, self.slot_size)
         self.writer = lresp.ResponseWriter(self.raw, self.slot_size)
-        self.spin_ns = msg.spin_us * 1000 if msg.spin_us > 0 and apart(msg.client_pid) else 0
+        self.spin_ns = msg.spin_us * 1000 if msg.spin_us > 0 else 0
         self.part = msg.lane if msg.siblings else 0  # counted apart too: an ensemble's step
         self.leases: set[int] = set()  # output offsets the client holds
         self._closing = False
@@ -225,15 +229,18 @@ class LaneServer(HoldingThread):
 
     def _wait(self, n: int, limit: float) -> int:
         """The request sequence once it passes ``n``, or after at most ``limit`` seconds:
-        spinning first while nothing else runs (one lane spins at a time), then asleep."""
+        spinning first while nothing else runs (one lane spins at a time) and the client's
+        thread runs apart from this worker's cores (it says so in the header), then asleep."""
         lanes = self.lanes
         spinning = (
             self.spin_ns
+            and self.words[CLIENT_APART]
             and not lanes.execute_lock.locked()
             and lanes.spinner.acquire(blocking=False)
         )
         try:
-            return self.requests.wait(n, self.spin_ns if spinning else 0, max(0.0, limit))
+            spin = self.spin_ns if spinning else 0
+            return self.requests.wait(n, spin, max(0.0, limit), self._client_apart)
         finally:
             if spinning:
                 lanes.spinner.release()

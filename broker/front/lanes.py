@@ -181,6 +181,8 @@ class Lanes:
             "model_version": mv.version_str,
             "instance": worker.name,
             "worker_pid": worker.pid,
+            "worker_cpus": worker.cpus,
+            "held_cpus": sorted({c for w in self.supervisor.alive() for c in w.cpus}),
             "output_region": worker.output_region,
             "inputs": [{"name": s.name, "datatype": s.datatype} for s in mv.inputs.values()],
             "outputs": list(mv.outputs),

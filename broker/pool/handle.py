@@ -108,6 +108,12 @@ class WorkerHandle(Generic[M]):
         self.state = state
         self.state_since = time.monotonic()
 
+    @property
+    def cpus(self) -> list[int]:
+        """The cores the worker may run on, as it read them back after pinning (the plan
+        until it has; none: not pinned)."""
+        return list(self.placement.get("cpus") or self.pinning.cpus)
+
     def status(self) -> dict[str, Any]:
         return {
             "model": self.model.name,

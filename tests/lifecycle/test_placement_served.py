@@ -145,6 +145,8 @@ def test_status_command_shows_cores_numa_and_device(pinned) -> None:
         cwd=ROOT,
     )
     assert out.returncode == 0, out.stderr
+    with pinned.client() as c:
+        rows = [r for r in c.status() if r["pid"]]
     header, *lines = out.stdout.splitlines()
     assert header.split()[:9] == [
         "INSTANCE",
@@ -161,6 +163,13 @@ def test_status_command_shows_cores_numa_and_device(pinned) -> None:
     assert numa[4:8] == [format_cpu_list(NODE0), "0", "bind", "CPU"]
     cores = next(line.split() for line in lines if line.startswith("cores_0_0 "))
     assert cores[4:8] == [str(LAST), "-", "default", "CPU"]
+    held = {c for r in rows for c in (r["placement"] or {}).get("cpus") or r["pinning"]["cpus"]}
+    free = set(TOPO.cpus) - held
+    assert lines[-1] == (
+        f"cores held by workers: {format_cpu_list(sorted(held))}; held by none: "
+        f"{format_cpu_list(sorted(free)) if free else 'none'} "
+        "(a lane client spins on those: docs/performance.md, Lanes)"
+    )
 
 
 def test_pin_none_leaves_placement_to_the_os(unpinned) -> None:

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import mmap
 import os
-import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
-from inferpool.shm.bell import Bell, apart
+from inferpool.client.lane_book import pin_option
+from inferpool.shm import cores
+from inferpool.shm.bell import Bell
 from inferpool.wire import lane as wl
 from inferpool.wire import lane_records as lr
 from inferpool.wire import lane_responses as lresp
+from inferpool.wire.errors import Code, InferpoolError
 
 GEOMETRY = wl.Geometry(4, 1024)
 
@@ -239,24 +243,72 @@ def test_a_words_stores_are_never_seen_half_done(region: memoryview) -> None:
     assert seen == []
 
 
-def test_spinning_pays_only_toward_a_process_on_other_cores() -> None:
-    assert not apart(os.getpid())  # shares every core with itself
-    assert not apart(2**22 + 12345)  # no such process
-    mine = os.sched_getaffinity(0)
+def in_thread(work: Callable[[], Any]) -> Any:
+    """``work()``'s result, run in a thread of its own (its pinning stays there)."""
+    out: list[Any] = []
+    thread = threading.Thread(target=lambda: out.append(work()))
+    thread.start()
+    thread.join(30)
+    return out[0]
+
+
+def test_a_thread_is_apart_only_on_a_core_its_peer_does_not_run_on() -> None:
+    """Where the thread runs is looked at on every call: a peer that may run anywhere is
+    never apart; a thread pinned to a peer's core is not; pinned elsewhere, it is."""
+    assert cores.Apart(range(cores.CORES)).never
+    mine = sorted(os.sched_getaffinity(0))
     if len(mine) < 2:
-        return
-    first, *rest = sorted(mine)
-    peer = subprocess.Popen(["sleep", "30"])
-    try:
-        os.sched_setaffinity(peer.pid, set(rest))
-        os.sched_setaffinity(0, {first})
-        assert apart(peer.pid)
-        os.sched_setaffinity(0, mine)
-        assert not apart(peer.pid)  # this process may run where the peer does
-    finally:
-        os.sched_setaffinity(0, mine)
-        peer.kill()
-        peer.wait()
+        pytest.skip("one core: no thread can run apart from a peer here")
+    first, second = mine[:2]
+
+    def looks() -> tuple[bool, bool, bool]:
+        cores.pin({first})
+        shared = cores.Apart({first})
+        before = shared()
+        cores.pin({second})
+        return before, shared(), cores.Apart({second})()
+
+    assert in_thread(looks) == (False, True, False)
+    assert sorted(os.sched_getaffinity(0)) == mine  # only the thread was pinned
+
+
+def test_a_free_core_is_one_no_worker_holds() -> None:
+    mine = sorted(os.sched_getaffinity(0))
+    if len(mine) < 2:
+        pytest.skip("one core: no core is free of the workers here")
+    held = set(mine[1:])
+    assert in_thread(lambda: cores.free_core(held, held)) == mine[0]
+    # every core held: one apart from the lane's own worker will do; else none
+    assert in_thread(lambda: cores.free_core(mine, {mine[0]})) in mine[1:]
+    assert in_thread(lambda: cores.free_core(mine, mine)) is None
+
+
+def test_a_bell_spins_only_while_it_may_stay(region: memoryview) -> None:
+    """Told to leave (its thread landed on the peer's core), a wait sleeps at once; told to
+    stay, it catches the change spinning, without a sleep."""
+    bell = Bell(region, wl.Header(region).words, wl.RESP_SEQ, wl.CLIENT_SLEEPING)
+    assert bell.wait(0, 10**9, 0.01, lambda: False) == 0
+    assert (bell.spun, bell.slept) == (0, 1)
+    ringer = threading.Timer(0.005, bell.ring, (1,))
+    ringer.start()
+    assert bell.wait(0, 10**9, 0.01, lambda: True) == 1
+    ringer.join()
+    assert (bell.spun, bell.slept) == (1, 1)
+    looks = iter([True, True, False])  # it moved while it spun: the spin ends there
+    assert bell.wait(1, 10**9, 0.01, lambda: next(looks)) == 1
+    assert (bell.spun, bell.slept) == (1, 2)
+
+
+@pytest.mark.parametrize("pin", ["fast", [], [-1], 1.5, [0, "1"]])
+def test_a_bad_pin_is_refused(pin: Any) -> None:
+    with pytest.raises(InferpoolError) as err:
+        pin_option(pin)
+    assert err.value.code is Code.INVALID_ARG
+    assert "pin must be 'auto', a core or cores, or None" in err.value.message
+
+
+def test_pins_that_name_cores() -> None:
+    assert [pin_option(p) for p in (None, "auto", 3, [0, 1])] == [None, "auto", (3,), (0, 1)]
 
 
 def test_a_cancelled_mark_is_read_for_its_own_request_only(region: memoryview) -> None:
