@@ -165,7 +165,7 @@ class Broker:
                 fronts.sockets,
                 opts.lease_timeout,
                 self.responder.send,
-                len(topology.gpus),
+                topology.gpus,
                 cancellation.client_gone,
             )
             stack.callback(self.shm.close)  # its socket monitor must go before the context

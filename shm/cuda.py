@@ -6,10 +6,18 @@ load it.  A :class:`CudaBuffer` is device memory a client allocates and exports;
 (once per region: opening costs milliseconds).  Both hand out cupy arrays that view the
 memory without a copy; ``torch.from_dlpack`` turns those into torch tensors.
 
-Device numbers are per process: a GPU instance's worker sees only its own GPU, as device
-0 (``CUDA_VISIBLE_DEVICES``), so a region is opened on the worker's current device, never
-on the device number the client registered, which names a device of the client's process.
-CUDA maps memory of another device, even one the process does not see, with peer access.
+Device numbers are per process.  A registration names its GPU as the server numbers it;
+the broker turns that into the GPU's ``CUDA_VISIBLE_DEVICES`` entry (an index or a UUID),
+and a worker opens the region on the device that entry is in its own numbering: ordinal 0
+in a GPU instance's worker, which sees only its own GPU, the same ordinal as the server's
+in a worker that sees them all (KIND_CPU, KIND_MODEL, python, identity), so no worker
+makes a CUDA context on a GPU the memory is not on.  Where the worker does not see that
+GPU, the region is opened on its current device: CUDA maps memory of another device, even
+one the process does not see, with peer access.
+
+CUDA maps an IPC handle once per process (a second ``cudaIpcOpenMemHandle`` of it fails):
+regions registered with the same handle (two names, two clients) share one mapping, closed
+when the last of them is.
 
 Writes into device memory are queued on a stream and finish later: whoever wrote must
 :func:`synchronize` before telling another process the bytes are there (a client after
@@ -21,6 +29,8 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib.util
+import os
+import threading
 from collections.abc import Iterable
 from typing import Any
 
@@ -103,44 +113,95 @@ def allocation_size(ptr: int) -> int:
     return int(base.value + size.value - ptr)
 
 
+def ordinal_of(gpu: str, visible: str | None) -> int | None:
+    """The CUDA ordinal of GPU ``gpu`` (its ``CUDA_VISIBLE_DEVICES`` entry: an index or a
+    UUID) in a process whose ``CUDA_VISIBLE_DEVICES`` is ``visible`` (None: unset, every
+    GPU by index); None when that process does not see it."""
+    if visible is None:
+        return int(gpu) if gpu.isdigit() else None
+    entries = [entry.strip() for entry in visible.split(",")]
+    return entries.index(gpu) if gpu in entries else None
+
+
+class _Mapping:
+    """One handle opened in this process: where, on which device, how large, how many
+    regions use it."""
+
+    def __init__(self, ptr: int, device: int, size: int) -> None:
+        self.ptr, self.device, self.size = ptr, device, size
+        self.users = 0
+
+
+_MAPPINGS: dict[bytes, _Mapping] = {}  # by IPC handle
+_MAPPINGS_LOCK = threading.Lock()
+
+
+def _map(cupy: Any, handle: bytes, device: int) -> _Mapping:
+    runtime = cupy.cuda.runtime
+    with cupy.cuda.Device(device):
+        ptr = runtime.ipcOpenMemHandle(handle)
+        try:
+            return _Mapping(ptr, device, allocation_size(ptr))
+        except BaseException:
+            runtime.ipcCloseMemHandle(ptr)
+            raise
+
+
 class CudaRegion:
     """Device memory another process exported, opened here from its IPC handle.
 
-    Opened on this thread's current device (0 in a GPU instance's worker), with lazy peer
-    access when the memory lives on another device.  ``byte_size`` (what the client
-    registered) is checked against the allocation, as Triton does when it registers a
-    CUDA region, so no window can reach past the memory.
+    Opened on the device the server names ``gpu`` where this process sees it, else on this
+    thread's current device (0 in a GPU instance's worker), with lazy peer access.
+    ``byte_size`` (what the client registered) is checked against the allocation, as
+    Triton does when it registers a CUDA region, so no window can reach past the memory.
     """
 
-    def __init__(self, handle: bytes, byte_size: int) -> None:
+    def __init__(self, handle: bytes, byte_size: int, gpu: str = "") -> None:
         if len(handle) != CUDA_IPC_HANDLE_SIZE:
             raise ValueError(
                 f"a CUDA IPC handle has {CUDA_IPC_HANDLE_SIZE} bytes, not {len(handle)}"
             )
         self._cupy = _cupy()
-        runtime = self._cupy.cuda.runtime
-        self.device: int = int(runtime.getDevice())
-        self.ptr: int = runtime.ipcOpenMemHandle(handle)
-        try:
-            self.size = allocation_size(self.ptr)
-            if byte_size > self.size:
+        self.handle = handle
+        with _MAPPINGS_LOCK:
+            mapping = _MAPPINGS.get(handle)
+            if mapping is None:
+                device = ordinal_of(gpu, os.environ.get("CUDA_VISIBLE_DEVICES")) if gpu else None
+                if device is None:
+                    device = int(self._cupy.cuda.runtime.getDevice())
+                mapping = _map(self._cupy, handle, device)
+            if byte_size > mapping.size:
+                if not mapping.users:
+                    self._unmap(mapping)
                 raise RegionTooLarge(
-                    f"byte_size {byte_size} exceeds the {self.size} bytes of the CUDA "
+                    f"byte_size {byte_size} exceeds the {mapping.size} bytes of the CUDA "
                     "allocation the handle names"
                 )
-        except BaseException:
-            self.close()
-            raise
+            mapping.users += 1
+            _MAPPINGS[handle] = mapping
+        self.ptr: int = mapping.ptr
+        self.device: int = mapping.device
+        self.size: int = mapping.size
 
     def array(self, offset: int, nbytes: int) -> Any:
         """A cupy uint8 array over ``[offset, offset + nbytes)`` of the region."""
         return _view(self._cupy, self.ptr + offset, nbytes, self, self.device)
 
     def close(self) -> None:
-        if self.ptr:
-            with self._cupy.cuda.Device(self.device):
-                self._cupy.cuda.runtime.ipcCloseMemHandle(self.ptr)
-            self.ptr = 0
+        """This region is done with the mapping; the last region of a handle closes it."""
+        if not self.ptr:
+            return
+        self.ptr = 0
+        with _MAPPINGS_LOCK:
+            mapping = _MAPPINGS[self.handle]
+            mapping.users -= 1
+            if not mapping.users:
+                del _MAPPINGS[self.handle]
+                self._unmap(mapping)
+
+    def _unmap(self, mapping: _Mapping) -> None:
+        with self._cupy.cuda.Device(mapping.device):
+            self._cupy.cuda.runtime.ipcCloseMemHandle(mapping.ptr)
 
 
 class CudaBuffer:

@@ -8,15 +8,18 @@ reference, so a worker never reads through a mapping of the object it replaced.
     sys/<serial>/<dev>.<inode>/<offset>/<byte size>/<key>
                                               a window of a POSIX object (a client's, or
                                               one the broker created for it)
-    cuda/<serial>/<byte size>/<handle as hex> device memory exported with CUDA IPC
+    cuda/<serial>/<byte size>/<handle as hex>/<gpu>
+                                              device memory exported with CUDA IPC, on the
+                                              GPU whose CUDA_VISIBLE_DEVICES entry is <gpu>
 
 A system reference carries the window the client registered, so a worker maps only that,
 and the inode the broker checked, so a worker refuses an object swapped in under the name
 since (``shm.window``).
 
 A CUDA reference carries the registered byte size, which the worker that opens the handle
-checks against the allocation, and no device number: the client's device numbers are not
-the worker's.
+checks against the allocation, and the GPU the memory is on by its ``CUDA_VISIBLE_DEVICES``
+entry (an index or a UUID), not by a device number: device numbers are per process, and a
+worker narrowed to its own GPU numbers it 0 (``shm.cuda.ordinal_of``).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class RegionRef:
     handle: bytes = b""
     offset: int = 0  # sys: where the registered window starts in the object
     inode: tuple[int, int] = (0, 0)  # sys: (st_dev, st_ino) of the object the broker checked
+    gpu: str = ""  # cuda: the GPU's CUDA_VISIBLE_DEVICES entry
 
 
 def posix_name(key: str) -> str:
@@ -47,8 +51,8 @@ def system_ref(serial: int, key: str, inode: tuple[int, int], offset: int, byte_
     return f"sys/{serial}/{inode[0]}.{inode[1]}/{offset}/{byte_size}/{posix_name(key)}"
 
 
-def cuda_ref(serial: int, byte_size: int, handle: bytes) -> str:
-    return f"cuda/{serial}/{byte_size}/{handle.hex()}"
+def cuda_ref(serial: int, byte_size: int, handle: bytes, gpu: str) -> str:
+    return f"cuda/{serial}/{byte_size}/{handle.hex()}/{gpu}"
 
 
 def parse_ref(ref: str) -> RegionRef:
@@ -66,9 +70,12 @@ def parse_ref(ref: str) -> RegionRef:
                     "sys", check_name(parts[4]), size, b"", offset, (int(dev), int(ino))
                 )
     elif kind == "cuda":
-        parts = rest.split("/")
-        if len(parts) == 3 and parts[1].isdigit():
-            handle = bytes.fromhex(parts[2])
+        parts = rest.split("/", 3)  # an old-style MIG entry has slashes of its own
+        if len(parts) == 4 and parts[1].isdigit() and parts[3]:
+            try:
+                handle = bytes.fromhex(parts[2])
+            except ValueError:
+                handle = b""
             if len(handle) == CUDA_IPC_HANDLE_SIZE:
-                return RegionRef("cuda", "", int(parts[1]), handle)
+                return RegionRef("cuda", "", int(parts[1]), handle, gpu=parts[3])
     raise ValueError(f"not a region reference: {ref!r}")

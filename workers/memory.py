@@ -281,7 +281,7 @@ def _open(ref: str) -> Mapped:
         raise InferpoolError(Code.INVALID_ARG, str(exc)) from None
     if parsed.kind == "cuda":
         try:
-            return CudaRegion(parsed.handle, parsed.byte_size)
+            return CudaRegion(parsed.handle, parsed.byte_size, parsed.gpu)
         except CudaUnavailable as exc:
             raise InferpoolError(Code.UNSUPPORTED, f"CUDA shared memory: {exc}") from None
         except RegionTooLarge as exc:  # Triton refuses it at registration, as INVALID_ARG

@@ -168,16 +168,30 @@ class Registrations:
             )
 
     def register_cuda(
-        self, owner: bytes, name: str, handle: bytes, device_id: int, size: int
+        self,
+        owner: bytes,
+        name: str,
+        handle: bytes,
+        device_id: int,
+        size: int,
+        gpus: Sequence[str],
     ) -> None:
+        """Device memory on GPU ``device_id`` of the server, whose GPUs have the
+        ``CUDA_VISIBLE_DEVICES`` entries ``gpus``: the reference carries the entry, by which
+        a worker finds the GPU in its own numbering."""
         self._check_free(owner, name)
+        if device_id >= len(gpus):
+            raise invalid_arg(
+                f"failed to register CUDA shared memory region '{name}': device_id {device_id} "
+                f"is not a GPU of this server, which has {len(gpus)}"
+            )
         if len(handle) != CUDA_IPC_HANDLE_SIZE:
             raise invalid_arg(
                 f"raw_handle of CUDA shared memory region '{name}' must be a "
                 f"{CUDA_IPC_HANDLE_SIZE}-byte cudaIpcMemHandle_t, got {len(handle)} bytes"
             )
         self._serial += 1
-        ref = cuda_ref(self._serial, size, handle)
+        ref = cuda_ref(self._serial, size, handle, gpus[device_id])
         self._add(owner, Registration(name, "cuda", "", 0, size, ref, device_id=device_id))
 
     def _check_free(self, owner: bytes, name: str) -> None:

@@ -39,13 +39,14 @@ class SharedMemory:
         sockets: Sequence[zmq.Socket[Any]],
         lease_timeout: float,
         send: Callable[[list[Any], dict[str, Any]], None],
-        gpus: int,
+        gpus: Sequence[str],
         gone: Callable[[bytes], None],
     ) -> None:
         """``sockets``: the clients' ROUTERs, whose disconnects end what a client held;
         ``lease_timeout``: how long a client holding leases may stay silent; ``send``: the
-        responder's, for answers that come later (a CUDA unregister); ``gpus``: the GPUs the
-        broker counted (without CUDA); ``gone(client)``: a client that sent inference
+        responder's, for answers that come later (a CUDA unregister); ``gpus``: the
+        ``CUDA_VISIBLE_DEVICES`` entry of each GPU the broker counted (without CUDA), by the
+        server's device number; ``gone(client)``: a client that sent inference
         requests disconnected (its requests are cancelled)."""
         self.registrations = registrations
         self.handles = handles
@@ -150,13 +151,13 @@ class SharedMemory:
             ) from None
         device_id = _count(h, "device_id")
         size = _count(h, "byte_size")
-        reason = cuda.support_reason(self.gpus)  # never CUDA itself on the event loop
+        reason = cuda.support_reason(len(self.gpus))  # never CUDA itself on the event loop
         if reason is not None:
             raise InferpoolError(
                 Code.UNSUPPORTED, f"CUDA shared memory is not available on this server: {reason}"
             )
         require_access(self._track(e[0]), "register CUDA shared memory")
-        self.registrations.register_cuda(e[0], name, handle, device_id, size)
+        self.registrations.register_cuda(e[0], name, handle, device_id, size, self.gpus)
         return {}
 
     def unregister_cuda(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> None:

@@ -6,6 +6,7 @@ what the code asks of CUDA.  The same paths run for real in tests/gpu on a GPU m
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -25,32 +26,74 @@ HANDLE = bytes(range(CUDA_IPC_HANDLE_SIZE))
 
 
 @pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> FakeCupy:
-    """A cupy stand-in whose IPC handles name 4096-byte allocations."""
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCupy]:
+    """A cupy stand-in whose IPC handles name 4096-byte allocations, in a process that sees
+    every GPU by index (no ``CUDA_VISIBLE_DEVICES``); every mapping is closed by the end."""
     fake = FakeCupy()
     monkeypatch.setattr(cuda, "_cupy", lambda: fake)
     monkeypatch.setattr(cuda, "allocation_size", lambda ptr: 4096)
     monkeypatch.setattr(
         cuda, "_view", lambda _, ptr, n, owner, device: fake.array(np.zeros(n, np.uint8), device)
     )
-    return fake
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    yield fake
+    assert cuda._MAPPINGS == {}
 
 
 # ---------------------------------------------------------------------------- opening regions
-def test_a_region_opens_and_closes_on_the_device_current_in_the_worker(fake: FakeCupy) -> None:
-    fake.current = 1  # whatever the client registered: its device numbers are not ours
-    region = _open(cuda_ref(7, 4096, HANDLE))
+@pytest.mark.parametrize(
+    ("visible", "gpu", "device"),
+    [
+        (None, "2", 2),  # a worker that sees every GPU (KIND_CPU, KIND_MODEL, python)
+        ("2,3", "3", 1),  # ... under the server's CUDA_VISIBLE_DEVICES
+        ("GPU-aa11", "GPU-aa11", 0),  # a GPU instance's worker, narrowed to the region's GPU
+        ("3", "2", 5),  # narrowed to another GPU: its current device, with peer access
+    ],
+)
+def test_a_region_opens_on_the_gpu_it_was_registered_on(
+    fake: FakeCupy, monkeypatch: pytest.MonkeyPatch, visible, gpu, device
+) -> None:
+    if visible is not None:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    fake.current = 5
+    region = _open(cuda_ref(7, 4096, HANDLE, gpu))
     assert isinstance(region, cuda.CudaRegion)
-    assert (region.device, region.size) == (1, 4096)
-    assert region.array(1024, 16).device == 1  # arrays are tagged with the opening device
-    fake.current = 0
+    assert (region.device, region.size) == (device, 4096)
+    assert region.array(1024, 16).device == device  # arrays are tagged with that device
+    assert fake.current == 5  # the worker's current device is left as it was
     region.close()
-    assert fake.calls == [("open", 1), ("close", 1)]
+    assert fake.calls == [("open", device), ("close", device)]
+
+
+def test_the_gpu_a_registration_names_is_found_in_each_processs_numbering() -> None:
+    assert cuda.ordinal_of("3", None) == 3
+    assert cuda.ordinal_of("GPU-aa11", None) is None  # a UUID needs CUDA_VISIBLE_DEVICES
+    assert cuda.ordinal_of("GPU-bb22", "GPU-aa11, GPU-bb22") == 1
+    assert cuda.ordinal_of("1", "0") is None
+
+
+def test_a_handle_registered_twice_is_mapped_once(fake: FakeCupy) -> None:
+    """Two registrations of one allocation (two names, two clients) share its mapping: CUDA
+    opens a handle once per process."""
+    first = _open(cuda_ref(7, 4096, HANDLE, "0"))
+    second = _open(cuda_ref(8, 1024, HANDLE, "0"))
+    assert second.ptr == first.ptr and fake.calls == [("open", 0)]
+    with pytest.raises(InferpoolError, match="byte_size 8192 exceeds the 4096 bytes"):
+        _open(cuda_ref(9, 8192, HANDLE, "0"))  # refused without closing the others' mapping
+    first.close()
+    assert fake.calls == [("open", 0)]  # the second still reads through it
+    assert second.array(0, 16).device == 0
+    second.close()
+    second.close()  # closing twice is harmless
+    assert fake.calls == [("open", 0), ("close", 0)]
+    third = _open(cuda_ref(10, 4096, HANDLE, "0"))  # mapped afresh once none uses it
+    third.close()
+    assert fake.calls == [("open", 0), ("close", 0)] * 2
 
 
 def test_a_registration_larger_than_its_allocation_is_refused_and_closed(fake: FakeCupy) -> None:
     with pytest.raises(InferpoolError) as info:
-        _open(cuda_ref(7, 8192, HANDLE))
+        _open(cuda_ref(7, 8192, HANDLE, "0"))
     assert info.value.code is Code.INVALID_ARG
     assert info.value.message == (
         "invalid CUDA shared-memory registration: byte_size 8192 exceeds the 4096 bytes of "

@@ -53,8 +53,10 @@ def test_region_references_round_trip() -> None:
     # the same key registered again is a different reference (a worker maps it afresh)
     assert system_ref(3, "/k", (1, 2), 0, 8) != system_ref(4, "/k", (1, 2), 0, 8)
     handle = bytes(range(CUDA_IPC_HANDLE_SIZE))
-    ref = parse_ref(cuda_ref(9, 4096, handle))  # the registered size, for the worker's check
-    assert (ref.kind, ref.byte_size, ref.handle) == ("cuda", 4096, handle)
+    # the registered size, for the worker's check, and the GPU as CUDA_VISIBLE_DEVICES names it
+    for gpu in ("3", "GPU-5c0c3a9e-8b0f-4d0c-9d1c-0f1e2d3c4b5a", "MIG-GPU-5c0c3a9e/1/0"):
+        ref = parse_ref(cuda_ref(9, 4096, handle, gpu))
+        assert (ref.kind, ref.byte_size, ref.handle, ref.gpu) == ("cuda", 4096, handle, gpu)
 
 
 @pytest.mark.parametrize(
@@ -64,8 +66,10 @@ def test_region_references_round_trip() -> None:
         "sys/1/a/b",
         "sys/1/2.3/0/x/k",
         "sys/1/23/0/8/k",
-        "cuda/1/0/abcd",
-        "cuda/1/x/" + "00" * 64,
+        "cuda/1/0/abcd/0",
+        "cuda/1/x/" + "00" * 64 + "/0",
+        "cuda/1/0/" + "00" * 64,  # no GPU
+        "cuda/1/0/" + "0g" * 64 + "/0",
         "nfs/1/x",
     ],
 )

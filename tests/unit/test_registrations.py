@@ -82,8 +82,13 @@ def test_bad_registrations_say_what_is_wrong(regs, user_object) -> None:
     assert code is Code.INVALID_ARG and "exceeds the 4096 bytes" in msg
     code, msg = code_of(r.register_system, A, "x", f"/inferpool-{r.run_id}-arena", 0, 8, ME)
     assert code is Code.INVALID_ARG and "reserved" in msg
-    code, msg = code_of(r.register_cuda, A, "g", b"short", 0, 8)
+    code, msg = code_of(r.register_cuda, A, "g", b"short", 0, 8, ("0",))
     assert code is Code.INVALID_ARG and "64-byte" in msg
+    code, msg = code_of(r.register_cuda, A, "g", bytes(64), 1, 8, ("0",))
+    assert code is Code.INVALID_ARG and msg == (
+        "failed to register CUDA shared memory region 'g': device_id 1 is not a GPU of this "
+        "server, which has 1"
+    )
     code, msg = code_of(r.create, A, "big", 2 << 20, "process 1")
     assert code is Code.INVALID_ARG and "--max-client-shm" in msg
     assert code_of(r.unregister, A, "x", False)[0] is Code.NOT_FOUND
@@ -113,7 +118,7 @@ def test_a_cuda_unregister_is_answered_once_every_worker_closed_its_mapping() ->
     unmaps: dict[str, list[str]] = {}
     workers = ["w0", "w1", "w2"]
     r = Registrations("0123456789", 0, 0, False, inflight, lambda: list(workers), unmaps)
-    r.register_cuda(A, "g", bytes(64), 0, 4096)
+    r.register_cuda(A, "g", bytes(64), 0, 4096, ("0",))
     inflight[7] = object()  # a request that may read the region
     answers: list[list[str]] = []
     assert r.unregister(A, "", True, answers.append) == ["g"]
@@ -130,7 +135,7 @@ def test_a_cuda_unregister_is_answered_once_every_worker_closed_its_mapping() ->
     r.tick()
     assert answers == [["g"]]
     # a region no request used waits for the workers' word all the same
-    r.register_cuda(A, "h", bytes(64), 0, 4096)
+    r.register_cuda(A, "h", bytes(64), 0, 4096, ("0",))
     r.unregister(A, "h", True, answers.append)
     r.unmapped("w0", unmaps["w0"][-1:])
     r.unmapped("w1", unmaps["w1"][-1:])
