@@ -56,7 +56,7 @@ from inferpool.shm.cancel_flags import CancelFlags
 from inferpool.shm.leases import LeaseTable
 from inferpool.shm.runs import region_name
 from inferpool.wire.errors import InferpoolError
-from inferpool.wire.worker.messages import Done, LaneClosed, LaneStats, Unmapped
+from inferpool.wire.worker.messages import Done, LaneClosed, LaneStats, Mapped, Unmapped
 from inferpool.wire.zmqio import NOBLOCK, recv_frames
 
 log = logging.getLogger("inferpool.broker")
@@ -413,6 +413,8 @@ class Broker:
             self.manager.done(handle, msg)
         elif msg is None:  # its end closed: the process is exiting; reap() will say how
             self.supervisor.close_channel(handle)
+        elif isinstance(msg, Mapped):  # CUDA regions a CUDA unregister will wait on
+            self.registrations.mapped(handle.identity, msg.refs)
         elif isinstance(msg, Unmapped):  # a CUDA unregister may be waiting for it
             self.registrations.unmapped(handle.identity, msg.refs)
         elif isinstance(msg, LaneStats):

@@ -12,7 +12,9 @@ allocates outputs inside the region the broker created for it, or writes them in
 client's registered window when the request asked so; the broker sends arena slots back
 (``free``) once the client has them.  The output region is populated ahead of the
 allocations that reach new parts of it (``shm.warm``); other regions are mapped without
-populating: their pages fault in once, as they are first read.  Lane threads
+populating: their pages fault in once, as they are first read.  The CUDA regions it opens
+are listed (``take_opened``) for the broker, which waits only for the workers that opened
+a CUDA region before it answers the region's unregister.  Lane threads
 (workers/lanes.py) allocate and free outputs too, hence the allocator's lock.
 
 A worker runs cold (woken after other processes went through the caches), and every object
@@ -69,6 +71,7 @@ class WorkerMemory:
         # views over slots of the output region (Response.output_view): it stays mapped,
         # at one address, until close()
         self._slot_views: dict[Any, Any] = {}
+        self.opened: list[str] = []  # CUDA regions opened since take_opened (any thread)
         try:
             self.warm = Warm(self.output, prefault, f"the output region of '{instance_name}'")
         except ShmExhausted as exc:
@@ -79,12 +82,21 @@ class WorkerMemory:
         region = self._regions.get(ref)
         if region is None:
             region = self._regions[ref] = _open(ref)
+            if type(region) is CudaRegion:
+                with self._lock:
+                    self.opened.append(ref)
         if type(region) is ObjectWindow:
             try:
                 region.check(self.batch)
             except ObjectChanged as exc:
                 raise InferpoolError(Code.INVALID_ARG, str(exc)) from None
         return region
+
+    def take_opened(self) -> list[str]:
+        """The CUDA regions opened since the last call (the broker is told of them)."""
+        with self._lock:
+            opened, self.opened = self.opened, []
+        return opened
 
     def hold_views(self, drop: Callable[[], None]) -> None:
         """``drop`` lets go of the input views its caller keeps: called before any unmap."""

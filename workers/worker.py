@@ -3,10 +3,11 @@
 The broker and the worker speak the messages of ``wire.worker.messages`` over this worker's
 channel (``spec.channel_fd``, inherited): Execute, Free and Stop come in; Ready (or Failed)
 goes out once, then one Done per batch, Items for results that come between (decoupled
-models, backend threads), and Unmapped once the client regions it was told to unmap are
-closed.  A model's calls to other models (BLS) go out as Call and come back as Replies
-(workers/calls.py).  LaneOpen and LaneClose go to the lanes (workers/lanes.py), whose threads
-execute under the same lock as the batches.  docs/internals.md describes the exchange.
+models, backend threads), Mapped ahead of them when their requests opened clients' CUDA
+regions, and Unmapped once the client regions it was told to unmap are closed.  A model's
+calls to other models (BLS) go out as Call and come back as Replies (workers/calls.py).
+LaneOpen and LaneClose go to the lanes (workers/lanes.py), whose threads execute under the
+same lock as the batches.  docs/internals.md describes the exchange.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from inferpool.wire.worker.messages import (
     Items,
     LaneClose,
     LaneOpen,
+    Mapped,
     Ready,
     Replies,
     Result,
@@ -283,6 +285,7 @@ class Worker:
 
     def _send_done(self, items: list[Result], batches: list[BatchStats]) -> None:
         """One Done; results that would not fit in one datagram go ahead as Items."""
+        self._say_opened()
         metrics = self.host.stats.drain_metrics()
         while len(items) > 1:
             try:
@@ -298,6 +301,7 @@ class Worker:
             self.link.send(Done([self._too_large(item) for item in items], batches, metrics))
 
     def _send_items(self, items: list[Result]) -> None:
+        self._say_opened()
         try:
             self.link.send(Items(items))
         except TooLarge:
@@ -307,6 +311,12 @@ class Worker:
             half = len(items) // 2
             self._send_items(items[:half])
             self._send_items(items[half:])
+
+    def _say_opened(self) -> None:
+        """Tell the broker of the CUDA regions opened since it was last told, before the
+        results of the requests that opened them."""
+        if self.memory.opened:
+            self.link.send(Mapped(self.memory.take_opened()))
 
     def _too_large(self, item: Result) -> Result:
         """A result too large for a datagram (its parameters) becomes an error."""

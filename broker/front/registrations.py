@@ -11,9 +11,12 @@ client, so another client's name is NOT_FOUND.  Three kinds:
 Ending a registration never pulls memory from under a request in flight: the region is
 retired only once every request admitted before the end has finished; then workers are
 told to drop their mappings (piggybacked on their next message) and a created region is
-unlinked.  Ending a CUDA registration is answered only once every worker has closed its
-mapping (each confirms with ``unmapped``): the client frees the memory next, and freeing
-device memory another process still has mapped is undefined behaviour in CUDA.
+unlinked.  Ending a CUDA registration is answered only once every worker that opened the
+region has closed its mapping: each says when it opened one (``mapped``, before the results
+of the requests that opened it, so the broker knows them all once those requests are done)
+and confirms with ``unmapped``.  The client frees the memory next, and freeing device
+memory another process still has mapped is undefined behaviour in CUDA; a worker that never
+opened the region (busy elsewhere, say) holds nothing up.
 """
 
 from __future__ import annotations
@@ -82,6 +85,7 @@ class Registrations:
         self._unmaps = unmaps  # worker identity -> refs to drop with its next message
         self._by_owner: dict[bytes, dict[str, Registration]] = {}
         self._retiring: list[tuple[int, Registration]] = []
+        self._openers: dict[str, set[str]] = {}  # registered CUDA ref -> workers that opened it
         self._mapped_in: dict[str, set[str]] = {}  # retired CUDA ref -> workers yet to close it
         self._waiters: list[tuple[set[str], list[str], Closed]] = []  # refs, names, callback
         self._serial = 0
@@ -192,6 +196,7 @@ class Registrations:
             )
         self._serial += 1
         ref = cuda_ref(self._serial, size, handle, gpus[device_id])
+        self._openers[ref] = set()
         self._add(owner, Registration(name, "cuda", "", 0, size, ref, device_id=device_id))
 
     def _check_free(self, owner: bytes, name: str) -> None:
@@ -269,12 +274,16 @@ class Registrations:
                 keep.append((newest, reg))
                 continue
             workers = self._workers()
-            for identity in workers:
+            told = workers
+            if reg.kind == "cuda":  # only the workers that opened it map it
+                openers = self._openers.pop(reg.ref, set())
+                told = [i for i in workers if i in openers]
+                if told:
+                    self._mapped_in[reg.ref] = set(told)
+            for identity in told:
                 self._unmaps.setdefault(identity, []).append(reg.ref)
             for identity in [i for i in self._unmaps if i not in workers]:
                 del self._unmaps[identity]  # a worker that died needs no word
-            if reg.kind == "cuda" and workers:
-                self._mapped_in[reg.ref] = set(workers)
             self._destroy(reg)
         self._retiring = keep
 
@@ -285,6 +294,19 @@ class Registrations:
         reg.created.destroy()
         reg.created = None
         self.refund(reg.principal, reg.byte_size)
+
+    def mapped(self, worker: str, refs: Sequence[str]) -> None:
+        """``worker`` has opened the CUDA regions ``refs`` (its ``mapped`` message)."""
+        for ref in refs:
+            openers = self._openers.get(ref)
+            if openers is not None:
+                openers.add(worker)
+                continue
+            # already retired (no request can name it now): it must not keep it
+            self._unmaps.setdefault(worker, []).append(ref)
+            holders = self._mapped_in.get(ref)
+            if holders is not None:
+                holders.add(worker)
 
     def unmapped(self, worker: str, refs: Sequence[str]) -> None:
         """``worker`` has closed its mappings of ``refs`` (its ``unmapped`` message)."""
@@ -314,6 +336,7 @@ class Registrations:
             self._destroy(reg)
         self._by_owner.clear()
         self._retiring = []
+        self._openers.clear()
         self._mapped_in.clear()
         self._waiters = []
 

@@ -18,7 +18,8 @@ from inferpool.shm import cuda
 from inferpool.shm.refs import CUDA_IPC_HANDLE_SIZE, cuda_ref
 from inferpool.wire import codec
 from inferpool.wire.errors import Code, InferpoolError
-from inferpool.workers.memory import _open
+from inferpool.wire.worker.messages import TensorRef
+from inferpool.workers.memory import WorkerMemory, _open
 from tests.unit.conftest import PythonModels
 from tests.unit.fake_cupy import DeviceArray, FakeCupy
 
@@ -89,6 +90,21 @@ def test_a_handle_registered_twice_is_mapped_once(fake: FakeCupy) -> None:
     third = _open(cuda_ref(10, 4096, HANDLE, "0"))  # mapped afresh once none uses it
     third.close()
     assert fake.calls == [("open", 0), ("close", 0)] * 2
+
+
+def test_a_worker_lists_the_cuda_regions_it_opened_for_the_broker(
+    fake: FakeCupy, memory: WorkerMemory
+) -> None:
+    """The broker waits, before it answers a CUDA unregister, only for the workers that
+    said they opened the region."""
+    ref = cuda_ref(7, 4096, HANDLE, "0")
+    window = TensorRef("IN", "FP32", [4], ref, 0, 16)
+    assert memory.batch_input(window, None).memory == "gpu"
+    memory.batch_input(window, None)  # opened once
+    memory.input_tensor(TensorRef("IN", "FP32", [4], memory.output.name, 0, 16), None)
+    assert memory.take_opened() == [ref] and memory.take_opened() == []
+    memory.unmap([ref])
+    assert fake.calls == [("open", 0), ("close", 0)]
 
 
 def test_a_registration_larger_than_its_allocation_is_refused_and_closed(fake: FakeCupy) -> None:

@@ -113,33 +113,50 @@ def test_regions_retire_only_after_the_requests_admitted_before(regs, user_objec
     assert exists(user_object)  # the client's own object is the client's to unlink
 
 
-def test_a_cuda_unregister_is_answered_once_every_worker_closed_its_mapping() -> None:
+def cuda_ref_of(r: Registrations, name: str) -> str:
+    """The reference a request naming region ``name`` of client A carries to its worker."""
+    params = {"shared_memory_region": name, "shared_memory_byte_size": 16}
+    return r.window(A, "input", "x", params, None)[0].ref
+
+
+def test_a_cuda_unregister_is_answered_once_every_worker_that_opened_it_closed_it() -> None:
     inflight: dict[int, object] = {}
     unmaps: dict[str, list[str]] = {}
     workers = ["w0", "w1", "w2"]
     r = Registrations("0123456789", 0, 0, False, inflight, lambda: list(workers), unmaps)
     r.register_cuda(A, "g", bytes(64), 0, 4096, ("0",))
-    inflight[7] = object()  # a request that may read the region
+    ref = cuda_ref_of(r, "g")
+    assert ref.startswith("cuda/") and ref.endswith("/0")
+    inflight[7] = object()  # a request that may read the region...
+    r.mapped("w0", [ref])  # ...and the workers that opened it (w2, busy elsewhere, did not)
+    r.mapped("w1", [ref])
     answers: list[list[str]] = []
     assert r.unregister(A, "", True, answers.append) == ["g"]
     r.tick()
     assert answers == [] and unmaps == {}  # the request still runs: nothing retired yet
     del inflight[7]
     r.tick()
-    [ref] = unmaps["w0"]
-    assert ref.startswith("cuda/") and unmaps["w1"] == unmaps["w2"] == [ref]
+    assert unmaps == {"w0": [ref], "w1": [ref]}  # only the workers that opened it are told
     r.unmapped("w0", [ref])
+    assert answers == []  # w1 still maps it: the client must not free the memory yet
     r.unmapped("w1", ["sys/3/other", ref])
-    assert answers == []  # w2 still maps it: the client must not free the memory yet
-    workers.remove("w2")  # ...unless w2 died, which closes every mapping it had
-    r.tick()
-    assert answers == [["g"]]
-    # a region no request used waits for the workers' word all the same
+    assert answers == [["g"]]  # w2 holds nothing up
+    # a worker that opened a region and died has closed it
     r.register_cuda(A, "h", bytes(64), 0, 4096, ("0",))
+    r.mapped("w2", [cuda_ref_of(r, "h")])
     r.unregister(A, "h", True, answers.append)
-    r.unmapped("w0", unmaps["w0"][-1:])
-    r.unmapped("w1", unmaps["w1"][-1:])
+    assert answers == [["g"]]
+    workers.remove("w2")
+    r.tick()
     assert answers == [["g"], ["h"]]
+    # a region no worker opened is answered at once, and no worker is told of it
+    unmaps.clear()
+    r.register_cuda(A, "k", bytes(64), 0, 4096, ("0",))
+    late = cuda_ref_of(r, "k")
+    r.unregister(A, "k", True, answers.append)
+    assert answers[-1] == ["k"] and unmaps == {}
+    r.mapped("w1", [late])  # word of a region already ended: it is told to close it
+    assert unmaps == {"w1": [late]}
     assert r.unregister(A, "", True, answers.append) == [] and answers[-1] == []
 
 

@@ -12,7 +12,8 @@ broker -> worker  Execute (a batch to run), Free (slots and regions it is done w
 worker -> broker  Ready (loaded: its placement and served config), Failed (why it cannot
                   boot), Items (results mid-batch, decoupled models), Done (a batch's last
                   results and its statistics), ShareRegion / RegionFilled (shared regions),
-                  Unmapped (client regions it has closed), Call (a model's inference request
+                  Mapped (CUDA regions it has opened), Unmapped (client regions it has
+                  closed), Call (a model's inference request
                   to another model: BLS), CancelCall (a call it gave up on), Release (reply
                   slots it has finished reading), LaneClosed (a lane it no longer serves),
                   LaneStats (what its lanes served)
@@ -48,6 +49,7 @@ class Kind(str, enum.Enum):
     DONE = "done"
     SHARE_REGION = "share_region"
     REGION_FILLED = "region_filled"
+    MAPPED = "mapped"
     UNMAPPED = "unmapped"
     LANE_OPEN = "lane_open"
     LANE_CLOSE = "lane_close"
@@ -286,6 +288,13 @@ class RegionFilled(NamedTuple):
     ok: bool
 
 
+class Mapped(NamedTuple):
+    """The worker has opened these clients' CUDA regions (sent before the results of the
+    requests that opened them): a CUDA region's unregister waits for the workers that did."""
+
+    refs: Sequence[str]
+
+
 class Unmapped(NamedTuple):
     """The worker has closed its mappings of these client regions (an Execute's or a Free's
     ``unmap``): a CUDA region's unregister is answered only then."""
@@ -373,6 +382,7 @@ WorkerMessage = (
     | Done
     | ShareRegion
     | RegionFilled
+    | Mapped
     | Unmapped
     | Call
     | CancelCall
@@ -393,6 +403,7 @@ _KINDS: dict[type, Kind] = {
     Done: Kind.DONE,
     ShareRegion: Kind.SHARE_REGION,
     RegionFilled: Kind.REGION_FILLED,
+    Mapped: Kind.MAPPED,
     Unmapped: Kind.UNMAPPED,
     LaneOpen: Kind.LANE_OPEN,
     LaneClose: Kind.LANE_CLOSE,
@@ -625,6 +636,7 @@ _FROM_WORKER: dict[str, Callable[[Any], Any]] = {
     Kind.DONE: _done,
     Kind.SHARE_REGION: ShareRegion._make,
     Kind.REGION_FILLED: RegionFilled._make,
+    Kind.MAPPED: Mapped._make,
     Kind.UNMAPPED: Unmapped._make,
     Kind.LANE_CLOSED: _lane_closed,
     Kind.LANE_STATS: _lane_stats,
