@@ -23,7 +23,7 @@ from types import ModuleType
 from inferpool.backends.api import Backend
 from inferpool.wire.errors import Code, InferpoolError
 
-BUILTIN = ("identity", "python", "pytorch")
+BUILTIN = ("identity", "python", "pytorch", "onnxruntime")
 ENTRY_POINT_GROUP = "inferpool.backends"
 
 

@@ -28,6 +28,7 @@ from inferpool.backends.api import InputTensor, Request
 from inferpool.backends.pytorch import dtypes
 from inferpool.backends.pytorch.naming import InputLayout, TensorSpec
 from inferpool.backends.sequence import Control, State
+from inferpool.backends.spans import contiguous_span
 from inferpool.wire.errors import InferpoolError, invalid_arg
 
 
@@ -266,44 +267,6 @@ def _tail(value: Any, batching: bool) -> tuple[int, ...]:
         return ()
     shape = tuple(value.shape)
     return shape[1:] if batching else shape
-
-
-def _root(array: np.ndarray) -> Any:
-    base: Any = array
-    while isinstance(base, np.ndarray) and base.base is not None:
-        base = base.base
-    return base.obj if isinstance(base, memoryview) else base
-
-
-def contiguous_span(arrays: list[np.ndarray]) -> np.ndarray | None:
-    """One array over ``arrays`` when they lie back to back in one buffer, else None."""
-    first = arrays[0]
-    root = _root(first)
-    address = first.__array_interface__["data"][0]
-    start = address
-    for a in arrays:
-        if (
-            not a.flags.c_contiguous
-            or a.dtype != first.dtype
-            or a.shape[1:] != first.shape[1:]
-            or a.__array_interface__["data"][0] != address
-            or _root(a) is not root
-        ):
-            return None
-        address += a.nbytes
-    try:
-        whole = np.frombuffer(root, dtype=np.uint8)
-    except (TypeError, ValueError):
-        return None
-    offset = start - whole.__array_interface__["data"][0]
-    if offset < 0 or offset + (address - start) > whole.nbytes:
-        return None
-    rows = sum(a.shape[0] for a in arrays)
-    return (
-        whole[offset : offset + (address - start)]
-        .view(first.dtype)
-        .reshape((rows, *first.shape[1:]))
-    )
 
 
 def _copy_into_batch(parts: list[Any], device: torch.device) -> torch.Tensor:

@@ -20,41 +20,12 @@ from typing import Any
 import torch
 
 from inferpool.backends.api import Model
-from inferpool.wire.errors import invalid_arg
+from inferpool.backends.parameters import bool_parameter, int_parameter
 
 # read for every execution (bound once: no lookups in torch._C each time)
 _get_optimize = torch._C._get_graph_executor_optimize
 _get_cudnn = torch._C._get_cudnn_enabled
 _InferenceMode = torch._C._InferenceMode
-_TRUE = ("true", "on", "1")
-_FALSE = ("false", "off", "0")
-
-
-def _bool(model: Model, key: str) -> bool | None:
-    """A boolean parameter as Triton's ``ParseBoolValue`` reads it, or None when absent."""
-    raw = model.parameter(key)
-    if raw is None:
-        return None
-    value = raw.strip().lower()
-    if value in _TRUE or value in _FALSE:
-        return value in _TRUE
-    raise invalid_arg(
-        f"parameter '{key}' of model '{model.name}': failed to convert '{raw}' to boolean "
-        "(expected true/false, on/off or 1/0)"
-    )
-
-
-def _int(model: Model, key: str) -> int | None:
-    raw = model.parameter(key)
-    if raw is None:
-        return None
-    try:
-        return int(raw.strip())
-    except ValueError:
-        raise invalid_arg(
-            f"parameter '{key}' of model '{model.name}': failed to convert '{raw}' to integral "
-            "number"
-        ) from None
 
 
 @dataclass(frozen=True)
@@ -77,7 +48,7 @@ class Settings:
         """Read every parameter; a malformed value is INVALID_ARG naming the key."""
 
         def flag(key: str, default: bool, invert: bool = False) -> bool:
-            value = _bool(model, key)
+            value = bool_parameter(model, key)
             return default if value is None else value != invert
 
         return cls(
@@ -86,11 +57,11 @@ class Settings:
             cudnn=flag("DISABLE_CUDNN", True, invert=True),
             cache_cleaning=flag("ENABLE_CACHE_CLEANING", False),
             weight_sharing=flag("ENABLE_WEIGHT_SHARING", False),
-            tensor_fuser=_bool(model, "ENABLE_TENSOR_FUSER"),
-            jit_profiling=_bool(model, "ENABLE_JIT_PROFILING"),
-            jit_executor=_bool(model, "ENABLE_JIT_EXECUTOR"),
-            intra_op_threads=_int(model, "INTRA_OP_THREAD_COUNT") or 0,
-            inter_op_threads=_int(model, "INTER_OP_THREAD_COUNT") or 0,
+            tensor_fuser=bool_parameter(model, "ENABLE_TENSOR_FUSER"),
+            jit_profiling=bool_parameter(model, "ENABLE_JIT_PROFILING"),
+            jit_executor=bool_parameter(model, "ENABLE_JIT_EXECUTOR"),
+            intra_op_threads=int_parameter(model, "INTRA_OP_THREAD_COUNT") or 0,
+            inter_op_threads=int_parameter(model, "INTER_OP_THREAD_COUNT") or 0,
         )
 
     def log_to(self, log: logging.Logger, model_name: str) -> None:

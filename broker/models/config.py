@@ -20,10 +20,16 @@ from inferpool.wire.errors import Code, InferpoolError
 
 CONFIG_FILE = "config.pbtxt"
 
-# Triton platforms whose backend is implied by the platform name.
-PLATFORM_BACKENDS = {"pytorch_libtorch": "pytorch"}
-# A version directory's model file -> the config a model without config.pbtxt starts from.
-MODEL_FILES = {"model.py": {"backend": "python"}, "model.pt": {"platform": "pytorch_libtorch"}}
+# Triton platforms whose backend is implied by the platform name, and back.
+PLATFORM_BACKENDS = {"pytorch_libtorch": "pytorch", "onnxruntime_onnx": "onnxruntime"}
+BACKEND_PLATFORMS = {"onnxruntime": "onnxruntime_onnx"}
+# A version directory's model file (or directory: model.onnx may be one) -> the config a
+# model without config.pbtxt starts from, as Triton infers it.
+MODEL_FILES = {
+    "model.py": {"backend": "python"},
+    "model.pt": {"platform": "pytorch_libtorch"},
+    "model.onnx": {"backend": "onnxruntime"},
+}
 
 
 def config_error(model: str, path: str, problem: str, fix: str = "") -> InferpoolError:
@@ -70,10 +76,23 @@ def _inferred(model_dir: str, model: str) -> pb.ModelConfig | None:
     """A model without config.pbtxt, as Triton serves one: the backend is the one its
     version directories' model file implies (``model.py``: python, ``model.pt``: pytorch),
     and the backend completes the rest (the python backend's ``auto_complete_config``)."""
-    versions = [e for e in os.listdir(model_dir) if e.isdigit() and int(e) > 0]
-    for filename, fields in MODEL_FILES.items():
-        if any(os.path.isfile(os.path.join(model_dir, v, filename)) for v in versions):
-            return pb.ModelConfig(name=model, **fields)
+    fields = _implied(model_dir, "")
+    return None if fields is None else pb.ModelConfig(name=model, **fields)
+
+
+def _implied(model_dir: str, filename: str) -> dict[str, str] | None:
+    """The backend (or platform) a model's file implies, as Triton's core infers it: the
+    ``default_model_filename`` where the config names one, else the first known model file
+    in a version directory."""
+    if filename:
+        return MODEL_FILES.get(filename)
+    try:
+        versions = [e for e in os.listdir(model_dir) if e.isdigit() and int(e) > 0]
+    except OSError:
+        return None
+    for name, fields in MODEL_FILES.items():
+        if any(os.path.exists(os.path.join(model_dir, v, name)) for v in versions):
+            return fields
     return None
 
 
@@ -92,6 +111,10 @@ def complete(config: pb.ModelConfig, model: str, path: str) -> None:
     if problem:
         raise config_error(model, path, problem)
     ensemble = is_ensemble(config)  # runs in the broker: no backend, no instances
+    if not config.backend and not config.platform and not ensemble:
+        fields = _implied(os.path.dirname(path), config.default_model_filename) or {}
+        config.backend = fields.get("backend", "")
+        config.platform = fields.get("platform", "")
     if not config.backend and not ensemble:
         implied = PLATFORM_BACKENDS.get(config.platform)
         if implied is None:
@@ -105,6 +128,8 @@ def complete(config: pb.ModelConfig, model: str, path: str) -> None:
                 'platform: "ensemble" with ensemble_scheduling)',
             )
         config.backend = implied
+    if not config.platform and config.backend in BACKEND_PLATFORMS:
+        config.platform = BACKEND_PLATFORMS[config.backend]
     if not config.HasField("version_policy"):
         config.version_policy.latest.num_versions = 1
     if not config.instance_group and not ensemble:
