@@ -61,6 +61,7 @@ class Region:
     """
 
     base = 0  # the object's byte that buf[0] is (a whole region: its first)
+    fd = -1  # kept open by a watched attachment (``attach(watch=True)``): ``shrunk`` looks
 
     def __init__(self, name: str, mapping: mmap.mmap, size: int, owner: bool, readonly: bool):
         self.name = name
@@ -104,8 +105,11 @@ class Region:
             raise
 
     @classmethod
-    def attach(cls, name: str, *, readonly: bool = False, populate: bool = False) -> Region:
-        """Map an existing region; ``populate`` fills the page tables now instead of on touch."""
+    def attach(
+        cls, name: str, *, readonly: bool = False, populate: bool = False, watch: bool = False
+    ) -> Region:
+        """Map an existing region; ``populate`` fills the page tables now instead of on touch;
+        ``watch`` keeps its descriptor open for ``shrunk`` (a region a client may shrink)."""
         flags = posix_ipc.O_RDONLY if readonly else 0
         check_name(name)
         shm = posix_ipc.SharedMemory("/" + name, flags, read_only=readonly)
@@ -116,9 +120,24 @@ class Region:
             mflags = mmap.MAP_SHARED | (mmap.MAP_POPULATE if populate else 0)
             prot = mmap.PROT_READ | (0 if readonly else mmap.PROT_WRITE)
             mapping = mmap.mmap(shm.fd, size, flags=mflags, prot=prot)
-        finally:
+            region = cls(name, mapping, size, owner=False, readonly=readonly)
+        except BaseException:
             shm.close_fd()
-        return cls(name, mapping, size, owner=False, readonly=readonly)
+            raise
+        if watch:
+            region.fd = shm.fd
+        else:
+            shm.close_fd()
+        return region
+
+    def now_size(self) -> int:
+        """The object's size now (a watched region: one ``lseek``, cheaper than ``fstat``)."""
+        return os.lseek(self.fd, 0, os.SEEK_END)
+
+    def shrunk(self) -> bool:
+        """Whether the object no longer covers this mapping (a watched region): touching
+        what it lost would be SIGBUS."""
+        return self.now_size() < self.size
 
     def populate(
         self, start: int, end: int, what: str, interrupt: Callable[[], None] | None = None
@@ -176,6 +195,9 @@ class Region:
             return
         unmap(self.buf, self._map)
         self._map = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
     def unlink(self) -> None:
         """Remove the name (owner only); mappings elsewhere stay valid until closed."""

@@ -29,6 +29,7 @@ REASON_OFFSET, REASON_BYTES = 512, 512
 DEFAULT_SLOTS = 8
 MAX_SLOTS = 64
 SLOT_SIZE = 4096  # at most 65535: an error message's length is a u16
+MAX_PID = 1 << 22  # Linux's PID_MAX_LIMIT: no process id is larger
 
 # the header (broker): magic, version, slots, slot_size, state, reason code
 _HEADER = struct.Struct("<4sIIIII")
@@ -139,9 +140,26 @@ class LaneResponse(NamedTuple):
 
 
 # ---------------------------------------------------------------------------- the header
+def header_bytes(geometry: Geometry) -> bytes:
+    """A new lane's header fields (the broker writes them once, before the lane is
+    granted)."""
+    return _HEADER.pack(MAGIC, VERSION, geometry.slots, geometry.slot_size, 0, 0)
+
+
 def init_header(buf: Any, geometry: Geometry) -> None:
-    """A new lane's header (the broker, once, before anyone else maps the region)."""
-    _HEADER.pack_into(buf, 0, MAGIC, VERSION, geometry.slots, geometry.slot_size, 0, 0)
+    """A new lane's header, written into a mapping of its region."""
+    buf[: _HEADER.size] = header_bytes(geometry)
+
+
+def revocation(status: int, reason: str) -> tuple[tuple[int, bytes], ...]:
+    """What revoking a lane writes, in order ((offset, bytes) each): why, then the code,
+    then the state a peer looks at first (the broker)."""
+    text = reason.encode()[: REASON_BYTES - 1].ljust(REASON_BYTES, b"\0")
+    return (
+        (REASON_OFFSET, text),
+        (STATE + 4, struct.pack("<I", status)),
+        (STATE, struct.pack("<I", STATE_REVOKED)),
+    )
 
 
 def read_header(buf: Any) -> tuple[Geometry, int, int]:
@@ -175,13 +193,6 @@ class Header:
     @property
     def revoked(self) -> bool:
         return bool(self.words[STATE >> 2])
-
-    def revoke(self, status: int, reason: str) -> None:
-        """Mark the lane revoked, with why (the broker)."""
-        text = reason.encode()[: REASON_BYTES - 1]
-        self.buf[REASON_OFFSET : REASON_OFFSET + REASON_BYTES] = text.ljust(REASON_BYTES, b"\0")
-        self[STATE + 4] = status
-        self[STATE] = STATE_REVOKED
 
     def reason(self) -> tuple[str, str]:
         """(code name, message) of a revoked lane."""

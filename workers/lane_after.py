@@ -75,9 +75,13 @@ class _Sibling:
     """Another lane of the ensemble, mapped to wait on its responses."""
 
     def __init__(self, name: str) -> None:
-        self.region = Region.attach(name)
+        self.region = Region.attach(name, watch=True)  # its client may shrink it: looked at
         try:
+            if self.region.size < wl.HEADER_BYTES:
+                raise ValueError(f"lane region {name!r} is smaller than a lane's header")
             self.geometry, _, _ = wl.read_header(self.region.buf)
+            if self.geometry.size > self.region.size:
+                raise ValueError(f"lane region {name!r} is smaller than its geometry")
         except BaseException:
             self.region.close()
             raise
@@ -125,6 +129,11 @@ class Siblings:
         sibling = self._sibling(after.sibling)
         words, seq, n = sibling.header.words, wl.RESP_SEQ >> 2, after.n
         while True:
+            if sibling.region.shrunk():
+                raise invalid_arg(
+                    f"the region of the lane of step {after.sibling} shrank (its client "
+                    f"truncated it): request {req.id} cannot read that step's response"
+                )
             head = int(words[seq])
             if (head - n - 1) & MASK < 1 << 31:  # response n is in
                 break

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import sys
 import threading
 import time
@@ -83,7 +84,7 @@ class Lanes:
     def open(self, msg: LaneOpen) -> None:
         try:
             server = LaneServer(self, msg)
-        except (InferpoolError, OSError, ValueError) as exc:
+        except Exception as exc:  # a region gone or shrunk, a bad field: the lane's, not ours
             err = InferpoolError.wrap(exc, Code.UNAVAILABLE, f"lane {msg.lane}: ")
             log.error("%s", err.message)
             self.link.send(LaneClosed(msg.lane, err.to_wire()))
@@ -142,13 +143,17 @@ class LaneServer(HoldingThread):
         self.contract = lanes.contract
         self.memory = lanes.memory
         self.output_region = self.memory.output.name
-        self.region = Region.attach(msg.region, populate=True)
+        self.region = Region.attach(msg.region, populate=True, watch=True)
         try:
             buf = self.region.buf
+            if self.region.size < wl.HEADER_BYTES:
+                raise ValueError(f"lane region {msg.region!r} is smaller than a lane's header")
             self.geometry, _, _ = wl.read_header(buf)
             if self.geometry.size > self.region.size:
                 raise ValueError(f"lane region {msg.region!r} is smaller than its geometry")
-            self.inputs = Region.attach(msg.inputs)  # read-only views; placed outputs
+            # read-only views and placed outputs; watched as the lane region is: the client
+            # may shrink either, and a touch past the end would be SIGBUS
+            self.inputs = Region.attach(msg.inputs, watch=True)
         except BaseException:
             self.region.close()
             raise
@@ -191,9 +196,14 @@ class LaneServer(HoldingThread):
         error: InferpoolError | None = None
         try:
             self._serve()
-        except Exception as exc:  # a bug here must not take the worker down
-            log.exception("lane %d failed", self.lane)
-            error = InferpoolError.wrap(exc, Code.INTERNAL, f"lane {self.lane} failed: ")
+        except Exception as exc:
+            shrunk = self._shrunk()
+            if shrunk:  # its client's doing: the lane ends, the worker serves on
+                log.warning("%s", shrunk)
+                error = invalid_arg(shrunk)
+            else:  # a bug here must not take the worker down
+                log.exception("lane %d failed", self.lane)
+                error = InferpoolError.wrap(exc, Code.INTERNAL, f"lane {self.lane} failed: ")
         finally:
             kept = self._finish()
             self.lanes.closed(self.lane, error, kept)
@@ -206,7 +216,12 @@ class LaneServer(HoldingThread):
         slots = self.geometry.slots
         n = 0
         flush_at = 0  # when the statistics folded so far are due (monotonic ns)
-        while not self._closing and not header.revoked:
+        seek, fd, size = os.lseek, self.region.fd, self.region.size
+        while not self._closing:
+            if seek(fd, 0, 2) < size:  # shrunk by its client: never touched again
+                raise invalid_arg(self._shrunk())
+            if header.revoked:
+                break
             head = requests.value()
             if head == n:
                 head = self._wait(n, (flush_at - _now()) / 1e9 if tally.pending else SLICE_S)
@@ -267,6 +282,8 @@ class LaneServer(HoldingThread):
                 raise InferpoolError(Code.CANCELLED, self._cancelled_text(req.id))
             if req.flags & wl.FLAG_AFTER:  # an ensemble's step: once the step before answers
                 sent = claimed = self._after(n, req)  # queued from then on
+            if self.inputs.shrunk():  # before any view of it is read
+                raise invalid_arg(self._inputs_shrunk())
             request = self.plans.request(n, req)
         except InferpoolError as err:
             self._answer_error(n, req.id, err, sent)
@@ -347,7 +364,8 @@ class LaneServer(HoldingThread):
             return False
         with self._map_lock:
             at = self.request_at[n % self.slots]
-            return self._mapped and lr.request_cancelled(self.raw, at, request_id)
+            intact = self._mapped and not self.region.shrunk()
+            return intact and lr.request_cancelled(self.raw, at, request_id)
 
     def _emit(self, request: Request, response: Response | None, final: bool) -> None:
         """The backend's answer to the request in execution, into the response ring."""
@@ -380,10 +398,14 @@ class LaneServer(HoldingThread):
         self._ok = True
 
     def _write(self, n: int, request_id: int, outputs: Any, parameters: Any) -> None:
+        if self.region.shrunk():
+            return  # nowhere to answer: the lane ends (``_serve``), its outputs reported
         self.writer.write(self.response_at[n % self.slots], request_id, outputs, parameters)
         self._ring(n + 1)
 
     def _write_error(self, n: int, request_id: int, err: InferpoolError) -> None:
+        if self.region.shrunk():
+            return
         at = self.geometry.response(n)
         status = wl.STATUS.get(err.code.value, wl.STATUS["UNKNOWN"])
         message = err.message.encode()[: self.geometry.slot_size - 64].decode(errors="ignore")
@@ -396,14 +418,36 @@ class LaneServer(HoldingThread):
         self._write_error(n, request_id, err)
         self.lanes.tally.fail_one(time.monotonic_ns() - sent, self.part)
 
+    def _shrunk(self) -> str:
+        """Why the lane cannot go on when its client shrank its region ("" if it did not)."""
+        region = self.region
+        size = region.now_size()
+        if size >= region.size:
+            return ""
+        return (
+            f"lane {self.lane}: its region '/{region.name}' shrank to {size} of its "
+            f"{region.size} bytes (its client truncated it); the lane is closed"
+        )
+
+    def _inputs_shrunk(self) -> str:
+        inputs = self.inputs
+        return (
+            f"shared-memory object '/{inputs.name}' shrank to {inputs.now_size()} bytes: it no "
+            f"longer covers the lane's input region of {inputs.size} bytes (its client "
+            "truncated it; a region the server made keeps its size)"
+        )
+
     def _finish(self) -> tuple[tuple[int, int], ...]:
         """Claim nothing more, say so, give back the outputs the client held unless told
         they stay (its client lives: they become its leases, the broker frees them when it
-        releases them); those that stay, with their sizes."""
-        self.header[wl.WORKER_CLOSED] = 1
-        self.responses.wake()
+        releases them); those that stay, with their sizes.  A region its client shrank is
+        not touched: what it held is reported, and the broker decides."""
         kept: tuple[tuple[int, int], ...] = ()
-        if self._free and not self.header[wl.KEPT]:  # (KEPT: before LaneClose comes)
+        intact = not self._shrunk()
+        if intact:
+            self.header[wl.WORKER_CLOSED] = 1
+        self.responses.wake()
+        if intact and self._free and not self.header[wl.KEPT]:  # (KEPT: before LaneClose)
             self.memory.free_outputs(self.leases)
         else:
             kept = self.memory.output_sizes(sorted(self.leases))

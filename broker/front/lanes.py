@@ -18,21 +18,24 @@ from __future__ import annotations
 
 import itertools
 import logging
+import signal
 from dataclasses import dataclass
 from typing import Any
 
 from inferpool.broker.front.lane_leases import LaneLeases
 from inferpool.broker.front.lane_rules import check_rule, ensemble_plan, specs
-from inferpool.broker.front.registrations import Registrations
+from inferpool.broker.front.registrations import Registration, Registrations
 from inferpool.broker.front.router import Handler
+from inferpool.broker.models.blame import shrank_text
 from inferpool.broker.models.ensemble_config import Plan
 from inferpool.broker.models.manager import Worker
 from inferpool.broker.models.registry import ModelVersion, Registry
 from inferpool.broker.pool.handle import WorkerState
 from inferpool.broker.pool.supervisor import Supervisor
-from inferpool.shm import futex
-from inferpool.shm.region import Region, ShmExhausted
+from inferpool.shm.guarded import GuardedRegion
+from inferpool.shm.region import ShmExhausted
 from inferpool.shm.runs import region_name
+from inferpool.shm.window import shrunk
 from inferpool.wire import lane as wl
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg, not_found
 from inferpool.wire.worker.messages import LaneClose, LaneClosed, LaneOpen, LaneStats
@@ -41,6 +44,7 @@ log = logging.getLogger("inferpool.lanes")
 INPUT_REGION = "inputs"  # the region a shared-memory client's inputs live in
 EXTENSIONS = ("lanes",)
 LISTENING = (WorkerState.READY, WorkerState.STOPPING)  # a worker told LaneClose hears it
+BARRED = 1024  # principals remembered as barred from lanes (the oldest forgotten first)
 
 
 @dataclass(eq=False)
@@ -49,10 +53,9 @@ class Lane:
     owner: bytes
     model: ModelVersion
     worker: Worker
-    region: Region
-    header: wl.Header
-    input_region: str  # the registration's name
-    principal: str  # whose server-made memory the lane's region counts as
+    region: GuardedRegion  # the client may shrink it: never touched through a mapping
+    geometry: wl.Geometry
+    inputs: Registration  # the client's server-made input region
     ensemble: ModelVersion | None = None  # the ensemble whose steps it serves, if any
     whole: bool = False  # its step's requests count the ensemble's (its last output's step)
     revoked: bool = False
@@ -66,7 +69,7 @@ class _Ask:
     pid: int
     spin: int  # within the server's --lane-spin-us
     slots: int
-    reg: Any  # the client's server-made input region (a registration)
+    reg: Registration  # the client's server-made input region
 
 
 class Lanes:
@@ -95,6 +98,7 @@ class Lanes:
         self.rate_limited = rate_limited
         self.lanes: dict[int, Lane] = {}
         self.drained = ""  # why the server drains ("": it does not)
+        self._barred: dict[str, None] = {}  # principals whose shrunk regions killed a worker
         self._ids = itertools.count(1)
 
     def handlers(self) -> dict[str, Handler]:
@@ -116,8 +120,10 @@ class Lanes:
         if plan is None:
             check_rule(mv, self.rate_limited)
         pid = h.get("pid")
-        if type(pid) is not int or pid <= 0:
-            raise invalid_arg(f"open_lane needs 'pid': the client's process id, got {pid!r}")
+        if type(pid) is not int or not 0 < pid <= wl.MAX_PID:
+            raise invalid_arg(
+                f"open_lane needs 'pid': the client's process id (1..{wl.MAX_PID}), got {pid!r}"
+            )
         spin = h.get("spin_us", self.spin_us)
         if type(spin) is not int or spin < 0:
             raise invalid_arg(f"open_lane 'spin_us' must be a non-negative integer, got {spin!r}")
@@ -130,6 +136,12 @@ class Lanes:
             raise invalid_arg(
                 f"open_lane needs a server-made input region {name!r} of this client "
                 "(create_shared_memory_region): lane inputs are read from it and nowhere else"
+            )
+        if reg.principal in self._barred:
+            raise InferpoolError(
+                Code.UNSUPPORTED,
+                f"{reg.principal} shrank a region of its lanes while a worker read it: it "
+                "gets no lanes any more (use the broker path)",
             )
         ask = _Ask(owner, pid, min(spin, self.spin_us), slots, reg)
         if plan is not None:
@@ -148,17 +160,16 @@ class Lanes:
         worker = self._pick(mv)
         lane_id = next(self._ids)
         geometry = wl.Geometry(ask.slots, wl.SLOT_SIZE)
-        principal = ask.reg.principal
+        principal = ask.reg.principal  # whose server-made memory the lane's region counts as
         self.registrations.charge(principal, geometry.size, f"lane to model {mv.label}")
         try:
-            region = Region.create(region_name(self.run_id, f"lane{lane_id}"), geometry.size)
+            region = GuardedRegion.create(region_name(self.run_id, f"lane{lane_id}"), geometry.size)
         except ShmExhausted as exc:
             self.registrations.refund(principal, geometry.size)
             raise InferpoolError(Code.UNAVAILABLE, f"no room for a lane: {exc}") from None
-        wl.init_header(region.buf, geometry)
-        header = wl.Header(region.buf)
+        region.write(0, wl.header_bytes(geometry))
         owner = ask.owner
-        lane = Lane(lane_id, owner, mv, worker, region, header, ask.reg.name, principal, ensemble)
+        lane = Lane(lane_id, owner, mv, worker, region, geometry, ask.reg, ensemble)
         self.lanes[lane_id] = lane
         self.track(owner)
         return lane
@@ -171,7 +182,7 @@ class Lanes:
         log.info("lane %d open: client %s, instance %s", lane.id, owner, instance)
 
     def _grant(self, lane: Lane) -> dict[str, Any]:
-        mv, worker, geometry = lane.model, lane.worker, wl.read_header(lane.region.buf)[0]
+        mv, worker, geometry = lane.model, lane.worker, lane.geometry
         return {
             "lane": lane.id,
             "key": "/" + lane.region.name,
@@ -271,11 +282,9 @@ class Lanes:
         worker = lane.worker
         alive = worker.channel is not None and worker.state in LISTENING
         if alive and not free:
-            lane.header[wl.KEPT] = 1  # before the state: a worker that sees it, sees this
+            lane.region.write_word(wl.KEPT, 1)  # before the state: a worker that sees it, sees this
             self.kept.expect(lane.id, lane.owner)
-        lane.header.revoke(wl.STATUS[code.value], reason)
-        for word in (wl.REQ_SEQ, wl.RESP_SEQ):
-            futex.wake(futex.address(lane.region.buf, word))
+        _mark_revoked(lane, code, reason)
         log.info("lane %d revoked: %s", lane.id, reason)
         if lane.ensemble is not None:  # an ensemble's lanes end together
             for sibling in self._all():
@@ -288,15 +297,14 @@ class Lanes:
 
     def _worker_gone(self, lane: Lane) -> None:
         """The worker will never close the lane: the broker says so for it, and unlinks."""
-        lane.header[wl.WORKER_CLOSED] = 1
-        futex.wake(futex.address(lane.region.buf, wl.RESP_SEQ))
+        lane.region.write_word(wl.WORKER_CLOSED, 1)
+        lane.region.wake(wl.RESP_SEQ)
         self._destroy(lane)
 
     def _destroy(self, lane: Lane) -> None:
         if self.lanes.pop(lane.id, None) is None:
             return  # destroyed already
-        lane.header.release()
-        self.registrations.refund(lane.principal, lane.region.size)
+        self.registrations.refund(lane.inputs.principal, lane.region.size)
         lane.region.destroy()
 
     # ------------------------------------------------------------------ events
@@ -308,7 +316,7 @@ class Lanes:
             err = InferpoolError.from_wire(msg.error)
             self.revoke(lane, err.code, err.message)
         self.kept.adopt(lane.id, handle.output_region, msg.kept)
-        self._destroy(lane)
+        self._worker_gone(lane)  # (a lane it refused at open: its client hears it here)
 
     def worker_stats(self, handle: Worker, msg: LaneStats) -> None:
         handle.model.stats.lanes_done(msg)
@@ -324,6 +332,36 @@ class Lanes:
             self.revoke(lane, Code.UNAVAILABLE, err.message)
             if lane.id in self.lanes:
                 self._worker_gone(lane)
+
+    def crash_blame(self, handle: Worker, code: int) -> str:
+        """Why the death of ``handle``'s worker (exit ``code``) is a client's doing: SIGBUS
+        while a client of one of its lanes had shrunk that lane's region, its input region
+        or a region of its other lanes (an ensemble's step reads them); "" when not.  Such
+        a client gets no lanes any more (``_barred``)."""
+        if code != -signal.SIGBUS:
+            return ""
+        owners = {la.owner for la in self._all() if la.worker is handle}
+        names: list[str] = []
+        for lane in self._all():
+            if lane.owner not in owners:
+                continue
+            shrank = []
+            if lane.region.shrunk:
+                shrank.append(lane.region.name)
+            reg = lane.inputs
+            if shrunk(reg.key, reg.inode, reg.byte_size):
+                shrank.append(reg.key)
+            for name in shrank:
+                if f"'/{name}'" not in names:
+                    names.append(f"'/{name}'")
+            if shrank:
+                self._bar(lane.inputs.principal)
+        return shrank_text(names)
+
+    def _bar(self, principal: str) -> None:
+        self._barred[principal] = None
+        while len(self._barred) > BARRED:
+            del self._barred[next(iter(self._barred))]
 
     def version_retired(self, mv: ModelVersion, why: str) -> None:
         for lane in [la for la in self._all() if mv in (la.model, la.ensemble)]:  # outputs stay
@@ -342,7 +380,7 @@ class Lanes:
         self.kept.forget(owner)
 
     def region_ended(self, owner: bytes, name: str) -> None:
-        for lane in [la for la in self._all() if la.owner == owner and la.input_region == name]:
+        for lane in [la for la in self._all() if la.owner == owner and la.inputs.name == name]:
             self.revoke(lane, Code.UNAVAILABLE, f"the lane's input region '{name}' was ended")
 
     # ------------------------------------------------------------------ looking
@@ -374,5 +412,14 @@ class Lanes:
         """The broker stops: unlink every lane region (clients keep their mappings)."""
         for lane in self._all():
             if not lane.revoked:
-                lane.header.revoke(wl.STATUS["UNAVAILABLE"], "the server shut down")
+                _mark_revoked(lane, Code.UNAVAILABLE, "the server shut down")
             self._worker_gone(lane)
+
+
+def _mark_revoked(lane: Lane, code: Code, reason: str) -> None:
+    """Say in the lane's region that it is over and why, and wake both sides."""
+    region = lane.region
+    for offset, data in wl.revocation(wl.STATUS[code.value], reason):
+        region.write(offset, data)
+    region.wake(wl.REQ_SEQ)
+    region.wake(wl.RESP_SEQ)

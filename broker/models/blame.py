@@ -28,6 +28,11 @@ def client_fault(batch: Sequence[PendingRequest] | None, code: int) -> str:
         name = "'/" + obj.name + "'"
         if name not in names and shrunk(obj.name, obj.inode, obj.offset + obj.byte_size):
             names.append(name)
+    return shrank_text(names)
+
+
+def shrank_text(names: Sequence[str]) -> str:
+    """The blame for objects ``names`` (quoted) a client shrank ("" for none)."""
     if not names:
         return ""
     return (

@@ -61,6 +61,8 @@ class LaneEvents(Protocol):
 
     def instance_gone(self, handle: Worker, err: InferpoolError) -> None: ...
 
+    def crash_blame(self, handle: Worker, code: int) -> str: ...
+
     def version_retired(self, mv: ModelVersion, why: str) -> None: ...
 
 
@@ -323,7 +325,10 @@ class Manager:
             self._check_drained(self._retiring_of(mv))
 
     def crash_blame(self, handle: Worker, code: int) -> str:
-        return client_fault(handle.busy, code)
+        blame = client_fault(handle.busy, code)
+        if not blame and self.lanes is not None:
+            blame = self.lanes.crash_blame(handle, code)
+        return blame
 
     def worker_stopped(self, handle: Worker) -> None:
         mv = handle.model

@@ -148,7 +148,8 @@ def test_the_header_carries_geometry_and_revocation(region: memoryview) -> None:
     assert wl.read_header(region) == (GEOMETRY, wl.STATE_OPEN, 0)
     header = wl.Header(region)
     assert not header.revoked
-    header.revoke(wl.STATUS["UNAVAILABLE"], "instance 'm_0' died")
+    for offset, data in wl.revocation(wl.STATUS["UNAVAILABLE"], "instance 'm_0' died"):
+        region[offset : offset + len(data)] = data
     assert header.revoked and wl.read_header(region)[1:] == (wl.STATE_REVOKED, 3)
     assert header.reason() == ("UNAVAILABLE", "instance 'm_0' died")
     region[0:4] = b"XXXX"

@@ -1,0 +1,186 @@
+"""Lanes under a hostile client: whatever it does to the regions it can reach (its lane's
+region, its server-made input region) or sends in its control messages, the broker lives,
+the worker serves on, no death counts toward the model's crash budget, and its requests
+get an answer, never a wait to their timeout.
+
+The client here is a raw zmq socket wherever the client library would touch a region the
+test shrinks (a real client that shrinks its own mapping dies of it, as it should).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zmq
+
+from inferpool.client import Client, InferpoolError, ShmClient
+from inferpool.wire import lane as wl
+from tests.support import Server, identity_config, wait_until, write_model
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    tmp = Path(tempfile.mkdtemp(prefix="ipt-", dir="/tmp"))
+    repo = tmp / "repo"
+    write_model(repo, "plain", identity_config("plain"))
+    try:
+        # a worker is stopped on purpose below: the liveness check must not kill it meanwhile
+        with Server(tmp, repo, "--heartbeat-ms", "5000") as srv:
+            yield srv
+            assert srv.stop() == 0, srv.log()[-3000:]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+class Raw:
+    """A client that is a bare DEALER socket: it never maps anything."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+
+    def call(self, msg_type: str, **fields: Any) -> dict[str, Any]:
+        self.sock.send_multipart([b"", json.dumps({"type": msg_type, **fields}).encode()])
+        assert self.sock.poll(20_000), f"no reply to {msg_type}"
+        reply: dict[str, Any] = json.loads(self.sock.recv_multipart()[1])
+        return reply
+
+    def open_lane(self, model: str = "plain", **fields: Any) -> dict[str, Any]:
+        made = self.call("create_shared_memory_region", name="inputs", byte_size=4096)
+        assert "error" not in made, made
+        fields.setdefault("pid", os.getpid())
+        return self.call("open_lane", model_name=model, **fields)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def workers(server: Server) -> dict[str, tuple[int, int, str]]:
+    """Each instance's (pid, restarts, state)."""
+    with Client(server.endpoint, timeout=10) as c:
+        return {r["instance"]: (r["pid"], r["restarts"], r["state"]) for r in c.status()}
+
+
+def lanes_open(server: Server) -> int:
+    with Client(server.endpoint, timeout=10) as c:
+        return int(c.statistics()["resources"]["lanes"])
+
+
+def serves(server: Server) -> None:
+    with Client(server.endpoint, timeout=10) as c:
+        out = c.infer("plain", {"INPUT0": np.arange(3, dtype=np.float32)})
+        assert out["OUTPUT0"].tolist() == [0, 1, 2]
+
+
+def mapped_by(pid: int, name: str) -> bool:
+    with open(f"/proc/{pid}/maps") as maps:
+        return f"/dev/shm/{name}" in maps.read()
+
+
+def shrink(name: str, size: int) -> None:
+    os.truncate(f"/dev/shm/{name}", size)
+
+
+@pytest.mark.parametrize("end", ["close_lane", "disconnect"])
+def test_a_lane_region_its_client_shrank_kills_neither_broker_nor_worker(
+    server: Server, end: str
+) -> None:
+    before = workers(server)
+    [(pid, _, _)] = before.values()
+    raw = Raw(server.endpoint)
+    try:
+        grant = raw.open_lane()
+        name = grant["key"][1:]
+        wait_until(lambda: mapped_by(pid, name), "the worker serves the lane")
+        shrink(name, 0)
+        if end == "close_lane":
+            assert raw.call("close_lane", lane=grant["lane"]) == {"type": "close_lane", "id": ""}
+    finally:
+        raw.close()
+    wait_until(lambda: lanes_open(server) == 0, "the lane ended")
+    assert server.proc.poll() is None
+    assert not os.path.exists(f"/dev/shm/{name}")
+    assert workers(server) == before  # the same process, no restart counted
+    serves(server)
+
+
+def test_a_lane_request_on_a_shrunk_input_region_is_the_clients_error(server: Server) -> None:
+    before = workers(server)
+    with ShmClient(server.endpoint, input_bytes=1 << 16, timeout=10) as c:
+        c.lane("plain")
+        req = c.request("plain", outputs=["OUTPUT0"])
+        req.input("INPUT0", (4,), np.float32)[:] = 1
+        region = c.session.region
+        assert region is not None
+        shrink(region.name, 0)
+        with pytest.raises(InferpoolError) as err:
+            c.run(req)
+        assert err.value.code.value == "INVALID_ARG"
+        assert f"'/{region.name}' shrank to 0 bytes" in err.value.message
+        shrink(region.name, region.size)  # as large again: the lane serves on
+        req.input("INPUT0", (4,), np.float32)[:] = 2
+        with c.run(req) as result:
+            assert result["OUTPUT0"].tolist() == [2, 2, 2, 2]
+        assert c.lane("plain").usable
+    assert workers(server) == before
+
+
+def test_a_lane_the_worker_refuses_at_open_ends_for_its_client(server: Server) -> None:
+    """A request posted before the worker refused the lane is sent on the broker path as
+    soon as the lane is over, not after the client's timeout."""
+    [(pid, _, _)] = workers(server).values()
+    answer: list[Any] = []
+    with ShmClient(server.endpoint, input_bytes=1 << 16, timeout=30) as c:
+        req = c.request("plain", outputs=["OUTPUT0"])
+        req.input("INPUT0", (3,), np.float32)[:] = 7
+        os.kill(pid, signal.SIGSTOP)  # it hears of the lane only once the request is posted
+        try:
+            lane = c.lane("plain")
+            waiting = threading.Thread(target=lambda: answer.append(_run(c, req)))
+            waiting.start()
+            wait_until(lambda: lane.header[wl.REQ_SEQ] == 1, "the request is posted")
+            # the worker refuses a region smaller than its geometry (its header stays)
+            shrink(lane.region.name, wl.HEADER_BYTES)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        waiting.join(40)
+    [got] = answer
+    assert not isinstance(got, InferpoolError), got
+    assert got == [7, 7, 7]
+    assert "smaller than its geometry" in server.log()
+
+
+def _run(client: ShmClient, request: Any) -> Any:
+    try:
+        with client.run(request) as result:
+            return result["OUTPUT0"].tolist()
+    except InferpoolError as err:
+        return err
+
+
+@pytest.mark.parametrize("pid", [2**31, 2**63, 2**22 + 1, 0, -1, True, 1.5, "1", None])
+def test_an_open_lane_with_a_hostile_pid_is_refused_by_the_broker(
+    server: Server, pid: Any
+) -> None:
+    before = workers(server)
+    raw = Raw(server.endpoint)
+    with contextlib.closing(raw):
+        for _ in range(7):  # more than the crashes that would make the model FAILED
+            reply = raw.open_lane(pid=pid)
+            assert reply["error"]["code"] == "INVALID_ARG", reply
+            assert "'pid'" in reply["error"]["message"]
+            raw.call("unregister_system_shared_memory", name="inputs")
+    assert workers(server) == before
+    serves(server)
