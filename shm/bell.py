@@ -26,7 +26,7 @@ class Bell:
     ``words`` the same memory cast to 32-bit words: a word is loaded and stored with one
     aligned access (``struct.pack_into`` zero-fills first, and a peer would read the 0)."""
 
-    __slots__ = ("_addr", "_seq", "_sleeping", "_words", "slept", "spun")
+    __slots__ = ("_addr", "_seq", "_sleeping", "_words", "shrunk", "slept", "spun")
 
     def __init__(self, buf: memoryview, words: memoryview, seq: int, sleeping: int) -> None:
         self._words = words
@@ -35,6 +35,9 @@ class Bell:
         self._addr = futex.word(futex.address(buf, seq))
         self.spun = 0  # waits the word's change ended while spinning (consumer)
         self.slept = 0  # waits that went to sleep
+        # (consumer) whether the region lost the words' page: a peer may shrink it, and the
+        # words are not touched after a sleep while it says so (None: nobody can)
+        self.shrunk: Callable[[], bool] | None = None
 
     def value(self) -> int:
         return int(self._words[self._seq])
@@ -84,6 +87,8 @@ class Bell:
         self.slept += 1
         words[self._sleeping] = 1
         futex.wait(self._addr, seen, slice_s)
+        if self.shrunk is not None and self.shrunk():
+            return seen  # the caller sees the region shrank
         words[self._sleeping] = 0
         return int(words[seq])
 

@@ -161,6 +161,7 @@ class LaneServer(HoldingThread):
         self.words = header.words
         self.raw = self.region.mapping  # slots are read and written through the mapping
         self.requests, self.responses = bells(buf, header.words, wl.BELLS)
+        self.requests.shrunk = self.region.shrunk  # its client may shrink it while we sleep
         self._client_apart = functools.partial(self.words.__getitem__, CLIENT_APART)
         geometry = self.geometry
         self.slots, self.slot_size = geometry.slots, geometry.slot_size

@@ -85,3 +85,32 @@ def test_a_region_shrunk_while_read_is_blamed_not_the_instance(server, short_tmp
         os.close(fd)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
+
+
+def test_an_input_region_shrunk_while_a_lane_reads_it_is_blamed_too(server, short_tmp) -> None:
+    """The same over a lane: the worker dies of SIGBUS reading the client's server-made input
+    region, the broker blames that region (not counted: the model stays READY), and the
+    client gets no lanes any more."""
+    with ShmClient(server.endpoint, input_bytes=1 << 20, timeout=60) as c:
+        c.lane("reader")
+        req = c.request("reader", outputs=["OUTPUT0"])
+        req.input("INPUT0", [1 << 18], np.float32)[:] = 1
+        region = c.session.region
+        assert region is not None
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(c.run, req, 30)
+            wait_until(lambda: "reader has its input" in server.log(), "the reader took its input")
+            os.truncate(f"/dev/shm/{region.name}", 0)  # shrunk under the lane that reads it
+            (short_tmp / "go").touch()
+            with pytest.raises(InferpoolError) as err:
+                answer.result(60)
+        message = err.value.message
+        assert "SIGBUS" in message and f"'/{region.name}'" in message, message
+        with pytest.raises(InferpoolError) as refused:
+            c.lane("reader")
+        assert refused.value.code.value == "UNSUPPORTED"
+        assert "gets no lanes any more" in refused.value.message
+    with server.client() as plain:
+        wait_until(lambda: plain.is_model_ready("reader"), "the reader ready again")
+        out = plain.infer("reader", {"INPUT0": np.ones(4, np.float32)})
+        assert out["OUTPUT0"].tolist() == [4.0]
