@@ -189,6 +189,8 @@ class Response:
         """Copy an array (or a list of str/bytes for BYTES) into output ``name``.
 
         A device array (cupy, torch on a GPU) is copied by the device, never through numpy.
+        BYTES are serialized in host memory and copied as they are to where the output goes:
+        into a client's CUDA region too, as Triton's backends write strings.
         """
         if codec.device_of(value) is not None:
             datatype = datatype or codec.datatype_of(value.dtype)
@@ -201,7 +203,10 @@ class Response:
         if datatype == "BYTES":
             payload = codec.serialize_bytes(arr.reshape(-1))
             buf = self._place(name, datatype, arr.shape, len(payload))[2]
-            memoryview(buf).cast("B")[: len(payload)] = payload
+            if type(buf) is memoryview or not hasattr(buf, "__cuda_array_interface__"):
+                memoryview(buf).cast("B")[: len(payload)] = payload
+            else:  # a client's CUDA region: awaited before the answer, as any GPU write
+                copy_into(buf, np.frombuffer(payload, np.uint8))
         else:
             copy_into(self.output(name, arr.shape, datatype), arr)
 

@@ -320,5 +320,9 @@ def _released(message: Message) -> int:
 
 
 def _device_view(buffer: Any, offset: int, nbytes: int, spec: dict[str, Any]) -> Any:
+    """An output in a CUDA region: a cupy array over it; BYTES, which have no device form,
+    as the host object array of their strings (copied out of the region)."""
+    if spec["datatype"] == "BYTES":
+        return output_view(buffer.array(offset, nbytes).get(), 0, nbytes, spec)
     dtype = codec.numpy_dtype(spec["datatype"])
     return buffer.array(offset, nbytes).view(dtype).reshape(spec["shape"])

@@ -322,11 +322,15 @@ def _open(ref: str) -> Mapped:
 def _device_input(
     region: CudaRegion, ref: TensorRef, reshape: tuple[int, ...] | None
 ) -> InputTensor:
-    """An input in a client's CUDA region: a cupy array over device memory, no copy."""
+    """An input in a client's CUDA region: a cupy array over device memory, no copy; BYTES,
+    which have no device form, decoded from a copy in host memory (as Triton's backends
+    gather strings)."""
     if ref.datatype == "BYTES":
-        raise InferpoolError(
-            Code.UNSUPPORTED, f"input '{ref.name}': BYTES tensors cannot be on a GPU"
-        )
+        host = region.array(ref.offset, ref.byte_size).get()  # blocks until it is here
+        data = codec.array_from_buffer(host, "BYTES", ref.shape, f"input '{ref.name}'")
+        if reshape is not None:
+            data = data.reshape(reshape)
+        return InputTensor(ref.name, "BYTES", tuple(data.shape), data, ref.byte_size)
     shape = tuple(reshape if reshape is not None else ref.shape)
     data = region.array(ref.offset, ref.byte_size).view(codec.numpy_dtype(ref.datatype))
     return InputTensor(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 
 from inferpool.backends.api import InputTensor, Request, RequestedOutput, Response, copy_into
 from inferpool.backends.testing import HeapMemory
+from inferpool.client.shm_core import _device_view
 from inferpool.shm import cuda
 from inferpool.shm.refs import CUDA_IPC_HANDLE_SIZE, cuda_ref
 from inferpool.wire import codec
@@ -140,9 +142,11 @@ class CudaWindow:
     def __init__(self, fake: FakeCupy) -> None:
         self.fake = fake
         self.released: list[int] = []
+        self.placed: list[DeviceArray] = []
 
     def allocate(self, output: RequestedOutput | None, nbytes: int) -> tuple[str, int, Any]:
-        return "cuda/1/4096/00", 0, self.fake.array(np.zeros(nbytes, np.uint8))
+        self.placed.append(self.fake.array(np.zeros(nbytes, np.uint8)))
+        return "cuda/1/4096/00", 0, self.placed[-1]
 
     def release(self, region: str, offset: int) -> None:
         self.released.append(offset)
@@ -170,6 +174,37 @@ def test_outputs_written_on_the_gpu_are_waited_for_before_the_reply(fake: FakeCu
     copy_into(response.output("OUT", [4], "FP32"), fake.array(np.arange(4, dtype=np.float32)))
     req.respond(response)
     assert fake.calls == [("device copy", 0), ("synchronize", 0), ("reply", response)]
+
+
+def test_bytes_outputs_are_serialized_on_the_host_into_a_cuda_region(fake: FakeCupy) -> None:
+    """As Triton's backends write strings: serialized, copied to the device, waited for."""
+    memory = CudaWindow(fake)
+    req = request(memory, fake.calls)
+    response = req.response()
+    words = np.array([b"ab", b"", "é".encode()], dtype=object)
+    response.set_output("OUT", words, "BYTES")
+    req.respond(response)
+    assert fake.calls == [("set", 0), ("synchronize", 0), ("reply", response)]
+    assert response.error is None and response.outputs["OUT"].byte_size == 16
+    [placed] = memory.placed
+    assert placed.get().tobytes() == codec.serialize_bytes(words)
+    client_buffer = SimpleNamespace(array=lambda offset, nbytes: placed)
+    spec = {"name": "OUT", "datatype": "BYTES", "shape": [3]}
+    read = _device_view(client_buffer, 0, 16, spec)  # what the client gets back
+    assert read.tolist() == words.tolist()
+
+
+def test_bytes_inputs_in_a_cuda_region_reach_a_model_as_strings(
+    fake: FakeCupy, memory: WorkerMemory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    payload = codec.serialize_bytes(np.array([b"ab", b"c"], dtype=object))
+    device = fake.array(np.frombuffer(payload, np.uint8).copy())
+    monkeypatch.setattr(cuda.CudaRegion, "array", lambda self, offset, nbytes: device)
+    ref = cuda_ref(7, 4096, HANDLE, "0")
+    given = memory.batch_input(TensorRef("IN", "BYTES", [2, 1], ref, 0, len(payload)), (2,))
+    assert (given.memory, given.shape, given.data.tolist()) == ("cpu", (2,), [b"ab", b"c"])
+    assert fake.calls == [("open", 0), ("get", 0)]
+    memory.unmap([ref])
 
 
 def test_host_outputs_are_replied_without_waiting_for_a_gpu(fake: FakeCupy) -> None:
