@@ -64,6 +64,7 @@ sys.path.insert(0, str(ROOT))
 import bench_lanes  # noqa: E402
 
 from inferpool.client import Client, ShmClient  # noqa: E402
+from inferpool.shm import cores  # noqa: E402
 from inferpool.shm.region import Region  # noqa: E402
 from inferpool.wire.zmqio import NOBLOCK, recv_frames, send_parts  # noqa: E402
 
@@ -279,8 +280,9 @@ KSERVE: dict[str, str] = {}  # protocol -> host:port of the running server's fro
 
 def _chunk(
     target: Any, endpoint: str, nbytes: int, iterations: int, clients: int, cpu: int
-) -> tuple[list[float], float]:
-    """One chunk: ``clients`` processes each doing ``iterations`` round trips at once."""
+) -> tuple[list[float], float, list[dict[str, Any]]]:
+    """One chunk: ``clients`` processes each doing ``iterations`` round trips at once; the
+    latencies, the wall time, and what each client says of its waits (lane clients)."""
     ctx = mp.get_context("spawn")
     # every client waits at the barrier after its warm-up: all start timing together
     start, out = ctx.Barrier(clients + 1, timeout=600), ctx.Queue()
@@ -295,7 +297,7 @@ def _chunk(
     for p in procs:
         p.join()
     wall = max(r[1] for r in results) - min(r[0] for r in results)
-    return [x for r in results for x in r[2]], wall
+    return [x for r in results for x in r[2]], wall, [r[3] for r in results if len(r) > 3]
 
 
 def measure(
@@ -306,12 +308,14 @@ def measure(
     per_round = max(5, total // ROUNDS)
     lat: dict[str, list[float]] = {name: [] for name in systems}
     wall = dict.fromkeys(systems, 0.0)
+    waits: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
     for _ in range(ROUNDS):
         for name, (target, endpoint) in systems.items():
-            samples, seconds = _chunk(target, endpoint, nbytes, per_round, clients, cpu)
+            samples, seconds, said = _chunk(target, endpoint, nbytes, per_round, clients, cpu)
             lat[name] += samples
             wall[name] += seconds
-    out = {}
+            waits[name] += said
+    out: dict[str, dict[str, Any]] = {}
     for name in systems:
         us = np.array(lat[name]) * 1e6
         out[name] = {
@@ -320,6 +324,12 @@ def measure(
             "rps": len(us) / wall[name],
             "requests": len(us),
         }
+        if waits[name]:
+            out[name]["waits"] = {
+                "spun": sum(w["spun"] for w in waits[name]),
+                "slept": sum(w["slept"] for w in waits[name]),
+                "cores": sorted({c for w in waits[name] for c in w["cores"]}),
+            }
     return out
 
 
@@ -419,12 +429,16 @@ def shm_client(
     start: Any,
     out: Any,
     lane_spin_us: int | None = None,
+    pinned: bool = True,
 ) -> None:
     """Inputs written in place once; each round trip reads the output as a handle (a view).
     ``lane_spin_us``: through a lane to the ``lane`` model, spinning that long (None: the
-    broker path to the ``bench`` model)."""
-    pin(cpu)
+    broker path to the ``bench`` model); ``pinned``: on ``cpu`` (else wherever the
+    scheduler puts it).  A lane client says how its waits went and where it ran."""
+    if pinned:
+        pin(cpu)
     lane = lane_spin_us is not None
+    seen: set[int] = set()
     with ShmClient(
         endpoint,
         timeout=60,
@@ -445,20 +459,33 @@ def shm_client(
                 result["OUTPUT0"]
         start.wait()
         lat = []
+        lanes = list(c.session.lanes.lanes.values())
+        before = [(la.responses.spun, la.responses.slept) for la in lanes]
         t0 = time.perf_counter()
-        for _ in range(iterations):
+        for i in range(iterations):
             t = time.perf_counter()
             with c.run(req) as result:
                 result["OUTPUT0"]
             lat.append(time.perf_counter() - t)
-    out.put((t0, time.perf_counter(), lat))
+            if i & 63 == 0:
+                seen.add(cores.current())
+        t1 = time.perf_counter()
+    if not lane:
+        out.put((t0, t1, lat))
+        return
+    spun = sum(la.responses.spun - b[0] for la, b in zip(lanes, before, strict=True))
+    slept = sum(la.responses.slept - b[1] for la, b in zip(lanes, before, strict=True))
+    out.put((t0, t1, lat, {"spun": spun, "slept": slept, "cores": sorted(seen)}))
 
 
 def lane_systems(endpoint: str) -> dict[str, tuple[Any, str]]:
-    """The lane, spinning (``bench_lanes.SPIN_US``) and not."""
+    """The lane, spinning (``bench_lanes.SPIN_US``) and not, and spinning in a client
+    nobody pinned."""
+    spin = functools.partial(shm_client, lane_spin_us=bench_lanes.SPIN_US)
     return {
-        "lane spin": (functools.partial(shm_client, lane_spin_us=bench_lanes.SPIN_US), endpoint),
+        "lane spin": (spin, endpoint),
         "lane sleep": (functools.partial(shm_client, lane_spin_us=0), endpoint),
+        "lane unpinned": (functools.partial(spin, pinned=False), endpoint),
     }
 
 
@@ -588,27 +615,35 @@ def print_kserve_row(r: dict[str, Any]) -> None:
 
 # ============================================================================ lanes
 def run_lane_layout(name: str, layout: dict[str, int], quick: bool) -> dict[str, Any]:
-    """The lanes at 64 B (spinning and not) beside both relays, the large sizes against the
-    copy bound, the idle cost, and the floors, all pinned as ``layout`` says."""
+    """The lanes at 64 B (spinning pinned and not, and asleep) beside both relays, 8 lane
+    clients beside 8 zmq Clients, the large sizes against the copy bound, the idle cost,
+    and the floors, all pinned as ``layout`` says (but the unpinned lane client)."""
     floors = bench_lanes.floors(layout, quick)
+    load = os.getloadavg()[0]
     with started(layout) as endpoints:
         ep = endpoints["inferpool"]
-        small = measure({**relay_systems(endpoints), **lane_systems(ep)}, 64, 1, layout["client"])
+        lanes = lane_systems(ep)
+        small = measure({**relay_systems(endpoints), **lanes}, 64, 1, layout["client"])
+        many = measure(
+            {
+                "zmq": (inferpool_client, ep),
+                "lane spin": lanes["lane spin"],
+                "lane unpinned": lanes["lane unpinned"],
+            },
+            64,
+            MANY,
+            layout["client"],
+        )
         sizes = []
         for label, nbytes in SIZES[1:] if not quick else SIZES[1:2]:
             if nbytes > 64 << 20:
                 continue
-            big = measure(
-                {"lane spin": lane_systems(ep)["lane spin"]},
-                nbytes,
-                1,
-                layout["client"],
-            )["lane spin"]
+            big = measure({"lane spin": lanes["lane spin"]}, nbytes, 1, layout["client"])
             sizes.append(
                 {
                     "size": label,
                     "bytes": nbytes,
-                    "lane": big,
+                    "lane": big["lane spin"],
                     "copy_us": copy_p50_us(nbytes, layout["worker"]),
                 }
             )
@@ -619,42 +654,70 @@ def run_lane_layout(name: str, layout: dict[str, int], quick: bool) -> dict[str,
         row["within_bound"] = row["lane"]["p50_us"] <= row["bound_us"]
     row = {
         "layout": name,
+        "load": [load, os.getloadavg()[0]],
         "floors": floors,
         "small": small,
+        "many": many,
         "sizes": sizes,
         "idle": idle,
         "spin_x_floor": spin["p50_us"] / floors["spin"]["p50_us"],
         "bound_x_floor": floors["bound"]["p50_us"] / floors["spin"]["p50_us"],
         "spin_x_bound": spin["p50_us"] / floors["bound"]["p50_us"],
+        "unpinned_x_pinned": small["lane unpinned"]["p50_us"] / spin["p50_us"],
         "relay_over_spin": small["relay"]["p50_us"] / spin["p50_us"],
         "sleep_x_sem": sleep["p50_us"] / floors["sem"]["p50_us"],
+        "many_x_zmq": many["lane spin"]["rps"] / many["zmq"]["rps"],
+        "many_unpinned_x_zmq": many["lane unpinned"]["rps"] / many["zmq"]["rps"],
     }
     print_lane_row(row)
     return row
 
 
+MANY = 8  # client processes in the lanes' throughput row
+
+
+def waits_text(x: dict[str, Any]) -> str:
+    """How a lane client's waits went, and the cores it ran on."""
+    w = x.get("waits")
+    if not w:
+        return ""
+    return f"; waits spun {w['spun']}, slept {w['slept']}; client on core(s) {w['cores']}"
+
+
 def print_lane_row(r: dict[str, Any]) -> None:
-    f, s = r["floors"], r["small"]
+    f, s, m = r["floors"], r["small"], r["many"]
     print(
-        f"{r['layout']:6} floors: spin hand-off p50 {f['spin']['p50_us']:.1f}us, semaphore "
-        f"ping-pong p50 {f['sem']['p50_us']:.1f}us; relay p50 {s['relay']['p50_us']:.0f}us, "
-        f"lean relay {s['lean']['p50_us']:.0f}us"
+        f"{r['layout']:6} load average {r['load'][0]:.2f} -> {r['load'][1]:.2f}; floors: spin "
+        f"hand-off p50 {f['spin']['p50_us']:.1f}us, semaphore ping-pong p50 "
+        f"{f['sem']['p50_us']:.1f}us; relay p50 {s['relay']['p50_us']:.0f}us, lean relay "
+        f"{s['lean']['p50_us']:.0f}us"
     )
     print(
         f"{r['layout']:6} lane bound (the least Python a lane round trip needs): p50 "
-        f"{f['bound']['p50_us']:.1f}us = {r['bound_x_floor']:.2f} x the spin floor; lane spin "
-        f"= {r['spin_x_bound']:.2f} x the bound"
+        f"{f['bound']['p50_us']:.1f}us = {r['bound_x_floor']:.2f} x the spin floor"
     )
-    for key in ("lane spin", "lane sleep"):
+    for key in ("lane spin", "lane unpinned", "lane sleep"):
         x = s[key]
         print(
-            f"{r['layout']:6}   {key:10} 64 B: p50 {x['p50_us']:7.1f}us p99 {x['p99_us']:7.1f}us "
-            f"{x['rps']:7.0f} req/s"
+            f"{r['layout']:6}   {key:13} 64 B: p50 {x['p50_us']:7.1f}us p99 {x['p99_us']:7.1f}us "
+            f"{x['rps']:7.0f} req/s{waits_text(x)}"
+        )
+    for key in ("zmq", "lane spin", "lane unpinned"):
+        x = m[key]
+        print(
+            f"{r['layout']:6}   {MANY} x {key:13} 64 B: p50 {x['p50_us']:7.1f}us "
+            f"{x['rps']:7.0f} req/s{waits_text(x)}"
         )
     print(
-        f"{r['layout']:6}   lane spin / spin floor {r['spin_x_floor']:.2f} (goal <= 4), relay / "
-        f"lane spin {r['relay_over_spin']:.1f} (goal >= 15), lane sleep / semaphore floor "
-        f"{r['sleep_x_sem']:.2f} (goal <= 3)"
+        f"{r['layout']:6}   goals: lane spin / bound {r['spin_x_bound']:.2f} (<= 3); unpinned / "
+        f"pinned {r['unpinned_x_pinned']:.2f} (<= 1.5); lane sleep / semaphore floor "
+        f"{r['sleep_x_sem']:.2f} (<= 3); pinned {s['lane spin']['rps']:.0f} req/s (>= 30000); "
+        f"{MANY} lanes / {MANY} zmq Clients req/s {r['many_x_zmq']:.2f} (>= 3; unpinned "
+        f"{r['many_unpinned_x_zmq']:.2f})"
+    )
+    print(
+        f"{r['layout']:6}   (issue 10's: lane spin / spin floor {r['spin_x_floor']:.2f}, relay / "
+        f"lane spin {r['relay_over_spin']:.1f})"
     )
     for z in r["sizes"]:
         ok = "yes" if z["within_bound"] else "NO"

@@ -1,8 +1,9 @@
 """One direction of a lane: a sequence word its producer bumps and its consumer waits on.
 
 The consumer spins on the word for a bounded time (worth it only when the producer runs on
-another core: its ``stay`` check, looked at on every turn of the spin, says so), then raises
-its ``sleeping`` flag and sleeps on the word with a futex.  The
+another core: its ``stay`` check, looked at on every turn of the spin, says so, and when
+its spins have been catching the change: ``MISSES``), then raises its ``sleeping`` flag and
+sleeps on the word with a futex.  The
 producer publishes by storing the new sequence number, then, after a full barrier, looks at
 the flag and makes the wake-up system call only when the consumer sleeps: a producer whose
 peer is spinning pays no system call at all.  Both words live in shared memory (the lane's
@@ -17,6 +18,11 @@ from collections.abc import Callable
 from inferpool.shm import futex
 
 _now = time.monotonic_ns
+# After MISSES spins in a row ran out of time, a consumer sleeps at once and spins again only
+# on every TRY_EVERY-th wait: a producer that answers later than the spin lasts (a long
+# forward pass) is not raced by a core that only burns (where two cores share a physical
+# one, or a host's time, that burning slows the producer's own work)
+MISSES, TRY_EVERY = 3, 16
 _acquire, _release = futex.fence_acquire, futex.fence_release
 
 
@@ -26,7 +32,17 @@ class Bell:
     ``words`` the same memory cast to 32-bit words: a word is loaded and stored with one
     aligned access (``struct.pack_into`` zero-fills first, and a peer would read the 0)."""
 
-    __slots__ = ("_addr", "_seq", "_sleeping", "_words", "shrunk", "slept", "spun")
+    __slots__ = (
+        "_addr",
+        "_seq",
+        "_skipped",
+        "_sleeping",
+        "_words",
+        "misses",
+        "shrunk",
+        "slept",
+        "spun",
+    )
 
     def __init__(self, buf: memoryview, words: memoryview, seq: int, sleeping: int) -> None:
         self._words = words
@@ -38,6 +54,8 @@ class Bell:
         # (consumer) whether the region lost the words' page: a peer may shrink it, and the
         # words are not touched after a sleep while it says so (None: nobody can)
         self.shrunk: Callable[[], bool] | None = None
+        self.misses = 0  # spins in a row that ran out of time before the change came
+        self._skipped = 0  # waits that did not spin since the last try (after MISSES)
 
     def value(self) -> int:
         return int(self._words[self._seq])
@@ -75,14 +93,24 @@ class Bell:
         value: int = words[seq]
         if value != seen:
             return value
+        if spin_ns > 0 and self.misses >= MISSES:  # changes come later than a spin lasts
+            self._skipped += 1
+            if self._skipped < TRY_EVERY:
+                spin_ns = 0
+            else:
+                self._skipped = 0  # try again: the producer may be quick again
         if spin_ns > 0 and (stay is None or stay()):
             deadline = _now() + spin_ns
             while True:
                 value = words[seq]
                 if value != seen:
                     self.spun += 1
+                    self.misses = 0
                     return value
-                if _now() >= deadline or (stay is not None and not stay()):
+                if _now() >= deadline:
+                    self.misses += 1
+                    break
+                if stay is not None and not stay():
                     break
         self.slept += 1
         words[self._sleeping] = 1
