@@ -39,19 +39,17 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import bench_torch  # torch, and the MLP of the latency benchmark
+
 from inferpool.client import ShmClient
 from inferpool.client.shm_base import DEFAULT_LANE_SPIN_US
 
 BATCH = 32  # the MLP's forward pass at this batch: about 400 us on this machine
-CONFIG = """
-name: "mlp"
-backend: "pytorch"
-max_batch_size: 64
-input [{ name: "INPUT__0" data_type: TYPE_FP32 dims: [256] }]
-output [{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [16] }]
-instance_group [{ count: 1 kind: KIND_CPU host_policy: "bench" }]
-parameters { key: "INTRA_OP_THREAD_COUNT" value: { string_value: "1" } }
-"""
+CONFIG = (
+    bench_torch.MLP_CONFIG
+    + 'instance_group [{ count: 1 kind: KIND_CPU host_policy: "bench" }]\n'
+    + 'parameters { key: "INTRA_OP_THREAD_COUNT" value: { string_value: "1" } }\n'
+)
 # client: (its cores: "apart", "worker", None for nobody's choice; its spin in us; a busy loop)
 SCENARIOS = {
     "apart, asleep": ("apart", 0, False),
@@ -128,8 +126,6 @@ def measure_share(
 ) -> dict[str, Any]:
     """Every scenario's compute time per request (median of its rounds) and its ratio to
     ``apart, asleep``; the worker pinned to ``worker`` (default: the last core)."""
-    import bench_torch  # torch, and the MLP of the latency benchmark
-
     mine = sorted(os.sched_getaffinity(0))
     if len(mine) < 2:
         raise SystemExit("bench_lane_share needs two cores: one for the worker, one apart")
