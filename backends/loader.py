@@ -23,7 +23,7 @@ from types import ModuleType
 from inferpool.backends.api import Backend
 from inferpool.wire.errors import Code, InferpoolError
 
-BUILTIN = ("identity", "python", "pytorch", "onnxruntime")
+BUILTIN = ("identity", "python", "pytorch", "onnxruntime", "openvino")
 ENTRY_POINT_GROUP = "inferpool.backends"
 
 

@@ -11,6 +11,7 @@ has nothing to adopt.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 
@@ -33,3 +34,12 @@ def adopt_torch_threads() -> None:
         return  # checked again next time: the model may import torch later
     torch.set_num_threads(torch.get_num_threads())  # the process's count, for this thread
     adopted.done = True
+
+
+def pinned_cores() -> int:
+    """How many cores this process may run on (its worker's pinning): the default thread
+    count of a runtime that sizes its own pool (ONNX Runtime, OpenVINO)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1

@@ -28,6 +28,7 @@ from inferpool.backends.api import Model
 from inferpool.backends.model_io import ModelTensor
 from inferpool.backends.onnxruntime.dtypes import config_type
 from inferpool.backends.parameters import bool_parameter, int_parameter
+from inferpool.backends.threads import pinned_cores
 from inferpool.wire.errors import invalid_arg, unavailable
 
 DEFAULT_FILENAME = "model.onnx"
@@ -132,14 +133,6 @@ def _cuda_options(config: Any) -> dict[str, str]:
                 "(inferpool's onnxruntime backend runs the CUDA and CPU execution providers)"
             )
     return options
-
-
-def pinned_cores() -> int:
-    """How many cores this process may run on (its worker's pinning)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def providers(ort: Any, kind: str, ordinal: int, settings: Settings, instance: str) -> list[Any]:

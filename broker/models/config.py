@@ -29,6 +29,7 @@ MODEL_FILES = {
     "model.py": {"backend": "python"},
     "model.pt": {"platform": "pytorch_libtorch"},
     "model.onnx": {"backend": "onnxruntime"},
+    "model.xml": {"backend": "openvino"},
 }
 
 

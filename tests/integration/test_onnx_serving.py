@@ -60,6 +60,10 @@ def build(repo: Path) -> None:
     om.save(om.add_sub(object), repo / "strings", om.add_sub_config("strings", "TYPE_STRING"))
     om.save(om.add_sub(np.float16), repo / "half", om.add_sub_config("half", "TYPE_FP16"))
     om.save(om.add_sub(), repo / "completed")  # no config.pbtxt: inferred and completed
+    ov_config = om.add_sub_config("ov", extra=batching).replace(
+        'platform: "onnxruntime_onnx"', 'backend: "openvino" default_model_filename: "model.onnx"'
+    )
+    om.save(om.add_sub(), repo / "ov", ov_config)
     om.save(
         om.accumulate(), repo / "accumulate", om.ACCUMULATE_CONFIG.replace('"m"', '"accumulate"')
     )
@@ -104,6 +108,26 @@ def test_answers_match_onnx_runtime(server: Server, repo: Path) -> None:
         strings = c.infer("strings", {"INPUT0": s, "INPUT1": s})
         assert strings["OUTPUT0"].tolist() == [[b"10"] * 16]
         assert strings["OUTPUT1"].tolist() == [[b"0"] * 16]
+
+
+def test_openvino_serves_the_onnx_model_with_dynamic_batching(server: Server, repo: Path) -> None:
+    answers: dict[int, dict[str, np.ndarray]] = {}
+    rng = np.random.default_rng(1)
+    inputs = [rng.random((1 + i % 2, 16), dtype=np.float32) for i in range(6)]
+
+    def call(i: int) -> None:
+        with server.client() as c:
+            answers[i] = c.infer("ov", {"INPUT0": inputs[i], "INPUT1": inputs[i]})
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, x in enumerate(inputs):
+        want = om.reference(repo / "ov", {"INPUT0": x, "INPUT1": x})
+        np.testing.assert_allclose(answers[i]["OUTPUT0"], want[0], rtol=1e-6)
+        np.testing.assert_allclose(answers[i]["OUTPUT1"], want[1], atol=0)
 
 
 def test_a_model_without_config_is_inferred_and_completed(server: Server) -> None:
