@@ -262,13 +262,17 @@ class Lanes:
         }
 
     def close_lane(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
-        lane = self.lanes.get(h.get("lane"))  # type: ignore[arg-type]
+        number = h.get("lane")
+        if type(number) is not int:
+            raise invalid_arg(f"close_lane needs 'lane': a lane's number, got {number!r}")
+        release = h.get("release", [])  # what the client released on the lanes, never sent
+        if not isinstance(release, list) or not all(isinstance(t, str) for t in release):
+            raise invalid_arg("close_lane 'release' must be a list of lease tokens (strings)")
+        lane = self.lanes.get(number)
         if lane is None or lane.owner != e[0]:
-            raise not_found(f"no lane {h.get('lane')!r} of this client")
+            raise not_found(f"no lane {number} of this client")
         self.revoke(lane, Code.CANCELLED, "the client closed the lane")
-        release = h.get("release")  # what the client released on the lanes and never sent
-        if isinstance(release, list):
-            self.kept.absorb(e[0], release)
+        self.kept.absorb(e[0], release)
         return {}
 
     # ------------------------------------------------------------------ revoking

@@ -140,6 +140,10 @@ class Registry:
             raise InferpoolError(
                 Code.NOT_FOUND, f"Request for unknown model: '{name}' is not found"
             )
+        if version is not None and (type(version) not in (str, int)):
+            raise InferpoolError(
+                Code.INVALID_ARG, f"model_version must be a version number, got {version!r}"
+            )
         if not version or version in (-1, "-1"):
             best: ModelVersion | None = None
             for mv in record.versions.values():

@@ -32,7 +32,14 @@ IDLE = {
     "inflight": 0,
     "lanes": 0,
 }
-SERVER_CODES = {"INVALID_ARG", "NOT_FOUND", "UNAVAILABLE", "UNSUPPORTED", "TIMEOUT"}
+SERVER_CODES = {
+    "INVALID_ARG",
+    "NOT_FOUND",
+    "UNAVAILABLE",
+    "UNSUPPORTED",
+    "TIMEOUT",
+    "ALREADY_EXISTS",
+}
 
 
 def reliability_repo(tmp: Path) -> Path:

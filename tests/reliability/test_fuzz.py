@@ -16,9 +16,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inferpool.client import Client
+from inferpool.client import Client, ShmClient
+from inferpool.client.lane import Lane
 from inferpool.shm.region import Region
-from tests.reliability import hostile
+from inferpool.wire import lane as wl
+from inferpool.wire import lane_responses as lresp
+from tests.reliability import hostile, hostile_lanes
 from tests.reliability.support import (
     LONG,
     Message,
@@ -59,7 +62,7 @@ def region() -> Iterator[Region]:
 
 @pytest.fixture(scope="module")
 def figures() -> Iterator[dict[str, Tally]]:
-    tallies = {"structured": Tally(), "raw": Tally()}
+    tallies = {name: Tally() for name in ("structured", "raw", "lane_controls", "lane_records")}
     started = time.monotonic()
     yield tallies
     record(
@@ -117,3 +120,62 @@ def test_raw_frames_are_answered(server: Server, client: Client, figures: dict[s
     if LONG:
         sent = sum(t.sent for t in figures.values())
         assert sent >= 100_000, f"only {sent} messages were sent"
+
+
+def test_hostile_lane_control_messages_are_refused_by_name(
+    server: Server, client: Client, figures: dict[str, Tally]
+) -> None:
+    """open_lane and close_lane with a hostile field: every one answered, none INTERNAL, no
+    worker lost (a field reaching a worker unchecked killed it)."""
+    probe = Probe(server.endpoint, figures["lane_controls"])
+
+    @CHECK
+    @given(st.lists(hostile_lanes.lane_controls(), min_size=LEAST, max_size=MOST))
+    def check(messages: list[Message]) -> None:
+        probe.exchange([hostile_lanes.create_inputs(), *messages])
+
+    check()
+    assert client.is_live()
+
+
+def test_hostile_lane_records_are_answered_by_the_worker(
+    server: Server, client: Client, figures: dict[str, Tally]
+) -> None:
+    """Whatever a client writes into its lane's request slots, the worker answers each
+    request with an error naming the problem (or runs it, if it is valid by chance) and
+    serves on; the lane stays open throughout."""
+    tally = figures["lane_records"]
+    answers = ("", "INVALID_ARG", "NOT_FOUND", "CANCELLED", "UNSUPPORTED")
+    with ShmClient(server.endpoint, input_bytes=4096, timeout=20) as c:
+        lane = c.lane("identity")
+        assert isinstance(lane, Lane)
+
+        @CHECK
+        @given(st.lists(hostile_lanes.lane_records(), min_size=LEAST, max_size=MOST))
+        def check(records: list[bytes]) -> None:
+            for record in records:
+                status = _post_raw(lane, record)
+                tally.sent += 1
+                tally.answered += 1
+                tally.codes[wl.code_name(status) if status else "ok"] += 1
+                assert wl.CODES[status] in answers, (record[:64], wl.code_name(status))
+
+        check()
+        assert lane.usable
+    assert client.is_live()
+
+
+def _post_raw(lane: Lane, record: bytes) -> int:
+    """Write ``record`` into the lane's next request slot as it is, post it, and wait for
+    its answer; the answer's status."""
+    n = lane.sent
+    at = lane.request_at[n % lane.slots]
+    lane.raw[at : at + len(record)] = record
+    lane.sent = (n + 1) & 0xFFFFFFFF
+    lane.requests.ring(lane.sent)
+    lane._await(n, lane.responses.value(), 20)
+    at = lane.response_at[n % lane.slots]
+    status = lresp.read_response(lane.region.buf, at, lane.slot_size).status
+    lane.read = lane.sent
+    lane.words[wl.RESP_DONE >> 2] = lane.sent
+    return status
