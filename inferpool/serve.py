@@ -71,13 +71,18 @@ def parse_slice(text: str) -> int:
 
 
 def parse_backend_config(items: Sequence[str]) -> dict[str, dict[str, str]]:
-    """Triton's --backend-config=<backend>,<key>=<value>."""
+    """Triton's --backend-config=<backend>,<key>=<value>, and --backend-config=<key>=<value>
+    for every backend (under the backend name "")."""
     out: dict[str, dict[str, str]] = {}
     for item in items:
         backend, sep, setting = item.partition(",")
+        if not sep and "=" in item:  # a global setting (default-max-batch-size=8)
+            backend, setting = "", item
         key, eq, value = setting.partition("=")
-        if not sep or not eq or not backend or not key:
-            raise UsageError(f"--backend-config expects <backend>,<key>=<value>, got {item!r}")
+        if not eq or not key or (sep and not backend):
+            raise UsageError(
+                f"--backend-config expects <backend>,<key>=<value> or <key>=<value>, got {item!r}"
+            )
         out.setdefault(backend, {})[key] = value
     return out
 
@@ -254,8 +259,8 @@ def add_serve(sub: Any) -> None:
         "--backend-config",
         action="append",
         default=[],
-        metavar="B,KEY=VALUE",
-        help="a setting backend B reads at initialize; repeatable",
+        metavar="[B,]KEY=VALUE",
+        help="a setting backend B (without B: every backend) reads at initialize; repeatable",
     )
     p.add_argument(
         "--host-policy",

@@ -44,7 +44,11 @@ def worker_spec(
         cancel_region=flags_region(run_id),
         pinning=handle.pinning,
         backend_directory=options.backend_directory,
-        backend_config=dict(options.backend_config.get(backend, {})),
+        # global settings (Triton's --backend-config=<key>=<value>), then the backend's own
+        backend_config={
+            **options.backend_config.get("", {}),
+            **options.backend_config.get(backend, {}),
+        },
         gpu_load_limit=limit_for(
             options.model_load_gpu_limit, handle.instance.kind, handle.instance.device_id
         ),

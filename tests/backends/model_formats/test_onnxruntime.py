@@ -292,3 +292,11 @@ def test_a_sequence_carries_its_state_and_controls(harness: Harness):
     assert first["OUTPUT"].tolist() == [[2.0]] and first["STATE_OUT"].tolist() == [[2.0]]
     then = h.infer({"INPUT": x, "STATE_IN": first["STATE_OUT"]}, ["OUTPUT"], correlation_id=9)
     assert then["OUTPUT"].tolist() == [[4.0]]
+
+
+def test_a_global_backend_config_reaches_every_backend() -> None:
+    """Triton's --backend-config=default-max-batch-size=8 (no backend name) is global."""
+    from inferpool.serve import parse_backend_config
+
+    parsed = parse_backend_config(["default-max-batch-size=8", "onnxruntime,x=1"])
+    assert parsed == {"": {"default-max-batch-size": "8"}, "onnxruntime": {"x": "1"}}
