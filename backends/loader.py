@@ -2,12 +2,17 @@
 
 For a model M that names backend B, the places searched are, in order:
 
-1. ``<repo>/M/<version>/``  for ``B.py`` or ``B/__init__.py``
+1. ``<repo>/M/<version>/``  for ``libtriton_B.so``, ``B.py`` or ``B/__init__.py``
 2. ``<repo>/M/``            likewise
-3. ``<backend-directory>/B/`` for ``__init__.py``, ``B.py`` or ``B/__init__.py``
+3. ``<backend-directory>/B/`` for ``libtriton_B.so``, ``__init__.py``, ``B.py`` or
+   ``B/__init__.py``
 4. the built-in backends (``backends.<B>``) and the ``inferpool.backends`` entry-point group
 
-A backend module defines ``BACKEND``, a :class:`backends.api.Backend` subclass.
+In each place Triton's shared library comes first, then the Python forms.  A shared library
+is a backend built against Triton's C API (backends/cabi); a backend module defines
+``BACKEND``, a :class:`backends.api.Backend` subclass.  The built-in ``python`` backend is
+never taken from a ``libtriton_python.so``: Triton's own needs its stub process, and
+inferpool's serves model.py itself.
 """
 
 from __future__ import annotations
@@ -38,12 +43,15 @@ def candidates(
 ) -> list[str]:
     """Every file that would be taken as backend ``backend``, in search order."""
     paths = []
+    shared = [] if backend == "python" else [_library_name(backend)]
     for d in (artifact_path, repository_path):
         if d:
-            paths += [os.path.join(d, f"{backend}.py"), os.path.join(d, backend, "__init__.py")]
+            paths += [os.path.join(d, f) for f in (*shared, f"{backend}.py")]
+            paths.append(os.path.join(d, backend, "__init__.py"))
     if backend_directory:
         d = os.path.join(backend_directory, backend)
         paths += [
+            *(os.path.join(d, f) for f in shared),
             os.path.join(d, "__init__.py"),
             os.path.join(d, f"{backend}.py"),
             os.path.join(d, backend, "__init__.py"),
@@ -62,6 +70,10 @@ def find_backend(
     searched = candidates(backend, repository_path, artifact_path, backend_directory)
     for path in searched:
         if os.path.isfile(path):
+            if path.endswith(".so"):
+                from inferpool.backends.cabi.levels import backend_class
+
+                return Found(backend_class(path), path)
             return Found(_backend_class(_import_file(backend, path), path), path)
     if backend in BUILTIN:
         name = f"inferpool.backends.{backend}"
@@ -77,6 +89,11 @@ def find_backend(
         Code.NOT_FOUND,
         f"unable to find backend '{backend}'; searched: " + "; ".join(searched),
     )
+
+
+def _library_name(backend: str) -> str:
+    """Triton's name for backend ``backend``'s shared library."""
+    return f"libtriton_{backend}.so"
 
 
 def _import_file(backend: str, path: str) -> ModuleType:

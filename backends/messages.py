@@ -230,6 +230,20 @@ class Response:
         request.kept.append(data)
         return True
 
+    def allocate(self, name: str, datatype: str, shape: Sequence[int], nbytes: int) -> Any:
+        """Allocate ``nbytes`` for output ``name`` and return its buffer (a C backend's
+        TRITONBACKEND_OutputBuffer): a memoryview of host memory, or a device array.  For
+        BYTES the size is the serialized tensor's; for the other types it must be the
+        shape's."""
+        if datatype != "BYTES":
+            expected = _size(name, datatype, shape)[1]
+            if nbytes != expected:
+                raise invalid_arg(
+                    f"output '{name}': {nbytes} bytes asked for a {datatype} tensor of shape "
+                    f"{list(shape)}, which holds {expected}"
+                )
+        return self._place(name, datatype, tuple(map(int, shape)), nbytes)[2]
+
     def set_parameter(self, name: str, value: ParameterValue) -> None:
         if not isinstance(value, str | int | bool | float):
             raise invalid_arg(f"response parameter '{name}' must be str, int, bool or float")

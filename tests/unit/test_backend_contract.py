@@ -259,8 +259,10 @@ def test_missing_backend_names_every_place_searched(layout: Layout) -> None:
     assert err.code == Code.NOT_FOUND
     assert err.message == (
         "failed to load model 'm' version 1: unable to find backend 'nosuch'; searched: "
-        f"{m}/1/nosuch.py; {m}/1/nosuch/__init__.py; {m}/nosuch.py; {m}/nosuch/__init__.py; "
-        f"{b}/nosuch/__init__.py; {b}/nosuch/nosuch.py; {b}/nosuch/nosuch/__init__.py; "
+        f"{m}/1/libtriton_nosuch.so; {m}/1/nosuch.py; {m}/1/nosuch/__init__.py; "
+        f"{m}/libtriton_nosuch.so; {m}/nosuch.py; {m}/nosuch/__init__.py; "
+        f"{b}/nosuch/libtriton_nosuch.so; {b}/nosuch/__init__.py; {b}/nosuch/nosuch.py; "
+        f"{b}/nosuch/nosuch/__init__.py; "
         "built-in backends (identity, python, pytorch); "
         "entry points of group 'inferpool.backends'"
     )

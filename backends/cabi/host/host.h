@@ -1,0 +1,237 @@
+/* inferpool's host of Triton's backend C API: the structures behind the opaque handles.
+ *
+ * The host is a CPython extension whose shared object is named libtritonserver.so: a
+ * backend built against Triton's headers resolves every TRITONSERVER_* and TRITONBACKEND_*
+ * function here.  What a backend reads many times per request (ids, input properties and
+ * buffers, requested outputs) is held in C, filled once per request from Python; what
+ * changes state (allocating outputs, sending responses, statistics, metrics, state, logs)
+ * is handed to the Python bridge (backends/cabi/bridge.py), under the GIL. */
+#ifndef INFERPOOL_CABI_HOST_H
+#define INFERPOOL_CABI_HOST_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdatomic.h>
+#include <pthread.h>
+
+#include "triton/core/tritonbackend.h"
+#include "triton/core/tritonserver.h"
+
+#define HOST_EXPORT __attribute__((visibility("default")))
+
+/* ------------------------------------------------------------------ plain values */
+struct TRITONSERVER_Error {
+  TRITONSERVER_Error_Code code;
+  char* message;
+};
+
+struct TRITONSERVER_Message {
+  char* json;
+  size_t size;
+};
+
+struct TRITONSERVER_Parameter {
+  char* name;
+  TRITONSERVER_ParameterType type;
+  int64_t int_value;
+  bool bool_value;
+  double double_value;
+  char* string_value; /* STRING */
+  void* bytes;        /* BYTES: not copied, as Triton */
+  uint64_t byte_size;
+};
+
+struct TRITONSERVER_BufferAttributes {
+  TRITONSERVER_MemoryType memory_type;
+  int64_t memory_type_id;
+  size_t byte_size;
+  void* cuda_ipc_handle;
+};
+
+/* ------------------------------------------------------------------ the three levels */
+struct TRITONBACKEND_Backend {
+  char* name;
+  char* config_json;
+  char* directory;
+  void* state;
+  TRITONBACKEND_ExecutionPolicy policy;
+};
+
+struct TRITONBACKEND_Model {
+  char* name;
+  uint64_t version;
+  char* repository;
+  char* config_json; /* guarded by the GIL: replaced by ModelSetConfig */
+  bool auto_complete;
+  TRITONBACKEND_Backend* backend;
+  void* state;
+  PyObject* owner; /* the Python model level (backends/cabi/levels.py) */
+};
+
+struct TRITONBACKEND_ModelInstance {
+  char* name;
+  TRITONSERVER_InstanceGroupKind kind;
+  int32_t device_id;
+  char* host_policy_json;
+  uint32_t secondary_count;
+  char** secondary_kinds;
+  int64_t* secondary_ids;
+  TRITONBACKEND_Model* model;
+  void* state;
+  PyObject* owner; /* the Python instance level */
+};
+
+/* ------------------------------------------------------------------ requests */
+typedef struct TRITONBACKEND_Input {
+  PyObject_HEAD
+  PyObject* name_obj; /* bytes */
+  const char* name;
+  TRITONSERVER_DataType datatype;
+  int64_t* shape;
+  uint32_t dims_count;
+  uint64_t byte_size;
+  const void* buffer;
+  PyObject* keep; /* what keeps the buffer valid */
+  Py_buffer view; /* held when the buffer came by the buffer protocol */
+  int has_view;
+  struct TRITONSERVER_BufferAttributes attributes;
+} HostInput;
+
+typedef struct HostState HostState;
+
+typedef struct TRITONBACKEND_Request {
+  PyObject_HEAD
+  PyObject* py;       /* inferpool's Request */
+  PyObject* id_obj;   /* bytes */
+  PyObject* corr_obj; /* bytes of a string correlation id, or NULL */
+  uint64_t correlation_id;
+  uint32_t flags;
+  uint64_t timeout_us;
+  PyObject* inputs;  /* tuple of HostInput */
+  PyObject* outputs; /* tuple of bytes: the requested outputs */
+  uint32_t parameter_count;
+  struct TRITONSERVER_Parameter* parameters;
+  PyObject* parameter_keep; /* bytes the parameters point into */
+  TRITONBACKEND_ModelInstance* instance;
+  /* holders on the C side: the backend (until RequestRelease), each response, factory and
+   * state; the Python reference they share is dropped when the last lets go */
+  atomic_int holders;
+  atomic_int released;
+  HostState* states; /* made by StateNew, freed with the request */
+  pthread_mutex_t lock;
+} HostRequest;
+
+struct HostState {
+  HostState* next;
+  HostRequest* request;
+  char* name;
+  TRITONSERVER_DataType datatype;
+  int64_t* shape;
+  uint32_t dims_count;
+  void* buffer;
+  uint64_t byte_size;
+  struct TRITONSERVER_BufferAttributes attributes;
+};
+
+struct TRITONBACKEND_ResponseFactory {
+  HostRequest* request;
+};
+
+struct TRITONBACKEND_Output {
+  char* name;
+  TRITONSERVER_DataType datatype;
+  int64_t* shape;
+  uint32_t dims_count;
+  void* buffer;
+  uint64_t byte_size;
+  struct TRITONSERVER_BufferAttributes attributes;
+  struct TRITONBACKEND_Response* response;
+};
+
+struct TRITONBACKEND_Response {
+  HostRequest* request;
+  PyObject* py; /* inferpool's Response, made with the first output buffer */
+  struct TRITONBACKEND_Output** outputs;
+  uint32_t output_count, output_capacity;
+  struct TRITONSERVER_Parameter** parameters;
+  uint32_t parameter_count, parameter_capacity;
+};
+
+/* ------------------------------------------------------------------ metrics */
+struct TRITONSERVER_MetricFamily {
+  TRITONSERVER_MetricKind kind;
+  PyObject* py; /* backends.metrics.MetricFamily */
+};
+
+struct TRITONSERVER_Metric {
+  TRITONSERVER_MetricFamily* family;
+  PyObject* py; /* backends.metrics.Metric */
+  double value;
+  pthread_mutex_t lock;
+};
+
+struct TRITONSERVER_MetricArgs {
+  int histogram;
+};
+
+struct TRITONBACKEND_ModelInstanceResponseStatistics {
+  TRITONBACKEND_ModelInstance* instance;
+  TRITONBACKEND_ResponseFactory* factory;
+  uint64_t response_start, compute_output_start, response_end;
+  TRITONSERVER_Error* error;
+};
+
+struct TRITONBACKEND_BackendAttribute {
+  bool parallel_instance_loading;
+};
+
+/* ------------------------------------------------------------------ shared helpers */
+extern PyTypeObject HostInputType;
+extern PyTypeObject HostRequestType;
+
+/* the bridge's callbacks (set by bind()) */
+typedef struct {
+  PyObject* output;       /* (request, response|None, name, datatype, shape, nbytes) */
+  PyObject* send;         /* (request, response|None, parameters|None, flags, error|None) */
+  PyObject* cancelled;    /* (request) -> bool */
+  PyObject* state_buffer; /* (request, name, datatype, shape, nbytes) */
+  PyObject* state_update; /* (request, name) */
+  PyObject* statistics;   /* (instance, request, success, t0, t1, t2, t3) */
+  PyObject* batch;        /* (instance, size, t0, t1, t2, t3) */
+  PyObject* log;          /* (level, file, line, message) */
+  PyObject* set_config;   /* (model, json) */
+  PyObject* metric_family;/* (kind, name, description) */
+  PyObject* metric;       /* (family, labels dict) */
+  PyObject* metric_op;    /* (metric, op, value) */
+  PyObject* memory;       /* (owner, [(type, id, bytes)]) */
+  PyObject* response_statistics; /* (instance, request, t0, t1, t2, success) */
+} Bridge;
+
+extern Bridge host_bridge;
+extern atomic_int host_log_enabled[4]; /* by TRITONSERVER_LogLevel */
+
+TRITONSERVER_Error* host_error(TRITONSERVER_Error_Code code, const char* format, ...)
+    __attribute__((format(printf, 2, 3)));
+/* the Python error in flight as a TRITONSERVER_Error (GIL held); clears it */
+TRITONSERVER_Error* host_python_error(const char* where);
+/* the result of a bridge call: NULL on success, an error if it raised (GIL held) */
+TRITONSERVER_Error* host_checked(PyObject* result, const char* where);
+char* host_strdup(const char* text);
+const char* host_datatype_string(TRITONSERVER_DataType datatype);
+PyObject* host_shape_tuple(const int64_t* shape, uint32_t dims_count);
+int64_t* host_shape_copy(const int64_t* shape, uint32_t dims_count);
+/* a buffer a bridge call returned: (buffer object or int address, memory type, type id) */
+TRITONSERVER_Error* host_buffer_of(PyObject* placed, void** buffer,
+                                   struct TRITONSERVER_BufferAttributes* attributes,
+                                   const char* what);
+void host_request_let_go(HostRequest* request);
+PyObject* host_parameter_value(const struct TRITONSERVER_Parameter* parameter);
+void host_parameter_free(struct TRITONSERVER_Parameter* parameter);
+
+#define HOST_NOT_NULL(p, what)                                                   \
+  do {                                                                           \
+    if ((p) == NULL)                                                             \
+      return host_error(TRITONSERVER_ERROR_INVALID_ARG, "%s: %s is null", __func__, what); \
+  } while (0)
+
+#endif

@@ -1,0 +1,99 @@
+"""Requests as a C backend reads them: the host's Request, filled once per request.
+
+What a backend reads many times per request (the id, each input's name, datatype, shape
+and buffer, the requested outputs) lies in C structures, so reading it costs no call into
+Python.  An input's structure is made once per input object: the worker hands out one
+object for every request that names the same place in shared memory (InputTensor.made
+keeps it), so a request that repeats a place builds nothing for its inputs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inferpool.backends.api import InputTensor, Request
+from inferpool.backends.cabi import library
+from inferpool.wire import codec
+
+# TRITONSERVER_DataType by the wire's datatype names
+DATATYPES = {
+    name: number
+    for number, name in enumerate(
+        (
+            "INVALID", "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32",
+            "INT64", "FP16", "FP32", "FP64", "BYTES", "BF16",
+        )
+    )
+}  # fmt: skip
+CPU, GPU = 0, 2
+
+
+class RequestMaker:
+    def __init__(self, config: Any, decoupled: bool) -> None:
+        host = library.host()
+        self._request = host.Request
+        self._input = host.Input
+        self._decoupled = decoupled
+        # the state outputs a worker asks of every sequence request are not the client's:
+        # a backend learns of state through TRITONBACKEND_StateNew, not as outputs
+        self._hidden = {s.output_name for s in config.sequence_batching.state}
+        self._names: dict[str, bytes] = {}
+        self._outputs: dict[tuple[str, ...], tuple[bytes, ...]] = {}
+
+    def make(self, request: Request) -> Any:
+        inputs = []
+        for tensor in request.inputs.values():
+            made = tensor.made
+            if made is None or type(made) is not self._input:
+                made = self.input(tensor)
+            inputs.append(made)
+        names = tuple(request.requested_outputs)
+        outputs = self._outputs.get(names)
+        if outputs is None:
+            outputs = self._outputs[names] = tuple(
+                n.encode() for n in names if n not in self._hidden
+            )
+        corr = request.correlation_id
+        if self._decoupled:  # the backend answers when it will, from any thread
+            request.response_sender()
+        return self._request(
+            request,
+            request.id.encode(),
+            corr if type(corr) is int else 0,
+            corr.encode() if type(corr) is str else None,
+            request.flags,
+            request.timeout_us,
+            tuple(inputs),
+            outputs,
+            _parameters(request.parameters) if request.parameters else None,
+        )
+
+    def input(self, tensor: InputTensor) -> Any:
+        """The host's Input for ``tensor``, kept with it where it views a lasting place."""
+        name = self._names.get(tensor.name)
+        if name is None:
+            name = self._names[tensor.name] = tensor.name.encode()
+        datatype = DATATYPES.get(tensor.datatype, 0)
+        if tensor.memory != "cpu":
+            data = tensor.data
+            address = int(data.__cuda_array_interface__["data"][0])
+            return self._input(
+                name, datatype, tensor.shape, tensor.byte_size, address, GPU, tensor.device_id, data
+            )
+        if tensor.datatype == "BYTES":  # decoded elements: serialized again, as Triton has them
+            payload = codec.serialize_bytes(tensor.data.reshape(-1))
+            return self._input(name, datatype, tensor.shape, len(payload), payload, CPU, 0)
+        made = self._input(name, datatype, tensor.shape, tensor.byte_size, tensor.data, CPU, 0)
+        tensor.made = made
+        return made
+
+
+def _parameters(parameters: dict[str, Any]) -> tuple[tuple[bytes, Any], ...]:
+    out = []
+    for key, value in parameters.items():
+        if isinstance(value, str):
+            value = value.encode()
+        elif not isinstance(value, bool | int | float):
+            value = str(value).encode()
+        out.append((key.encode(), value))
+    return tuple(out)
