@@ -263,7 +263,7 @@ def test_missing_backend_names_every_place_searched(layout: Layout) -> None:
         f"{m}/libtriton_nosuch.so; {m}/nosuch.py; {m}/nosuch/__init__.py; "
         f"{b}/nosuch/libtriton_nosuch.so; {b}/nosuch/__init__.py; {b}/nosuch/nosuch.py; "
         f"{b}/nosuch/nosuch/__init__.py; "
-        "built-in backends (identity, python, pytorch); "
+        "built-in backends (identity, python, pytorch, onnxruntime, openvino); "
         "entry points of group 'inferpool.backends'"
     )
 
