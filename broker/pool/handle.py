@@ -82,6 +82,7 @@ class WorkerHandle(Generic[M]):
         self.placement: dict[str, Any] = {}  # what the worker read back after pinning
         self.reported_config: Any = None  # the config its backend serves (models.completion)
         self.memory: Sequence[MemoryUsage] = ()  # what its backend reported holding
+        self.forgotten = False  # its model is gone: the slot goes once the worker has exited
 
     @property
     def name(self) -> str:

@@ -194,6 +194,9 @@ class Supervisor(Generic[M]):
 
     def _exited(self, handle: WorkerHandle[M], code: int) -> None:
         self._settle(handle, code)
+        if handle.forgotten:
+            self.forget(handle)
+            return
         self.shared.exited(handle, handle.state in (WorkerState.STOPPED, WorkerState.FAILED))
 
     def _settle(self, handle: WorkerHandle[M], code: int) -> None:
@@ -346,6 +349,11 @@ class Supervisor(Generic[M]):
             self.send(handle, Stop())
 
     def forget(self, handle: WorkerHandle[M]) -> None:
+        """Drop the slot of an instance whose model is gone.  One whose worker is still on
+        its way out is dropped once it has exited (its exit retires its output region)."""
+        if handle.proc is not None:
+            handle.forgotten = True
+            return
         self.handles.pop(handle.slot, None)
         self.shared.exited(handle, for_good=True)
 

@@ -111,6 +111,28 @@ def test_a_broken_new_config_leaves_the_old_one_serving(server) -> None:
         assert act(c, "changing")["value"] == 20
 
 
+def test_reloads_under_load_leave_no_region_behind(server) -> None:
+    """Each reload replaces the changed model's workers; the output regions of the replaced
+    ones go with them, so the run's regions come back to what one load makes."""
+    root = Path(server.proc.args[server.proc.args.index("--model-repository") + 1])
+    with server.client() as c:
+        changing = Stream(server, "changing", lambda: {"ACT": np.array([REPORT], np.int32)})
+        try:
+            for value in (300, 4000, 50000):  # new sizes: no stale .pyc
+                write_act_model(root, "changing", value=value)
+                server.proc.send_signal(signal.SIGHUP)
+                wait_until(lambda v=value: act(c, "changing")["value"] == v, what="reloaded")
+                wait_until(lambda: len(pids(c, "changing")) == 1, what="the old workers stopped")
+        finally:
+            changing.stop()
+        assert changing.errors == []
+        workers = sum(1 for r in c.status() if r["pid"])
+        wait_until(
+            lambda: sum("-out" in r for r in server.regions()) == workers,
+            what=f"one output region for each of the {workers} workers",
+        )
+
+
 def _infer_gone() -> dict:
     return {
         "type": "infer",
