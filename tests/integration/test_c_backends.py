@@ -1,6 +1,8 @@
-"""C backends built against the project's headers, served by the real broker and workers:
-the answer's bytes and parameters, the statistics and custom metrics the backend reports,
-and nothing of the run left in /dev/shm after stop."""
+"""C backends built against the project's headers, served by the real broker and workers
+(one server for the module; it must stop with nothing of its run left in /dev/shm): the
+answer's bytes and parameters, statistics and custom metrics, a decoupled backend answering
+from its own thread, implicit sequence state, errors of every kind, a crash mid-execute
+that takes only its worker, and a config the backend completes."""
 
 from __future__ import annotations
 
@@ -10,9 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from inferpool.client import InferpoolError
+
 from tests.cabi_support import compiler, install
 from tests.integration.test_metrics import scrape
-from tests.support import Server, free_tcp_port, serving, write_model
+from tests.support import Server, free_tcp_port, serving, wait_until, write_model
 
 ECHO = """
     name: "echo"
@@ -23,14 +27,52 @@ ECHO = """
     output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] },
              { name: "OUTPUT1" data_type: TYPE_INT64 dims: [ -1 ] } ]
 """
+REPEAT = """
+    name: "repeat"
+    backend: "repeat"
+    max_batch_size: 0
+    model_transaction_policy { decoupled: true }
+    input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]
+    output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] },
+             { name: "IDX" data_type: TYPE_UINT32 dims: [ 1 ] } ]
+"""
+ACCUMULATE = """
+    name: "accumulate"
+    backend: "accumulate"
+    max_batch_size: 0
+    sequence_batching {
+      state [ { input_name: "INPUT_STATE" output_name: "OUTPUT_STATE"
+                data_type: TYPE_INT32 dims: [ 1 ] } ]
+    }
+    input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+    output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+FAULTY = """
+    name: "faulty"
+    backend: "faulty"
+    max_batch_size: 0
+    input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+    output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+"""
+COMPLETE = """
+    name: "complete"
+    backend: "complete"
+"""
 METRICS_PORT = free_tcp_port()
 
 
 def _repository(tmp: Path) -> Path:
     compiler()
     repo = tmp / "repo"
-    write_model(repo, "echo", ECHO)
-    install("echo", repo / "echo")
+    for name, config in [
+        ("echo", ECHO),
+        ("repeat", REPEAT),
+        ("accumulate", ACCUMULATE),
+        ("faulty", FAULTY),
+        ("complete", COMPLETE),
+    ]:
+        write_model(repo, name, config)
+        install(name, repo / name)
     return repo
 
 
@@ -80,3 +122,82 @@ def test_statistics_and_custom_metric(server: Server) -> None:
     labels = (("model", "echo"), ("version", "1"))
     assert got[("TYPE echo_input_bytes", ())] == "counter"
     assert got[("echo_input_bytes", labels)] >= 3 * (x.nbytes + y.nbytes)
+
+
+def test_decoupled_responses_from_the_backends_thread(server: Server) -> None:
+    values = np.array([5, 6, 7], np.int32)
+    with server.client() as c:
+        results = list(c.stream("repeat", {"IN": values}))
+        assert list(c.stream("repeat", {"IN": np.zeros(0, np.int32)})) == []
+    assert [r.outputs["OUT"].tolist() for r in results] == [[5], [6], [7]]
+    assert [r.outputs["IDX"].tolist() for r in results] == [[0], [1], [2]]
+
+
+def test_implicit_state_carried_through_a_sequence(server: Server) -> None:
+    def send(c, value: int, corr: int, **flags: bool) -> int:
+        out = c.infer(
+            "accumulate",
+            {"INPUT": np.array([value], np.int32)},
+            parameters={"sequence_id": corr, **flags},
+        )
+        return int(out["OUTPUT"][0])
+
+    with server.client() as c:
+        assert send(c, 1, 11, sequence_start=True) == 1
+        assert send(c, 2, 11) == 3
+        assert send(c, 3, 11, sequence_end=True) == 6
+        assert send(c, 20, 12, sequence_start=True) == 20  # a new sequence starts from zeros
+        assert send(c, 5, 12, sequence_end=True) == 25
+
+
+def test_errors_of_a_request_and_of_a_batch(server: Server) -> None:
+    with server.client() as c:
+        with pytest.raises(InferpoolError) as one:
+            c.infer("faulty", {"INPUT0": np.array([1, 0], np.float32)})
+        assert (one.value.code.value, one.value.message) == (
+            "INVALID_ARG", "a one is not welcome here"
+        )  # fmt: skip
+        with pytest.raises(InferpoolError) as batch:
+            c.infer("faulty", {"INPUT0": np.array([2], np.float32)})
+        assert batch.value.code.value == "UNAVAILABLE"
+        assert "TRITONBACKEND_ModelInstanceExecute: the device is on fire" in batch.value.message
+        ok = c.infer("faulty", {"INPUT0": np.array([0, 9], np.float32)})
+        np.testing.assert_array_equal(ok["OUTPUT0"], [0, 9])
+        stats = c.statistics("faulty")["model_stats"][0]["inference_stats"]
+    assert stats["fail"]["count"] >= 2 and stats["success"]["count"] >= 1
+
+
+@pytest.mark.parametrize(("what", "signal_name"), [(3, "SIGSEGV"), (4, "SIGABRT")])
+def test_a_crash_mid_execute_takes_only_its_worker(
+    server: Server, what: int, signal_name: str
+) -> None:
+    with server.client() as c:
+        before = {r["instance"]: r for r in c.status()}
+        with pytest.raises(InferpoolError) as crashed:
+            c.infer("faulty", {"INPUT0": np.array([what], np.float32)})
+        assert signal_name in crashed.value.message
+        np.testing.assert_array_equal(c.infer("echo", {
+            "INPUT0": np.ones((1, 4), np.float32), "INPUT1": np.ones((1, 1), np.int64)
+        })["OUTPUT0"], np.ones((1, 4)))  # fmt: skip
+        row = wait_until(
+            lambda: next(
+                (r for r in c.status() if r["instance"] == "faulty_0_0" and r["state"] == "READY"),
+                None,
+            ),
+            "the faulty instance restarted",
+        )
+        assert row["restarts"] == before["faulty_0_0"]["restarts"] + 1
+        assert row["pid"] != before["faulty_0_0"]["pid"]
+        np.testing.assert_array_equal(
+            c.infer("faulty", {"INPUT0": np.array([0.0], np.float32)})["OUTPUT0"], [0.0]
+        )
+
+
+def test_a_config_the_backend_completes(server: Server) -> None:
+    with server.client() as c:
+        meta = c.model_metadata("complete")
+        out = c.infer("complete", {"INPUT0": np.array([[1, 2, 3]], np.float32)})
+    assert [(t["name"], t["datatype"], t["shape"]) for t in meta["inputs"]] == [
+        ("INPUT0", "FP32", [-1, 3])
+    ]
+    np.testing.assert_array_equal(out["OUTPUT0"], [[2, 4, 6]])
