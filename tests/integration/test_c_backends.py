@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from inferpool.client import InferpoolError
-
 from tests.cabi_support import compiler, install
 from tests.integration.test_metrics import scrape
 from tests.support import Server, free_tcp_port, serving, wait_until, write_model
