@@ -22,7 +22,7 @@ from typing import Any
 from inferpool.broker.front.peers import Peer, require_operator
 from inferpool.broker.front.readiness import Readiness
 from inferpool.broker.front.router import Handler
-from inferpool.broker.models.manager import Manager
+from inferpool.broker.models.request_path import RequestPath
 from inferpool.broker.notify import sd_notify
 from inferpool.broker.pool.supervisor import Supervisor
 from inferpool.wire.errors import Code, InferpoolError
@@ -41,23 +41,25 @@ class Drain:
     def __init__(
         self,
         readiness: Readiness,
-        manager: Manager,
+        requests: RequestPath,
         supervisor: Supervisor[Any],
         delay: float,
         timeout: float,
         peer: Callable[[bytes], Peer],
+        admissions_end: Callable[[str], None],
     ) -> None:
         """``delay``: seconds between the drain's start and the end of admissions;
         ``timeout``: seconds the admitted requests then get to finish; ``peer``: who sent
-        the message being handled (only an operator may drain)."""
+        the message being handled (only an operator may drain); ``admissions_end(why)``:
+        told when admissions end (the lanes end then)."""
         self.readiness = readiness
-        self.manager = manager
+        self.requests = requests
         self.supervisor = supervisor
         self.delay = delay
         self.timeout = timeout
         self.peer = peer
+        self.admissions_end = admissions_end
         self.phase = Phase.SERVING
-        self.admissions_end: list[Callable[[str], None]] = []  # told why, when they end
         self._admit_until = 0.0
         self._deadline = 0.0
 
@@ -76,7 +78,7 @@ class Drain:
         return {
             "draining": True,
             "reason": self.readiness.draining,
-            "inflight": len(self.manager.inflight),
+            "inflight": len(self.requests.inflight),
         }
 
     def begin(self, why: str, now: float) -> None:
@@ -86,7 +88,7 @@ class Drain:
             "draining (%s): not ready; %d request(s) in flight; admissions stop in %gs, "
             "in-flight requests then get %gs",
             why,
-            len(self.manager.inflight),
+            len(self.requests.inflight),
             self.delay,
             self.timeout,
         )
@@ -102,20 +104,19 @@ class Drain:
                 return False
             self.readiness.admitting = False
             self.phase = Phase.DRAINING
-            for told in self.admissions_end:
-                told(self.readiness.draining)
+            self.admissions_end(self.readiness.draining)
             self._deadline = now + self.timeout
-            log.info("admissions stopped; %d request(s) in flight", len(self.manager.inflight))
-        manager = self.manager
+            log.info("admissions stopped; %d request(s) in flight", len(self.requests.inflight))
+        requests = self.requests
         if self.phase is Phase.DRAINING:
-            if manager.inflight and now < self._deadline:
+            if requests.inflight and now < self._deadline:
                 return False
             err = InferpoolError(
                 Code.UNAVAILABLE,
                 f"the server drained ({self.readiness.draining}) before the request finished",
             )
-            for req in list(manager.inflight.values()):
-                manager.reject(req, err)
+            for req in list(requests.inflight.values()):
+                requests.reject(req, err)
             for handle in list(self.supervisor.handles.values()):
                 self.supervisor.stop(handle)
             self.phase = Phase.STOPPING

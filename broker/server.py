@@ -37,12 +37,12 @@ from inferpool.broker.front.router import Router
 from inferpool.broker.front.shared_memory import EXTENSIONS, SharedMemory
 from inferpool.broker.front.shares import OutputShares
 from inferpool.broker.models import repository
-from inferpool.broker.models.cancellation import Cancellation
 from inferpool.broker.models.config_support import ConfigSupport
-from inferpool.broker.models.manager import Manager, Worker
+from inferpool.broker.models.manager import Manager
 from inferpool.broker.models.rate_limiter import RateLimiter
-from inferpool.broker.models.registry import Registry, State
+from inferpool.broker.models.registry import Registry, State, Worker
 from inferpool.broker.models.reload import reload_repository
+from inferpool.broker.models.request import PendingRequest
 from inferpool.broker.models.response_cache import ResponseCache
 from inferpool.broker.notify import Watchdog, sd_notify
 from inferpool.broker.options import ServerOptions
@@ -107,107 +107,121 @@ class Broker:
             arena = start_arena(stack, arena_region, opts, self._interrupted)
             flags = CancelFlags.create(run_id)
             stack.callback(flags.close)
-            outputs = OutputRegions(run_id, opts.output_arena_size, opts.prefault)
-            stack.callback(outputs.close)
             self.poller = zmq.Poller()
             for sock in [fronts.plain, *self.tagged.values()]:
                 self.poller.register(sock, zmq.POLLIN)
             self.poller.register(self._wake, zmq.POLLIN)
             self.channels: dict[int, Worker] = {}  # worker channel fd -> its worker
             self.readers: dict[int, Callable[[], None]] = {}  # other fds (zygotes) -> reader
-            # answers (the front's) first: the models answer requests through them
-            shares = OutputShares(opts.output_share, lambda client: self.shm.principal(client))
-            handles = Handles(LeaseTable(run_id), outputs, shares)
-            self.responder = Responder(self.frontend, outputs, handles, self.tagged)
-            # models and their workers
-            self.registry = Registry()
-            self.manager = manager = Manager(
-                opts.model_repository,
-                self.registry,
-                arena,
-                outputs,
-                self.responder,
-                planner,
-                pool=lambda events: Supervisor(
-                    opts.supervisor(), run_id, outputs, events, self._watch, self._watch_reader
-                ),
+            # Read by the request path and the shared-memory front alike: the requests in
+            # flight (by rid, in admission order) and the client regions each worker is to
+            # unmap with its next message.
+            inflight: dict[int, PendingRequest] = {}
+            unmaps: dict[str, list[str]] = {}
+            # Four parts need one built further down: those calls go through a lambda,
+            # which runs once the part exists.
+            models: Manager
+            shm: SharedMemory
+            outputs = OutputRegions(
+                run_id,
+                opts.output_arena_size,
+                opts.prefault,
+                lent_gone=lambda region: models.requests.unmap_everywhere(region),
             )
-            self.supervisor = supervisor = manager.supervisor
-            cancellation = Cancellation(
-                manager.inflight, flags, manager.reject, self.responder.send_error
-            )
-            manager.calls.cancel_request = cancellation.cancel_part
-            stack.callback(manager.overrides.close)
-            limited = opts.rate_limit == "execution_count"
-            manager.support = ConfigSupport(cache=opts.cache_size > 0, rate_limit=limited)
-            if limited:
-                manager.gate.limiter = RateLimiter.from_options(opts.rate_limit_resources)
-            if opts.cache_size:
-                manager.cache = ResponseCache.create(
-                    run_id, opts.cache_size, opts.prefault, arena, outputs, self.responder
-                )
-            self.liveness = Liveness(supervisor, opts.heartbeat_ms)
-            self.readiness = Readiness(self.registry, opts.strict_readiness)
-            # the front: the shared-memory extension, inference, control, the router
-            registrations = Registrations(
+            stack.callback(outputs.close)
+            # answers (the front's): the models answer requests through them
+            leases = LeaseTable(run_id)
+            shares = OutputShares(opts.output_share, lambda client: shm.principal(client))
+            kept = LaneLeases(leases, outputs, shares)
+            handles = Handles(leases, outputs, shares, absorb=kept.absorb)
+            self.responder = responder = Responder(fronts.plain, outputs, handles, self.tagged)
+            # clients' regions and lanes; the models, their requests and workers
+            self.registry = registry = Registry()
+            self.registrations = registrations = Registrations(
                 run_id,
                 opts.max_client_shm,
                 opts.max_shm_total,
                 opts.prefault > 0,
-                manager.inflight,
-                lambda: [h.identity for h in supervisor.alive()],
-                manager.unmaps,
+                inflight,
+                lambda: [h.identity for h in models.supervisor.alive()],
+                unmaps,
             )
-            self.registrations = registrations
-            self.shm = SharedMemory(
+            self.lanes = lanes = Lanes(
+                run_id,
+                registry,
+                registrations,
+                lambda: models.supervisor.alive(),
+                opts.lane_spin_us,
+                kept,
+                rate_limited=opts.rate_limit != "off",
+            )
+            limited = opts.rate_limit == "execution_count"
+            cache = None
+            if opts.cache_size:
+                cache = ResponseCache.create(
+                    run_id, opts.cache_size, opts.prefault, arena, outputs, responder
+                )
+            self.models = models = Manager(
+                repository=opts.model_repository,
+                registry=registry,
+                planner=planner,
+                pool=lambda events: Supervisor(
+                    opts.supervisor(), run_id, outputs, events, self._watch, self._watch_reader
+                ),
+                lanes=lanes,
+                support=ConfigSupport(cache=opts.cache_size > 0, rate_limit=limited),
+                arena=arena,
+                outputs=outputs,
+                responder=responder,
+                flags=flags,
+                limiter=RateLimiter.from_options(opts.rate_limit_resources) if limited else None,
+                cache=cache,
+                inflight=inflight,
+                unmaps=unmaps,
+            )
+            stack.callback(models.overrides.close)
+            self.requests = requests = models.requests
+            self.supervisor = supervisor = models.supervisor
+            self.liveness = Liveness(supervisor, opts.heartbeat_ms)
+            self.readiness = Readiness(registry, opts.strict_readiness)
+            # the front: the shared-memory extension, drain, inference, control, the router
+            cancellation = requests.cancellation
+            self.shm = shm = SharedMemory(
                 registrations,
                 handles,
                 fronts.sockets,
                 opts.lease_timeout,
-                self.responder.send,
+                responder.send,
                 topology.gpus,
                 cancellation.client_gone,
+                lanes,
             )
-            stack.callback(self.shm.close)  # its socket monitor must go before the context
+            stack.callback(shm.close)  # its socket monitor must go before the context
+            stack.callback(lanes.close)
             self.drain = Drain(
                 self.readiness,
-                manager,
+                requests,
                 supervisor,
                 opts.drain_delay,
                 opts.in_flight_timeout,
-                self.shm.peer,
+                shm.peer,
+                admissions_end=lanes.draining,
             )
-            self.lanes = lanes = Lanes(
-                run_id,
-                self.registry,
-                registrations,
-                supervisor,
-                self.shm.track,
-                opts.lane_spin_us,
-                LaneLeases(handles.leases, outputs, shares),
-                rate_limited=opts.rate_limit != "off",
-            )
-            handles.absorb = lanes.kept.absorb
-            stack.callback(lanes.close)
-            self.drain.admissions_end.append(lanes.draining)
-            manager.lanes = lanes
-            self.shm.gone.append(lanes.client_gone)
-            registrations.ended = lanes.region_ended
             inference = Inference(
                 self.readiness,
-                self.registry,
+                registry,
                 arena,
-                self.shm,
-                manager.submit,
+                shm,
+                requests.submit,
                 opts.request_limit,
                 cancellation.cancel,
             )
             control = Control(
                 readiness=self.readiness,
-                registry=self.registry,
-                manager=manager,
+                registry=registry,
+                manager=models,
                 supervisor=supervisor,
-                responder=self.responder,
+                responder=responder,
                 arena=arena,
                 run_id=run_id,
                 extensions=(*EXTENSIONS, *LANE_EXTENSIONS),
@@ -218,7 +232,7 @@ class Broker:
                     "output_regions": len(outputs),
                     "leases": len(handles.leases),
                     "registrations": len(registrations),
-                    "inflight": len(manager.inflight),
+                    "inflight": len(inflight),
                     "lanes": len(lanes.lanes),
                 },
             )
@@ -227,18 +241,18 @@ class Broker:
                 [
                     control.handlers(),
                     inference.handlers(),
-                    self.shm.handlers(),
+                    shm.handlers(),
                     self.drain.handlers(),
                     lanes.handlers(),
                 ],
-                self.shm.arrived,
+                shm.arrived,
             )
             self.metrics: MetricsEndpoint | None = None
             self.utilisation: Utilisation | None = None
             if opts.metrics_port:
                 self.utilisation = Utilisation(supervisor)
                 collector = BrokerCollector(
-                    self.registry, manager, supervisor, arena, self.utilisation, lanes
+                    registry, requests, supervisor, arena, self.utilisation, lanes
                 )
                 self.metrics = MetricsEndpoint(
                     collector, ctx, opts.metrics_address, opts.metrics_port
@@ -335,19 +349,20 @@ class Broker:
         needs into locals once, asks the clock once, and reaches for the timers (batching
         decisions, zero-copy sends, housekeeping) only when one is pending."""
         poll, items = zmq.zmq_poll, self.poller.sockets  # (the Poller's list, kept in place)
-        manager, responder, drain = self.manager, self.responder, self.drain
+        models, requests, responder = self.models, self.requests, self.responder
+        drain = self.drain
         frontend, tagged, metrics = self.frontend, self.tagged, self.metrics
         channels, readers, wake_fd = self.channels, self.readers, self._wake.fileno()
         next_housekeeping = 0.0
         try:
             for name in self._initial:
-                manager.load(name, self._start_waiter(name))
+                models.load(name, self._start_waiter(name))
             self._maybe_started()
             now = time.monotonic()
             while True:
                 timeout = next_housekeeping - now
-                if manager.wakes:
-                    wake_ns = manager.tick(time.monotonic_ns())
+                if requests.wakes:
+                    wake_ns = requests.tick(time.monotonic_ns())
                     if wake_ns is not None:
                         timeout = min(timeout, (wake_ns - time.monotonic_ns()) / 1e9)
                 if responder.sending and responder.poll():
@@ -371,7 +386,7 @@ class Broker:
                     metrics.answer()
                 if wake_fd in events or self._signals:
                     self._handle_signals()
-                if manager.dispatched:
+                if requests.dispatched:
                     self._read_dispatched()
                 now = time.monotonic()
                 if now >= next_housekeeping:
@@ -385,22 +400,22 @@ class Broker:
     def _drain_frontend(self) -> None:
         """The messages waiting (up to FRONT_BATCH), then their dispatch: requests that
         arrived together can run as one batch, and they cost one poll."""
-        frontend, manager, handle = self.frontend, self.manager, self.router.handle
+        frontend, requests, handle = self.frontend, self.requests, self.router.handle
         waiting = [(frontend, POLLIN)]  # (a poll without a timeout: cheaper than EVENTS)
-        manager.gather()
+        requests.gather()
         try:
             for _ in range(FRONT_BATCH):
                 handle(recv_frames(frontend, NOBLOCK))
                 if not zmq.zmq_poll(waiting, 0):
                     break
         finally:
-            manager.dispatch_gathered()
+            requests.dispatch_gathered()
 
     def _read_dispatched(self) -> None:
         """Read the channels of the workers just sent a batch, without a poll: a worker on
         this core ran as the send woke it and has usually answered already (one elsewhere
         has not: one empty read).  A batch that answer starts is looked at the same way."""
-        dispatched = self.manager.dispatched
+        dispatched = self.requests.dispatched
         while dispatched:
             handle = dispatched.pop()
             if handle.channel is not None:
@@ -410,7 +425,7 @@ class Broker:
         assert handle.channel is not None
         msg = handle.channel.recv()
         if type(msg) is Done:  # a batch's results: the common case
-            self.manager.done(handle, msg)
+            self.requests.done(handle, msg)
         elif msg is None:  # its end closed: the process is exiting; reap() will say how
             self.supervisor.close_channel(handle)
         elif isinstance(msg, Mapped):  # CUDA regions a CUDA unregister will wait on
@@ -420,26 +435,26 @@ class Broker:
         elif isinstance(msg, LaneStats):
             self.lanes.worker_stats(handle, msg)
             if msg.metrics is not None:
-                self.manager.metrics.apply(msg.metrics)
+                self.requests.metrics.apply(msg.metrics)
         elif isinstance(msg, LaneClosed):
             self.lanes.worker_closed(handle, msg)
         elif msg:
-            self.manager.worker_message(handle, msg)
+            self.requests.worker_message(handle, msg)
 
     def _housekeeping(self, now: float) -> None:
         self._watchdog.tick(now)
         self.supervisor.reap()
         self.supervisor.tick(now)
         self.liveness.check(now)
-        self.manager.tick(time.monotonic_ns())
-        self.manager.ensembles.refresh()
+        self.requests.tick(time.monotonic_ns())
+        self.models.ensembles.refresh()
         self.shm.tick(now)
-        self.manager.flush_frees()
+        self.requests.flush_frees()
         if self.utilisation is not None:
             self.utilisation.sample(now)
         if self.options.polling and now >= self._next_poll and not self.drain.active:
             self._next_poll = now + self.options.repository_poll_secs
-            reload_repository(self.manager)  # poll mode: what changed on disk is applied
+            reload_repository(self.models)  # poll mode: what changed on disk is applied
 
     # ================================================================== signals
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -468,7 +483,7 @@ class Broker:
         log.info("SIGHUP: reloading the model repository")
         usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
         sd_notify(f"RELOADING=1\nMONOTONIC_USEC={usec}\nSTATUS=reloading the model repository")
-        reload_repository(self.manager, _notify_reloaded)
+        reload_repository(self.models, _notify_reloaded)
 
 
 def _initial_models(opts: ServerOptions) -> list[str]:

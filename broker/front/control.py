@@ -13,8 +13,9 @@ from inferpool.broker.front.responder import Responder
 from inferpool.broker.front.router import Handler
 from inferpool.broker.models import overrides
 from inferpool.broker.models.index import repository_index
-from inferpool.broker.models.manager import Manager, Waiter
+from inferpool.broker.models.manager import Manager
 from inferpool.broker.models.registry import Registry, State
+from inferpool.broker.models.reload import Waiter
 from inferpool.broker.models.stats import memory_usage
 from inferpool.broker.pool.supervisor import Supervisor
 from inferpool.shm.arena import Arena
@@ -112,9 +113,9 @@ class Control:
             "model_stats": [
                 mv.stats.to_dict(mv.name, mv.version, memory_usage(mv.instances)) for mv in versions
             ],
-            "custom_metrics": self.manager.metrics.to_list(name or None),
+            "custom_metrics": self.manager.requests.metrics.to_list(name or None),
             "arena": {"size": self.arena.size, "free": self.arena.free_bytes},
-            "inflight": len(self.manager.inflight),
+            "inflight": len(self.manager.requests.inflight),
             "resources": self.resources(),
         }
 

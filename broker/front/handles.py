@@ -21,14 +21,21 @@ from inferpool.wire.worker.messages import TensorRef
 
 
 class Handles:
-    def __init__(self, leases: LeaseTable, outputs: OutputRegions, shares: OutputShares) -> None:
-        """``shares``: what each client holds counts against its share of output memory."""
+    def __init__(
+        self,
+        leases: LeaseTable,
+        outputs: OutputRegions,
+        shares: OutputShares,
+        absorb: Callable[[bytes, list[Any]], list[Any]],
+    ) -> None:
+        """``shares``: what each client holds counts against its share of output memory;
+        ``absorb(owner, tokens)``: the tokens of a release the lease table is to end
+        (``front.lane_leases`` takes those of outputs a lane held that are not leases yet,
+        or never will be)."""
         self.leases = leases
         self.outputs = outputs
         self.shares = shares
-        # the tokens of a release the lease table is to end (front.lane_leases takes the
-        # tokens of outputs a lane held that are not leases yet, or never will be)
-        self.absorb: Callable[[bytes, list[Any]], list[Any]] = lambda owner, tokens: tokens
+        self.absorb = absorb
 
     def place(
         self, req: PendingRequest, outputs: Sequence[TensorRef], headers: list[dict[str, Any]]

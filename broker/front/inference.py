@@ -2,7 +2,7 @@
 inputs, queue it; or cancel one.
 
 Admission (``front.admission``) does the checking and placing; the request then belongs to
-the models' manager, which answers it through the responder when its worker is done.  The
+the models' request path, which answers it through the responder when its worker is done.  The
 shared-memory extension sees each request first: a request may carry the releases of
 earlier leases (no extra round trip), and it keeps its sender's leases alive.  A ``cancel``
 names an infer request of the same client by its ``id`` (``models.cancellation``).
@@ -41,7 +41,7 @@ class Inference:
         limit: int,
         cancel: Callable[[list[bytes], str], int],
     ) -> None:
-        """``submit`` queues an admitted request (the manager's); ``limit``: the most tensor
+        """``submit`` queues an admitted request (the request path's); ``limit``: the most tensor
         bytes one request may bring; ``cancel(envelope, id)`` cancels what a client sent."""
         self.readiness = readiness
         self.registry = registry

@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import logging
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,10 +29,8 @@ from inferpool.broker.front.registrations import Registration, Registrations
 from inferpool.broker.front.router import Handler
 from inferpool.broker.models.blame import shrank_text
 from inferpool.broker.models.ensemble_config import Plan
-from inferpool.broker.models.manager import Worker
-from inferpool.broker.models.registry import ModelVersion, Registry
+from inferpool.broker.models.registry import ModelVersion, Registry, Worker
 from inferpool.broker.pool.handle import WorkerState
-from inferpool.broker.pool.supervisor import Supervisor
 from inferpool.shm.guarded import GuardedRegion
 from inferpool.shm.region import ShmExhausted
 from inferpool.shm.runs import region_name
@@ -78,22 +77,20 @@ class Lanes:
         run_id: str,
         registry: Registry,
         registrations: Registrations,
-        supervisor: Supervisor[ModelVersion],
-        track: Any,
+        alive: Callable[[], list[Worker]],
         spin_us: int,
         kept: LaneLeases,
         rate_limited: bool = False,
     ) -> None:
-        """``track(client)``: watch the client for disconnects and silence (the shared-memory
-        extension's); ``spin_us``: how long a worker spins for its lanes' next request;
+        """``alive()``: the workers running now (the supervisor's); ``spin_us``: how long a
+        worker spins for its lanes' next request;
         ``kept``: where the outputs a client holds when its lane ends become its leases;
         ``rate_limited``: the broker gates executions (``--rate-limit``): no lanes."""
         self.run_id = run_id
         self.kept = kept
         self.registry = registry
         self.registrations = registrations
-        self.supervisor = supervisor
-        self.track = track
+        self.alive = alive
         self.spin_us = spin_us
         self.rate_limited = rate_limited
         self.lanes: dict[int, Lane] = {}
@@ -170,14 +167,13 @@ class Lanes:
         region.write(0, wl.header_bytes(geometry))
         owner = ask.owner
         lane = Lane(lane_id, owner, mv, worker, region, geometry, ask.reg, ensemble)
-        self.lanes[lane_id] = lane
-        self.track(owner)
+        self.lanes[lane_id] = lane  # (its client is watched: it made the input region)
         return lane
 
     def _announce(self, lane: Lane, ask: _Ask, siblings: tuple[str, ...] = ()) -> None:
         """Tell the lane's worker to serve it (``siblings``: an ensemble's lanes, by step)."""
         opening = LaneOpen(lane.id, lane.region.name, ask.reg.key, ask.pid, ask.spin, siblings)
-        self.supervisor.send(lane.worker, opening)
+        lane.worker.send(opening)
         owner, instance = lane.owner.hex(), lane.worker.name
         log.info("lane %d open: client %s, instance %s", lane.id, owner, instance)
 
@@ -193,7 +189,7 @@ class Lanes:
             "instance": worker.name,
             "worker_pid": worker.pid,
             "worker_cpus": worker.cpus,
-            "held_cpus": sorted({c for w in self.supervisor.alive() for c in w.cpus}),
+            "held_cpus": sorted({c for w in self.alive() for c in w.cpus}),
             "output_region": worker.output_region,
             "inputs": [{"name": s.name, "datatype": s.datatype} for s in mv.inputs.values()],
             "outputs": list(mv.outputs),
@@ -295,7 +291,7 @@ class Lanes:
                 if sibling.ensemble is lane.ensemble and sibling.owner == lane.owner:
                     self.revoke(sibling, code, reason, free)
         if alive:
-            self.supervisor.send(worker, LaneClose(lane.id, free))
+            worker.send(LaneClose(lane.id, free))
         else:
             self._worker_gone(lane)
 

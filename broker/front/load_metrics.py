@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
+from collections.abc import Mapping
 from typing import Any
 
 from inferpool.broker.front.cache_metrics import MetricRows, Samples
-from inferpool.broker.models.manager import Manager
+from inferpool.broker.models.registry import Registry
+from inferpool.broker.models.request import PendingRequest
 from inferpool.broker.pool.supervisor import Supervisor
 
 WINDOW_S = 10.0
@@ -63,21 +65,26 @@ class Utilisation:
         return {slot: h.busy_seconds(now) for slot, h in self.supervisor.handles.items()}
 
 
-def load_metrics(manager: Manager, utilisation: Utilisation) -> list[MetricRows]:
-    """The families above, from the manager's requests and the pool's instances."""
+def load_metrics(
+    requests: Mapping[int, PendingRequest],
+    registry: Registry,
+    supervisor: Supervisor[Any],
+    utilisation: Utilisation,
+) -> list[MetricRows]:
+    """The families above, from the requests in flight and the pool's instances."""
     pending: Counter[tuple[str, str]] = Counter()
     inflight: Counter[tuple[str, str]] = Counter()
-    for req in manager.inflight.values():
+    for req in requests.values():
         key = (req.model.name, req.model.version_str)
         inflight[key] += 1
         if req.worker is None:
             pending[key] += 1
-    versions = [(mv.name, mv.version_str) for mv in manager.registry.all_versions()]
+    versions = [(mv.name, mv.version_str) for mv in registry.all_versions()]
     now = time.monotonic()
     fractions = utilisation.fractions(now)
     busy: Samples = []
     used: Samples = []
-    for slot, h in manager.supervisor.handles.items():
+    for slot, h in supervisor.handles.items():
         labels = [h.model.name, h.model.version_str, h.name]
         busy.append((labels, h.busy_seconds(now)))
         used.append((labels, fractions.get(slot, 0.0)))

@@ -29,8 +29,8 @@ from inferpool.broker.front.cache_metrics import MetricRows, cache_metrics
 from inferpool.broker.front.exposition import CONTENT_TYPE, Family, render
 from inferpool.broker.front.lanes import Lanes
 from inferpool.broker.front.load_metrics import Utilisation, load_metrics
-from inferpool.broker.models.manager import Manager
 from inferpool.broker.models.registry import Registry
+from inferpool.broker.models.request_path import RequestPath
 from inferpool.broker.pool.handle import WorkerState
 from inferpool.broker.pool.supervisor import Supervisor
 from inferpool.shm.arena import Arena
@@ -76,14 +76,14 @@ class BrokerCollector:
     def __init__(
         self,
         registry: Registry,
-        manager: Manager,
+        requests: RequestPath,
         supervisor: Supervisor[Any],
         arena: Arena,
         utilisation: Utilisation,
         lanes: Lanes | None = None,
     ) -> None:
         self.registry = registry
-        self.manager = manager
+        self.requests = requests
         self.supervisor = supervisor
         self.arena = arena
         self.utilisation = utilisation
@@ -126,8 +126,10 @@ class BrokerCollector:
         yield from self._instances()
         yield from self._lanes()
         yield from self._custom()
-        yield from _families(cache_metrics(self.registry, self.manager.cache))
-        yield from _families(load_metrics(self.manager, self.utilisation))
+        yield from _families(cache_metrics(self.registry, self.requests.cache))
+        yield from _families(
+            load_metrics(self.requests.inflight, self.registry, self.supervisor, self.utilisation)
+        )
         arena = Family(
             "inferpool_arena_bytes", "Request input arena, by size and free", "gauge", ["kind"]
         )
@@ -137,7 +139,7 @@ class BrokerCollector:
         inflight = Family(
             "inferpool_inflight_requests", "Requests admitted and not yet answered", "gauge"
         )
-        inflight.add([], len(self.manager.inflight))
+        inflight.add([], len(self.requests.inflight))
         yield inflight
 
     def _instances(self) -> Iterator[Family]:
@@ -173,7 +175,7 @@ class BrokerCollector:
 
     def _custom(self) -> Iterator[Family]:
         """Backend metrics: one family per declared name, labels as the backend gave them."""
-        custom = self.manager.metrics
+        custom = self.requests.metrics
         rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for row in custom.to_list():
             rows[row["family"]].append(row)

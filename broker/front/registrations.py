@@ -89,7 +89,6 @@ class Registrations:
         self._mapped_in: dict[str, set[str]] = {}  # retired CUDA ref -> workers yet to close it
         self._waiters: list[tuple[set[str], list[str], Closed]] = []  # refs, names, callback
         self._serial = 0
-        self.ended: Callable[[bytes, str], None] | None = None  # hears (owner, name) ending
 
     # ------------------------------------------------------------------ registering
     def register_system(
@@ -230,7 +229,7 @@ class Registrations:
             ended = [r for r in mine.values() if (r.kind == "cuda") == cuda]
         for reg in ended:
             del mine[reg.name]
-            self._retire_later(reg, owner)
+            self._retire_later(reg)
         if not mine:
             self._by_owner.pop(owner, None)
         names = [r.name for r in ended]
@@ -243,12 +242,10 @@ class Registrations:
         """The client is gone: end all its registrations."""
         mine = self._by_owner.pop(owner, {})
         for reg in mine.values():
-            self._retire_later(reg, owner)
+            self._retire_later(reg)
         return len(mine)
 
-    def _retire_later(self, reg: Registration, owner: bytes) -> None:
-        if self.ended is not None:
-            self.ended(owner, reg.name)
+    def _retire_later(self, reg: Registration) -> None:
         inflight = self._inflight
         newest = next(reversed(inflight)) if inflight else 0
         self._retiring.append((newest, reg))

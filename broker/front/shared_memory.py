@@ -12,7 +12,7 @@ import base64
 import binascii
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import zmq
 
@@ -29,6 +29,14 @@ log = logging.getLogger("inferpool.shm")
 EXTENSIONS = ("system_shared_memory", "cuda_shared_memory", "output_handles")
 
 
+class LaneEnds(Protocol):
+    """What the lanes (``front.lanes``) hear of their clients and input regions ending."""
+
+    def client_gone(self, owner: bytes, why: str) -> None: ...
+
+    def region_ended(self, owner: bytes, name: str) -> None: ...
+
+
 class SharedMemory:
     """The extension's messages and the admission hook (``front.inference.SharedMemoryHook``)."""
 
@@ -41,21 +49,23 @@ class SharedMemory:
         send: Callable[[list[Any], dict[str, Any]], None],
         gpus: Sequence[str],
         gone: Callable[[bytes], None],
+        lanes: LaneEnds,
     ) -> None:
         """``sockets``: the clients' ROUTERs, whose disconnects end what a client held;
         ``lease_timeout``: how long a client holding leases may stay silent; ``send``: the
         responder's, for answers that come later (a CUDA unregister); ``gpus``: the
         ``CUDA_VISIBLE_DEVICES`` entry of each GPU the broker counted (without CUDA), by the
         server's device number; ``gone(client)``: a client that sent inference
-        requests disconnected (its requests are cancelled)."""
+        requests disconnected (its requests are cancelled); ``lanes`` end with the client
+        (disconnected or silent) and with their input region."""
         self.registrations = registrations
         self.handles = handles
         self._send = send
         self.gpus = gpus
         self._gone = gone
+        self.lanes = lanes
         self.clients = ClientTracker(sockets, lease_timeout, self._disconnected, self._silent)
         self._source: Any = None  # the routing frame of the message being handled
-        self.gone: list[Callable[[bytes, str], None]] = []  # hear (client, why) it is gone
 
     def handlers(self) -> dict[str, Handler]:
         return {
@@ -134,7 +144,10 @@ class SharedMemory:
         return {"key": "/" + reg.key, "byte_size": reg.byte_size}
 
     def unregister_system(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
-        return {"unregistered": self.registrations.unregister(e[0], _opt_text(h, "name"), False)}
+        names = self.registrations.unregister(e[0], _opt_text(h, "name"), False)
+        for name in names:  # a lane reads its inputs from a server-made region
+            self.lanes.region_ended(e[0], name)
+        return {"unregistered": names}
 
     def system_status(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
         return {"regions": self.registrations.status(e[0], _opt_text(h, "name"), False)}
@@ -225,12 +238,9 @@ class SharedMemory:
         self.clients.track(client, self._source)
         return self.clients.peer(client, self._source)
 
-    track = _track  # for the lanes: a lane's client is watched like a lease holder
-
     def _disconnected(self, client: bytes) -> None:
         self._gone(client)  # its requests are cancelled (a silent one's are not)
-        for hear in self.gone:
-            hear(client, "disconnected")
+        self.lanes.client_gone(client, "disconnected")
         leases = self.handles.reclaim(client)
         regions = self.registrations.drop_owner(client)
         if leases or regions:
@@ -242,8 +252,7 @@ class SharedMemory:
             )
 
     def _silent(self, client: bytes) -> None:
-        for hear in self.gone:
-            hear(client, f"was silent for more than {self.clients.silence_s:g}s")
+        self.lanes.client_gone(client, f"was silent for more than {self.clients.silence_s:g}s")
         leases = self.handles.reclaim(client)
         if leases:
             log.warning(

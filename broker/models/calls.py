@@ -22,20 +22,33 @@ import heapq
 import itertools
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from inferpool.broker.models.ensemble import composing
 from inferpool.broker.models.internal import make_request
-from inferpool.broker.models.registry import ModelVersion
+from inferpool.broker.models.registry import ModelVersion, Registry, Worker
 from inferpool.broker.models.request import PendingRequest
 from inferpool.broker.pool.handle import WorkerState
+from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.wire.errors import Code, InferpoolError
 from inferpool.wire.worker.messages import Call, CancelCall, Release, Replies, Result
 
-if TYPE_CHECKING:
-    from inferpool.broker.models.manager import Manager, Worker
-
 _GONE = (WorkerState.FAILED, WorkerState.STOPPING, WorkerState.STOPPED)
 _order = itertools.count()  # ties in the deadline heap
+
+
+class Requests(Protocol):
+    """What calls ask of the request path (``models.request_path``)."""
+
+    def submit(self, req: PendingRequest, now_ns: int) -> None: ...
+
+    def hold(self, handle: Worker) -> None:
+        """A lane's execute on ``handle`` made a call: take the instance until it ends."""
+        ...
+
+    def unhold(self, handle: Worker) -> None:
+        """A held call ended."""
+        ...
 
 
 class _Call:
@@ -53,7 +66,7 @@ class _Call:
         self.req: PendingRequest | None = None  # the request made for it, once made
 
     def result(self, req: PendingRequest, item: Result) -> None:
-        outputs = self.calls.manager.outputs
+        outputs = self.calls.outputs
         if self.over or not self.calls.reply(self, item._replace(rid=self.call_id)):
             for out in item.outputs:
                 outputs.free(out.region, out.offset, held=False)
@@ -74,10 +87,19 @@ class _Call:
 
 
 class Calls:
-    def __init__(self, manager: Manager) -> None:
-        self.manager = manager
-        # how a request is cancelled for whoever made it (the server's Cancellation)
-        self.cancel_request: Callable[[PendingRequest, str], None] | None = None
+    def __init__(
+        self,
+        requests: Requests,
+        outputs: OutputRegions,
+        registry: Registry,
+        cancel_request: Callable[[PendingRequest, str], None],
+    ) -> None:
+        """``cancel_request``: how a request is cancelled for whoever made it
+        (``Cancellation.cancel_part``)."""
+        self.requests = requests
+        self.outputs = outputs
+        self.registry = registry
+        self.cancel_request = cancel_request
         self.waiting: dict[Worker, dict[int, _Call]] = {}  # caller -> calls not answered
         self.lent: dict[Worker, dict[tuple[str, int], int]] = {}  # caller -> slots it reads
         self._deadlines: list[tuple[int, int, _Call]] = []
@@ -95,7 +117,7 @@ class Calls:
         call = _Call(self, caller, msg, model)
         self.waiting.setdefault(caller, {})[call.call_id] = call
         if call.held:
-            self.manager.hold(caller)
+            self.requests.hold(caller)
         work = msg.work
         deadline = now + msg.timeout_us * 1000 if msg.timeout_us > 0 else 0
         try:
@@ -125,26 +147,26 @@ class Calls:
             self._refuse(caller, msg, err)
             return
         call.req = req
-        outputs = self.manager.outputs
+        outputs = self.outputs
         for ref in work.inputs:  # the called worker maps the regions it reads
             outputs.lend(ref.region)
         if deadline:
             heapq.heappush(self._deadlines, (deadline, next(_order), call))
-        self.manager.submit(req, now)
+        self.requests.submit(req, now)
 
     def cancel(self, caller: Worker, msg: CancelCall) -> None:
         """The caller gave up on a call (a decoupled call's ``cancel()``, as in Triton): its
         request leaves its queue (answered CANCELLED), or its backend sees ``is_cancelled()``
         and its own answer ends the call.  A call already answered is left alone."""
         call = self.waiting.get(caller, {}).get(msg.call)
-        if call is None or call.over or call.req is None or self.cancel_request is None:
+        if call is None or call.over or call.req is None:
             return
         self.cancel_request(call.req, "was cancelled by the model that called it")
 
     def release(self, caller: Worker, msg: Release) -> None:
         """The caller has finished reading lent slots."""
         lent = self.lent.get(caller, {})
-        outputs = self.manager.outputs
+        outputs = self.outputs
         for slot in msg.slots:
             key = (slot.region, slot.offset)
             count = lent.get(key, 0)
@@ -166,7 +188,7 @@ class Calls:
         if lent is None:  # no reply lent to it: nothing to pass on
             return items
         own = caller.output_region
-        outputs = self.manager.outputs
+        outputs = self.outputs
         checked = list(items)
         for i, item in enumerate(checked):
             # the broker's regions go by bare names, a client's by a reference ("sys/...")
@@ -201,7 +223,7 @@ class Calls:
         for call in list(self.waiting.pop(caller, {}).values()):
             call.over = True
         caller.held = 0
-        outputs = self.manager.outputs
+        outputs = self.outputs
         for (region, offset), count in self.lent.pop(caller, {}).items():
             for _ in range(count):
                 outputs.free(region, offset, held=False)
@@ -231,7 +253,7 @@ class Calls:
             key = (out.region, out.offset)
             lent[key] = lent.get(key, 0) + 1
         caller.exec_started = time.monotonic()  # progress: its execute timeout starts over
-        self.manager.supervisor.send(caller, Replies([item]))
+        caller.send(Replies([item]))
         return True
 
     def ended(self, call: _Call) -> None:
@@ -242,17 +264,17 @@ class Calls:
             if not mine:
                 del self.waiting[call.caller]
             if call.held:
-                self.manager.unhold(call.caller)
+                self.requests.unhold(call.caller)
 
     def _refuse(self, caller: Worker, msg: Call, err: InferpoolError) -> None:
         text = f"Model {msg.model_name} - Error when running inference: {err.message}"
         error = InferpoolError(err.code, text).to_wire()
-        self.manager.supervisor.send(caller, Replies([Result(msg.work.rid, True, [], None, error)]))
+        caller.send(Replies([Result(msg.work.rid, True, [], None, error)]))
 
     # ------------------------------------------------------------------ checks
     def _model(self, name: str, version: int, decoupled: bool) -> ModelVersion:
         try:
-            model = self.manager.registry.resolve(name, "" if version < 0 else version)
+            model = self.registry.resolve(name, "" if version < 0 else version)
         except InferpoolError as err:
             if err.code is Code.INVALID_ARG:
                 raise
@@ -273,7 +295,7 @@ class Calls:
     def _progresses(self, model: ModelVersion, path: frozenset[Any]) -> bool:
         """Whether a request of ``model`` can run some day: some instance is not waiting for
         calls, or waits only for calls that can (``path``: instances already waited upon)."""
-        steps = self.manager.ensembles.composing(model)
+        steps = composing(model, self.registry)
         if steps is not None:  # an ensemble runs when each of its steps can
             return all(self._progresses(step, path) for step in steps)
         for handle in model.instances:

@@ -42,7 +42,7 @@ class Cancellation:
         reject: Callable[[PendingRequest, InferpoolError], None],
         send_error: Callable[[list[Any], str, Any, InferpoolError], None],
     ) -> None:
-        """``inflight``: the manager's requests; ``reject`` answers and ends a request;
+        """``inflight``: the request path's requests; ``reject`` answers and ends a request;
         ``send_error`` only answers (the responder's)."""
         self.inflight = inflight
         self.flags = flags

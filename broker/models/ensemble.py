@@ -22,33 +22,55 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from inferpool.broker.models.ensemble_config import Plan, Step
 from inferpool.broker.models.internal import make_request
-from inferpool.broker.models.registry import ModelVersion, State
+from inferpool.broker.models.registry import ModelVersion, Registry, State
 from inferpool.broker.models.request import PendingRequest
-from inferpool.broker.models.scheduler import Scheduler
+from inferpool.broker.models.scheduler import Dispatch, Scheduler
+from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.wire.contract import batch_reshape
 from inferpool.wire.errors import Code, InferpoolError
 from inferpool.wire.worker.messages import Durations, Result, TensorRef, WantedOutput
-
-if TYPE_CHECKING:
-    from inferpool.broker.models.manager import Manager
 
 log = logging.getLogger("inferpool.ensemble")
 Key = tuple[str, int]  # (ensemble tensor, iteration)
 
 
+class Requests(Protocol):
+    """What an ensemble's runs ask of the request path (``models.request_path``)."""
+
+    inflight: dict[int, PendingRequest]
+    outputs: OutputRegions
+    dispatch: Dispatch
+
+    def submit(self, req: PendingRequest, now_ns: int) -> None: ...
+
+    def respond(self, req: PendingRequest, item: Result) -> None: ...
+
+    def reject(self, req: PendingRequest, err: InferpoolError, reason: str = "") -> None: ...
+
+
 class EnsembleScheduler(Scheduler):
     """An ensemble version's scheduler: nothing queues here, each request runs at once."""
 
-    def __init__(self, model: ModelVersion, plan: Plan, manager: Manager) -> None:
-        super().__init__(model, manager.dispatch, manager.reject)
+    def __init__(
+        self,
+        model: ModelVersion,
+        plan: Plan,
+        requests: Requests,
+        registry: Registry,
+        idle: Callable[[ModelVersion], None],
+    ) -> None:
+        """``idle(model)``: an unloading ensemble ended a request (it may be forgotten)."""
+        super().__init__(model, requests.dispatch, requests.reject)
         self.plan = plan
-        self.manager = manager
+        self.requests = requests
+        self.registry = registry
+        self.idle = idle
         self.runs: dict[int, _Run] = {}  # by the ensemble request's rid, until it settles
 
     def enqueue(self, req: PendingRequest, now_ns: int) -> int | None:
@@ -100,7 +122,7 @@ class _Run:
 
     def __init__(self, scheduler: EnsembleScheduler, top: PendingRequest) -> None:
         self.scheduler = scheduler
-        self.manager = scheduler.manager
+        self.requests = scheduler.requests
         self.plan = scheduler.plan
         self.top = top
         self.tensors: dict[Key, _Tensor] = {}
@@ -128,7 +150,7 @@ class _Run:
         self._advance([(name, 0) for name in self.plan.inputs], now_ns)
 
     def step_result(self, sink: _StepSink, req: PendingRequest, item: Result) -> None:
-        outputs = self.manager.outputs
+        outputs = self.requests.outputs
         step = sink.step
         if item.error is not None:
             self._fail(step, InferpoolError.from_wire(item.error))
@@ -190,7 +212,7 @@ class _Run:
     def _start_step(self, step: Step, k: int, now_ns: int) -> None:
         top = self.top
         try:
-            model = self.manager.registry.resolve(
+            model = self.scheduler.registry.resolve(
                 step.model_name, step.model_version if step.model_version > 0 else ""
             )
             inputs = [
@@ -219,12 +241,12 @@ class _Run:
             for tensor in step.reads:
                 self._owed((tensor, k))
             return
-        outputs = self.manager.outputs
+        outputs = self.requests.outputs
         for ref in inputs:  # the step's worker maps the regions it reads
             outputs.lend(ref.region)
         self.in_flight += 1
         self.steps.add(req)
-        self.manager.submit(req, now_ns)
+        self.requests.submit(req, now_ns)
 
     # ------------------------------------------------------------------ tensors
     def _add(self, tensor: str, ref: TensorRef | None, batched: bool) -> Key:
@@ -233,11 +255,11 @@ class _Run:
         owners = len(self.plan.readers.get(tensor, ())) + (tensor in self.wanted)
         if not owners:  # an output nobody asked for
             if ref is not None:
-                self.manager.outputs.free(ref.region, ref.offset, held=False)
+                self.requests.outputs.free(ref.region, ref.offset, held=False)
             return (tensor, k)
         self.tensors[(tensor, k)] = _Tensor(ref, batched, owners)
         if ref is not None and owners > 1:  # the first owner has the run's own reference
-            self.manager.outputs.share(ref.region, ref.offset, owners - 1)
+            self.requests.outputs.share(ref.region, ref.offset, owners - 1)
         return (tensor, k)
 
     def _owed(self, key: Key, freed: bool = True) -> None:
@@ -249,7 +271,7 @@ class _Run:
         entry.owed -= 1
         ref = entry.ref
         if ref is not None and freed:
-            self.manager.outputs.free(ref.region, ref.offset, held=False)
+            self.requests.outputs.free(ref.region, ref.offset, held=False)
         if entry.owed <= 0:
             del self.tensors[key]
 
@@ -269,11 +291,13 @@ class _Run:
                 shape = batch_reshape(spec, batching, entry.batched, entry.ref.shape)
                 outs.append(entry.ref._replace(shape=list(shape)))
         durations = Durations(*self.durations) if final else None
-        if self.top.rid in self.manager.inflight:
-            self.manager.respond(self.top, Result(self.top.rid, final, outs, None, None, durations))
+        if self.top.rid in self.requests.inflight:
+            self.requests.respond(
+                self.top, Result(self.top.rid, final, outs, None, None, durations)
+            )
         else:  # the request was answered already (the server is stopping): drop the outputs
             for out in outs:
-                self.manager.outputs.free(out.region, out.offset, held=False)
+                self.requests.outputs.free(out.region, out.offset, held=False)
         for name in self.wanted:
             self._owed((name, k), freed=False)
 
@@ -290,7 +314,7 @@ class _Run:
             return
         self.ended = True
         self.scheduler.runs.pop(self.top.rid, None)
-        top, manager, model = self.top, self.manager, self.scheduler.model
+        top, requests, model = self.top, self.requests, self.scheduler.model
         if self.error is None and not model.decoupled and not self.complete:
             self.error = InferpoolError(
                 Code.INVALID_ARG,
@@ -298,13 +322,13 @@ class _Run:
                 "not set while no more ensemble steps can be made",
             )
         if self.error is not None:
-            if top.rid in manager.inflight:
-                manager.reject(top, self.error)
+            if top.rid in requests.inflight:
+                requests.reject(top, self.error)
         else:
             if self.complete:
                 self._respond(self.complete.pop(0), final=True)
-            elif top.rid in manager.inflight:  # a decoupled ensemble's last word
-                manager.respond(
+            elif top.rid in requests.inflight:  # a decoupled ensemble's last word
+                requests.respond(
                     top, Result(top.rid, True, [], None, None, Durations(*self.durations))
                 )
             model.stats.queue.add(self.queue_ns)  # after the answer, before the next message
@@ -313,7 +337,7 @@ class _Run:
             while key in self.tensors:
                 self._owed(key)
         if model.state is State.UNLOADING:
-            manager.version_idle(model)
+            self.scheduler.idle(model)
 
 
 def _as_input(model: ModelVersion, name: str, entry: _Tensor) -> TensorRef:
@@ -326,3 +350,18 @@ def _as_input(model: ModelVersion, name: str, entry: _Tensor) -> TensorRef:
     if spec is not None:
         shape = batch_reshape(spec, model.max_batch_size > 0, entry.batched, shape)
     return TensorRef(name, ref.datatype, list(shape), ref.region, ref.offset, ref.byte_size)
+
+
+def composing(mv: ModelVersion, registry: Registry) -> list[ModelVersion] | None:
+    """The versions an ensemble's steps run on now; None for a model that is not one."""
+    scheduler = mv.scheduler
+    if not isinstance(scheduler, EnsembleScheduler):
+        return None
+    found = []
+    for step in scheduler.plan.steps:
+        version = step.model_version if step.model_version > 0 else ""
+        try:
+            found.append(registry.resolve(step.model_name, version))
+        except InferpoolError:
+            continue
+    return found

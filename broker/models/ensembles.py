@@ -11,21 +11,35 @@ ensemble READY again.  :meth:`Ensembles.refresh` runs with the broker's housekee
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from tritonclient.grpc import model_config_pb2 as pb
 
 from inferpool.broker.models import repository
 from inferpool.broker.models.config_support import decoupled_cache_refusal
-from inferpool.broker.models.ensemble import EnsembleScheduler
+from inferpool.broker.models.ensemble import EnsembleScheduler, Requests
 from inferpool.broker.models.ensemble_config import check_composing, plan
-from inferpool.broker.models.registry import ModelRecord, ModelVersion, State
+from inferpool.broker.models.registry import ModelRecord, ModelVersion, Registry, State
 from inferpool.wire.errors import InferpoolError, invalid_arg
 
-if TYPE_CHECKING:
-    from inferpool.broker.models.manager import Manager
-
 log = logging.getLogger("inferpool.ensemble")
+
+
+class Lifecycle(Protocol):
+    """What ensembles ask of the models' lifecycle (``models.manager``)."""
+
+    repository: str
+    pending: dict[str, ModelRecord]  # replacements loading beside their model
+
+    def load(self, name: str) -> None: ...
+
+    def check_loaded(self, name: str) -> None:
+        """Tell those waiting for ``name``'s load how it ended, if it has."""
+        ...
+
+    def version_idle(self, mv: ModelVersion) -> None:
+        """An unloading version without workers (an ensemble) ended a request."""
+        ...
 
 
 class _Waiting(Exception):
@@ -33,32 +47,22 @@ class _Waiting(Exception):
 
 
 class Ensembles:
-    def __init__(self, manager: Manager) -> None:
-        self.manager = manager
+    def __init__(self, registry: Registry, lifecycle: Lifecycle, requests: Requests) -> None:
+        self.registry = registry
+        self.lifecycle = lifecycle
+        self.requests = requests
 
     def scheduler(self, mv: ModelVersion) -> EnsembleScheduler:
         """The scheduler of an ensemble version (its config was checked when read)."""
-        return EnsembleScheduler(mv, plan(mv.config), self.manager)
-
-    def composing(self, mv: ModelVersion) -> list[ModelVersion] | None:
-        """The versions an ensemble's steps run on now; None for a model that is not one."""
-        scheduler = mv.scheduler
-        if not isinstance(scheduler, EnsembleScheduler):
-            return None
-        found = []
-        for step in scheduler.plan.steps:
-            version = step.model_version if step.model_version > 0 else ""
-            try:
-                found.append(self.manager.registry.resolve(step.model_name, version))
-            except InferpoolError:
-                continue
-        return found
+        lifecycle = self.lifecycle
+        return EnsembleScheduler(
+            mv, plan(mv.config), self.requests, self.registry, lifecycle.version_idle
+        )
 
     # ------------------------------------------------------------------ readiness
     def refresh(self) -> None:
         """Bring every ensemble version's state up to date with its composing models."""
-        manager = self.manager
-        records = [*manager.registry.records.values(), *manager.pending.values()]
+        records = [*self.registry.records.values(), *self.lifecycle.pending.values()]
         for record in records:
             for mv in record.versions.values():
                 if isinstance(mv.scheduler, EnsembleScheduler) and mv.state is not State.UNLOADING:
@@ -92,7 +96,7 @@ class Ensembles:
         else:
             log.error("ensemble %s is UNAVAILABLE: %s", mv.label, reason)
         if loading:
-            self.manager.check_loaded(record.name)
+            self.lifecycle.check_loaded(record.name)
 
     def _composing_configs(
         self, mv: ModelVersion, scheduler: EnsembleScheduler, loading: bool
@@ -104,18 +108,18 @@ class Ensembles:
             raise invalid_arg(
                 f"circular dependency between ensembles: {name} -> ... -> {cycle[-1]} -> {name}"
             )
-        manager = self.manager
+        lifecycle = self.lifecycle
         configs: dict[str, pb.ModelConfig] = {}
         missing: list[str] = []
         waiting = ""
         for step in scheduler.plan.steps:
             dep = step.model_name
-            record = manager.registry.records.get(dep)
+            record = self.registry.records.get(dep)
             if record is None:
-                if dep not in repository.list_models(manager.repository):
+                if dep not in repository.list_models(lifecycle.repository):
                     missing.append(dep)
-                elif loading and dep not in manager.pending:
-                    manager.load(dep)  # Triton loads what an ensemble it loads needs
+                elif loading and dep not in lifecycle.pending:
+                    lifecycle.load(dep)  # Triton loads what an ensemble it loads needs
                     waiting = dep
                 else:
                     raise _no_version(name, dep)
@@ -165,7 +169,7 @@ class Ensembles:
 
     def _cycle(self, start: str, scheduler: EnsembleScheduler, path: list[str]) -> list[str]:
         """The ensembles from ``start`` back to itself through its steps, if any."""
-        records = self.manager.registry.records
+        records = self.registry.records
         for dep in scheduler.plan.models():
             if dep == start:
                 return path

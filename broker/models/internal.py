@@ -3,7 +3,7 @@
 Their inputs already lie in shared memory (TensorRefs) and their answers go to a Sink, not
 to a client.  Making one is checking those tensors against the called model as admission
 checks a client's request, in the same words.  Their rids are negative, so they never meet
-a client request's in the manager's in-flight table.
+a client request's in the request path's in-flight table.
 """
 
 from __future__ import annotations

@@ -14,13 +14,13 @@ from tritonclient.grpc import model_config_pb2 as pb
 
 from inferpool.broker.models.config import to_dict, to_json
 from inferpool.broker.models.stats import ModelStats
+from inferpool.broker.pool.handle import WorkerHandle
 from inferpool.wire.contract import TensorSpec, tensor_spec
 from inferpool.wire.errors import Code, InferpoolError
 from inferpool.wire.worker.messages import WantedOutput
 
 if TYPE_CHECKING:
     from inferpool.broker.models.scheduler import Scheduler
-    from inferpool.broker.pool.handle import WorkerHandle
 
 
 class State(str, enum.Enum):
@@ -100,6 +100,9 @@ class ModelVersion:
     def worker_config_json(self) -> str:
         """The config workers start from: each completes its own (see completion)."""
         return to_json(self.repository_config)
+
+
+Worker = WorkerHandle[ModelVersion]  # the pool's handle of one instance's worker
 
 
 @dataclass

@@ -13,17 +13,36 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from inferpool.broker.models import repository
-from inferpool.broker.models.registry import ModelRecord
+from inferpool.broker.models.registry import ModelRecord, Registry
 from inferpool.wire.errors import InferpoolError
-
-if TYPE_CHECKING:
-    from inferpool.broker.models.manager import Manager
 
 log = logging.getLogger("inferpool.reload")
 Waiter = Callable[[InferpoolError | None], None]
+
+
+class Lifecycle(Protocol):
+    """What a reload asks of the models' lifecycle (``models.manager``)."""
+
+    repository: str
+    registry: Registry
+    pending: dict[str, ModelRecord]  # replacements loading beside their model
+    retiring: list[ModelRecord]  # records whose workers are stopping
+    load_waiters: dict[str, list[Waiter]]
+
+    def load(self, name: str, waiter: Waiter | None = None) -> None: ...
+
+    def unload(self, name: str, *, graceful: bool = False) -> None: ...
+
+    def build(self, name: str) -> ModelRecord:
+        """A record for the model as it is on disk now, its workers starting."""
+        ...
+
+    def check_loaded(self, name: str) -> None: ...
+
+    def retire(self, record: ModelRecord, graceful: bool, why: str = "is unloading") -> None: ...
 
 
 @dataclass
@@ -37,11 +56,11 @@ class ReloadPlan:
     unchanged: list[str] = field(default_factory=list)
 
 
-def plan_reload(manager: Manager) -> ReloadPlan:
+def plan_reload(models: Lifecycle) -> ReloadPlan:
     """Compare the repository on disk with what is loaded."""
     plan = ReloadPlan()
-    root = manager.repository
-    records = manager.registry.records
+    root = models.repository
+    records = models.registry.records
     on_disk = repository.list_models(root)
     plan.unload = sorted(set(records) - set(on_disk))
     for name in on_disk:
@@ -50,8 +69,8 @@ def plan_reload(manager: Manager) -> ReloadPlan:
             plan.load.append(name)
         elif repository.fingerprint(f"{root}/{name}") == record.fingerprint:
             plan.unchanged.append(name)
-        elif name in manager.pending or any(
-            r is record for r in manager.retiring
+        elif name in models.pending or any(
+            r is record for r in models.retiring
         ):  # a reload or unload of it is still under way
             plan.busy.append(name)
         else:
@@ -59,9 +78,9 @@ def plan_reload(manager: Manager) -> ReloadPlan:
     return plan
 
 
-def reload_repository(manager: Manager, done: Waiter | None = None) -> ReloadPlan:
+def reload_repository(models: Lifecycle, done: Waiter | None = None) -> ReloadPlan:
     """Apply :func:`plan_reload`; ``done`` hears once every load and replacement settled."""
-    plan = plan_reload(manager)
+    plan = plan_reload(models)
     changed = plan.load or plan.replace or plan.unload or plan.busy
     log.log(
         logging.INFO if changed else logging.DEBUG,
@@ -83,48 +102,48 @@ def reload_repository(manager: Manager, done: Waiter | None = None) -> ReloadPla
         return waiter
 
     for name in plan.unload:
-        manager.unload(name, graceful=True)
+        models.unload(name, graceful=True)
     for name in plan.load + plan.replace:
-        manager.load(name, settled(name))
+        models.load(name, settled(name))
     if not waiting and done is not None:
         done(None)
     return plan
 
 
-def replace(manager: Manager, current: ModelRecord, waiter: Waiter | None) -> None:
+def replace(models: Lifecycle, current: ModelRecord, waiter: Waiter | None) -> None:
     """Load ``current``'s model again beside it and switch to it once it has loaded."""
     name = current.name
-    new = manager.build(name)
+    new = models.build(name)
     if new.error is not None:
-        _switch(manager, current, new, new.error, waiter)
+        _switch(models, current, new, new.error, waiter)
         return
-    manager.pending[name] = new
-    manager.load_waiters.setdefault(name, []).append(
-        lambda err: _switch(manager, current, new, err, waiter)
+    models.pending[name] = new
+    models.load_waiters.setdefault(name, []).append(
+        lambda err: _switch(models, current, new, err, waiter)
     )
-    manager.check_loaded(name)
+    models.check_loaded(name)
 
 
 def _switch(
-    manager: Manager,
+    models: Lifecycle,
     old: ModelRecord,
     new: ModelRecord,
     err: InferpoolError | None,
     waiter: Waiter | None,
 ) -> None:
-    if manager.pending.get(new.name) is new:
-        del manager.pending[new.name]
+    if models.pending.get(new.name) is new:
+        del models.pending[new.name]
     if err is not None:
         old.note = f"reload failed, serving the previous configuration: {err.message}"
         old.fingerprint = new.fingerprint  # tried: the next reload waits for another change
         log.error("model '%s': %s", old.name, old.note)
-        manager.retire(new, graceful=False)
+        models.retire(new, graceful=False)
     else:
         for version, mv in new.versions.items():
             if version in old.versions:  # statistics carry on across the reload
                 mv.stats = old.versions[version].stats
-        manager.registry.records[new.name] = new
+        models.registry.records[new.name] = new
         log.info("model '%s' reloaded; the previous workers finish their queue", new.name)
-        manager.retire(old, graceful=True, why="was reloaded")
+        models.retire(old, graceful=True, why="was reloaded")
     if waiter:
         waiter(err)

@@ -1,4 +1,4 @@
-"""An admitted request as the schedulers and the manager see it.
+"""An admitted request as the schedulers and the request path see it.
 
 The front builds it (``front.admission``) and answers it; everything in between (queues,
 batches, sequences, timeouts) happens in ``models``, so the type lives here.

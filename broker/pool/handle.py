@@ -7,8 +7,11 @@ their own type and the pool never imports them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
+import logging
+import signal
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -17,8 +20,11 @@ from typing import Any, Generic, Protocol, TypeVar
 from inferpool.broker.pool.channel import Channel
 from inferpool.broker.pool.zygotes import Process
 from inferpool.wire.errors import InferpoolError
-from inferpool.wire.worker.messages import MemoryUsage
+from inferpool.wire.worker.messages import BrokerMessage, MemoryUsage
 from inferpool.wire.worker.spec import InstanceSpec, PinningSpec
+
+log = logging.getLogger("inferpool.supervisor")
+ABORT_GRACE_S = 1.0  # from SIGABRT (stacks to the log) to SIGKILL
 
 
 class WorkerState(str, enum.Enum):
@@ -104,6 +110,34 @@ class WorkerHandle(Generic[M]):
     def busy_seconds(self, now: float) -> float:
         """Time spent executing batches, the one in flight included (the utilisation)."""
         return self.busy_total + (now - self.busy_since if self.busy_since else 0.0)
+
+    def send(self, msg: BrokerMessage) -> None:
+        """A message to the worker; one that cannot take it is killed (handled as a crash)."""
+        if self.channel is None:
+            return
+        try:
+            self.channel.send(msg)
+        except (BrokenPipeError, ConnectionResetError):
+            return  # it has exited: reap() says how, and answers what it had in flight
+        except InferpoolError as err:
+            log.error("worker %s: %s", self.name, err.message)
+            self.kill(f"was killed: {err.message}")
+
+    def kill(self, reason: str) -> None:
+        """End a worker that will not end by itself, leaving a trace (as gunicorn does).
+
+        SIGABRT first: faulthandler (enabled in every worker) writes the Python stack of each
+        of its threads to the log, even while one holds the GIL.  SIGCONT with it, as a stopped
+        process handles SIGABRT only once continued.  SIGKILL follows ABORT_GRACE_S later if
+        the process is still there (the supervisor's ``tick``).
+        """
+        if self.proc is None or self.kill_at:
+            return
+        self.kill_reason = reason
+        self.kill_at = time.monotonic() + ABORT_GRACE_S
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(signal.SIGABRT)
+            self.proc.send_signal(signal.SIGCONT)
 
     def set_state(self, state: WorkerState) -> None:
         self.state = state

@@ -74,5 +74,5 @@ class Liveness:
                 "its requests cannot progress"
             )
             log.error("worker %s (pid %s) %s", handle.name, pid, reason)
-            self.supervisor.kill(handle, reason)
+            handle.kill(reason)
         self._frozen = seen

@@ -8,7 +8,7 @@ retired and unlinked as soon as nothing holds a slot of it.
 A slot can have several owners (``share``): an ensemble's intermediate tensor is read in
 place by every step that consumes it, and maybe sent to the client too; it goes back to its
 worker with the last owner's ``free``.  Regions whose slots other workers read (``lend``)
-are reported when they go (``on_lent_gone``), so those workers can drop their mappings.
+are reported when they go (``lent_gone``), so those workers can drop their mappings.
 
 A region is created sparse; its worker populates the first part as it boots (``prefault_for``:
 two batches of the model's outputs where its config fixes their size, else ``--prefault``)
@@ -42,14 +42,17 @@ class OutputRegion:
 
 
 class OutputRegions:
-    def __init__(self, run_id: str, size: int, prefault: int) -> None:
-        """``size``: the most a region may grow to; ``prefault``: the most populated at start."""
+    def __init__(
+        self, run_id: str, size: int, prefault: int, lent_gone: Callable[[str], None]
+    ) -> None:
+        """``size``: the most a region may grow to; ``prefault``: the most populated at start;
+        ``lent_gone(region)``: a region other workers read is gone (they unmap it)."""
         self.run_id = run_id
         self.size = size
         self.prefault = prefault
+        self.lent_gone = lent_gone
         self._regions: dict[str, OutputRegion] = {}
         self._owners: dict[tuple[str, int], int] = {}  # shared slot -> owners beyond one
-        self.on_lent_gone: Callable[[str], None] | None = None
 
     def create(self, tag: str, owner: Any) -> str:
         name = region_name(self.run_id, tag)
@@ -144,8 +147,8 @@ class OutputRegions:
         if self._owners:
             for key in [k for k in self._owners if k[0] == name]:
                 del self._owners[key]
-        if entry.lent and self.on_lent_gone is not None:
-            self.on_lent_gone(name)
+        if entry.lent:
+            self.lent_gone(name)
 
     def close(self) -> None:
         for name in list(self._regions):

@@ -7,22 +7,25 @@ table's owners.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
-from typing import Any
+from collections.abc import Hashable
+from typing import Protocol, cast
 
 from inferpool.shm.shared import Grant, SharedRegionTable
 from inferpool.wire.errors import Code, InferpoolError
 from inferpool.wire.worker.messages import RegionFilled, RegionGrant, ShareRegion
 
-Send = Callable[[Any, RegionGrant], None]  # (worker handle, message)
+
+class Owner(Hashable, Protocol):
+    """A worker as the table's owner: it takes the grants (``WorkerHandle.send``)."""
+
+    def send(self, msg: RegionGrant) -> None: ...
 
 
 class SharedRegions:
-    def __init__(self, run_id: str, send: Send) -> None:
+    def __init__(self, run_id: str) -> None:
         self.table = SharedRegionTable(run_id)
-        self._send = send
 
-    def ask(self, worker: Hashable, msg: ShareRegion) -> None:
+    def ask(self, worker: Owner, msg: ShareRegion) -> None:
         try:
             grant = self.table.ask(worker, msg.key, msg.byte_size)
         except (ValueError, OSError) as exc:
@@ -31,10 +34,10 @@ class SharedRegions:
         if grant is not None:
             self._grant([grant])
 
-    def filled(self, worker: Hashable, msg: RegionFilled) -> None:
+    def filled(self, worker: Owner, msg: RegionFilled) -> None:
         self._grant(self.table.filled(worker, msg.key, msg.ok))
 
-    def exited(self, worker: Hashable, for_good: bool) -> None:
+    def exited(self, worker: Owner, for_good: bool) -> None:
         """A worker's process ended: a fill it left undone passes on; once it is gone for
         good (stopped, failed, forgotten), regions nobody else uses are unlinked."""
         self._grant(self.table.release(worker) if for_good else self.table.gone(worker))
@@ -44,11 +47,12 @@ class SharedRegions:
 
     def _grant(self, grants: list[Grant]) -> None:
         for grant in grants:
+            owner = cast(Owner, grant.owner)  # the table keeps what it was given: workers
             if grant.error:
-                self._refuse(grant.owner, grant.key, InferpoolError(Code.UNAVAILABLE, grant.error))
+                self._refuse(owner, grant.key, InferpoolError(Code.UNAVAILABLE, grant.error))
             else:
-                self._send(grant.owner, RegionGrant(grant.key, grant.name, grant.fill))
+                owner.send(RegionGrant(grant.key, grant.name, grant.fill))
 
-    def _refuse(self, worker: Hashable, key: str, err: InferpoolError) -> None:
+    def _refuse(self, worker: Owner, key: str, err: InferpoolError) -> None:
         why = InferpoolError(err.code, f"cannot share region '{key}': {err.message}")
-        self._send(worker, RegionGrant(key, "", False, why.to_wire()))
+        worker.send(RegionGrant(key, "", False, why.to_wire()))

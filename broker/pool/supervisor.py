@@ -27,7 +27,6 @@ from inferpool.broker.pool.specs import worker_spec
 from inferpool.broker.pool.zygotes import Launcher, Readers
 from inferpool.wire.errors import Code, InferpoolError
 from inferpool.wire.worker.messages import (
-    BrokerMessage,
     Failed,
     Ready,
     RegionFilled,
@@ -38,7 +37,6 @@ from inferpool.wire.worker.messages import (
 from inferpool.wire.worker.spec import InstanceSpec, PinningSpec, describe_exit
 
 log = logging.getLogger("inferpool.supervisor")
-ABORT_GRACE_S = 1.0  # from SIGABRT (stacks to the log) to SIGKILL
 
 
 class Events(Protocol[M]):
@@ -95,7 +93,7 @@ class Supervisor(Generic[M]):
             options.worker_start == "zygote", (options.log_level, options.log_format), readers
         )
         self.handles: dict[int, WorkerHandle[M]] = {}
-        self.shared = SharedRegions(run_id, self.send)  # regions workers share (weights)
+        self.shared = SharedRegions(run_id)  # regions workers share (weights)
         self._next_slot = 0
 
     # ------------------------------------------------------------------ spawning
@@ -138,7 +136,7 @@ class Supervisor(Generic[M]):
 
     # ------------------------------------------------------------------ messages from workers
     def handle_message(self, handle: WorkerHandle[M], msg: WorkerMessage | Garbled) -> None:
-        """Lifecycle messages (ready, failed); results are the manager's business."""
+        """Lifecycle messages (ready, failed); results are the request path's business."""
         if isinstance(msg, Ready):
             if handle.state is WorkerState.STARTING:
                 handle.placement = msg.placement
@@ -155,7 +153,7 @@ class Supervisor(Generic[M]):
             self.shared.filled(handle, msg)
         elif isinstance(msg, Garbled):
             log.error("worker %s: %s", handle.name, msg.reason)
-            self.kill(handle, f"was killed: {msg.reason}")
+            handle.kill(f"was killed: {msg.reason}")
         else:
             log.error("worker %s sent an unexpected %s", handle.name, type(msg).__name__)
 
@@ -179,18 +177,6 @@ class Supervisor(Generic[M]):
             self.watch(handle.channel.fd, None)
             handle.channel.close()
             handle.channel = None
-
-    def send(self, handle: WorkerHandle[M], msg: BrokerMessage) -> None:
-        """A message to a worker; one that cannot take it is killed (handled as a crash)."""
-        if handle.channel is None:
-            return
-        try:
-            handle.channel.send(msg)
-        except (BrokenPipeError, ConnectionResetError):
-            return  # it has exited: reap() says how, and answers what it had in flight
-        except InferpoolError as err:
-            log.error("worker %s: %s", handle.name, err.message)
-            self.kill(handle, f"was killed: {err.message}")
 
     def _exited(self, handle: WorkerHandle[M], code: int) -> None:
         self._settle(handle, code)
@@ -290,40 +276,22 @@ class Supervisor(Generic[M]):
                         f"instance '{handle.name}' of model {handle.model.label} did not become "
                         f"ready within {opts.boot_timeout:g}s",
                     )
-                    self.kill(handle, "")
+                    handle.kill("")
                 else:
                     wake = _earliest(wake, deadline)
             elif handle.busy is not None and opts.execute_timeout > 0 and handle.proc is not None:
                 deadline = handle.exec_started + opts.execute_timeout
                 if now >= deadline and not handle.kill_reason:
-                    self.kill(
-                        handle, f"was killed: execute ran longer than {opts.execute_timeout:g}s"
-                    )
+                    handle.kill(f"was killed: execute ran longer than {opts.execute_timeout:g}s")
                 elif now < deadline:
                     wake = _earliest(wake, deadline)
             elif handle.state is WorkerState.STOPPING and handle.proc is not None:
                 deadline = handle.state_since + opts.graceful_timeout
                 if now >= deadline:
-                    self.kill(handle, "was killed: it did not stop in time")
+                    handle.kill("was killed: it did not stop in time")
                 else:
                     wake = _earliest(wake, deadline)
         return wake
-
-    def kill(self, handle: WorkerHandle[M], reason: str) -> None:
-        """End a worker that will not end by itself, leaving a trace (as gunicorn does).
-
-        SIGABRT first: faulthandler (enabled in every worker) writes the Python stack of each
-        of its threads to the log, even while one holds the GIL.  SIGCONT with it, as a stopped
-        process handles SIGABRT only once continued.  SIGKILL follows ABORT_GRACE_S later if
-        the process is still there (``tick``).
-        """
-        if handle.proc is None or handle.kill_at:
-            return
-        handle.kill_reason = reason
-        handle.kill_at = time.monotonic() + ABORT_GRACE_S
-        with contextlib.suppress(ProcessLookupError):
-            handle.proc.send_signal(signal.SIGABRT)
-            handle.proc.send_signal(signal.SIGCONT)
 
     @staticmethod
     def _sigkill(handle: WorkerHandle[M]) -> None:
@@ -346,7 +314,7 @@ class Supervisor(Generic[M]):
         if booting:  # one a zygote has yet to fork is killed as soon as it is
             handle.proc.send_signal(signal.SIGTERM)
         else:
-            self.send(handle, Stop())
+            handle.send(Stop())
 
     def forget(self, handle: WorkerHandle[M]) -> None:
         """Drop the slot of an instance whose model is gone.  One whose worker is still on

@@ -4,7 +4,9 @@ Inside the broker: front -> models -> pool, never back; the KServe frontends (ks
 none of them (they reach the broker only in the zmq protocol); its top-level modules (server,
 options, endpoints, notify) compose the four, and no sub-package imports them.  Of the
 rest of inferpool the broker imports only ``wire`` and ``shm`` (and the version from the
-namespace's ``__init__``): never workers, backends, client or the CLI.
+namespace's ``__init__``): never workers, backends, client or the CLI.  Inside models, the
+lifecycle (``models.manager``) builds the request path, calls, ensembles and reloads with a
+narrow Protocol of what each needs: none of them imports it back.
 """
 
 from __future__ import annotations
@@ -111,3 +113,43 @@ def test_the_check_sees_each_kind_of_wrong_arrow() -> None:
         "from inferpool.wire.errors import Code\nfrom inferpool import __version__\nimport zmq"
     )
     assert check(BROKER / "front" / "z.py", allowed) == []
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the broker's modules it imports (``TYPE_CHECKING`` imports included)."""
+    modules = {
+        ".".join(m.relative_to(BROKER).with_suffix("").parts): m for m in BROKER.rglob("*.py")
+    }
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = ".".join(("inferpool", "broker", *name.split(".")[:-1]))
+        targets = set()
+        for _, imported in imported_names(ast.parse(path.read_text(encoding="utf-8")), package):
+            parts = imported.split(".")[2:]  # after inferpool.broker
+            for end in (len(parts), len(parts) - 1):  # a module, or a name in one
+                if ".".join(parts[:end]) in modules:
+                    targets.add(".".join(parts[:end]))
+                    break
+        graph[name] = targets - {name}
+    return graph
+
+
+def reaches(graph: dict[str, set[str]], start: str, goal: str) -> bool:
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in graph[todo.pop()] - seen:
+            if nxt == goal:
+                return True
+            seen.add(nxt)
+            todo.append(nxt)
+    return False
+
+
+def test_the_models_manager_and_its_parts_import_no_circle() -> None:
+    """The lifecycle (models.manager) builds the request path, calls, ensembles and reloads
+    and gives each a narrow Protocol of itself: none of them imports it back."""
+    graph = import_graph()
+    parts = ["manager", "request_path", "calls", "ensemble", "ensembles", "reload"]
+    circles = [p for p in parts if reaches(graph, f"models.{p}", f"models.{p}")]
+    assert circles == []
+    assert graph["models.manager"] >= {"models.request_path", "models.ensembles"}

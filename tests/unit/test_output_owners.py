@@ -15,8 +15,14 @@ from inferpool.wire.worker.messages import Slot
 
 
 @pytest.fixture
-def outputs() -> Iterator[OutputRegions]:
-    regions = OutputRegions(new_run_id(), 1 << 16, prefault=False)
+def gone() -> list[str]:
+    """The lent regions reported gone."""
+    return []
+
+
+@pytest.fixture
+def outputs(gone: list[str]) -> Iterator[OutputRegions]:
+    regions = OutputRegions(new_run_id(), 1 << 16, prefault=False, lent_gone=gone.append)
     yield regions
     regions.close()
     assert len(regions) == 0
@@ -34,9 +40,9 @@ def test_a_shared_slot_goes_back_with_its_last_owner(outputs: OutputRegions) -> 
     assert outputs.take_frees(name) == [Slot(name, 128)]
 
 
-def test_a_retired_region_stays_while_a_shared_slot_is_owned(outputs: OutputRegions) -> None:
-    gone: list[str] = []
-    outputs.on_lent_gone = gone.append
+def test_a_retired_region_stays_while_a_shared_slot_is_owned(
+    outputs: OutputRegions, gone: list[str]
+) -> None:
     name = outputs.create("out1g0", owner="worker")
     outputs.lend(name)
     outputs.share(name, 0, 1)
