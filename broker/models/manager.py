@@ -310,7 +310,7 @@ class Manager:
 
     def crash_blame(self, handle: Worker, code: int) -> str:
         blame = client_fault(handle.busy, code)
-        if not blame and self.lanes is not None:
+        if not blame:
             blame = self.lanes.crash_blame(handle, code)
         return blame
 
