@@ -1,4 +1,4 @@
-"""``inferpool serve``: its options and the broker's run."""
+"""``inferpool serve``: its command, the server options its flags make, and the broker's run."""
 
 from __future__ import annotations
 
@@ -10,11 +10,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from inferpool import __version__
-from inferpool.model_options import add_model_options, model_options
+from inferpool.serve_flags import LISTENERS, add_serve_options
 from inferpool.usage import UsageError
 from inferpool.wire.errors import InferpoolError
-from inferpool.wire.logs import FORMATS, LEVELS, configure
-from inferpool.wire.paths import DEFAULT_TCP, default_ipc_endpoint
+from inferpool.wire.logs import configure
 
 if TYPE_CHECKING:
     from inferpool.broker.options import ServerOptions
@@ -32,42 +31,15 @@ def default_repository() -> str:
         return os.path.join(EXAMPLES, "model_repository")
 
 
-def parse_size(text: str) -> int:
-    """'256M', '1G', '64k' or a plain byte count."""
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-    t = text.strip().lower().removesuffix("ib").removesuffix("b")
-    try:
-        if t and t[-1] in units:
-            return int(float(t[:-1]) * units[t[-1]])
-        return int(t)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"not a size: {text!r} (examples: 256M, 1G, 65536)"
-        ) from None
-
-
-def parse_port(text: str) -> int:
-    """A TCP port, 0 (off) to 65535."""
-    try:
-        port = int(text)
-    except ValueError:
-        port = -1
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"not a port: {text!r} (0 turns it off; up to 65535)")
-    return port
-
-
-def parse_slice(text: str) -> int:
-    """A scheduler slice in microseconds: 0 (the kernel's), or 100 to 100000 (its range)."""
-    try:
-        us = int(text)
-    except ValueError:
-        us = -1
-    if us != 0 and not 100 <= us <= 100_000:
-        raise argparse.ArgumentTypeError(
-            f"not a slice: {text!r} (microseconds, 100 to 100000; 0: the kernel's default)"
-        )
-    return us
+def add_serve(sub: Any) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve a model repository",
+        description="Serve a Triton-layout model repository until SIGTERM or Ctrl-C.",
+        usage="%(prog)s [options]",
+    )
+    add_serve_options(p)
+    p.set_defaults(func=cmd_serve)
 
 
 def parse_backend_config(items: Sequence[str]) -> dict[str, dict[str, str]]:
@@ -85,335 +57,6 @@ def parse_backend_config(items: Sequence[str]) -> dict[str, dict[str, str]]:
             )
         out.setdefault(backend, {})[key] = value
     return out
-
-
-def parse_bool(text: str) -> bool:
-    """Triton's boolean flags: ``--allow-metrics false``."""
-    lowered = text.strip().lower()
-    if lowered in ("true", "1", "yes", "on"):
-        return True
-    if lowered in ("false", "0", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
-def log_level(text: str) -> str:
-    level = text.strip().upper()
-    if level not in LEVELS:
-        raise argparse.ArgumentTypeError(f"expected one of {', '.join(LEVELS)}, got {text!r}")
-    return level
-
-
-# ============================================================================ serve
-# the KServe frontends' listeners: flag stem, default port (Triton's), what it serves
-LISTENERS = (
-    ("http", 8000, "serve KServe v2 HTTP/REST here, health included"),
-    ("grpc", 8001, "serve KServe v2 gRPC here"),
-    (
-        "health",
-        0,
-        "serve only the health endpoints (/v2/health/live, /v2/health/ready, "
-        "/v2/models/<m>/ready) here, e.g. for probes while --http-port is 0",
-    ),
-)
-
-
-def add_serve(sub: Any) -> None:
-    p = sub.add_parser(
-        "serve",
-        help="serve a model repository",
-        description="Serve a Triton-layout model repository until SIGTERM or Ctrl-C.",
-    )
-    p.add_argument(
-        "--model-repository",
-        default=None,
-        help="Triton-layout model repository (default: the embedded examples)",
-    )
-    p.add_argument(
-        "--listen",
-        action="append",
-        default=None,
-        metavar="ENDPOINT",
-        help=f"zmq endpoint to bind; repeatable (default: {default_ipc_endpoint()} "
-        f"and {DEFAULT_TCP})",
-    )
-    p.add_argument(
-        "--ipc-access",
-        choices=("user", "group"),
-        default="user",
-        help="who may connect to an ipc endpoint: its directory is made 0700 (user) or 0750 "
-        "with the socket 0660 (group: members of the directory's group) (default: "
-        "%(default)s)",
-    )
-    p.add_argument(
-        "--curve-secret-key",
-        default="",
-        metavar="FILE",
-        help="serve tcp endpoints with CURVE encryption and authentication: the server's "
-        "secret certificate (inferpool keygen); needs --curve-authorized-keys",
-    )
-    p.add_argument(
-        "--curve-authorized-keys",
-        default="",
-        metavar="DIR",
-        help="the public certificates (*.key) of the clients allowed on tcp endpoints",
-    )
-    p.add_argument(
-        "--arena-size",
-        type=parse_size,
-        default="256M",
-        help="shared-memory arena for request inputs, the most it may grow to "
-        "(default: %(default)s)",
-    )
-    p.add_argument(
-        "--output-arena-size",
-        type=parse_size,
-        default="256M",
-        help="shared-memory output arena per worker, the most it may grow to "
-        "(default: %(default)s)",
-    )
-    p.add_argument(
-        "--max-request-bytes",
-        type=parse_size,
-        default="256M",
-        help="largest accepted request (default: %(default)s)",
-    )
-    p.add_argument(
-        "--max-client-shm",
-        type=parse_size,
-        default="1G",
-        help="shared memory the server creates for the inputs of one client process (all "
-        "its connections; a tcp host) (default: %(default)s)",
-    )
-    p.add_argument(
-        "--max-shm-total",
-        type=parse_size,
-        default="4G",
-        help="shared memory the server creates for the inputs of all clients "
-        "(default: %(default)s)",
-    )
-    p.add_argument(
-        "--client-output-share",
-        type=parse_size,
-        default="0",
-        help="output memory one client process (a tcp host) may hold unread or as handles "
-        "before its requests are refused (default: half of --output-arena-size)",
-    )
-    p.add_argument(
-        "--lease-timeout",
-        type=float,
-        default=60.0,
-        metavar="SECONDS",
-        help="how long a client holding output handles may stay silent before they are "
-        "reclaimed (default: %(default)g; clients send keepalive messages)",
-    )
-    p.add_argument(
-        "--lane-spin-us",
-        type=int,
-        default=100,
-        metavar="US",
-        help="how long a worker spins for its lanes' next request before it sleeps, when the "
-        "lane's client is pinned to other cores (default 100; 0: never spin)",
-    )
-    p.add_argument(
-        "--prefault",
-        type=parse_size,
-        default="4M",
-        help="shared memory populated at start in the arena and in each output region, less "
-        "for a model whose outputs are smaller; the rest is populated as it is used "
-        "(default: %(default)s)",
-    )
-    p.add_argument(
-        "--no-prefault",
-        action="store_true",
-        help="populate no shared memory at start (--prefault 0)",
-    )
-    p.add_argument(
-        "--model-control-mode",
-        choices=("none", "explicit", "poll"),
-        default="none",
-        help="none: load every model at start and on SIGHUP; explicit: only what "
-        "--load-model names and clients load; poll: load at start, then follow the "
-        "repository every --repository-poll-secs (default: %(default)s)",
-    )
-    p.add_argument(
-        "--load-model",
-        action="append",
-        default=[],
-        metavar="MODEL",
-        help="with --model-control-mode explicit: load this model at start ('*': all); repeatable",
-    )
-    p.add_argument(
-        "--strict-readiness",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="ready only while every model is ready (default: %(default)s)",
-    )
-    p.add_argument(
-        "--backend-directory",
-        default="",
-        metavar="DIR",
-        help="where backends are looked for after the model's directory: DIR/<backend>/",
-    )
-    p.add_argument(
-        "--backend-config",
-        action="append",
-        default=[],
-        metavar="[B,]KEY=VALUE",
-        help="a setting backend B (without B: every backend) reads at initialize; repeatable",
-    )
-    p.add_argument(
-        "--host-policy",
-        action="append",
-        default=[],
-        metavar="NAME,KEY=VALUE",
-        help="a host policy instance groups can name (numa-node, cpu-cores); repeatable",
-    )
-    add_model_options(p, parse_size)
-    p.add_argument(
-        "--pin",
-        choices=("auto", "none"),
-        default="auto",
-        help="auto: spread instances over cores; none: leave placement to the OS "
-        "(default: %(default)s)",
-    )
-    p.add_argument(
-        "--sched-slice-us",
-        type=parse_slice,
-        default=300,
-        metavar="US",
-        help="the scheduler slice the server's processes ask Linux (6.12+) for, so that one "
-        "woken by a message runs soon on a busy core (default: %(default)s; 0: the kernel's)",
-    )
-    p.add_argument(
-        "--execute-timeout",
-        type=float,
-        default=0.0,
-        metavar="SECONDS",
-        help="kill an instance whose execute runs longer (default: 0, no limit)",
-    )
-    p.add_argument(
-        "--boot-timeout",
-        type=float,
-        default=120.0,
-        metavar="SECONDS",
-        help="an instance that has not loaded its model within this is FAILED "
-        "(default: %(default)g)",
-    )
-    p.add_argument(
-        "--graceful-timeout",
-        "--exit-timeout-secs",
-        type=float,
-        default=30.0,
-        metavar="SECONDS",
-        help="how long a stopping worker may take for its finalizers, and the default of "
-        "--drain-timeout (default: %(default)g)",
-    )
-    p.add_argument(
-        "--drain-timeout",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="on a drain (SIGTERM, SIGINT, POST /drain, `inferpool drain`), how long admitted "
-        "requests may finish once admissions stopped (default: --graceful-timeout)",
-    )
-    p.add_argument(
-        "--drain-delay",
-        type=float,
-        default=0.0,
-        metavar="SECONDS",
-        help="how long a drain keeps admitting requests while readiness already fails, so "
-        "routers that poll readiness stop sending first (default: 0, admissions stop at once)",
-    )
-    p.add_argument(
-        "--max-restarts",
-        type=int,
-        default=5,
-        help="an instance that crashes more often than this within --restart-window is "
-        "FAILED (default: %(default)s)",
-    )
-    p.add_argument(
-        "--restart-window",
-        type=float,
-        default=60.0,
-        metavar="SECONDS",
-        help="the window --max-restarts counts crashes in (default: %(default)g)",
-    )
-    p.add_argument(
-        "--worker-start",
-        choices=("zygote", "fresh"),
-        default="zygote",
-        help="zygote: fork workers from a parent per NUMA node that imported the frameworks "
-        "once (they share its memory and start in milliseconds); fresh: start each worker "
-        "as a new interpreter (default: %(default)s)",
-    )
-    p.add_argument(
-        "--heartbeat-ms",
-        type=int,
-        default=1000,
-        help="how often workers are checked for being frozen (SIGSTOP, freezer); one frozen on "
-        "two checks in a row is replaced (default: %(default)s; 0: off)",
-    )
-    p.add_argument(
-        "--model-load-gpu-limit",
-        action="append",
-        default=[],
-        metavar="DEVICE:FRACTION",
-        help="reject a GPU instance whose load leaves the device more used than FRACTION",
-    )
-    p.add_argument(
-        "--allow-metrics",
-        type=parse_bool,
-        default=True,
-        metavar="BOOL",
-        help="serve Prometheus metrics (default: true)",
-    )
-    p.add_argument(
-        "--metrics-port",
-        type=int,
-        default=8002,
-        help="the metrics port (default: %(default)s; 0: no metrics)",
-    )
-    p.add_argument(
-        "--metrics-address",
-        default="127.0.0.1",
-        help="the metrics address (default: %(default)s)",
-    )
-    p.add_argument(
-        "--log-level",
-        type=log_level,
-        default="INFO",
-        metavar="LEVEL",
-        help=f"one of {', '.join(LEVELS)} (default: %(default)s)",
-    )
-    p.add_argument(
-        "--log-verbose",
-        type=int,
-        default=0,
-        metavar="N",
-        help="Triton's verbose logging: N > 0 logs at DEBUG (each failed request, ...)",
-    )
-    p.add_argument(
-        "--log-format",
-        choices=FORMATS,
-        default="text",
-        help="text lines, or one JSON object per line with the request id and model where a "
-        "line has them (default: %(default)s)",
-    )
-    kserve = p.add_argument_group(
-        "KServe v2 frontends", "Triton's HTTP/REST and gRPC protocols, for Triton's clients"
-    )
-    for stem, port, serves in LISTENERS:
-        kserve.add_argument(
-            f"--{stem}-port",
-            type=parse_port,
-            default=port,
-            help=f"{serves} (default {port}; 0: off)" if port else f"{serves} (default 0: off)",
-        )
-        kserve.add_argument(
-            f"--{stem}-address", default="127.0.0.1", help="its address (default: 127.0.0.1)"
-        )
-    p.set_defaults(func=cmd_serve)
 
 
 def options_from_args(args: argparse.Namespace) -> ServerOptions:
@@ -465,7 +108,10 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         },
         log_level="DEBUG" if args.log_verbose > 0 else args.log_level,
         log_format=args.log_format,
-        **model_options(args),
+        repository_poll_secs=args.repository_poll_secs,
+        cache_size=args.cache_size,
+        rate_limit=args.rate_limit,
+        rate_limit_resources=tuple(args.rate_limit_resource),
     )
 
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from inferpool.broker.kserve.health import HEALTH_TIMEOUT_S
-from inferpool.serve import parse_size
+from inferpool.usage import parse_size
 from tests.kube_support import (
     Doc,
     broker_container,

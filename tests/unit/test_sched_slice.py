@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from inferpool.broker.sched_slice import current_slice_ns
-from inferpool.serve import parse_slice
+from inferpool.usage import parse_slice
 
 # asks for 300 us, then reports its own slice and that of a child it starts (fork + exec)
 ASK = """
