@@ -1,4 +1,5 @@
-"""``inferpool new-backend NAME [--dir DIR]``: write a working backend from the template.
+"""``inferpool new-backend NAME [--lang python|c] [--dir DIR]``: write a working backend from
+the template.
 
 The counterpart of copying Triton's "recommended" example backend and renaming it, without
 the renaming: one call writes a model repository entry that loads and serves as it is.
@@ -7,6 +8,13 @@ the renaming: one call writes a model repository entry that loads and serves as 
     DIR/NAME/1/                 the version directory (Triton needs at least one)
     DIR/NAME/NAME.py            the backend: every lifecycle hook, commented
     DIR/NAME/test_NAME.py       its tests, through backends.testing.BackendHarness
+
+With ``--lang c`` the backend is C, against Triton's C API (tritonbackend.h, the project's
+own declarations of it: ``inferpool --include-dir``):
+
+    DIR/NAME/src/NAME.c         the backend: the eight calls, model and instance state
+    DIR/NAME/Makefile           ``make`` builds DIR/NAME/libtriton_NAME.so
+    DIR/NAME/test_NAME.py       its tests: make, then BackendHarness
 
 The backend goes in the model directory, not the version directory: the search finds it there
 for every version (adding version 2 copies no code), as Triton finds ``<repo>/M/libtriton_B.so``.
@@ -23,12 +31,22 @@ from pathlib import Path
 
 from inferpool.wire.errors import Code, InferpoolError
 
-# template file -> path written, relative to DIR/NAME
+# by language: template file -> path written, relative to DIR/NAME
 FILES = {
-    "config.pbtxt.tmpl": "config.pbtxt",
-    "backend.py.tmpl": "{name}.py",
-    "test_backend.py.tmpl": "test_{name}.py",
+    "python": {
+        "config.pbtxt.tmpl": "config.pbtxt",
+        "backend.py.tmpl": "{name}.py",
+        "test_backend.py.tmpl": "test_{name}.py",
+    },
+    "c": {
+        "config.pbtxt.tmpl": "config.pbtxt",
+        "backend.c.tmpl": "src/{name}.c",
+        "Makefile.tmpl": "Makefile",
+        "test_c_backend.py.tmpl": "test_{name}.py",
+    },
 }
+# what the config's comment names as the backend
+BACKEND_FILES = {"python": "{name}.py", "c": "libtriton_{name}.so (make builds it)"}
 
 
 def check_name(name: str) -> None:
@@ -55,7 +73,7 @@ def check_name(name: str) -> None:
         )
 
 
-def create_backend(name: str, directory: str | Path = ".") -> list[Path]:
+def create_backend(name: str, directory: str | Path = ".", lang: str = "python") -> list[Path]:
     """Write backend ``name`` into model repository ``directory``; returns the paths written.
 
     ALREADY_EXISTS if ``directory/name`` exists (nothing is overwritten).
@@ -71,12 +89,17 @@ def create_backend(name: str, directory: str | Path = ".") -> list[Path]:
         )
     version_dir = model_dir / "1"
     version_dir.mkdir(parents=True)
-    fields = {"name": name, "prefix": "".join(p[:1].upper() + p[1:] for p in name.split("_"))}
+    fields = {
+        "name": name,
+        "prefix": "".join(p[:1].upper() + p[1:] for p in name.split("_")),
+        "backend_file": BACKEND_FILES[lang].format(name=name),
+    }
     templates = resources.files("inferpool.backends.template_files")
     written = [version_dir]
-    for template, target in FILES.items():
+    for template, target in FILES[lang].items():
         text = string.Template(templates.joinpath(template).read_text()).substitute(fields)
         path = model_dir / target.format(name=name)
+        path.parent.mkdir(exist_ok=True)
         path.write_text(text)
         written.append(path)
     return written
@@ -88,19 +111,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dir", default=".", metavar="DIR", help="model repository to write into (default: .)"
     )
+    parser.add_argument(
+        "--lang",
+        choices=sorted(FILES),
+        default="python",
+        help="the backend's language (default: python); c: Triton's C API, built with make",
+    )
 
 
 def run(args: argparse.Namespace, prog: str) -> int:
     """Write the backend and say how to test and serve it; 1 (with the reason) if refused."""
     try:
-        written = create_backend(args.name, args.dir)
+        written = create_backend(args.name, args.dir, args.lang)
     except InferpoolError as err:
         print(f"{prog}: error: {err.message}", file=sys.stderr)
         return 1
     for path in written:
         print(f"wrote {path}{'/' if path.is_dir() else ''}")
     model_dir = written[0].parent
-    print(f"\ntest it:   python -m pytest {model_dir}")
+    print()
+    if args.lang == "c":
+        print(f"build it:  make -C {model_dir}")
+    print(f"test it:   python -m pytest {model_dir}")
     print(f"serve it:  inferpool serve --model-repository {args.dir}")
     print(f"call it:   inferpool infer {args.name} --input IN0=1,2,3,4")
     return 0

@@ -33,10 +33,27 @@ def add_new_backend(sub: Any) -> None:
     p.set_defaults(func=lambda args: template.run(args, "inferpool new-backend"))
 
 
+class _IncludeDir(argparse.Action):
+    """``inferpool --include-dir``: where the headers of Triton's C API are, to build a C
+    backend against (``-I$(inferpool --include-dir)``)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kw: Any) -> None:
+        from inferpool.backends.cabi.library import include_dir
+
+        print(include_dir())
+        parser.exit()
+
+
 # ============================================================================ main
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="inferpool", description=__doc__)
     parser.add_argument("--version", action="version", version=f"inferpool {__version__}")
+    parser.add_argument(
+        "--include-dir",
+        action=_IncludeDir,
+        nargs=0,
+        help="print where the headers of Triton's C API are (for C backends) and exit",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     add_serve(sub)
     common = client_options()
