@@ -38,6 +38,11 @@ STATE_OPEN, STATE_REVOKED = 0, 1
 # set (the broker) before the lane is revoked while its client lives: the outputs the client
 # holds stay valid, as its leases, released through the broker by ``lane_token``
 KEPT = 24
+# the output memory (KiB, rounded up) the client's principal held when the broker last
+# wrote it: on its connections, and on its lanes as their workers last reported (the
+# broker writes it when that crosses the principal's share and when a lane reports; the
+# worker refuses the lane's requests while the principal holds its share)
+HELD_KIB = 28
 # the client's line; CLIENT_APART: 1 while the client's waiting thread, when it last looked,
 # ran on a core its worker may not run on (the worker may then spin for its next request)
 REQ_SEQ, CLIENT_SLEEPING, RESP_DONE, CLIENT_APART = 64, 68, 72, 76

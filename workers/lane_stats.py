@@ -129,10 +129,13 @@ class Tally:
             if part:
                 self._part(part, 1, 0)[3] += total_ns
 
-    def take(self, metrics: MetricsUpdate | None) -> LaneStats | None:
-        """Everything since the last take, or None if nothing happened."""
+    def take(
+        self, metrics: MetricsUpdate | None, held: Sequence[tuple[int, int]] = ()
+    ) -> LaneStats | None:
+        """Everything since the last take, with ``held`` (lanes whose clients' held output
+        bytes changed), or None if nothing happened."""
         with self._lock:
-            if not self.pending and metrics is None:
+            if not self.pending and metrics is None and not held:
                 return None
             self._fold()
             stats = LaneStats(
@@ -146,6 +149,7 @@ class Tally:
                 [LaneBatch(size, e[0], Durations(*e[1:])) for size, e in self.batches.items()],
                 metrics,
                 tuple(_part(lane, p) for lane, p in self.parts.items()),
+                held,
             )
             self._reset()
             return stats

@@ -47,6 +47,7 @@ FLUSH_NS = 50_000_000  # statistics reach the broker at most this long after a l
 MASK = 0xFFFFFFFF
 _now = time.monotonic_ns
 REQ_DONE = wl.REQ_DONE >> 2  # the word the worker counts claimed requests in
+HELD_KIB = wl.HELD_KIB >> 2  # the broker's: what the client's principal holds (KiB)
 CLIENT_APART = wl.CLIENT_APART >> 2  # the client says its thread runs apart from the worker
 SWITCH_S = 0.001  # the GIL's switch interval while lanes are open (a busy lane thread
 # must let the main thread read the channel soon)
@@ -122,7 +123,15 @@ class Lanes:
         self._send(LaneClosed(lane, error.to_wire() if error else None, kept))
 
     def flush(self) -> None:
-        stats = self.tally.take(self.host.stats.drain_metrics())
+        """Send what the lanes served, and the output bytes each lane's client holds where
+        that changed (the broker counts them in the client's share)."""
+        with self._lock:
+            changed = [s for s in self._servers.values() if s.held != s.reported]
+        held = []
+        for server in changed:
+            server.reported = server.held
+            held.append((server.lane, server.reported))
+        stats = self.tally.take(self.host.stats.drain_metrics(), held)
         if stats is not None:
             self._send(stats)
 
@@ -171,7 +180,10 @@ class LaneServer(HoldingThread):
         self.writer = lresp.ResponseWriter(self.raw, self.slot_size)
         self.spin_ns = msg.spin_us * 1000 if msg.spin_us > 0 else 0
         self.part = msg.lane if msg.siblings else 0  # counted apart too: an ensemble's step
-        self.leases: set[int] = set()  # output offsets the client holds
+        self.leases: dict[int, int] = {}  # output offsets the client holds -> their bytes
+        self.held = 0  # their bytes together
+        self.reported = 0  # what the broker was told of them last
+        self.share = msg.share or 1 << 62  # what the client may hold (its broker path too)
         self._closing = False
         self._free = True  # give back the client's outputs when the lane closes
         self._mapped = True
@@ -225,9 +237,10 @@ class LaneServer(HoldingThread):
                 break
             head = requests.value()
             if head == n:
-                head = self._wait(n, (flush_at - _now()) / 1e9 if tally.pending else SLICE_S)
+                due = tally.pending or self.held != self.reported
+                head = self._wait(n, (flush_at - _now()) / 1e9 if due else SLICE_S)
                 if head == n:
-                    if tally.pending and _now() >= flush_at:
+                    if due and _now() >= flush_at:
                         lanes.flush()
                     continue
             if (head - n) & MASK > slots:
@@ -239,7 +252,7 @@ class LaneServer(HoldingThread):
             end = self._serve_one(n)
             n = (n + 1) & MASK
             if end >= flush_at:
-                if tally.pending:
+                if tally.pending or self.held != self.reported:
                     lanes.flush()
                 flush_at = end + FLUSH_NS
 
@@ -285,6 +298,8 @@ class LaneServer(HoldingThread):
                 sent = claimed = self._after(n, req)  # queued from then on
             if self.inputs.shrunk():  # before any view of it is read
                 raise invalid_arg(self._inputs_shrunk())
+            if self._over():  # the hog is refused, not the others
+                raise InferpoolError(Code.UNAVAILABLE, self._over_text())
             request = self.plans.request(n, req)
         except InferpoolError as err:
             self._answer_error(n, req.id, err, sent)
@@ -325,8 +340,9 @@ class LaneServer(HoldingThread):
         """Free the outputs the client is done with; NOT_FOUND for a token it does not hold
         (the others are freed)."""
         leases = self.leases
-        held = leases.intersection(tokens)
-        leases.difference_update(held)
+        held = [t for t in set(tokens) if t in leases]
+        for token in held:
+            self.held -= leases.pop(token)
         self.memory.free_outputs(held)
         if len(held) != len(tokens):  # a token not held, or one given twice
             bad = list(tokens)
@@ -336,6 +352,24 @@ class LaneServer(HoldingThread):
                 f"{len(bad)} lease(s) not held on this lane: {bad[:5]} (released already or "
                 f"never granted); {len(tokens) - len(bad)} other lease(s) were released"
             )
+
+    def _over(self) -> bool:
+        """Whether the client holds its share: on this lane, as the worker knows it now, and
+        elsewhere, as the broker last said (what it counted for this lane taken out)."""
+        held = self.held
+        return (
+            held >= self.share or (self.words[HELD_KIB] << 10) - self.reported + held >= self.share
+        )
+
+    def _over_text(self) -> str:
+        if self.held >= self.share:
+            held = f"holds {self.held} bytes of output memory on lane {self.lane}"
+        else:
+            held = "holds its whole share of output memory (on its lanes and connections)"
+        return (
+            f"this client {held}, its share is {self.share} bytes (--client-output-share): "
+            "read its responses and release the results it holds, then retry"
+        )
 
     def _cancelled_text(self, request_id: int) -> str:
         return (
@@ -395,7 +429,8 @@ class LaneServer(HoldingThread):
         leases = self.leases
         for t in outputs:
             if not t[0] & wl.PLACED:  # one in the client's region is the client's already
-                leases.add(t[2])
+                leases[t[2]] = t[3]
+                self.held += t[3]
         self._ok = True
 
     def _write(self, n: int, request_id: int, outputs: Any, parameters: Any) -> None:

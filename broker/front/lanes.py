@@ -58,6 +58,7 @@ class Lane:
     ensemble: ModelVersion | None = None  # the ensemble whose steps it serves, if any
     whole: bool = False  # its step's requests count the ensemble's (its last output's step)
     revoked: bool = False
+    held: int = 0  # output bytes its client holds on it, as its worker last said
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,8 @@ class Lanes:
         self.drained = ""  # why the server drains ("": it does not)
         self._barred: dict[str, None] = {}  # principals whose shrunk regions killed a worker
         self._ids = itertools.count(1)
+        self.shares = kept.shares
+        self.shares.crossed = self._share_crossed  # lanes refuse a client over its share
 
     def handlers(self) -> dict[str, Handler]:
         return {"open_lane": self.open_lane, "close_lane": self.close_lane}
@@ -165,6 +168,7 @@ class Lanes:
             self.registrations.refund(principal, geometry.size)
             raise InferpoolError(Code.UNAVAILABLE, f"no room for a lane: {exc}") from None
         region.write(0, wl.header_bytes(geometry))
+        region.write_word(wl.HELD_KIB, _kib(self.shares.held_by(ask.owner)))
         owner = ask.owner
         lane = Lane(lane_id, owner, mv, worker, region, geometry, ask.reg, ensemble)
         self.lanes[lane_id] = lane  # (its client is watched: it made the input region)
@@ -172,7 +176,10 @@ class Lanes:
 
     def _announce(self, lane: Lane, ask: _Ask, siblings: tuple[str, ...] = ()) -> None:
         """Tell the lane's worker to serve it (``siblings``: an ensemble's lanes, by step)."""
-        opening = LaneOpen(lane.id, lane.region.name, ask.reg.key, ask.pid, ask.spin, siblings)
+        share = self.shares.share
+        opening = LaneOpen(
+            lane.id, lane.region.name, ask.reg.key, ask.pid, ask.spin, siblings, share
+        )
         lane.worker.send(opening)
         owner, instance = lane.owner.hex(), lane.worker.name
         log.info("lane %d open: client %s, instance %s", lane.id, owner, instance)
@@ -304,6 +311,7 @@ class Lanes:
     def _destroy(self, lane: Lane) -> None:
         if self.lanes.pop(lane.id, None) is None:
             return  # destroyed already
+        self._hold(lane, 0)  # (what its client keeps is its leases now: lane_leases)
         self.registrations.refund(lane.inputs.principal, lane.region.size)
         lane.region.destroy()
 
@@ -320,6 +328,11 @@ class Lanes:
 
     def worker_stats(self, handle: Worker, msg: LaneStats) -> None:
         handle.model.stats.lanes_done(msg)
+        for number, held in msg.held:  # the client's output bytes count in its share
+            lane = self.lanes.get(number)
+            if lane is not None and lane.worker is handle and not lane.revoked:
+                self._hold(lane, held)
+                self._tell_held(lane.inputs.principal, lane.owner)
         for part in msg.parts:  # ensembles' steps: their ensembles count them too
             lane = self.lanes.get(part.lane)
             if lane is not None and lane.ensemble is not None and lane.worker is handle:
@@ -383,6 +396,28 @@ class Lanes:
         for lane in [la for la in self._all() if la.owner == owner and la.inputs.name == name]:
             self.revoke(lane, Code.UNAVAILABLE, f"the lane's input region '{name}' was ended")
 
+    def _hold(self, lane: Lane, held: int) -> None:
+        """The lane's client holds ``held`` output bytes on it now."""
+        if held > lane.held:
+            self.shares.hold(lane.owner, held - lane.held)
+        elif held < lane.held:
+            self.shares.free(lane.owner, lane.held - held)
+        lane.held = held
+
+    def _share_crossed(self, principal: str, client: bytes) -> None:
+        """``principal`` (``client``'s) came to hold its whole output share, or dropped
+        below it: its lanes' workers refuse its requests while it holds it."""
+        self._tell_held(principal, client)
+
+    def _tell_held(self, principal: str, client: bytes) -> None:
+        """Write what ``principal`` holds into each of its lanes (``wire.lane.HELD_KIB``)."""
+        kib = -1
+        for lane in self._all():
+            if lane.inputs.principal == principal and not lane.revoked:
+                if kib < 0:
+                    kib = _kib(self.shares.held_by(client))
+                lane.region.write_word(wl.HELD_KIB, kib)
+
     # ------------------------------------------------------------------ looking
     def _all(self) -> list[Lane]:
         return list(self.lanes.values())
@@ -414,6 +449,10 @@ class Lanes:
             if not lane.revoked:
                 _mark_revoked(lane, Code.UNAVAILABLE, "the server shut down")
             self._worker_gone(lane)
+
+
+def _kib(nbytes: int) -> int:
+    return min(-(-nbytes >> 10), 0xFFFFFFFF)
 
 
 def _mark_revoked(lane: Lane, code: Code, reason: str) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from inferpool.wire.errors import Code, InferpoolError
 
@@ -32,6 +33,8 @@ class OutputShares:
         self._principal_of = principal_of
         self._owners: dict[bytes, _Owner] = {}  # clients holding output bytes
         self._held: dict[str, int] = {}  # by principal
+        # hears (principal, client) when a principal comes to hold its share or drops below
+        self.crossed: Callable[[str, bytes], Any] | None = None
 
     def admit(self, client: bytes) -> None:
         """Before a request is admitted: UNAVAILABLE if the client's principal is over."""
@@ -61,18 +64,24 @@ class OutputShares:
         if owner is None:
             owner = self._owners[client] = _Owner(self._principal_of(client))
         owner.held += nbytes
-        self._held[owner.principal] = self._held.get(owner.principal, 0) + nbytes
+        before = self._held.get(owner.principal, 0)
+        self._held[owner.principal] = before + nbytes
+        if self.crossed is not None and before < self.share <= before + nbytes:
+            self.crossed(owner.principal, client)
 
     def free(self, client: bytes, nbytes: int) -> None:
         owner = self._owners.get(client)
         if owner is None:
             return
         owner.held -= nbytes
-        left = self._held[owner.principal] - nbytes
+        before = self._held[owner.principal]
+        left = before - nbytes
         if left > 0:
             self._held[owner.principal] = left
         else:
             del self._held[owner.principal]
+        if self.crossed is not None and left < self.share <= before:
+            self.crossed(owner.principal, client)
         if owner.held <= 0:
             del self._owners[client]
 

@@ -14,6 +14,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -184,3 +186,49 @@ def test_an_open_lane_with_a_hostile_pid_is_refused_by_the_broker(server: Server
             raw.call("unregister_system_shared_memory", name="inputs")
     assert workers(server) == before
     serves(server)
+
+
+VICTIM = """
+import sys
+import numpy as np
+from inferpool.client import Client
+
+with Client(sys.argv[1], timeout=20) as c:
+    for _ in range(4):
+        out = c.infer("plain", {"INPUT0": np.ones(1 << 18, np.float32)})
+        assert out["OUTPUT0"].shape == (1 << 18,)
+print("served", flush=True)
+"""
+
+
+def test_lane_outputs_count_in_the_clients_output_share(server: Server) -> None:
+    """A lane client that keeps every result is refused once it holds its share (half the
+    16 MiB output region here), not the other clients; it holds what it kept, and goes on
+    once it releases."""
+    with ShmClient(server.endpoint, input_bytes=2 << 20, timeout=20) as hog:
+        share = hog.lease_status()["output_share"]
+        hog.lane("plain")
+        req = hog.request("plain", outputs=["OUTPUT0"])
+        req.input("INPUT0", (1 << 18,), np.float32)[:] = 1  # 1 MiB out each time
+        kept = []
+        with pytest.raises(InferpoolError) as err:
+            for _ in range(2 * share >> 20):
+                kept.append(hog.run(req))
+        assert err.value.code.value == "UNAVAILABLE"
+        assert "--client-output-share" in err.value.message, err.value.message
+        assert share <= len(kept) << 20 < share + (1 << 20)
+        wait_until(lambda: hog.lease_status()["output_held"] == len(kept) << 20, "held counted")
+        victim = subprocess.run(
+            [sys.executable, "-c", VICTIM, server.endpoint],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert victim.stdout == "served\n", victim.stderr[-2000:]
+        for result in kept:
+            result.release()
+        with hog.run(req) as result:  # its releases ride on this request
+            assert result["OUTPUT0"].shape == (1 << 18,)
+        # (the last result's release waits for the lane's next request)
+        held = lambda: hog.lease_status()["output_held"]  # noqa: E731
+        wait_until(lambda: held() == 1 << 20, "the hog's releases counted")

@@ -225,6 +225,7 @@ class LaneOpen(NamedTuple):
     client_pid: int
     spin_us: int
     siblings: tuple[str, ...] = ()
+    share: int = 0  # output bytes the client may hold (--client-output-share); 0: no limit
 
 
 class LaneClose(NamedTuple):
@@ -340,6 +341,8 @@ class LaneStats(NamedTuple):
     batches: Sequence[LaneBatch]
     metrics: MetricsUpdate | None = None
     parts: Sequence[LanePart] = ()  # the lanes of ensembles' steps, each on its own
+    # (lane, output bytes its client holds now) of the lanes whose count changed
+    held: Sequence[tuple[int, int]] = ()
 
 
 class Call(NamedTuple):
@@ -549,7 +552,11 @@ def _lane_stats(body: Sequence[Any]) -> LaneStats:
     success, fail, success_ns, fail_ns, queue_ns, inferences, durations, batches, metrics = body[:9]
     fields = (success, fail, success_ns, fail_ns, queue_ns, inferences, _durations(durations))
     parts = tuple(_new(LanePart, (*p[:7], _durations(p[7]))) for p in body[9])
-    return _new(LaneStats, (*fields, list(map(_lane_batch, batches)), _metrics(metrics), parts))
+    held = tuple((lane, nbytes) for lane, nbytes in body[10])
+    if not all(_all(int, *h) for h in held):
+        raise ValueError("held output bytes of the wrong types")
+    batches = list(map(_lane_batch, batches))
+    return _new(LaneStats, (*fields, batches, _metrics(metrics), parts, held))
 
 
 def _ready(body: Sequence[Any]) -> Ready:
@@ -625,7 +632,7 @@ FROM_BROKER: dict[str, Callable[[Any], Any]] = {
     Kind.FREE: _free,
     Kind.STOP: Stop._make,
     Kind.REGION_GRANT: RegionGrant._make,
-    Kind.LANE_OPEN: lambda body: _new(LaneOpen, (*body[:5], tuple(body[5]))),
+    Kind.LANE_OPEN: lambda body: _new(LaneOpen, (*body[:5], tuple(body[5]), body[6])),
     Kind.LANE_CLOSE: LaneClose._make,
     Kind.REPLIES: _replies,
 }
