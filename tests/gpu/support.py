@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -49,8 +50,18 @@ def cuda_client(
 
 
 def write(buffer: cuda.CudaBuffer, values: Any, offset: int = 0) -> None:
-    """Write a numpy array into the buffer and wait for it, as a client must before sending."""
-    import cupy
-
-    buffer.array(offset, values.nbytes).view(values.dtype)[:] = cupy.asarray(values.ravel())
+    """Write a numpy array (or serialized bytes) into the buffer, byte for byte, and wait
+    for it, as a client must before sending."""
+    raw = np.frombuffer(values, np.uint8) if isinstance(values, bytes) else _bytes_of(values)
+    buffer.array(offset, raw.nbytes).set(raw)  # cupy: host -> device on the current stream
     buffer.synchronize()
+
+
+def read(buffer: cuda.CudaBuffer, dtype: Any, count: int, offset: int = 0) -> np.ndarray:
+    """``count`` elements of ``dtype`` at ``offset`` of the buffer, copied to the host."""
+    nbytes = count * np.dtype(dtype).itemsize
+    return buffer.array(offset, nbytes).get().view(dtype)
+
+
+def _bytes_of(values: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(values).reshape(-1).view(np.uint8)

@@ -1,13 +1,14 @@
 """GPU paths through a real server: narrowed GPU workers, CUDA regions, device copies.
 
-One server (module scope) serves identity, pytorch KIND_GPU on the first and the last GPU
-and KIND_CPU, and python models; clients write inputs into CUDA buffers and synchronise
-before sending, as docs/PROTOCOL.md asks.  Skipped where torch sees no GPU; the tests that
-share device memory also need cupy (the ``gpu`` extra).
+One server (module scope) serves identity, pytorch KIND_GPU on the first and the last GPU,
+KIND_CPU and KIND_MODEL, and python models; clients write inputs into CUDA buffers and
+synchronise before sending, as docs/PROTOCOL.md asks.  Skipped where torch sees no GPU; the
+tests that share device memory also need cupy (the ``gpu`` extra).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -70,8 +71,12 @@ def build(repo: Path) -> None:
         ("linear_gpu0", "kind: KIND_GPU gpus: [ 0 ]"),
         ("linear_last", f"kind: KIND_GPU gpus: [ {LAST_GPU} ]"),
         ("linear_cpu", "kind: KIND_CPU"),
+        ("linear_model", "kind: KIND_MODEL"),  # CPU weights
     ):
         tm.save(tm.Linear(), write_model(repo, name, linear(kind)))
+    # KIND_MODEL with its weights on a GPU: it moves its inputs there itself
+    follows = tm.FollowsItsWeights().to(f"cuda:{LAST_GPU}")
+    tm.save(follows, write_model(repo, "follows_model", linear("kind: KIND_MODEL")))
     write_model(
         repo, "py_default", python_config("py_default", ""), files={"1/model.py": PYTHON_MODEL}
     )
@@ -140,12 +145,31 @@ def test_pytorch_reads_and_writes_cuda_regions(server: Server) -> None:
 @path(paths.PYTORCH_CUDA_TO_CPU)
 @needs_cuda_ipc
 def test_cuda_inputs_reach_a_kind_cpu_instance(server: Server) -> None:
+    """A single request: its input is copied to the CPU, where the weights are."""
     x = rows(4)
     with cuda_client(server, 4096, x) as (c, _):
         req = c.request("linear_cpu", outputs=["OUTPUT__0"])
         req.input_from("INPUT__0", "gpu", [4, 4], "FP32", x.nbytes)
         with c.run(req) as result:
             np.testing.assert_allclose(result["OUTPUT__0"], expected(x), rtol=1e-5, atol=1e-6)
+
+
+@path(paths.PYTORCH_KIND_MODEL_SERVED)
+@needs_cuda_ipc
+@pytest.mark.parametrize("model", ["linear_model", "follows_model"])
+def test_kind_model_gets_cuda_inputs_on_the_cpu(server: Server, model: str) -> None:
+    """A KIND_MODEL instance gathers its inputs on the CPU wherever they lie: one with CPU
+    weights runs on a single request whose input is in a CUDA region, one with GPU weights
+    moves it there itself; its worker sees every GPU (it is not narrowed)."""
+    x = rows(3)
+    with cuda_client(server, 4096, x) as (c, _):
+        req = c.request(model, outputs=["OUTPUT__0"])
+        req.input_from("INPUT__0", "gpu", [3, 4], "FP32", x.nbytes)
+        with c.run(req) as result:
+            np.testing.assert_allclose(result["OUTPUT__0"], expected(x), rtol=1e-5, atol=1e-6)
+    with server.client() as c:
+        [status] = [r for r in c.status() if r["model"] == model]
+    assert status["placement"]["cuda_visible_devices"] == os.environ.get("CUDA_VISIBLE_DEVICES")
 
 
 # ---------------------------------------------------------------------------- identity, 256 MiB
