@@ -78,7 +78,8 @@ class ClientTracker:
         peer = self._peers.get(client)
         if peer is None:
             fd = self._connection(client, source)
-            peer = peer_of(fd, client.startswith(SECURE_TAG)) if fd >= 0 else UNKNOWN
+            secure = client.startswith(SECURE_TAG)
+            peer = peer_of(fd, secure, _user_id(source) if secure else "") if fd >= 0 else UNKNOWN
             self._peers[client] = peer
         return peer
 
@@ -146,3 +147,11 @@ class ClientTracker:
             with contextlib.suppress(zmq.ZMQError):
                 sock.disable_monitor()
             monitor.close(0)
+
+
+def _user_id(source: Any) -> str:
+    """The User-Id the ZAP handler gave a CURVE client's messages: its public key (Z85)."""
+    try:
+        return str(source.get("User-Id"))
+    except (AttributeError, zmq.ZMQError):
+        return ""

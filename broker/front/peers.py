@@ -41,15 +41,17 @@ class Peer:
     gids: frozenset[int] = frozenset()
     address: str = ""  # tcp, unidentified kserve callers: the peer's host
     authenticated: bool = False  # tcp: through the CURVE socket, with an authorized key
+    key: str = ""  # tcp through the CURVE socket: the client's public key (Z85)
 
     @property
     def principal(self) -> str:
-        """What per-client limits count against: a process over ipc, a host over tcp, a user
-        (a host when unidentified) over HTTP/gRPC."""
+        """What per-client limits count against: a process over ipc, a CURVE key over tcp
+        with CURVE, a host over plain tcp (nothing else tells its clients apart), a user (a
+        host when unidentified) over HTTP/gRPC."""
         if self.transport == "ipc":
             return f"process {self.pid} (uid {self.uid})"
         if self.transport == "tcp":
-            return f"tcp host {self.address}"
+            return f"CURVE key {self.key}" if self.key else f"tcp host {self.address}"
         if self.transport == "kserve":
             who = f"uid {self.uid}" if self.uid >= 0 else f"host {self.address}"
             return f"{who} over HTTP/gRPC"
@@ -103,9 +105,9 @@ def require_operator(peer: Peer, what: str) -> None:
         )
 
 
-def peer_of(fd: int, authenticated: bool) -> Peer:
+def peer_of(fd: int, authenticated: bool, key: str = "") -> Peer:
     """The peer of connection ``fd`` (a descriptor libzmq owns: it is looked at through a
-    duplicate)."""
+    duplicate); ``key``: the public key a CURVE client proved it holds."""
     try:
         sock = socket.socket(fileno=os.dup(fd))
     except OSError:
@@ -117,7 +119,8 @@ def peer_of(fd: int, authenticated: bool) -> Peer:
                 pid, uid, gid = _UCRED.unpack(raw)
                 return Peer("ipc", pid, uid, frozenset({gid}) | _groups(pid))
             if sock.family in (socket.AF_INET, socket.AF_INET6):
-                return Peer("tcp", address=str(sock.getpeername()[0]), authenticated=authenticated)
+                address = str(sock.getpeername()[0])
+                return Peer("tcp", address=address, authenticated=authenticated, key=key)
         except OSError:
             pass
     return UNKNOWN

@@ -33,11 +33,12 @@ def keygen(directory: Path, name: str) -> None:
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("keys")
-    for name in ("server", "client", "stranger"):
+    for name in ("server", "client", "friend", "stranger"):
         keygen(root, name)
     authorized = root / "authorized"
     authorized.mkdir()
-    (authorized / "client.key").write_bytes((root / "client.key").read_bytes())
+    for name in ("client", "friend"):
+        (authorized / f"{name}.key").write_bytes((root / f"{name}.key").read_bytes())
     return root
 
 
@@ -97,6 +98,36 @@ def test_an_authorized_client_is_served_and_may_register_memory(server, keys) ->
             timeout=60,
         )
         assert done.returncode == 0 and "identity" in done.stdout, done.stderr
+
+
+def creds_of(keys: Path, name: str) -> dict[str, str]:
+    return {
+        "curve_server_key": str(keys / "server.key"),
+        "curve_secret_key": str(keys / f"{name}.key_secret"),
+    }
+
+
+def test_the_output_share_is_per_curve_key_not_per_host(server, keys) -> None:
+    """A CURVE client that keeps every output is refused once it holds its share; another
+    key from the same host is served meanwhile (plain tcp can tell them apart by host only)."""
+    mib = np.ones(1 << 18, np.float32)
+    with ShmClient(server.tcp, input_bytes=2 << 20, timeout=30, **creds_of(keys, "client")) as hog:
+        share = hog.lease_status()["output_share"]
+        req = hog.request("identity", outputs=["OUTPUT0"])
+        req.input("INPUT0", mib.shape, np.float32)[:] = mib
+        kept = []
+        with pytest.raises(InferpoolError) as err:
+            for _ in range(2 * share >> 20):
+                kept.append(hog.run(req))
+        assert "--client-output-share" in err.value.message, err.value.message
+        assert "CURVE key" in err.value.message, err.value.message
+        with Client(server.tcp, timeout=30, **creds_of(keys, "friend")) as friend:
+            for _ in range(4):
+                np.testing.assert_array_equal(
+                    friend.infer("identity", {"INPUT0": mib})["OUTPUT0"], mib
+                )
+        for result in kept:
+            result.release()
 
 
 def serve_error(tmp: Path, *args: str) -> str:
