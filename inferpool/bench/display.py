@@ -12,6 +12,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 from rich.table import Table
 
 from inferpool.bench.results import PERCENTILES, Level
+from inferpool.broker.pool.topology import format_cpu_list
 
 WIDTH = 132  # of the tables when the output is not a terminal (a file, a pipe)
 
@@ -131,3 +132,16 @@ def print_tables(levels: list[Level], about: dict[str, Any]) -> None:
         )
     console.print(client)
     console.print(server)
+    lane = about.get("lane")
+    if lane:
+        console.print(lane_line(lane))
+
+
+def lane_line(lane: dict[str, Any]) -> str:
+    """How a lane's waits went and where its ends ran, in one line."""
+    return (
+        f"lane: waits {lane['waits']} ({lane['spun']} answered spinning, {lane['slept']} "
+        f"asleep); client on core {lane['client_core']} (may run on "
+        f"{format_cpu_list(lane['client_cores'])}), worker on "
+        f"{format_cpu_list(lane['worker_cores'])}"
+    )

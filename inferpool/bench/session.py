@@ -52,6 +52,7 @@ async def _bench(args: argparse.Namespace) -> tuple[list[Level], dict[str, Any]]
             senders = [await transport.sender() for _ in range(max(plan.concurrency))]
             with Display(quiet=args.quiet) as display:
                 levels = await Runner(senders, statistics, plan, args.batch_size, display).run()
+            said = transport.report()
         finally:
             await transport.close()
     about = {
@@ -64,6 +65,7 @@ async def _bench(args: argparse.Namespace) -> tuple[list[Level], dict[str, Any]]
             for name, arr in inputs.items()
         },
         "window": {"duration_s": plan.duration, "requests": plan.requests, "warmup_s": plan.warmup},
+        **said,
     }
     return levels, about
 

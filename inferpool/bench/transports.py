@@ -14,11 +14,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 from inferpool.client import AsyncClient, AsyncShmClient
+from inferpool.client.lane import Lane
 from inferpool.usage import UsageError
 from inferpool.wire import codec
 
@@ -73,6 +74,10 @@ class Transport(ABC):
 
     @abstractmethod
     async def close(self) -> None: ...
+
+    def report(self) -> dict[str, Any]:
+        """What the transport has to say about the run, for the report (before close)."""
+        return {}
 
 
 TRANSPORTS: dict[str, type[Transport]] = {}
@@ -164,3 +169,14 @@ class LaneTransport(ShmTransport):
         except BaseException:
             await self.close()
             raise
+
+    def report(self) -> dict[str, Any]:
+        """How the lane's waits went (answered while spinning, or asleep) and where its two
+        ends ran: the event loop's thread (its core at the end of the run) and the worker."""
+        lanes = [la for la in self.client.session.lanes.lanes.values() if isinstance(la, Lane)]
+        if not lanes:
+            return {}
+        placed = lanes[0].placement()
+        spun, slept = placed["spun"], placed["slept"]
+        waits = "spin" if spun and not slept else "sleep" if not spun else "spin and sleep"
+        return {"lane": {**placed, "waits": waits}}

@@ -150,7 +150,7 @@ def test_other_transports_count_what_the_server_counts(
     path = short_tmp / "bench.json"
     url = {"http": server.http_url, "grpc": server.grpc_url}.get(transport, "")
     before = successes(server, "identity")
-    status, _, err = run_cli(
+    status, out, err = run_cli(
         "bench",
         "identity",
         "--endpoint",
@@ -176,6 +176,14 @@ def test_other_transports_count_what_the_server_counts(
     assert report["transport"] == transport
     for level in report["levels"]:
         assert level["requests"] == level["server"]["requests"] == 30 and level["errors"] == 0
+    if transport == "lane":  # how its waits went, and where its two ends ran
+        lane = report["lane"]
+        assert lane["spun"] + lane["slept"] > 0
+        assert lane["waits"] in ("spin", "sleep", "spin and sleep")
+        assert lane["client_core"] in lane["client_cores"] and lane["worker_cores"]
+        assert f"lane: waits {lane['waits']} ({lane['spun']} answered spinning" in out
+    else:
+        assert "lane" not in report
 
 
 @pytest.mark.parametrize(
