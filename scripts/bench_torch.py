@@ -225,20 +225,17 @@ class Laned(Served):
         )
         lane = self.shm.lane("mlp")  # raises if the server grants none
         self.worker_cores = os.sched_getaffinity(lane.worker_pid)
-        self.shm.close_lane("mlp")  # opened again where it is timed: placed()
         self.requests: dict[int, tuple[Any, np.ndarray]] = {}  # batch -> (request, input)
 
     @contextlib.contextmanager
     def placed(self) -> Iterator[None]:
         """This process on cores the worker does not use while the lane is timed, so that
-        both sides of it may spin (client.lane); the other paths run where they ran.  The
-        lane is opened here the first time: its two ends choose to spin when it opens, if
-        their processes are pinned apart then."""
+        both sides of it spin (client.lane: a wait spins while its thread runs apart from
+        the worker); the other paths run where they ran."""
         mine = os.sched_getaffinity(0)
         if mine - self.worker_cores:
             os.sched_setaffinity(0, mine - self.worker_cores)
         try:
-            self.shm.lane("mlp")
             yield
         finally:
             os.sched_setaffinity(0, mine)
