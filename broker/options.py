@@ -83,6 +83,12 @@ class ServerOptions:
     grpc_address: str = "127.0.0.1"
     health_port: int = 0  # the health routes alone
     health_address: str = "127.0.0.1"
+    # what the frontends hold for a request while it arrives (0: from max_request_bytes)
+    http_max_input_size: int = 0
+    grpc_max_input_size: int = 0
+    http_header_timeout: float = 60.0
+    http_body_timeout: float = 60.0
+    http_body_budget: int = 0
 
     @property
     def explicit(self) -> bool:

@@ -106,6 +106,11 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
             for stem, _, _ in LISTENERS
             for what in ("port", "address")
         },
+        http_max_input_size=args.http_max_input_size,
+        grpc_max_input_size=args.grpc_max_input_size,
+        http_header_timeout=args.http_header_timeout,
+        http_body_timeout=args.http_body_timeout,
+        http_body_budget=args.http_body_budget,
         log_level="DEBUG" if args.log_verbose > 0 else args.log_level,
         log_format=args.log_format,
         repository_poll_secs=args.repository_poll_secs,

@@ -416,6 +416,42 @@ def _kserve(p: Any) -> None:
             metavar="ADDRESS",
             help="its address (default: 127.0.0.1)",
         )
+    sizes = (
+        ("--http-max-input-size", "the largest HTTP request body (413 beyond it)"),
+        ("--grpc-max-input-size", "the largest gRPC message (RESOURCE_EXHAUSTED beyond it)"),
+    )
+    for flag, what in sizes:
+        g.add_argument(
+            flag,
+            metavar="SIZE",
+            type=parse_size,
+            default=0,
+            help=f"{what} (default: --max-request-bytes and 64M)",
+        )
+    g.add_argument(
+        "--http-body-budget",
+        metavar="SIZE",
+        type=parse_size,
+        default=0,
+        help="the request-body bytes all HTTP requests may hold while they arrive; a body "
+        "that would pass it is refused with 503 (default: twice --http-max-input-size)",
+    )
+    g.add_argument(
+        "--http-header-timeout",
+        metavar="SECONDS",
+        type=seconds,
+        default=60.0,
+        help="how long a connection may take to send a request's headers, at its start or "
+        "after its last response, before it is closed (default: %(default)g)",
+    )
+    g.add_argument(
+        "--http-body-timeout",
+        metavar="SECONDS",
+        type=seconds,
+        default=60.0,
+        help="how long a request body may take to arrive once its headers are in (408 after "
+        "it; default: %(default)g)",
+    )
 
 
 def parse_resource(text: str) -> str:

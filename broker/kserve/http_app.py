@@ -21,9 +21,10 @@ import orjson
 from aiohttp import web
 
 from inferpool.broker.kserve import health
+from inferpool.broker.kserve.bodies import BodyLimits
 from inferpool.broker.kserve.callers import Callers
 from inferpool.broker.kserve.channel import BrokerChannel
-from inferpool.broker.kserve.http_base import JSON, application, json_response, read_body
+from inferpool.broker.kserve.http_base import JSON, application, json_response
 from inferpool.broker.kserve.http_infer import parse_request, response_body
 from inferpool.broker.kserve.load import load_message
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg
@@ -39,9 +40,9 @@ _METADATA_FIELDS = ("name", "versions", "platform", "inputs", "outputs")
 CONTROL_MAX = 1 << 20  # the body of a call that is not an inference
 
 
-def build(channel: BrokerChannel, callers: Callers, max_body: int) -> web.Application:
-    """The app: every Triton endpoint inferpool has, bodies up to ``max_body`` bytes."""
-    api = _Api(channel, callers, max_body)
+def build(channel: BrokerChannel, callers: Callers, bodies: BodyLimits) -> web.Application:
+    """The app: every Triton endpoint inferpool has, its bodies within ``bodies``."""
+    api = _Api(channel, callers, bodies)
     routes = [
         *health.routes(channel, callers),
         web.get("/v2", api.server_metadata, allow_head=False),
@@ -65,7 +66,7 @@ def build(channel: BrokerChannel, callers: Callers, max_body: int) -> web.Applic
                 web.post(base + "/unregister", api.shm_unregister),
             ]
         routes.append(web.post(f"/v2/{kind}sharedmemory/region/{{region}}/register", api.register))
-    return application(routes, max_body)
+    return application(routes, bodies.max_size)
 
 
 def _model(request: web.Request) -> dict[str, str]:
@@ -78,9 +79,12 @@ def _kind(request: web.Request) -> str:
     return "cuda" if request.path.startswith("/v2/cuda") else "system"
 
 
-async def _json_body(request: web.Request, limit: int = CONTROL_MAX) -> dict[str, Any]:
-    """The request's JSON object of at most ``limit`` bytes; an empty body is an empty object."""
-    raw = await read_body(request, limit)
+async def _json_body(
+    request: web.Request, bodies: BodyLimits, limit: int = CONTROL_MAX
+) -> dict[str, Any]:
+    """The request's JSON object of at most ``limit`` bytes (0: the largest body); an empty
+    body is an empty object."""
+    raw = await bodies.read(request, limit)
     if not raw:
         return {}
     try:
@@ -93,10 +97,10 @@ async def _json_body(request: web.Request, limit: int = CONTROL_MAX) -> dict[str
 
 
 class _Api:
-    def __init__(self, channel: BrokerChannel, callers: Callers, max_body: int) -> None:
+    def __init__(self, channel: BrokerChannel, callers: Callers, bodies: BodyLimits) -> None:
         self.channel = channel
         self.callers = callers
-        self.max_body = max_body
+        self.bodies = bodies
 
     async def ask(
         self, request: web.Request, header: dict[str, Any], frames: Sequence[bytes] = ()
@@ -127,7 +131,7 @@ class _Api:
     # ------------------------------------------------------------------ inference
     async def infer(self, request: web.Request) -> web.StreamResponse:
         length = request.headers.get(HEADER_LENGTH)
-        body = await read_body(request, self.max_body)
+        body = await self.bodies.read(request)
         header_length = None
         if length is not None:
             try:
@@ -170,7 +174,7 @@ class _Api:
 
     # ------------------------------------------------------------------ repository
     async def repository_index(self, request: web.Request) -> web.Response:
-        ready = (await _json_body(request)).get("ready", False)
+        ready = (await _json_body(request, self.bodies)).get("ready", False)
         if not isinstance(ready, bool):
             raise invalid_arg("Invalid value for 'ready': expected a boolean")
         reply = await self.ask(request, {"type": "repository_index", "ready": ready})
@@ -181,7 +185,7 @@ class _Api:
         if action == "unload":
             await self.ask(request, {"type": "unload", "model_name": model})
             return web.Response(content_type=JSON)
-        params = (await _json_body(request, self.max_body)).get("parameters") or {}
+        params = (await _json_body(request, self.bodies, 0)).get("parameters") or {}
         if not isinstance(params, dict):
             raise invalid_arg("load 'parameters' must be an object")
         header, frames = load_message(model, params, decode_files=True)
@@ -199,7 +203,7 @@ class _Api:
         return json_response((await self.ask(request, header))["regions"])
 
     async def register(self, request: web.Request) -> web.Response:
-        body = await _json_body(request)
+        body = await _json_body(request, self.bodies)
         header: dict[str, Any] = {
             "type": f"register_{_kind(request)}_shared_memory",
             "name": request.match_info["region"],

@@ -46,22 +46,6 @@ async def triton_errors(request: web.Request, handler: Handler) -> web.StreamRes
         return error_response(500, f"{type(exc).__name__}: {exc}")
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
-    """The whole body, refused (413) beyond ``limit`` bytes: the chunks as they came off the
-    socket, joined once (aiohttp's ``read`` copies twice)."""
-    declared = request.content_length
-    if declared is not None and declared > limit:
-        raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=declared)
-    chunks = []
-    size = 0
-    while chunk := await request.content.readany():
-        size += len(chunk)
-        if size > limit:
-            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=size)
-        chunks.append(chunk)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
 def application(routes: Iterable[web.RouteDef], client_max_size: int) -> web.Application:
     """An app serving ``routes`` with Triton's errors; bodies up to ``client_max_size``."""
     app = web.Application(middlewares=[triton_errors], client_max_size=client_max_size)

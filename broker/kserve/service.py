@@ -26,6 +26,7 @@ from aiohttp import web
 from tritonclient.grpc.service_pb2_grpc import add_GRPCInferenceServiceServicer_to_server
 
 from inferpool.broker.kserve import health, http_app
+from inferpool.broker.kserve.bodies import BodyLimits
 from inferpool.broker.kserve.callers import Callers
 from inferpool.broker.kserve.channel import BrokerChannel
 from inferpool.broker.kserve.grpc_service import InferenceServicer
@@ -38,7 +39,6 @@ START_TIMEOUT_S = 30.0
 STOP_GRACE_S = 2.0  # the broker answered every request before it stops the frontends
 BODY_SLACK = 64 << 20  # JSON text and headers beyond the tensor bytes a request may bring
 _GRPC_OPTIONS = [
-    ("grpc.max_receive_message_length", -1),
     ("grpc.max_send_message_length", -1),
     ("grpc.so_reuseport", 0),  # a port in use is an error, never silently shared
 ]
@@ -46,8 +46,9 @@ _GRPC_OPTIONS = [
 
 @dataclass(frozen=True)
 class FrontendOptions:
-    """Where each listener binds (port 0: not served) and the largest tensor bytes a
-    request may bring (the broker's own limit)."""
+    """Where each listener binds (port 0: not served), the largest tensor bytes a request
+    may bring (the broker's own limit), and what the frontends hold for a request while it
+    arrives (0: derived from the request limit)."""
 
     http_address: str = "127.0.0.1"
     http_port: int = 0
@@ -56,10 +57,28 @@ class FrontendOptions:
     health_address: str = "127.0.0.1"
     health_port: int = 0
     request_limit: int = 256 << 20
+    http_max_input_size: int = 0  # one HTTP body (0: the request limit and BODY_SLACK)
+    grpc_max_input_size: int = 0  # one gRPC message (0: as an HTTP body)
+    http_header_timeout: float = 60.0  # a request's headers, and an idle keep-alive
+    http_body_timeout: float = 60.0  # a body, once its headers are in
+    http_body_budget: int = 0  # all bodies being received (0: twice the largest body)
 
     @property
     def enabled(self) -> bool:
         return bool(self.http_port or self.grpc_port or self.health_port)
+
+    @property
+    def max_body(self) -> int:
+        return self.http_max_input_size or self.request_limit + BODY_SLACK
+
+    @property
+    def max_message(self) -> int:
+        """The largest gRPC message (grpc's own limit: RESOURCE_EXHAUSTED beyond it)."""
+        return min(self.grpc_max_input_size or self.max_body, (1 << 31) - 1)
+
+    def bodies(self) -> BodyLimits:
+        budget = self.http_body_budget or 2 * self.max_body
+        return BodyLimits(self.max_body, self.http_body_timeout, budget)
 
 
 class Frontends:
@@ -108,9 +127,8 @@ class Frontends:
         owners = SocketOwners()
         stack.callback(owners.close)
         callers = Callers(owners)
-        max_body = opts.request_limit + BODY_SLACK
         if opts.http_port:
-            app = http_app.build(channel, callers, max_body)
+            app = http_app.build(channel, callers, opts.bodies())
             # a closed connection cancels its handler, and so its inference at the broker
             await self._serve_http(
                 app, "HTTP", "http", opts.http_address, opts.http_port, handler_cancellation=True
@@ -137,6 +155,7 @@ class Frontends:
             access_log=None,
             shutdown_timeout=STOP_GRACE_S,
             handler_cancellation=handler_cancellation,
+            keepalive_timeout=self._options.http_header_timeout,
         )
         await runner.setup()
         self._stack.push_async_callback(runner.cleanup)
@@ -147,7 +166,8 @@ class Frontends:
         log.info("%s on http://%s:%d", what, _host(address), port)
 
     async def _serve_grpc(self, servicer: InferenceServicer, address: str, port: int) -> None:
-        server = grpc.aio.server(options=_GRPC_OPTIONS)
+        limit = ("grpc.max_receive_message_length", self._options.max_message)
+        server = grpc.aio.server(options=[*_GRPC_OPTIONS, limit])
         add_GRPCInferenceServiceServicer_to_server(servicer, server)
         try:
             server.add_insecure_port(f"{_host(address)}:{port}")
