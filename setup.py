@@ -15,7 +15,9 @@ setup(
             "inferpool.backends.cabi._tritonserver",
             sources=[
                 HOST + name
-                for name in ("module.c", "server.c", "levels.c", "requests.c", "unsupported.c")
+                for name in (
+                    "module.c", "server.c", "levels.c", "requests.c", "deferred.c", "unsupported.c"
+                )
             ],
             depends=[HOST + "host.h"],
             include_dirs=["backends/cabi/include"],

@@ -236,7 +236,10 @@ class Response:
         BYTES the size is the serialized tensor's; for the other types it must be the
         shape's."""
         if datatype != "BYTES":
-            expected = _size(name, datatype, shape)[1]
+            try:  # a shape met before (a tuple): worked out then
+                expected = _SIZES[(datatype, shape)][1]
+            except (KeyError, TypeError):
+                expected = _size(name, datatype, shape)[1]
             if nbytes != expected:
                 raise invalid_arg(
                     f"output '{name}': {nbytes} bytes asked for a {datatype} tensor of shape "

@@ -12,13 +12,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from inferpool.backends.messages import Request, Response
+from inferpool.backends.messages import ParameterValue, Request, Response
 from inferpool.backends.metrics import Metric, MetricFamily, StatisticsReporter
 from inferpool.wire import codec
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg
 
 FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
-CPU, GPU = 0, 2  # TRITONSERVER_MemoryType
+GPU = 2  # TRITONSERVER_MEMORY_GPU
 ERROR_CODES = (  # by TRITONSERVER_Error_Code
     Code.UNKNOWN,
     Code.INTERNAL,
@@ -41,13 +41,14 @@ def error_of(code: int, message: str) -> InferpoolError:
     )
 
 
-def placed(buffer: Any) -> tuple[Any, int, int]:
-    """A buffer as the host takes it: (host memory, CPU, 0) or (device address, GPU, id)."""
+def placed(buffer: Any) -> Any:
+    """A buffer as the host takes it: host memory as it is, device memory as (address,
+    GPU, device id)."""
     if type(buffer) is memoryview:
-        return buffer, CPU, 0
+        return buffer
     device = codec.device_of(buffer)
     if device is None:
-        return memoryview(buffer).cast("B"), CPU, 0
+        return memoryview(buffer).cast("B")
     return int(buffer.__cuda_array_interface__["data"][0]), GPU, int(device)
 
 
@@ -75,7 +76,7 @@ class Bridge:
         datatype: str,
         shape: tuple[int, ...],
         nbytes: int,
-    ) -> tuple[Response, tuple[Any, int, int]]:
+    ) -> tuple[Response, Any]:
         """TRITONBACKEND_OutputBuffer: memory for an output, in the worker's output region
         (or the client's region the output was asked into)."""
         if response is None:
@@ -86,7 +87,7 @@ class Bridge:
         self,
         request: Request,
         response: Response | None,
-        parameters: tuple[tuple[str, Any], ...] | None,
+        parameters: dict[str, ParameterValue] | None,
         flags: int,
         error: tuple[int, str] | None,
         is_response: bool,
@@ -101,9 +102,8 @@ class Bridge:
         elif is_response:
             if response is None:
                 response = Response(request)
-            if parameters:
-                for key, value in parameters:
-                    response.set_parameter(key, value)
+            if parameters:  # made by the host: str, int, bool or float values
+                response.parameters.update(parameters)
             states = self._states.get(id(request))
             if states is not None:
                 for name in states.updated:
@@ -122,7 +122,7 @@ class Bridge:
     # ------------------------------------------------------------------ implicit state
     def state_buffer(
         self, request: Request, name: bytes, datatype: str, shape: tuple[int, ...], nbytes: int
-    ) -> tuple[Any, int, int]:
+    ) -> Any:
         states = self._states.get(id(request))
         if states is None:
             states = self._states[id(request)] = _States(request)
@@ -155,6 +155,22 @@ class Bridge:
         """TRITONBACKEND_ModelInstanceReportResponseStatistics: the worker times each
         response of a decoupled model itself, as it sends it; the backend's report is
         accepted and not counted twice."""
+
+    def drain(
+        self,
+        instance: Any,
+        statistics: list[tuple[Request, int, int, int, int, int]],
+        batches: list[tuple[int, int, int, int, int]],
+        increments: list[tuple[Metric, float]],
+    ) -> None:
+        """What the execute's own thread reported while it ran, handed over once it returned
+        (the host keeps it meanwhile, so that those reports take no lock of Python's)."""
+        for request, success, t0, t1, t2, t3 in statistics:
+            instance.report_statistics(request, bool(success), t0, t1, t2, t3)
+        for size, t0, t1, t2, t3 in batches:
+            instance.report_batch_statistics(size, t0, t1, t2, t3)
+        for metric, amount in increments:
+            metric.increment(amount)
 
     def memory(self, owner: Any, usage: list[tuple[str, int, int]]) -> None:
         for memory_type, device_id, byte_size in usage:

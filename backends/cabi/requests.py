@@ -29,6 +29,9 @@ CPU, GPU = 0, 2
 
 
 class RequestMaker:
+    """Makes the host's Request of a request: the host reads the request's fields itself
+    and asks this object only for what it cannot read (an input not made yet, parameters)."""
+
     def __init__(self, config: Any, decoupled: bool) -> None:
         host = library.host()
         self._request = host.Request
@@ -36,37 +39,13 @@ class RequestMaker:
         self._decoupled = decoupled
         # the state outputs a worker asks of every sequence request are not the client's:
         # a backend learns of state through TRITONBACKEND_StateNew, not as outputs
-        self._hidden = {s.output_name for s in config.sequence_batching.state}
+        self.hidden = frozenset(s.output_name for s in config.sequence_batching.state)
         self._names: dict[str, bytes] = {}
-        self._outputs: dict[tuple[str, ...], tuple[bytes, ...]] = {}
 
     def make(self, request: Request) -> Any:
-        inputs = []
-        for tensor in request.inputs.values():
-            made = tensor.made
-            if made is None or type(made) is not self._input:
-                made = self.input(tensor)
-            inputs.append(made)
-        names = tuple(request.requested_outputs)
-        outputs = self._outputs.get(names)
-        if outputs is None:
-            outputs = self._outputs[names] = tuple(
-                n.encode() for n in names if n not in self._hidden
-            )
-        corr = request.correlation_id
         if self._decoupled:  # the backend answers when it will, from any thread
             request.response_sender()
-        return self._request(
-            request,
-            request.id.encode(),
-            corr if type(corr) is int else 0,
-            corr.encode() if type(corr) is str else None,
-            request.flags,
-            request.timeout_us,
-            tuple(inputs),
-            outputs,
-            _parameters(request.parameters) if request.parameters else None,
-        )
+        return self._request(request, self)
 
     def input(self, tensor: InputTensor) -> Any:
         """The host's Input for ``tensor``, kept with it where it views a lasting place."""
@@ -86,6 +65,10 @@ class RequestMaker:
         made = self._input(name, datatype, tensor.shape, tensor.byte_size, tensor.data, CPU, 0)
         tensor.made = made
         return made
+
+    def parameters(self, parameters: dict[str, Any]) -> tuple[tuple[bytes, Any], ...]:
+        """A request's parameters as the host keeps them: strings as bytes."""
+        return _parameters(parameters)
 
 
 def _parameters(parameters: dict[str, Any]) -> tuple[tuple[bytes, Any], ...]:

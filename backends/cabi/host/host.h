@@ -68,6 +68,32 @@ struct TRITONBACKEND_Model {
   PyObject* owner; /* the Python model level (backends/cabi/levels.py) */
 };
 
+/* what the executing thread reports, kept until its execute returns (deferred.c) */
+typedef struct TRITONBACKEND_Request HostRequest;
+typedef struct {
+  HostRequest* request;
+  bool success;
+  uint64_t t[4];
+} DeferredStatistics;
+typedef struct {
+  uint64_t size;
+  uint64_t t[4];
+} DeferredBatch;
+typedef struct {
+  struct TRITONSERVER_Metric* metric;
+  double amount;
+} DeferredIncrement;
+typedef struct {
+  DeferredStatistics* stats;
+  size_t stat_count, stat_capacity;
+  DeferredBatch* batches;
+  size_t batch_count, batch_capacity;
+  DeferredIncrement* metrics;
+  size_t metric_count, metric_capacity;
+  HostRequest** gone; /* requests whose last holder let go: their reference to drop */
+  size_t gone_count, gone_capacity;
+} Deferred;
+
 struct TRITONBACKEND_ModelInstance {
   char* name;
   TRITONSERVER_InstanceGroupKind kind;
@@ -79,6 +105,7 @@ struct TRITONBACKEND_ModelInstance {
   TRITONBACKEND_Model* model;
   void* state;
   PyObject* owner; /* the Python instance level */
+  Deferred deferred;
 };
 
 /* ------------------------------------------------------------------ requests */
@@ -99,7 +126,7 @@ typedef struct TRITONBACKEND_Input {
 
 typedef struct HostState HostState;
 
-typedef struct TRITONBACKEND_Request {
+struct TRITONBACKEND_Request {
   PyObject_HEAD
   PyObject* py;       /* inferpool's Request */
   PyObject* id_obj;   /* bytes */
@@ -119,7 +146,7 @@ typedef struct TRITONBACKEND_Request {
   atomic_int released;
   HostState* states; /* made by StateNew, freed with the request */
   pthread_mutex_t lock;
-} HostRequest;
+};
 
 struct HostState {
   HostState* next;
@@ -205,6 +232,7 @@ typedef struct {
   PyObject* metric_op;    /* (metric, op, value) */
   PyObject* memory;       /* (owner, [(type, id, bytes)]) */
   PyObject* response_statistics; /* (instance, request, t0, t1, t2, success) */
+  PyObject* drain; /* (instance, [statistics], [batches], [(metric, amount)]) */
 } Bridge;
 
 extern Bridge host_bridge;
@@ -220,11 +248,21 @@ char* host_strdup(const char* text);
 const char* host_datatype_string(TRITONSERVER_DataType datatype);
 PyObject* host_shape_tuple(const int64_t* shape, uint32_t dims_count);
 int64_t* host_shape_copy(const int64_t* shape, uint32_t dims_count);
-/* a buffer a bridge call returned: (buffer object or int address, memory type, type id) */
+/* a buffer a bridge call returned: host memory (a writable buffer), or device memory as
+ * (address, memory type, type id) */
 TRITONSERVER_Error* host_buffer_of(PyObject* placed, void** buffer,
                                    struct TRITONSERVER_BufferAttributes* attributes,
                                    const char* what);
 void host_request_let_go(HostRequest* request);
+
+/* set on the thread running an execute, while it runs (deferred.c) */
+extern _Thread_local Deferred* host_deferred;
+void host_defer_statistics(Deferred* d, HostRequest* request, bool success, const uint64_t t[4]);
+void host_defer_batch(Deferred* d, uint64_t size, const uint64_t t[4]);
+void host_defer_increment(Deferred* d, struct TRITONSERVER_Metric* metric, double value);
+void host_defer_gone(Deferred* d, HostRequest* request);
+int host_drain(Deferred* d, PyObject* owner);
+void host_deferred_free(Deferred* d);
 PyObject* host_parameter_value(const struct TRITONSERVER_Parameter* parameter);
 void host_parameter_free(struct TRITONSERVER_Parameter* parameter);
 

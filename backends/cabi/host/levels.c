@@ -342,6 +342,11 @@ HOST_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceReportStatistics(
     const uint64_t exec_end_ns) {
   HOST_NOT_NULL(instance, "instance");
   HOST_NOT_NULL(request, "request");
+  if (host_deferred == &instance->deferred) {
+    const uint64_t t[4] = {exec_start_ns, compute_start_ns, compute_end_ns, exec_end_ns};
+    host_defer_statistics(host_deferred, request, success, t);
+    return NULL;
+  }
   PyGILState_STATE gil = PyGILState_Ensure();
   PyObject* result = PyObject_CallFunction(
       host_bridge.statistics, "OOiKKKK", instance->owner, request->py, (int)success,
@@ -356,6 +361,11 @@ HOST_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceReportBatchStatistics
     TRITONBACKEND_ModelInstance* instance, const uint64_t batch_size, const uint64_t exec_start_ns,
     const uint64_t compute_start_ns, const uint64_t compute_end_ns, const uint64_t exec_end_ns) {
   HOST_NOT_NULL(instance, "instance");
+  if (host_deferred == &instance->deferred) {
+    const uint64_t t[4] = {exec_start_ns, compute_start_ns, compute_end_ns, exec_end_ns};
+    host_defer_batch(host_deferred, batch_size, t);
+    return NULL;
+  }
   PyGILState_STATE gil = PyGILState_Ensure();
   PyObject* result = PyObject_CallFunction(
       host_bridge.batch, "OKKKKK", instance->owner, (unsigned long long)batch_size,

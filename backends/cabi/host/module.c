@@ -78,21 +78,23 @@ int64_t* host_shape_copy(const int64_t* shape, uint32_t dims_count) {
 
 TRITONSERVER_Error* host_buffer_of(PyObject* placed, void** buffer,
                                    TRITONSERVER_BufferAttributes* attributes, const char* where) {
-  PyObject* memory;
-  int memory_type;
-  long long memory_type_id;
-  if (!PyArg_ParseTuple(placed, "OiL", &memory, &memory_type, &memory_type_id))
-    return host_python_error(where);
-  if (PyLong_Check(memory)) {
-    *buffer = PyLong_AsVoidPtr(memory);
-  } else {
-    Py_buffer view; /* the memory stays mapped: the Python response holds its slot */
-    if (PyObject_GetBuffer(memory, &view, PyBUF_WRITABLE) < 0) return host_python_error(where);
-    *buffer = view.buf;
-    PyBuffer_Release(&view);
+  if (PyTuple_Check(placed)) { /* device memory: (address, memory type, type id) */
+    PyObject* address;
+    int memory_type;
+    long long memory_type_id;
+    if (!PyArg_ParseTuple(placed, "O!iL", &PyLong_Type, &address, &memory_type, &memory_type_id))
+      return host_python_error(where);
+    *buffer = PyLong_AsVoidPtr(address);
+    attributes->memory_type = (TRITONSERVER_MemoryType)memory_type;
+    attributes->memory_type_id = memory_type_id;
+    return NULL;
   }
-  attributes->memory_type = (TRITONSERVER_MemoryType)memory_type;
-  attributes->memory_type_id = memory_type_id;
+  Py_buffer view; /* host memory; it stays mapped: the Python response holds its slot */
+  if (PyObject_GetBuffer(placed, &view, PyBUF_WRITABLE) < 0) return host_python_error(where);
+  *buffer = view.buf;
+  PyBuffer_Release(&view);
+  attributes->memory_type = TRITONSERVER_MEMORY_CPU;
+  attributes->memory_type_id = 0;
   return NULL;
 }
 
@@ -164,6 +166,7 @@ static PyObject* new_model(PyObject* self, PyObject* args) {
 
 static void instance_free(PyObject* capsule) {
   TRITONBACKEND_ModelInstance* i = PyCapsule_GetPointer(capsule, INSTANCE_CAPSULE);
+  host_deferred_free(&i->deferred);
   free(i->name);
   free(i->host_policy_json);
   for (uint32_t k = 0; k < i->secondary_count; k++) free(i->secondary_kinds[k]);
@@ -295,8 +298,14 @@ static PyObject* execute(PyObject* self, PyObject* args) {
     host_request_hand_over(handed[k]);
   }
   TRITONSERVER_Error* error;
-  Py_BEGIN_ALLOW_THREADS error = fn(instance, handed, (uint32_t)n);
+  Py_BEGIN_ALLOW_THREADS host_deferred = &instance->deferred;
+  error = fn(instance, handed, (uint32_t)n);
+  host_deferred = NULL;
   Py_END_ALLOW_THREADS if (handed != stack) free(handed);
+  if (host_drain(&instance->deferred, instance->owner) < 0) {
+    TRITONSERVER_ErrorDelete(error);
+    return NULL;
+  }
   return error_result(error);
 }
 
@@ -321,6 +330,7 @@ static PyObject* bind(PyObject* self, PyObject* bridge) {
       {&host_bridge.metric_op, "metric_op"},
       {&host_bridge.memory, "memory"},
       {&host_bridge.response_statistics, "response_statistics"},
+      {&host_bridge.drain, "drain"},
   };
   for (size_t k = 0; k < sizeof(methods) / sizeof(methods[0]); k++) {
     PyObject* method = PyObject_GetAttrString(bridge, methods[k].name);
@@ -366,8 +376,12 @@ static struct PyModuleDef module = {
     NULL, NULL, NULL, NULL,
 };
 
+int host_requests_init(void);
+
 PyMODINIT_FUNC PyInit__tritonserver(void) {
-  if (PyType_Ready(&HostInputType) < 0 || PyType_Ready(&HostRequestType) < 0) return NULL;
+  if (PyType_Ready(&HostInputType) < 0 || PyType_Ready(&HostRequestType) < 0 ||
+      host_requests_init() < 0)
+    return NULL;
   PyObject* m = PyModule_Create(&module);
   if (m == NULL) return NULL;
   Py_INCREF(&HostInputType);

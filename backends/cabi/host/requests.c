@@ -84,68 +84,143 @@ static int set_parameter(TRITONSERVER_Parameter* p, PyObject* key, PyObject* val
   return PyErr_Occurred() ? -1 : 0;
 }
 
-static int request_init(HostRequest* self, PyObject* args, PyObject* kwds) {
-  (void)kwds;
-  PyObject *py, *id, *corr_obj, *inputs, *outputs, *parameters;
-  unsigned long long correlation_id, timeout_us;
-  unsigned int flags;
-  if (!PyArg_ParseTuple(args, "OO!KOIKO!O!O", &py, &PyBytes_Type, &id, &correlation_id,
-                        &corr_obj, &flags, &timeout_us, &PyTuple_Type, &inputs, &PyTuple_Type,
-                        &outputs, &parameters))
-    return -1;
-  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(inputs); i++)
-    if (!PyObject_TypeCheck(PyTuple_GET_ITEM(inputs, i), &HostInputType)) {
-      PyErr_SetString(PyExc_TypeError, "inputs must be a tuple of Input");
+/* attribute names, interned once */
+static PyObject *s_id, *s_correlation_id, *s_flags, *s_timeout_us, *s_inputs,
+    *s_requested_outputs, *s_parameters, *s_made, *s_hidden, *s_input;
+
+int host_requests_init(void) {
+  struct {
+    PyObject** name;
+    const char* text;
+  } names[] = {{&s_id, "id"},           {&s_correlation_id, "correlation_id"},
+               {&s_flags, "flags"},     {&s_timeout_us, "timeout_us"},
+               {&s_inputs, "inputs"},   {&s_requested_outputs, "requested_outputs"},
+               {&s_parameters, "parameters"}, {&s_made, "made"},
+               {&s_hidden, "hidden"},   {&s_input, "input"}};
+  for (size_t k = 0; k < sizeof(names) / sizeof(names[0]); k++)
+    if ((*names[k].name = PyUnicode_InternFromString(names[k].text)) == NULL) return -1;
+  return 0;
+}
+
+static int set_parameters(HostRequest* self, PyObject* parameters) {
+  Py_ssize_t n = PyTuple_GET_SIZE(parameters);
+  self->parameters = PyMem_Calloc(n ? n : 1, sizeof(TRITONSERVER_Parameter));
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject* item = PyTuple_GET_ITEM(parameters, i);
+    if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2 ||
+        set_parameter(&self->parameters[i], PyTuple_GET_ITEM(item, 0),
+                      PyTuple_GET_ITEM(item, 1)) < 0) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "a parameter is (key, value)");
       return -1;
     }
-  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(outputs); i++)
-    if (!PyBytes_Check(PyTuple_GET_ITEM(outputs, i))) {
-      PyErr_SetString(PyExc_TypeError, "outputs must be a tuple of bytes");
-      return -1;
-    }
-  if (parameters != Py_None) { /* ((key bytes, value), ...) */
-    if (!PyTuple_Check(parameters)) {
-      PyErr_SetString(PyExc_TypeError, "parameters must be a tuple of (key, value)");
-      return -1;
-    }
-    Py_ssize_t n = PyTuple_GET_SIZE(parameters);
-    self->parameters = PyMem_Calloc(n ? n : 1, sizeof(TRITONSERVER_Parameter));
-    for (Py_ssize_t i = 0; i < n; i++) {
-      PyObject* item = PyTuple_GET_ITEM(parameters, i);
-      if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2 ||
-          set_parameter(&self->parameters[i], PyTuple_GET_ITEM(item, 0),
-                        PyTuple_GET_ITEM(item, 1)) < 0) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "a parameter is (key, value)");
-        return -1;
+  }
+  self->parameter_count = (uint32_t)n;
+  Py_INCREF(parameters);
+  self->parameter_keep = parameters;
+  return 0;
+}
+
+/* each input's Input: the one kept with the tensor (``made``), else ``maker.input(tensor)`` */
+static PyObject* inputs_of(PyObject* tensors, PyObject* maker) {
+  if (!PyDict_Check(tensors)) {
+    PyErr_SetString(PyExc_TypeError, "a request's inputs are a dict");
+    return NULL;
+  }
+  PyObject* inputs = PyTuple_New(PyDict_GET_SIZE(tensors));
+  Py_ssize_t pos = 0, k = 0;
+  PyObject *key, *tensor;
+  while (inputs != NULL && PyDict_Next(tensors, &pos, &key, &tensor)) {
+    PyObject* made = PyObject_GetAttr(tensor, s_made);
+    if (made != NULL && !PyObject_TypeCheck(made, &HostInputType)) {
+      Py_DECREF(made);
+      made = PyObject_CallMethodOneArg(maker, s_input, tensor);
+      if (made != NULL && !PyObject_TypeCheck(made, &HostInputType)) {
+        Py_CLEAR(made);
+        PyErr_SetString(PyExc_TypeError, "maker.input() must return an Input");
       }
     }
-    self->parameter_count = (uint32_t)n;
-    Py_INCREF(parameters);
-    self->parameter_keep = parameters;
+    if (made == NULL) Py_CLEAR(inputs);
+    else PyTuple_SET_ITEM(inputs, k++, made);
+  }
+  return inputs;
+}
+
+/* the requested outputs' names as bytes, without those in ``hidden`` */
+static PyObject* outputs_of(PyObject* requested, PyObject* hidden) {
+  if (!PyDict_Check(requested)) {
+    PyErr_SetString(PyExc_TypeError, "a request's requested outputs are a dict");
+    return NULL;
+  }
+  PyObject* outputs = PyTuple_New(PyDict_GET_SIZE(requested));
+  Py_ssize_t pos = 0, k = 0;
+  PyObject *name, *value;
+  while (outputs != NULL && PyDict_Next(requested, &pos, &name, &value)) {
+    int skip = PySet_GET_SIZE(hidden) ? PySet_Contains(hidden, name) : 0;
+    PyObject* text = skip ? NULL : PyUnicode_AsUTF8String(name);
+    if (skip < 0 || (!skip && text == NULL)) Py_CLEAR(outputs);
+    else if (!skip) PyTuple_SET_ITEM(outputs, k++, text);
+  }
+  if (outputs != NULL && k < PyTuple_GET_SIZE(outputs) && _PyTuple_Resize(&outputs, k) < 0)
+    return NULL;
+  return outputs;
+}
+
+/* Request(request, maker): the C side of an inferpool Request, read from it once */
+static int request_init(HostRequest* self, PyObject* args, PyObject* kwds) {
+  (void)kwds;
+  PyObject *py, *maker;
+  if (!PyArg_ParseTuple(args, "OO", &py, &maker)) return -1;
+  int status = -1;
+  PyObject* id = PyObject_GetAttr(py, s_id);
+  PyObject* corr = PyObject_GetAttr(py, s_correlation_id);
+  PyObject* flags = PyObject_GetAttr(py, s_flags);
+  PyObject* timeout = PyObject_GetAttr(py, s_timeout_us);
+  PyObject* tensors = PyObject_GetAttr(py, s_inputs);
+  PyObject* requested = PyObject_GetAttr(py, s_requested_outputs);
+  PyObject* parameters = PyObject_GetAttr(py, s_parameters);
+  PyObject* hidden = PyObject_GetAttr(maker, s_hidden);
+  if (!id || !corr || !flags || !timeout || !tensors || !requested || !parameters || !hidden)
+    goto done;
+  if (!PyAnySet_Check(hidden)) {
+    PyErr_SetString(PyExc_TypeError, "maker.hidden is a set of output names");
+    goto done;
+  }
+  if ((self->id_obj = PyUnicode_AsUTF8String(id)) == NULL) goto done;
+  if (PyUnicode_Check(corr)) {
+    if ((self->corr_obj = PyUnicode_AsUTF8String(corr)) == NULL) goto done;
+  } else {
+    self->correlation_id = PyLong_AsUnsignedLongLongMask(corr);
+  }
+  self->flags = (uint32_t)PyLong_AsUnsignedLongMask(flags);
+  self->timeout_us = PyLong_AsUnsignedLongLongMask(timeout);
+  if (PyErr_Occurred()) goto done;
+  if ((self->inputs = inputs_of(tensors, maker)) == NULL) goto done;
+  if ((self->outputs = outputs_of(requested, hidden)) == NULL) goto done;
+  if (PyDict_Check(parameters) && PyDict_GET_SIZE(parameters) > 0) {
+    PyObject* made = PyObject_CallMethod(maker, "parameters", "O", parameters);
+    if (made == NULL) goto done;
+    int bad = !PyTuple_Check(made) || set_parameters(self, made) < 0;
+    if (bad && !PyErr_Occurred())
+      PyErr_SetString(PyExc_TypeError, "maker.parameters() must return a tuple");
+    Py_DECREF(made);
+    if (bad) goto done;
   }
   Py_INCREF(py);
   self->py = py;
-  Py_INCREF(id);
-  self->id_obj = id;
-  if (corr_obj != Py_None) {
-    if (!PyBytes_Check(corr_obj)) {
-      PyErr_SetString(PyExc_TypeError, "a string correlation id comes as bytes");
-      return -1;
-    }
-    Py_INCREF(corr_obj);
-    self->corr_obj = corr_obj;
-  }
-  self->correlation_id = correlation_id;
-  self->flags = flags;
-  self->timeout_us = timeout_us;
-  Py_INCREF(inputs);
-  self->inputs = inputs;
-  Py_INCREF(outputs);
-  self->outputs = outputs;
   atomic_init(&self->holders, 0);
   atomic_init(&self->released, 1); /* until it is handed to a backend */
   pthread_mutex_init(&self->lock, NULL);
-  return 0;
+  status = 0;
+done:
+  Py_XDECREF(id);
+  Py_XDECREF(corr);
+  Py_XDECREF(flags);
+  Py_XDECREF(timeout);
+  Py_XDECREF(tensors);
+  Py_XDECREF(requested);
+  Py_XDECREF(parameters);
+  Py_XDECREF(hidden);
+  return status;
 }
 
 static void request_dealloc(HostRequest* self) {
@@ -172,6 +247,10 @@ static void request_dealloc(HostRequest* self) {
  * Python reference the C side holds goes with the last holder. */
 void host_request_let_go(HostRequest* request) {
   if (atomic_fetch_sub(&request->holders, 1) == 1) {
+    if (host_deferred != NULL) {
+      host_defer_gone(host_deferred, request);
+      return;
+    }
     PyGILState_STATE gil = PyGILState_Ensure();
     Py_DECREF((PyObject*)request);
     PyGILState_Release(gil);
@@ -212,8 +291,9 @@ PyTypeObject HostRequestType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "inferpool.backends.cabi._tritonserver.Request",
     .tp_basicsize = sizeof(HostRequest),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "TRITONBACKEND_Request: Request(request, id, correlation_id, correlation_string, "
-              "flags, timeout_us, inputs, outputs, parameters)",
+    .tp_doc = "TRITONBACKEND_Request: Request(request, maker), read from an inferpool "
+              "request once; maker.input(tensor) makes an input not made yet, "
+              "maker.parameters(dict) the parameters, maker.hidden names outputs left out",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)request_init,
     .tp_dealloc = (destructor)request_dealloc,
@@ -621,17 +701,18 @@ HOST_EXPORT TRITONSERVER_Error* TRITONBACKEND_OutputBuffer(TRITONBACKEND_Output*
   TRITONBACKEND_Response* response = output->response;
   PyGILState_STATE gil = PyGILState_Ensure();
   TRITONSERVER_Error* error = NULL;
-  PyObject* shape = host_shape_tuple(output->shape, output->dims_count);
-  PyObject* result =
-      shape == NULL ? NULL
-                    : PyObject_CallFunction(host_bridge.output, "OOysOK", response->request->py,
-                                            response->py ? response->py : Py_None, output->name,
-                                            host_datatype_string(output->datatype), shape,
-                                            (unsigned long long)buffer_byte_size);
-  Py_XDECREF(shape);
+  PyObject* args[6] = {response->request->py, response->py ? response->py : Py_None,
+                       PyBytes_FromString(output->name),
+                       PyUnicode_FromString(host_datatype_string(output->datatype)),
+                       host_shape_tuple(output->shape, output->dims_count),
+                       PyLong_FromUnsignedLongLong(buffer_byte_size)};
+  PyObject* result = args[2] && args[3] && args[4] && args[5]
+                         ? PyObject_Vectorcall(host_bridge.output, args, 6, NULL)
+                         : NULL;
+  for (int k = 2; k < 6; k++) Py_XDECREF(args[k]);
   if (result == NULL) {
     error = host_python_error("TRITONBACKEND_OutputBuffer");
-  } else { /* (the Python response, (buffer, memory type, id)) */
+  } else { /* (the Python response, its buffer) */
     if (response->py == NULL) {
       response->py = PyTuple_GET_ITEM(result, 0);
       Py_INCREF(response->py);
@@ -664,11 +745,13 @@ static TRITONSERVER_Error* send(HostRequest* request, PyObject* py_response,
   Py_INCREF(parameters);
   if (response != NULL && response->parameter_count > 0) {
     Py_DECREF(parameters);
-    parameters = PyTuple_New(response->parameter_count);
+    parameters = PyDict_New();
     for (uint32_t i = 0; parameters != NULL && i < response->parameter_count; i++) {
       TRITONSERVER_Parameter* p = response->parameters[i];
-      PyTuple_SET_ITEM(parameters, i,
-                       Py_BuildValue("(sN)", p->name, host_parameter_value(p)));
+      PyObject* value = host_parameter_value(p);
+      if (value == NULL || PyDict_SetItemString(parameters, p->name, value) < 0)
+        Py_CLEAR(parameters);
+      Py_XDECREF(value);
     }
   }
   PyObject* error = Py_None;
@@ -677,11 +760,13 @@ static TRITONSERVER_Error* send(HostRequest* request, PyObject* py_response,
     Py_DECREF(error);
     error = Py_BuildValue("(is)", (int)failure->code, failure->message);
   }
-  PyObject* result = parameters == NULL || error == NULL
+  PyObject* args[6] = {request->py, py_response ? py_response : Py_None, parameters,
+                       PyLong_FromUnsignedLong(flags), error, PyBool_FromLong(response != NULL)};
+  PyObject* result = parameters == NULL || error == NULL || args[3] == NULL
                          ? NULL
-                         : PyObject_CallFunction(host_bridge.send, "OOOIOi", request->py,
-                                                 py_response ? py_response : Py_None, parameters,
-                                                 flags, error, response != NULL);
+                         : PyObject_Vectorcall(host_bridge.send, args, 6, NULL);
+  Py_XDECREF(args[3]);
+  Py_DECREF(args[5]);
   Py_XDECREF(parameters);
   Py_XDECREF(error);
   return host_checked(result, where);

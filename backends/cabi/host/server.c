@@ -432,7 +432,14 @@ static TRITONSERVER_Error* metric_op(TRITONSERVER_Metric* metric, const char* op
 HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_MetricIncrement(TRITONSERVER_Metric* metric,
                                                              double value) {
   HOST_NOT_NULL(metric, "metric");
-  TRITONSERVER_Error* error = metric_op(metric, "inc", value, "TRITONSERVER_MetricIncrement");
+  if (metric->family->kind == TRITONSERVER_METRIC_KIND_COUNTER && value < 0)
+    return host_error(TRITONSERVER_ERROR_INVALID_ARG,
+                      "TRITONSERVER_MetricIncrement: a counter cannot decrease");
+  TRITONSERVER_Error* error = NULL;
+  if (host_deferred != NULL)
+    host_defer_increment(host_deferred, metric, value);
+  else
+    error = metric_op(metric, "inc", value, "TRITONSERVER_MetricIncrement");
   if (error == NULL) {
     pthread_mutex_lock(&metric->lock);
     metric->value += value;
