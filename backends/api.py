@@ -114,6 +114,8 @@ class Backend(_Level):
     name: str
     #: --backend-config=<backend>,key=value settings
     config: dict[str, str]
+    #: --backend-directory ("" where none is searched)
+    backend_directory: str = ""
 
     def control(self, command: str, args: dict[str, Any]) -> Any:
         """TRITONBACKEND_BackendControl: optional out-of-band commands."""

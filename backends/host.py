@@ -100,6 +100,7 @@ class BackendHost:
             backend = cls()
             backend.name = self.backend_name
             backend.config = dict(self.backend_config)
+            backend.backend_directory = self.backend_directory
             backend.log = logging.getLogger(f"inferpool.backend.{self.backend_name}")
             self._enter(backend, "TRITONBACKEND_Initialize (Backend.initialize)")
             self.backend = backend

@@ -20,6 +20,8 @@ from inferpool.usage import (
 from inferpool.wire.logs import FORMATS, LEVELS
 from inferpool.wire.paths import DEFAULT_TCP, default_ipc_endpoint
 
+TRITON_BACKEND_DIRECTORY = "/opt/tritonserver/backends"  # Triton's --backend-directory default
+
 # the KServe frontends' listeners: flag stem, default port (Triton's), what it serves
 LISTENERS = (
     ("http", 8000, "serve KServe v2 HTTP/REST here, health included"),
@@ -87,9 +89,10 @@ def _repository(p: Any) -> None:
     )
     g.add_argument(
         "--backend-directory",
-        default="",
+        default=TRITON_BACKEND_DIRECTORY,
         metavar="DIR",
-        help="where backends are looked for after the model's directory: DIR/<backend>/",
+        help="where backends are looked for after the model's directory: DIR/<backend>/ "
+        "(default: Triton's, %(default)s)",
     )
     g.add_argument(
         "--backend-config",

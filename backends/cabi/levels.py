@@ -67,7 +67,7 @@ class CBackend(Backend):
         """TRITONBACKEND_BackendConfig's settings: --backend-config, and the global ones
         Triton adds for every backend."""
         cmdline = {
-            "backend-directory": os.path.dirname(os.path.dirname(self.library_path)),
+            "backend-directory": self.backend_directory,
             "auto-complete-config": "true",
             "default-max-batch-size": DEFAULT_MAX_BATCH_SIZE,
             "min-compute-capability": "6.000000",

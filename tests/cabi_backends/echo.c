@@ -1,8 +1,9 @@
-#define _POSIX_C_SOURCE 200809L
 /* A C identity backend that calls every request and response function of the API:
  * OUTPUT<i> answers INPUT<i>; each request parameter comes back as echo_<key>; the
  * response also carries one parameter of each kind; a custom metric counts input bytes;
- * statistics are reported per request and per batch. */
+ * statistics are reported per request and per batch; the backend's config comes back as
+ * backend_config. */
+#define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,7 @@ typedef struct {
   TRITONSERVER_MetricFamily* family;
   TRITONSERVER_Metric* bytes;
   uint64_t executions;
+  const char* backend_config; /* the backend's state: its TRITONBACKEND_BackendConfig */
 } ModelState;
 
 TRITONSERVER_Error* TRITONBACKEND_Initialize(TRITONBACKEND_Backend* backend) {
@@ -44,8 +46,9 @@ TRITONSERVER_Error* TRITONBACKEND_Initialize(TRITONBACKEND_Backend* backend) {
   snprintf(line, sizeof(line), "backend %s config %.*s", name, (int)size, json);
   if (TRITONSERVER_LogIsEnabled(TRITONSERVER_LOG_INFO))
     CHECK(TRITONSERVER_LogMessage(TRITONSERVER_LOG_INFO, __FILE__, __LINE__, line));
+  char* kept = strndup(json, size);
   CHECK(TRITONSERVER_MessageDelete(config));
-  CHECK(TRITONBACKEND_BackendSetState(backend, strdup("backend-state")));
+  CHECK(TRITONBACKEND_BackendSetState(backend, kept));
   return NULL;
 }
 
@@ -76,6 +79,9 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
   TRITONBACKEND_Backend* backend;
   CHECK(TRITONBACKEND_ModelBackend(model, &backend));
   ModelState* state = calloc(1, sizeof(*state));
+  void* backend_state;
+  CHECK(TRITONBACKEND_BackendState(backend, &backend_state));
+  state->backend_config = backend_state;
   CHECK(TRITONSERVER_MetricFamilyNew(&state->family, TRITONSERVER_METRIC_KIND_COUNTER,
                                      "echo_input_bytes", "input bytes the echo backend read"));
   char version_text[32];
@@ -236,6 +242,9 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
     TRITONBACKEND_Response* response;
     CHECK(TRITONBACKEND_ResponseNew(&response, requests[r]));
     TRITONSERVER_Error* error = answer(requests[r], response, &read);
+    if (error == NULL)
+      error = TRITONBACKEND_ResponseSetStringParameter(response, "backend_config",
+                                                       state->backend_config);
     TRITONSERVER_Error* sent =
         TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, error);
     if (sent != NULL) {

@@ -6,6 +6,10 @@ that takes only its worker, and a config the backend completes."""
 
 from __future__ import annotations
 
+import json
+import re
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -60,8 +64,10 @@ COMPLETE = """
 METRICS_PORT = free_tcp_port()
 
 
+SHADOWED = 'raise RuntimeError("a backend later in the search order must not be imported")\n'
+
+
 def _repository(tmp: Path) -> Path:
-    compiler()
     repo = tmp / "repo"
     for name, config in [
         ("echo", ECHO),
@@ -72,15 +78,39 @@ def _repository(tmp: Path) -> Path:
     ]:
         write_model(repo, name, config)
         install(name, repo / name)
+    # in each place the library comes before the Python forms
+    (repo / "echo" / "echo.py").write_text(SHADOWED)
+    # the version directory's library before the model directory's (here not a library)
+    write_model(repo, "in_version", ECHO.replace('name: "echo"', 'name: "in_version"'))
+    install("echo", repo / "in_version" / "1")
+    (repo / "in_version" / "libtriton_echo.so").write_text(SHADOWED)
+    # none in the model's directories: the backend directory's
+    write_model(repo, "from_directory", ECHO.replace('name: "echo"', 'name: "from_directory"'))
     return repo
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[Server]:
-    yield from serving(_repository, "--metrics-port", str(METRICS_PORT))
+def backends() -> Iterator[Path]:
+    compiler()
+    directory = Path(tempfile.mkdtemp(prefix="ipt-backends-"))
+    install("echo", directory / "echo")
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
 
 
-def test_every_request_and_response_function(server: Server) -> None:
+@pytest.fixture(scope="module")
+def server(backends: Path) -> Iterator[Server]:
+    yield from serving(
+        _repository,
+        "--metrics-port",
+        str(METRICS_PORT),
+        "--backend-config=echo,flavour=vanilla",
+        "--backend-directory",
+        str(backends),
+    )
+
+
+def test_every_request_and_response_function(server: Server, backends: Path) -> None:
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
     y = np.array([[1, -2, 3], [4, 5, -6]], dtype=np.int64)
     parameters = {"text": "hello", "number": 7, "flag": True, "ratio": 0.25}
@@ -95,6 +125,13 @@ def test_every_request_and_response_function(server: Server) -> None:
     assert (p["echo_text"], p["echo_number"], p["echo_flag"], p["echo_ratio"]) == (
         "hello", 7, True, 0.25
     )  # fmt: skip
+    cmdline = json.loads(p["backend_config"])["cmdline"]
+    assert cmdline["flavour"] == "vanilla"  # --backend-config reaches BackendConfig
+    assert cmdline["backend-directory"] == str(backends)
+    # TRITONSERVER_LogMessage: into the worker's log, with the backend's file and line
+    assert re.search(
+        r"\[echo_0_0 pid \d+\] inferpool\.backend\.echo: backend echo config", server.log()
+    )
     assert (p["param0"], p["param1"], p["param2"], p["param3"]) == (
         "an example string parameter", 42, False, 123.123
     )  # fmt: skip
@@ -200,3 +237,11 @@ def test_a_config_the_backend_completes(server: Server) -> None:
         ("INPUT0", "FP32", [-1, 3])
     ]
     np.testing.assert_array_equal(out["OUTPUT0"], [[2, 4, 6]])
+
+
+@pytest.mark.parametrize("model", ["in_version", "from_directory"])
+def test_found_in_tritons_search_order(server: Server, model: str) -> None:
+    x = np.ones((1, 4), np.float32)
+    with server.client() as c:
+        out = c.infer(model, {"INPUT0": x, "INPUT1": np.ones((1, 1), np.int64)})
+    np.testing.assert_array_equal(out["OUTPUT0"], x)
