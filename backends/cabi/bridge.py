@@ -72,7 +72,7 @@ class Bridge:
         self,
         request: Request,
         response: Response | None,
-        name: bytes,
+        name: str,
         datatype: str,
         shape: tuple[int, ...],
         nbytes: int,
@@ -81,7 +81,8 @@ class Bridge:
         (or the client's region the output was asked into)."""
         if response is None:
             response = Response(request)
-        return response, placed(response.allocate(name.decode(), datatype, shape, nbytes))
+        buffer = response.allocate(name, datatype, shape, nbytes)
+        return response, buffer if type(buffer) is memoryview else placed(buffer)
 
     def send(
         self,
@@ -104,12 +105,9 @@ class Bridge:
                 response = Response(request)
             if parameters:  # made by the host: str, int, bool or float values
                 response.parameters.update(parameters)
-            states = self._states.get(id(request))
-            if states is not None:
-                for name in states.updated:
-                    response.outputs[name] = states.holder.outputs.pop(name)
-                states.updated.clear()
-        if final:
+            if self._states:
+                self._carry_states(request, response)
+        if final and self._states:
             self._drop_states(request)
         if final and response is not None and not request.decoupled and not request.sender_taken:
             request.respond(response)
@@ -134,6 +132,14 @@ class Bridge:
         if states is None or text not in states.holder.outputs:
             raise invalid_arg(f"state '{text}' has no buffer: call TRITONBACKEND_StateBuffer first")
         states.updated.add(text)
+
+    def _carry_states(self, request: Request, response: Response) -> None:
+        """The states the backend updated leave with the request's next response."""
+        states = self._states.get(id(request))
+        if states is not None:
+            for name in states.updated:
+                response.outputs[name] = states.holder.outputs.pop(name)
+            states.updated.clear()
 
     def _drop_states(self, request: Request) -> None:
         states = self._states.pop(id(request), None)

@@ -246,6 +246,7 @@ TRITONSERVER_Error* host_python_error(const char* where);
 TRITONSERVER_Error* host_checked(PyObject* result, const char* where);
 char* host_strdup(const char* text);
 const char* host_datatype_string(TRITONSERVER_DataType datatype);
+PyObject* host_datatype_name(TRITONSERVER_DataType datatype);
 PyObject* host_shape_tuple(const int64_t* shape, uint32_t dims_count);
 int64_t* host_shape_copy(const int64_t* shape, uint32_t dims_count);
 /* a buffer a bridge call returned: host memory (a writable buffer), or device memory as

@@ -702,8 +702,8 @@ HOST_EXPORT TRITONSERVER_Error* TRITONBACKEND_OutputBuffer(TRITONBACKEND_Output*
   PyGILState_STATE gil = PyGILState_Ensure();
   TRITONSERVER_Error* error = NULL;
   PyObject* args[6] = {response->request->py, response->py ? response->py : Py_None,
-                       PyBytes_FromString(output->name),
-                       PyUnicode_FromString(host_datatype_string(output->datatype)),
+                       PyUnicode_FromString(output->name),
+                       host_datatype_name(output->datatype),
                        host_shape_tuple(output->shape, output->dims_count),
                        PyLong_FromUnsignedLongLong(buffer_byte_size)};
   PyObject* result = args[2] && args[3] && args[4] && args[5]

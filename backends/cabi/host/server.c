@@ -98,6 +98,15 @@ const char* host_datatype_string(TRITONSERVER_DataType datatype) {
   return (unsigned)datatype < DATATYPE_COUNT ? DATATYPES[datatype] : "<invalid>";
 }
 
+/* the datatype's name as a Python string (a new reference to one made once; GIL held) */
+PyObject* host_datatype_name(TRITONSERVER_DataType datatype) {
+  static PyObject* names[DATATYPE_COUNT];
+  unsigned index = (unsigned)datatype < DATATYPE_COUNT ? (unsigned)datatype : 0;
+  if (names[index] == NULL) names[index] = PyUnicode_InternFromString(DATATYPES[index]);
+  Py_XINCREF(names[index]);
+  return names[index];
+}
+
 HOST_EXPORT const char* TRITONSERVER_DataTypeString(TRITONSERVER_DataType datatype) {
   return host_datatype_string(datatype);
 }
