@@ -16,7 +16,17 @@ setup(
             sources=[
                 HOST + name
                 for name in (
-                    "module.c", "server.c", "levels.c", "requests.c", "deferred.c", "unsupported.c"
+                    "module.c",
+                    "server.c",
+                    "metrics.c",
+                    "levels.c",
+                    "statistics.c",
+                    "inputs.c",
+                    "requests.c",
+                    "responses.c",
+                    "state.c",
+                    "deferred.c",
+                    "unsupported.c",
                 )
             ],
             depends=[HOST + "host.h"],

@@ -267,6 +267,10 @@ void host_deferred_free(Deferred* d);
 PyObject* host_parameter_value(const struct TRITONSERVER_Parameter* parameter);
 void host_parameter_free(struct TRITONSERVER_Parameter* parameter);
 
+TRITONSERVER_Error* host_request_cancelled(HostRequest* request, bool* is_cancelled,
+                                           const char* where);
+
+#define REQUEST_ARG(r) HOST_NOT_NULL(r, "request")
 #define HOST_NOT_NULL(p, what)                                                   \
   do {                                                                           \
     if ((p) == NULL)                                                             \
