@@ -60,6 +60,9 @@ class ShmSession(ClientCore):
         super().__init__(endpoint, timeout)
         self.region: Region | None = None
         self.allocator: Allocator | None = None
+        # input blocks of requests collected unclosed: freed at the next allocation, in the
+        # session's own thread (a finalizer may run in any thread)
+        self.orphans: list[int] = []
         self.mapped = RegionCache(readonly=True)
         self.windows: dict[str, Window] = {}
         self.pending: list[str] = []  # lease tokens to release with the next message
@@ -90,6 +93,8 @@ class ShmSession(ClientCore):
             raise InferpoolError(
                 Code.INVALID_ARG, f"{what}: this client has no input region (input_bytes=0)"
             )
+        while self.orphans:
+            self.allocator.free(self.orphans.pop())
         try:
             return self.allocator.alloc(nbytes)
         except ArenaFull as exc:

@@ -7,6 +7,8 @@ allocator, no round trip) and is sent as a small header, as often as wanted.  A
 
 from __future__ import annotations
 
+import warnings
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -102,6 +104,8 @@ class ShmRequest:
         self.version = str(version)
         self._inputs: dict[str, dict[str, Any]] = {}
         self._slots: dict[str, int] = {}  # input -> offset in the session's input region
+        # collected without close(): its blocks go back, with a ResourceWarning (as a file's)
+        weakref.finalize(self, _collected, session, model, self._slots).atexit = False
         self._outputs: dict[str, dict[str, Any]] = {}  # output -> its parameters
         self.header: Header = {
             "type": "infer",
@@ -228,6 +232,18 @@ class ShmRequest:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _collected(session: ShmSession, model: str, slots: dict[str, int]) -> None:
+    """A request collected without ``close()``: its input blocks go back to the session."""
+    if slots:
+        session.orphans.extend(slots.values())
+        warnings.warn(
+            f"a ShmRequest for model '{model}' was never closed: its {len(slots)} input "
+            "block(s) are given back now; close() requests, or make them in a with block",
+            ResourceWarning,
+            stacklevel=2,
+        )
 
 
 def _window(region: str, offset: int, nbytes: int) -> dict[str, Any]:

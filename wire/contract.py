@@ -78,6 +78,11 @@ def check_input(
     ``spec.name`` given as ``datatype`` ``shape``; ``batch``: the other inputs' batch size
     so far (0: none yet)."""
     name = spec.name
+    if any(d < 0 for d in shape):
+        raise invalid_arg(
+            f"input '{name}' for model '{model}' has a negative dimension: shape "
+            f"{shape_text(shape)}"
+        )
     if datatype != spec.datatype:
         raise invalid_arg(
             f"inference input '{name}' data-type is '{datatype}', but model '{model}' "

@@ -148,8 +148,10 @@ class WorkerMemory:
             except ArenaFull as exc:
                 raise InferpoolError(
                     Code.UNAVAILABLE,
-                    f"output arena of instance '{self.instance_name}' is full: {exc}. Release "
-                    "output handles sooner or start the server with a larger --output-arena-size",
+                    f"output arena of instance '{self.instance_name}' is full ({exc}): the "
+                    "outputs its clients hold take it (responses not read yet, output handles "
+                    "and lane results not released yet); retry once they are released, or "
+                    "start the server with a larger --output-arena-size",
                 ) from None
             if offset + nbytes > self.warm.upto:
                 try:

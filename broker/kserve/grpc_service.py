@@ -24,6 +24,7 @@ from tritonclient.grpc.service_pb2_grpc import GRPCInferenceServiceServicer
 
 from inferpool.broker.kserve.callers import Callers
 from inferpool.broker.kserve.channel import BrokerChannel
+from inferpool.broker.kserve.grpc_handlers import Malformed
 from inferpool.broker.kserve.grpc_infer import infer_message, infer_response
 from inferpool.broker.kserve.health import HEALTH_TIMEOUT_S
 from inferpool.broker.kserve.load import load_message
@@ -264,6 +265,9 @@ class _Stream:
         (or failed) and every request sent has had its final response."""
         try:
             async for request in requests:
+                if isinstance(request, Malformed):  # answered in the stream, which goes on
+                    self.queue.put_nowait(_stream_error(pb.ModelInferRequest(), request.message))
+                    continue
                 try:
                     header, frames, empty_final = infer_message(request, single_response=False)
                 except InferpoolError as err:

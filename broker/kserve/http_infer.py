@@ -59,7 +59,7 @@ def parse_request(body: bytes, header_length: int | None, model: str, version: s
         if not isinstance(inp, dict):
             raise invalid_arg("Unable to parse 'inputs'")
         name, datatype, shape = _describe(inp)
-        params = dict(inp.get("parameters") or {})
+        params = _parameters(inp, f"input '{name}'")
         source = _content_kind(inp, params)
         if source == "binary":
             size = params.pop("binary_data_size")
@@ -85,7 +85,7 @@ def parse_request(body: bytes, header_length: int | None, model: str, version: s
         wire_inputs.append(wire)
     if pos != len(body):
         raise invalid_arg(f"unexpected additional input data for model '{model}'")
-    parameters = dict(request.get("parameters") or {})
+    parameters = _parameters(request, "the request")
     binary_default = parameters.pop("binary_data_output", False)
     if not isinstance(binary_default, bool):
         raise invalid_arg("Unable to parse 'binary_data_output'")
@@ -149,9 +149,7 @@ def _outputs(raw: Any, call: InferCall) -> list[dict[str, Any]]:
         name = out.get("name") if isinstance(out, dict) else None
         if not isinstance(name, str):
             raise invalid_arg("Unable to parse 'name'")
-        params = out.get("parameters") or {}
-        if not isinstance(params, dict):
-            raise invalid_arg(f"parameters of output '{name}' must be an object")
+        params = _parameters(out, f"output '{name}'")
         if "classification" in params:
             raise InferpoolError(
                 Code.UNSUPPORTED, "the classification extension is not supported by inferpool"
@@ -240,3 +238,17 @@ def response_body(
         outputs.append(entry)
     body["outputs"] = outputs
     return orjson.dumps(body), binaries
+
+
+def _parameters(holder: dict[str, Any], what: str) -> dict[str, Any]:
+    """A copy of the ``parameters`` object of ``holder`` (``what``: the request, an input or
+    an output, named in the error); none is an empty one."""
+    params = holder.get("parameters")
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise invalid_arg(
+            f"'parameters' of {what} must be a JSON object, got {type(params).__name__} "
+            f"{orjson.dumps(params)[:40].decode(errors='replace')}"
+        )
+    return dict(params)

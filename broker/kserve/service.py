@@ -23,12 +23,12 @@ from typing import Any
 import grpc
 import zmq
 from aiohttp import web
-from tritonclient.grpc.service_pb2_grpc import add_GRPCInferenceServiceServicer_to_server
 
 from inferpool.broker.kserve import health, http_app
 from inferpool.broker.kserve.bodies import BodyLimits
 from inferpool.broker.kserve.callers import Callers
 from inferpool.broker.kserve.channel import BrokerChannel
+from inferpool.broker.kserve.grpc_handlers import add_to_server
 from inferpool.broker.kserve.grpc_service import InferenceServicer
 from inferpool.broker.kserve.http_base import application
 from inferpool.broker.kserve.socket_owner import SocketOwners
@@ -168,7 +168,7 @@ class Frontends:
     async def _serve_grpc(self, servicer: InferenceServicer, address: str, port: int) -> None:
         limit = ("grpc.max_receive_message_length", self._options.max_message)
         server = grpc.aio.server(options=[*_GRPC_OPTIONS, limit])
-        add_GRPCInferenceServiceServicer_to_server(servicer, server)
+        add_to_server(servicer, server)
         try:
             server.add_insecure_port(f"{_host(address)}:{port}")
         except RuntimeError:  # grpc does not say why: a plain bind on the address does

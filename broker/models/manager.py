@@ -303,7 +303,8 @@ class Manager:
         elif mv.state is State.READY and all(
             h.state is WorkerState.FAILED for h in mv.instances if not h.passive
         ):
-            self._version_failed(mv, error)
+            failed = f"every instance is FAILED, the last: {handle.last_error}"
+            self._version_failed(mv, InferpoolError(error.code, failed))
         elif mv.state is State.UNLOADING:
             self.stop_idle(mv)  # not respawned to finish a queue it may never get to
             self._check_drained(self._retiring_of(mv))

@@ -153,10 +153,7 @@ class Registry:
                 if mv.state is State.READY and (best is None or mv.version > best.version):
                     best = mv
             if best is None:
-                raise InferpoolError(
-                    Code.UNAVAILABLE,
-                    f"Request for unknown model: '{name}' has no available versions" + _why(record),
-                )
+                raise InferpoolError(Code.UNAVAILABLE, _unready(record))
             return best
         try:
             number = int(version)
@@ -211,10 +208,12 @@ class Registry:
         return [mv for r in self.records.values() for mv in r.versions.values()]
 
 
-def _why(record: ModelRecord) -> str:
-    if record.error is not None:
-        return f" ({record.error})"
-    reasons = [
-        f"version {v}: {mv.reason}" for v, mv in sorted(record.versions.items()) if mv.reason
+def _unready(record: ModelRecord) -> str:
+    """Why ``record`` has no version to serve: each version's state and reason."""
+    if record.error is not None and not record.versions:
+        return f"model '{record.name}' failed to load: {record.error}"
+    states = [
+        f"version {v} is {mv.state.value}" + (f" ({mv.reason})" if mv.reason else "")
+        for v, mv in sorted(record.versions.items())
     ]
-    return f" ({'; '.join(reasons)})" if reasons else ""
+    return f"model '{record.name}' has no version ready to serve: {'; '.join(states)}"

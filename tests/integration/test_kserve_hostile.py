@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException
 
 from tests.support import EXAMPLES, Server
@@ -142,3 +143,46 @@ def test_a_connection_that_never_finishes_its_headers_is_closed(server: Server) 
         sock.sendall(b"POST /v2/models/identity/infer HTTP/1.1\r\nHost: x\r\n")
         assert sock.recv(65536) == b""  # closed by the server after --http-header-timeout
     http_served(server)
+
+
+GARBAGE = b"\xff\xff\xff\xff\x0f"  # a field number 0 with a truncated varint: no protobuf
+
+
+def test_a_malformed_grpc_message_is_invalid_argument(server: Server) -> None:
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        with pytest.raises(grpc.RpcError) as err:
+            infer(GARBAGE, timeout=20)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value
+    assert "malformed ModelInfer message" in err.value.details()
+
+
+def test_a_malformed_stream_message_is_answered_and_the_stream_goes_on(server: Server) -> None:
+    request = pb.ModelInferRequest(model_name="identity", id="after")
+    tensor = request.inputs.add(name="INPUT0", datatype="FP32", shape=[2])
+    tensor.contents.fp32_contents.extend([1.0, 2.0])
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stream = channel.stream_stream(
+            "/inference.GRPCInferenceService/ModelStreamInfer",
+            response_deserializer=pb.ModelStreamInferResponse.FromString,
+        )
+        answers = list(stream(iter([GARBAGE, request.SerializeToString()]), timeout=20))
+    assert len(answers) == 2, answers
+    assert "malformed ModelStreamInfer message" in answers[0].error_message
+    assert not answers[1].error_message and answers[1].infer_response.id == "after"
+
+
+@pytest.mark.parametrize("where", ["request", "input", "output"])
+def test_parameters_that_are_not_an_object_are_400(server: Server, where: str) -> None:
+    for bad in ([1], "x", 5, True, 1.5, []):
+        body: dict = {
+            "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1], "data": [1]}],
+            "outputs": [{"name": "OUTPUT0"}],
+        }
+        holder = {"request": body, "input": body["inputs"][0], "output": body["outputs"][0]}
+        holder[where]["parameters"] = bad
+        data = json.dumps(body).encode()
+        with contextlib.closing(raw_post(server, len(data), data)) as sock:
+            status, answer_body = answer(sock)
+        assert status == 400, (bad, answer_body)
+        assert "'parameters' of" in answer_body["error"] and "JSON object" in answer_body["error"]

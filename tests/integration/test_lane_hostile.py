@@ -10,6 +10,7 @@ test shrinks (a real client that shrinks its own mapping dies of it, as it shoul
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import shutil
@@ -27,7 +28,9 @@ import pytest
 import zmq
 
 from inferpool.client import Client, InferpoolError, ShmClient
+from inferpool.client.lane import Lane
 from inferpool.wire import lane as wl
+from inferpool.wire import lane_records as lr
 from tests.support import Server, identity_config, wait_until, write_model
 
 
@@ -232,3 +235,29 @@ def test_lane_outputs_count_in_the_clients_output_share(server: Server) -> None:
         # (the last result's release waits for the lane's next request)
         held = lambda: hog.lease_status()["output_held"]  # noqa: E731
         wait_until(lambda: held() == 1 << 20, "the hog's releases counted")
+
+
+def test_a_negative_lane_dimension_is_named(server: Server) -> None:
+    with ShmClient(server.endpoint, input_bytes=1 << 16, timeout=10) as c:
+        lane = c.lane("plain")
+        assert isinstance(lane, Lane)
+        tensor = wl.Tensor(0, wl.DATATYPES["FP32"], 0, 16, (-4,))
+        body = lr.pack_request_body([tensor], [0])
+        with pytest.raises(InferpoolError) as err:
+            lane.result(lane.post((body, 1, 1)), 10)
+    assert err.value.code.value == "INVALID_ARG"
+    assert "has a negative dimension: shape [-4]" in err.value.message, err.value.message
+
+
+def test_a_request_collected_unclosed_gives_its_inputs_back(server: Server) -> None:
+    with ShmClient(server.endpoint, input_bytes=1 << 16, timeout=10) as c:
+        req = c.request("plain", outputs=["OUTPUT0"])
+        req.input("INPUT0", (6 << 10,), np.float32)[:] = 1  # 24 KiB of the 64
+        with pytest.warns(ResourceWarning, match="was never closed"):
+            del req
+            gc.collect()
+        again = c.request("plain", outputs=["OUTPUT0"])
+        again.input("INPUT0", (12 << 10,), np.float32)[:] = 2  # 48 KiB: fits again
+        with c.run(again) as result:
+            assert result["OUTPUT0"][-1] == 2
+        again.close()

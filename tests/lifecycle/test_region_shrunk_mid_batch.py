@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import signal
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -114,3 +115,19 @@ def test_an_input_region_shrunk_while_a_lane_reads_it_is_blamed_too(server, shor
         wait_until(lambda: plain.is_model_ready("reader"), "the reader ready again")
         out = plain.infer("reader", {"INPUT0": np.ones(4, np.float32)})
         assert out["OUTPUT0"].tolist() == [4.0]
+
+
+def test_a_model_whose_instances_failed_says_so(server) -> None:
+    """Not 'unknown model ... has no available versions': the model is there, its
+    instance is FAILED, and the answer says why."""
+    with server.client() as c:
+        [pid] = [r["pid"] for r in c.status()]
+        os.kill(pid, signal.SIGKILL)  # with --max-restarts 0: FAILED at once
+        wait_until(lambda: not c.is_model_ready("reader"), "the reader is not ready")
+        with pytest.raises(InferpoolError) as err:
+            c.infer("reader", {"INPUT0": np.ones(4, np.float32)})
+    message = err.value.message
+    assert "unknown model" not in message, message
+    assert "model 'reader' has no version ready to serve: version 1 is UNAVAILABLE" in message
+    assert "every instance is FAILED" in message and "SIGKILL" in message, message
+    assert "not restarting" in message, message

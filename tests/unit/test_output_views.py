@@ -12,6 +12,7 @@ import pytest
 from inferpool.backends.api import OutputMemory, Request, RequestedOutput, Response
 from inferpool.backends.testing import HeapMemory
 from inferpool.shm.region import Region
+from inferpool.wire.errors import InferpoolError
 from inferpool.workers.memory import WorkerMemory
 
 
@@ -104,3 +105,17 @@ def test_heap_buffers_dropped_take_their_views_along() -> None:
     assert not mem.slot_views("heap")  # none kept over a buffer no longer held
     assert place(mem, (4,), "FP32", make) is not first  # a new buffer, a new view
     assert make.made == 2
+
+
+def test_a_full_output_arena_names_the_cause_not_the_caller(memory: WorkerMemory) -> None:
+    """The request that finds the arena full may hold nothing of it: the error says what
+    fills it (what clients hold) and never tells this caller to release its own."""
+    while True:
+        try:
+            memory.allocate(None, 1 << 20)
+        except InferpoolError as err:
+            message = err.message
+            break
+    assert "output arena of instance 'test_0' is full" in message
+    assert "the outputs its clients hold take it" in message
+    assert "Release output handles" not in message
