@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from inferpool.client.lane_book import pin_option
+from inferpool.shm import bell as bell_module
 from inferpool.shm import cores
 from inferpool.shm.bell import Bell
 from inferpool.wire import lane as wl
@@ -284,20 +285,48 @@ def test_a_free_core_is_one_no_worker_holds() -> None:
     assert in_thread(lambda: cores.free_core(mine, mine)) is None
 
 
+def ring_from_a_child(bell: Bell, value: int, after: float) -> int:
+    """A forked process rings ``value`` on ``bell`` ``after`` seconds from now (another
+    process: a thread would need this one's GIL); its pid."""
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(after)
+        bell.ring(value)
+        os._exit(0)
+    return pid
+
+
 def test_a_bell_spins_only_while_it_may_stay(region: memoryview) -> None:
     """Told to leave (its thread landed on the peer's core), a wait sleeps at once; told to
     stay, it catches the change spinning, without a sleep."""
     bell = Bell(region, wl.Header(region).words, wl.RESP_SEQ, wl.CLIENT_SLEEPING)
     assert bell.wait(0, 10**9, 0.01, lambda: False) == 0
     assert (bell.spun, bell.slept) == (0, 1)
-    ringer = threading.Timer(0.005, bell.ring, (1,))
-    ringer.start()
+    child = ring_from_a_child(bell, 1, 0.005)
     assert bell.wait(0, 10**9, 0.01, lambda: True) == 1
-    ringer.join()
+    os.waitpid(child, 0)
     assert (bell.spun, bell.slept) == (1, 1)
     looks = iter([True, True, False])  # it moved while it spun: the spin ends there
     assert bell.wait(1, 10**9, 0.01, lambda: next(looks)) == 1
-    assert (bell.spun, bell.slept) == (1, 2)
+    assert (bell.spun, bell.slept, bell.misses) == (1, 2, 0)
+
+
+def test_spins_that_keep_missing_are_tried_again_now_and_then(region: memoryview) -> None:
+    """After MISSES spins in a row ran out, only every TRY_EVERY-th wait spins; a try that
+    catches the change makes every wait spin again."""
+    bell = Bell(region, wl.Header(region).words, wl.RESP_SEQ, wl.CLIENT_SLEEPING)
+    bell.misses = bell_module.MISSES
+    looks: list[int] = []
+    for _ in range(bell_module.TRY_EVERY):  # a spin of 1 ns: out at its first look
+        bell.wait(0, 1, 0.001, lambda: looks.append(1) is None)
+    assert len(looks) == 1 and bell.misses == bell_module.MISSES + 1  # one try, missed
+    bell._skipped = bell_module.TRY_EVERY - 1  # the next wait is a try
+    child = ring_from_a_child(bell, 1, 0.005)
+    assert bell.wait(0, 10**9, 0.01, lambda: True) == 1
+    os.waitpid(child, 0)
+    assert (bell.misses, bell.spun) == (0, 1)
+    bell.wait(1, 1, 0.001, lambda: looks.append(1) is None)
+    assert len(looks) == 2  # spinning on every wait again
 
 
 @pytest.mark.parametrize("pin", ["fast", [], [-1], 1.5, [0, "1"]])
