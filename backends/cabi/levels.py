@@ -140,15 +140,17 @@ class CModelInstance(ModelInstance):
             self.model.capsule, self.name, KINDS[self.kind], device, policy, secondary, self
         )
         self._execute = backend.library.entry_points["TRITONBACKEND_ModelInstanceExecute"]
-        self._requests = RequestMaker(self.model.config, self.model.decoupled)
+        self._host_execute = host.execute
+        self._requests = RequestMaker(self.model.config)
         backend._call("TRITONBACKEND_ModelInstanceInitialize", self.capsule)
 
     def execute(self, requests: list[Request]) -> None:
-        made = tuple(map(self._requests.make, requests))
-        result = library.host().execute(self._execute, self.capsule, made)
-        if result is not None:  # Triton's rule: the requests are the server's again
-            for request in made:
-                request.reclaim()
+        if self.model.decoupled:  # the backend answers when it will, from any thread
+            for request in requests:
+                request.response_sender()
+        # an error: the requests are the server's again (Triton's rule), the host fails them
+        result = self._host_execute(self._execute, self.capsule, requests, self._requests)
+        if result is not None:
             _check(result, "TRITONBACKEND_ModelInstanceExecute")
 
     def report_memory(self, memory_type: str, device_id: int, byte_size: int) -> None:

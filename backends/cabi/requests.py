@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from inferpool.backends.api import InputTensor, Request
+from inferpool.backends.api import InputTensor
 from inferpool.backends.cabi import library
 from inferpool.wire import codec
 
@@ -29,23 +29,15 @@ CPU, GPU = 0, 2
 
 
 class RequestMaker:
-    """Makes the host's Request of a request: the host reads the request's fields itself
-    and asks this object only for what it cannot read (an input not made yet, parameters)."""
+    """What the host asks when it makes a request's C side (it reads the request's fields
+    itself): an input not made yet, the parameters, the outputs to leave out."""
 
-    def __init__(self, config: Any, decoupled: bool) -> None:
-        host = library.host()
-        self._request = host.Request
-        self._input = host.Input
-        self._decoupled = decoupled
+    def __init__(self, config: Any) -> None:
+        self._input = library.host().Input
         # the state outputs a worker asks of every sequence request are not the client's:
         # a backend learns of state through TRITONBACKEND_StateNew, not as outputs
         self.hidden = frozenset(s.output_name for s in config.sequence_batching.state)
         self._names: dict[str, bytes] = {}
-
-    def make(self, request: Request) -> Any:
-        if self._decoupled:  # the backend answers when it will, from any thread
-            request.response_sender()
-        return self._request(request, self)
 
     def input(self, tensor: InputTensor) -> Any:
         """The host's Input for ``tensor``, kept with it where it views a lasting place."""

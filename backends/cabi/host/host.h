@@ -255,6 +255,9 @@ TRITONSERVER_Error* host_buffer_of(PyObject* placed, void** buffer,
                                    struct TRITONSERVER_BufferAttributes* attributes,
                                    const char* what);
 void host_request_let_go(HostRequest* request);
+HostRequest* host_request_new(PyObject* py, PyObject* maker);
+void host_request_hand_over(HostRequest* request);
+void host_request_reclaim(HostRequest* request);
 
 /* set on the thread running an execute, while it runs (deferred.c) */
 extern _Thread_local Deferred* host_deferred;

@@ -268,32 +268,27 @@ static PyObject* backend_attribute(PyObject* self, PyObject* args) {
                                             PyBool_FromLong(attribute.parallel_instance_loading));
 }
 
-void host_request_hand_over(HostRequest* request);
-
 #define STACK_REQUESTS 64
 
 static PyObject* execute(PyObject* self, PyObject* args) {
   (void)self;
-  PyObject *function, *capsule, *requests;
-  if (!PyArg_ParseTuple(args, "O!O!O!", &PyLong_Type, &function, &PyCapsule_Type, &capsule,
-                        &PyTuple_Type, &requests))
+  PyObject *function, *capsule, *requests, *maker;
+  if (!PyArg_ParseTuple(args, "O!O!O!O", &PyLong_Type, &function, &PyCapsule_Type, &capsule,
+                        &PyList_Type, &requests, &maker))
     return NULL;
   ExecuteFn fn = (ExecuteFn)PyLong_AsVoidPtr(function);
   TRITONBACKEND_ModelInstance* instance = PyCapsule_GetPointer(capsule, INSTANCE_CAPSULE);
   if (fn == NULL || instance == NULL) return NULL;
-  Py_ssize_t n = PyTuple_GET_SIZE(requests);
+  Py_ssize_t n = PyList_GET_SIZE(requests);
   TRITONBACKEND_Request* stack[STACK_REQUESTS];
   TRITONBACKEND_Request** handed = n <= STACK_REQUESTS ? stack : malloc(n * sizeof(*handed));
   for (Py_ssize_t k = 0; k < n; k++) {
-    PyObject* item = PyTuple_GET_ITEM(requests, k);
-    if (!PyObject_TypeCheck(item, &HostRequestType)) {
+    handed[k] = host_request_new(PyList_GET_ITEM(requests, k), maker);
+    if (handed[k] == NULL) {
+      while (k-- > 0) Py_DECREF((PyObject*)handed[k]);
       if (handed != stack) free(handed);
-      PyErr_SetString(PyExc_TypeError, "requests must be a tuple of Request");
       return NULL;
     }
-    handed[k] = (TRITONBACKEND_Request*)item;
-  }
-  for (Py_ssize_t k = 0; k < n; k++) {
     handed[k]->instance = instance;
     host_request_hand_over(handed[k]);
   }
@@ -301,8 +296,14 @@ static PyObject* execute(PyObject* self, PyObject* args) {
   Py_BEGIN_ALLOW_THREADS host_deferred = &instance->deferred;
   error = fn(instance, handed, (uint32_t)n);
   host_deferred = NULL;
-  Py_END_ALLOW_THREADS if (handed != stack) free(handed);
-  if (host_drain(&instance->deferred, instance->owner) < 0) {
+  Py_END_ALLOW_THREADS;
+  int drained = host_drain(&instance->deferred, instance->owner);
+  for (Py_ssize_t k = 0; k < n; k++) { /* what the backend holds is its own */
+    if (error != NULL) host_request_reclaim(handed[k]);
+    Py_DECREF((PyObject*)handed[k]);
+  }
+  if (handed != stack) free(handed);
+  if (drained < 0) {
     TRITONSERVER_ErrorDelete(error);
     return NULL;
   }
@@ -364,7 +365,9 @@ static PyMethodDef module_methods[] = {
     {"backend_attribute", backend_attribute, METH_VARARGS,
      "backend_attribute(function, backend): (None or (code, message), parallel loading)"},
     {"execute", execute, METH_VARARGS,
-     "execute(function, instance, requests): None or (code, message)"},
+     "execute(function, instance, requests, maker): None or (code, message); the host makes "
+     "each request's C side (maker: backends/cabi/requests.py), and when the backend fails "
+     "takes back those it still holds"},
     {"bind", bind, METH_O, "bind(bridge): the object whose methods the host calls"},
     {"set_log_levels", set_log_levels, METH_VARARGS, "set_log_levels(info, warn, error, verbose)"},
     {NULL, NULL, 0, NULL},
@@ -386,8 +389,6 @@ PyMODINIT_FUNC PyInit__tritonserver(void) {
   if (m == NULL) return NULL;
   Py_INCREF(&HostInputType);
   PyModule_AddObject(m, "Input", (PyObject*)&HostInputType);
-  Py_INCREF(&HostRequestType);
-  PyModule_AddObject(m, "Request", (PyObject*)&HostRequestType);
   PyModule_AddIntConstant(m, "API_VERSION_MAJOR", TRITONBACKEND_API_VERSION_MAJOR);
   PyModule_AddIntConstant(m, "API_VERSION_MINOR", TRITONBACKEND_API_VERSION_MINOR);
   return m;

@@ -108,11 +108,11 @@ static PyObject* outputs_of(PyObject* requested, PyObject* hidden) {
   return outputs;
 }
 
-/* Request(request, maker): the C side of an inferpool Request, read from it once */
-static int request_init(HostRequest* self, PyObject* args, PyObject* kwds) {
-  (void)kwds;
-  PyObject *py, *maker;
-  if (!PyArg_ParseTuple(args, "OO", &py, &maker)) return -1;
+/* A new Request: the C side of inferpool request ``py``, read from it once; ``maker``
+ * makes what the host cannot (backends/cabi/requests.py).  NULL with a Python error. */
+HostRequest* host_request_new(PyObject* py, PyObject* maker) {
+  HostRequest* self = (HostRequest*)HostRequestType.tp_alloc(&HostRequestType, 0);
+  if (self == NULL) return NULL;
   int status = -1;
   PyObject* id = PyObject_GetAttr(py, s_id);
   PyObject* corr = PyObject_GetAttr(py, s_correlation_id);
@@ -163,7 +163,8 @@ done:
   Py_XDECREF(requested);
   Py_XDECREF(parameters);
   Py_XDECREF(hidden);
-  return status;
+  if (status < 0) Py_CLEAR(self);
+  return self;
 }
 
 static void request_dealloc(HostRequest* self) {
@@ -207,41 +208,17 @@ void host_request_hand_over(HostRequest* request) {
   atomic_store(&request->holders, 1);
 }
 
-static PyObject* request_reclaim(HostRequest* self, PyObject* unused) {
-  (void)unused;
-  if (atomic_exchange(&self->released, 1) == 0) host_request_let_go(self);
-  Py_RETURN_NONE;
+/* Triton's rule when an execute fails: the requests are the server's again (GIL held) */
+void host_request_reclaim(HostRequest* request) {
+  if (atomic_exchange(&request->released, 1) == 0) host_request_let_go(request);
 }
-
-static PyObject* request_released(HostRequest* self, void* closure) {
-  (void)closure;
-  return PyBool_FromLong(atomic_load(&self->released));
-}
-
-static PyMethodDef request_methods[] = {
-    {"reclaim", (PyCFunction)request_reclaim, METH_NOARGS,
-     "Take the request back from a backend whose execute failed (Triton's rule: the server "
-     "owns the requests then)."},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyGetSetDef request_getset[] = {
-    {"released", (getter)request_released, NULL, "whether the backend released it", NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
 
 PyTypeObject HostRequestType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "inferpool.backends.cabi._tritonserver.Request",
     .tp_basicsize = sizeof(HostRequest),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "TRITONBACKEND_Request: Request(request, maker), read from an inferpool "
-              "request once; maker.input(tensor) makes an input not made yet, "
-              "maker.parameters(dict) the parameters, maker.hidden names outputs left out",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)request_init,
+    .tp_doc = "TRITONBACKEND_Request: made by the host's execute from an inferpool request",
     .tp_dealloc = (destructor)request_dealloc,
-    .tp_methods = request_methods,
-    .tp_getset = request_getset,
 };
 
 /* ================================================================== request accessors */
