@@ -116,6 +116,9 @@ class Backend(_Level):
     config: dict[str, str]
     #: --backend-directory ("" where none is searched)
     backend_directory: str = ""
+    #: where the metric families it makes are kept (the model's ``stats`` too): Triton's
+    #: metric families are the server's, and a C backend may make one before any model
+    stats: StatisticsReporter
 
     def control(self, command: str, args: dict[str, Any]) -> Any:
         """TRITONBACKEND_BackendControl: optional out-of-band commands."""

@@ -101,6 +101,7 @@ class BackendHost:
             backend.name = self.backend_name
             backend.config = dict(self.backend_config)
             backend.backend_directory = self.backend_directory
+            backend.stats = self.stats
             backend.log = logging.getLogger(f"inferpool.backend.{self.backend_name}")
             self._enter(backend, "TRITONBACKEND_Initialize (Backend.initialize)")
             self.backend = backend

@@ -64,7 +64,7 @@ class _States:
 class Bridge:
     def __init__(self) -> None:
         self.logger = logging.getLogger("inferpool.backend")
-        self.stats: StatisticsReporter | None = None  # the model's, once it initializes
+        self.stats: StatisticsReporter | None = None  # the backend's, once it initializes
         self._states: dict[int, _States] = {}
 
     # ------------------------------------------------------------------ responses
@@ -185,7 +185,7 @@ class Bridge:
     # ------------------------------------------------------------------ metrics
     def metric_family(self, kind: int, name: str, description: str) -> MetricFamily:
         if self.stats is None:
-            raise InferpoolError(Code.UNAVAILABLE, f"metric family '{name}': no model is loaded")
+            raise InferpoolError(Code.UNAVAILABLE, f"metric family '{name}': no backend is loaded")
         return self.stats.metric_family(name, description, METRIC_KINDS[kind])
 
     def metric(self, family: MetricFamily, labels: dict[str, str]) -> Metric:

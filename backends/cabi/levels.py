@@ -50,6 +50,7 @@ class CBackend(Backend):
     def initialize(self) -> None:
         self.bridge = bridge()
         self.bridge.logger = self.log
+        self.bridge.stats = self.stats
         host = library.host()
         host.set_log_levels(*(self.log.isEnabledFor(level) for level in LOG_LEVELS))
         self.library = library.open_library(self.name, self.library_path)
@@ -91,7 +92,6 @@ class CModel(Model):
 
     def initialize(self) -> None:
         host = library.host()
-        self.backend.bridge.stats = self.stats
         self.capsule = host.new_model(
             self.backend.capsule,
             self.name,

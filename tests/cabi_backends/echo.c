@@ -23,11 +23,17 @@ static uint64_t now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* the backend's state: its config, and its metric family (made at backend level, as
+ * Triton's identity backend makes it) */
 typedef struct {
+  char* config;
   TRITONSERVER_MetricFamily* family;
+} BackendState;
+
+typedef struct {
   TRITONSERVER_Metric* bytes;
   uint64_t executions;
-  const char* backend_config; /* the backend's state: its TRITONBACKEND_BackendConfig */
+  const char* backend_config;
 } ModelState;
 
 TRITONSERVER_Error* TRITONBACKEND_Initialize(TRITONBACKEND_Backend* backend) {
@@ -46,15 +52,21 @@ TRITONSERVER_Error* TRITONBACKEND_Initialize(TRITONBACKEND_Backend* backend) {
   snprintf(line, sizeof(line), "backend %s config %.*s", name, (int)size, json);
   if (TRITONSERVER_LogIsEnabled(TRITONSERVER_LOG_INFO))
     CHECK(TRITONSERVER_LogMessage(TRITONSERVER_LOG_INFO, __FILE__, __LINE__, line));
-  char* kept = strndup(json, size);
+  BackendState* state = calloc(1, sizeof(*state));
+  state->config = strndup(json, size);
   CHECK(TRITONSERVER_MessageDelete(config));
-  CHECK(TRITONBACKEND_BackendSetState(backend, kept));
+  CHECK(TRITONSERVER_MetricFamilyNew(&state->family, TRITONSERVER_METRIC_KIND_COUNTER,
+                                     "echo_input_bytes", "input bytes the echo backend read"));
+  CHECK(TRITONBACKEND_BackendSetState(backend, state));
   return NULL;
 }
 
 TRITONSERVER_Error* TRITONBACKEND_Finalize(TRITONBACKEND_Backend* backend) {
-  void* state;
-  CHECK(TRITONBACKEND_BackendState(backend, &state));
+  void* vstate;
+  CHECK(TRITONBACKEND_BackendState(backend, &vstate));
+  BackendState* state = vstate;
+  CHECK(TRITONSERVER_MetricFamilyDelete(state->family));
+  free(state->config);
   free(state);
   return NULL;
 }
@@ -79,17 +91,16 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
   TRITONBACKEND_Backend* backend;
   CHECK(TRITONBACKEND_ModelBackend(model, &backend));
   ModelState* state = calloc(1, sizeof(*state));
-  void* backend_state;
-  CHECK(TRITONBACKEND_BackendState(backend, &backend_state));
-  state->backend_config = backend_state;
-  CHECK(TRITONSERVER_MetricFamilyNew(&state->family, TRITONSERVER_METRIC_KIND_COUNTER,
-                                     "echo_input_bytes", "input bytes the echo backend read"));
+  void* vbackend;
+  CHECK(TRITONBACKEND_BackendState(backend, &vbackend));
+  BackendState* backend_state = vbackend;
+  state->backend_config = backend_state->config;
   char version_text[32];
   snprintf(version_text, sizeof(version_text), "%llu", (unsigned long long)version);
   const TRITONSERVER_Parameter* labels[2] = {
       TRITONSERVER_ParameterNew("model", TRITONSERVER_PARAMETER_STRING, name),
       TRITONSERVER_ParameterNew("version", TRITONSERVER_PARAMETER_STRING, version_text)};
-  CHECK(TRITONSERVER_MetricNew(&state->bytes, state->family, labels, 2));
+  CHECK(TRITONSERVER_MetricNew(&state->bytes, backend_state->family, labels, 2));
   TRITONSERVER_ParameterDelete((TRITONSERVER_Parameter*)labels[0]);
   TRITONSERVER_ParameterDelete((TRITONSERVER_Parameter*)labels[1]);
   return TRITONBACKEND_ModelSetState(model, state);
@@ -100,7 +111,6 @@ TRITONSERVER_Error* TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* model) {
   CHECK(TRITONBACKEND_ModelState(model, &vstate));
   ModelState* state = vstate;
   CHECK(TRITONSERVER_MetricDelete(state->bytes));
-  CHECK(TRITONSERVER_MetricFamilyDelete(state->family));
   free(state);
   return NULL;
 }
