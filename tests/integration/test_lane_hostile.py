@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import os
 import shutil
 import signal
@@ -25,12 +24,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-import zmq
 
 from inferpool.client import Client, InferpoolError, ShmClient
 from inferpool.client.lane import Lane
 from inferpool.wire import lane as wl
 from inferpool.wire import lane_records as lr
+from tests.raw_client import Raw, asleep_on, lanes_open, shrink, workers
 from tests.support import Server, identity_config, wait_until, write_model
 
 
@@ -48,55 +47,10 @@ def server() -> Iterator[Server]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-class Raw:
-    """A client that is a bare DEALER socket: it never maps anything."""
-
-    def __init__(self, endpoint: str) -> None:
-        self.sock = zmq.Context.instance().socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(endpoint)
-
-    def call(self, msg_type: str, **fields: Any) -> dict[str, Any]:
-        self.sock.send_multipart([b"", json.dumps({"type": msg_type, **fields}).encode()])
-        assert self.sock.poll(20_000), f"no reply to {msg_type}"
-        reply: dict[str, Any] = json.loads(self.sock.recv_multipart()[1])
-        return reply
-
-    def open_lane(self, model: str = "plain", **fields: Any) -> dict[str, Any]:
-        made = self.call("create_shared_memory_region", name="inputs", byte_size=4096)
-        assert "error" not in made, made
-        fields.setdefault("pid", os.getpid())
-        return self.call("open_lane", model_name=model, **fields)
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-def workers(server: Server) -> dict[str, tuple[int, int, str]]:
-    """Each instance's (pid, restarts, state)."""
-    with Client(server.endpoint, timeout=10) as c:
-        return {r["instance"]: (r["pid"], r["restarts"], r["state"]) for r in c.status()}
-
-
-def lanes_open(server: Server) -> int:
-    with Client(server.endpoint, timeout=10) as c:
-        return int(c.statistics()["resources"]["lanes"])
-
-
 def serves(server: Server) -> None:
     with Client(server.endpoint, timeout=10) as c:
         out = c.infer("plain", {"INPUT0": np.arange(3, dtype=np.float32)})
         assert out["OUTPUT0"].tolist() == [0, 1, 2]
-
-
-def asleep_on(name: str) -> bool:
-    """Whether the worker sleeps on lane region ``name`` (its flag read off the file)."""
-    with open(f"/dev/shm/{name}", "rb") as region:
-        return os.pread(region.fileno(), 4, wl.WORKER_SLEEPING) == b"\1\0\0\0"
-
-
-def shrink(name: str, size: int) -> None:
-    os.truncate(f"/dev/shm/{name}", size)
 
 
 @pytest.mark.parametrize("end", ["close_lane", "disconnect", "nothing"])
