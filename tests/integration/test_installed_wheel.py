@@ -1,6 +1,7 @@
 """A real, non-editable install: the wheel puts only ``inferpool``, Triton's
-``triton_python_backend_utils`` and its dist-info into site-packages, and the installed
-``inferpool serve`` serves the embedded example repository."""
+``triton_python_backend_utils`` and its dist-info into site-packages (with the host of
+Triton's C API and its headers), and the installed ``inferpool serve`` serves the embedded
+example repository."""
 
 from __future__ import annotations
 
@@ -82,6 +83,19 @@ def test_wheel_installs_only_the_namespace_and_serves(short_tmp: Path) -> None:
     ).stdout.split()
     assert where[0].startswith(str(site / "inferpool" / "broker"))
     assert where[1] == "inferpool.backends.python.pb_utils"
+    # the host of Triton's C API, built with the wheel (this machine has a C compiler), and
+    # the headers a C backend builds against, where `inferpool --include-dir` says
+    cabi = site / "inferpool" / "backends" / "cabi"
+    assert len(list(cabi.glob("_tritonserver*.so"))) == 1
+    include = subprocess.run(
+        [python, "-m", "inferpool", "--include-dir"],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=short_tmp,
+    ).stdout.strip()
+    assert Path(include) == cabi / "include"
+    assert (cabi / "include" / "triton" / "core" / "tritonbackend.h").is_file()
 
     with (
         Server(
