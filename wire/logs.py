@@ -19,7 +19,8 @@ from typing import Any
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 FORMATS = ("text", "json")
-FIELDS = ("request_id", "model", "version", "instance")  # taken from a record's ``extra``
+# taken from a record's ``extra`` (``source``: a C backend's file and line)
+FIELDS = ("request_id", "model", "version", "instance", "source")
 
 
 class JsonFormatter(logging.Formatter):

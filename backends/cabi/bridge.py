@@ -10,6 +10,7 @@ API call returns (its code from an InferpoolError, else INTERNAL).
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from inferpool.backends.messages import ParameterValue, Request, Response
@@ -204,7 +205,17 @@ class Bridge:
     def log(self, level: int, filename: str, line: int, message: str) -> None:
         py_level = LOG_LEVELS[level] if 0 <= level < len(LOG_LEVELS) else logging.INFO
         logger = self.logger
-        if logger.isEnabledFor(py_level):
+        if logger.isEnabledFor(py_level):  # JSON lines carry the file and line as "source"
+            source = f"{os.path.basename(filename)}:{line}"
             logger.handle(
-                logger.makeRecord(logger.name, py_level, filename, line, message, (), None)
+                logger.makeRecord(
+                    logger.name,
+                    py_level,
+                    filename,
+                    line,
+                    message,
+                    (),
+                    None,
+                    extra={"source": source},
+                )
             )

@@ -245,3 +245,16 @@ def test_found_in_tritons_search_order(server: Server, model: str) -> None:
     with server.client() as c:
         out = c.infer(model, {"INPUT0": x, "INPUT1": np.ones((1, 1), np.int64)})
     np.testing.assert_array_equal(out["OUTPUT0"], x)
+
+
+def test_backend_log_lines_in_json(short_tmp: Path, backends: Path) -> None:
+    repo = short_tmp / "repo"
+    write_model(repo, "echo", ECHO)
+    with Server(short_tmp, repo, "--log-format", "json", "--backend-directory", str(backends)):
+        pass
+    log = (short_tmp / "server.log").read_text().splitlines()
+    lines = [json.loads(line) for line in log if line.startswith("{")]  # (not the banner)
+    [line] = [x for x in lines if x["message"].startswith("backend echo config")]
+    assert line["logger"] == "inferpool.backend.echo"
+    assert line["level"] == "INFO" and line["instance"] == "echo_0_0"
+    assert re.fullmatch(r"echo\.c:\d+", line["source"])
