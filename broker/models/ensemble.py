@@ -45,7 +45,9 @@ class Requests(Protocol):
 
     inflight: dict[int, PendingRequest]
     outputs: OutputRegions
-    dispatch: Dispatch
+
+    @property
+    def dispatch(self) -> Dispatch: ...
 
     def submit(self, req: PendingRequest, now_ns: int) -> None: ...
 
@@ -63,14 +65,15 @@ class EnsembleScheduler(Scheduler):
         plan: Plan,
         requests: Requests,
         registry: Registry,
-        idle: Callable[[ModelVersion], None],
+        version_idle: Callable[[ModelVersion], None],
     ) -> None:
-        """``idle(model)``: an unloading ensemble ended a request (it may be forgotten)."""
+        """``version_idle(model)``: an unloading ensemble ended a request (it may be
+        forgotten then)."""
         super().__init__(model, requests.dispatch, requests.reject)
         self.plan = plan
         self.requests = requests
         self.registry = registry
-        self.idle = idle
+        self.version_idle = version_idle
         self.runs: dict[int, _Run] = {}  # by the ensemble request's rid, until it settles
 
     def enqueue(self, req: PendingRequest, now_ns: int) -> int | None:
@@ -337,7 +340,7 @@ class _Run:
             while key in self.tensors:
                 self._owed(key)
         if model.state is State.UNLOADING:
-            self.scheduler.idle(model)
+            self.scheduler.version_idle(model)
 
 
 def _as_input(model: ModelVersion, name: str, entry: _Tensor) -> TensorRef:
