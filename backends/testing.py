@@ -219,12 +219,12 @@ class BackendHarness(AbstractContextManager["BackendHarness"]):
     ) -> dict[str, np.ndarray]:
         """One request, one response: its outputs as numpy arrays (errors raise)."""
         [(_, response, _final)] = self.execute([self.request(inputs, outputs, **kw)])
-        assert response is not None
         return self.outputs_of(response)
 
-    def outputs_of(self, response: Response) -> dict[str, np.ndarray]:
+    def outputs_of(self, response: Response | None) -> dict[str, np.ndarray]:
         """The response's outputs as a client sees them (reshaped outputs in the config's
-        dims, as the worker reports them)."""
+        dims, as the worker reports them).  None (only a final flag came) fails."""
+        assert response is not None, "the backend sent no response, only the final flag"
         if response.error is not None:
             raise response.error
         config = self.host.config

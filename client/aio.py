@@ -33,7 +33,7 @@ from inferpool.wire.errors import Code, InferpoolError
 from inferpool.wire.zmqio import NOBLOCK, SNDMORE, recv_frames
 
 if TYPE_CHECKING:
-    from typing import Unpack
+    from typing_extensions import Unpack  # typing's from Python 3.11
 
     from inferpool.client.core import Header, InferOptions, Inputs, Outputs
 

@@ -75,7 +75,7 @@ def _client(endpoint: str, where: set[int] | None, spin_us: int, requests: int, 
             c.run(req).release()
         lane = c.lane("mlp")
         after = _compute(c)
-        placement = lane.placement()  # type: ignore[union-attr]
+        placement = lane.placement()
     out.put(
         {
             "compute_ns": (after[1] - before[1]) / max(1, after[0] - before[0]),

@@ -634,7 +634,7 @@ def run_lane_layout(name: str, layout: dict[str, int], quick: bool) -> dict[str,
             MANY,
             layout["client"],
         )
-        sizes = []
+        sizes: list[dict[str, Any]] = []
         for label, nbytes in SIZES[1:] if not quick else SIZES[1:2]:
             if nbytes > 64 << 20:
                 continue

@@ -405,12 +405,12 @@ def report(
         server = name.rpartition("[")[2].rstrip("]") if len(servers) > 1 else servers[0]
         kind = next((k for k in ("shm", "lanes") if k in name), "")
         chain = label(f"chain {kind}".strip(), server, len(servers))
-        hop = p(label(ROUND_TRIP, server, len(servers)), 0.5)
+        hop_p50 = p(label(ROUND_TRIP, server, len(servers)), 0.5)
         p50 = p(name, 0.5)
         print(
             f"| {name} | {p50:.3f} | {p(name, 0.99):.3f} | {p50 / floor(name):.2f}x | "
             f"{p50 / floor(name, (1,)):.2f}x | {p(chain, 0.5) / p50:.2f}x | "
-            f"{(p50 - floor(name)) / hop:.1f} round trips |"
+            f"{(p50 - floor(name)) / hop_p50:.1f} round trips |"
         )
     for server in servers:
         beyond = {  # each path's time beyond its own steps

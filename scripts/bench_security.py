@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +84,7 @@ def round_trips(endpoint: str, runs: int) -> dict[str, float]:
     with Client(endpoint, timeout=60) as c:
         for label, n in SIZES:
             x = np.zeros(n, np.uint8)
-            out[label] = median_s(lambda x=x: c.infer("bench", {"INPUT0": x}), runs)
+            out[label] = median_s(partial(c.infer, "bench", {"INPUT0": x}), runs)
     name = f"ipt-bench-{os.getpid()}"
     region = Region.create(name, 4096, prefault=True)
     try:

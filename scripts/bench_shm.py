@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from inferpool.client import Client  # noqa: E402
-from inferpool.usage import parse_size  # noqa: E402
 from inferpool.shm.runs import SHM_DIR, regions_of_run  # noqa: E402
+from inferpool.usage import parse_size  # noqa: E402
 
 MiB = 1 << 20
 

@@ -319,7 +319,7 @@ def placement(infer: Infer, cores: set[int] | None) -> contextlib.AbstractContex
     """Where ``infer`` is timed: its own placement (a lane's), else ``cores`` if given."""
     placed = getattr(infer, "placed", None)
     if placed is not None:
-        return placed()  # type: ignore[no-any-return]
+        return placed()
     return pinned(cores) if cores else contextlib.nullcontext()
 
 

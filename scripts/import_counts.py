@@ -57,8 +57,8 @@ def sources(rev: str | None) -> Iterator[tuple[str, str]]:
     """(path, text) of every Python file of our packages, in the tree or at ``rev``."""
     if rev is None:
         for pkg in PACKAGES:
-            for path in sorted((ROOT / pkg).rglob("*.py")):
-                yield str(path.relative_to(ROOT)), path.read_text(encoding="utf-8")
+            for file in sorted((ROOT / pkg).rglob("*.py")):
+                yield str(file.relative_to(ROOT)), file.read_text(encoding="utf-8")
         return
     listing = subprocess.run(
         ["git", "-C", str(ROOT), "ls-tree", "-r", "--name-only", rev, "--", *PACKAGES],

@@ -65,14 +65,15 @@ class Process(Protocol):
 
 def start_fresh(spec: WorkerSpec) -> subprocess.Popen[bytes]:
     """A worker as a fresh interpreter, its channel end inherited (``spec.channel_fd``)."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "inferpool.workers.main"],
-        env={**os.environ, **spec_environment(spec)},
-        stdin=subprocess.DEVNULL,
-        close_fds=True,
-        pass_fds=[spec.channel_fd],
-        process_group=0,  # out of the server's group from the start (workers.main.run)
-    )
+    argv = [sys.executable, "-m", "inferpool.workers.main"]
+    env = {**os.environ, **spec_environment(spec)}
+    fds = [spec.channel_fd]
+    if sys.version_info >= (3, 11):  # out of the server's group from the start
+        return subprocess.Popen(
+            argv, env=env, stdin=subprocess.DEVNULL, pass_fds=fds, process_group=0
+        )
+    # (workers.main.run leaves the group as it starts)
+    return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, pass_fds=fds)
 
 
 class ForkedProcess:

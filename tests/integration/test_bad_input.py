@@ -18,7 +18,7 @@ from tests.support import EXAMPLES, Server, copy_models, identity_config, servin
 
 def raw(endpoint: str, parts: list[Any], timeout_ms: int = 10000) -> list[bytes]:
     """Send raw frames on a fresh DEALER socket and return the reply's frames."""
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context[Any] = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(endpoint)

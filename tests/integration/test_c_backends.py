@@ -222,7 +222,7 @@ def test_a_crash_mid_execute_takes_only_its_worker(
             ),
             "the faulty instance restarted",
         )
-        assert row["restarts"] == before["faulty_0_0"]["restarts"] + 1
+        assert row is not None and row["restarts"] == before["faulty_0_0"]["restarts"] + 1
         assert row["pid"] != before["faulty_0_0"]["pid"]
         np.testing.assert_array_equal(
             c.infer("faulty", {"INPUT0": np.array([0.0], np.float32)})["OUTPUT0"], [0.0]

@@ -115,6 +115,7 @@ def test_a_client_that_never_reads_cannot_starve_the_others(server) -> None:
     flood = client_process(
         server, FLOOD.replace("ENDPOINT", repr(server.endpoint)).replace("SHARE", str(4 * MiB))
     )
+    assert flood.stdout is not None and flood.stdin is not None
     try:
         lines = [flood.stdout.readline(), flood.stdout.readline()]
         assert lines[1].strip() == "FLOODED", lines

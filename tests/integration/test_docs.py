@@ -30,6 +30,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -96,7 +97,7 @@ def blocks(*langs: str) -> list[Block]:
     return out
 
 
-def runnable(*langs: str) -> list[pytest.param]:
+def runnable(*langs: str) -> list[Any]:
     return [
         pytest.param(b, id=b.id, marks=pytest.mark.skip(reason=b.directive[5:].strip()))
         if b.directive.startswith("skip")

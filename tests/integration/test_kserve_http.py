@@ -194,11 +194,11 @@ def test_admission_errors_carry_the_zmq_message_and_tritons_status(
         ("missing", {"INPUT0": ints}, "INT32", "404"),  # unknown model
         ("identity_batched", {"INPUT0": ints}, "INT32", "400"),  # no batch dimension
     ]
-    for model, inputs, datatype, status in cases:
+    for model, inputs, datatype, http_status in cases:
         expected = zmq_error(server, model, inputs)
         with pytest.raises(InferenceServerException) as err:
             client.infer(model, [infer_input(n, a, datatype) for n, a in inputs.items()])
-        assert (err.value.status(), err.value.message()) == (status, expected.message), model
+        assert (err.value.status(), err.value.message()) == (http_status, expected.message), model
     # a decoupled model needs a stream: Triton's HTTP answer is 501
     with pytest.raises(InferenceServerException) as err:
         client.infer("repeat", [infer_input("N", np.array([2], np.int32), "INT32")])

@@ -54,7 +54,7 @@ def server() -> Iterator[Server]:
     write_model(repo, "again", identity_config("again"))
     write_model(repo, "strings", identity_config("strings", "TYPE_STRING"))
     args = ("--model-control-mode", "explicit", "--load-model", "*", "--lease-timeout", "2")
-    args += ("--cache-size", "1M")
+    args += ("--cache-size", "1M")  # type: ignore[assignment]
     port = free_tcp_port()
     try:
         with Server(tmp, repo, *args, "--metrics-port", str(port)) as srv:

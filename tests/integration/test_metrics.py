@@ -6,6 +6,7 @@ import re
 import socket
 import urllib.error
 import urllib.request
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,14 +18,14 @@ SAMPLE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)")
 LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
-def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float | str]:
-    """Every sample as {(name, sorted labels): value}, names exactly as served, and every
-    family's ``# TYPE`` as {("TYPE name", ()): type}."""
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], Any]:
+    """Every sample as {(name, sorted labels): value (a float)}, names exactly as served,
+    and every family's ``# TYPE`` as {("TYPE name", ()): type (a string)}."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
         assert resp.status == 200
         assert resp.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
         text = resp.read().decode()
-    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float | str] = {}
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
     for line in text.splitlines():
         if line.startswith("# TYPE "):
             _, _, name, kind = line.split()

@@ -90,7 +90,7 @@ def test_huge_parameters_are_refused(server: Server, workers: dict[str, Any]) ->
 
 
 def test_huge_id_is_refused(server: Server, workers: dict[str, Any]) -> None:
-    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(server.endpoint)
     try:
@@ -111,7 +111,7 @@ def test_huge_id_is_refused(server: Server, workers: dict[str, Any]) -> None:
 
 def _concurrently(server: Server, model: str, parameters: list[dict[str, Any]]) -> list[dict]:
     """Send every request at once on one DEALER socket (the batcher groups them); replies."""
-    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(server.endpoint)
     try:

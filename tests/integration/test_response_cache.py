@@ -10,6 +10,7 @@ import secrets
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -230,7 +231,8 @@ def test_requests_using_a_clients_shared_memory_run_as_without_a_cache(server) -
                     [{"name": "OUTPUT0", "parameters": {**window, "shared_memory_offset": 64}}],
                 ),
             ):
-                header = {"type": "infer", "model_name": "cached", "inputs": inputs}
+                header: dict[str, Any] = {"type": "infer", "model_name": "cached"}
+                header["inputs"] = inputs
                 if outputs:
                     header["outputs"] = outputs
                 reply, _ = c._recv(c._send(header, frames), 30)

@@ -113,10 +113,8 @@ def test_bad_shared_memory_requests_get_clear_errors(server: Server, user_region
         a.register_system_shared_memory("mine", user_region.name, 64, offset=128)
         b.register_system_shared_memory("theirs", user_region.name, 4096)
         handle = {"name": "OUTPUT0", "parameters": {"output_handle": True}}
-        small = {
-            "name": "OUTPUT0",
-            "parameters": {"shared_memory_region": "mine", "shared_memory_byte_size": 8},
-        }
+        small_window = {"shared_memory_region": "mine", "shared_memory_byte_size": 8}
+        small = {"name": "OUTPUT0", "parameters": small_window}
         cases = [
             (
                 [shm_input("theirs", 16)],
@@ -151,7 +149,7 @@ def test_bad_shared_memory_requests_get_clear_errors(server: Server, user_region
             ),
             (
                 [shm_input("mine", 16)],
-                [{"name": "OUTPUT0", "parameters": {**small["parameters"], "output_handle": True}}],
+                [{"name": "OUTPUT0", "parameters": {**small_window, "output_handle": True}}],
                 "INVALID_ARG",
                 "choose one",
             ),

@@ -51,7 +51,9 @@ def test_readiness_through_loading_a_lost_instance_and_a_drain(short_tmp) -> Non
             (gate / "load").unlink()
             os.kill(instance(c, "gated_0_0")["pid"], signal.SIGKILL)
             body = wait_until(lambda: (r := http(port, "/readyz"))[0] == 503 and r[1])
-            assert body.startswith("not ready: model 'gated' version 1 has no live instance")
+            assert body and body.startswith(
+                "not ready: model 'gated' version 1 has no live instance"
+            )
             assert http(port, "/livez") == OK
             (gate / "load").touch()
             wait_until(lambda: http(port, "/readyz") == OK, what="ready once respawned")

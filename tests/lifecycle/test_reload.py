@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import shutil
 import signal
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from inferpool.client import InferpoolError
+from inferpool.client import Client, InferpoolError
 from tests.lifecycle.helpers import REPORT, Stream, act, write_act_model
 from tests.support import identity_config, serving, wait_until, write_model
 
@@ -42,6 +43,11 @@ def repo(tmp: Path) -> Path:
 @pytest.fixture(scope="module")
 def server():
     yield from serving(repo)
+
+
+def _serves(c: Client, value: int) -> bool:
+    """Model 'changing' answers with ``value``: its reload is served."""
+    return bool(act(c, "changing")["value"] == value)
 
 
 def pids(c, model: str) -> set[int]:
@@ -121,7 +127,7 @@ def test_reloads_under_load_leave_no_region_behind(server) -> None:
             for value in (300, 4000, 50000):  # new sizes: no stale .pyc
                 write_act_model(root, "changing", value=value)
                 server.proc.send_signal(signal.SIGHUP)
-                wait_until(lambda v=value: act(c, "changing")["value"] == v, what="reloaded")
+                wait_until(partial(_serves, c, value), what="reloaded")
                 wait_until(lambda: len(pids(c, "changing")) == 1, what="the old workers stopped")
         finally:
             changing.stop()

@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import signal
 import time
+from functools import partial
 
 import numpy as np
 import pytest
 
-from inferpool.client import InferpoolError
+from inferpool.client import Client, InferpoolError
 from inferpool.shm.runs import regions_of_run, run_is_alive
 from tests.lifecycle.helpers import NAP, instance, send_act, write_act_model
 from tests.support import (
@@ -53,8 +54,7 @@ def test_signal_runs_finalizers_and_unlinks_everything(short_tmp, sig) -> None:
     assert log.count("Cleaning up...") == 1  # add_sub's model.py (python backend) finalize()
     assert not (our_regions() & mine) and server.regions() == []
     assert not os.path.exists(server.ipc[len("ipc://") :])
-    for pid in pids:
-        wait_until(lambda pid=pid: not os.path.exists(f"/proc/{pid}"))
+    wait_until(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in pids))
 
 
 @pytest.mark.parametrize("whom", ["broker", "group"])
@@ -88,8 +88,8 @@ def test_killed_broker_takes_its_workers_and_the_next_start_sweeps(short_tmp) ->
         run = first.run_id
         first.proc.send_signal(signal.SIGKILL)  # the broker alone, not its process group
         first.proc.wait(10)
-        for pid in pids:  # parent-death signal: workers go with the broker
-            wait_until(lambda pid=pid: not alive(pid))
+        # parent-death signal: workers go with the broker
+        wait_until(lambda: not any(alive(pid) for pid in pids))
         # its regions stay until a broker starts (another session's may sweep them first)
         assert not run_is_alive(run)
         second = Server(short_tmp, EXAMPLES)
@@ -124,6 +124,12 @@ def test_worker_crash_answers_in_flight_and_respawns(short_tmp) -> None:
         assert server.stop() == 0
 
 
+def _replaced(c: Client, pid: int) -> bool:
+    """The only worker is READY again, in another process than ``pid``."""
+    row = c.status()[0]
+    return bool(row["state"] == "READY" and row["pid"] != pid)
+
+
 def test_requests_during_a_crash_loop_all_get_answers(short_tmp) -> None:
     """Kill the worker repeatedly: every request gets a result or an error, none hangs."""
     with Server(short_tmp, slow_repo(short_tmp, 50)) as server, server.client(timeout=15) as c:
@@ -141,9 +147,7 @@ def test_requests_during_a_crash_loop_all_get_answers(short_tmp) -> None:
             os.kill(pid, signal.SIGKILL)
             _header, _ = c._recv(rid, 15)
             answered += 1
-            wait_until(
-                lambda pid=pid: c.status()[0]["state"] == "READY" and c.status()[0]["pid"] != pid
-            )
+            wait_until(partial(_replaced, c, pid))
         assert answered == 3
         with pytest.raises(InferpoolError, match="unknown model"):
             c.infer("nope", {"INPUT0": np.ones(1, np.float32)})

@@ -62,7 +62,7 @@ def test_a_killed_worker_is_forked_again_and_its_exit_reported(server: Server) -
             ),
             what="act_0_0 back",
         )
-    assert parent_of(new["pid"]) == zygote
+    assert new and parent_of(new["pid"]) == zygote
     assert "died with signal SIGKILL" in new["last_error"]  # the zygote reported the code
 
 

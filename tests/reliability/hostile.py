@@ -157,7 +157,9 @@ def deep_fields(draw: st.DrawFn) -> Message:
     where = draw(st.sampled_from(["inputs", "outputs", "model_name", "shape"]))
     if where == "shape":
         return _message(_with_input(shape=nested), [FOUR])
-    return _message(_infer(**{where: [nested] if where != "model_name" else nested}), [FOUR])
+    header = _infer()
+    header[where] = [nested] if where != "model_name" else nested
+    return _message(header, [FOUR])
 
 
 @st.composite
@@ -170,7 +172,9 @@ def huge_strings(draw: st.DrawFn) -> Message:
         return _message(_infer(parameters={"pad": text}), [FOUR])
     if where == "type":
         return _message({"type": text}, [])
-    return _message(_infer(**{where: text}), [FOUR])
+    header = _infer()
+    header[where] = text
+    return _message(header, [FOUR])
 
 
 @st.composite

@@ -24,8 +24,8 @@ def create_inputs() -> Message:
 
 
 def _open(**fields: Any) -> dict[str, Any]:
-    header = {"type": "open_lane", "model_name": "identity", "input_region": INPUTS}
-    header["pid"] = os.getpid()
+    header: dict[str, Any] = {"type": "open_lane", "model_name": "identity"}
+    header["input_region"], header["pid"] = INPUTS, os.getpid()
     header.update(fields)
     return header
 

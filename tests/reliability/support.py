@@ -105,7 +105,7 @@ class Probe:
     def __init__(self, endpoint: str, tally: Tally) -> None:
         self.endpoint = endpoint
         self.tally = tally
-        self.ctx = zmq.Context.instance()
+        self.ctx: zmq.Context[Any] = zmq.Context.instance()
 
     def exchange(self, messages: list[Message], timeout: float = 30.0) -> None:
         sock = self.ctx.socket(zmq.DEALER)
@@ -115,7 +115,7 @@ class Probe:
             for msg in messages:
                 sock.send_multipart(msg.frames)
             self.tally.sent += len(messages)
-            replies = []
+            replies: list[list[bytes]] = []
             deadline = time.monotonic() + timeout
             while len(replies) < len(messages):
                 left = int((deadline - time.monotonic()) * 1000)

@@ -60,7 +60,9 @@ def answer(sock: zmq.Socket[Any], request: list[zmq.Frame], value: float) -> Non
         "model_version": "1",
         "outputs": [{"name": "Y", "datatype": "FP32", "shape": [1]}],
     }
-    send_parts(sock, [request[0], b"", codec.encode_header(reply), np.float32([value]).tobytes()])
+    send_parts(
+        sock, [request[0], b"", codec.encode_header(reply), np.array([value], np.float32).tobytes()]
+    )
 
 
 @pytest.fixture

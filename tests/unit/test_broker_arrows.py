@@ -135,7 +135,8 @@ def import_graph() -> dict[str, set[str]]:
 
 
 def reaches(graph: dict[str, set[str]], start: str, goal: str) -> bool:
-    seen, todo = set(), [start]
+    seen: set[str] = set()
+    todo = [start]
     while todo:
         for nxt in graph[todo.pop()] - seen:
             if nxt == goal:

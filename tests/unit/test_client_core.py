@@ -80,7 +80,7 @@ def test_responses_reach_their_requests_in_any_order_and_junk_is_dropped() -> No
     first, second = core.call("health_live", {}), core.infer("m", {"X": np.ones(2, np.float32)})
     assert [sent(first)["id"], sent(second)["id"]] == ["1", "2"]
     assert np.frombuffer(second.frames[0], np.float32).tolist() == [1.0, 1.0]
-    y = np.float32([3, 4]).tobytes()
+    y = np.array([3, 4], np.float32).tobytes()
     out = {"name": "Y", "datatype": "FP32", "shape": [2]}
     junk = [[zmq.Frame(b"not a delimiter")], [zmq.Frame(b""), zmq.Frame(b"{not json")]]
     for parts in junk:

@@ -80,6 +80,7 @@ def test_a_handle_registered_twice_is_mapped_once(fake: FakeCupy) -> None:
     opens a handle once per process."""
     first = _open(cuda_ref(7, 4096, HANDLE, "0"))
     second = _open(cuda_ref(8, 1024, HANDLE, "0"))
+    assert isinstance(first, cuda.CudaRegion) and isinstance(second, cuda.CudaRegion)
     assert second.ptr == first.ptr and fake.calls == [("open", 0)]
     with pytest.raises(InferpoolError, match="byte_size 8192 exceeds the 4096 bytes"):
         _open(cuda_ref(9, 8192, HANDLE, "0"))  # refused without closing the others' mapping
@@ -250,7 +251,12 @@ def test_device_arrays_become_tensors_through_dlpack(
     from inferpool.backends.pytorch import dtypes
 
     taken: list[Any] = []
-    monkeypatch.setattr(torch, "from_dlpack", lambda a: taken.append(a) or torch.zeros(1))
+
+    def from_dlpack(a: Any) -> Any:
+        taken.append(a)
+        return torch.zeros(1)
+
+    monkeypatch.setattr(torch, "from_dlpack", from_dlpack)
     device = fake.array(np.zeros(4, np.float32))  # has no flags.writeable: numpy's attribute
     dtypes.as_tensor(device)
     assert taken == [device]
@@ -327,4 +333,4 @@ def test_fake_device_arrays_refuse_numpy(fake: FakeCupy) -> None:
     with pytest.raises(BufferError):
         np.from_dlpack(device)
     with pytest.raises(AttributeError):
-        device.flags  # noqa: B018
+        device.flags  # type: ignore[attr-defined]  # noqa: B018

@@ -332,7 +332,9 @@ def test_grpc_answer_keeps_one_raw_entry_per_output() -> None:
     response = infer_response(reply, [Frame(b"\x01\x02")], final=True)
     assert list(response.raw_output_contents) == [b"", b"\x01\x02"]
     assert parameters(response.outputs[0].parameters)["shared_memory_region"] == "r"
-    assert parameters(response.parameters) == {**reply["parameters"], "triton_final_response": True}
+    sent = reply["parameters"]
+    assert isinstance(sent, dict)
+    assert parameters(response.parameters) == {**sent, "triton_final_response": True}
     assert response.parameters["big"].WhichOneof("parameter_choice") == "uint64_param"
 
 

@@ -3,9 +3,14 @@
 
 from __future__ import annotations
 
-import tomllib
+import sys
 
 from tests.support import ROOT
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the same parser, from PyPI (the dev extra installs it)
+    import tomli as tomllib
 
 FOLDERS = ("wire", "shm", "backends", "workers", "broker", "client", "examples")
 

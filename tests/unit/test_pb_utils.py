@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
@@ -220,14 +220,16 @@ def test_tensor_helpers_and_dlpack() -> None:
     assert bls.parameters() == '{"k": 1}' and bls.correlation_id() == 0
     with pytest.raises(pb_utils.TritonModelException, match="only supported during the 'execute'"):
         bls.exec()  # no instance serves in this process
-    for bad, problem in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"inputs": [None]}, "should not be empty"),
         ({"requested_output_names": [""]}, "Requested output name for request"),
         ({"correlation_id": 1.5}, "Correlation ID must be integer or string"),
         ({"parameters": {"k": 1.5}}, "Expect parameters values to have type bool/int/str"),
         ({"parameters": {1: "v"}}, "Expect parameters keys to have type str"),
-    ]:
-        args = {"model_name": "m", "inputs": [], "requested_output_names": [], **bad}
+    ]
+    for bad, problem in cases:
+        args: dict[str, Any] = {"model_name": "m", "inputs": [], "requested_output_names": []}
+        args.update(bad)
         with pytest.raises(pb_utils.TritonModelException, match=problem):
             pb_utils.InferenceRequest(**args)
 

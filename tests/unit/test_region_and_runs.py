@@ -86,6 +86,7 @@ def test_sweep_removes_only_dead_runs() -> None:
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
+    assert child.stdout is not None
     dead_run = child.stdout.readline().strip()
     child.wait()
     try:
@@ -168,7 +169,7 @@ def test_names_that_cannot_name_an_object_never_reach_posix_ipc(name) -> None:
     with pytest.raises(ValueError):
         check_name(name)
     with pytest.raises(ValueError):
-        Region.attach(name)  # type: ignore[arg-type]
+        Region.attach(name)
     if name is not None:
         with pytest.raises(ValueError):
             parse_ref(f"sys/1/2.3/0/8/{name}")

@@ -23,10 +23,8 @@ ME = Peer("ipc", os.getpid(), os.getuid(), frozenset({os.getgid()}))  # this pro
 def regs(shm_clean: None) -> Iterator[tuple[Registrations, dict[int, object], dict]]:
     lock = RunLock()
     inflight: dict[int, object] = {}
-    unmaps: dict[bytes, list[str]] = {}
-    r = Registrations(
-        lock.run_id, 1 << 20, 1 << 21, False, inflight, lambda: [b"w0", b"w1"], unmaps
-    )
+    unmaps: dict[str, list[str]] = {}
+    r = Registrations(lock.run_id, 1 << 20, 1 << 21, False, inflight, lambda: ["w0", "w1"], unmaps)
     try:
         yield r, inflight, unmaps
     finally:
@@ -108,8 +106,8 @@ def test_regions_retire_only_after_the_requests_admitted_before(regs, user_objec
     del inflight[7]
     r.tick()
     assert not exists(created.key)
-    refs = sorted(unmaps[b"w0"])
-    assert refs == sorted(unmaps[b"w1"]) and len(refs) == 2
+    refs = sorted(unmaps["w0"])
+    assert refs == sorted(unmaps["w1"]) and len(refs) == 2
     assert exists(user_object)  # the client's own object is the client's to unlink
 
 

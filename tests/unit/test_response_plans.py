@@ -30,7 +30,11 @@ def answer(core: ClientCore, raw: bytes, *frames: bytes) -> tuple[Exchange[Any] 
     """File ``raw`` (a header) and ``frames`` as a response; the exchange it went to and
     the header it was filed with."""
     exchange = core.receive([zmq.Frame(b""), zmq.Frame(raw), *map(zmq.Frame, frames)])
-    return exchange, exchange.replies[-1][0] if exchange is not None else None
+    if exchange is None:
+        return None, None
+    reply = exchange.replies[-1]
+    assert not isinstance(reply, InferpoolError)
+    return exchange, reply[0]
 
 
 def read(core: ClientCore, exchange: Exchange[Any]) -> InferResult:
@@ -41,7 +45,7 @@ def ask(core: ClientCore, n: int) -> list[Exchange[InferResult]]:
     return [core.infer("m", {"X": np.ones(2, np.float32)}) for _ in range(n)]
 
 
-Y = np.float32([[3, 4]]).tobytes()
+Y = np.array([[3, 4]], np.float32).tobytes()
 
 
 def planned(core: ClientCore) -> ClientCore:
@@ -120,7 +124,10 @@ def test_a_plan_is_used_only_once_a_second_response_shows_the_digits_are_the_id(
         raw = header(exchange.id)[:-1] + b',"id":"' + target.id.encode() + b'"}'
         got, filed = answer(core, raw, Y)
         assert got is target and type(filed) is dict
-    assert [m[0]["id"] for m in target.replies] == [target.id] * 4
+    assert [m[0]["id"] for m in target.replies if not isinstance(m, InferpoolError)] == [
+        target.id
+    ] * 4
+    assert len(target.replies) == 4
 
 
 def test_responses_to_requests_given_up_on_and_other_readers_are_not_planned() -> None:

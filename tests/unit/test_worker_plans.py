@@ -190,6 +190,7 @@ def test_a_batch_that_differs_after_its_id_is_read_in_full() -> None:
     ]
     for msg in others:
         back = read(m.encode(msg))
+        assert isinstance(back, m.Execute)
         assert back == m.decode_from_broker(m.encode(msg)) and back.requests == msg.requests
     with_parameters = work(8)._replace(parameters={"p": [1]})
     first = read(execute(with_parameters))

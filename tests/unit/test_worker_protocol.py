@@ -45,7 +45,7 @@ RESULTS = [
     m.Result(9, True, [], None, ERROR),
 ]
 
-FROM_BROKER = [
+FROM_BROKER: list[m.BrokerMessage] = [
     m.Execute([WORK, WORK._replace(rid=8, correlation_id=0, flags=0, inputs=[])], [], [], [], []),
     m.Execute(
         [WORK],
@@ -65,7 +65,7 @@ FROM_BROKER = [
     m.LaneClose(4, False),
     m.Replies(RESULTS),
 ]
-FROM_WORKER = [
+FROM_WORKER: list[m.WorkerMessage] = [
     m.Ready({"cpus": [0], "mempolicy": "default"}, {"name": "model", "max_batch_size": 8}, []),
     m.Ready({}, {"name": "model"}, [m.MemoryUsage("CPU", 0, 4096), m.MemoryUsage("GPU", 1, 64)]),
     m.Failed(ERROR),
@@ -134,7 +134,8 @@ def test_worker_messages_round_trip_to_their_types(msg: m.WorkerMessage) -> None
 
 
 def test_every_kind_has_a_round_trip_test() -> None:
-    tested = {m.encode(msg).split(b'"')[1].decode() for msg in FROM_BROKER + FROM_WORKER}
+    messages: list[m.Message] = [*FROM_BROKER, *FROM_WORKER]
+    tested = {m.encode(msg).split(b'"')[1].decode() for msg in messages}
     assert tested == {kind.value for kind in m.Kind}
 
 
@@ -255,9 +256,11 @@ def test_a_channel_splits_what_would_not_fit() -> None:
     channel.spawned()
     try:
         channel.send(m.Free(_slots(12000), []))
-        got = []
+        got: list[m.Free] = []
         while sum(len(msg.free) for msg in got) < 12000:
-            got.append(worker.recv())
+            msg = worker.recv()
+            assert isinstance(msg, m.Free)
+            got.append(msg)
         assert len(got) > 1 and [s for msg in got for s in msg.free] == _slots(12000)
     finally:
         channel.close()

@@ -26,8 +26,10 @@ def test_messages_and_fds_travel_whole() -> None:
             z.send(a, msg)
             assert z.recv(b) == (msg, [])
         z.send(a, z.Exited(4242, -9), [w])
-        msg, fds = z.recv(b) or (None, [])
-        assert msg == z.Exited(4242, -9) and len(fds) == 1
+        got = z.recv(b)
+        assert got is not None
+        exited, fds = got
+        assert exited == z.Exited(4242, -9) and len(fds) == 1
         os.write(fds[0], b"!")  # the same pipe, through another descriptor
         assert os.read(r, 1) == b"!"
         os.close(fds[0])

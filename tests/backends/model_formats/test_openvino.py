@@ -5,6 +5,7 @@ Triton's batch-size rule and its padding, parameters."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx_models as om
@@ -93,7 +94,8 @@ def test_streams_and_hint_are_taken(tmp_path: Path) -> None:
         'parameters { key: "INFERENCE_NUM_THREADS" value: { string_value: "1" } }\n'
     )
     with BackendHarness("openvino", config, repository_path=str(tmp_path / "m")) as h:
-        compiled = h.host.model.compiled
+        model: Any = h.host.model
+        compiled = model.compiled
         assert compiled.get_property("NUM_STREAMS") == 1
         assert str(compiled.get_property("PERFORMANCE_HINT")).endswith("LATENCY")
         assert compiled.get_property("INFERENCE_NUM_THREADS") == 1

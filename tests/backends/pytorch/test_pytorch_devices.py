@@ -33,7 +33,7 @@ CONFIG = tm.config(
 
 
 def expected(x: np.ndarray) -> np.ndarray:
-    return tm.Linear()(torch.from_numpy(x)).detach().numpy()  # type: ignore[no-any-return]
+    return tm.Linear()(torch.from_numpy(x)).detach().numpy()
 
 
 def instance(kind: str, device_id: int = 0, **more: object) -> dict[str, object]:
@@ -130,9 +130,9 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCuda]:
 @pytest.mark.parametrize(("kind", "devices"), [("MODEL", (0, 1, 2)), ("GPU", (1,))])
 def test_setting_the_streams_leaves_the_instances_device_current(fake_cuda, kind, devices):
     placement = Placement("CPU", 0, 0, "m_0_0")  # given the streams of a CUDA machine by hand
-    placement.kind, placement.streams = kind, [Stream(d) for d in devices]  # type: ignore[list-item]
+    placement.kind, placement.streams = kind, [Stream(d) for d in devices]  # type: ignore[misc]
     placement.device = torch.device("cuda", devices[0]) if kind == "GPU" else None
-    entered = []
+    entered: list[str] = []
     with placement.around(contextlib.nullcontext(entered)) as inner:
         inner.append("settings")  # the execution's settings apply inside the streams' scope
         # KIND_GPU on its own device; KIND_MODEL where it was, not on the last stream's
@@ -164,9 +164,10 @@ class TimedStream(Stream):
 def test_cuda_events_time_a_gpu_execution(repo, harness, fake_cuda):
     tm.save(tm.Linear(), repo)
     h = harness(CONFIG)  # a CPU instance given a GPU's stream and events by hand
-    placement, recorded = h.host.instance.placement, []
-    placement.kind, placement.streams = "GPU", [TimedStream(0)]  # type: ignore[list-item]
-    placement.events = [Event(i, recorded) for i in range(3)]  # type: ignore[misc]
+    placement = h.host.instance.placement
+    recorded: list[int] = []
+    placement.kind, placement.streams = "GPU", [TimedStream(0)]
+    placement.events = [Event(i, recorded) for i in range(3)]
     x = np.ones((2, 4), np.float32)
     request = h.request({"INPUT__0": x})
     [(_, response, _)] = h.execute([request])

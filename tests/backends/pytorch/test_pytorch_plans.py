@@ -30,7 +30,7 @@ LINEAR = tm.config(
 
 def expected(x: np.ndarray) -> np.ndarray:
     with torch.no_grad():
-        return tm.Linear()(torch.from_numpy(x)).numpy()  # type: ignore[no-any-return]
+        return tm.Linear()(torch.from_numpy(x)).numpy()
 
 
 def counted_checks(h: BackendHarness) -> list[int]:
@@ -122,9 +122,9 @@ def test_a_dict_input_and_a_reshape_go_through_a_plan(repo, harness):
         )
     )
     for k in range(3):
-        x = np.arange(8, dtype=np.float32).reshape(2, 4) + k
+        xk = np.arange(8, dtype=np.float32).reshape(2, 4) + k
         np.testing.assert_array_equal(
-            g.infer({"INPUT__0": x})["OUTPUT__0"], x.sum(1, keepdims=True)
+            g.infer({"INPUT__0": xk})["OUTPUT__0"], xk.sum(1, keepdims=True)
         )
 
 
@@ -181,6 +181,7 @@ def test_plans_are_bounded_and_none_is_made_for_strings(
         got = s.infer({"INPUT__0": np.array([[b"ab"]], dtype=object)}, ["OUTPUT__0"])
         assert got["OUTPUT__0"].tolist() == [[b"AB"]]
     [(_, response, _)] = s.execute([s.request({"INPUT__0": np.array([[b"\xff"]], dtype=object)})])
+    assert response is not None
     assert "element 0 of input 'INPUT__0' is not valid UTF-8" in str(response.error)
     assert not s.host.instance.plans._known  # type: ignore[union-attr]
 
