@@ -20,11 +20,17 @@ last response, is closed.
 from __future__ import annotations
 
 import asyncio
+import sys
 from dataclasses import dataclass
 
 from aiohttp import web
 
 from inferpool.wire.errors import Code, InferpoolError
+
+if sys.version_info >= (3, 11):
+    from asyncio import timeout
+else:  # aiohttp's own dependency before Python 3.11
+    from async_timeout import timeout
 
 
 @dataclass
@@ -47,7 +53,7 @@ class BodyLimits:
                 reserved = self._take(0, declared)
             chunks = []
             size = 0
-            async with asyncio.timeout(self.timeout):
+            async with timeout(self.timeout):
                 while chunk := await request.content.readany():
                     size += len(chunk)
                     if size > limit:
@@ -55,7 +61,7 @@ class BodyLimits:
                     if size > reserved:
                         reserved = self._take(reserved, size)
                     chunks.append(chunk)
-        except TimeoutError:
+        except asyncio.TimeoutError:  # (TimeoutError itself from Python 3.11)
             raise web.HTTPRequestTimeout(
                 text=f"the request body did not arrive within {self.timeout:g}s "
                 "(--http-body-timeout)"

@@ -317,15 +317,21 @@ def test_spins_that_keep_missing_are_tried_again_now_and_then(region: memoryview
     bell = Bell(region, wl.Header(region).words, wl.RESP_SEQ, wl.CLIENT_SLEEPING)
     bell.misses = bell_module.MISSES
     looks: list[int] = []
+
+    def look() -> bool:
+        """Count the looks; the word never moves."""
+        looks.append(1)
+        return True
+
     for _ in range(bell_module.TRY_EVERY):  # a spin of 1 ns: out at its first look
-        bell.wait(0, 1, 0.001, lambda: looks.append(1) is None)
+        bell.wait(0, 1, 0.001, look)
     assert len(looks) == 1 and bell.misses == bell_module.MISSES + 1  # one try, missed
     bell._skipped = bell_module.TRY_EVERY - 1  # the next wait is a try
     child = ring_from_a_child(bell, 1, 0.005)
     assert bell.wait(0, 10**9, 0.01, lambda: True) == 1
     os.waitpid(child, 0)
     assert (bell.misses, bell.spun) == (0, 1)
-    bell.wait(1, 1, 0.001, lambda: looks.append(1) is None)
+    bell.wait(1, 1, 0.001, look)
     assert len(looks) == 2  # spinning on every wait again
 
 
