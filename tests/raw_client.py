@@ -18,7 +18,7 @@ class Raw:
     """A client that is a bare DEALER socket: it never maps anything."""
 
     def __init__(self, endpoint: str) -> None:
-        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(endpoint)
 

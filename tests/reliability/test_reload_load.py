@@ -10,6 +10,7 @@ from __future__ import annotations
 import signal
 import threading
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +52,11 @@ def test_reloads_under_load_fail_nothing_and_leave_no_region(tmp_path: Path) -> 
         def pids() -> set[int]:
             return {r["pid"] for r in c.status() if r["model"] == "changing" and r["pid"]}
 
+        def replaced(old: set[int]) -> bool:
+            """Two workers of 'changing' serve, neither of them one of ``old``."""
+            now = pids()
+            return len(now) == 2 and not now & old
+
         regions = sorted(server.regions())
         most = len(regions)
         threads = [
@@ -64,7 +70,7 @@ def test_reloads_under_load_fail_nothing_and_leave_no_region(tmp_path: Path) -> 
                 old = pids()
                 changing(repo, n)
                 server.proc.send_signal(signal.SIGHUP)
-                wait_until(lambda o=old: len(pids()) == 2 and not pids() & o, "replaced", 60)
+                wait_until(partial(replaced, old), "replaced", 60)
                 most = max(most, len(server.regions()))
         finally:
             stop.set()
