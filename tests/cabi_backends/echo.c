@@ -129,6 +129,13 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelIns
   CHECK(TRITONBACKEND_ModelInstanceModel(instance, &model));
   void* state;
   CHECK(TRITONBACKEND_ModelState(model, &state));
+  TRITONSERVER_BufferAttributes* usage; /* 4 KiB of host memory, reported */
+  CHECK(TRITONSERVER_BufferAttributesNew(&usage));
+  CHECK(TRITONSERVER_BufferAttributesSetMemoryType(usage, TRITONSERVER_MEMORY_CPU));
+  CHECK(TRITONSERVER_BufferAttributesSetMemoryTypeId(usage, 0));
+  CHECK(TRITONSERVER_BufferAttributesSetByteSize(usage, 4096));
+  CHECK(TRITONBACKEND_ModelInstanceReportMemoryUsage(instance, &usage, 1));
+  CHECK(TRITONSERVER_BufferAttributesDelete(usage));
   return TRITONBACKEND_ModelInstanceSetState(instance, state);
 }
 

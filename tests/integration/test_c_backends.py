@@ -148,6 +148,7 @@ def test_statistics_and_custom_metric(server: Server) -> None:
     success = (
         after["inference_stats"]["success"]["count"] - before["inference_stats"]["success"]["count"]
     )
+    assert after["memory_usage"] == [{"type": "CPU", "id": 0, "byte_size": 4096}]
     assert success == 3
     assert after["execution_count"] - before["execution_count"] == 3
     assert (
