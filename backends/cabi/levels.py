@@ -35,10 +35,11 @@ def bridge() -> Bridge:
     return _bridge
 
 
-def _check(result: tuple[int, str] | None, what: str) -> None:
+def _check(result: tuple[int, str] | None) -> None:
+    """Raise the error an entry point returned, as it is (the host names the lifecycle
+    call that failed; an execute's error answers its requests as Triton answers them)."""
     if result is not None:
-        error = error_of(*result)
-        raise type(error)(error.code, f"{what}: {error.message}")
+        raise error_of(*result)
 
 
 class CBackend(Backend):
@@ -62,7 +63,7 @@ class CBackend(Backend):
         if attribute is not None:
             # each instance loads in its own process: parallel loading is always on
             result, _parallel = host.backend_attribute(attribute, self.capsule)
-            _check(result, "TRITONBACKEND_GetBackendAttribute")
+            _check(result)
 
     def _cmdline(self) -> dict[str, str]:
         """TRITONBACKEND_BackendConfig's settings: --backend-config, and the global ones
@@ -79,7 +80,7 @@ class CBackend(Backend):
     def _call(self, entry: str, capsule: Any) -> None:
         function = self.library.entry(entry)
         if function is not None:
-            _check(library.host().call(function, capsule), entry)
+            _check(library.host().call(function, capsule))
 
     def finalize(self) -> None:
         self._call("TRITONBACKEND_Finalize", self.capsule)
@@ -151,7 +152,7 @@ class CModelInstance(ModelInstance):
         # an error: the requests are the server's again (Triton's rule), the host fails them
         result = self._host_execute(self._execute, self.capsule, requests, self._requests)
         if result is not None:
-            _check(result, "TRITONBACKEND_ModelInstanceExecute")
+            _check(result)
 
     def report_memory(self, memory_type: str, device_id: int, byte_size: int) -> None:
         self.report_memory_usage(memory_type, byte_size, device_id)

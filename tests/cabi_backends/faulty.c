@@ -3,7 +3,8 @@
  *   1: an error response for this request only (INVALID_ARG), the batch goes on
  *   2: ModelInstanceExecute returns an error: the host answers the batch with it
  *   3: a segmentation fault mid-execute
- *   4: abort() mid-execute */
+ *   4: abort() mid-execute
+ * A model whose config has the parameter "refuse" fails to load. */
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,18 @@ static TRITONSERVER_Error* first(TRITONBACKEND_Request* request, TRITONBACKEND_I
   TRITONSERVER_MemoryType type = TRITONSERVER_MEMORY_CPU;
   int64_t id = 0;
   CHECK(TRITONBACKEND_InputBuffer(*input, 0, (const void**)data, size, &type, &id));
+  return NULL;
+}
+
+TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
+  TRITONSERVER_Message* config;
+  CHECK(TRITONBACKEND_ModelConfig(model, 1, &config));
+  const char* json;
+  size_t size;
+  CHECK(TRITONSERVER_MessageSerializeToJson(config, &json, &size));
+  int refuse = strstr(json, "\"refuse\"") != NULL;
+  CHECK(TRITONSERVER_MessageDelete(config));
+  if (refuse) return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG, "refused by its config");
   return NULL;
 }
 

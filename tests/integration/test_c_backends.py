@@ -57,6 +57,9 @@ FAULTY = """
     input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
     output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
 """
+REFUSED = FAULTY.replace('name: "faulty"', 'name: "refused"') + (
+    'parameters { key: "refuse" value: { string_value: "yes" } }'
+)
 COMPLETE = """
     name: "complete"
     backend: "complete"
@@ -84,6 +87,10 @@ def _repository(tmp: Path) -> Path:
     write_model(repo, "in_version", ECHO.replace('name: "echo"', 'name: "in_version"'))
     install("echo", repo / "in_version" / "1")
     (repo / "in_version" / "libtriton_echo.so").write_text(SHADOWED)
+    write_model(repo, "refused", REFUSED)  # its ModelInitialize fails
+    install("faulty", repo / "refused")
+    write_model(repo, "unloadable", ECHO.replace('name: "echo"', 'name: "unloadable"'))
+    (repo / "unloadable" / "libtriton_echo.so").write_text("not a library\n")
     # none in the model's directories: the backend directory's
     write_model(repo, "from_directory", ECHO.replace('name: "echo"', 'name: "from_directory"'))
     return repo
@@ -197,7 +204,7 @@ def test_errors_of_a_request_and_of_a_batch(server: Server) -> None:
         with pytest.raises(InferpoolError) as batch:
             c.infer("faulty", {"INPUT0": np.array([2], np.float32)})
         assert batch.value.code.value == "UNAVAILABLE"
-        assert "TRITONBACKEND_ModelInstanceExecute: the device is on fire" in batch.value.message
+        assert batch.value.message == "the device is on fire"  # as Triton answers it
         ok = c.infer("faulty", {"INPUT0": np.array([0, 9], np.float32)})
         np.testing.assert_array_equal(ok["OUTPUT0"], [0, 9])
         stats = c.statistics("faulty")["model_stats"][0]["inference_stats"]
@@ -259,3 +266,16 @@ def test_backend_log_lines_in_json(short_tmp: Path, backends: Path) -> None:
     assert line["logger"] == "inferpool.backend.echo"
     assert line["level"] == "INFO" and line["instance"] == "echo_0_0"
     assert re.fullmatch(r"echo\.c:\d+", line["source"])
+
+
+def test_a_backend_that_fails_to_load_fails_its_model_only(server: Server) -> None:
+    with server.client() as c:
+        states = {m["name"]: m for m in c.models()}
+    assert states["refused"]["state"] == "UNAVAILABLE"
+    assert states["refused"]["reason"].endswith(
+        "TRITONBACKEND_ModelInitialize (Model.initialize) failed: refused by its config"
+    )
+    assert states["unloadable"]["state"] == "UNAVAILABLE"
+    assert "unable to load backend library" in states["unloadable"]["reason"]
+    assert "libtriton_echo.so" in states["unloadable"]["reason"]
+    assert states["echo"]["state"] == "READY"
