@@ -87,6 +87,10 @@ class HeapMemory:
     def read(self, offset: int) -> bytearray:
         return self._buffers[offset]
 
+    def held(self) -> int:
+        """How many buffers are allocated and not released (a backend's leak shows here)."""
+        return len(self._buffers)
+
 
 class LocalRegions:
     """The broker's table of shared regions (``shm.shared``), kept in this process for the

@@ -142,6 +142,13 @@ class Bridge:
                 response.outputs[name] = states.holder.outputs.pop(name)
             states.updated.clear()
 
+    def forget_states(self, requests: list[Request]) -> None:
+        """Give back the state buffers of requests that will not answer through the host
+        (a failed execute: their state is not carried)."""
+        if self._states:
+            for request in requests:
+                self._drop_states(request)
+
     def _drop_states(self, request: Request) -> None:
         states = self._states.pop(id(request), None)
         if states is not None:

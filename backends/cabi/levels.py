@@ -152,6 +152,7 @@ class CModelInstance(ModelInstance):
         # an error: the requests are the server's again (Triton's rule), the host fails them
         result = self._host_execute(self._execute, self.capsule, requests, self._requests)
         if result is not None:
+            self.model.backend.bridge.forget_states(requests)  # the state of a failed batch
             _check(result)
 
     def report_memory(self, memory_type: str, device_id: int, byte_size: int) -> None:

@@ -1,6 +1,7 @@
 /* A sequence C backend with implicit state: OUTPUT = INPUT + the state the sequence carries
  * (INPUT_STATE, zeros at its start); the new sum becomes the state (OUTPUT_STATE) through
- * TRITONBACKEND_StateNew, StateBuffer and StateUpdate. */
+ * TRITONBACKEND_StateNew, StateBuffer and StateUpdate.  An INPUT of -1 fails the execute
+ * once the state's buffer is taken. */
 #include <string.h>
 
 #include "triton/core/tritonbackend.h"
@@ -37,6 +38,7 @@ static TRITONSERVER_Error* answer(TRITONBACKEND_Request* request,
   int64_t id = 0;
   CHECK(TRITONBACKEND_StateNew(&next, request, "OUTPUT_STATE", TRITONSERVER_TYPE_INT32, shape, 1));
   CHECK(TRITONBACKEND_StateBuffer(next, &buffer, sizeof(int32_t), &type, &id));
+  if (value == -1) return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, "minus one");
   memcpy(buffer, &sum, sizeof(int32_t));
   CHECK(TRITONBACKEND_StateUpdate(next));
   TRITONBACKEND_Output* out;
@@ -54,6 +56,10 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
     TRITONBACKEND_Response* response;
     CHECK(TRITONBACKEND_ResponseNew(&response, requests[r]));
     TRITONSERVER_Error* err = answer(requests[r], response);
+    if (err != NULL && strcmp(TRITONSERVER_ErrorMessage(err), "minus one") == 0) {
+      TRITONBACKEND_ResponseDelete(response);
+      return err; /* the batch fails: its requests are the server's again */
+    }
     TRITONSERVER_ErrorDelete(
         TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, err));
     TRITONSERVER_ErrorDelete(err);

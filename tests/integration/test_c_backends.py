@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from inferpool.backends.testing import BackendHarness
 from inferpool.client import InferpoolError
 from tests.cabi_support import compiler, install
 from tests.integration.test_metrics import scrape
@@ -279,3 +280,14 @@ def test_a_backend_that_fails_to_load_fails_its_model_only(server: Server) -> No
     assert "unable to load backend library" in states["unloadable"]["reason"]
     assert "libtriton_echo.so" in states["unloadable"]["reason"]
     assert states["echo"]["state"] == "READY"
+
+
+def test_a_failed_execute_gives_back_the_state_it_took(tmp_path: Path) -> None:
+    """In one process (BackendHarness): the state buffer a failed execute took is free."""
+    install("accumulate", tmp_path)
+    with BackendHarness("accumulate", ACCUMULATE, repository_path=str(tmp_path)) as h:
+        first = h.request({"INPUT": np.array([-1], np.int32)}, correlation_id=5, flags=1)
+        [(_, response, final)] = h.execute([first])
+        assert final and response is not None and response.error is not None
+        assert response.error.message == "minus one"
+        assert h.memory.held() == 0
