@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from inferpool.broker.curve import CurveKeys, load_server_keys
 from inferpool.broker.pool.supervisor import SupervisorOptions
 from inferpool.wire.errors import invalid_arg
+from inferpool.wire.logs import LogSettings
 from inferpool.wire.paths import DEFAULT_TCP, default_ipc_endpoint, default_run_dir
 
 if TYPE_CHECKING:  # the frontends (grpc, aiohttp) are imported by the broker that serves them,
@@ -72,8 +73,8 @@ class ServerOptions:
     worker_start: str = "zygote"  # or "fresh" (broker/pool/zygotes.py)
     heartbeat_ms: int = 1000  # how often a frozen (stopped) worker is looked for; 0: never
     model_load_gpu_limit: Mapping[int, float] = field(default_factory=dict)  # device -> fraction
-    log_level: str = "INFO"
-    log_format: str = "text"  # or "json"
+    log: LogSettings = field(default_factory=LogSettings)  # what is logged, and how
+    server_id: str = "triton"  # the server's name in server metadata (Triton's --id)
     metrics_port: int = 0  # 0: no Prometheus endpoint
     metrics_address: str = "127.0.0.1"
     # the KServe frontends (0: off; `inferpool serve` defaults to Triton's 8000 and 8001)

@@ -29,6 +29,7 @@ from inferpool.broker.front.lane_leases import LaneLeases
 from inferpool.broker.front.lanes import EXTENSIONS as LANE_EXTENSIONS
 from inferpool.broker.front.lanes import Lanes
 from inferpool.broker.front.load_metrics import Utilisation
+from inferpool.broker.front.log_settings import LogSettings
 from inferpool.broker.front.metrics import BrokerCollector, MetricsEndpoint
 from inferpool.broker.front.readiness import Readiness
 from inferpool.broker.front.registrations import Registrations
@@ -224,7 +225,8 @@ class Broker:
                 responder=responder,
                 arena=arena,
                 run_id=run_id,
-                extensions=(*EXTENSIONS, *LANE_EXTENSIONS),
+                name=opts.server_id,
+                extensions=(*EXTENSIONS, *LANE_EXTENSIONS, "logging"),
                 explicit=opts.explicit,
                 resources=lambda: {
                     "arena_slots": arena.allocator.used_blocks,
@@ -244,6 +246,7 @@ class Broker:
                     shm.handlers(),
                     self.drain.handlers(),
                     lanes.handlers(),
+                    LogSettings(supervisor.alive).handlers(),
                 ],
                 shm.arrived,
             )

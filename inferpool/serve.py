@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from inferpool import __version__
 from inferpool.serve_flags import LISTENERS, add_serve_options
+from inferpool.triton_flags import log_settings
 from inferpool.usage import UsageError
 from inferpool.wire.errors import InferpoolError
 from inferpool.wire.logs import configure
@@ -111,8 +112,8 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         http_header_timeout=args.http_header_timeout,
         http_body_timeout=args.http_body_timeout,
         http_body_budget=args.http_body_budget,
-        log_level="DEBUG" if args.log_verbose > 0 else args.log_level,
-        log_format=args.log_format,
+        log=log_settings(args),
+        server_id=args.server_id,
         repository_poll_secs=args.repository_poll_secs,
         cache_size=args.cache_size,
         rate_limit=args.rate_limit,
@@ -126,7 +127,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from inferpool.broker.server import Broker, StartInterrupted
 
     opts = options_from_args(args)
-    configure(opts.log_level, opts.log_format, "broker", {"process": "broker"})
+    configure(opts.log, "broker", {"process": "broker"})
 
     def started(b: Broker) -> None:
         for row in b.registry.index():

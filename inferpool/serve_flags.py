@@ -9,15 +9,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from inferpool.triton_flags import triton_groups
 from inferpool.usage import (
-    log_level,
     parse_bool,
     parse_port,
     parse_size,
     parse_slice,
     seconds,
 )
-from inferpool.wire.logs import FORMATS, LEVELS
 from inferpool.wire.paths import DEFAULT_TCP, default_ipc_endpoint
 
 TRITON_BACKEND_DIRECTORY = "/opt/tritonserver/backends"  # Triton's --backend-directory default
@@ -46,6 +45,7 @@ def add_serve_options(p: Any) -> None:
         _workers,
         _supervision,
         _observability,
+        *triton_groups,
     ):
         group(p)
 
@@ -357,7 +357,7 @@ def _supervision(p: Any) -> None:
 
 
 def _observability(p: Any) -> None:
-    g = p.add_argument_group("metrics and logs")
+    g = p.add_argument_group("metrics")
     g.add_argument(
         "--allow-metrics",
         type=parse_bool,
@@ -377,27 +377,6 @@ def _observability(p: Any) -> None:
         metavar="ADDRESS",
         default="127.0.0.1",
         help="the metrics address (default: %(default)s)",
-    )
-    g.add_argument(
-        "--log-level",
-        type=log_level,
-        default="INFO",
-        metavar="LEVEL",
-        help=f"one of {', '.join(LEVELS)} (default: %(default)s)",
-    )
-    g.add_argument(
-        "--log-verbose",
-        type=int,
-        default=0,
-        metavar="N",
-        help="Triton's verbose logging: N > 0 logs at DEBUG (each failed request, ...)",
-    )
-    g.add_argument(
-        "--log-format",
-        choices=FORMATS,
-        default="text",
-        help="text lines, or one JSON object per line with the request id and model where a "
-        "line has them (default: %(default)s)",
     )
 
 

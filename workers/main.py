@@ -21,7 +21,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from inferpool.wire.errors import Code, InferpoolError
-from inferpool.wire.logs import configure
+from inferpool.wire.logs import configure, settings_from
 from inferpool.wire.worker.link import Link
 from inferpool.wire.worker.messages import BrokerMessage, Failed
 from inferpool.wire.worker.reader import BrokerReader
@@ -73,8 +73,7 @@ def run(spec: WorkerSpec) -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)  # finalizers still run (SystemExit unwinds)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # blocked in a zygote's fork
     configure(
-        spec.log_level,
-        spec.log_format,
+        settings_from(spec.log),
         f"{spec.instance.name} pid {os.getpid()}",
         {
             "process": "worker",

@@ -25,6 +25,7 @@ from inferpool.backends.host import BackendHost
 from inferpool.backends.reshape import OutputReshape, output_reshapes
 from inferpool.backends.sequence import SequenceInputs
 from inferpool.shm.cancel_flags import CancelFlags
+from inferpool.wire import logs
 from inferpool.wire.errors import InferpoolError, internal
 from inferpool.wire.worker.link import Link, TooLarge
 from inferpool.wire.worker.messages import (
@@ -38,6 +39,7 @@ from inferpool.wire.worker.messages import (
     Items,
     LaneClose,
     LaneOpen,
+    LogChange,
     Mapped,
     Ready,
     Replies,
@@ -219,6 +221,8 @@ class Worker:
         elif isinstance(msg, LaneClose):
             assert self.lanes is not None
             self.lanes.close(msg.lane, msg.free)
+        elif isinstance(msg, LogChange):
+            logs.apply(logs.settings_from(msg.settings))
         else:
             log.error("unexpected %s message from the broker; ignored", type(msg).__name__)
 

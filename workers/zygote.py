@@ -37,7 +37,7 @@ import traceback
 from typing import NoReturn
 
 from inferpool.wire.errors import Code, InferpoolError
-from inferpool.wire.logs import configure
+from inferpool.wire.logs import configure, settings_from
 from inferpool.wire.worker.spec import (
     EXIT_BOOT_FAILED,
     EXIT_BROKER_GONE,
@@ -71,8 +71,7 @@ def main() -> int:
     # ignored) and ends it once ``workers.main.run`` unblocks it, instead of being lost
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     configure(
-        spec.log_level,
-        spec.log_format,
+        settings_from(spec.log),
         f"zygote {spec.name} pid {os.getpid()}",
         {"process": "zygote", "zygote": spec.name},
     )

@@ -18,6 +18,7 @@ from inferpool.backends.cabi import library
 from inferpool.backends.cabi.bridge import LOG_LEVELS, Bridge, error_of
 from inferpool.backends.cabi.requests import RequestMaker
 from inferpool.backends.python.autocomplete import dict_to_config
+from inferpool.wire import logs
 from inferpool.wire.config_json import config_to_dict
 from inferpool.wire.errors import invalid_arg
 
@@ -53,7 +54,8 @@ class CBackend(Backend):
         self.bridge.logger = self.log
         self.bridge.stats = self.stats
         host = library.host()
-        host.set_log_levels(*(self.log.isEnabledFor(level) for level in LOG_LEVELS))
+        self._log_levels(logs.current())
+        logs.listen(self._log_levels)  # a client may change them (the logging extension)
         self.library = library.open_library(self.name, self.library_path)
         self.capsule = host.new_backend(
             self.name, json.dumps({"cmdline": self._cmdline()}), os.path.dirname(self.library_path)
@@ -64,6 +66,12 @@ class CBackend(Backend):
             # each instance loads in its own process: parallel loading is always on
             result, _parallel = host.backend_attribute(attribute, self.capsule)
             _check(result)
+
+    def _log_levels(self, settings: logs.LogSettings) -> None:
+        """Tell the host which levels TRITONSERVER_LogIsEnabled answers true for."""
+        library.host().set_log_levels(
+            *(self.log.isEnabledFor(level) and settings.allows(level) for level in LOG_LEVELS)
+        )
 
     def _cmdline(self) -> dict[str, str]:
         """TRITONBACKEND_BackendConfig's settings: --backend-config, and the global ones

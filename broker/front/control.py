@@ -16,6 +16,7 @@ from inferpool.broker.models.index import repository_index
 from inferpool.broker.models.manager import Manager
 from inferpool.broker.models.registry import Registry, State
 from inferpool.broker.models.reload import Waiter
+from inferpool.broker.models.repository import poll_failure
 from inferpool.broker.models.stats import memory_usage
 from inferpool.broker.pool.supervisor import Supervisor
 from inferpool.shm.arena import Arena
@@ -36,11 +37,13 @@ class Control:
         responder: Responder,
         arena: Arena,
         run_id: str,
+        name: str,
         extensions: Sequence[str],
         explicit: bool,
         resources: Callable[[], dict[str, int]],
     ) -> None:
-        """``extensions``: those of the other parts (shared memory); ``explicit``: models load
+        """``name``: the server's (Triton's --id); ``extensions``: those of the other parts
+        (shared memory, logging); ``explicit``: models load
         and unload on request (``--model-control-mode explicit``); ``resources``: what the
         broker holds for clients and requests right now (counts, for ``statistics``)."""
         self.resources = resources
@@ -52,7 +55,7 @@ class Control:
         self.arena = arena
         self.explicit = explicit
         self.metadata = {
-            "name": "inferpool",
+            "name": name,
             "version": __version__,
             "protocol": codec.PROTOCOL_VERSION,
             "extensions": [*EXTENSIONS, *extensions],
@@ -143,7 +146,10 @@ class Control:
     def load(self, envelope: list[bytes], h: dict[str, Any], f: list[Any]) -> None:
         """Load (or reload) a model; ``parameters`` may override its config and files."""
         name = self._model_name("load", h)
-        override = overrides.parse(h.get("parameters"), f)
+        try:
+            override = overrides.parse(h.get("parameters"), f)
+        except InferpoolError as err:
+            raise poll_failure(name, err) from None
         self.manager.load(name, self._deferred(envelope, "load", h.get("id", "")), override)
 
     def unload(self, envelope: list[bytes], h: dict[str, Any], f: list[Any]) -> None:

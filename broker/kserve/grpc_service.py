@@ -4,9 +4,8 @@ Served with the servicer base class and message types tritonclient ships (the pr
 layer is theirs), on ``grpc.aio`` in the frontends' asyncio loop.  Each RPC is one zmq
 protocol message through the channel; an error reply aborts the RPC with the broker's
 message and Triton's status code, except in ``ModelStreamInfer``, where, as in Triton, it
-travels in the stream as ``error_message`` and the stream goes on.  RPCs inferpool does
-not have (trace and log settings) are UNIMPLEMENTED, the base class's answer.  Each call is
-made for its caller (``kserve.callers``), looked up once per call (once per stream).
+travels in the stream as ``error_message`` and the stream goes on.  Each call is made for
+its caller (``kserve.callers``), looked up once per call (once per stream).
 """
 
 from __future__ import annotations
@@ -133,6 +132,19 @@ class InferenceServicer(GRPCInferenceServiceServicer):
             pb.ModelStatisticsResponse(),
             ignore_unknown_fields=True,
         )
+
+    async def LogSettings(self, request: Any, context: Context) -> pb.LogSettingsResponse:
+        """Triton's logging extension: the settings, after the changes the request asks for
+        (each value in the field its type takes: bool, uint32 or string)."""
+        header: dict[str, Any] = {"type": "log_settings"}
+        if request.settings:
+            header["settings"] = {k: _parameter(v) for k, v in request.settings.items()}
+        reply = await self._ask(context, header)
+        response = pb.LogSettingsResponse()
+        for key, value in reply["settings"].items():
+            field = {bool: "bool_param", int: "uint32_param"}.get(type(value), "string_param")
+            setattr(response.settings[key], field, value)
+        return response
 
     # ------------------------------------------------------------------ repository
     async def RepositoryIndex(self, request: Any, context: Context) -> pb.RepositoryIndexResponse:

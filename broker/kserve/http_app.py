@@ -46,6 +46,8 @@ def build(channel: BrokerChannel, callers: Callers, bodies: BodyLimits) -> web.A
     routes = [
         *health.routes(channel, callers),
         web.get("/v2", api.server_metadata, allow_head=False),
+        web.get("/v2/logging", api.log_settings, allow_head=False),
+        web.post("/v2/logging", api.log_settings),
         web.get("/v2/models/stats", api.statistics, allow_head=False),
         web.post("/v2/repository/index", api.repository_index),
         web.post("/v2/repository/models/{model}/{action:load|unload}", api.model_control),
@@ -127,6 +129,13 @@ class _Api:
             header.update(_model(request))
         reply = await self.ask(request, header)
         return json_response({"model_stats": reply["model_stats"]})
+
+    async def log_settings(self, request: web.Request) -> web.Response:
+        """Triton's logging extension: GET the settings, POST changes to some of them."""
+        header: dict[str, Any] = {"type": "log_settings"}
+        if request.method == "POST":
+            header["settings"] = await _json_body(request)
+        return json_response((await self.ask(request, header))["settings"])
 
     # ------------------------------------------------------------------ inference
     async def infer(self, request: web.Request) -> web.StreamResponse:

@@ -7,7 +7,9 @@ Every error names the model, the file and what to do about it.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 from typing import Any
 
 from google.protobuf import json_format, text_format
@@ -24,13 +26,16 @@ CONFIG_FILE = "config.pbtxt"
 PLATFORM_BACKENDS = {"pytorch_libtorch": "pytorch", "onnxruntime_onnx": "onnxruntime"}
 BACKEND_PLATFORMS = {"onnxruntime": "onnxruntime_onnx"}
 # A version directory's model file (or directory: model.onnx may be one) -> the config a
-# model without config.pbtxt starts from, as Triton infers it.
+# model without config.pbtxt (or a config override without a backend) starts from, as
+# Triton infers it; a libtriton_<B>.so in a version directory or the model directory
+# implies backend B.
 MODEL_FILES = {
     "model.py": {"backend": "python"},
     "model.pt": {"platform": "pytorch_libtorch"},
     "model.onnx": {"backend": "onnxruntime"},
     "model.xml": {"backend": "openvino"},
 }
+_C_BACKEND = re.compile(r"libtriton_(\w+)\.so")
 
 
 def config_error(model: str, path: str, problem: str, fix: str = "") -> InferpoolError:
@@ -54,7 +59,7 @@ def load_config(model_dir: str) -> pb.ModelConfig:
                 f'at least name: "{model}" and a backend (for example backend: "identity"), or '
                 "give it a <version>/model.py, which the python backend serves",
             ) from None
-        complete(config, model, path)
+        complete(config, model, path, model_dir)
         validate(config, model, path)
         return config
     except OSError as exc:
@@ -68,7 +73,7 @@ def load_config(model_dir: str) -> pb.ModelConfig:
             f"not a valid model configuration: {exc}",
             "The file uses Triton's protobuf text format (model_config.proto)",
         ) from None
-    complete(config, model, path)
+    complete(config, model, path, model_dir)
     validate(config, model, path)
     return config
 
@@ -84,7 +89,7 @@ def _inferred(model_dir: str, model: str) -> pb.ModelConfig | None:
 def _implied(model_dir: str, filename: str) -> dict[str, str] | None:
     """The backend (or platform) a model's file implies, as Triton's core infers it: the
     ``default_model_filename`` where the config names one, else the first known model file
-    in a version directory."""
+    in a version directory, else a ``libtriton_<B>.so`` there or in the model directory."""
     if filename:
         return MODEL_FILES.get(filename)
     try:
@@ -94,11 +99,19 @@ def _implied(model_dir: str, filename: str) -> dict[str, str] | None:
     for name, fields in MODEL_FILES.items():
         if any(os.path.exists(os.path.join(model_dir, v, name)) for v in versions):
             return fields
+    for where in [*(os.path.join(model_dir, v) for v in sorted(versions)), model_dir]:
+        with contextlib.suppress(OSError):
+            for entry in sorted(os.listdir(where)):
+                match = _C_BACKEND.fullmatch(entry)
+                if match:
+                    return {"backend": match.group(1)}
     return None
 
 
-def complete(config: pb.ModelConfig, model: str, path: str) -> None:
-    """Fill the defaults Triton fills: name, backend from platform, version policy, instances."""
+def complete(config: pb.ModelConfig, model: str, path: str, model_dir: str) -> None:
+    """Fill the defaults Triton fills: name, the backend from the platform or from the
+    model's files in ``model_dir``, version policy, instances.  ``path`` names the config in
+    errors (its file, or "config override")."""
     if not config.name:
         config.name = model
     elif config.name != model:
@@ -113,7 +126,7 @@ def complete(config: pb.ModelConfig, model: str, path: str) -> None:
         raise config_error(model, path, problem)
     ensemble = is_ensemble(config)  # runs in the broker: no backend, no instances
     if not config.backend and not config.platform and not ensemble:
-        fields = _implied(os.path.dirname(path), config.default_model_filename) or {}
+        fields = _implied(model_dir, config.default_model_filename) or {}
         config.backend = fields.get("backend", "")
         config.platform = fields.get("platform", "")
     if not config.backend and not ensemble:

@@ -23,6 +23,7 @@ from inferpool.broker.models.overrides import Override, Overrides
 from inferpool.broker.models.rate_limiter import RateLimiter
 from inferpool.broker.models.registry import ModelRecord, ModelVersion, Registry, State, Worker
 from inferpool.broker.models.reload import Waiter, replace
+from inferpool.broker.models.repository import poll_failure
 from inferpool.broker.models.request import PendingRequest
 from inferpool.broker.models.request_path import Replies, RequestPath
 from inferpool.broker.models.response_cache import ResponseCache
@@ -122,8 +123,8 @@ class Manager:
         self.registry.records[name] = record
         if waiter and record.error is None:
             self.load_waiters.setdefault(name, []).append(waiter)
-        elif waiter:
-            waiter(record.error)
+        elif waiter and record.error is not None:
+            waiter(poll_failure(name, record.error))
         self.check_loaded(name)
 
     def build(self, name: str) -> ModelRecord:

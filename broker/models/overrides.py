@@ -114,30 +114,34 @@ class Overrides:
         path = os.path.join(self.repository, name)
         entry = repository.ModelEntry(name=name, path=path, fingerprint=override.fingerprint())
         try:
-            entry.config = _config(override.config, name)
+            config = _parse_config(override.config)
             if override.files:
-                entry.path = path = self._write(name, entry.config, override.files)
+                entry.path = path = self._write(name, override.files)
             elif not os.path.isdir(path):
                 raise InferpoolError(
                     Code.NOT_FOUND,
-                    f"failed to load '{name}': the repository has no directory {path}; give "
-                    "the model's files as file: parameters with its config",
+                    f"model '{name}' is not in the model repository: give its files as "
+                    "file: parameters with its config",
                 )
-            entry.versions = repository.select_versions(
-                entry.config, repository.available_versions(path)
-            )
+            complete(config, name, "config override", path)  # the backend from its files
+            validate(config, name, "config override")
+            if override.files:
+                with open(os.path.join(path, CONFIG_FILE), "w", encoding="utf-8") as f:
+                    f.write(text_format.MessageToString(config))
+            entry.config = config
+            entry.versions = repository.select_versions(config, repository.available_versions(path))
             if not entry.versions:
                 raise invalid_arg(
                     f"failed to load model '{name}': at least one version must be available "
-                    f"under the version policy of model '{name}' (in {path})"
+                    f"under the version policy of model '{name}'"
                 )
         except InferpoolError as err:
             entry.error = err
             self.release(entry.path)
         return entry
 
-    def _write(self, name: str, config: pb.ModelConfig, files: dict[str, bytes]) -> str:
-        """A directory holding ``files`` and the config as its config.pbtxt."""
+    def _write(self, name: str, files: dict[str, bytes]) -> str:
+        """A directory holding ``files`` (its config.pbtxt is written once completed)."""
         if not self._base:
             self._base = tempfile.mkdtemp(prefix="inferpool-overrides-")
         target = tempfile.mkdtemp(prefix=f"{name}-", dir=self._base)
@@ -159,8 +163,6 @@ class Overrides:
                 raise invalid_arg(
                     f"Invalid file parameter '{FILE_PREFIX}{rel}': {exc.strerror}"
                 ) from None
-        with open(os.path.join(target, CONFIG_FILE), "w", encoding="utf-8") as f:
-            f.write(text_format.MessageToString(config))
         return target
 
     def release(self, path: str) -> None:
@@ -176,12 +178,10 @@ class Overrides:
         self._dirs.clear()
 
 
-def _config(text: str, name: str) -> pb.ModelConfig:
+def _parse_config(text: str) -> pb.ModelConfig:
     config = pb.ModelConfig()
     try:
         json_format.Parse(text, config)
     except json_format.ParseError as exc:
         raise invalid_arg(f"Invalid config override: {exc}") from None
-    complete(config, name, "config override")
-    validate(config, name, "config override")
     return config

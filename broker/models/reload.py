@@ -115,7 +115,7 @@ def replace(models: Lifecycle, current: ModelRecord, waiter: Waiter | None) -> N
     name = current.name
     new = models.build(name)
     if new.error is not None:
-        _switch(models, current, new, new.error, waiter)
+        _switch(models, current, new, repository.poll_failure(name, new.error), waiter)
         return
     models.pending[name] = new
     models.load_waiters.setdefault(name, []).append(

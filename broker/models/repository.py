@@ -83,11 +83,25 @@ def select_versions(config: pb.ModelConfig, available: list[int]) -> list[int]:
     return available[-n:]
 
 
+def poll_failure(name: str, err: InferpoolError) -> InferpoolError:
+    """A load that failed while its model was read (directory, config, overrides), answered
+    as Triton answers it: INTERNAL, "failed to load '<name>', failed to poll from model
+    repository", then why."""
+    return InferpoolError(
+        Code.INTERNAL,
+        f"failed to load '{name}', failed to poll from model repository: {err.message}",
+    )
+
+
 def scan_model(repository: str, name: str) -> ModelEntry:
     """Read one model directory; errors are recorded on the entry, never raised."""
     path = os.path.join(repository, name)
     entry = ModelEntry(name=name, path=path)
     try:
+        if not os.path.isdir(path):  # (the reason names no path: clients read it)
+            raise InferpoolError(
+                Code.NOT_FOUND, f"model '{name}' not found in any model repository"
+            )
         entry.fingerprint = fingerprint(path)  # before reading: a later edit means reload
         entry.config = load_config(path)
         entry.versions = select_versions(entry.config, available_versions(path))

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 from inferpool.broker.pool.gpu_limit import limit_for
 from inferpool.broker.pool.handle import WorkerHandle
 from inferpool.shm.cancel_flags import flags_region
+from inferpool.wire import logs
+from inferpool.wire.logs import settings_dict
 from inferpool.wire.worker.spec import WorkerSpec
 
 if TYPE_CHECKING:
@@ -52,6 +54,5 @@ def worker_spec(
         gpu_load_limit=limit_for(
             options.model_load_gpu_limit, handle.instance.kind, handle.instance.device_id
         ),
-        log_level=options.log_level,
-        log_format=options.log_format,
+        log=settings_dict(logs.current()),  # as they are now: a client may have changed them
     )

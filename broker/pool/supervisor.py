@@ -62,8 +62,6 @@ class SupervisorOptions:
     backend_directory: str
     backend_config: Mapping[str, Mapping[str, str]]
     model_load_gpu_limit: Mapping[int, float]  # device -> fraction
-    log_level: str
-    log_format: str
     boot_timeout: float
     execute_timeout: float  # 0: no limit
     graceful_timeout: float
@@ -89,9 +87,7 @@ class Supervisor(Generic[M]):
         self.outputs = outputs
         self.events = events
         self.watch = watch
-        self.launcher = Launcher(
-            options.worker_start == "zygote", (options.log_level, options.log_format), readers
-        )
+        self.launcher = Launcher(options.worker_start == "zygote", readers)
         self.handles: dict[int, WorkerHandle[M]] = {}
         self.shared = SharedRegions(run_id)  # regions workers share (weights)
         self._next_slot = 0

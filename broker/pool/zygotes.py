@@ -29,7 +29,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from inferpool.wire.errors import InferpoolError
 from inferpool.wire.worker.spec import EXIT_ZYGOTE_GONE, PinningSpec, WorkerSpec, spec_environment
@@ -183,14 +183,14 @@ class Zygote:
     """One zygote process and the workers it forked."""
 
     def __init__(
-        self, name: str, pinning: PinningSpec, logs: tuple[str, str], readers: Readers
+        self, name: str, pinning: PinningSpec, logs: dict[str, Any], readers: Readers
     ) -> None:
-        """``logs``: the broker's log level and format, which the zygote logs with too."""
+        """``logs``: the log settings (wire.logs) the zygote logs with, the broker's."""
         self.name = name
         self.readers = readers
         sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sock = sock
-        spec = ZygoteSpec(name, os.getpid(), child.fileno(), pinning, *logs)
+        spec = ZygoteSpec(name, os.getpid(), child.fileno(), pinning, logs)
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "inferpool.workers.zygote"],
@@ -284,10 +284,8 @@ class Zygote:
 class Launcher:
     """How the supervisor starts a worker: from its node's zygote, or fresh."""
 
-    def __init__(self, zygotes: bool, logs: tuple[str, str], readers: Readers) -> None:
-        """``logs``: the log level and format zygotes log with."""
+    def __init__(self, zygotes: bool, readers: Readers) -> None:
         self.use_zygotes = zygotes
-        self.logs = logs
         self.readers = readers
         self.zygotes: dict[int | None, Zygote] = {}
 
@@ -300,7 +298,7 @@ class Launcher:
             pinning = PinningSpec(numa_node=node, mempolicy="bind" if node is not None else "")
             name = "any" if node is None else f"node{node}"
             try:
-                zygote = self.zygotes[node] = Zygote(name, pinning, self.logs, self.readers)
+                zygote = self.zygotes[node] = Zygote(name, pinning, spec.log, self.readers)
             except OSError as exc:
                 log.error("cannot start zygote %s: %s; starting workers fresh", name, exc)
                 return start_fresh(spec)

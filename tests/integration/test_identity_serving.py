@@ -65,7 +65,7 @@ def test_metadata_config_index_and_health(example_server: Server) -> None:
             ("square_int32", "1"): "READY",
         }
         server = c.server_metadata()
-        assert server["name"] == "inferpool" and server["protocol"] == 1
+        assert server["name"] == "triton" and server["protocol"] == 1  # Triton's default
 
 
 def test_statistics_count_requests_and_batches(example_server: Server) -> None:

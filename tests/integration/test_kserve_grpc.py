@@ -58,7 +58,7 @@ def test_health_metadata_and_config(server: Server, client: Any) -> None:
     assert client.is_server_live() and client.is_server_ready()
     assert client.is_model_ready("identity") and not client.is_model_ready("missing")
     meta = client.get_server_metadata()
-    assert meta.name == "inferpool" and "binary_tensor_data" in meta.extensions
+    assert meta.name == "triton" and "binary_tensor_data" in meta.extensions
     model = client.get_model_metadata("identity", as_json=True)
     assert model["inputs"] == [{"name": "INPUT0", "datatype": "FP32", "shape": ["-1"]}]
     assert model["versions"] == ["1"] and model["platform"] == "identity"
@@ -218,6 +218,10 @@ def test_load_with_config_and_file_overrides(client: Any) -> None:
     client.unload_model("double")
     with pytest.raises(InferenceServerException, match="Load parameter 'config' must be"):
         client.load_model("double", files=DOUBLE_FILES)
+    with pytest.raises(InferenceServerException) as err:
+        client.load_model("nosuch")
+    assert err.value.status() == "StatusCode.INTERNAL"  # Triton's, and its words:
+    assert "failed to load 'nosuch', failed to poll from model repository" in err.value.message()
 
 
 # ============================================================================ shared memory

@@ -76,7 +76,7 @@ def test_health_metadata_and_config(server: Server, client: Any) -> None:
     assert client.is_server_live() and client.is_server_ready()
     assert client.is_model_ready("identity") and not client.is_model_ready("missing")
     meta = client.get_server_metadata()
-    assert meta["name"] == "inferpool" and "binary_tensor_data" in meta["extensions"]
+    assert meta["name"] == "triton" and "binary_tensor_data" in meta["extensions"]
     model = client.get_model_metadata("identity_batched")
     assert model == {
         "name": "identity_batched",
@@ -262,6 +262,43 @@ def test_load_with_config_and_file_overrides(server: Server, client: Any) -> Non
     assert status == 400 and "'file:1/model.py' is not valid base64" in body
     with pytest.raises(InferenceServerException, match="Load parameter 'config' must be"):
         client.load_model("double", files=DOUBLE_FILES)
+
+
+def test_loads_that_fail_answer_as_tritons(server: Server, client: Any) -> None:
+    """Triton's status (500) and words; the reason names no path of the server's."""
+    load = f"http://{server.http_url}/v2/repository/models/nosuch/load"
+    assert curl("-X", "POST", load) == (
+        500,
+        '{"error":"failed to load \'nosuch\', failed to poll from model repository: model '
+        "'nosuch' not found in any model repository\"}",
+    )
+    with pytest.raises(InferenceServerException) as err:
+        client.load_model("spare", config='{"max_batch_size": "x"}')
+    assert err.value.message().startswith(
+        "failed to load 'spare', failed to poll from model repository: Invalid config override"
+    )
+    assert client.is_model_ready("spare")  # still serving as it was
+    lines = server.log().splitlines()
+    assert "Traceback" not in server.log()
+    assert [line for line in lines if "'nosuch'" in line] == [
+        next(
+            line
+            for line in lines
+            if line.endswith("model 'nosuch' not found in any model repository")
+        )
+    ]
+
+
+def test_a_config_override_without_backend_takes_it_from_the_models_files(client: Any) -> None:
+    """As Triton: repeat's 1/model.py makes it a python model."""
+    config = {
+        "input": [{"name": "N", "data_type": "TYPE_INT32", "dims": [1]}],
+        "output": [{"name": "OUT", "data_type": "TYPE_INT32", "dims": [1]}],
+        "model_transaction_policy": {"decoupled": True},
+    }
+    client.load_model("repeat", config=json.dumps(config))
+    assert client.get_model_config("repeat")["backend"] == "python"
+    client.load_model("repeat")  # its config.pbtxt again
 
 
 # ============================================================================ pipelines

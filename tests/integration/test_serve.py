@@ -16,6 +16,7 @@ from inferpool.broker.options import ServerOptions
 from inferpool.cli import build_parser
 from inferpool.client import InferpoolError
 from inferpool.serve import options_from_args
+from inferpool.wire.logs import LogSettings
 from tests.support import EXAMPLES, Server, identity_config, our_regions, run_cli, write_model
 
 SERVE = [sys.executable, "-m", "inferpool", "serve", "--allow-metrics", "false"]
@@ -57,10 +58,17 @@ def test_tritons_flag_names_and_defaults() -> None:
 
     default = options()
     assert (default.metrics_port, default.metrics_address) == (8002, "127.0.0.1")  # as Triton
-    assert (default.log_level, default.log_format, default.graceful_timeout) == ("INFO", "text", 30)
+    assert (default.log, default.graceful_timeout, default.server_id) == (
+        LogSettings(),
+        30,
+        "triton",
+    )
     triton = options("--exit-timeout-secs", "5", "--log-verbose", "1", "--allow-metrics", "false")
-    assert (triton.graceful_timeout, triton.log_level, triton.metrics_port) == (5, "DEBUG", 0)
-    assert options("--log-level", "warning", "--log-format", "json").log_level == "WARNING"
+    assert (triton.graceful_timeout, triton.log.verbose, triton.metrics_port) == (5, 1, 0)
+    quiet = options("--log-level", "warning", "--log-format", "json", "--log-error", "false")
+    assert quiet.log == LogSettings(info=False, error=False, format="json")
+    assert options("--log-format", "text", "--id", "pool").log.format == "default"
+    assert options("--id", "pool").server_id == "pool"
 
 
 def test_every_argument_has_help_and_shows_its_default() -> None:

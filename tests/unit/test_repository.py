@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from inferpool.broker.models.config import load_config
-from inferpool.broker.models.repository import scan, scan_model
+from inferpool.broker.models.overrides import Override, Overrides
+from inferpool.broker.models.repository import poll_failure, scan, scan_model
 from inferpool.wire.errors import Code, InferpoolError
 from tests.support import identity_config, write_model
 
@@ -125,3 +128,59 @@ def test_no_version_directory_is_the_triton_error(tmp_path) -> None:
         in err.message
     )
     assert str(tmp_path / "m" / "1") in err.message
+
+
+IO = (
+    '"input": [{"name": "X", "data_type": "TYPE_INT32", "dims": [1]}], '
+    '"output": [{"name": "Y", "data_type": "TYPE_INT32", "dims": [1]}]'
+)
+
+
+@pytest.mark.parametrize(
+    "where, backend",
+    [
+        ("1/model.py", "python"),
+        ("1/model.onnx", "onnxruntime"),
+        ("1/model.pt", "pytorch"),
+        ("1/model.xml", "openvino"),
+        ("1/libtriton_accumulate.so", "accumulate"),
+        ("libtriton_repeat.so", "repeat"),
+    ],
+)
+def test_a_config_override_without_backend_takes_it_from_the_models_files(
+    tmp_path, where: str, backend: str
+) -> None:
+    """As Triton: the override names no backend, the model's files imply it."""
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / where).write_text("")
+    overrides = Overrides(str(tmp_path))
+    overrides.use("m", Override("{" + IO + ', "max_batch_size": 4}'))
+    entry = overrides.scan("m")
+    assert entry.error is None and entry.config is not None, entry.error
+    assert (entry.config.backend, entry.config.max_batch_size) == (backend, 4)
+    # the same model given as files: its own directory, config.pbtxt the completed config
+    overrides.use("n", Override("{" + IO + "}", {where: b"", "1/README": b""}))
+    written = overrides.scan("n")
+    assert written.error is None and written.config is not None
+    assert written.config.backend == backend
+    assert f'backend: "{backend}"' in (Path(written.path) / "config.pbtxt").read_text()
+    overrides.close()
+
+
+def test_an_override_naming_no_backend_its_files_do_not_imply_is_refused(tmp_path) -> None:
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    overrides = Overrides(str(tmp_path))
+    overrides.use("m", Override("{" + IO + "}"))
+    err = overrides.scan("m").error
+    assert err is not None and "Could not determine backend for model 'm'" in err.message
+
+
+def test_a_model_not_in_the_repository_is_named_without_the_servers_paths(tmp_path) -> None:
+    entry = scan_model(str(tmp_path), "nosuch")
+    assert entry.error is not None and entry.error.code is Code.NOT_FOUND
+    assert entry.error.message == "model 'nosuch' not found in any model repository"
+    answer = poll_failure("nosuch", entry.error)
+    assert answer.code is Code.INTERNAL and str(tmp_path) not in answer.message
+    assert answer.message.startswith(
+        "failed to load 'nosuch', failed to poll from model repository: "
+    )

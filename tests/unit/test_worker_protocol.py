@@ -64,6 +64,7 @@ FROM_BROKER: list[m.BrokerMessage] = [
     m.LaneClose(3, True),
     m.LaneClose(4, False),
     m.Replies(RESULTS),
+    m.LogChange({"verbose": 1, "info": False, "format": "json", "file": ""}),
 ]
 FROM_WORKER: list[m.WorkerMessage] = [
     m.Ready({"cpus": [0], "mempolicy": "default"}, {"name": "model", "max_batch_size": 8}, []),
@@ -285,6 +286,7 @@ SPEC = WorkerSpec(
     pinning=PinningSpec([0, 1], 0, "bind", "1", 2),
     backend_config={"k": "v"},
     gpu_load_limit=0.5,
+    log={"verbose": 2, "info": False, "format": "ISO8601"},
 )
 
 

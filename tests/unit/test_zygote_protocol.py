@@ -45,7 +45,7 @@ def test_messages_and_fds_travel_whole() -> None:
 
 
 def test_a_zygote_spec_is_read_back_or_refused_by_name() -> None:
-    spec = z.ZygoteSpec("node0", 42, 7, PinningSpec([0, 1], 0, "bind"), "DEBUG", "json")
+    spec = z.ZygoteSpec("node0", 42, 7, PinningSpec([0, 1], 0, "bind"), {"verbose": 1})
     assert z.read_zygote_spec(z.zygote_environment(spec)) == spec
     with pytest.raises(InferpoolError, match="is not set: zygotes are started by the broker"):
         z.read_zygote_spec({})
@@ -82,7 +82,7 @@ def test_a_refused_worker_starts_fresh() -> None:
 def test_a_zygote_logs_in_the_brokers_format() -> None:
     """Under --log-format json a zygote's lines are JSON too, named as the zygote's."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    spec = z.ZygoteSpec("any", os.getpid(), theirs.fileno(), PinningSpec(), "INFO", "json")
+    spec = z.ZygoteSpec("any", os.getpid(), theirs.fileno(), PinningSpec(), {"format": "json"})
     proc = subprocess.Popen(
         [sys.executable, "-m", "inferpool.workers.zygote"],
         env={**os.environ, **z.zygote_environment(spec)},

@@ -8,7 +8,8 @@ here loops over fields in Python.
 
 broker -> worker  Execute (a batch to run), Free (slots and regions it is done with), Stop,
                   RegionGrant (the answer to ShareRegion), Replies (responses to its calls),
-                  LaneOpen / LaneClose (a client's lane to serve, or to stop serving)
+                  LaneOpen / LaneClose (a client's lane to serve, or to stop serving),
+                  LogChange (log as a client's new log settings say)
 worker -> broker  Ready (loaded: its placement and served config), Failed (why it cannot
                   boot), Items (results mid-batch, decoupled models), Done (a batch's last
                   results and its statistics), ShareRegion / RegionFilled (shared regions),
@@ -59,6 +60,7 @@ class Kind(str, enum.Enum):
     CANCEL_CALL = "cancel_call"
     REPLIES = "replies"
     RELEASE = "release"
+    LOG_CHANGE = "log_change"
 
 
 # ---------------------------------------------------------------------------- records
@@ -245,6 +247,13 @@ class Replies(NamedTuple):
     items: Sequence[Result]
 
 
+class LogChange(NamedTuple):
+    """Log as these settings say from now on (a client changed them: the logging
+    extension)."""
+
+    settings: dict[str, Any]  # wire.logs.LogSettings's fields
+
+
 # ---------------------------------------------------------------------------- worker -> broker
 class Ready(NamedTuple):
     """The model loaded: the placement in force, the config it serves (completed) and the
@@ -377,7 +386,7 @@ class Release(NamedTuple):
     slots: Sequence[Slot]
 
 
-BrokerMessage = Execute | Free | Stop | RegionGrant | Replies | LaneOpen | LaneClose
+BrokerMessage = Execute | Free | Stop | RegionGrant | Replies | LaneOpen | LaneClose | LogChange
 WorkerMessage = (
     Ready
     | Failed
@@ -416,6 +425,7 @@ _KINDS: dict[type, Kind] = {
     CancelCall: Kind.CANCEL_CALL,
     Replies: Kind.REPLIES,
     Release: Kind.RELEASE,
+    LogChange: Kind.LOG_CHANGE,
 }
 
 
@@ -635,6 +645,7 @@ FROM_BROKER: dict[str, Callable[[Any], Any]] = {
     Kind.LANE_OPEN: lambda body: _new(LaneOpen, (*body[:5], tuple(body[5]), body[6])),
     Kind.LANE_CLOSE: LaneClose._make,
     Kind.REPLIES: _replies,
+    Kind.LOG_CHANGE: LogChange._make,
 }
 _FROM_WORKER: dict[str, Callable[[Any], Any]] = {
     Kind.READY: _ready,

@@ -82,8 +82,7 @@ class WorkerSpec:
     backend_directory: str = ""
     backend_config: dict[str, str] = field(default_factory=dict)  # this backend's settings
     gpu_load_limit: float = 1.0  # --model-load-gpu-limit for this GPU instance's device
-    log_level: str = "INFO"
-    log_format: str = "text"  # or "json" (wire/logs.py)
+    log: dict[str, Any] = field(default_factory=dict)  # wire.logs.LogSettings's fields
 
 
 def spec_environment(spec: WorkerSpec) -> dict[str, str]:

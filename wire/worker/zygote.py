@@ -34,8 +34,7 @@ class ZygoteSpec:
     broker_pid: int  # the zygote exits at once if its parent is not this process
     channel_fd: int  # its end of the socketpair
     pinning: PinningSpec = field(default_factory=PinningSpec)  # the node: cpus, mempolicy
-    log_level: str = "INFO"
-    log_format: str = "text"  # or "json", as the broker's --log-format
+    log: dict[str, Any] = field(default_factory=dict)  # wire.logs.LogSettings, the broker's
 
 
 def zygote_environment(spec: ZygoteSpec) -> dict[str, str]:
