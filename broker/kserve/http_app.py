@@ -134,7 +134,7 @@ class _Api:
         """Triton's logging extension: GET the settings, POST changes to some of them."""
         header: dict[str, Any] = {"type": "log_settings"}
         if request.method == "POST":
-            header["settings"] = await _json_body(request)
+            header["settings"] = await _json_body(request, self.bodies)
         return json_response((await self.ask(request, header))["settings"])
 
     # ------------------------------------------------------------------ inference

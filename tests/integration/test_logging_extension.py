@@ -77,14 +77,14 @@ def talk(server: Server, n: int) -> list[str]:
     """The log lines of the talker's request ``n`` (each level logs one)."""
     with server.client() as c:
         c.infer("talker", {"N": np.array([n], np.int32)})
-    return wait_until(
-        lambda: [line for line in server.log().splitlines() if f"talker warning {n}" in line],
-        what=f"request {n} logged",
-    ) and [line for line in server.log().splitlines() if re.search(rf"talker \w+ {n}$", line)]
+    wait_until(lambda: f"talker warning {n}" in server.log(), what=f"request {n} logged")
+    return [line for line in server.log().splitlines() if re.search(rf"talker \w+ {n}$", line)]
 
 
-def test_the_settings_as_tritons_clients_read_them(server: Server, http: object) -> None:
-    assert http.get_log_settings() == DEFAULTS  # type: ignore[attr-defined]
+def test_the_settings_as_tritons_clients_read_them(
+    server: Server, http: httpclient.InferenceServerClient
+) -> None:
+    assert http.get_log_settings() == DEFAULTS
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
     expected = grpcclient.service_pb2.LogSettingsResponse()
     for key, value in DEFAULTS.items():
@@ -96,39 +96,37 @@ def test_the_settings_as_tritons_clients_read_them(server: Server, http: object)
         assert "logging" in c.server_metadata()["extensions"]
 
 
-def test_a_change_reaches_the_workers_at_once(server: Server, http: object) -> None:
+def test_a_change_reaches_the_workers_at_once(
+    server: Server, http: httpclient.InferenceServerClient
+) -> None:
     lines = talk(server, 1)
     assert [line.split("talker ")[1] for line in lines] == ["info 1", "warning 1"]
-    changed = http.update_log_settings({"log_verbose_level": 1, "log_info": False})  # type: ignore[attr-defined]
+    changed = http.update_log_settings({"log_verbose_level": 1, "log_info": False})
     assert changed == DEFAULTS | {"log_verbose_level": 1, "log_info": False}
     lines = talk(server, 2)
     assert [line.split("talker ")[1] for line in lines] == ["verbose 2", "warning 2"]
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
     grpc.update_log_settings({"log_format": "ISO8601", "log_warning": False, "log_info": True})
-    assert http.get_log_settings()["log_format"] == "ISO8601"  # type: ignore[attr-defined]
+    assert http.get_log_settings()["log_format"] == "ISO8601"
     [info, verbose] = talk_without_warning(server, 3)
     assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ I \d+ \[talker_0_0 pid \d+\] ", info)
     assert " D " in verbose and verbose.endswith("talker verbose 3")
 
 
 def talk_without_warning(server: Server, n: int) -> list[str]:
+    """The log lines of request ``n`` of the talker, its warning switched off."""
     with server.client() as c:
         c.infer("talker", {"N": np.array([n], np.int32)})
-    pattern = rf"talker (info|verbose) {n}$"
-    found = wait_until(
-        lambda: (
-            [line for line in server.log().splitlines() if re.search(pattern, line)]
-            if f"talker verbose {n}" in server.log()
-            else None
-        ),
-        what=f"request {n} logged",
-    )
+    wait_until(lambda: f"talker verbose {n}" in server.log(), what=f"request {n} logged")
     assert f"talker warning {n}" not in server.log()  # (logged before the verbose line)
-    return found
+    pattern = rf"talker (info|verbose) {n}$"
+    return [line for line in server.log().splitlines() if re.search(pattern, line)]
 
 
-def test_a_worker_started_later_logs_as_the_settings_say(server: Server, http: object) -> None:
-    http.update_log_settings({"log_verbose_level": 1, "log_format": "json"})  # type: ignore[attr-defined]
+def test_a_worker_started_later_logs_as_the_settings_say(
+    server: Server, http: httpclient.InferenceServerClient
+) -> None:
+    http.update_log_settings({"log_verbose_level": 1, "log_format": "json"})
     with server.client() as c:
         c.load_model("late")
         c.unload_model("late")
@@ -155,15 +153,21 @@ def test_a_worker_started_later_logs_as_the_settings_say(server: Server, http: o
     ],
 )
 def test_what_cannot_change_is_refused_in_tritons_words(
-    server: Server, http: object, settings: dict, status: int, message: str
+    server: Server,
+    http: httpclient.InferenceServerClient,
+    settings: dict,
+    status: int,
+    message: str,
 ) -> None:
     with pytest.raises(InferenceServerException) as err:
-        http.update_log_settings(settings)  # type: ignore[attr-defined]
+        http.update_log_settings(settings)
     assert err.value.status() == str(status) and message in err.value.message()
-    assert http.get_log_settings() == DEFAULTS  # type: ignore[attr-defined]  # all or nothing
+    assert http.get_log_settings() == DEFAULTS  # all or nothing
 
 
-def test_grpc_refusals_carry_tritons_codes(server: Server, http: object) -> None:
+def test_grpc_refusals_carry_tritons_codes(
+    server: Server, http: httpclient.InferenceServerClient
+) -> None:
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
     for settings, code in (
         ({"log_file": "x.log"}, "StatusCode.UNIMPLEMENTED"),
@@ -172,4 +176,4 @@ def test_grpc_refusals_carry_tritons_codes(server: Server, http: object) -> None
         with pytest.raises(InferenceServerException) as err:
             grpc.update_log_settings(settings)
         assert err.value.status() == code
-    assert http.get_log_settings() == DEFAULTS  # type: ignore[attr-defined]
+    assert http.get_log_settings() == DEFAULTS
