@@ -7,6 +7,7 @@ that takes only its worker, and a config the backend completes."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -17,7 +18,8 @@ import numpy as np
 import pytest
 
 from inferpool.backends.testing import BackendHarness
-from inferpool.client import InferpoolError
+from inferpool.client import InferpoolError, ShmClient
+from inferpool.shm.region import Region
 from tests.cabi_support import compiler, install
 from tests.integration.test_metrics import scrape
 from tests.support import Server, free_tcp_port, serving, wait_until, write_model
@@ -291,3 +293,23 @@ def test_a_failed_execute_gives_back_the_state_it_took(tmp_path: Path) -> None:
         assert final and response is not None and response.error is not None
         assert response.error.message == "minus one"
         assert h.memory.held() == 0
+
+
+def test_inputs_from_and_outputs_into_a_clients_region(server: Server) -> None:
+    """The backend reads its input where the client wrote it and writes its output into the
+    client's region (InputBuffer and OutputBuffer over the registered window)."""
+    region = Region.create(f"ipt-{os.getpid()}-cabi", 4096, prefault=False)
+    try:
+        data = np.frombuffer(region.buf, np.float32)
+        data[:4] = [0, 5, 6, 7]
+        with ShmClient(server.endpoint, input_bytes=0) as c:
+            c.register_system_shared_memory("data", "/" + region.name, 4096)
+            req = c.request("faulty", outputs=[])
+            req.input_from("INPUT0", "data", [4], "FP32", 16)
+            req.output_to("OUTPUT0", "data", 16, offset=2048)
+            with c.run(req) as result:
+                np.testing.assert_array_equal(result["OUTPUT0"], [0, 5, 6, 7])
+            np.testing.assert_array_equal(data[512:516], [0, 5, 6, 7])
+            c.unregister_system_shared_memory("data")
+    finally:
+        region.destroy()
