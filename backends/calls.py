@@ -64,6 +64,8 @@ class CallReply:
 
 
 class PendingCall(Protocol):
+    """One inference call in flight: its replies as they come."""
+
     def next(self) -> CallReply:
         """The next reply, waiting for it; after the final one, InferpoolError."""
         ...
@@ -83,6 +85,8 @@ class PendingCall(Protocol):
 
 
 class InferenceCalls(Protocol):
+    """How a model calls other served models (Triton's BLS) from its worker."""
+
     def start(self, request: CallRequest, decoupled: bool) -> PendingCall:
         """Send a call (``decoupled``: any number of replies may come); InferpoolError if it
         cannot be sent (an input that cannot be placed)."""

@@ -34,6 +34,8 @@ ENTRY_POINT_GROUP = "inferpool.backends"
 
 @dataclass(frozen=True)
 class Found:
+    """A backend class and where it was found."""
+
     backend_class: type[Backend]
     location: str  # a file path, "builtin:<module>" or "entry-point:<value>"
 

@@ -42,6 +42,8 @@ class Timestamps(NamedTuple):
 
 
 class RequestTiming(NamedTuple):
+    """One request's outcome and timestamps, as its backend reported them."""
+
     success: bool
     stamps: Timestamps
 
@@ -68,6 +70,8 @@ class Metric:
 
 
 class MetricSink(Protocol):
+    """Where a custom metric's changes go (the worker sends them to the broker)."""
+
     def record(self, metric: Metric, op: str, value: float) -> None: ...
 
 

@@ -65,6 +65,7 @@ def default_max_batch_size(backend_config: dict[str, str], backend: str) -> int:
 
 
 def shape_str(shape: Sequence[int]) -> str:
+    """A shape as Triton writes it in messages: ``[2,-1]``."""
     return "[" + ",".join(str(d) for d in shape) + "]"
 
 

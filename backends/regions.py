@@ -13,11 +13,15 @@ from typing import NamedTuple, Protocol
 
 
 class SharedRegion(NamedTuple):
+    """A region processes share, and whether this one fills it."""
+
     name: str  # the POSIX name to attach (shm.region.Region.attach)
     fill: bool  # True: fill it now, then call ``SharedRegions.filled``
 
 
 class SharedRegions(Protocol):
+    """Regions the broker makes for workers to share (weights loaded once)."""
+
     def share(self, key: str, byte_size: int) -> SharedRegion:
         """The region for ``key`` (1-64 of ``a-z0-9-``) of ``byte_size`` bytes; may wait for
         another process to fill it.  Raises InferpoolError if the broker refuses."""

@@ -142,6 +142,7 @@ DESCRIPTION = "Write a working backend NAME from the template into model reposit
 
 
 def main(argv: list[str] | None = None, prog: str = "inferpool new-backend") -> int:
+    """``python -m inferpool.backends.template``: write a backend from the template."""
     parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
     add_arguments(parser)
     return run(parser.parse_args(argv), prog)

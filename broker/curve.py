@@ -27,6 +27,8 @@ log = logging.getLogger("inferpool.broker")
 
 @dataclass(frozen=True)
 class CurveKeys:
+    """The server's CURVE key pair and where its clients' public certificates are."""
+
     public: bytes
     secret: bytes
     authorized: str  # the directory of the authorized clients' public certificates

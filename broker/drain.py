@@ -31,6 +31,8 @@ log = logging.getLogger("inferpool.broker")
 
 
 class Phase(str, enum.Enum):
+    """Where a drain stands."""
+
     SERVING = "SERVING"
     NOTICE = "NOTICE"  # readiness fails, requests are still admitted (the delay)
     DRAINING = "DRAINING"  # no admissions; the admitted requests finish
@@ -38,6 +40,9 @@ class Phase(str, enum.Enum):
 
 
 class Drain:
+    """A drain (SIGTERM, SIGINT or the drain message): readiness fails, admissions stop, the
+    admitted requests finish, the workers stop."""
+
     def __init__(
         self,
         readiness: Readiness,

@@ -24,12 +24,14 @@ MiB = 1 << 20
 
 
 def default_listen() -> tuple[str, ...]:
-    """This user's ipc endpoint and the local tcp one."""
+    """The current user's ipc endpoint and the local tcp one."""
     return (default_ipc_endpoint(), DEFAULT_TCP)
 
 
 @dataclass(frozen=True)
 class ServerOptions:
+    """What ``inferpool serve`` was told; every part gets the fields it uses."""
+
     model_repository: str
     listen: tuple[str, ...] = field(default_factory=default_listen)
     run_dir: str = field(default_factory=default_run_dir)

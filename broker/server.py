@@ -74,6 +74,8 @@ class StartInterrupted(Exception):
 
 
 class Broker:
+    """The broker process: its parts built once, and the one event loop."""
+
     def __init__(
         self, options: ServerOptions, on_started: Callable[[Broker], None] | None = None
     ) -> None:

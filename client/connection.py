@@ -23,6 +23,8 @@ _MONITORS = itertools.count()
 
 
 class Connection:
+    """A client's connection: the socket, its endpoint, and the settings every client shares."""
+
     def __init__(
         self,
         endpoint: str | None = None,

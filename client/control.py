@@ -20,6 +20,8 @@ Header = dict[str, Any]
 
 @dataclass(frozen=True, slots=True)
 class Call(Generic[T]):
+    """A control message and how its answer is read."""
+
     type: str
     read: Callable[[Header], T]
     fields: dict[str, Any] = field(default_factory=dict)
@@ -31,30 +33,37 @@ def _versioned(model: str, version: str | int) -> dict[str, Any]:
 
 
 def live() -> Call[bool]:
+    """Whether the server is live."""
     return Call("health_live", lambda h: bool(h.get("live")))
 
 
 def ready() -> Call[bool]:
+    """Whether the server is ready."""
     return Call("health_ready", lambda h: bool(h.get("ready")))
 
 
 def model_ready(model: str, version: str | int = "") -> Call[bool]:
+    """Whether ``model`` (``version``: a given one) is ready."""
     return Call("model_ready", lambda h: bool(h.get("ready")), _versioned(model, version))
 
 
 def server_metadata() -> Call[Header]:
+    """The server's name, version and extensions."""
     return Call("server_metadata", lambda h: h)
 
 
 def model_metadata(model: str, version: str | int = "") -> Call[Header]:
+    """A model's versions, platform, inputs and outputs."""
     return Call("model_metadata", lambda h: h, _versioned(model, version))
 
 
 def model_config(model: str, version: str | int = "") -> Call[Header]:
+    """A model's config, as Triton's JSON."""
     return Call("model_config", lambda h: dict(h["config"]), _versioned(model, version))
 
 
 def models(ready_only: bool = False) -> Call[list[Header]]:
+    """The repository index (``ready_only``: the ready models only)."""
     return Call("repository_index", lambda h: list(h["models"]), {"ready": ready_only})
 
 
@@ -81,6 +90,7 @@ def load(
 
 
 def unload(model: str) -> Call[None]:
+    """Unload ``model``."""
     return Call("unload", lambda h: None, {"model_name": model})
 
 
@@ -90,8 +100,10 @@ def drain() -> Call[Header]:
 
 
 def statistics(model: str = "", version: str | int = "") -> Call[Header]:
+    """Inference statistics, of every model or of one."""
     return Call("statistics", lambda h: h, _versioned(model, version))
 
 
 def status() -> Call[list[Header]]:
+    """Every instance's worker: its state, pid, pinning and last error."""
     return Call("status", lambda h: list(h["instances"]))

@@ -96,6 +96,7 @@ def infer_header(
     version: str | int = "",
     parameters: Mapping[str, Any] | None = None,
 ) -> Header:
+    """The header of an ``infer`` message."""
     header: Header = {
         "type": "infer",
         "model_name": model,

@@ -27,6 +27,8 @@ _Z85_KEY = 40  # characters of a CURVE key in Z85
 
 @dataclass(frozen=True)
 class CurveClientKeys:
+    """A client's CURVE keys and the server's public key."""
+
     server: bytes
     public: bytes
     secret: bytes

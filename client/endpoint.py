@@ -35,6 +35,8 @@ _FORMS = "ipc:///path/to/broker.sock, tcp://host:port or host:port"
 
 @dataclass(frozen=True)
 class Endpoint:
+    """A server endpoint, parsed."""
+
     url: str  # what the socket connects to
     path: str = ""  # the socket file of an ipc endpoint ("" for tcp and abstract sockets)
 

@@ -34,6 +34,7 @@ MASK = 0xFFFFFFFF
 
 
 def specs(entries: list[dict[str, Any]]) -> dict[str, TensorSpec]:
+    """The tensor specs of an ``open_lane`` answer's entries, by name."""
     return {d["name"]: spec_of(d["name"], d["datatype"], d["dims"]) for d in entries}
 
 

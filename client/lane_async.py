@@ -24,6 +24,8 @@ _now = time.monotonic_ns
 
 
 class AsyncLane:
+    """A lane for the asyncio client: requests awaited instead of waited for."""
+
     def __init__(self, lane: Lane, loop: asyncio.AbstractEventLoop) -> None:
         self.lane = lane
         self.loop = loop

@@ -44,6 +44,8 @@ Pin = str | int | Iterable[int] | None  # "auto", cores, or None: the thread is 
 
 
 class LaneBook:
+    """The lanes a client has and asks for, by model."""
+
     def __init__(
         self, session: ShmSession, auto: bool, spin_us: int, slots: int, pin: Pin = None
     ) -> None:

@@ -32,6 +32,8 @@ from inferpool.wire.lane import FLAG_RELEASE_ONLY
 
 
 class AsyncShmClient(ShmBase, AsyncClient):
+    """The asyncio shared-memory client: inputs written in place, outputs read in place."""
+
     LANE_SLOTS = 8
 
     def _setup(self) -> None:

@@ -20,6 +20,8 @@ DEFAULT_LANE_SPIN_US = 100
 
 
 class ShmBase(Connection):
+    """What both shared-memory clients share: the session and its regions."""
+
     session: ShmSession
 
     def __init__(

@@ -45,6 +45,8 @@ class Window:
 
 
 class ShmSession(ClientCore):
+    """A shared-memory client's state: its regions, handles and lanes (sans I/O)."""
+
     def __init__(
         self,
         endpoint: str,

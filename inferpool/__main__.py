@@ -1,3 +1,5 @@
+"""``python -m inferpool``: the command line."""
+
 import sys
 
 from inferpool.cli import main

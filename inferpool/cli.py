@@ -24,6 +24,7 @@ DEBUG_ENV = "INFERPOOL_DEBUG"  # set: an unexpected error shows its traceback
 
 # ============================================================================ new-backend
 def add_new_backend(sub: Any) -> None:
+    """``inferpool new-backend``: a working backend from the template."""
     p = sub.add_parser(
         "new-backend",
         help="write a working backend from the template",
@@ -46,6 +47,7 @@ class _IncludeDir(argparse.Action):
 
 # ============================================================================ main
 def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser, every subcommand on it."""
     parser = argparse.ArgumentParser(prog="inferpool", description=__doc__)
     parser.add_argument("--version", action="version", version=f"inferpool {__version__}")
     parser.add_argument(

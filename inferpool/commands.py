@@ -40,6 +40,7 @@ def client_options() -> argparse.ArgumentParser:
 
 
 def add_client_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    """The commands that talk to a running server: infer, models, status, stats."""
     p = sub.add_parser(
         "infer",
         parents=[common],
@@ -91,6 +92,7 @@ def add_client_commands(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def cmd_infer(args: argparse.Namespace) -> int:
+    """Run one inference and print its outputs."""
     pairs = (key_value(text, "--parameter") for text in args.parameter)
     parameters = {key: scalar(value) for key, value in pairs}
     with Client(args.endpoint, timeout=args.timeout) as c:
@@ -138,6 +140,7 @@ def _jsonable(arr: np.ndarray) -> Any:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
+    """Print the repository index."""
     with Client(args.endpoint, timeout=args.timeout) as c:
         rows = c.models()
     print(f"{'MODEL':24} {'VERSION':8} {'STATE':12} REASON")
@@ -147,6 +150,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    """Print every instance's worker."""
     with Client(args.endpoint, timeout=args.timeout) as c:
         rows = c.status()
     print(
@@ -199,6 +203,7 @@ def placement_columns(row: dict[str, Any]) -> tuple[str, str, str]:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
+    """Print the statistics as JSON."""
     with Client(args.endpoint, timeout=args.timeout) as c:
         print(json.dumps(c.statistics(args.model), indent=2))
     return 0

@@ -19,6 +19,7 @@ from inferpool.wire.errors import invalid_arg
 
 
 def add_control_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    """The commands that change a running server: load, unload, drain."""
     p = sub.add_parser(
         "load",
         parents=[common],
@@ -54,6 +55,7 @@ def add_control_commands(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def cmd_load(args: argparse.Namespace) -> int:
+    """Load (or reload) a model."""
     config = read_config(args.config) if args.config is not None else None
     files = dict(read_file(item) for item in args.file)
     if files and config is None:
@@ -65,6 +67,7 @@ def cmd_load(args: argparse.Namespace) -> int:
 
 
 def cmd_unload(args: argparse.Namespace) -> int:
+    """Unload a model."""
     with Client(args.endpoint, timeout=args.timeout) as c:
         c.unload_model(args.model)
     print(f"unloaded model '{args.model}'")
@@ -72,6 +75,7 @@ def cmd_unload(args: argparse.Namespace) -> int:
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
+    """Drain the server."""
     with Client(args.endpoint, timeout=args.timeout) as c:
         reply = c.drain()
     print(f"draining ({reply['reason']}): {reply['inflight']} request(s) in flight")

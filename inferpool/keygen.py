@@ -17,6 +17,7 @@ from inferpool.wire.errors import invalid_arg
 
 
 def add_keygen(sub: Any) -> None:
+    """``inferpool keygen`` and its flags."""
     p = sub.add_parser(
         "keygen", help="write a CURVE key pair for a server or a client", description=__doc__
     )
@@ -26,6 +27,7 @@ def add_keygen(sub: Any) -> None:
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
+    """Write a CURVE key pair: NAME.key and NAME.key_secret."""
     name = args.name
     if not name or "/" in name or name.startswith("."):
         raise invalid_arg(f"keygen: {name!r} is not a file name")

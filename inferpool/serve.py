@@ -33,6 +33,7 @@ def default_repository() -> str:
 
 
 def add_serve(sub: Any) -> None:
+    """``inferpool serve`` and its flags."""
     p = sub.add_parser(
         "serve",
         help="serve a model repository",
@@ -61,6 +62,7 @@ def parse_backend_config(items: Sequence[str]) -> dict[str, dict[str, str]]:
 
 
 def options_from_args(args: argparse.Namespace) -> ServerOptions:
+    """The server options ``inferpool serve``'s flags set."""
     # the broker's modules, only for serve: the client commands start without them
     from inferpool.broker.options import ServerOptions, default_listen
     from inferpool.broker.pool.gpu_limit import parse_gpu_limits

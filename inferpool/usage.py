@@ -98,6 +98,7 @@ def parse_bool(text: str) -> bool:
 
 
 def log_level(text: str) -> str:
+    """A log level's name, any case (an argparse type)."""
     level = text.strip().upper()
     if level not in LEVELS:
         raise argparse.ArgumentTypeError(f"expected one of {', '.join(LEVELS)}, got {text!r}")

@@ -1,4 +1,4 @@
-"""Run one benchmark from two checkouts in alternation: before and after a change, in one run.
+r"""Run one benchmark from two checkouts in alternation: before and after a change, in one run.
 
     python scripts/bench_ab.py --against /work/main --runs 4 -- \\
         scripts/bench_torch.py --part latency --paths torch backend

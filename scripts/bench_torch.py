@@ -229,7 +229,7 @@ class Laned(Served):
 
     @contextlib.contextmanager
     def placed(self) -> Iterator[None]:
-        """This process on cores the worker does not use while the lane is timed, so that
+        """Moves the process onto cores the worker does not use while the lane is timed, so that
         both sides of it spin (client.lane: a wait spins while its thread runs apart from
         the worker); the other paths run where they ran."""
         mine = os.sched_getaffinity(0)
@@ -304,7 +304,7 @@ def p50(samples: list[int]) -> float:
 
 @contextlib.contextmanager
 def pinned(cores: set[int]) -> Iterator[None]:
-    """This process on ``cores`` (after a lane's worker there has stopped spinning: it spins
+    """Moves the process onto ``cores`` (after a lane's worker there has stopped spinning: it spins
     ``LANE_SPIN_US`` after its last request), then back where it was."""
     mine = os.sched_getaffinity(0)
     os.sched_setaffinity(0, cores)

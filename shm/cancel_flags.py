@@ -29,6 +29,9 @@ def flags_region(run_id: str) -> str:
 
 
 class CancelFlags:
+    """The run's cancellation region: one flag word per request, set by the broker, read by
+    backends."""
+
     def __init__(self, region: Region) -> None:
         self.region = region
         self._words = region.buf.cast("q")

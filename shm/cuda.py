@@ -188,7 +188,7 @@ class CudaRegion:
         return _view(self._cupy, self.ptr + offset, nbytes, self, self.device)
 
     def close(self) -> None:
-        """This region is done with the mapping; the last region of a handle closes it."""
+        """The region is done with the mapping; the last region of a handle closes it."""
         if not self.ptr:
             return
         self.ptr = 0

@@ -16,6 +16,8 @@ from typing import Any
 
 @dataclass(frozen=True, slots=True)
 class Lease:
+    """One output a client holds in shared memory, by its token."""
+
     token: str
     owner: bytes
     region: str
@@ -24,6 +26,8 @@ class Lease:
 
 
 class LeaseTable:
+    """The leases of the run's clients: granted, released, reclaimed."""
+
     def __init__(self, run_id: str) -> None:
         self._prefix = run_id + "."
         self._next = 0

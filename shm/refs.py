@@ -33,6 +33,8 @@ CUDA_IPC_HANDLE_SIZE = 64  # sizeof(cudaIpcMemHandle_t)
 
 @dataclass(frozen=True, slots=True)
 class RegionRef:
+    """A region a work item names, parsed."""
+
     kind: str  # "posix" (the broker's own), "sys" or "cuda"
     name: str  # the POSIX name (no leading slash); "" for cuda
     byte_size: int = 0  # sys, cuda: the registered size
@@ -48,10 +50,12 @@ def posix_name(key: str) -> str:
 
 
 def system_ref(serial: int, key: str, inode: tuple[int, int], offset: int, byte_size: int) -> str:
+    """The reference of a client's system shared-memory registration."""
     return f"sys/{serial}/{inode[0]}.{inode[1]}/{offset}/{byte_size}/{posix_name(key)}"
 
 
 def cuda_ref(serial: int, byte_size: int, handle: bytes, gpu: str) -> str:
+    """The reference of a client's CUDA shared-memory registration."""
     return f"cuda/{serial}/{byte_size}/{handle.hex()}/{gpu}"
 
 

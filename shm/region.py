@@ -42,6 +42,7 @@ def shm_free() -> int:
 
 
 def exhausted(what: str, nbytes: int) -> ShmExhausted:
+    """The error for /dev/shm too full to give ``nbytes`` more, with what is free."""
     free = shm_free()
     return ShmExhausted(
         f"/dev/shm is full: {what} needs {_mib(nbytes)} more and /dev/shm has {_mib(free)} free; "
@@ -259,4 +260,5 @@ class RegionCache:
 
 
 def exists(name: str) -> bool:
+    """Whether a shared-memory object ``name`` exists."""
     return os.path.exists(os.path.join("/dev/shm", name))

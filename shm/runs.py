@@ -27,14 +27,17 @@ _NAME = re.compile(r"^inferpool-([0-9a-f]{10})-(.+)$")
 
 
 def new_run_id() -> str:
+    """A fresh run id (ten hex digits)."""
     return secrets.token_hex(5)
 
 
 def region_name(run_id: str, tag: str) -> str:
+    """The name of a region of run ``run_id``."""
     return f"{PREFIX}{run_id}-{tag}"
 
 
 def run_of(name: str) -> str | None:
+    """The run a region's name belongs to, or None for a name not of ours."""
     m = _NAME.match(name)
     return m.group(1) if m else None
 
@@ -138,6 +141,7 @@ def sweep_dead_runs(shm_dir: str = SHM_DIR) -> list[str]:
 
 
 def regions_of_run(run_id: str, shm_dir: str = SHM_DIR) -> list[str]:
+    """The regions of run ``run_id`` in /dev/shm."""
     prefix = f"{PREFIX}{run_id}-"
     try:
         return sorted(e for e in os.listdir(shm_dir) if e.startswith(prefix))

@@ -42,6 +42,8 @@ class _Shared:
 
 
 class SharedRegionTable:
+    """Which regions workers share, who fills each, and who waits for it."""
+
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
         self._shared: dict[str, _Shared] = {}

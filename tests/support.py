@@ -270,7 +270,7 @@ class Server:
         raise TimeoutError(f"server did not start within {timeout}s:\n{self.log()}")
 
     def regions(self) -> list[str]:
-        """This run's shared-memory regions in /dev/shm."""
+        """The run's shared-memory regions in /dev/shm."""
         return regions_of_run(self.run_id)
 
     def log_bytes(self) -> bytes:

@@ -20,16 +20,20 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class Caller:
+    """A KServe frontend's caller, as far as the frontend knows it."""
+
     uid: int = -1  # -1: not identified
     groups: frozenset[int] = frozenset()
     host: str = ""  # an unidentified caller's address
 
 
 def identified(uid: int, groups: Iterable[int]) -> bytes:
+    """The frame naming a caller whose uid and groups the frontend knows."""
     return f"uid:{uid}:{','.join(str(g) for g in sorted(set(groups)))}".encode()
 
 
 def unidentified(host: str) -> bytes:
+    """The frame naming a caller known only by its address."""
     return f"host:{host}".encode()
 
 

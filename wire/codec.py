@@ -89,6 +89,7 @@ def config_to_wire_datatype(config_type: str) -> str:
 
 
 def element_count(shape: Sequence[int]) -> int:
+    """The number of elements of ``shape``."""
     return math.prod(shape)
 
 
@@ -116,6 +117,7 @@ def serialize_bytes(values: Iterable[Any]) -> bytes:
 
 
 def serialized_bytes_size(values: Iterable[Any]) -> int:
+    """The bytes of BYTES elements serialized (a 4-byte length before each)."""
     return sum(4 + len(v.encode("utf-8") if isinstance(v, str) else bytes(v)) for v in values)
 
 
@@ -139,6 +141,7 @@ def deserialize_bytes(buf: Any, count: int, what: str = "BYTES tensor") -> list[
 
 
 def bytes_array(values: Sequence[bytes], shape: Sequence[int]) -> np.ndarray:
+    """BYTES elements as a numpy object array of ``shape``."""
     arr = np.empty(len(values), dtype=np.object_)
     arr[:] = values
     return arr.reshape(shape)
@@ -224,6 +227,7 @@ def in_shared_memory(output: dict[str, Any]) -> bool:
 
 # ----------------------------------------------------------------------------- headers
 def encode_header(header: dict[str, Any]) -> bytes:
+    """A header frame: the header as JSON (numpy values included)."""
     return orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
@@ -241,6 +245,7 @@ def decode_header(raw: Any) -> dict[str, Any]:
 def error_header(
     err: InferpoolError, request_id: Any = "", msg_type: str = "error"
 ) -> dict[str, Any]:
+    """The header of an error response."""
     return {"type": msg_type, "id": request_id, "error": err.to_wire()}
 
 
@@ -252,6 +257,7 @@ def raise_for_error(header: dict[str, Any]) -> None:
 
 
 def protocol_check(header: dict[str, Any]) -> None:
+    """UNSUPPORTED if the header speaks another protocol version."""
     version = header.get("protocol", PROTOCOL_VERSION)
     if version != PROTOCOL_VERSION:
         raise InferpoolError(

@@ -17,6 +17,8 @@ from inferpool.wire.errors import invalid_arg
 
 @dataclass(frozen=True, slots=True)
 class TensorSpec:
+    """What a model declares of one input or output."""
+
     name: str
     datatype: str
     dims: tuple[int, ...]  # without the batch dimension
@@ -63,6 +65,7 @@ def batch_reshape(
 
 
 def shape_text(shape: Any) -> str:
+    """A shape as Triton writes it in messages: ``[2,-1]``."""
     return "[" + ",".join(str(d) for d in shape) + "]"
 
 
@@ -123,6 +126,7 @@ def check_input(
 
 
 def check_byte_size(model: str, name: str, expected: int | None, nbytes: int) -> None:
+    """INVALID_ARG (Triton's words) if an input brings other than the bytes its shape needs."""
     if expected is not None and nbytes != expected:
         raise invalid_arg(
             f"input byte size mismatch for input '{name}' for model '{model}'. "
@@ -131,6 +135,7 @@ def check_byte_size(model: str, name: str, expected: int | None, nbytes: int) ->
 
 
 def check_required(model: str, required: frozenset[str], seen: set[str]) -> None:
+    """INVALID_ARG (Triton's words) naming the required inputs a request left out."""
     missing = required - seen
     if missing:
         raise invalid_arg(

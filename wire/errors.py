@@ -90,20 +90,25 @@ class InferpoolError(Exception):
 
 
 def invalid_arg(message: str) -> InferpoolError:
+    """An INVALID_ARG error."""
     return InferpoolError(Code.INVALID_ARG, message)
 
 
 def not_found(message: str) -> InferpoolError:
+    """A NOT_FOUND error."""
     return InferpoolError(Code.NOT_FOUND, message)
 
 
 def unavailable(message: str) -> InferpoolError:
+    """An UNAVAILABLE error."""
     return InferpoolError(Code.UNAVAILABLE, message)
 
 
 def unsupported(message: str) -> InferpoolError:
+    """An UNSUPPORTED error."""
     return InferpoolError(Code.UNSUPPORTED, message)
 
 
 def internal(message: str) -> InferpoolError:
+    """An INTERNAL error."""
     return InferpoolError(Code.INTERNAL, message)

@@ -96,6 +96,8 @@ STATUS = {name: i for i, name in enumerate(CODES) if name}
 
 
 class Geometry(NamedTuple):
+    """A lane region's shape: its slots and their size."""
+
     slots: int
     slot_size: int
 
@@ -136,6 +138,8 @@ class LaneRequest(NamedTuple):
 
 
 class LaneResponse(NamedTuple):
+    """A response as a lane's reader takes it from a slot."""
+
     id: int
     status: int  # 0, or STATUS of the error's code
     outputs: list[Tensor]
@@ -226,4 +230,5 @@ def parse_lane_token(token: object) -> tuple[int, int] | None:
 
 
 def code_name(status: int) -> str:
+    """The error code a lane's status number stands for."""
     return CODES[status] if 0 < status < len(CODES) else "UNKNOWN"

@@ -54,6 +54,7 @@ def pack_tensors(tensors: Sequence[Tensor]) -> bytes:
 
 
 def read_tensors(buf: Any, pos: int, count: int, end: int) -> tuple[list[Tensor], int]:
+    """``count`` tensor entries from ``pos``, and where they end; ValueError past ``end``."""
     tensors = []
     step = _TENSOR.size
     for _ in range(count):
@@ -75,6 +76,7 @@ def _releases(count: int) -> struct.Struct:
 
 
 def pad(n: int) -> int:
+    """``n`` rounded up to a multiple of 8."""
     return (n + 7) & ~7
 
 

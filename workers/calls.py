@@ -112,6 +112,8 @@ class PendingCall:
 
 
 class ChannelCalls:
+    """A worker's BLS calls over its channel to the broker."""
+
     def __init__(self, link: Link[BrokerMessage], memory: WorkerMemory, aside: OnMessage) -> None:
         """``aside`` handles what else arrives while a call is waited for on the main thread
         (a Free, a lane opened or closed) as the worker's loop would."""

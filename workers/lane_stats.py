@@ -25,6 +25,8 @@ Batch = tuple[int, Sequence[int]]  # a batch its backend reported: size, its fou
 
 
 class Tally:
+    """What a worker's lanes served, folded until it is sent to the broker."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._reset()

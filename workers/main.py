@@ -47,6 +47,7 @@ def _on_sigterm(signum: int, frame: object) -> None:
 
 
 def main() -> int:
+    """A worker process: read its spec, pin itself, load its model, serve."""
     # A hung or frozen worker gets SIGABRT before SIGKILL: its threads' stacks go to the log.
     faulthandler.enable(file=sys.stderr, all_threads=True)
     try:

@@ -26,6 +26,8 @@ log = logging.getLogger("inferpool.worker")
 
 
 class ChannelRegions:
+    """Shared regions asked of the broker over the worker's channel, while the model loads."""
+
     def __init__(self, link: Link[BrokerMessage]) -> None:
         self.link = link
         self.loading = True  # the worker clears it once it serves

@@ -32,6 +32,8 @@ Planned = tuple["InputTensor | None", TensorRef, "tuple[int, ...] | None"]
 
 
 class Plan(NamedTuple):
+    """How a request's inputs were viewed, kept for the next request that names the same places."""
+
     refs: Sequence[TensorRef]  # the item's inputs and wanted outputs, as the reader made
     outs: Sequence[WantedOutput]  # them: the plan's key, compared with ``is``
     inputs: Inputs  # every input's view, when each can be kept

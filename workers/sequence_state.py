@@ -31,6 +31,8 @@ from inferpool.workers.memory import WorkerMemory
 
 
 class SequenceStates:
+    """The implicit state of each sequence a worker serves."""
+
     def __init__(
         self, inputs_of: dict[str, str], memory: WorkerMemory, sequence: SequenceInputs
     ) -> None:

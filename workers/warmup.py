@@ -38,6 +38,8 @@ log = logging.getLogger("inferpool.worker")
 
 @dataclass(frozen=True)
 class Sample:
+    """One warmup sample of the config: its inputs and how many executions."""
+
     name: str
     batch_size: int  # requests per execution
     count: int  # executions

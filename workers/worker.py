@@ -67,6 +67,8 @@ _new = tuple.__new__  # a record per batch without its Python-level __new__
 
 
 class Worker:
+    """The worker process's loop: batches from the broker executed, results sent back."""
+
     def __init__(self, spec: WorkerSpec, link: Link[BrokerMessage]) -> None:
         self.spec = spec
         self.link = link

@@ -54,6 +54,7 @@ log = logging.getLogger("inferpool.zygote")
 
 
 def main() -> int:
+    """A zygote process: import the frameworks once, then fork workers on demand."""
     faulthandler.enable(file=sys.stderr, all_threads=True)
     try:
         spec = read_zygote_spec(os.environ)

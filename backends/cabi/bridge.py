@@ -63,6 +63,8 @@ class _States:
 
 
 class Bridge:
+    """The Python side of the C host: each backend API call it cannot answer in C ends here."""
+
     def __init__(self) -> None:
         self.logger = logging.getLogger("inferpool.backend")
         self.stats: StatisticsReporter | None = None  # the backend's, once it initializes

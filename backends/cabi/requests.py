@@ -29,6 +29,8 @@ CPU, GPU = 0, 2
 
 
 class RequestMaker:
+    """Makes the host's C Request of each request a C backend's execute gets."""
+
     """What the host asks when it makes a request's C side (it reads the request's fields
     itself): an input not made yet, the parameters, the outputs to leave out."""
 

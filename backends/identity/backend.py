@@ -56,6 +56,8 @@ SEED_PARAMETERS: dict[str, ParameterValue] = {
 
 
 class IdentityModel(Model):
+    """Triton's identity model: validates the config and reads its parameters once."""
+
     def initialize(self) -> None:
         self.log.info("TRITONBACKEND_ModelInitialize: %s (version %d)", self.name, self.version)
         self.log.info("Repository location: %s", self.repository_path)
@@ -125,10 +127,13 @@ class IdentityModel(Model):
 
 
 def model_type_name(data_type: int) -> str:
+    """The config's name of a data type (``TYPE_FP32``)."""
     return str(model_config_pb2.DataType.Name(data_type))
 
 
 class IdentityInstance(ModelInstance):
+    """Answers every request with its inputs as outputs, as identity.cc does."""
+
     model: IdentityModel
     answered_bytes = 0  # the bytes of the inputs answered in this execution (the metric's)
 
@@ -213,6 +218,8 @@ def _index(text: str) -> int:
 
 
 class IdentityBackend(Backend):
+    """The identity backend (Triton's identity.cc in Python), the built-in example."""
+
     model_class = IdentityModel
     instance_class = IdentityInstance
     parallel_instance_loading = True

@@ -34,6 +34,8 @@ COPIED_METRIC = "inferpool_onnxruntime_copied_bytes"
 
 
 class OnnxModel(Model):
+    """An ONNX model: its config checked and completed from the model file."""
+
     backend: OnnxBackend
 
     def initialize(self) -> None:
@@ -92,6 +94,8 @@ def _output_specs(config: Any, outputs: Sequence[model_io.ModelTensor]) -> dict[
 
 
 class OnnxInstance(ModelInstance):
+    """One ONNX Runtime session that reads inputs in place and writes outputs into the responses."""
+
     model: OnnxModel
 
     def initialize(self) -> None:
@@ -220,6 +224,8 @@ class OnnxInstance(ModelInstance):
 
 
 class OnnxBackend(Backend):
+    """The onnxruntime backend (Triton's name); onnxruntime is imported when it initializes."""
+
     model_class = OnnxModel
     instance_class = OnnxInstance
     ort: ModuleType

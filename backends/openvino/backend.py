@@ -103,6 +103,8 @@ def _writable(array: np.ndarray) -> np.ndarray:
 
 
 class OpenVinoModel(Model):
+    """An OpenVINO model: read, its config completed, compiled once for the model's instances."""
+
     backend: OpenVinoBackend
 
     def initialize(self) -> None:
@@ -177,6 +179,8 @@ class OpenVinoModel(Model):
 
 
 class OpenVinoInstance(ModelInstance):
+    """One OpenVINO infer request bound to the responses' output slots."""
+
     model: OpenVinoModel
 
     def initialize(self) -> None:
@@ -296,6 +300,8 @@ def _rows(request: Request) -> int:
 
 
 class OpenVinoBackend(Backend):
+    """The openvino backend (Triton's name); openvino is imported when it initializes."""
+
     model_class = OpenVinoModel
     instance_class = OpenVinoInstance
     ov: ModuleType

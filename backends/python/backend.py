@@ -249,6 +249,8 @@ class PythonInstance(ModelInstance):
 
 
 class PythonBackend(Backend):
+    """The python backend: a user's model.py run as Triton's python backend runs it."""
+
     model_class = PythonModel
     instance_class = PythonInstance
     parallel_instance_loading = True

@@ -65,6 +65,7 @@ def get_output_config_by_name(model_config: dict[str, Any], name: str) -> dict[s
 
 
 def using_decoupled_model_transaction_policy(model_config: dict[str, Any]) -> bool:
+    """Whether a model config (as ``args['model_config']`` parses) is decoupled."""
     return bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
 
 

@@ -31,6 +31,8 @@ def calling(model: Model) -> Iterator[None]:
 
 
 class LogLevel(enum.IntEnum):
+    """pb_utils.Logger's levels, as Triton names them."""
+
     INFO = logging.INFO
     WARNING = logging.WARNING
     ERROR = logging.ERROR

@@ -27,6 +27,8 @@ _TS_KINDS = {"TensorType": "tensor", "ListType": "list", "DictType": "dict"}
 
 @dataclass
 class Artifact:
+    """A loaded model file: how to call it, its arguments and its module."""
+
     path: str
     format: str  # "torchscript", "exported" or "aoti"
     args: list[Arg]

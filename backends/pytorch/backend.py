@@ -38,6 +38,8 @@ _stamps = tuple.__new__  # a NamedTuple without its Python-level __new__
 
 
 class PyTorchModel(Model):
+    """A PyTorch model: its config checked, its tensors named by convention."""
+
     def initialize(self) -> None:
         self.log.info("TRITONBACKEND_ModelInitialize: %s (version %d)", self.name, self.version)
         cfg = self.config
@@ -60,6 +62,8 @@ class PyTorchModel(Model):
 
 
 class PyTorchInstance(ModelInstance):
+    """One loaded copy of the model on its device, executing batches."""
+
     model: PyTorchModel
 
     def initialize(self) -> None:
@@ -319,6 +323,8 @@ class PyTorchInstance(ModelInstance):
 
 
 class PyTorchBackend(Backend):
+    """The pytorch backend (Triton's libtorch backend, in Python)."""
+
     model_class = PyTorchModel
     instance_class = PyTorchInstance
 

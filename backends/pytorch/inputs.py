@@ -54,6 +54,8 @@ _prepared = tuple.__new__  # built per request: without NamedTuple's Python-leve
 
 
 class InputAssembler:
+    """Turns a batch's requests into the forward call's arguments."""
+
     def __init__(
         self,
         model: str,

@@ -27,6 +27,8 @@ from inferpool.wire.errors import internal, invalid_arg
 
 
 class Convention(enum.Enum):
+    """How config tensors map onto forward arguments and outputs (Triton's three rules)."""
+
     NAMED_INDEX = "<name>__<index>"
     FORWARD_ARGUMENT = "forward argument names"
     STRICT_CONFIG_ORDERING = "configuration order"
@@ -62,6 +64,8 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class InputLayout:
+    """Where each config input goes in the forward call."""
+
     is_dict: bool
     index: dict[str, int]  # input name -> forward position (dict inputs: insertion order)
     arg_count: int
@@ -69,6 +73,8 @@ class InputLayout:
 
 @dataclass(frozen=True)
 class OutputSpec(TensorSpec):
+    """A config output and the index of the model's output it is."""
+
     index: int = 0
     config_output: bool = True  # listed in ``output``: returned to the client when requested
     state: bool = False  # an implicit state: always returned (to the sequence batcher)
@@ -83,6 +89,7 @@ def named_index(name: str) -> int | None:
 
 
 def tensor_spec(io: Any) -> TensorSpec:
+    """A config input's or output's name, datatype, dims and reshape."""
     reshape = tuple(io.reshape.shape) if io.HasField("reshape") else None
     return TensorSpec(io.name, config_type_name(io.data_type), tuple(io.dims), reshape)
 

@@ -77,6 +77,8 @@ def normalize(result: Any) -> list[Any]:
 
 
 class OutputWriter:
+    """Writes the model's outputs into each request's response."""
+
     def __init__(self, model: str, layout: dict[str, OutputSpec], batching: bool) -> None:
         self.model = model
         self.layout = layout

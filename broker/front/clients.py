@@ -33,6 +33,8 @@ class _Client:
 
 
 class ClientTracker:
+    """The clients that hold something, and the end of each: a disconnect or too long a silence."""
+
     def __init__(
         self,
         sockets: Sequence[zmq.Socket[Any]],

@@ -27,6 +27,9 @@ EXTENSIONS = ("model_repository", "statistics", "sequence", "binary_tensor_data"
 
 
 class Control:
+    """The control messages: health, metadata, the repository index, load and unload, statistics,
+    status."""
+
     def __init__(
         self,
         *,

@@ -31,6 +31,7 @@ class Family:
 
 
 def render(families: Iterable[Family]) -> bytes:
+    """Metric families in Prometheus's text format."""
     lines: list[str] = []
     for family in families:
         lines.append(f"# HELP {family.name} {_escape_help(family.help)}")

@@ -21,6 +21,9 @@ from inferpool.wire.worker.messages import TensorRef
 
 
 class Handles:
+    """Outputs that stay in shared memory: the handles and leases of clients, and outputs in their
+    regions."""
+
     def __init__(
         self,
         leases: LeaseTable,

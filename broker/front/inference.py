@@ -25,12 +25,16 @@ from inferpool.wire.errors import Code, InferpoolError, invalid_arg
 
 
 class SharedMemoryHook(SharedMemoryInputs, Protocol):
+    """What admission asks of the shared-memory extension."""
+
     def request_arrived(self, client: bytes, header: dict[str, Any]) -> None:
         """Before admission: the leases the request releases, and its sender is alive."""
         ...
 
 
 class Inference:
+    """The ``infer`` and ``cancel`` messages."""
+
     def __init__(
         self,
         readiness: Readiness,

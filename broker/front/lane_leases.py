@@ -37,6 +37,8 @@ class _Ending:
 
 
 class LaneLeases:
+    """Outputs a client holds when its lane ends, made leases of the client's."""
+
     def __init__(self, leases: LeaseTable, outputs: OutputRegions, shares: OutputShares) -> None:
         self.leases = leases
         self.outputs = outputs

@@ -48,6 +48,8 @@ BARRED = 1024  # principals remembered as barred from lanes (the oldest forgotte
 
 @dataclass(eq=False)
 class Lane:
+    """One lane: its client, its instance, its region and its input region."""
+
     id: int
     owner: bytes
     model: ModelVersion
@@ -73,6 +75,9 @@ class _Ask:
 
 
 class Lanes:
+    """The lanes granted to clients: ``open_lane``, ``close_lane``, and their end with their client,
+    instance, model or input region."""
+
     def __init__(
         self,
         run_id: str,

@@ -35,6 +35,8 @@ _UCRED = struct.Struct("3i")  # pid, uid, gid
 
 @dataclass(frozen=True, slots=True)
 class Peer:
+    """Who is at the other end of a connection, and how the broker knows it."""
+
     transport: str  # "ipc", "tcp", "kserve", or "" when the connection could not be looked at
     pid: int = 0
     uid: int = -1  # kserve: -1 when the caller could not be identified

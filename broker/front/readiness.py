@@ -17,6 +17,8 @@ from inferpool.broker.pool.handle import WorkerState
 
 @dataclass
 class Readiness:
+    """Whether the node is ready: started, not draining, and (strict) every model ready."""
+
     registry: Registry
     strict: bool  # ready only while every model is (--strict-readiness)
     started: bool = False

@@ -41,6 +41,8 @@ Closed = Callable[[list[str]], None]  # called with the names of the ended regis
 
 @dataclass
 class Registration:
+    """One shared-memory region a client registered (or had the broker create)."""
+
     name: str
     kind: str  # "system", "created" or "cuda"
     key: str  # POSIX name without slash ("" for cuda)
@@ -64,6 +66,9 @@ class Registration:
 
 
 class Registrations:
+    """The regions clients registered, by client: checked, counted against their limits, retired
+    safely."""
+
     def __init__(
         self,
         run_id: str,

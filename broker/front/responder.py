@@ -30,6 +30,8 @@ _InFlight = tuple[list[zmq.MessageTracker], list[tuple[str, int]], bytes, int]
 
 
 class Responder:
+    """Sends answers to clients: headers, output frames without a copy, handles."""
+
     def __init__(
         self,
         socket: zmq.Socket[Any],

@@ -24,6 +24,8 @@ Handler = Callable[[list[bytes], dict[str, Any], list[Any]], "dict[str, Any] | N
 
 
 class Router:
+    """Hands each client message to the handler of its type and sends the answer."""
+
     def __init__(
         self,
         responder: Responder,

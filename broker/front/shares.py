@@ -26,6 +26,8 @@ class _Owner:
 
 
 class OutputShares:
+    """How much output memory each principal holds unread, against its share."""
+
     def __init__(self, share: int, principal_of: Callable[[bytes], str]) -> None:
         """``share``: the bytes one principal may hold; ``principal_of``: a client's
         principal (looked up while it is connected: its message is being handled)."""

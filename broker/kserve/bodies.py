@@ -35,6 +35,8 @@ else:  # aiohttp's own dependency before Python 3.11
 
 @dataclass
 class BodyLimits:
+    """The HTTP frontend's limits on request bodies: size, time, and the bytes all of them hold."""
+
     max_size: int  # bytes one body may have
     timeout: float  # seconds a body may take to arrive in full
     budget: int  # bytes all bodies being received may hold together

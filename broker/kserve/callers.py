@@ -78,6 +78,7 @@ class Callers:
 
 
 def loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (IPv4-mapped IPv6 included)."""
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:

@@ -62,6 +62,7 @@ def method_handlers(servicer: Any) -> dict[str, Any]:
 
 
 def add_to_server(servicer: Any, server: Any) -> None:
+    """Serve ``servicer``'s methods on ``server`` with the lenient request parsers."""
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(SERVICE, method_handlers(servicer)),)
     )

@@ -50,6 +50,8 @@ def _unsupported_repository(name: str) -> None:
 
 
 class InferenceServicer(GRPCInferenceServiceServicer):
+    """Triton's gRPC inference service, answered by the broker over its socket."""
+
     def __init__(self, channel: BrokerChannel, callers: Callers, address: str, port: int) -> None:
         """``address``, ``port``: where this servicer's server listens."""
         self.channel = channel

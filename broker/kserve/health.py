@@ -33,6 +33,8 @@ _VERSION = "/versions/{version:[0-9]+}"
 
 
 def routes(channel: BrokerChannel, callers: Callers) -> list[web.RouteDef]:
+    """The health routes (live, ready, a model's readiness) on their own."""
+
     async def call(request: web.Request, header: dict[str, Any]) -> dict[str, Any]:
         caller = callers.of_http(request)
         reply, _ = await channel.call(caller, header, timeout=HEALTH_TIMEOUT_S)

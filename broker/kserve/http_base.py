@@ -23,15 +23,18 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def json_response(body: object, status: int = 200) -> web.Response:
+    """A JSON response with ``status``."""
     return web.Response(body=orjson.dumps(body), status=status, content_type=JSON)
 
 
 def error_response(status: int, message: str) -> web.Response:
+    """Triton's error body: ``{"error": message}``."""
     return json_response({"error": message}, status)
 
 
 @web.middleware
 async def triton_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Answer errors as Triton's HTTP frontend does: a status and ``{"error": ...}``."""
     try:
         return await handler(request)
     except InferpoolError as err:

@@ -87,6 +87,8 @@ class _Call:
 
 
 class Calls:
+    """The calls workers make to other models (BLS), from the call to its last reply."""
+
     def __init__(
         self,
         requests: Requests,

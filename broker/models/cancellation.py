@@ -31,10 +31,14 @@ log = logging.getLogger("inferpool.cancel")
 
 
 class Flags(Protocol):
+    """Where an executing request is marked cancelled for its backend (``shm.cancel_flags``)."""
+
     def cancel(self, rid: int) -> None: ...
 
 
 class Cancellation:
+    """Cancels requests: by a client's ``cancel``, its disconnect, or a model's call given up."""
+
     def __init__(
         self,
         inflight: dict[int, PendingRequest],

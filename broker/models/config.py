@@ -39,6 +39,7 @@ _C_BACKEND = re.compile(r"libtriton_(\w+)\.so")
 
 
 def config_error(model: str, path: str, problem: str, fix: str = "") -> InferpoolError:
+    """INVALID_ARG naming the model, its config file, the problem and the fix."""
     text = f"model '{model}' ({path}): {problem}"
     return InferpoolError(Code.INVALID_ARG, f"{text}. {fix}" if fix else text)
 
@@ -154,6 +155,7 @@ def complete(config: pb.ModelConfig, model: str, path: str, model_dir: str) -> N
 
 
 def validate(config: pb.ModelConfig, model: str, path: str) -> None:
+    """Check a completed config; INVALID_ARG naming what is wrong."""
     if config.max_batch_size < 0:
         raise config_error(model, path, f"max_batch_size must be >= 0, got {config.max_batch_size}")
     for kind, tensors in (("input", config.input), ("output", config.output)):
@@ -263,10 +265,12 @@ def _fixed_elements(dims: Any) -> int | None:
 
 
 def wire_datatype(data_type: int) -> str:
+    """The protocol's datatype of a config data type (``TYPE_FP32`` -> ``FP32``)."""
     return codec.config_to_wire_datatype(pb.DataType.Name(data_type))
 
 
 def to_json(config: pb.ModelConfig) -> str:
+    """The config as protobuf JSON (what workers start from)."""
     return json_format.MessageToJson(config, preserving_proto_field_name=True, indent=None)
 
 

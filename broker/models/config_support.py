@@ -85,6 +85,8 @@ _LOOK_INSIDE = frozenset(  # every field above an honoured sub-field
 
 @dataclass(frozen=True)
 class ConfigSupport:
+    """Which config fields this server implements, given its flags."""
+
     cache: bool = False  # --cache-size > 0
     rate_limit: bool = False  # --rate-limit execution_count
 

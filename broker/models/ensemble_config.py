@@ -27,6 +27,8 @@ PLATFORM = "ensemble"
 
 @dataclass(frozen=True)
 class Step:
+    """One step of an ensemble: the model it runs and how its tensors map onto the ensemble's."""
+
     index: int
     model_name: str
     model_version: int  # -1: the highest ready version
@@ -54,6 +56,7 @@ class Plan:
 
 
 def is_ensemble(config: pb.ModelConfig) -> bool:
+    """Whether ``config`` declares an ensemble."""
     return config.platform == PLATFORM or config.HasField("ensemble_scheduling")
 
 

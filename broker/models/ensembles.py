@@ -47,6 +47,8 @@ class _Waiting(Exception):
 
 
 class Ensembles:
+    """The ensembles served: their schedulers, and their readiness as their models come and go."""
+
     def __init__(self, registry: Registry, lifecycle: Lifecycle, requests: Requests) -> None:
         self.registry = registry
         self.lifecycle = lifecycle

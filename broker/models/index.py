@@ -20,6 +20,7 @@ log = logging.getLogger("inferpool.index")
 
 
 def repository_index(registry: Registry, root: str, ready_only: bool) -> list[dict[str, Any]]:
+    """The repository index: each model on disk or loaded, with its state."""
     rows = registry.index(ready_only)
     if ready_only:
         return rows

@@ -50,6 +50,9 @@ class LaneEvents(Protocol):
 
 
 class Manager:
+    """The models' lifecycle: loads, replacements and unloads, and what the supervisor reports of
+    their workers."""
+
     def __init__(
         self,
         *,

@@ -62,6 +62,7 @@ class Policy:
 
 
 def timeout_error(req: PendingRequest) -> InferpoolError:
+    """Triton's error for a request that waited in the queue past its timeout."""
     return InferpoolError(
         Code.UNAVAILABLE,
         f"Request timeout expired: request '{req.client_id}' for model '{req.model.name}' "

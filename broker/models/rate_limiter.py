@@ -42,6 +42,8 @@ class _Instance:
 
 @dataclass
 class RateLimiter:
+    """Triton's rate limiter: resources and priorities between the schedulers and the instances."""
+
     explicit: Needs = field(default_factory=dict)
     _instances: dict[Any, _Instance] = field(default_factory=dict)
     _allocated: dict[int, dict[str, int]] = field(default_factory=dict)

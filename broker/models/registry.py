@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 
 class State(str, enum.Enum):
+    """A model version's state, as Triton names it."""
+
     LOADING = "LOADING"
     READY = "READY"
     UNLOADING = "UNLOADING"

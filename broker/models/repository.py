@@ -64,6 +64,7 @@ def _not_a_model_directory(repository: str, entries: list[str]) -> None:
 
 
 def available_versions(model_dir: str) -> list[int]:
+    """The version directories of a model, in order."""
     out = []
     for entry in os.listdir(model_dir):
         if entry.isdigit() and os.path.isdir(os.path.join(model_dir, entry)) and int(entry) > 0:
@@ -118,6 +119,7 @@ def scan_model(repository: str, name: str) -> ModelEntry:
 
 
 def scan(repository: str) -> dict[str, ModelEntry]:
+    """Every model of the repository, as read from disk now."""
     return {name: scan_model(repository, name) for name in list_models(repository)}
 
 

@@ -66,6 +66,8 @@ class Lifecycle(Protocol):
 
 
 class RequestPath:
+    """Admitted requests on their way through schedulers and workers to their answers."""
+
     def __init__(
         self,
         *,

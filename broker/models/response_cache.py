@@ -39,6 +39,8 @@ from inferpool.wire.worker.messages import Result, TensorRef
 
 @dataclass(eq=False)
 class Entry:
+    """One cached response: its outputs in the cache region and who uses them."""
+
     model: ModelVersion  # held so that its id (part of the key) is not reused
     outputs: list[TensorRef]  # in the cache region
     parameters: dict[str, Any] | None
@@ -48,6 +50,9 @@ class Entry:
 
 
 class ResponseCache:
+    """Triton's response cache: answers of models with ``response_cache`` kept in a region of their
+    own."""
+
     def __init__(self, storage: Arena, inputs: Arena, outputs: OutputRegions, replies: Any) -> None:
         """``storage``: the cache's own arena; ``inputs``: the request arena (a request's
         bytes are hashed there); ``outputs``: the broker's output regions, where results are

@@ -40,6 +40,8 @@ Reject = Callable[[PendingRequest, InferpoolError], None]
 
 
 class Scheduler:
+    """The default and dynamic batcher of one model version."""
+
     def __init__(self, model: ModelVersion, dispatch: Dispatch, reject: Reject) -> None:
         self.model = model
         self.dispatch = dispatch

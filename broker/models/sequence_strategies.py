@@ -47,6 +47,8 @@ class InstanceSlots:
 
 
 class Strategy(Protocol):
+    """How a sequence batcher forms batches from its slots."""
+
     def take(self, slots: InstanceSlots, now_ns: int) -> tuple[Taken, list[int]] | int | None:
         """The next batch and the batch positions of its null requests; or the ns time to
         decide again (waiting for a fuller batch); or None when no slot has a request."""
@@ -54,6 +56,8 @@ class Strategy(Protocol):
 
 
 class Direct:
+    """Triton's direct strategy: each sequence has a batch slot of its own."""
+
     def __init__(self, config: Any) -> None:
         direct = config.sequence_batching.direct
         self.delay_ns = int(direct.max_queue_delay_microseconds) * 1000
@@ -87,6 +91,8 @@ class Direct:
 
 
 class Oldest:
+    """Triton's oldest strategy: the oldest requests of the sequences waiting form the batch."""
+
     def __init__(self, config: Any) -> None:
         oldest = config.sequence_batching.oldest
         self.delay_ns = int(oldest.max_queue_delay_microseconds) * 1000
@@ -123,6 +129,7 @@ def slot_count(config: Any) -> int:
 
 
 def strategy_for(config: Any) -> Strategy:
+    """The strategy ``config``'s sequence batcher asks for (direct by default)."""
     if config.sequence_batching.HasField("oldest"):
         return Oldest(config)
     return Direct(config)

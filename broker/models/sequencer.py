@@ -41,6 +41,7 @@ def scheduler_for(model: ModelVersion, dispatch: Dispatch, reject: Reject) -> Sc
 
 
 def idle_ns(config: Any) -> int:
+    """How long a sequence may stay silent before it is ended (ns)."""
     us = int(config.sequence_batching.max_sequence_idle_microseconds) or DEFAULT_IDLE_US
     return us * 1000
 
@@ -55,6 +56,8 @@ class Backlogged:
 
 
 class SequenceScheduler(Scheduler):
+    """The sequence batcher: a sequence's requests go to one instance, in order."""
+
     def __init__(self, model: ModelVersion, dispatch: Dispatch, reject: Reject) -> None:
         super().__init__(model, dispatch, reject)
         self.idle_ns = idle_ns(model.config)

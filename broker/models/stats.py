@@ -21,6 +21,8 @@ from inferpool.wire.worker.messages import (
 
 @dataclass(slots=True)
 class Duration:
+    """A count and the nanoseconds it took."""
+
     count: int = 0
     ns: int = 0
 
@@ -45,6 +47,8 @@ def _timed(ci: Duration, cf: Duration, co: Duration, timing: Durations) -> None:
 
 @dataclass
 class BatchStats:
+    """The compute times of the batches of one size."""
+
     compute_input: Duration = field(default_factory=Duration)
     compute_infer: Duration = field(default_factory=Duration)
     compute_output: Duration = field(default_factory=Duration)

@@ -28,6 +28,8 @@ ABORT_GRACE_S = 1.0  # from SIGABRT (stacks to the log) to SIGKILL
 
 
 class WorkerState(str, enum.Enum):
+    """Where a worker is in its life."""
+
     STARTING = "STARTING"
     READY = "READY"
     BACKOFF = "BACKOFF"  # crashed, waiting to respawn

@@ -33,6 +33,8 @@ MIN_PREFAULT = 64 << 10
 
 @dataclass
 class OutputRegion:
+    """One worker generation's output region and the slots held in it."""
+
     region: Region
     owner: Any  # the WorkerHandle allocating in it; None once retired
     held: int = 0
@@ -42,6 +44,8 @@ class OutputRegion:
 
 
 class OutputRegions:
+    """The workers' output regions: created, held, freed and retired."""
+
     def __init__(
         self, run_id: str, size: int, prefault: int, lent_gone: Callable[[str], None]
     ) -> None:

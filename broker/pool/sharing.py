@@ -22,6 +22,8 @@ class Owner(Hashable, Protocol):
 
 
 class SharedRegions:
+    """Regions workers share, asked for and granted through their messages."""
+
     def __init__(self, run_id: str) -> None:
         self.table = SharedRegionTable(run_id)
 

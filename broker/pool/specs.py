@@ -27,6 +27,7 @@ def worker_spec(
     options: SupervisorOptions,
     output_prefault: int,
 ) -> WorkerSpec:
+    """The spec a worker of ``handle`` starts with."""
     model = handle.model
     backend = model.config.backend
     return WorkerSpec(

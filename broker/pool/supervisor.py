@@ -71,6 +71,8 @@ class SupervisorOptions:
 
 
 class Supervisor(Generic[M]):
+    """Starts, watches and restarts the workers, one per instance slot."""
+
     def __init__(
         self,
         options: SupervisorOptions,

@@ -20,6 +20,8 @@ HERE = Path(__file__).resolve().parent
 
 
 class Linear(nn.Module):
+    """A linear layer of 4 features to 2, the same weights every time."""
+
     def __init__(self) -> None:
         super().__init__()
         torch.manual_seed(0)
@@ -38,6 +40,7 @@ class Accumulate(nn.Module):
 
 
 def main() -> None:
+    """Write the example models as TorchScript."""
     for name, module in (("linear", Linear()), ("accumulate", Accumulate())):
         path = HERE / name / "1" / "model.pt"
         torch.jit.save(torch.jit.script(module.eval()), str(path))

@@ -22,6 +22,7 @@ CHOICES = {
 
 
 def add_bench(sub: Any, common: argparse.ArgumentParser) -> None:
+    """``inferpool bench`` and its flags."""
     p = sub.add_parser(
         "bench",
         parents=[common],
@@ -105,6 +106,7 @@ def _counts(text: str) -> tuple[int, ...]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    """Run ``inferpool bench``."""
     if args.batch_size < 1 or args.requests < 0 or args.duration <= 0 or args.warmup < 0:
         raise UsageError(
             "--batch-size and --duration must be positive, --requests and --warmup not negative"

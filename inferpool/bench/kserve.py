@@ -96,6 +96,8 @@ class KServeTransport(Transport):
 
 @register
 class HttpTransport(KServeTransport):
+    """Sends over KServe HTTP/REST with Triton's asyncio client."""
+
     name = "http"
     protocol = "HTTP"
     default_port = 8000
@@ -113,6 +115,8 @@ class HttpTransport(KServeTransport):
 
 @register
 class GrpcTransport(KServeTransport):
+    """Sends over KServe gRPC with Triton's asyncio client."""
+
     name = "grpc"
     protocol = "gRPC"
     default_port = 8001

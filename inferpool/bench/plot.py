@@ -11,6 +11,7 @@ from inferpool.usage import UsageError
 
 
 def plot(levels: list[Level], about: dict[str, Any], path: str) -> None:
+    """Draw latency and throughput by concurrency into ``path`` (matplotlib)."""
     try:
         import matplotlib
 

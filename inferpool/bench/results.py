@@ -64,6 +64,8 @@ class Server:
 
 @dataclass(frozen=True)
 class Level:
+    """What one concurrency level measured, client and server side."""
+
     concurrency: int
     requests: int  # answered without an error
     errors: int

@@ -33,6 +33,8 @@ def counted(stats: dict[str, Any]) -> int:
 
 @dataclass(frozen=True)
 class Plan:
+    """The levels to measure and how long each lasts."""
+
     concurrency: tuple[int, ...]
     duration: float  # seconds each measured window lasts (0: ``requests`` decides)
     requests: int  # requests each measured window sends (0: ``duration`` decides)
@@ -52,6 +54,8 @@ class Progress(Protocol):
 
 
 class Runner:
+    """Measures each concurrency level with its senders and the server's statistics."""
+
     def __init__(
         self,
         senders: list[Sender],

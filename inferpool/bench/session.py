@@ -17,6 +17,7 @@ from inferpool.usage import UsageError
 
 
 def run(args: argparse.Namespace) -> int:
+    """Measure, print the tables, and write what ``--json``, ``--csv`` and ``--plot`` ask for."""
     levels, about = asyncio.run(_bench(args))
     print_tables(levels, about)
     report = {**about, "levels": [lv.to_dict() for lv in levels]}

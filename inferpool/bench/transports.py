@@ -46,6 +46,8 @@ class Workload:
 
 
 class Transport(ABC):
+    """How the benchmark sends requests: one client, one sender per concurrent slot."""
+
     name: ClassVar[str]
 
     def __init__(
@@ -84,6 +86,7 @@ TRANSPORTS: dict[str, type[Transport]] = {}
 
 
 def register(cls: type[Transport]) -> type[Transport]:
+    """Make ``cls`` a transport ``--transport`` can name."""
     TRANSPORTS[cls.name] = cls
     return cls
 
@@ -97,6 +100,8 @@ def transport_named(name: str) -> type[Transport]:
 
 @register
 class ZmqTransport(Transport):
+    """Sends over zmq with the asyncio client: tensors in frames."""
+
     name = "zmq"
 
     async def open(self) -> None:
@@ -125,6 +130,8 @@ class ZmqTransport(Transport):
 
 @register
 class ShmTransport(Transport):
+    """Sends with the asyncio shared-memory client: inputs written in place."""
+
     name = "shm"
     lane: ClassVar[bool] = False
 
@@ -159,6 +166,8 @@ class ShmTransport(Transport):
 
 @register
 class LaneTransport(ShmTransport):
+    """Sends over a lane of the shared-memory client."""
+
     name = "lane"
     lane = True
 

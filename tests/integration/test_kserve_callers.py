@@ -133,7 +133,7 @@ def test_each_user_registers_what_it_could_open_and_sees_only_its_own(
 
 
 def other_address() -> str:
-    """This host's address on its default route, or skip: a client coming from it is not
+    """The host's address on its default route, or skip: a client coming from it is not
     over loopback."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         try:

@@ -66,6 +66,7 @@ class TooLarge(InferpoolError):
 
 
 def too_large(nbytes: int) -> TooLarge:
+    """The error for a message past the channel's limit."""
     return TooLarge(
         Code.INTERNAL,
         f"a message of {nbytes} bytes exceeds the worker channel limit of {MAX_MESSAGE} bytes",

@@ -40,6 +40,8 @@ Parameters = dict[str, Any]
 
 
 class Kind(str, enum.Enum):
+    """The tag of each message type on a worker's channel."""
+
     EXECUTE = "execute"
     FREE = "free"
     STOP = "stop"
@@ -135,12 +137,14 @@ class Result(NamedTuple):
     durations: Durations | None = None  # set on results of Done
 
     def timed(self, durations: Durations) -> Result:
-        """This result with its durations (cheaper than ``_replace``: it runs per request)."""
+        """The result with ``durations`` (cheaper than ``_replace``: it runs per request)."""
         fields = (self.rid, self.final, self.outputs, self.parameters, self.error, durations)
         return tuple.__new__(Result, fields)
 
 
 class BatchStats(NamedTuple):
+    """The durations of one batch of a given size."""
+
     batch_size: int
     durations: Durations
 
@@ -154,6 +158,8 @@ class MemoryUsage(NamedTuple):
 
 
 class MetricFamilyInfo(NamedTuple):
+    """A custom metric family as the backend declared it."""
+
     name: str
     description: str
     kind: str  # "counter" or "gauge"
@@ -169,6 +175,8 @@ class MetricOp(NamedTuple):
 
 
 class MetricsUpdate(NamedTuple):
+    """The custom metrics' families and updates a worker reports."""
+
     families: Sequence[MetricFamilyInfo]
     ops: Sequence[MetricOp]
 
@@ -438,6 +446,7 @@ def _fields(obj: Any) -> tuple[Any, ...]:
 
 
 def encode(msg: Message) -> bytes:
+    """A message as the bytes of one datagram."""
     # (the message as a plain tuple: orjson writes it without calling back into Python)
     return orjson.dumps((_KINDS[type(msg)], tuple(msg)), default=_fields)
 

@@ -63,6 +63,8 @@ class PinningSpec:
 
 @dataclass(frozen=True, slots=True)
 class WorkerSpec:
+    """What a worker is started with: its run, channel, model, instance and pinning."""
+
     run_id: str  # the broker run: every region of it is named inferpool-<run_id>-...
     broker_pid: int  # the worker exits at once if its parent is not this process (the
     # broker's pid; a zygote sets its own in the workers it forks)

@@ -30,6 +30,8 @@ MAX_FDS = 4
 
 @dataclass(frozen=True, slots=True)
 class ZygoteSpec:
+    """What a zygote is started with: its NUMA node, channel and logging."""
+
     name: str  # "node<N>" or "any": the NUMA node its workers are placed on, for logs
     broker_pid: int  # the zygote exits at once if its parent is not this process
     channel_fd: int  # its end of the socketpair
@@ -38,6 +40,7 @@ class ZygoteSpec:
 
 
 def zygote_environment(spec: ZygoteSpec) -> dict[str, str]:
+    """The environment variable that carries a zygote's spec."""
     return {ZYGOTE_ENV: orjson.dumps(asdict(spec)).decode()}
 
 
@@ -93,6 +96,7 @@ _TYPES = {kind: cls for cls, kind in _KINDS.items()}
 
 
 def send(sock: socket.socket, msg: ZygoteMessage, fds: Sequence[int] = ()) -> None:
+    """Send a zygote message, with ``fds`` passed along."""
     data = orjson.dumps((_KINDS[type(msg)], tuple(msg)))
     if len(data) > MAX_MESSAGE:
         raise InferpoolError(

@@ -6,6 +6,8 @@ import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
+    """Normalizes X to mean 0 and standard deviation 1."""
+
     def execute(self, requests):
         responses = []
         for request in requests:

@@ -6,6 +6,8 @@ import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
+    """The softmax of LOGITS."""
+
     def execute(self, requests):
         responses = []
         for request in requests:

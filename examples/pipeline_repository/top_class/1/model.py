@@ -10,6 +10,8 @@ import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
+    """The most likely class of RAW, through the probabilities ensemble."""
+
     def execute(self, requests):
         responses = []
         for request in requests:
