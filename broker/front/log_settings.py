@@ -19,6 +19,8 @@ from inferpool.wire.worker.messages import LogChange
 
 
 class LogSettings:
+    """The ``log_settings`` message: the log settings in force, changed on request."""
+
     def __init__(self, alive: Callable[[], Iterable[Any]]) -> None:
         """``alive``: the pool's live worker handles, told of a change."""
         self.alive = alive
