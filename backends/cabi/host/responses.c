@@ -174,6 +174,29 @@ HOST_EXPORT TRITONSERVER_Error* TRITONBACKEND_OutputBufferAttributes(
   return NULL;
 }
 
+/* A response parameter's name as a Python string: the names a backend sets are few and set
+ * on every response, so the first KEYS are made once and kept (GIL held). */
+#define KEYS 32
+static PyObject* parameter_key(const char* name) {
+  static struct {
+    char* text;
+    PyObject* key;
+  } kept[KEYS];
+  static int count;
+  for (int k = 0; k < count; k++)
+    if (strcmp(kept[k].text, name) == 0) {
+      Py_INCREF(kept[k].key);
+      return kept[k].key;
+    }
+  PyObject* key = PyUnicode_FromString(name);
+  if (key != NULL && count < KEYS) {
+    kept[count].text = strdup(name);
+    kept[count++].key = key;
+    Py_INCREF(key);
+  }
+  return key;
+}
+
 static TRITONSERVER_Error* send(HostRequest* request, PyObject* py_response,
                                 TRITONBACKEND_Response* response, uint32_t flags,
                                 TRITONSERVER_Error* failure, const char* where) {
@@ -184,9 +207,11 @@ static TRITONSERVER_Error* send(HostRequest* request, PyObject* py_response,
     parameters = PyDict_New();
     for (uint32_t i = 0; parameters != NULL && i < response->parameter_count; i++) {
       TRITONSERVER_Parameter* p = response->parameters[i];
+      PyObject* key = parameter_key(p->name);
       PyObject* value = host_parameter_value(p);
-      if (value == NULL || PyDict_SetItemString(parameters, p->name, value) < 0)
+      if (key == NULL || value == NULL || PyDict_SetItem(parameters, key, value) < 0)
         Py_CLEAR(parameters);
+      Py_XDECREF(key);
       Py_XDECREF(value);
     }
   }
