@@ -52,7 +52,7 @@ from inferpool.backends.metrics import (
     Timestamps,
 )
 from inferpool.backends.regions import SharedRegion, SharedRegions
-from inferpool.wire.errors import Code, InferpoolError, internal, invalid_arg
+from inferpool.wire.errors import InferpoolError, internal, invalid_arg
 
 _log = logging.getLogger("inferpool.worker")
 
@@ -119,12 +119,6 @@ class Backend(_Level):
     #: where the metric families it makes are kept (the model's ``stats`` too): Triton's
     #: metric families are the server's, and a C backend may make one before any model
     stats: StatisticsReporter
-
-    def control(self, command: str, args: dict[str, Any]) -> Any:
-        """TRITONBACKEND_BackendControl: optional out-of-band commands."""
-        raise InferpoolError(
-            Code.UNSUPPORTED, f"backend '{self.name}' supports no control commands"
-        )
 
 
 class Model(_Level):

@@ -275,13 +275,16 @@ class Lane:
             "slept": self.responses.slept,
         }
 
-    def cancel(self, n: int) -> None:
+    def cancel(self, n: int) -> bool:
         """Cancel request ``n`` (posted, unanswered), which its caller gave up on: its
         backend's ``is_cancelled()`` turns true, a request not yet taken never runs, and its
-        response is dropped when it comes (``take``)."""
+        response is dropped when it comes (``take``).  Whether it was marked: not when the
+        lane is over or closed, or the request answered."""
         with contextlib.suppress(ValueError):  # unmapped meanwhile: nothing to cancel
             if not self.ended and not self.answered(n):
                 lr.cancel_request(self.raw, self.request_at[n % self.slots])
+                return True
+        return False
 
     def answered(self, n: int, head: int | None = None) -> bool:
         """Whether the response to request ``n`` is in the ring."""

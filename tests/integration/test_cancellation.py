@@ -18,6 +18,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from inferpool.client import AsyncClient, AsyncShmClient, Client, Code, InferpoolError, ShmClient
+from inferpool.client.lane import Lane
 from tests.integration.recording import Served, model_py, served, tags, wait_seen
 from tests.support import write_model
 
@@ -491,7 +492,8 @@ def test_cancelling_on_a_lane_already_closed_does_nothing(live: Served) -> None:
     """An asyncio task cancelled after its client closed: nothing is left to mark."""
     with ShmClient(live.server.endpoint, lane=True, timeout=10) as c:
         lane = c.lane("lane_waiter")
-    lane.cancel(0)
+    assert isinstance(lane, Lane) and lane.closed
+    assert lane.cancel(0) is False
 
 
 def test_an_async_lane_answer_that_comes_too_late_gives_its_outputs_back(live: Served) -> None:
