@@ -25,6 +25,19 @@ class Code(str, enum.Enum):
     TIMEOUT = "TIMEOUT"
 
 
+# Triton's TRITONSERVER_Error_Code numbers: the code of each (pb_utils.TritonError's numbers,
+# a C backend's errors)
+TRITON_CODES = (
+    Code.UNKNOWN,
+    Code.INTERNAL,
+    Code.NOT_FOUND,
+    Code.INVALID_ARG,
+    Code.UNAVAILABLE,
+    Code.UNSUPPORTED,
+    Code.ALREADY_EXISTS,
+    Code.CANCELLED,
+)
+
 # Triton's HTTP status for each code (its HttpCodeFromError); a queue timeout (TIMEOUT,
 # inferpool's own code) is 503: the KServe frontend and the Ray Serve adapter answer with these
 HTTP_STATUS = {

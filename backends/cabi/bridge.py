@@ -16,20 +16,10 @@ from typing import Any
 from inferpool.backends.messages import ParameterValue, Request, Response
 from inferpool.backends.metrics import Metric, MetricFamily, StatisticsReporter
 from inferpool.wire import codec
-from inferpool.wire.errors import Code, InferpoolError, invalid_arg
+from inferpool.wire.errors import TRITON_CODES, Code, InferpoolError, invalid_arg
 
 FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
 GPU = 2  # TRITONSERVER_MEMORY_GPU
-ERROR_CODES = (  # by TRITONSERVER_Error_Code
-    Code.UNKNOWN,
-    Code.INTERNAL,
-    Code.NOT_FOUND,
-    Code.INVALID_ARG,
-    Code.UNAVAILABLE,
-    Code.UNSUPPORTED,
-    Code.ALREADY_EXISTS,
-    Code.CANCELLED,
-)
 METRIC_KINDS = ("counter", "gauge")  # by TRITONSERVER_MetricKind
 # TRITONSERVER_LogLevel -> logging level
 LOG_LEVELS = (logging.INFO, logging.WARNING, logging.ERROR, logging.DEBUG)
@@ -37,9 +27,8 @@ LOG_LEVELS = (logging.INFO, logging.WARNING, logging.ERROR, logging.DEBUG)
 
 def error_of(code: int, message: str) -> InferpoolError:
     """A TRITONSERVER_Error as inferpool's error."""
-    return InferpoolError(
-        ERROR_CODES[code] if 0 <= code < len(ERROR_CODES) else Code.UNKNOWN, message
-    )
+    known = 0 <= code < len(TRITON_CODES)
+    return InferpoolError(TRITON_CODES[code] if known else Code.UNKNOWN, message)
 
 
 def placed(buffer: Any) -> Any:

@@ -20,7 +20,7 @@ from inferpool.backends.api import (
 from inferpool.backends.calls import CallInput, CallRequest
 from inferpool.backends.python.tensor import Tensor, TritonModelException
 from inferpool.wire import codec
-from inferpool.wire.errors import Code, InferpoolError
+from inferpool.wire.errors import TRITON_CODES, InferpoolError
 
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = FLAG_SEQUENCE_START
@@ -33,16 +33,7 @@ class TritonError(Exception):
     # TRITONSERVER_Error_Code numbers, as pb_utils exposes them.
     UNKNOWN, INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE = 0, 1, 2, 3, 4
     UNSUPPORTED, ALREADY_EXISTS, CANCELLED = 5, 6, 7
-    _CODES = (
-        Code.UNKNOWN,
-        Code.INTERNAL,
-        Code.NOT_FOUND,
-        Code.INVALID_ARG,
-        Code.UNAVAILABLE,
-        Code.UNSUPPORTED,
-        Code.ALREADY_EXISTS,
-        Code.CANCELLED,
-    )
+    _CODES = TRITON_CODES
 
     def __init__(self, msg: str, code: int = INTERNAL) -> None:
         if not 0 <= code < len(self._CODES):
