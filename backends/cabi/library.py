@@ -48,8 +48,7 @@ def host() -> ModuleType:
         raise InferpoolError(
             Code.UNAVAILABLE,
             "C backends need inferpool's host of Triton's C API, which was not built "
-            f"({exc}); install a C compiler (apt-get install gcc) and reinstall inferpool "
-            "(pip install -e .)",
+            f"({exc}); install a C compiler (apt-get install gcc), then reinstall inferpool",
         ) from None
     path = module.__file__ or ""
     ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_GLOBAL | os.RTLD_NOLOAD)
