@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from inferpool.backends.cabi import library
-from inferpool.wire.errors import InferpoolError
+from inferpool.wire.errors import Code, InferpoolError
 
 HEADERS = Path(library.include_dir()) / "triton" / "core"
 DECLARED = re.compile(r"^(?:TRITONSERVER_DECLSPEC|TRITONBACKEND_DECLSPEC) .+? (\w+)\(", re.M)
@@ -54,3 +54,19 @@ def test_an_unimplemented_function_answers_unsupported_with_its_name(host: ctype
     message = host.TRITONSERVER_ErrorMessage(ctypes.c_void_p(error)).decode()
     assert message == "TRITONSERVER_ServerNew is not supported by inferpool"
     host.TRITONSERVER_ErrorDelete(ctypes.c_void_p(error))
+
+
+def test_without_the_host_a_c_backend_fails_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a machine without a C compiler gets (pip install builds no host there)."""
+    library.host.cache_clear()
+    monkeypatch.setattr(library, "HOST_MODULE", "inferpool.backends.cabi._never_built")
+    try:
+        with pytest.raises(InferpoolError) as err:
+            library.host()
+    finally:
+        library.host.cache_clear()
+    assert err.value.code == Code.UNAVAILABLE
+    assert "\n" not in err.value.message
+    assert err.value.message.endswith(
+        "install a C compiler (apt-get install gcc), then reinstall inferpool"
+    )
