@@ -161,22 +161,6 @@ class Bridge:
         response of a decoupled model itself, as it sends it; the backend's report is
         accepted and not counted twice."""
 
-    def drain(
-        self,
-        instance: Any,
-        statistics: list[tuple[Request, int, int, int, int, int]],
-        batches: list[tuple[int, int, int, int, int]],
-        increments: list[tuple[Metric, float]],
-    ) -> None:
-        """What the execute's own thread reported while it ran, handed over once it returned
-        (the host keeps it meanwhile, so that those reports take no lock of Python's)."""
-        for request, success, t0, t1, t2, t3 in statistics:
-            instance.report_statistics(request, bool(success), t0, t1, t2, t3)
-        for size, t0, t1, t2, t3 in batches:
-            instance.report_batch_statistics(size, t0, t1, t2, t3)
-        for metric, amount in increments:
-            metric.increment(amount)
-
     def memory(self, owner: Any, usage: list[tuple[str, int, int]]) -> None:
         for memory_type, device_id, byte_size in usage:
             owner.report_memory(memory_type, device_id, byte_size)

@@ -1,7 +1,7 @@
 /* What the thread running TRITONBACKEND_ModelInstanceExecute reports, kept until the
  * execute returns: statistics, batch statistics, metric increments, and the requests whose
- * last holder let go.  The host then hands them to Python in one call, under the GIL it
- * takes back anyway, instead of taking the GIL once per report.  Any other thread (a
+ * last holder let go.  The host then hands them to the instance's Python level under the
+ * GIL it takes back anyway, instead of taking the GIL once per report.  Any other thread (a
  * backend's own) reports at once. */
 #include "host.h"
 
@@ -48,39 +48,45 @@ void host_defer_gone(Deferred* d, HostRequest* request) {
   d->gone[d->gone_count++] = request;
 }
 
-/* Hand what was kept to the bridge (GIL held).  Returns 0, or -1 with a Python error set. */
+/* a method call with ``count`` new references as arguments after the object; 0 or -1 */
+static int call_method(PyObject* name, PyObject* self, PyObject** args, size_t count) {
+  int made = 1;
+  for (size_t k = 1; k <= count; k++) made = made && args[k] != NULL;
+  args[0] = self;
+  PyObject* result = made ? PyObject_VectorcallMethod(name, args, count + 1, NULL) : NULL;
+  for (size_t k = 1; k <= count; k++) Py_XDECREF(args[k]);
+  Py_XDECREF(result);
+  return result == NULL ? -1 : 0;
+}
+
+/* Hand what was kept to the instance's Python level (GIL held): each report as the
+ * ModelInstance methods a Python backend calls.  0, or -1 with a Python error set. */
 int host_drain(Deferred* d, PyObject* owner) {
+  static PyObject *report_statistics, *report_batch_statistics, *increment;
+  if (report_statistics == NULL) {
+    report_statistics = PyUnicode_InternFromString("report_statistics");
+    report_batch_statistics = PyUnicode_InternFromString("report_batch_statistics");
+    increment = PyUnicode_InternFromString("increment");
+  }
   int status = 0;
-  if (d->stat_count || d->batch_count || d->metric_count) {
-    PyObject* stats = PyList_New(d->stat_count);
-    PyObject* batches = PyList_New(d->batch_count);
-    PyObject* metrics = PyList_New(d->metric_count);
-    for (size_t k = 0; stats && k < d->stat_count; k++) {
-      DeferredStatistics* s = &d->stats[k];
-      PyList_SET_ITEM(stats, k,
-                      Py_BuildValue("(OiKKKK)", s->request->py, (int)s->success,
-                                    (unsigned long long)s->t[0], (unsigned long long)s->t[1],
-                                    (unsigned long long)s->t[2], (unsigned long long)s->t[3]));
-    }
-    for (size_t k = 0; batches && k < d->batch_count; k++) {
-      DeferredBatch* b = &d->batches[k];
-      PyList_SET_ITEM(batches, k,
-                      Py_BuildValue("(KKKKK)", (unsigned long long)b->size,
-                                    (unsigned long long)b->t[0], (unsigned long long)b->t[1],
-                                    (unsigned long long)b->t[2], (unsigned long long)b->t[3]));
-    }
-    for (size_t k = 0; metrics && k < d->metric_count; k++)
-      PyList_SET_ITEM(metrics, k,
-                      Py_BuildValue("(Od)", d->metrics[k].metric->py, d->metrics[k].amount));
-    PyObject* result =
-        stats && batches && metrics
-            ? PyObject_CallFunctionObjArgs(host_bridge.drain, owner, stats, batches, metrics, NULL)
-            : NULL;
-    if (result == NULL) status = -1;
-    Py_XDECREF(result);
-    Py_XDECREF(stats);
-    Py_XDECREF(batches);
-    Py_XDECREF(metrics);
+  for (size_t k = 0; status == 0 && k < d->stat_count; k++) {
+    DeferredStatistics* s = &d->stats[k];
+    Py_INCREF(s->request->py);
+    PyObject* args[7] = {NULL, s->request->py, PyBool_FromLong(s->success),
+                         PyLong_FromUnsignedLongLong(s->t[0]), PyLong_FromUnsignedLongLong(s->t[1]),
+                         PyLong_FromUnsignedLongLong(s->t[2]), PyLong_FromUnsignedLongLong(s->t[3])};
+    status = call_method(report_statistics, owner, args, 6);
+  }
+  for (size_t k = 0; status == 0 && k < d->batch_count; k++) {
+    DeferredBatch* b = &d->batches[k];
+    PyObject* args[6] = {NULL, PyLong_FromUnsignedLongLong(b->size),
+                         PyLong_FromUnsignedLongLong(b->t[0]), PyLong_FromUnsignedLongLong(b->t[1]),
+                         PyLong_FromUnsignedLongLong(b->t[2]), PyLong_FromUnsignedLongLong(b->t[3])};
+    status = call_method(report_batch_statistics, owner, args, 5);
+  }
+  for (size_t k = 0; status == 0 && k < d->metric_count; k++) {
+    PyObject* args[2] = {NULL, PyFloat_FromDouble(d->metrics[k].amount)};
+    status = call_method(increment, d->metrics[k].metric->py, args, 1);
   }
   d->stat_count = d->batch_count = d->metric_count = 0;
   for (size_t k = 0; k < d->gone_count; k++) Py_DECREF((PyObject*)d->gone[k]);

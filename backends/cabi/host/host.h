@@ -232,7 +232,6 @@ typedef struct {
   PyObject* metric_op;    /* (metric, op, value) */
   PyObject* memory;       /* (owner, [(type, id, bytes)]) */
   PyObject* response_statistics; /* (instance, request, t0, t1, t2, success) */
-  PyObject* drain; /* (instance, [statistics], [batches], [(metric, amount)]) */
 } Bridge;
 
 extern Bridge host_bridge;

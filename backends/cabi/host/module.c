@@ -331,7 +331,6 @@ static PyObject* bind(PyObject* self, PyObject* bridge) {
       {&host_bridge.metric_op, "metric_op"},
       {&host_bridge.memory, "memory"},
       {&host_bridge.response_statistics, "response_statistics"},
-      {&host_bridge.drain, "drain"},
   };
   for (size_t k = 0; k < sizeof(methods) / sizeof(methods[0]); k++) {
     PyObject* method = PyObject_GetAttrString(bridge, methods[k].name);
