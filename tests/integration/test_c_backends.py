@@ -313,3 +313,13 @@ def test_inputs_from_and_outputs_into_a_clients_region(server: Server) -> None:
             c.unregister_system_shared_memory("data")
     finally:
         region.destroy()
+
+
+def test_served_over_a_lane(server: Server) -> None:
+    with ShmClient(server.endpoint, lane=True) as c:
+        req = c.request("faulty", outputs=["OUTPUT0"])
+        req.input("INPUT0", (3,), np.float32)[:] = [0, 3, 4]
+        for _ in range(3):
+            with c.run(req) as result:
+                np.testing.assert_array_equal(result["OUTPUT0"], [0, 3, 4])
+        assert len(c.session.lanes.lanes) == 1  # the requests took the lane
