@@ -5,7 +5,8 @@ A real server pins one pytorch worker (the MLP of scripts/bench_torch.py, at a b
 forward pass takes about 400 us here) to a core; clients send it requests through a lane,
 spinning for each answer as ShmClient does by default (100 us, and not at all once its
 spins keep running out: shm/bell.py).  The forward pass's time is read from the server's
-statistics (``compute_infer`` per request) for each client:
+statistics (``compute_infer`` per request) for each client, with the client's own CPU time
+per request (what a spin burns shows there, whatever the other jobs do to the forward pass):
 
 - ``apart, asleep``: pinned to another core, never spinning (the baseline: it never meets
   the worker);
@@ -71,8 +72,10 @@ def _client(endpoint: str, where: set[int] | None, spin_us: int, requests: int, 
         for _ in range(10):
             c.run(req).release()
         before = _compute(c)
+        cpu = time.process_time_ns()
         for _ in range(requests):
             c.run(req).release()
+        cpu = time.process_time_ns() - cpu
         lane = c.lane("mlp")
         after = _compute(c)
         placement = lane.placement()
@@ -81,6 +84,7 @@ def _client(endpoint: str, where: set[int] | None, spin_us: int, requests: int, 
             "compute_ns": (after[1] - before[1]) / max(1, after[0] - before[0]),
             "spun": placement["spun"],
             "slept": placement["slept"],
+            "cpu_us": cpu / requests / 1e3,
         }
     )
 
@@ -138,12 +142,14 @@ def measure_share(
         client = bench_torch.serve(repo, stack, f"--host-policy=bench,cpu-cores={worker}")
         times: dict[str, list[float]] = {name: [] for name in SCENARIOS}
         waits: dict[str, list[tuple[int, int]]] = {name: [] for name in SCENARIOS}
+        cpu: dict[str, list[float]] = {name: [] for name in SCENARIOS}
         names = list(SCENARIOS)
         for r in range(rounds):
             for name in names[r % len(names) :] + names[: r % len(names)]:
                 got = run_one(client.endpoint, name, cores, requests)
                 times[name].append(got["compute_ns"] / 1e3)
                 waits[name].append((got["spun"], got["slept"]))
+                cpu[name].append(got["cpu_us"])
     base = float(np.median(times["apart, asleep"]))
     return {
         name: {
@@ -151,6 +157,7 @@ def measure_share(
             "ratio": float(np.median(times[name])) / base,
             "spun": sum(w[0] for w in waits[name]),
             "slept": sum(w[1] for w in waits[name]),
+            "client_cpu_us": float(np.median(cpu[name])),
         }
         for name in SCENARIOS
     }
@@ -160,7 +167,8 @@ def print_share(rows: dict[str, Any]) -> None:
     for name, row in rows.items():
         print(
             f"  {name:31} forward pass {row['compute_us']:7.1f} us = {row['ratio']:.3f} x apart "
-            f"asleep (goal <= 1.05); waits spun {row['spun']}, slept {row['slept']}",
+            f"asleep (goal <= 1.05); waits spun {row['spun']}, slept {row['slept']}; client "
+            f"CPU {row['client_cpu_us']:.0f} us per request",
             flush=True,
         )
 
