@@ -115,6 +115,16 @@ def test_a_lane_says_where_its_worker_runs(server: Server, worker_cores: list[in
     assert got["spun"] + got["slept"] <= REQUESTS  # (an answer in before a wait: none)
 
 
+def test_the_grant_names_the_workers_cores(server: Server, worker_cores: list[int]) -> None:
+    """open_lane answers the lane's worker's cores and every worker's, as status says."""
+    with ShmClient(server.endpoint, timeout=10) as c:
+        grant = c.call("open_lane", model_name="plain", pid=os.getpid())
+        held = {core for r in c.status() if r["pid"] for core in r["placement"]["cpus"]}
+        c.call("close_lane", lane=grant["lane"])
+    assert grant["worker_cpus"] == worker_cores
+    assert grant["held_cpus"] == sorted(held)
+
+
 def test_a_thread_on_the_workers_core_never_spins(server: Server) -> None:
     """Every answer is waited for (the model sleeps 2 ms before it answers), and not one
     wait spins: the thread runs where the worker does."""
