@@ -78,6 +78,9 @@ class AsyncLane:
         """One look at the response ring; again soon while requests wait, the budget lasts
         (renewed by each answer) and the loop thread runs apart from the worker; else the
         watcher thread waits for the rest."""
+        if self._closed:  # the lane is closed (unmapped, or about to be): nothing to read
+            self._polling = False
+            return
         lane = self.lane
         head = lane.responses.value()
         if head != self._seen:
