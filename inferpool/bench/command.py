@@ -111,6 +111,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise UsageError(
             "--batch-size and --duration must be positive, --requests and --warmup not negative"
         )
+    if args.plot:  # a missing matplotlib is said now, not after the whole benchmark
+        from inferpool.bench.plot import pyplot
+
+        pyplot()
     from inferpool.bench.session import run
 
     return run(args)

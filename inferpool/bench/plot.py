@@ -10,8 +10,9 @@ from inferpool.bench.results import PERCENTILES, Level
 from inferpool.usage import UsageError
 
 
-def plot(levels: list[Level], about: dict[str, Any], path: str) -> None:
-    """Draw latency and throughput by concurrency into ``path`` (matplotlib)."""
+def pyplot() -> Any:
+    """matplotlib's pyplot, drawing into files; a UsageError when matplotlib is missing
+    (``inferpool bench`` asks before it measures anything)."""
     try:
         import matplotlib
 
@@ -19,6 +20,12 @@ def plot(levels: list[Level], about: dict[str, Any], path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise UsageError("--plot needs matplotlib: pip install 'inferpool[plot]'") from None
+    return plt
+
+
+def plot(levels: list[Level], about: dict[str, Any], path: str) -> None:
+    """Draw latency and throughput by concurrency into ``path`` (matplotlib)."""
+    plt = pyplot()
     x = [lv.concurrency for lv in levels]
     fig, (latency, throughput) = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
     for i, p in enumerate(PERCENTILES):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -211,3 +212,14 @@ def test_other_transports_count_what_the_server_counts(
 def test_mistakes_are_one_line(server: Server, argv: list[str], says: str) -> None:
     status, out, err = run_cli("bench", *argv, "--endpoint", server.endpoint, "--quiet")
     assert status == 2 and out == "" and says in err.splitlines()[-1], err
+
+
+def test_plot_without_matplotlib_is_refused_before_anything_runs(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No server at the endpoint: the check comes before the benchmark would connect."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails
+    endpoint = f"ipc://{short_tmp}/nobody.sock"
+    status, stdout, err = run_cli("bench", "identity", "--endpoint", endpoint, "--plot", "x.png")
+    assert (status, stdout) == (2, "")
+    assert err == "inferpool: --plot needs matplotlib: pip install 'inferpool[plot]'\n"
