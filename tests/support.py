@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import shutil
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import psutil
+import pytest
 
 from inferpool.cli import main
 from inferpool.client import Client
@@ -58,14 +60,65 @@ def run_id_of(server: Server | int) -> str:
 
 
 NOBODY = 65534
+AS_NOBODY = ["setpriv", f"--reuid={NOBODY}", "--regid=0", "--clear-groups"]
+
+
+def closed_to_nobody(*paths: str) -> str:
+    """The first directory above ``paths`` that user nobody may not enter, with its mode, or
+    "" when it may enter them all (asked of a shell run as nobody: needs root)."""
+    dirs: list[str] = []
+    for path in paths:
+        for directory in reversed(Path(path).resolve().parents):
+            if str(directory) not in dirs:
+                dirs.append(str(directory))
+    script = 'for d in "$@"; do cd "$d" 2>/dev/null || { echo "$d"; exit 0; }; done'
+    done = subprocess.run(
+        [*AS_NOBODY, "/bin/sh", "-c", script, "sh", *dirs],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+    )
+    closed = done.stdout.strip()
+    return f"{closed} (mode {os.stat(closed).st_mode & 0o777:o})" if closed else ""
+
+
+@functools.cache
+def nobody_cannot_run() -> str:
+    """Why a client process of user nobody cannot run this interpreter and the installed
+    package here ("" when it can)."""
+    if os.geteuid() != 0:
+        return "running a client as user nobody needs root (setpriv)"
+    probe = subprocess.run(
+        [*AS_NOBODY, sys.executable, "-c", "import inferpool.client"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+    )
+    if probe.returncode == 0:
+        return ""
+    import inferpool
+
+    blocked = closed_to_nobody(inferpool.__path__[0]) or closed_to_nobody(sys.executable)
+    if blocked:
+        return (
+            f"user nobody cannot reach this Python or the package: {blocked} is closed to "
+            "other users (as home directories are); a checkout under a directory others may "
+            "enter (/opt, /srv) runs these tests"
+        )
+    return f"user nobody cannot import the package: {probe.stderr.strip().splitlines()[-1:]}"
 
 
 def as_nobody(code: str) -> subprocess.CompletedProcess[str]:
     """``code`` in a client process of user nobody (group root: it may reach a socket of
-    ``--ipc-access group``)."""
-    setpriv = ["setpriv", f"--reuid={NOBODY}", "--regid=0", "--clear-groups"]
+    ``--ipc-access group``); the test is skipped, saying why, where nobody cannot run the
+    interpreter and the package (a checkout in a directory closed to other users)."""
+    reason = nobody_cannot_run()
+    if reason:
+        pytest.skip(reason)
     return subprocess.run(
-        [*setpriv, sys.executable, "-c", textwrap.dedent(code)],
+        [*AS_NOBODY, sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,
         text=True,
         timeout=60,
