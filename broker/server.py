@@ -56,6 +56,7 @@ from inferpool.broker.sched_slice import request_slice
 from inferpool.shm.cancel_flags import CancelFlags
 from inferpool.shm.leases import LeaseTable
 from inferpool.shm.runs import region_name
+from inferpool.wire import logs
 from inferpool.wire.errors import InferpoolError
 from inferpool.wire.worker.messages import Done, LaneClosed, LaneStats, Mapped, Unmapped
 from inferpool.wire.zmqio import NOBLOCK, recv_frames
@@ -310,9 +311,10 @@ class Broker:
         if self.readiness.started or self._pending_start:
             return
         self.readiness.started = True
+        logs.serving()  # (the start's INFO lines were verbose ones: wire.logs)
         rows = self.registry.index()
         ready = sum(1 for r in rows if r["state"] == State.READY.value)
-        log.info("started: %d of %d model version(s) READY", ready, len(rows))
+        log.debug("started: %d of %d model version(s) READY", ready, len(rows))
         warn_if_too_small(self.options, len(self.supervisor.handles))
         for r in rows:
             if r["state"] != State.READY.value:

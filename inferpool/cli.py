@@ -16,7 +16,7 @@ from inferpool.commands import add_client_commands, client_options
 from inferpool.control_commands import add_control_commands
 from inferpool.keygen import add_keygen
 from inferpool.serve import add_serve
-from inferpool.usage import UsageError
+from inferpool.usage import Parser, UsageError
 from inferpool.wire.errors import InferpoolError
 
 DEBUG_ENV = "INFERPOOL_DEBUG"  # set: an unexpected error shows its traceback
@@ -48,7 +48,7 @@ class _IncludeDir(argparse.Action):
 # ============================================================================ main
 def build_parser() -> argparse.ArgumentParser:
     """The command line's parser, every subcommand on it."""
-    parser = argparse.ArgumentParser(prog="inferpool", description=__doc__)
+    parser = Parser(prog="inferpool", description=__doc__)
     parser.add_argument("--version", action="version", version=f"inferpool {__version__}")
     parser.add_argument(
         "--include-dir",

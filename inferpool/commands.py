@@ -3,23 +3,34 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from inferpool.broker.pool.topology import allowed_cpus, format_cpu_list
-from inferpool.client import Client, default_endpoint
+from inferpool.client import Client, InferpoolError, default_endpoint
 from inferpool.client.core import InferResult
 from inferpool.inputs import read_inputs
-from inferpool.usage import key_value, scalar, seconds
+from inferpool.usage import key_value, scalar, seconds, unknown_model
 from inferpool.wire import codec
 
 if TYPE_CHECKING:
     from inferpool.client.core import InferOptions
 
 FINAL = "triton_final_response"
+
+
+@contextlib.contextmanager
+def naming_models(c: Client, model: str) -> Iterator[None]:
+    """A model the server does not know: its error names the models it has."""
+    try:
+        yield
+    except InferpoolError as err:
+        raise unknown_model(err, model, [r["name"] for r in c.models()]) from None
 
 
 def client_options() -> argparse.ArgumentParser:
@@ -95,7 +106,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
     """Run one inference and print its outputs."""
     pairs = (key_value(text, "--parameter") for text in args.parameter)
     parameters = {key: scalar(value) for key, value in pairs}
-    with Client(args.endpoint, timeout=args.timeout) as c:
+    with Client(args.endpoint, timeout=args.timeout) as c, naming_models(c, args.model):
         config = c.model_config(args.model, args.model_version)
         inputs, datatypes = read_inputs(args.input, args.datatype, args.shape, config)
         options: InferOptions = {
@@ -204,6 +215,6 @@ def placement_columns(row: dict[str, Any]) -> tuple[str, str, str]:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     """Print the statistics as JSON."""
-    with Client(args.endpoint, timeout=args.timeout) as c:
+    with Client(args.endpoint, timeout=args.timeout) as c, naming_models(c, args.model):
         print(json.dumps(c.statistics(args.model), indent=2))
     return 0

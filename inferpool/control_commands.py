@@ -15,6 +15,7 @@ import json
 from typing import Any
 
 from inferpool.client import Client
+from inferpool.commands import naming_models
 from inferpool.wire.errors import invalid_arg
 
 
@@ -68,7 +69,7 @@ def cmd_load(args: argparse.Namespace) -> int:
 
 def cmd_unload(args: argparse.Namespace) -> int:
     """Unload a model."""
-    with Client(args.endpoint, timeout=args.timeout) as c:
+    with Client(args.endpoint, timeout=args.timeout) as c, naming_models(c, args.model):
         c.unload_model(args.model)
     print(f"unloaded model '{args.model}'")
     return 0

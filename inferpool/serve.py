@@ -129,7 +129,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from inferpool.broker.server import Broker, StartInterrupted
 
     opts = options_from_args(args)
-    configure(opts.log, "broker", {"process": "broker"})
+    configure(opts.log, "broker", {"process": "broker"}, starting=True)
 
     def started(b: Broker) -> None:
         for row in b.registry.index():

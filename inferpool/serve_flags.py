@@ -11,8 +11,10 @@ from typing import Any
 
 from inferpool.triton_flags import triton_groups
 from inferpool.usage import (
+    listen_endpoint,
     parse_bool,
     parse_port,
+    parse_resource,
     parse_size,
     parse_slice,
     seconds,
@@ -108,6 +110,7 @@ def _endpoints(p: Any) -> None:
     g.add_argument(
         "--listen",
         action="append",
+        type=listen_endpoint,
         default=None,
         metavar="ENDPOINT",
         help=f"zmq endpoint to bind; repeatable (default: {default_ipc_endpoint()} "
@@ -434,13 +437,3 @@ def _kserve(p: Any) -> None:
         help="how long a request body may take to arrive once its headers are in (408 after "
         "it; default: %(default)g)",
     )
-
-
-def parse_resource(text: str) -> str:
-    """Triton's --rate-limit-resource <name>:<count>[:<device>]."""
-    parts = text.split(":")
-    if len(parts) not in (2, 3) or not parts[0] or not all(p.isdigit() for p in parts[1:]):
-        raise argparse.ArgumentTypeError(
-            f"expected <name>:<count> or <name>:<count>:<device>, got {text!r}"
-        )
-    return text

@@ -39,8 +39,8 @@ def _logs(p: Any) -> None:
         type=int,
         default=0,
         metavar="N",
-        help="Triton's verbose logging: N > 0 logs at DEBUG (each failed request, ...) "
-        "(default: 0)",
+        help="Triton's verbose logging: N > 0 logs at DEBUG (each failed request, ...) and "
+        "the start's own lines (default: 0)",
     )
     for level in ("info", "warning", "error"):
         g.add_argument(

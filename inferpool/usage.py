@@ -8,13 +8,40 @@ The argparse types below raise ``ArgumentTypeError`` with the form they expect.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import difflib
+import re
+from collections.abc import Iterable
+from typing import Any, NoReturn
 
+from inferpool.wire.errors import Code, InferpoolError
 from inferpool.wire.logs import LEVELS
+
+_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)")
 
 
 class UsageError(Exception):
     """A command-line value that cannot be used; the message names the flag."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose mistakes are one line (``inferpool serve: argument ...``)
+    without the usage block, a mistyped choice with the nearest one suggested."""
+
+    def error(self, message: str) -> NoReturn:
+        wrong = _CHOICE.search(message)
+        if wrong:
+            choices = re.findall(r"'([^']*)'", wrong.group(2))
+            guess = nearest(wrong.group(1), choices)
+            hint = f"; did you mean '{guess}'?" if guess else ""
+            message = f"{message[: wrong.start()]}invalid choice: '{wrong.group(1)}'{hint} "
+            message += f"(choose from {', '.join(choices)})"
+        self.exit(2, f"{self.prog}: {message}\n")
+
+
+def nearest(word: str, choices: Iterable[str]) -> str:
+    """The choice closest to a mistyped ``word``, or "" when none is close."""
+    found = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return found[0] if found else ""
 
 
 def key_value(text: str, flag: str, form: str = "KEY=VALUE") -> tuple[str, str]:
@@ -103,3 +130,46 @@ def log_level(text: str) -> str:
     if level not in LEVELS:
         raise argparse.ArgumentTypeError(f"expected one of {', '.join(LEVELS)}, got {text!r}")
     return level
+
+
+def parse_resource(text: str) -> str:
+    """Triton's --rate-limit-resource <name>:<count>[:<device>]."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or not parts[0] or not all(p.isdigit() for p in parts[1:]):
+        raise argparse.ArgumentTypeError(
+            f"expected <name>:<count> or <name>:<count>:<device>, got {text!r}"
+        )
+    return text
+
+
+def listen_endpoint(text: str) -> str:
+    """A zmq endpoint to listen on (an argparse type): ``ipc://`` and a socket file, or
+    ``tcp://`` and an address and port."""
+    scheme, sep, rest = text.partition("://")
+    host, _, port = rest.rpartition(":")
+    if sep and scheme == "ipc" and rest:
+        return text
+    if (
+        sep
+        and scheme == "tcp"
+        and host
+        and (port == "*" or (port.isdigit() and 0 < int(port) < 65536))
+    ):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"not an endpoint: {text!r} (an ipc socket file, as ipc:///run/inferpool/broker.sock, "
+        "or a tcp address and port, as tcp://127.0.0.1:8710; tcp://*:8710 is every address)"
+    )
+
+
+def unknown_model(err: InferpoolError, model: str, names: Iterable[str]) -> InferpoolError:
+    """``err`` with the models the server has, the nearest named first, when it says the
+    server does not know ``model`` (Triton's words, or an unload's); else ``err`` itself."""
+    about = (f"unknown model: '{model}' is not found", f"unload '{model}': unknown model")
+    if err.code is not Code.NOT_FOUND or not any(text in err.message for text in about):
+        return err
+    known = sorted(set(names))
+    guess = nearest(model, known)
+    hint = f"; did you mean '{guess}'?" if guess else ""
+    listed = ", ".join(known[:12]) + (f" and {len(known) - 12} more" if len(known) > 12 else "")
+    return InferpoolError(err.code, f"{err.message}{hint} (the server has: {listed or 'none'})")

@@ -8,7 +8,10 @@ log reads the same throughout.  Formats: ``default`` (text lines tagged with the
 ``ISO8601`` (Triton's, with an ISO 8601 time and the pid) and ``json`` (one object per line:
 the time, level, logger and message, the process, and whatever a record was given as
 ``extra`` among :data:`FIELDS`, so a log store can follow one request or one model).
-Standard library only: workers set this up before they are pinned.
+A process that is starting (the broker until its models settled, a worker until its model
+loaded) logs its INFO lines as verbose ones: the start-up is quiet unless ``--log-verbose``
+asks, and its warnings and errors are written as always.  Standard library only: workers
+set this up before they are pinned.
 """
 
 from __future__ import annotations
@@ -163,6 +166,8 @@ class _Switches(logging.Filter):
         self.settings = settings
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if _process.starting and record.levelno == logging.INFO:
+            return self.settings.verbose > 0
         return self.settings.allows(record.levelno)
 
 
@@ -173,16 +178,25 @@ class _Process:
     label: str = ""
     fixed: Mapping[str, Any] | None = None
     settings: LogSettings = LogSettings()
+    starting: bool = False  # INFO lines are verbose ones until ``serving``
 
 
 _process = _Process()
 _listeners: list[Callable[[LogSettings], None]] = []
 
 
-def configure(settings: LogSettings, label: str, fixed: Mapping[str, Any]) -> None:
-    """Log as ``settings`` say: text lines tagged ``[label]``, or JSON with ``fixed``."""
-    _process.label, _process.fixed = label, dict(fixed)
+def configure(
+    settings: LogSettings, label: str, fixed: Mapping[str, Any], starting: bool = False
+) -> None:
+    """Log as ``settings`` say: text lines tagged ``[label]``, or JSON with ``fixed``;
+    ``starting``: INFO lines are verbose ones until :func:`serving` (the module's docstring)."""
+    _process.label, _process.fixed, _process.starting = label, dict(fixed), starting
     apply(settings)
+
+
+def serving() -> None:
+    """The process has started: its INFO lines are written from now on."""
+    _process.starting = False
 
 
 def apply(settings: LogSettings) -> None:

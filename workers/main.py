@@ -82,6 +82,7 @@ def run(spec: WorkerSpec) -> int:
             "model": spec.model_name,
             "version": str(spec.model_version),
         },
+        starting=True,  # until the model is loaded (Worker.serve)
     )
     link: Link[BrokerMessage] = Link(socket.socket(fileno=spec.channel_fd), BrokerReader().decode)
     try:

@@ -140,6 +140,7 @@ class Worker:
         # the broker serves the config as the backend completed it (auto-complete)
         self.regions.loading = False
         self.link.send(Ready(read_back(), self.host.config_dict(), self.host.stats.memory_usage()))
+        logs.serving()
         self.lanes = Lanes(self.host, self.memory, self.link, self.execute_lock, self.reshapes)
         try:
             self._loop()

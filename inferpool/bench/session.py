@@ -12,8 +12,8 @@ from inferpool.bench.results import Level, to_csv
 from inferpool.bench.runner import Plan, Runner
 from inferpool.bench.tensors import build_inputs, parse_shapes
 from inferpool.bench.transports import Workload, transport_named
-from inferpool.client import AsyncClient
-from inferpool.usage import UsageError
+from inferpool.client import AsyncClient, InferpoolError
+from inferpool.usage import UsageError, unknown_model
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,7 +32,11 @@ def run(args: argparse.Namespace) -> int:
 
 async def _bench(args: argparse.Namespace) -> tuple[list[Level], dict[str, Any]]:
     async with AsyncClient(args.endpoint, timeout=args.timeout) as control:
-        config = await control.model_config(args.model, args.model_version)
+        try:
+            config = await control.model_config(args.model, args.model_version)
+        except InferpoolError as err:
+            names = [r["name"] for r in await control.models()]
+            raise unknown_model(err, args.model, names) from None
         shapes = parse_shapes(args.shape)
         inputs, datatypes = build_inputs(config, shapes, args.input_data, args.batch_size)
         decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled"))

@@ -117,6 +117,8 @@ def server(backends: Path) -> Iterator[Server]:
         "--backend-config=echo,flavour=vanilla",
         "--backend-directory",
         str(backends),
+        "--log-verbose",  # the backends' lines as they load
+        "1",
     )
 
 
@@ -261,7 +263,8 @@ def test_found_in_tritons_search_order(server: Server, model: str) -> None:
 def test_backend_log_lines_in_json(short_tmp: Path, backends: Path) -> None:
     repo = short_tmp / "repo"
     write_model(repo, "echo", ECHO)
-    with Server(short_tmp, repo, "--log-format", "json", "--backend-directory", str(backends)):
+    args = ("--log-format", "json", "--backend-directory", str(backends), "--log-verbose", "1")
+    with Server(short_tmp, repo, *args):
         pass
     log = (short_tmp / "server.log").read_text().splitlines()
     lines = [json.loads(line) for line in log if line.startswith("{")]  # (not the banner)

@@ -141,10 +141,15 @@ MISTAKES = [
         ["infer", "identity", "--input", "INPUT0=1,2", "--datatype", "INT64"],
         "INVALID_ARG: inference input 'INPUT0' data-type is 'INT64'",
     ),
-    (["infer", "nosuch", "--input", "INPUT0=1"], "NOT_FOUND"),
+    (
+        ["infer", "nosuch", "--input", "INPUT0=1"],
+        "not found (the server has: echo_parameters, iden",
+    ),
+    (["infer", "identiy", "--input", "INPUT0=1"], "not found; did you mean 'identity'?"),
     (["infer", "identity", "--input", "INPUT0=1", "--model-version", "9"], "version 9"),
     (["infer", "identity", "--input", "INPUT0=1", "--timeout", "-1"], "positive number"),
     (["stats", "nosuch"], "NOT_FOUND"),
+    (["stats", "square_int"], "did you mean 'square_int32'?"),
     (["infer", "identity", "--input", "INPUT0=1", "--version"], "unrecognized arguments"),
 ]
 
@@ -158,8 +163,25 @@ def test_a_mistake_is_one_line_and_a_non_zero_exit(
     status, out, err = run_cli(*argv, "--endpoint", server.endpoint)
     assert status != 0 and out == ""
     assert says in err
-    if "usage:" not in err:  # argparse prints its usage, then its one line
-        assert err.startswith("inferpool: ") and err.count("\n") == 1, err
+    assert err.startswith("inferpool") and err.count("\n") == 1 and "usage:" not in err, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["serv"], "inferpool: argument command: invalid choice: 'serv'; did you mean 'serve'?"),
+        (["serve", "--arena-size", "x"], "inferpool serve: argument --arena-size: not a size"),
+        (["serve", "--listen", "foo"], "not an endpoint: 'foo' (an ipc socket file, as ipc://"),
+        (["serve", "--listen", "tcp://host"], "or a tcp address and port, as tcp://127.0.0.1:8710"),
+        (["serve", "--pin", "al"], "invalid choice: 'al' (choose from auto, none)"),
+        (["infer"], "inferpool infer: the following arguments are required: model, --input"),
+    ],
+)
+def test_a_mistake_argparse_finds_is_one_line_without_the_usage(argv: list[str], says: str) -> None:
+    status, out, err = run_cli(*argv)
+    assert (status, out) == (2, "")
+    assert err.startswith(says if says.startswith("inferpool") else "inferpool")
+    assert says in err and err.count("\n") == 1, err
 
 
 @pytest.mark.parametrize(

@@ -235,7 +235,8 @@ def server() -> Iterator[Server]:
     tmp = Path(tempfile.mkdtemp(prefix="ipy-", dir="/tmp"))
     try:
         write_repository(tmp / "repo")
-        with Server(tmp, tmp / "repo") as server:
+        # verbose: the start's lines say how often each worker was started
+        with Server(tmp, tmp / "repo", "--log-verbose", "1") as server:
             yield server
         assert server.proc.returncode == 0, server.log()
         assert server.regions() == [], "the module's server left shared memory behind"

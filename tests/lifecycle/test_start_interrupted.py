@@ -49,7 +49,7 @@ def empty_repo(tmp) -> str:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_during_the_arena_prefault_leaves_nothing(short_tmp, sig) -> None:
-    args = ["--arena-size", "3G", "--prefault", "3G"]
+    args = ["--arena-size", "3G", "--prefault", "3G", "--log-verbose", "1"]  # the start's lines
     server = Server(short_tmp, empty_repo(short_tmp), *args)
     try:
         run = wait_for_log(server, r"run ([0-9a-f]{10}):").group(1)
@@ -78,7 +78,7 @@ def test_a_signal_while_models_load_stops_the_server_at_once(short_tmp, sig) -> 
         """,
         files={"1/model.py": SLOW_MODEL},
     )
-    server = Server(short_tmp, repo, "--graceful-timeout", "100")
+    server = Server(short_tmp, repo, "--graceful-timeout", "100", "--log-verbose", "1")
     try:
         run = wait_for_log(server, r"run ([0-9a-f]{10}):").group(1)
         wait_for_log(server, "slow model initializing")
