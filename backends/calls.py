@@ -51,6 +51,7 @@ class CallRequest:
     flags: int = 0
     parameters: dict[str, Any] = field(default_factory=dict)
     timeout_us: int = 0  # 0: no limit
+    parent: int = 0  # the handle of the request passed as its trace (0: none)
 
 
 @dataclass(slots=True)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
 from inferpool.broker.curve import CurveKeys, load_server_keys
+from inferpool.broker.models.trace_settings import TraceSetting
 from inferpool.broker.pool.supervisor import SupervisorOptions
 from inferpool.wire.errors import invalid_arg
 from inferpool.wire.logs import LogSettings
@@ -77,6 +78,7 @@ class ServerOptions:
     model_load_gpu_limit: Mapping[int, float] = field(default_factory=dict)  # device -> fraction
     log: LogSettings = field(default_factory=LogSettings)  # what is logged, and how
     server_id: str = "triton"  # the server's name in server metadata (Triton's --id)
+    trace: TraceSetting = field(default_factory=TraceSetting)  # --trace-config: the start's
     metrics_port: int = 0  # 0: no Prometheus endpoint
     metrics_address: str = "127.0.0.1"
     # the KServe frontends (0: off; `inferpool serve` defaults to Triton's 8000 and 8001)

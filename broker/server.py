@@ -37,6 +37,7 @@ from inferpool.broker.front.responder import Responder
 from inferpool.broker.front.router import Router
 from inferpool.broker.front.shared_memory import EXTENSIONS, SharedMemory
 from inferpool.broker.front.shares import OutputShares
+from inferpool.broker.front.trace_control import TraceControl
 from inferpool.broker.models import repository
 from inferpool.broker.models.config_support import ConfigSupport
 from inferpool.broker.models.manager import Manager
@@ -45,6 +46,7 @@ from inferpool.broker.models.registry import Registry, State, Worker
 from inferpool.broker.models.reload import reload_repository
 from inferpool.broker.models.request import PendingRequest
 from inferpool.broker.models.response_cache import ResponseCache
+from inferpool.broker.models.tracer import Tracer
 from inferpool.broker.notify import Watchdog, sd_notify
 from inferpool.broker.options import ServerOptions
 from inferpool.broker.pool.gpu_limit import check_gpu_limits
@@ -53,12 +55,20 @@ from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.broker.pool.placement import Planner, Topology, parse_host_policies
 from inferpool.broker.pool.supervisor import Supervisor
 from inferpool.broker.sched_slice import request_slice
+from inferpool.shm.arena import Arena
 from inferpool.shm.cancel_flags import CancelFlags
 from inferpool.shm.leases import LeaseTable
 from inferpool.shm.runs import region_name
 from inferpool.wire import logs
 from inferpool.wire.errors import InferpoolError
-from inferpool.wire.worker.messages import Done, LaneClosed, LaneStats, Mapped, Unmapped
+from inferpool.wire.worker.messages import (
+    Done,
+    LaneClosed,
+    LaneStats,
+    Mapped,
+    TensorRef,
+    Unmapped,
+)
 from inferpool.wire.zmqio import NOBLOCK, recv_frames
 
 log = logging.getLogger("inferpool.broker")
@@ -159,6 +169,14 @@ class Broker:
                 kept,
                 rate_limited=opts.rate_limit != "off",
             )
+            tracer = Tracer(
+                opts.trace,
+                registry.serving,
+                responder,
+                lambda ref: _tensor_bytes(ref, arena, outputs),
+            )
+            self.tracer = tracer
+            stack.callback(lambda: tracer.flush(time.monotonic_ns(), final=True))
             limited = opts.rate_limit == "execution_count"
             cache = None
             if opts.cache_size:
@@ -182,6 +200,7 @@ class Broker:
                 cache=cache,
                 inflight=inflight,
                 unmaps=unmaps,
+                tracer=tracer,
             )
             stack.callback(models.overrides.close)
             self.requests = requests = models.requests
@@ -219,6 +238,7 @@ class Broker:
                 requests.submit,
                 opts.request_limit,
                 cancellation.cancel,
+                tracer,
             )
             control = Control(
                 readiness=self.readiness,
@@ -229,7 +249,7 @@ class Broker:
                 arena=arena,
                 run_id=run_id,
                 name=opts.server_id,
-                extensions=(*EXTENSIONS, *LANE_EXTENSIONS, "logging"),
+                extensions=(*EXTENSIONS, *LANE_EXTENSIONS, "logging", "trace"),
                 explicit=opts.explicit,
                 resources=lambda: {
                     "arena_slots": arena.allocator.used_blocks,
@@ -250,6 +270,7 @@ class Broker:
                     self.drain.handlers(),
                     lanes.handlers(),
                     LogSettings(supervisor.alive).handlers(),
+                    TraceControl(tracer).handlers(),
                 ],
                 shm.arrived,
             )
@@ -457,6 +478,8 @@ class Broker:
         self.models.ensembles.refresh()
         self.shm.tick(now)
         self.requests.flush_frees()
+        if self.tracer.ended:
+            self.tracer.flush(time.monotonic_ns())
         if self.utilisation is not None:
             self.utilisation.sample(now)
         if self.options.polling and now >= self._next_poll and not self.drain.active:
@@ -503,3 +526,14 @@ def _initial_models(opts: ServerOptions) -> list[str]:
 
 def _notify_reloaded(_err: InferpoolError | None) -> None:
     sd_notify("READY=1\nSTATUS=serving")
+
+
+def _tensor_bytes(ref: TensorRef, arena: Arena, outputs: OutputRegions) -> memoryview | None:
+    """A tensor's bytes where the broker maps them (the arena, output regions) for a trace's
+    TENSORS records; None in a client's region."""
+    if ref.region == arena.name:
+        return arena.region.view(ref.offset, ref.byte_size)
+    try:
+        return outputs.view(ref.region, ref.offset, ref.byte_size)
+    except KeyError:
+        return None

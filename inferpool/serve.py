@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from inferpool import __version__
 from inferpool.serve_flags import LISTENERS, add_serve_options
-from inferpool.triton_flags import log_settings
+from inferpool.triton_flags import log_settings, trace_setting
 from inferpool.usage import UsageError
 from inferpool.wire.errors import InferpoolError
 from inferpool.wire.logs import configure
@@ -64,6 +64,7 @@ def parse_backend_config(items: Sequence[str]) -> dict[str, dict[str, str]]:
 def options_from_args(args: argparse.Namespace) -> ServerOptions:
     """The server options ``inferpool serve``'s flags set."""
     # the broker's modules, only for serve: the client commands start without them
+    from inferpool.broker.models.trace_settings import TraceSetting
     from inferpool.broker.options import ServerOptions, default_listen
     from inferpool.broker.pool.gpu_limit import parse_gpu_limits
 
@@ -116,6 +117,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         http_body_budget=args.http_body_budget,
         log=log_settings(args),
         server_id=args.server_id,
+        trace=TraceSetting(**trace_setting(args)),
         repository_poll_secs=args.repository_poll_secs,
         cache_size=args.cache_size,
         rate_limit=args.rate_limit,

@@ -1,6 +1,7 @@
-"""``inferpool serve``'s flags for what Triton's server does as a whole: its name and its
-logs (``--id``, ``--log-*``), in groups as ``serve_flags``'s; :func:`log_settings` reads the
-log flags into the settings the server starts with.  Triton's names and defaults.
+"""``inferpool serve``'s flags for what Triton's server does as a whole: its name, its logs
+and its traces (``--id``, ``--log-*``, ``--trace-*``), in groups as ``serve_flags``'s;
+:func:`log_settings` and :func:`trace_setting` read them into the settings the server
+starts with.  Triton's names and defaults.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from inferpool.usage import log_level, parse_bool
+from inferpool.usage import UsageError, log_level, parse_bool
 from inferpool.wire.logs import ALIASES, FORMATS, LEVELS, LogSettings
 
 
@@ -65,7 +66,39 @@ def _logs(p: Any) -> None:
     )
 
 
-triton_groups = (_server, _logs)
+def _traces(p: Any) -> None:
+    g = p.add_argument_group(
+        "traces",
+        "Triton's traces of sampled requests; clients may change them (/v2/trace/setting)",
+    )
+    g.add_argument(
+        "--trace-config",
+        action="append",
+        default=[],
+        metavar="[triton,]SETTING=VALUE",
+        help="Triton's: level=OFF|TIMESTAMPS|TENSORS (repeatable), rate=N (every N-th request "
+        "is traced, default 1000), count=N (traces to collect, default -1: no limit), "
+        "triton,file=PATH (where traces are written; needed to trace), "
+        "triton,log-frequency=N (every N traces go to PATH.<index>; default 0); repeatable",
+    )
+    for flag, setting in (
+        ("--trace-file", "triton,file"),
+        ("--trace-level", "level"),
+        ("--trace-rate", "rate"),
+        ("--trace-count", "count"),
+        ("--trace-log-frequency", "triton,log-frequency"),
+    ):
+        g.add_argument(
+            flag,
+            action="append",
+            dest="trace_config",
+            type=lambda value, s=setting: f"{s}={value}",
+            metavar="VALUE",
+            help=f"Triton's older form of --trace-config {setting}=VALUE",
+        )
+
+
+triton_groups = (_server, _logs, _traces)
 
 
 def log_settings(args: argparse.Namespace) -> LogSettings:
@@ -80,3 +113,45 @@ def log_settings(args: argparse.Namespace) -> LogSettings:
         format=ALIASES.get(args.log_format, args.log_format),
         file=args.log_file,
     )
+
+
+def trace_setting(args: argparse.Namespace) -> dict[str, Any]:
+    """The trace setting the ``--trace-*`` flags ask for, as ``TraceSetting``'s fields
+    (one clear line for a setting that cannot be used)."""
+    fields: dict[str, Any] = {}
+    levels: list[str] = []
+    for item in args.trace_config:
+        mode, _, rest = item.partition(",") if "," in item else ("", "", item)
+        key, eq, value = rest.partition("=")
+        if not eq or mode not in ("", "triton"):
+            raise UsageError(
+                f"--trace-config expects [triton,]<setting>=<value> (inferpool traces in "
+                f"Triton's own mode), got {item!r}"
+            )
+        if key == "mode":
+            if value != "triton":
+                raise UsageError(f"--trace-config mode={value}: inferpool traces in mode triton")
+        elif key == "level":
+            levels.append(value.upper())
+        elif key in ("rate", "count", "log-frequency"):
+            fields[key.replace("-", "_")] = _trace_number(key, value)
+        elif key == "file":
+            fields["file"] = value
+        else:
+            raise UsageError(f"--trace-config: unknown setting {key!r} in {item!r}")
+    for level in levels:
+        if level not in ("OFF", "TIMESTAMPS", "TENSORS"):
+            raise UsageError(f"--trace-config level={level}: expected OFF, TIMESTAMPS or TENSORS")
+    fields["level"] = tuple(x for x in ("TIMESTAMPS", "TENSORS") if x in levels)
+    return fields
+
+
+def _trace_number(key: str, value: str) -> int:
+    low = -1 if key == "count" else 0
+    try:
+        number = int(value)
+    except ValueError:
+        number = low - 1
+    if number < low:
+        raise UsageError(f"--trace-config {key}={value}: expected an integer >= {low}")
+    return number

@@ -149,7 +149,13 @@ class ChannelCalls:
             threading.current_thread(), HoldingThread
         )
         msg = Call(
-            request.model_name, request.model_version, work, request.timeout_us, decoupled, held
+            request.model_name,
+            request.model_version,
+            work,
+            request.timeout_us,
+            decoupled,
+            held,
+            request.parent,
         )
         self._calls[call_id] = pending
         try:

@@ -4,7 +4,9 @@ The broker and the worker speak the messages of ``wire.worker.messages`` over th
 channel (``spec.channel_fd``, inherited): Execute, Free and Stop come in; Ready (or Failed)
 goes out once, then one Done per batch, Items for results that come between (decoupled
 models, backend threads), Mapped ahead of them when their requests opened clients' CUDA
-regions, and Unmapped once the client regions it was told to unmap are closed.  A model's
+regions, Traced ahead of Done when the batch had traced requests (``FLAG_TRACE``), and
+Unmapped once the client regions it was told to unmap are closed.  LogChange changes how it
+logs.  A model's
 calls to other models (BLS) go out as Call and come back as Replies (workers/calls.py).
 LaneOpen and LaneClose go to the lanes (workers/lanes.py), whose threads execute under the
 same lock as the batches.  docs/internals.md describes the exchange.
@@ -19,6 +21,7 @@ import os
 import select
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 from inferpool.backends.api import Request, RequestedOutput, Response, batch_size_of, now_ns
 from inferpool.backends.host import BackendHost
@@ -29,6 +32,7 @@ from inferpool.wire import logs
 from inferpool.wire.errors import InferpoolError, internal
 from inferpool.wire.worker.link import Link, TooLarge
 from inferpool.wire.worker.messages import (
+    FLAG_TRACE,
     MAX_MESSAGE,
     BatchStats,
     BrokerMessage,
@@ -47,6 +51,7 @@ from inferpool.wire.worker.messages import (
     Slot,
     Stop,
     TensorRef,
+    Traced,
     Unmapped,
     Work,
 )
@@ -248,7 +253,11 @@ class Worker:
         if self.states is not None:
             self.states.begin(msg.release)
         requests: list[Request] = []
+        traced: list[int] | None = None
         for work in msg.requests:
+            if work.flags & FLAG_TRACE:  # inferpool's: the backend sees Triton's flags
+                work = work._replace(flags=work.flags ^ FLAG_TRACE)
+                traced = [*(traced or ()), work.rid]
             try:
                 request = self._request(work)
             except InferpoolError as err:
@@ -278,6 +287,9 @@ class Worker:
         compute_end = now_ns()
         batch = _new(Durations, (compute_start - exec_start, compute_end - compute_start, 0))
         timings = host.stats.timings
+        if traced is not None:
+            batch_instants = (exec_start, compute_start, compute_end, compute_end)
+            self._send_traced(traced, requests, timings, batch_instants)
         for null in nulls:
             timings.pop(id(null), None)
         items = []
@@ -289,6 +301,23 @@ class Worker:
             size = sum(batch_size_of(r, self.batching) for r in requests) or len(msg.requests)
             batches = [BatchStats(size, batch)]
         self._send_done(items, batches)
+
+    def _send_traced(
+        self,
+        traced: list[int],
+        requests: list[Request],
+        timings: dict[int, Any],
+        batch: tuple[int, int, int, int],
+    ) -> None:
+        """The instants of the traced requests' execution, ahead of their results: those
+        their backend reported, else the batch's."""
+        stamps = []
+        for request in requests:
+            if request.handle in traced:
+                timing = timings.get(id(request))
+                stamps.append((request.handle, *(batch if timing is None else timing.stamps)))
+        with contextlib.suppress(TooLarge):  # (a batch has at most a few hundred)
+            self.link.send(Traced(stamps))
 
     def _send_done(self, items: list[Result], batches: list[BatchStats]) -> None:
         """One Done; results that would not fit in one datagram go ahead as Items."""

@@ -138,6 +138,19 @@ class InferenceResponseSender:
         return self._sender.is_cancelled()
 
 
+class InferenceTrace:
+    """Triton's ``pb_utils.InferenceTrace``: what ``request.trace()`` gives, to pass as a
+    BLS request's ``trace`` so that the call is traced as the request's child (when the
+    request is traced)."""
+
+    def __init__(self, handle: Any = 0) -> None:
+        self._handle = handle if type(handle) is int else 0
+
+    def get_context(self, mode: str = "opentelemetry") -> str | None:
+        """OpenTelemetry's context of the trace: none (inferpool traces in Triton's mode)."""
+        return None
+
+
 class InferenceRequest:
     """A request: the model's view of one it was sent, or one it makes to another model
     (BLS: ``InferenceRequest(model_name=..., inputs=..., requested_output_names=...)``,
@@ -191,6 +204,7 @@ class InferenceRequest:
             int(flags),
             _call_parameters(parameters or {}),
             int(timeout),
+            trace._handle if isinstance(trace, InferenceTrace) else 0,
         )
         self._sender = None
         self._cpu_only = True
@@ -242,6 +256,13 @@ class InferenceRequest:
     def parameters(self) -> str:
         """The request's parameters as a JSON string, as Triton gives them."""
         return json.dumps(self._request.parameters)
+
+    def trace(self) -> InferenceTrace:
+        """The request's trace, for the requests it makes (``trace=request.trace()``)."""
+        request = self._request
+        if isinstance(request, CallRequest):
+            return InferenceTrace(request.parent)
+        return InferenceTrace(request.handle)
 
     def get_response_sender(self) -> InferenceResponseSender:
         request = self._request

@@ -19,6 +19,7 @@ from inferpool.backends.python.messages import (
     InferenceRequest,
     InferenceResponse,
     InferenceResponseSender,
+    InferenceTrace,
     TritonError,
 )
 from inferpool.backends.python.telemetry import Logger, LogLevel, MetricFamily
@@ -76,6 +77,7 @@ __all__ = [
     "InferenceRequest",
     "InferenceResponse",
     "InferenceResponseSender",
+    "InferenceTrace",
     "LogLevel",
     "Logger",
     "MetricFamily",

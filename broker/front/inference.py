@@ -20,8 +20,10 @@ from inferpool.broker.front.router import Handler
 from inferpool.broker.models.failures import failure_reason, log_failure
 from inferpool.broker.models.registry import Registry
 from inferpool.broker.models.request import PendingRequest
+from inferpool.broker.models.tracer import Tracer
 from inferpool.shm.arena import Arena
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg
+from inferpool.wire.trace_stamps import FIELD
 
 
 class SharedMemoryHook(SharedMemoryInputs, Protocol):
@@ -44,9 +46,11 @@ class Inference:
         submit: Callable[[PendingRequest, int], None],
         limit: int,
         cancel: Callable[[list[bytes], str], int],
+        tracer: Tracer,
     ) -> None:
         """``submit`` queues an admitted request (the request path's); ``limit``: the most tensor
-        bytes one request may bring; ``cancel(envelope, id)`` cancels what a client sent."""
+        bytes one request may bring; ``cancel(envelope, id)`` cancels what a client sent;
+        ``tracer`` samples the requests to trace."""
         self.readiness = readiness
         self.registry = registry
         self.arena = arena
@@ -54,6 +58,7 @@ class Inference:
         self.submit = submit
         self.limit = limit
         self._cancel = cancel
+        self.tracer = tracer
         self._next_rid = 0
 
     def handlers(self) -> dict[str, Handler]:
@@ -88,6 +93,7 @@ class Inference:
             )
         self._next_rid += 1
         client_id = header.get("id")
+        stamps = header.pop(FIELD, None)  # a KServe frontend's (not the request's signature)
         now = time.monotonic_ns()
         try:
             req = admit(
@@ -107,4 +113,6 @@ class Inference:
             model.stats.request_done(False, time.monotonic_ns() - now, 0, None, reason)
             log_failure(client_id, model, reason, err)
             raise
+        if self.tracer.on:
+            self.tracer.start(req, stamps, time.monotonic_ns())
         self.submit(req, now)

@@ -35,6 +35,7 @@ ZERO_COPY_MIN = 64 * 1024
 POLLIN = int(zmq.POLLIN)
 EVENTS = int(zmq.EVENTS)
 _EMPTY = b""
+_NO_TAG = bytes(8)  # no request's: tags count from 1
 Message = tuple[dict[str, Any], list[zmq.Frame]]  # a reply: its header and its tensor frames
 Listener = Callable[[dict[str, Any], list[zmq.Frame]], None]
 
@@ -133,6 +134,11 @@ class BrokerChannel:
         self.forget(tag)
         header = {"type": "cancel", "request_id": request_id}
         send_parts(self._sock, [caller, tag, _EMPTY, codec.encode_header(header)])
+        self._sent()
+
+    def notify(self, caller: bytes, header: dict[str, Any]) -> None:
+        """Send a message for ``caller`` that has no answer (``trace_sent``)."""
+        send_parts(self._sock, [caller, _NO_TAG, _EMPTY, codec.encode_header(header)])
         self._sent()
 
     def forget(self, tag: bytes) -> None:

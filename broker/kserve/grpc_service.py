@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import time
 from collections.abc import AsyncIterator, Sequence
+from functools import partial
 from typing import Any, NoReturn, TypeAlias
 
 import grpc
@@ -28,6 +30,7 @@ from inferpool.broker.kserve.grpc_infer import infer_message, infer_response
 from inferpool.broker.kserve.health import HEALTH_TIMEOUT_S
 from inferpool.broker.kserve.load import load_message
 from inferpool.broker.kserve.status import GRPC_STATUS
+from inferpool.wire import trace_stamps
 from inferpool.wire.errors import Code, InferpoolError
 
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
@@ -134,6 +137,18 @@ class InferenceServicer(GRPCInferenceServiceServicer):
             pb.ModelStatisticsResponse(),
             ignore_unknown_fields=True,
         )
+
+    async def TraceSetting(self, request: Any, context: Context) -> pb.TraceSettingResponse:
+        """Triton's trace extension: a setting (global, or the request's model's), after the
+        changes the request asks for (an empty value clears one)."""
+        header: dict[str, Any] = {"type": "trace_setting", "model_name": request.model_name}
+        if request.settings:
+            header["settings"] = {k: list(v.value) for k, v in request.settings.items()}
+        reply = await self._ask(context, header)
+        response = pb.TraceSettingResponse()
+        for key, value in reply["settings"].items():
+            response.settings[key].value.extend(value if isinstance(value, list) else [value])
+        return response
 
     async def LogSettings(self, request: Any, context: Context) -> pb.LogSettingsResponse:
         """Triton's logging extension: the settings, after the changes the request asks for
@@ -243,12 +258,26 @@ class InferenceServicer(GRPCInferenceServiceServicer):
 
     # ------------------------------------------------------------------ inference
     async def ModelInfer(self, request: Any, context: Context) -> pb.ModelInferResponse:
+        received = time.monotonic_ns()  # GRPC_WAITREAD_START and _END, for a trace
+        caller = self._caller(context)
         try:
             header, frames, _ = infer_message(request, single_response=True)
-            reply, outputs = await self.channel.call(self._caller(context), header, frames)
+            header[trace_stamps.FIELD] = trace_stamps.received("GRPC", received, received)
+            reply, outputs = await self.channel.call(caller, header, frames)
         except InferpoolError as err:
             await _abort(context, err)
-        return infer_response(reply, outputs)
+        traced = trace_stamps.trace_id(reply)
+        response = infer_response(reply, outputs)
+        if traced:  # GRPC_SEND_END once the call has ended
+            start, loop = time.monotonic_ns(), asyncio.get_running_loop()
+            stamp = partial(self._sent, caller, traced, start)
+            context.add_done_callback(lambda _: loop.call_soon_threadsafe(stamp))
+        return response
+
+    def _sent(self, caller: bytes, traced: int, start_ns: int) -> None:
+        self.channel.notify(
+            caller, trace_stamps.sent("GRPC", traced, start_ns, time.monotonic_ns())
+        )
 
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[Any], context: Context
@@ -258,6 +287,8 @@ class InferenceServicer(GRPCInferenceServiceServicer):
         try:
             while (response := await stream.queue.get()) is not None:
                 yield response
+                if stream.traced:  # GRPC_SEND_END of a traced request's final response
+                    stream.sent(response)
         finally:
             reader.cancel()
             stream.close()
@@ -273,6 +304,8 @@ class _Stream:
         self.queue: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
         self.open: dict[bytes, str] = {}  # tag -> id of the requests not yet answered
         self.reading = True
+        # id() of a traced request's final response -> (its trace, when it was queued)
+        self.traced: dict[int, tuple[int, int]] = {}
 
     async def read(self, requests: AsyncIterator[Any]) -> None:
         """Send each request as it comes; the stream ends once the client's side has ended
@@ -282,8 +315,10 @@ class _Stream:
                 if isinstance(request, Malformed):  # answered in the stream, which goes on
                     self.queue.put_nowait(_stream_error(pb.ModelInferRequest(), request.message))
                     continue
+                received = time.monotonic_ns()
                 try:
                     header, frames, empty_final = infer_message(request, single_response=False)
+                    header[trace_stamps.FIELD] = trace_stamps.received("GRPC", received, received)
                 except InferpoolError as err:
                     self.queue.put_nowait(_stream_error(request, err.message))
                     continue
@@ -298,6 +333,7 @@ class _Stream:
         tag = b""
 
         def reply(answer: dict[str, Any], outputs: list[Any]) -> None:
+            traced = trace_stamps.trace_id(answer)
             params = answer.get("parameters") or {}
             decoupled = "triton_final_response" in params
             final = bool(params.get("triton_final_response", True))
@@ -307,7 +343,14 @@ class _Stream:
             elif answer.get("outputs") or not (decoupled and final) or empty_final:
                 # a decoupled model's empty final response only marks the end: sent on request
                 response = infer_response(answer, outputs, final)
-                self.queue.put_nowait(pb.ModelStreamInferResponse(infer_response=response))
+                streamed = pb.ModelStreamInferResponse(infer_response=response)
+                if traced:
+                    self.traced[id(streamed)] = (traced, time.monotonic_ns())
+                    traced = 0
+                self.queue.put_nowait(streamed)
+            if traced:  # its final response is not sent: nothing more to stamp
+                now = time.monotonic_ns()
+                self.channel.notify(self.caller, trace_stamps.sent("GRPC", traced, now, now))
             if final:
                 self.channel.forget(tag)
                 self.open.pop(tag, None)
@@ -315,6 +358,14 @@ class _Stream:
 
         tag = self.channel.open(self.caller, header, frames, reply)
         self.open[tag] = request.id
+
+    def sent(self, response: pb.ModelStreamInferResponse) -> None:
+        """``response`` went out: if it is a traced request's final one, say when."""
+        found = self.traced.pop(id(response), None)
+        if found is not None:
+            traced, start = found
+            stamps = trace_stamps.sent("GRPC", traced, start, time.monotonic_ns())
+            self.channel.notify(self.caller, stamps)
 
     def _maybe_end(self) -> None:
         if not self.reading and not self.open:

@@ -14,6 +14,7 @@ within one user); a client the frontends cannot identify may register none.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,6 +28,7 @@ from inferpool.broker.kserve.channel import BrokerChannel
 from inferpool.broker.kserve.http_base import JSON, application, json_response
 from inferpool.broker.kserve.http_infer import parse_request, response_body
 from inferpool.broker.kserve.load import load_message
+from inferpool.wire import trace_stamps
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg
 
 log = logging.getLogger("inferpool.kserve")
@@ -48,6 +50,10 @@ def build(channel: BrokerChannel, callers: Callers, bodies: BodyLimits) -> web.A
         web.get("/v2", api.server_metadata, allow_head=False),
         web.get("/v2/logging", api.log_settings, allow_head=False),
         web.post("/v2/logging", api.log_settings),
+        web.get("/v2/trace/setting", api.trace_setting, allow_head=False),
+        web.post("/v2/trace/setting", api.trace_setting),
+        web.get(_MODEL + "/trace/setting", api.trace_setting, allow_head=False),
+        web.post(_MODEL + "/trace/setting", api.trace_setting),
         web.get("/v2/models/stats", api.statistics, allow_head=False),
         web.post("/v2/repository/index", api.repository_index),
         web.post("/v2/repository/models/{model}/{action:load|unload}", api.model_control),
@@ -137,8 +143,19 @@ class _Api:
             header["settings"] = await _json_body(request, self.bodies)
         return json_response((await self.ask(request, header))["settings"])
 
+    async def trace_setting(self, request: web.Request) -> web.Response:
+        """Triton's trace extension: GET a setting (global, or a model's), POST changes."""
+        header: dict[str, Any] = {
+            "type": "trace_setting",
+            "model_name": request.match_info.get("model", ""),
+        }
+        if request.method == "POST":
+            header["settings"] = await _json_body(request, self.bodies)
+        return json_response((await self.ask(request, header))["settings"])
+
     # ------------------------------------------------------------------ inference
     async def infer(self, request: web.Request) -> web.StreamResponse:
+        received = time.monotonic_ns()  # HTTP_RECV_START, for a trace
         length = request.headers.get(HEADER_LENGTH)
         body = await self.bodies.read(request)
         header_length = None
@@ -153,8 +170,37 @@ class _Api:
                 )
         info = _model(request)
         call = parse_request(body, header_length, info["model_name"], info["model_version"])
+        call.header[trace_stamps.FIELD] = trace_stamps.received(
+            "HTTP", received, time.monotonic_ns()
+        )
         caller = self.callers.of_http(request)
         reply, frames = await self.channel.call(caller, call.header, call.frames)
+        traced = trace_stamps.trace_id(reply)
+        if traced:
+            return await self._traced(request, caller, traced, call, reply, frames)
+        return await self._respond(request, call, reply, frames)
+
+    async def _traced(
+        self,
+        request: web.Request,
+        caller: bytes,
+        traced: int,
+        call: Any,
+        reply: dict[str, Any],
+        frames: list[Any],
+    ) -> web.StreamResponse:
+        """A traced request's answer, written here to stamp its end (HTTP_SEND_END)."""
+        start = time.monotonic_ns()
+        response = await self._respond(request, call, reply, frames)
+        if not response.prepared:
+            await response.prepare(request)
+            await response.write_eof()
+        self.channel.notify(caller, trace_stamps.sent("HTTP", traced, start, time.monotonic_ns()))
+        return response
+
+    async def _respond(
+        self, request: web.Request, call: Any, reply: dict[str, Any], frames: list[Any]
+    ) -> web.StreamResponse:
         head, binaries = response_body(call, reply, frames)
         if not binaries:
             return web.Response(body=head, content_type=JSON)

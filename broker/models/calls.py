@@ -28,6 +28,7 @@ from inferpool.broker.models.ensemble import composing
 from inferpool.broker.models.internal import make_request
 from inferpool.broker.models.registry import ModelVersion, Registry, Worker
 from inferpool.broker.models.request import PendingRequest
+from inferpool.broker.models.tracer import Tracer
 from inferpool.broker.pool.handle import WorkerState
 from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.wire.errors import Code, InferpoolError
@@ -39,6 +40,9 @@ _order = itertools.count()  # ties in the deadline heap
 
 class Requests(Protocol):
     """What calls ask of the request path (``models.request_path``)."""
+
+    inflight: dict[int, PendingRequest]
+    tracer: Tracer
 
     def submit(self, req: PendingRequest, now_ns: int) -> None: ...
 
@@ -154,6 +158,9 @@ class Calls:
             outputs.lend(ref.region)
         if deadline:
             heapq.heappush(self._deadlines, (deadline, next(_order), call))
+        parent = self.requests.inflight.get(msg.parent) if msg.parent else None
+        if parent is not None and parent.trace is not None and parent.worker is caller:
+            self.requests.tracer.child(req, parent.trace, now)  # trace=request.trace()
         self.requests.submit(req, now)
 
     def cancel(self, caller: Worker, msg: CancelCall) -> None:

@@ -31,6 +31,7 @@ from inferpool.broker.models.internal import make_request
 from inferpool.broker.models.registry import ModelVersion, Registry, State
 from inferpool.broker.models.request import PendingRequest
 from inferpool.broker.models.scheduler import Dispatch, Scheduler
+from inferpool.broker.models.tracer import Tracer
 from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.wire.contract import batch_reshape
 from inferpool.wire.errors import Code, InferpoolError
@@ -45,6 +46,7 @@ class Requests(Protocol):
 
     inflight: dict[int, PendingRequest]
     outputs: OutputRegions
+    tracer: Tracer
 
     @property
     def dispatch(self) -> Dispatch: ...
@@ -249,6 +251,8 @@ class _Run:
             outputs.lend(ref.region)
         self.in_flight += 1
         self.steps.add(req)
+        if top.trace is not None:  # its steps are traced as its children
+            self.requests.tracer.child(req, top.trace, now_ns)
         self.requests.submit(req, now_ns)
 
     # ------------------------------------------------------------------ tensors

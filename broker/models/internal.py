@@ -17,6 +17,7 @@ from inferpool.wire.contract import check_byte_size, check_input, check_required
 from inferpool.wire.errors import invalid_arg
 from inferpool.wire.worker.messages import (
     BATCH_BYTES,
+    FLAG_TRACE,
     CorrelationId,
     Parameters,
     TensorRef,
@@ -54,7 +55,7 @@ def make_request(
         rid,
         request_id,
         correlation_id,
-        flags,
+        flags & ~FLAG_TRACE,  # set only by the tracer: only a traced request's worker reports
         parameters,
         list(inputs),
         list(outputs),

@@ -28,6 +28,7 @@ from inferpool.broker.models.request import PendingRequest
 from inferpool.broker.models.request_path import Replies, RequestPath
 from inferpool.broker.models.response_cache import ResponseCache
 from inferpool.broker.models.sequencer import scheduler_for
+from inferpool.broker.models.tracer import Tracer
 from inferpool.broker.pool.handle import WorkerState
 from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.broker.pool.placement import Planner
@@ -70,6 +71,7 @@ class Manager:
         cache: ResponseCache | None,
         inflight: dict[int, PendingRequest],
         unmaps: dict[str, list[str]],
+        tracer: Tracer,
     ) -> None:
         """``pool`` makes the supervisor that reports its workers' events to this manager;
         ``support``: what the server's flags make work.  The rest builds the request path
@@ -92,6 +94,7 @@ class Manager:
             flags=flags,
             limiter=limiter,
             cache=cache,
+            tracer=tracer,
         )
         self.ensembles = Ensembles(registry, self, self.requests)  # run in the broker
         self.overrides = Overrides(repository)  # explicit loads with a config or files

@@ -178,6 +178,11 @@ class Registry:
             )
         return found
 
+    def serving(self, name: str) -> bool:
+        """Whether model ``name`` has a version ready (Triton's ModelIsReady, any version)."""
+        record = self.records.get(name)
+        return record is not None and bool(record.ready_versions())
+
     def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
         for name in sorted(self.records):

@@ -7,7 +7,7 @@ batches, sequences, timeouts) happens in ``models``, so the type lives here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
@@ -15,6 +15,9 @@ from inferpool.broker.models.registry import ModelVersion
 from inferpool.shm.arena import Slot
 from inferpool.wire.errors import InferpoolError
 from inferpool.wire.worker.messages import FLAG_SEQUENCE_END, FLAG_SEQUENCE_START, Result, Work
+
+if TYPE_CHECKING:
+    from inferpool.broker.models.tracer import Trace
 
 __all__ = ["FLAG_SEQUENCE_END", "FLAG_SEQUENCE_START", "PendingRequest", "Sink"]
 
@@ -53,3 +56,4 @@ class PendingRequest:
     responses: int = 0  # responses sent so far (a decoupled model's response statistics)
     wire: orjson.Fragment | None = None  # ``work`` encoded at admission, sent as is
     wire_bytes: int = 0  # the size of ``work`` in an Execute message (front.limits)
+    trace: Trace | None = None  # set when the request is traced (models.tracer)

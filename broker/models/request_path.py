@@ -22,6 +22,7 @@ from inferpool.broker.models.request import PendingRequest
 from inferpool.broker.models.response_cache import ResponseCache
 from inferpool.broker.models.scheduler import Scheduler
 from inferpool.broker.models.stats import CustomMetrics, response_outcome
+from inferpool.broker.models.tracer import Tracer
 from inferpool.broker.pool.channel import Garbled
 from inferpool.broker.pool.handle import WorkerState
 from inferpool.broker.pool.outputs import OutputRegions
@@ -39,6 +40,7 @@ from inferpool.wire.worker.messages import (
     Items,
     Release,
     Result,
+    Traced,
     WorkerMessage,
 )
 
@@ -82,11 +84,13 @@ class RequestPath:
         flags: Flags,
         limiter: RateLimiter | None,
         cache: ResponseCache | None,
+        tracer: Tracer,
     ) -> None:
         """``inflight``: the admitted requests, by rid, in admission order; ``unmaps``:
         worker identity -> client regions it should stop mapping (sent with its next
         message); ``flags``: where executing requests are marked cancelled; ``limiter``:
-        ``--rate-limit execution_count``; ``cache``: ``--cache-size`` above 0."""
+        ``--rate-limit execution_count``; ``cache``: ``--cache-size`` above 0; ``tracer``:
+        the traces of sampled requests, which end here."""
         self.inflight = inflight
         self.unmaps = unmaps
         self.arena = arena
@@ -95,6 +99,7 @@ class RequestPath:
         self.supervisor = supervisor
         self.lifecycle = lifecycle
         self.cache = cache
+        self.tracer = tracer
         self.metrics = CustomMetrics()
         self.gate = Gate(self._send, limiter)
         self.cancellation = Cancellation(inflight, flags, self.reject, responder.send_error)
@@ -106,6 +111,8 @@ class RequestPath:
     # ================================================================== admission
     def submit(self, req: PendingRequest, now_ns: int) -> None:
         if self.cache is not None and self.cache.answer(req):
+            if req.trace is not None:  # answered: it ends here
+                self.tracer.end(req, time.monotonic_ns())
             return
         self.inflight[req.rid] = req
         scheduler = req.model.scheduler
@@ -243,9 +250,10 @@ class RequestPath:
             return
         for slot in req.slots:
             self.arena.free(slot)
-        req.model.stats.request_done(
-            success, time.monotonic_ns() - req.received_ns, req.batch_size, timing, reason
-        )
+        now = time.monotonic_ns()
+        if req.trace is not None:
+            self.tracer.end(req, now)
+        req.model.stats.request_done(success, now - req.received_ns, req.batch_size, timing, reason)
 
     # ================================================================== from workers
     def done(self, handle: Worker, msg: Done) -> None:
@@ -266,6 +274,9 @@ class RequestPath:
             self.calls.release(handle, msg)
         elif isinstance(msg, CancelCall):
             self.calls.cancel(handle, msg)
+        elif isinstance(msg, Traced):
+            for rid, *instants in msg.stamps:
+                self.tracer.executed(rid, instants)
         else:
             self.supervisor.handle_message(handle, msg)
 

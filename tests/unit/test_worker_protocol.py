@@ -106,6 +106,8 @@ FROM_WORKER: list[m.WorkerMessage] = [
         "preprocess", -1, WORK._replace(outputs=[m.WantedOutput("OUTPUT0")]), 5000, False, False
     ),
     m.Call("stream", 2, WORK._replace(outputs=[m.WantedOutput("OUT")]), 0, True, True),
+    m.Call("traced", -1, WORK._replace(outputs=[m.WantedOutput("OUT")]), 0, False, False, 7),
+    m.Traced([(7, 100, 110, 150, 160), (-3, 1, 2, 3, 4)]),
     m.CancelCall(7),
     m.Release([m.Slot("inferpool-0123456789-out1g0", 4096)]),
 ]
@@ -168,17 +170,20 @@ def test_records_travel_as_arrays_without_field_names() -> None:
         (b'["ready", [{}]]', "ValueError"),  # a field missing
         (b'["items", [[[1, true]]]]', "ValueError"),  # a result of the wrong arity
         (b'["execute", [[], [], []]]', "ValueError"),
-        (b'["call", ["m", "1", [1, "", 0, 0, {}, [], [], 0, 0], 0, false, false]]', "wrong types"),
-        (b'["call", ["m", 1, [1, "", 0, 0, {}, [], [], 0, 0], 0, false, 1]]', "wrong types"),
-        (b'["call", ["m", 1, [1, "", 0, 0, {}, [], [], 0, 0], 0, false]]', "ValueError"),
+        (b'["call", ["m", "1", [1, "", 0, 0, {}, [], [], 0, 0], 0, false, false, 0]]', "wrong types"),
+        (b'["call", ["m", 1, [1, "", 0, 0, {}, [], [], 0, 0], 0, false, 1, 0]]', "wrong types"),
+        (b'["call", ["m", 1, [1, "", 0, 0, {}, [], [], 0, 0], 0, false, false, "7"]]', "wrong types"),
+        (b'["call", ["m", 1, [1, "", 0, 0, {}, [], [], 0, 0], 0, false, false]]', "ValueError"),
         (
-            b'["call", ["m", -1, [1, "", 0, 0, {}, [["X", "FP32", ["4"], "r", 0, 4]], [], 0, 0], 0, false, false]]',
+            b'["call", ["m", -1, [1, "", 0, 0, {}, [["X", "FP32", ["4"], "r", 0, 4]], [], 0, 0], 0, false, false, 0]]',
             "wrong types",
         ),
         (
-            b'["call", ["m", -1, [1, "", 0, 0, {}, [], [["Y", ["ref", 0, 4]]], 0, 0], 0, false, false]]',
+            b'["call", ["m", -1, [1, "", 0, 0, {}, [], [["Y", ["ref", 0, 4]]], 0, 0], 0, false, false, 0]]',
             "wrong types",
         ),
+        (b'["traced", [[[7, 1, 2, 3]]]]', "wrong shape or types"),
+        (b'["traced", [[[7, 1, 2, 3, "4"]]]]', "wrong shape or types"),
         (b'["release", [[["inferpool-0123456789-out0g0", "0"]]]]', "wrong types"),
         (b'["cancel_call", [true]]', "not an integer"),
         (b'["cancel_call", [1, 2]]', "TypeError"),

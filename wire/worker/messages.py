@@ -14,7 +14,8 @@ worker -> broker  Ready (loaded: its placement and served config), Failed (why i
                   boot), Items (results mid-batch, decoupled models), Done (a batch's last
                   results and its statistics), ShareRegion / RegionFilled (shared regions),
                   Mapped (CUDA regions it has opened), Unmapped (client regions it has
-                  closed), Call (a model's inference request
+                  closed), Traced (the instants of traced requests' executions), Call (a
+                  model's inference request
                   to another model: BLS), CancelCall (a call it gave up on), Release (reply
                   slots it has finished reading), LaneClosed (a lane it no longer serves),
                   LaneStats (what its lanes served)
@@ -63,6 +64,7 @@ class Kind(str, enum.Enum):
     REPLIES = "replies"
     RELEASE = "release"
     LOG_CHANGE = "log_change"
+    TRACED = "traced"
 
 
 # ---------------------------------------------------------------------------- records
@@ -95,6 +97,9 @@ class WantedOutput(NamedTuple):
 # Sequence-batcher control flags of a Work item, as Triton's TRITONSERVER_REQUEST_FLAG_*.
 FLAG_SEQUENCE_START = 1
 FLAG_SEQUENCE_END = 2
+# inferpool's own: the request is traced, its worker reports its instants (Traced); the
+# worker takes it off before a backend sees the flags
+FLAG_TRACE = 4
 
 
 class Work(NamedTuple):
@@ -362,6 +367,13 @@ class LaneStats(NamedTuple):
     held: Sequence[tuple[int, int]] = ()
 
 
+class Traced(NamedTuple):
+    """The instants of the executions of traced requests (``FLAG_TRACE``), sent before
+    their results' Done: (rid, exec start, compute start, compute end, exec end) each."""
+
+    stamps: Sequence[tuple[int, int, int, int, int]]
+
+
 class Call(NamedTuple):
     """A model's inference request to a served model (BLS), made while it executes.
 
@@ -371,6 +383,8 @@ class Call(NamedTuple):
     is none; a ``decoupled`` call accepts any number of responses.  ``held``: the execute
     that makes the call serves a lane, which the broker did not schedule: the instance is
     taken until the call ends, and must not be handed the call (or any batch) meanwhile.
+    ``parent``: the rid of the request the model passed as the call's trace (Triton's
+    ``trace=request.trace()``; 0: none): if that request is traced, so is the call.
     """
 
     model_name: str
@@ -379,6 +393,7 @@ class Call(NamedTuple):
     timeout_us: int
     decoupled: bool
     held: bool
+    parent: int = 0
 
 
 class CancelCall(NamedTuple):
@@ -409,6 +424,7 @@ WorkerMessage = (
     | Release
     | LaneClosed
     | LaneStats
+    | Traced
 )
 Message = BrokerMessage | WorkerMessage
 
@@ -434,6 +450,7 @@ _KINDS: dict[type, Kind] = {
     Replies: Kind.REPLIES,
     Release: Kind.RELEASE,
     LogChange: Kind.LOG_CHANGE,
+    Traced: Kind.TRACED,
 }
 
 
@@ -595,12 +612,13 @@ def _replies(body: Sequence[Any]) -> Replies:
 
 def _call(body: Sequence[Any]) -> Call:
     """A worker's call, its types checked: the broker acts on every field of it."""
-    model_name, model_version, work, timeout_us, decoupled, held = body
-    call = _new(Call, (model_name, model_version, _work(work), timeout_us, decoupled, held))
+    model_name, model_version, work, timeout_us, decoupled, held, parent = body
+    fields = (model_name, model_version, _work(work), timeout_us, decoupled, held, parent)
+    call = _new(Call, fields)
     w = call.work
     if not (
         _all(str, model_name, w.id)
-        and _all(int, model_version, timeout_us, w.rid, w.flags)
+        and _all(int, model_version, timeout_us, w.rid, w.flags, parent)
         and _all(bool, decoupled, held)
         and isinstance(w.correlation_id, int | str)
         and isinstance(w.parameters, dict)
@@ -624,6 +642,14 @@ def _release(body: Sequence[Any]) -> Release:
     if not all(_all(str, s.region) and _all(int, s.offset) for s in release.slots):
         raise ValueError("a slot with fields of the wrong types")
     return release
+
+
+def _traced(body: Sequence[Any]) -> Traced:
+    (stamps,) = body
+    traced = _new(Traced, ([tuple(s) for s in stamps],))
+    if not all(len(s) == 5 and _all(int, *s) for s in traced.stamps):
+        raise ValueError("trace instants of the wrong shape or types")
+    return traced
 
 
 def _lane_closed(body: Sequence[Any]) -> LaneClosed:
@@ -670,6 +696,7 @@ _FROM_WORKER: dict[str, Callable[[Any], Any]] = {
     Kind.CALL: _call,
     Kind.CANCEL_CALL: _cancel_call,
     Kind.RELEASE: _release,
+    Kind.TRACED: _traced,
 }
 
 
