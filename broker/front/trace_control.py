@@ -13,6 +13,8 @@ from inferpool.wire.trace_stamps import SENT
 
 
 class TraceControl:
+    """The trace extension's message handlers, over the broker's tracer."""
+
     def __init__(self, tracer: Tracer) -> None:
         self.tracer = tracer
 

@@ -21,6 +21,8 @@ Record = dict[str, Any]
 
 
 class TraceFile:
+    """A trace file and its indexed files."""
+
     def __init__(self, path: str) -> None:
         self.path = path
         self.index = 0  # the next indexed file's

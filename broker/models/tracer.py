@@ -105,6 +105,8 @@ class Trace:
 
 
 class Tracer:
+    """The traces of the server's run: sampling, their stamps, writing them out."""
+
     def __init__(
         self,
         start: TraceSetting,

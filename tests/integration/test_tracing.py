@@ -93,9 +93,9 @@ def written(found: list[dict[str, Any]]) -> int:
 def records(server: Server, count: int, suffix: str = "") -> list[dict[str, Any]]:
     """The trace file once it holds ``count`` traces."""
 
-    def enough() -> list[dict[str, Any]] | None:
+    def enough() -> list[dict[str, Any]]:
         found = records_now(server, suffix)
-        return found if written(found) >= count else None
+        return found if written(found) >= count else []
 
     return wait_until(enough, what=f"{count} traces written to trace.json{suffix}")
 

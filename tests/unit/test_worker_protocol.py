@@ -170,9 +170,15 @@ def test_records_travel_as_arrays_without_field_names() -> None:
         (b'["ready", [{}]]', "ValueError"),  # a field missing
         (b'["items", [[[1, true]]]]', "ValueError"),  # a result of the wrong arity
         (b'["execute", [[], [], []]]', "ValueError"),
-        (b'["call", ["m", "1", [1, "", 0, 0, {}, [], [], 0, 0], 0, false, false, 0]]', "wrong types"),
+        (
+            b'["call", ["m", "1", [1, "", 0, 0, {}, [], [], 0, 0], 0, false, false, 0]]',
+            "wrong types",
+        ),
         (b'["call", ["m", 1, [1, "", 0, 0, {}, [], [], 0, 0], 0, false, 1, 0]]', "wrong types"),
-        (b'["call", ["m", 1, [1, "", 0, 0, {}, [], [], 0, 0], 0, false, false, "7"]]', "wrong types"),
+        (
+            b'["call", ["m", 1, [1, "", 0, 0, {}, [], [], 0, 0], 0, false, false, "7"]]',
+            "wrong types",
+        ),
         (b'["call", ["m", 1, [1, "", 0, 0, {}, [], [], 0, 0], 0, false, false]]', "ValueError"),
         (
             b'["call", ["m", -1, [1, "", 0, 0, {}, [["X", "FP32", ["4"], "r", 0, 4]], [], 0, 0], 0, false, false, 0]]',
