@@ -11,7 +11,7 @@ import zmq
 
 from inferpool.client import Client
 from inferpool.wire import lane as wl
-from tests.support import Server
+from tests.support import Server, wait_until
 
 
 class Raw:
@@ -57,3 +57,27 @@ def asleep_on(name: str) -> bool:
 
 def shrink(name: str, size: int) -> None:
     os.truncate(f"/dev/shm/{name}", size)
+
+
+def shrink_a_lane_then(server: Server, end: str) -> str:
+    """Open a lane on model 'plain' from a bare socket, shrink its region to nothing while
+    the worker sleeps on it, then ``end``: ``close_lane`` it, ``disconnect``, or do
+    ``nothing`` (the worker finds out when it wakes); once the lane is gone, the region's
+    name.  The broker must live through it and the worker stay the same process."""
+    before = workers(server)
+    raw = Raw(server.endpoint)
+    try:
+        grant = raw.open_lane()
+        name = str(grant["key"][1:])
+        wait_until(lambda: asleep_on(name), "the worker waits on the lane")
+        shrink(name, 0)
+        if end == "close_lane":
+            assert raw.call("close_lane", lane=grant["lane"]) == {"type": "close_lane", "id": ""}
+        elif end == "nothing":
+            wait_until(lambda: lanes_open(server) == 0, "the worker ended the lane")
+    finally:
+        raw.close()
+    wait_until(lambda: lanes_open(server) == 0, "the lane ended")
+    assert server.proc.poll() is None
+    assert workers(server) == before  # the same process, no restart counted
+    return name

@@ -29,7 +29,7 @@ from inferpool.client import Client, InferpoolError, ShmClient
 from inferpool.client.lane import Lane
 from inferpool.wire import lane as wl
 from inferpool.wire import lane_records as lr
-from tests.raw_client import Raw, asleep_on, lanes_open, shrink, workers
+from tests.raw_client import Raw, shrink, shrink_a_lane_then, workers
 from tests.support import Server, identity_config, wait_until, write_model
 
 
@@ -57,23 +57,8 @@ def serves(server: Server) -> None:
 def test_a_lane_region_its_client_shrank_kills_neither_broker_nor_worker(
     server: Server, end: str
 ) -> None:
-    before = workers(server)
-    raw = Raw(server.endpoint)
-    try:
-        grant = raw.open_lane()
-        name = grant["key"][1:]
-        wait_until(lambda: asleep_on(name), "the worker waits on the lane")
-        shrink(name, 0)
-        if end == "close_lane":
-            assert raw.call("close_lane", lane=grant["lane"]) == {"type": "close_lane", "id": ""}
-        elif end == "nothing":  # the worker, asleep on the lane, finds out when it wakes
-            wait_until(lambda: lanes_open(server) == 0, "the worker ended the lane")
-    finally:
-        raw.close()
-    wait_until(lambda: lanes_open(server) == 0, "the lane ended")
-    assert server.proc.poll() is None
+    name = shrink_a_lane_then(server, end)
     assert not os.path.exists(f"/dev/shm/{name}")
-    assert workers(server) == before  # the same process, no restart counted
     serves(server)
 
 
