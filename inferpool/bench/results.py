@@ -107,13 +107,21 @@ class Level:
         return self.requests / self.seconds if self.seconds > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
+        """The level as ``--json`` writes it: times to 0.1 usec, the window to 0.1 ms, rates
+        to 0.1 per second (what a clock and a Python client measure, no digit more)."""
         out = asdict(self)
+        out["seconds"] = round(self.seconds, 4)
         out["latencies_us"] = {
-            f"p{p}": v for p, v in zip(PERCENTILES, self.latencies_us, strict=True)
+            f"p{p}": round(v, 1) for p, v in zip(PERCENTILES, self.latencies_us, strict=True)
         }
-        out["requests_per_second"] = self.throughput
-        out["inferences_per_second"] = self.throughput * self.batch_size
+        for key in ("avg_us", "min_us", "max_us"):
+            out[key] = round(out[key], 1)
         out["server"]["overhead_us"] = self.server.overhead_us
+        for key, value in out["server"].items():
+            if key.endswith("_us"):
+                out["server"][key] = round(value, 1)
+        out["requests_per_second"] = round(self.throughput, 1)
+        out["inferences_per_second"] = round(self.throughput * self.batch_size, 1)
         return out
 
 

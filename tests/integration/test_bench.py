@@ -66,6 +66,7 @@ def test_json_csv_and_png_and_counts_that_match_the_server(server: Server, short
         assert lv["server"]["failures"] == 0 and lv["server"]["executions"] == 60
         p = lv["latencies_us"]
         assert 0 < lv["min_us"] <= p["p50"] <= p["p90"] <= p["p95"] <= p["p99"] <= lv["max_us"]
+        assert all(round(v, 1) == v for v in (*p.values(), lv["avg_us"], lv["max_us"]))
         assert lv["requests_per_second"] > 0 and lv["seconds"] > 0
         server_side = lv["server"]
         assert 0 < server_side["compute_infer_us"] < server_side["request_us"]

@@ -15,7 +15,8 @@ A Python block passes when it exits 0 and each ``print(...)  # OUTPUT`` comment 
 what it printed, in order (``...`` stands for anything).  A shell block's lines run one by
 one: ``inferpool serve ...`` (a trailing ``&`` or not) starts a server that the later lines
 talk to (the shared one when it serves an example repository as it is), and an
-``inferpool infer ...  # OUTPUT`` line must print its OUTPUT.
+``inferpool infer ...  # OUTPUT`` line must print its OUTPUT.  A ``text`` fence right after
+a shell block shows what the block's last command prints: it must print exactly that.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class Block:
     lang: str
     code: str
     directive: str
+    output: str | None = None  # the fence after a shell block: its last command's output
 
     @property
     def id(self) -> str:
@@ -80,11 +82,21 @@ def blocks(*langs: str) -> list[Block]:
     out = []
     for page in PAGES:
         text = page.read_text()
-        for match in FENCE.finditer(text):
+        fences = list(FENCE.finditer(text))
+        for at, match in enumerate(fences):
             if match[1] not in langs:
                 continue
             before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
             directive = DIRECTIVE.search(before)
+            after = fences[at + 1] if at + 1 < len(fences) else None
+            shown = (
+                after[2]
+                if after is not None
+                and match[1] == "sh"
+                and after[1] == "text"
+                and not text[match.end() : after.start()].strip()
+                else None
+            )
             out.append(
                 Block(
                     str(page.relative_to(ROOT)),
@@ -92,6 +104,7 @@ def blocks(*langs: str) -> list[Block]:
                     match[1],
                     match[2],
                     directive[1] if directive else "",
+                    shown,
                 )
             )
     return out
@@ -206,6 +219,7 @@ def test_shell_blocks_run(block: Block, servers: Servers, workdir: Path) -> None
     shared = servers.of(block.repository, block.kserve)
     endpoint = shared.endpoint
     own: list[Server] = []
+    printed = ""
     try:
         for raw in sandboxed(block.source(shared), workdir).replace("\\\n", " ").splitlines():
             command, _, comment = raw.partition("  #")
@@ -227,11 +241,15 @@ def test_shell_blocks_run(block: Block, servers: Servers, workdir: Path) -> None
                 timeout=120,
             )
             assert done.returncode == 0, f"{block.id}: `{command.strip()}` failed:\n{done.stderr}"
+            printed = done.stdout
             if argv[:2] == ["inferpool", "infer"] and comment.strip():
                 assert_printed([comment.strip()], done.stdout, f"{block.id}: {command.strip()}")
     finally:
         for server in own:
             server.stop()
+    if block.output is not None:
+        shown = [line.rstrip() for line in block.output.splitlines()]
+        assert [line.rstrip() for line in printed.splitlines()] == shown, block.id
 
 
 def serve(servers: Servers, args: list[str], cwd: Path) -> tuple[Server, bool]:
