@@ -50,7 +50,7 @@ def open_run(stack: contextlib.ExitStack, run_dir: str) -> str:
 @dataclass(frozen=True)
 class Frontends:
     """The clients' ROUTER sockets: ``plain`` (ipc, and tcp without CURVE), ``secure`` (the
-    tcp endpoints, when CURVE is on) and ``kserve`` (inproc, the KServe frontends' alone)."""
+    tcp endpoints, when CURVE is on) and ``kserve`` (the KServe frontends' process's alone)."""
 
     plain: zmq.Socket[Any]
     secure: zmq.Socket[Any] | None = None
@@ -74,19 +74,23 @@ def listen(
     endpoints: Iterable[str],
     ipc_group: bool = False,
     curve: CurveKeys | None = None,
-    inproc: str = "",
+    kserve_path: str = "",
 ) -> Frontends:
-    """The clients' ROUTER sockets, bound to every endpoint, and one bound to ``inproc`` for
-    the KServe frontends when it is given."""
+    """The clients' ROUTER sockets, bound to every endpoint, and one bound to the ipc socket
+    ``kserve_path`` for the KServe frontends' process when it is given (only the server's user
+    may connect to it: mode 0600, in the server's own directory)."""
     plain = _router(stack, ctx)
     tcp = None
     if curve is not None:
         tcp = _router(stack, ctx)
         secure(stack, ctx, tcp, curve)
     kserve = None
-    if inproc:
+    if kserve_path:
         kserve = _router(stack, ctx)
-        kserve.bind(inproc)
+        _socket_directory(kserve_path, os.path.dirname(kserve_path), ipc_group)
+        kserve.bind(f"ipc://{kserve_path}")
+        stack.callback(_remove, kserve_path)
+        os.chmod(kserve_path, 0o600)
     for endpoint in endpoints:
         path = endpoint[len("ipc://") :] if endpoint.startswith("ipc://") else ""
         if path and not path.startswith("@"):

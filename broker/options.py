@@ -19,7 +19,7 @@ from inferpool.wire.logs import LogSettings
 from inferpool.wire.paths import DEFAULT_TCP, default_ipc_endpoint, default_run_dir
 
 if TYPE_CHECKING:  # the frontends (grpc, aiohttp) are imported by the broker that serves them,
-    from inferpool.broker.kserve.service import FrontendOptions  # not by every CLI command
+    from inferpool.broker.kserve.options import FrontendOptions  # not by every CLI command
 
 MiB = 1 << 20
 
@@ -122,7 +122,7 @@ class ServerOptions:
 
     def frontends(self) -> FrontendOptions:
         """The KServe frontends' slice, with the broker's request limit."""
-        from inferpool.broker.kserve.service import FrontendOptions
+        from inferpool.broker.kserve.options import FrontendOptions
 
         names = (f.name for f in fields(FrontendOptions) if f.name != "request_limit")
         return FrontendOptions(

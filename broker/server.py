@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import socket
 import time
@@ -31,6 +32,7 @@ from inferpool.broker.front.lanes import Lanes
 from inferpool.broker.front.load_metrics import Utilisation
 from inferpool.broker.front.log_settings import LogSettings
 from inferpool.broker.front.metrics import BrokerCollector, MetricsEndpoint
+from inferpool.broker.front.peers import KSERVE_TAG, ProcessGate
 from inferpool.broker.front.readiness import Readiness
 from inferpool.broker.front.registrations import Registrations
 from inferpool.broker.front.responder import Responder
@@ -38,6 +40,7 @@ from inferpool.broker.front.router import Router
 from inferpool.broker.front.shared_memory import EXTENSIONS, SharedMemory
 from inferpool.broker.front.shares import OutputShares
 from inferpool.broker.front.trace_control import TraceControl
+from inferpool.broker.kserve.process import FrontendProcess
 from inferpool.broker.models import repository
 from inferpool.broker.models.config_support import ConfigSupport
 from inferpool.broker.models.manager import Manager
@@ -58,6 +61,7 @@ from inferpool.broker.sched_slice import request_slice
 from inferpool.shm.arena import Arena
 from inferpool.shm.cancel_flags import CancelFlags
 from inferpool.shm.leases import LeaseTable
+from inferpool.shm.region import Region
 from inferpool.shm.runs import region_name
 from inferpool.wire import logs
 from inferpool.wire.errors import InferpoolError
@@ -112,15 +116,26 @@ class Broker:
             # the endpoints before the run: a second server fails here, having touched nothing
             ctx: zmq.Context[Any] = zmq.Context()
             stack.callback(ctx.term)
-            frontends = opts.frontends()  # the KServe frontends' socket: inproc, their own
-            inproc = "inproc://inferpool-kserve" if frontends.enabled else ""
-            fronts = listen(stack, ctx, opts.listen, opts.ipc_access == "group", curve, inproc)
+            frontends = opts.frontends()  # the KServe frontends' socket: ipc, their own
+            kserve_path = ""
+            if frontends.enabled:
+                kserve_path = os.path.join(opts.run_dir, f"kserve-{os.getpid()}.sock")
+            group = opts.ipc_access == "group"
+            fronts = listen(stack, ctx, opts.listen, group, curve, kserve_path)
             self.frontend, self.tagged = fronts.plain, fronts.tagged
+            self.kserve_gate = ProcessGate()  # only the frontends' process speaks on theirs
             self.run_id = run_id = open_run(stack, opts.run_dir)
             arena_region = region_name(run_id, "arena")
             arena = start_arena(stack, arena_region, opts, self._interrupted)
             flags = CancelFlags.create(run_id)
             stack.callback(flags.close)
+            placed = None  # the KServe frontends' process writes its inputs there
+            if kserve_path:
+                kserve_inputs = Region.create(
+                    region_name(run_id, "kserve-in"), opts.arena_size, prefault=False
+                )
+                stack.callback(kserve_inputs.destroy)
+                placed = (kserve_inputs.name, kserve_inputs.size)
             self.poller = zmq.Poller()
             for sock in [fronts.plain, *self.tagged.values()]:
                 self.poller.register(sock, zmq.POLLIN)
@@ -239,6 +254,7 @@ class Broker:
                 opts.request_limit,
                 cancellation.cancel,
                 tracer,
+                placed,
             )
             control = Control(
                 readiness=self.readiness,
@@ -286,11 +302,18 @@ class Broker:
                 )
                 stack.callback(self.metrics.close)
                 self.poller.register(self.metrics.socket, zmq.POLLIN)
-            # the KServe frontends: their own thread, a zmq client of their ROUTER over inproc
-            if inproc:  # imported only then: aiohttp and grpc are most of the broker's imports
-                from inferpool.broker.kserve.service import Frontends
-
-                stack.callback(Frontends(ctx, inproc, frontends).close)
+            # the KServe frontends: their own process, a zmq client of their ROUTER over ipc
+            self.kserve: FrontendProcess | None = None
+            if kserve_path:
+                assert placed is not None
+                self.kserve = FrontendProcess(
+                    frontends,
+                    f"ipc://{kserve_path}",
+                    placed[0],
+                    on_start=self.kserve_gate.allow,
+                    on_exit=self._kserve_gone,
+                )
+                stack.callback(self.kserve.close)
             stack.callback(supervisor.kill_all)
             self._interrupted()
             self._stack = stack.pop_all()
@@ -409,7 +432,7 @@ class Broker:
                 if tagged:
                     for tag, sock in tagged.items():
                         if sock in events:
-                            self.router.handle(recv_frames(sock, NOBLOCK), tag)
+                            self._drain_tagged(tag, sock)
                 if metrics is not None and metrics.socket in events:
                     metrics.answer()
                 if wake_fd in events or self._signals:
@@ -438,6 +461,21 @@ class Broker:
                     break
         finally:
             requests.dispatch_gathered()
+
+    def _drain_tagged(self, tag: bytes, sock: zmq.Socket[Any]) -> None:
+        """A message of a tagged socket; on the KServe frontends' socket, only those of the
+        frontends' process are handled."""
+        frames = recv_frames(sock, NOBLOCK)
+        if tag == KSERVE_TAG and not self.kserve_gate.admits(frames[0]):
+            log.warning("dropped a message on the KServe frontends' socket from another process")
+            return
+        self.router.handle(frames, tag)
+
+    def _kserve_gone(self) -> None:
+        """The frontends' process ended: what it had in flight for its callers is cancelled,
+        the handles it held are reclaimed."""
+        self.requests.cancellation.clients_gone(KSERVE_TAG)
+        self.shm.reclaim_tagged(KSERVE_TAG)
 
     def _read_dispatched(self) -> None:
         """Read the channels of the workers just sent a batch, without a poll: a worker on
@@ -477,6 +515,8 @@ class Broker:
         self.requests.tick(time.monotonic_ns())
         self.models.ensembles.refresh()
         self.shm.tick(now)
+        if self.kserve is not None:
+            self.kserve.tick(now)
         self.requests.flush_frees()
         if self.tracer.ended:
             self.tracer.flush(time.monotonic_ns())

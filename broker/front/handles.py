@@ -47,42 +47,42 @@ class Handles:
         framed = []
         wanted = req.outputs
         for out in outputs:
-            name, datatype, shape = out.name, out.datatype, out.shape
-            region, offset, nbytes = out.region, out.offset, out.byte_size
-            params = wanted.get(name)
-            if params and "/" in region:  # written into the client's registered window
+            params = wanted.get(out.name)
+            if params and "/" in out.region:  # written into the client's registered window
                 headers.append(
                     {
-                        "name": name,
-                        "datatype": datatype,
-                        "shape": shape,
+                        "name": out.name,
+                        "datatype": out.datatype,
+                        "shape": out.shape,
                         "parameters": {
                             "shared_memory_region": params["shared_memory_region"],
                             "shared_memory_offset": params.get("shared_memory_offset", 0),
-                            "shared_memory_byte_size": nbytes,
+                            "shared_memory_byte_size": out.byte_size,
                         },
                     }
                 )
             elif params and params.get("output_handle"):
-                self.outputs.hold(region)
-                owner = req.envelope[0]
-                self.shares.hold(owner, nbytes)
-                headers.append(
-                    {
-                        "name": name,
-                        "datatype": datatype,
-                        "shape": shape,
-                        "parameters": {
-                            "handle_region": region,
-                            "handle_offset": offset,
-                            "handle_byte_size": nbytes,
-                            "handle_lease": self.leases.grant(owner, region, offset, nbytes),
-                        },
-                    }
-                )
+                headers.append(self.lend(req.envelope[0], out))
             else:
                 framed.append(out)
         return framed
+
+    def lend(self, owner: bytes, out: TensorRef) -> dict[str, Any]:
+        """Leave ``out`` where the worker wrote it, leased to ``owner``: its header."""
+        region, offset, nbytes = out.region, out.offset, out.byte_size
+        self.outputs.hold(region)
+        self.shares.hold(owner, nbytes)
+        return {
+            "name": out.name,
+            "datatype": out.datatype,
+            "shape": out.shape,
+            "parameters": {
+                "handle_region": region,
+                "handle_offset": offset,
+                "handle_byte_size": nbytes,
+                "handle_lease": self.leases.grant(owner, region, offset, nbytes),
+            },
+        }
 
     def release(self, owner: bytes, tokens: Any) -> int:
         """End ``owner``'s leases; NOT_FOUND naming any token it does not hold."""

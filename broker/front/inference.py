@@ -14,7 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from inferpool.broker.front.admission import SharedMemoryInputs, admit
+from inferpool.broker.front.admission import Placed, SharedMemoryInputs, admit
+from inferpool.broker.front.peers import KSERVE_TAG
 from inferpool.broker.front.readiness import Readiness
 from inferpool.broker.front.router import Handler
 from inferpool.broker.models.failures import failure_reason, log_failure
@@ -47,10 +48,12 @@ class Inference:
         limit: int,
         cancel: Callable[[list[bytes], str], int],
         tracer: Tracer,
+        placed: tuple[str, int] | None = None,
     ) -> None:
         """``submit`` queues an admitted request (the request path's); ``limit``: the most tensor
         bytes one request may bring; ``cancel(envelope, id)`` cancels what a client sent;
-        ``tracer`` samples the requests to trace."""
+        ``tracer`` samples the requests to trace; ``placed``: the KServe frontends' input
+        region (name, size), where their requests' ``placed`` inputs lie."""
         self.readiness = readiness
         self.registry = registry
         self.arena = arena
@@ -59,10 +62,34 @@ class Inference:
         self.limit = limit
         self._cancel = cancel
         self.tracer = tracer
+        self._placed = placed
         self._next_rid = 0
 
     def handlers(self) -> dict[str, Handler]:
         return {"infer": self.infer, "cancel": self.cancel}
+
+    def _placed_inputs(self, client: bytes, placed: Any, frames: list[Any]) -> list[Any]:
+        """The frames of a request of the KServe frontends' process whose inputs it wrote in
+        its input region: ``placed`` lists ``[offset, byte size]`` of each, in the order of
+        the inputs that take a frame (a frame where it is ``null``)."""
+        if self._placed is None or not client.startswith(KSERVE_TAG):
+            raise invalid_arg("'placed' inputs are the KServe frontends' alone")
+        if not isinstance(placed, list):
+            raise invalid_arg(f"'placed' must be a list, got {placed!r}")
+        region, size = self._placed
+        out: list[Any] = []
+        sent = iter(frames)
+        for entry in placed:
+            if entry is None:
+                out.append(next(sent, b""))
+                continue
+            ok = isinstance(entry, list) and len(entry) == 2
+            ok = ok and all(type(v) is int and v >= 0 for v in entry)
+            if not ok or entry[0] + entry[1] > size:
+                raise invalid_arg(f"'placed' entry {entry!r} is not a window of {region}")
+            out.append(Placed(region, entry[0], entry[1]))
+        out.extend(sent)
+        return out
 
     def cancel(self, envelope: list[bytes], header: dict[str, Any], frames: list[Any]) -> Any:
         """Cancel the sender's infer requests with id ``request_id`` (``""``: those sent
@@ -76,6 +103,9 @@ class Inference:
 
     def infer(self, envelope: list[bytes], header: dict[str, Any], frames: list[Any]) -> None:
         client = envelope[0]
+        placed = header.pop("placed", None)
+        if placed is not None:
+            frames = self._placed_inputs(client, placed, frames)
         self.shm.request_arrived(client, header)
         if not self.readiness.admitting:
             raise InferpoolError(

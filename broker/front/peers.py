@@ -18,6 +18,9 @@ import os
 import socket
 import struct
 from dataclasses import dataclass
+from typing import Any
+
+import zmq
 
 from inferpool.wire import caller
 from inferpool.wire.errors import Code, InferpoolError
@@ -126,6 +129,33 @@ def peer_of(fd: int, authenticated: bool, key: str = "") -> Peer:
         except OSError:
             pass
     return UNKNOWN
+
+
+class ProcessGate:
+    """Lets through the messages that came on a connection of one process (the KServe
+    frontends', whose messages name their callers): each connection is looked at once."""
+
+    def __init__(self) -> None:
+        self.pid = 0
+        self._admitted: set[int] = set()  # connections (fds) of that process
+
+    def allow(self, pid: int) -> None:
+        """From now on only process ``pid``'s connections (a new one: the old are closed)."""
+        self.pid = pid
+        self._admitted.clear()
+
+    def admits(self, source: Any) -> bool:
+        """Whether ``source``, a frame of a message, came from the process allowed."""
+        try:
+            fd = int(source.get(zmq.SRCFD))
+        except (AttributeError, zmq.ZMQError):
+            return False
+        if fd in self._admitted:
+            return True
+        if fd < 0 or not self.pid or peer_of(fd, False).pid != self.pid:
+            return False
+        self._admitted.add(fd)
+        return True
 
 
 @functools.lru_cache(maxsize=1024)

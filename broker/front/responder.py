@@ -16,6 +16,7 @@ from typing import Any
 import zmq
 
 from inferpool.broker.front.handles import Handles
+from inferpool.broker.front.peers import KSERVE_TAG
 from inferpool.broker.front.response_header import described, plain_header, response_header
 from inferpool.broker.models.request import PendingRequest
 from inferpool.broker.pool.outputs import OutputRegions
@@ -82,8 +83,9 @@ class Responder:
                 header["parameters"] = {"triton_final_response": item.final}
             self.send(req.envelope, header)
             return
-        if req.shm_outputs or item.parameters or model.decoupled:
-            outputs, encoded = self._described(req, item)
+        lend = req.envelope[0].startswith(KSERVE_TAG) and self._lends(req, outputs)
+        if lend or req.shm_outputs or item.parameters or model.decoupled:
+            outputs, encoded = self._described(req, item, lend)
         else:  # the common case: the template of the model's last such header, this id in it
             encoded = plain_header(model, req.client_id, outputs)
         frames = []
@@ -100,13 +102,32 @@ class Responder:
             return
         self._send_tracked(req.envelope, encoded, frames, outputs)
 
-    def _described(self, req: PendingRequest, item: Result) -> tuple[Sequence[TensorRef], bytes]:
+    def _lends(self, req: PendingRequest, outputs: Sequence[TensorRef]) -> bool:
+        """Whether the large outputs of a result for the KServe frontends' process are lent
+        to it as handles: it reads them in place (a large zmq message costs its receiver a
+        page fault per 4 KiB) and releases them once written to its client, so they count
+        against the caller's share until then."""
+        large = any(out.byte_size >= ZERO_COPY_MIN for out in outputs)
+        return large and not self.shares.over(req.envelope[0])
+
+    def _described(
+        self, req: PendingRequest, item: Result, lend: bool = False
+    ) -> tuple[Sequence[TensorRef], bytes]:
         """The outputs to send as frames and the header, encoded in full: it has parameters
-        or describes outputs that stay in shared memory."""
+        or describes outputs that stay in shared memory (``lend``: the large ones too)."""
         out_headers: list[dict[str, Any]] = []
         outputs = item.outputs
         if req.shm_outputs:
             outputs = self.handles.place(req, outputs, out_headers)
+        if lend:
+            owner = req.envelope[0]
+            framed = []
+            for out in outputs:
+                if out.byte_size >= ZERO_COPY_MIN:
+                    out_headers.append(self.handles.lend(owner, out))
+                else:
+                    framed.append(out)
+            outputs = framed
         out_headers.extend(described(out) for out in outputs)
         params = item.parameters or {}
         if req.model.decoupled:

@@ -262,6 +262,13 @@ class SharedMemory:
                 leases,
             )
 
+    def reclaim_tagged(self, tag: bytes) -> None:
+        """Reclaim the leases of every client of the socket tagged ``tag`` (its process
+        ended); what they registered stays theirs."""
+        for owner in self.handles.leases.owners():
+            if owner.startswith(tag):
+                self.handles.reclaim(owner)
+
     def tick(self, now: float) -> None:
         self.clients.tick(now)
         self.registrations.tick()

@@ -20,12 +20,14 @@ last response, is closed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from aiohttp import web
 
-from inferpool.wire.errors import Code, InferpoolError
+from inferpool.wire.errors import Code, InferpoolError, invalid_arg
 
 if sys.version_info >= (3, 11):
     from asyncio import timeout
@@ -55,7 +57,7 @@ class BodyLimits:
                 reserved = self._take(0, declared)
             chunks = []
             size = 0
-            async with timeout(self.timeout):
+            async with self._in_time():
                 while chunk := await request.content.readany():
                     size += len(chunk)
                     if size > limit:
@@ -63,14 +65,46 @@ class BodyLimits:
                     if size > reserved:
                         reserved = self._take(reserved, size)
                     chunks.append(chunk)
+        finally:
+            self.held -= reserved
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    async def read_into(self, request: web.Request, head: int, binary: memoryview) -> bytes:
+        """A body of exactly ``head + len(binary)`` bytes (its Content-Length, within the
+        limits): its first ``head`` bytes are returned, and the rest is copied into ``binary``
+        chunk by chunk as it comes off the socket (nothing is joined)."""
+        reserved = self._take(0, head + len(binary))
+        first = bytearray()
+        at = 0
+        try:
+            async with self._in_time():
+                while chunk := await request.content.readany():
+                    data = memoryview(chunk)
+                    if len(first) < head:
+                        take = min(head - len(first), len(data))
+                        first += data[:take]
+                        data = data[take:]
+                    if at + len(data) > len(binary):
+                        raise invalid_arg("the request body is longer than its Content-Length")
+                    binary[at : at + len(data)] = data
+                    at += len(data)
+        finally:
+            self.held -= reserved
+        if len(first) < head or at < len(binary):
+            raise invalid_arg("the request body ended before its Content-Length")
+        return bytes(first)
+
+    @contextlib.asynccontextmanager
+    async def _in_time(self) -> AsyncIterator[None]:
+        """A body's reading, which must end within the timeout (408 otherwise)."""
+        try:
+            async with timeout(self.timeout):
+                yield
         except asyncio.TimeoutError:  # (TimeoutError itself from Python 3.11)
             raise web.HTTPRequestTimeout(
                 text=f"the request body did not arrive within {self.timeout:g}s "
                 "(--http-body-timeout)"
             ) from None
-        finally:
-            self.held -= reserved
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def _too_large(self, limit: int, size: int) -> web.HTTPRequestEntityTooLarge:
         flag = " (--http-max-input-size)" if limit == self.max_size else ""

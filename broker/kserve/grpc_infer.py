@@ -181,9 +181,10 @@ def typed_bytes(io: Any, model: str) -> bytes:
 
 # ============================================================================ the answer
 def infer_response(
-    reply: dict[str, Any], frames: list[Any], final: bool | None = None
+    reply: dict[str, Any], tensors: list[Any], final: bool | None = None
 ) -> pb.ModelInferResponse:
-    """``reply`` as Triton answers; ``final`` (streams) sets ``triton_final_response``."""
+    """``reply`` as Triton answers (``tensors``: the buffers of its outputs that are not in
+    a client's region, in order); ``final`` (streams) sets ``triton_final_response``."""
     resp = pb.ModelInferResponse(
         model_name=reply.get("model_name", ""),
         model_version=reply.get("model_version", ""),
@@ -194,12 +195,12 @@ def infer_response(
     if final is not None:
         params["triton_final_response"] = final
     set_parameters(resp.parameters, params)
-    it = iter(frames)
+    it = iter(tensors)
     for out in reply.get("outputs", ()):
         tensor = resp.outputs.add(name=out["name"], datatype=out["datatype"], shape=out["shape"])
         if codec.in_shared_memory(out):
             set_parameters(tensor.parameters, out["parameters"])
             resp.raw_output_contents.append(b"")
         else:
-            resp.raw_output_contents.append(next(it).bytes)
+            resp.raw_output_contents.append(bytes(next(it)))
     return resp

@@ -28,6 +28,7 @@ from inferpool.broker.kserve.channel import BrokerChannel
 from inferpool.broker.kserve.grpc_handlers import Malformed
 from inferpool.broker.kserve.grpc_infer import infer_message, infer_response
 from inferpool.broker.kserve.health import HEALTH_TIMEOUT_S
+from inferpool.broker.kserve.inputs import Inputs
 from inferpool.broker.kserve.load import load_message
 from inferpool.broker.kserve.status import GRPC_STATUS
 from inferpool.wire import trace_stamps
@@ -55,12 +56,16 @@ def _unsupported_repository(name: str) -> None:
 class InferenceServicer(GRPCInferenceServiceServicer):
     """Triton's gRPC inference service, answered by the broker over its socket."""
 
-    def __init__(self, channel: BrokerChannel, callers: Callers, address: str, port: int) -> None:
-        """``address``, ``port``: where this servicer's server listens."""
+    def __init__(
+        self, channel: BrokerChannel, callers: Callers, address: str, port: int, inputs: Inputs
+    ) -> None:
+        """``address``, ``port``: where this servicer's server listens; ``inputs``: where
+        large tensors are written."""
         self.channel = channel
         self.callers = callers
         self.address = address
         self.port = port
+        self.inputs = inputs
 
     def _caller(self, context: Context) -> bytes:
         return self.callers.of_grpc(context, self.address, self.port)
@@ -262,12 +267,20 @@ class InferenceServicer(GRPCInferenceServiceServicer):
         caller = self._caller(context)
         try:
             header, frames, _ = infer_message(request, single_response=True)
-            header[trace_stamps.FIELD] = trace_stamps.received("GRPC", received, received)
-            reply, outputs = await self.channel.call(caller, header, frames)
+        except InferpoolError as err:
+            await _abort(context, err)
+        header[trace_stamps.FIELD] = trace_stamps.received("GRPC", received, received)
+        placed, frames, slot = self.inputs.place(frames)
+        answered = None
+        if slot is not None:
+            header["placed"] = placed
+            answered = partial(self.inputs.free, slot)
+        try:
+            async with self.channel.infer(caller, header, frames, answered) as (reply, tensors):
+                response = infer_response(reply, tensors)
         except InferpoolError as err:
             await _abort(context, err)
         traced = trace_stamps.trace_id(reply)
-        response = infer_response(reply, outputs)
         if traced:  # GRPC_SEND_END once the call has ended
             start, loop = time.monotonic_ns(), asyncio.get_running_loop()
             stamp = partial(self._sent, caller, traced, start)
@@ -342,7 +355,11 @@ class _Stream:
                 self.queue.put_nowait(_stream_error(request, str(err.get("message", "")), final))
             elif answer.get("outputs") or not (decoupled and final) or empty_final:
                 # a decoupled model's empty final response only marks the end: sent on request
-                response = infer_response(answer, outputs, final)
+                tensors, leases = self.channel.borrow(answer, outputs)
+                try:
+                    response = infer_response(answer, tensors, final)
+                finally:
+                    self.channel.release(self.caller, leases)
                 streamed = pb.ModelStreamInferResponse(infer_response=response)
                 if traced:
                     self.traced[id(streamed)] = (traced, time.monotonic_ns())

@@ -13,6 +13,7 @@ within one user); a client the frontends cannot identify may register none.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -26,15 +27,15 @@ from inferpool.broker.kserve.bodies import BodyLimits
 from inferpool.broker.kserve.callers import Callers
 from inferpool.broker.kserve.channel import BrokerChannel
 from inferpool.broker.kserve.http_base import JSON, application, json_response
-from inferpool.broker.kserve.http_infer import parse_request, response_body
+from inferpool.broker.kserve.http_infer import response_body
+from inferpool.broker.kserve.http_tensors import BINARY, HEADER_LENGTH, receive, stream
+from inferpool.broker.kserve.inputs import Inputs
 from inferpool.broker.kserve.load import load_message
 from inferpool.wire import trace_stamps
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg
 
 log = logging.getLogger("inferpool.kserve")
 
-HEADER_LENGTH = "Inference-Header-Content-Length"
-BINARY = "application/octet-stream"
 STREAM_MIN = 64 * 1024  # binary outputs from this size on are written without being joined
 _MODEL = "/v2/models/{model}"
 _VERSIONED = (_MODEL, _MODEL + "/versions/{version:[0-9]+}")
@@ -42,9 +43,11 @@ _METADATA_FIELDS = ("name", "versions", "platform", "inputs", "outputs")
 CONTROL_MAX = 1 << 20  # the body of a call that is not an inference
 
 
-def build(channel: BrokerChannel, callers: Callers, bodies: BodyLimits) -> web.Application:
+def build(
+    channel: BrokerChannel, callers: Callers, bodies: BodyLimits, inputs: Inputs
+) -> web.Application:
     """The app: every Triton endpoint inferpool has, its bodies within ``bodies``."""
-    api = _Api(channel, callers, bodies)
+    api = _Api(channel, callers, bodies, inputs)
     routes = [
         *health.routes(channel, callers),
         web.get("/v2", api.server_metadata, allow_head=False),
@@ -105,10 +108,13 @@ async def _json_body(
 
 
 class _Api:
-    def __init__(self, channel: BrokerChannel, callers: Callers, bodies: BodyLimits) -> None:
+    def __init__(
+        self, channel: BrokerChannel, callers: Callers, bodies: BodyLimits, inputs: Inputs
+    ) -> None:
         self.channel = channel
         self.callers = callers
         self.bodies = bodies
+        self.inputs = inputs  # where large binary tensors are read
 
     async def ask(
         self, request: web.Request, header: dict[str, Any], frames: Sequence[bytes] = ()
@@ -156,29 +162,19 @@ class _Api:
     # ------------------------------------------------------------------ inference
     async def infer(self, request: web.Request) -> web.StreamResponse:
         received = time.monotonic_ns()  # HTTP_RECV_START, for a trace
-        length = request.headers.get(HEADER_LENGTH)
-        body = await self.bodies.read(request)
-        header_length = None
-        if length is not None:
-            try:
-                header_length = int(length)
-            except ValueError:
-                raise invalid_arg(f"Unable to parse {HEADER_LENGTH}, got: {length}") from None
-            if not 0 <= header_length <= len(body):
-                raise invalid_arg(
-                    f"inference header size should be in range (0, {len(body)}), got: {length}"
-                )
         info = _model(request)
-        call = parse_request(body, header_length, info["model_name"], info["model_version"])
+        model, version = info["model_name"], info["model_version"]
+        call, frames, slot = await receive(request, self.bodies, self.inputs, model, version)
         call.header[trace_stamps.FIELD] = trace_stamps.received(
             "HTTP", received, time.monotonic_ns()
         )
         caller = self.callers.of_http(request)
-        reply, frames = await self.channel.call(caller, call.header, call.frames)
-        traced = trace_stamps.trace_id(reply)
-        if traced:
-            return await self._traced(request, caller, traced, call, reply, frames)
-        return await self._respond(request, call, reply, frames)
+        answered = None if slot is None else functools.partial(self.inputs.free, slot)
+        async with self.channel.infer(caller, call.header, frames, answered) as (reply, tensors):
+            traced = trace_stamps.trace_id(reply)
+            if traced:
+                return await self._traced(request, caller, traced, call, reply, tensors)
+            return await self._respond(request, call, reply, tensors)
 
     async def _traced(
         self,
@@ -209,23 +205,8 @@ class _Api:
         if size < STREAM_MIN:  # one write: headers, JSON and tensors joined
             body = b"".join([head, *binaries])
             return web.Response(body=body, content_type=BINARY, headers=headers)
-        # large tensors go to the socket from where they lie (the broker's output region)
-        response = web.StreamResponse(headers=headers)
-        response.content_type = BINARY
-        response.content_length = len(head) + size
-        try:
-            await response.prepare(request)
-            await response.write(head)
-            for tensor in binaries:
-                await response.write(tensor)
-            await response.write_eof()
-        except ConnectionError as exc:
-            # The client went away.  The error's traceback holds the frames of the writes,
-            # and so the tensors and the output memory they lie in (the caller's share of
-            # it), in a cycle only a garbage collection would end: drop it, they go now.
-            exc.__traceback__ = None
-            log.info("HTTP client %s went away before reading its response", request.remote)
-        return response
+        # large tensors go to the socket from where they lie (the worker's output region)
+        return await stream(request, head, binaries, headers)
 
     # ------------------------------------------------------------------ repository
     async def repository_index(self, request: web.Request) -> web.Response:

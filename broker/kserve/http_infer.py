@@ -33,15 +33,23 @@ class InferCall:
     header: dict[str, Any]
     frames: list[Any]
     binary: dict[str, bool] = field(default_factory=dict)  # output -> binary (else JSON)
+    at: list[int | None] = field(default_factory=list)  # each frame's offset in the binary part
     binary_default: bool = False  # for outputs the request did not name
 
 
-def parse_request(body: bytes, header_length: int | None, model: str, version: str) -> InferCall:
+def parse_body(body: Any, header_length: int | None, model: str, version: str) -> InferCall:
     """The request ``body`` (JSON, then binary tensors when ``header_length`` is given)."""
     view = memoryview(body)
-    end = len(body) if header_length is None else header_length
+    if header_length is None:
+        return parse_request(view, None, model, version)
+    return parse_request(view[:header_length], view[header_length:], model, version)
+
+
+def parse_request(head: Any, binary: Any, model: str, version: str) -> InferCall:
+    """The request: its JSON ``head``, then ``binary`` (the binary tensors, a buffer; None
+    when the request has no ``Inference-Header-Content-Length``)."""
     try:
-        request = orjson.loads(view[:end])
+        request = orjson.loads(head)
     except orjson.JSONDecodeError as exc:
         raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
     if not isinstance(request, dict):
@@ -53,8 +61,10 @@ def parse_request(body: bytes, header_length: int | None, model: str, version: s
     if not isinstance(request_id, str):
         raise invalid_arg("Unable to parse 'id'")
     frames: list[Any] = []
+    at: list[int | None] = []
     wire_inputs = []
-    pos = end
+    view = memoryview(binary if binary is not None else b"").cast("B")
+    pos = 0
     for inp in inputs:
         if not isinstance(inp, dict):
             raise invalid_arg("Unable to parse 'inputs'")
@@ -63,27 +73,29 @@ def parse_request(body: bytes, header_length: int | None, model: str, version: s
         source = _content_kind(inp, params)
         if source == "binary":
             size = params.pop("binary_data_size")
-            if header_length is None:
+            if binary is None:
                 raise invalid_arg(
                     "must specify valid 'Infer-Header-Content-Length' in request header and "
                     "'binary_data_size' when passing inputs in binary data format"
                 )
             if type(size) is not int or size < 0:
                 raise invalid_arg("Unable to parse 'binary_data_size'")
-            if pos + size > len(body):
+            if pos + size > len(view):
                 raise invalid_arg(
-                    f"unexpected size for input '{name}', expecting {pos + size - len(body)} "
+                    f"unexpected size for input '{name}', expecting {pos + size - len(view)} "
                     f"additional bytes for model '{model}'"
                 )
             frames.append(view[pos : pos + size])
+            at.append(pos)
             pos += size
         elif source == "data":
             frames.append(json_to_bytes(name, datatype, shape, inp["data"]))
+            at.append(None)
         wire: dict[str, Any] = {"name": name, "datatype": datatype, "shape": shape}
         if params:
             wire["parameters"] = params
         wire_inputs.append(wire)
-    if pos != len(body):
+    if pos != len(view):
         raise invalid_arg(f"unexpected additional input data for model '{model}'")
     parameters = _parameters(request, "the request")
     binary_default = parameters.pop("binary_data_output", False)
@@ -104,7 +116,7 @@ def parse_request(body: bytes, header_length: int | None, model: str, version: s
     }
     if parameters:
         header["parameters"] = parameters
-    call = InferCall(header, frames, binary_default=binary_default)
+    call = InferCall(header, frames, binary_default=binary_default, at=at)
     outputs = request.get("outputs")
     if outputs:
         header["outputs"] = _outputs(outputs, call)
@@ -229,7 +241,7 @@ def response_body(
         if codec.in_shared_memory(out):
             entry["parameters"] = out["parameters"]
         else:
-            buf = next(it).buffer
+            buf = next(it)
             if call.binary.get(name, call.binary_default):
                 entry["parameters"] = {"binary_data_size": len(buf)}
                 binaries.append(buf)

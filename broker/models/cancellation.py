@@ -73,6 +73,13 @@ class Cancellation:
         if mine:
             log.info("client %s disconnected: cancelled %d request(s)", client.hex(), len(mine))
 
+    def clients_gone(self, tag: bytes) -> None:
+        """Every client of the socket tagged ``tag`` is gone (the KServe frontends' process
+        ended): their requests are cancelled."""
+        owners = {r.envelope[0] for r in self.inflight.values() if r.envelope[0].startswith(tag)}
+        for owner in owners:
+            self.client_gone(owner)
+
     def cancel_part(self, req: PendingRequest, why: str) -> None:
         """Cancel a request the broker made for another (a model's BLS call): a queued one
         is answered CANCELLED; an executing one is flagged for its backend, whose own answer

@@ -8,6 +8,7 @@ import time
 from functools import partial
 
 import numpy as np
+import psutil
 import pytest
 
 from inferpool.client import Client, InferpoolError
@@ -82,9 +83,15 @@ def test_graceful_shutdown_finishes_in_flight_requests(short_tmp, whom) -> None:
 
 
 def test_killed_broker_takes_its_workers_and_the_next_start_sweeps(short_tmp) -> None:
-    first = Server(short_tmp, EXAMPLES)
+    first = Server(short_tmp, EXAMPLES, kserve=True)
     with first:
         pids = first.worker_pids()
+        pids += [  # the KServe frontends' process: its lifeline pipe ends with the broker
+            p.pid
+            for p in psutil.Process(first.proc.pid).children()
+            if "inferpool.broker.kserve.main" in " ".join(p.cmdline())
+        ]
+        assert len(pids) > len(first.worker_pids())
         run = first.run_id
         first.proc.send_signal(signal.SIGKILL)  # the broker alone, not its process group
         first.proc.wait(10)

@@ -20,18 +20,10 @@ from inferpool.broker.kserve.grpc_infer import (
 from inferpool.broker.kserve.http_infer import (
     bytes_to_json,
     json_to_bytes,
-    parse_request,
+    parse_body,
     response_body,
 )
 from inferpool.wire.errors import Code, InferpoolError
-
-
-class Frame:
-    """What the channel hands over: a zmq frame's ``buffer`` and ``bytes``."""
-
-    def __init__(self, data: bytes) -> None:
-        self.bytes = data
-        self.buffer = memoryview(data)
 
 
 def http(request: dict[str, Any], *tensors: bytes) -> tuple[bytes, int | None]:
@@ -68,7 +60,7 @@ def test_http_inputs_from_json_binary_and_regions() -> None:
         },
         b"\x01\x02\x03",
     )
-    call = parse_request(body, length, "m", "2")
+    call = parse_body(body, length, "m", "2")
     header = call.header
     assert (header["type"], header["id"], header["model_name"], header["model_version"]) == (
         "infer",
@@ -177,7 +169,7 @@ def test_http_inputs_refused_in_tritons_words(
 ) -> None:
     head = orjson.dumps({"inputs": inputs})
     with refused() as err:
-        parse_request(head + tensors, len(head) if length else None, "m", "")
+        parse_body(head + tensors, len(head) if length else None, "m", "")
     assert message in err.value.message
 
 
@@ -194,10 +186,10 @@ def test_http_request_level_refusals() -> None:
         ),
     ]:
         with refused() as err:
-            parse_request(body, None, "m", "")
+            parse_body(body, None, "m", "")
         assert message in err.value.message, body
     with refused(Code.UNSUPPORTED):
-        parse_request(
+        parse_body(
             b'{"inputs": [], "outputs": [{"name": "O", "parameters": {"classification": 2}}]}',
             None,
             "m",
@@ -224,7 +216,7 @@ def test_http_answer_binary_json_and_regions() -> None:
             "outputs": [{"name": "A"}, {"name": "B", "parameters": {"binary_data": True}}],
         }
     )
-    call = parse_request(body, None, "m", "")
+    call = parse_body(body, None, "m", "")
     reply = {
         "model_name": "m",
         "model_version": "1",
@@ -245,7 +237,7 @@ def test_http_answer_binary_json_and_regions() -> None:
         ],
     }
     head, binaries = response_body(
-        call, reply, [Frame(np.array([7, 8], np.int32).tobytes()), Frame(b"\x09\x0a")]
+        call, reply, [memoryview(np.array([7, 8], np.int32).tobytes()), memoryview(b"\x09\x0a")]
     )
     answer = orjson.loads(head)
     assert answer["id"] == "q" and answer["parameters"] == {"p": 1}
@@ -329,7 +321,7 @@ def test_grpc_answer_keeps_one_raw_entry_per_output() -> None:
             {"name": "A", "datatype": "UINT8", "shape": [2]},
         ],
     }
-    response = infer_response(reply, [Frame(b"\x01\x02")], final=True)
+    response = infer_response(reply, [memoryview(b"\x01\x02")], final=True)
     assert list(response.raw_output_contents) == [b"", b"\x01\x02"]
     assert parameters(response.outputs[0].parameters)["shared_memory_region"] == "r"
     sent = reply["parameters"]
