@@ -19,8 +19,14 @@ from inferpool.client.lane import Lane
 from inferpool.client.shm_request import Releaser, ShmResult
 from inferpool.wire import lane as wl
 from inferpool.wire import lane_records as lr
-from inferpool.wire.contract import TensorSpec, batch_reshape, spec_of
-from inferpool.wire.errors import InferpoolError, invalid_arg
+from inferpool.wire.contract import (
+    TensorSpec,
+    batch_reshape,
+    ensemble_deadlock,
+    spec_of,
+    step_failed,
+)
+from inferpool.wire.errors import InferpoolError
 
 if TYPE_CHECKING:
     from inferpool.client.lane_async import AsyncLane
@@ -53,11 +59,8 @@ class Step:
         self.last: tuple[Any, tuple[bytes, int, int]] = (None, (b"", 0, 0))  # key, body
 
     def failed(self, ensemble: str, err: InferpoolError) -> InferpoolError:
-        return InferpoolError(
-            err.code,
-            f"in ensemble '{ensemble}', step {self.index} (model '{self.model}') failed: "
-            f"{err.message}",
-        )
+        """The ensemble request's error when this step failed with ``err``."""
+        return step_failed(ensemble, self.index, self.model, err)
 
 
 class NoRoom(Exception):
@@ -325,10 +328,7 @@ class Run:
 
     def deadlock(self) -> InferpoolError:
         """Triton's words for an ensemble request that cannot make all its outputs."""
-        return invalid_arg(
-            f"in ensemble '{self.ensemble.model}', unexpected deadlock, at least one output "
-            "is not set while no more ensemble steps can be made"
-        )
+        return ensemble_deadlock(self.ensemble.model)
 
     def drop(self) -> None:
         """The run failed: what it holds goes back."""

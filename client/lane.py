@@ -86,19 +86,18 @@ class Lane:
         self.region = Region.attach(posix_name(grant["key"]))
         buf = self.region.buf
         try:
-            self.geometry, _, _ = wl.read_header(buf)
+            self.geometry, header, self.request_at, self.response_at = wl.layout(
+                buf, self.region.size
+            )
             self._pidfd = _pidfd(self.worker_pid)
         except BaseException:
             self.region.close()
             raise
-        self.header = header = wl.Header(buf)
+        self.header = header
         self.words = header.words
         self.raw = self.region.mapping  # slots are read and written through the mapping
         self.requests, self.responses = bells(buf, header.words, wl.BELLS)
-        geometry = self.geometry
-        self.slots, self.slot_size = geometry.slots, geometry.slot_size
-        self.request_at = [geometry.request(i) for i in range(geometry.slots)]
-        self.response_at = [geometry.response(i) for i in range(geometry.slots)]
+        self.slots, self.slot_size = self.geometry.slots, self.geometry.slot_size
         self._views: dict[tuple[int, int, tuple[int, ...]], Any] = {}
         self._known: Known = (0, None, [], {}, ())  # the last response record read: _take
         self.worker_cores = cores.of(self.worker_pid)  # the cores the worker may run on

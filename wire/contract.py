@@ -2,7 +2,8 @@
 
 The broker checks requests that come through it (``broker.front.admission``), a worker checks
 requests that come over a lane (``workers.lanes``): both hold the same tensor specs, built
-from the served configuration, and raise the same errors.
+from the served configuration, and raise the same errors.  An ensemble's runs (the broker's,
+and a shared-memory client's over lanes) fail with the same errors too.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from inferpool.wire import codec
-from inferpool.wire.errors import invalid_arg
+from inferpool.wire.errors import InferpoolError, invalid_arg
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,3 +144,19 @@ def check_required(model: str, required: frozenset[str], seen: set[str]) -> None
             f"'{model}'. Got input(s) {sorted(seen)}, but missing required input(s) "
             f"{sorted(missing)}. Please provide all required input(s)."
         )
+
+
+def step_failed(ensemble: str, index: int, model: str, err: InferpoolError) -> InferpoolError:
+    """An ensemble request's error when its step ``index`` (of ``model``) failed with ``err``."""
+    return InferpoolError(
+        err.code,
+        f"in ensemble '{ensemble}', step {index} (model '{model}') failed: {err.message}",
+    )
+
+
+def ensemble_deadlock(ensemble: str) -> InferpoolError:
+    """Triton's words for an ensemble request that cannot make all its outputs."""
+    return invalid_arg(
+        f"in ensemble '{ensemble}', unexpected deadlock, at least one output is not set while "
+        "no more ensemble steps can be made"
+    )

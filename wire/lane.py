@@ -213,6 +213,32 @@ class Header:
         self.words.release()
 
 
+class Layout(NamedTuple):
+    """Where a lane region's parts lie: its geometry, its header's words, each slot's offset."""
+
+    geometry: Geometry
+    header: Header
+    request_at: list[int]  # the offset of request slot i
+    response_at: list[int]  # the offset of response slot i
+
+
+def layout(buf: memoryview, size: int) -> Layout:
+    """The layout of a mapped lane region of ``size`` bytes, as both of its ends read it;
+    ValueError if it is not a lane of this version or is smaller than its geometry."""
+    if size < HEADER_BYTES:
+        raise ValueError(f"a lane region of {size} bytes is smaller than a lane's header")
+    geometry, _, _ = read_header(buf)
+    if geometry.size > size:
+        raise ValueError(f"a lane region of {size} bytes is smaller than its geometry")
+    slots = range(geometry.slots)
+    return Layout(
+        geometry,
+        Header(buf),
+        [geometry.request(i) for i in slots],
+        [geometry.response(i) for i in slots],
+    )
+
+
 def lane_token(lane: int, offset: int) -> str:
     """The lease token of an output a client held when its lane ended (KEPT): its lane and
     its offset in the worker's output region."""

@@ -155,27 +155,25 @@ class LaneServer(HoldingThread):
         self.region = Region.attach(msg.region, populate=True, watch=True)
         try:
             buf = self.region.buf
-            if self.region.size < wl.HEADER_BYTES:
-                raise ValueError(f"lane region {msg.region!r} is smaller than a lane's header")
-            self.geometry, _, _ = wl.read_header(buf)
-            if self.geometry.size > self.region.size:
-                raise ValueError(f"lane region {msg.region!r} is smaller than its geometry")
+            try:
+                self.geometry, header, self.request_at, self.response_at = wl.layout(
+                    buf, self.region.size
+                )
+            except ValueError as exc:
+                raise ValueError(f"lane region {msg.region!r}: {exc}") from None
             # read-only views and placed outputs; watched as the lane region is: the client
             # may shrink either, and a touch past the end would be SIGBUS
             self.inputs = Region.attach(msg.inputs, watch=True)
         except BaseException:
             self.region.close()
             raise
-        self.header = header = wl.Header(buf)
+        self.header = header
         self.words = header.words
         self.raw = self.region.mapping  # slots are read and written through the mapping
         self.requests, self.responses = bells(buf, header.words, wl.BELLS)
         self.requests.shrunk = self.region.shrunk  # its client may shrink it while we sleep
         self._client_apart = functools.partial(self.words.__getitem__, CLIENT_APART)
-        geometry = self.geometry
-        self.slots, self.slot_size = geometry.slots, geometry.slot_size
-        self.request_at = [geometry.request(i) for i in range(geometry.slots)]
-        self.response_at = [geometry.response(i) for i in range(geometry.slots)]
+        self.slots, self.slot_size = self.geometry.slots, self.geometry.slot_size
         self.reader = lr.RequestReader(self.raw, self.slot_size)
         self.writer = lresp.ResponseWriter(self.raw, self.slot_size)
         self.spin_ns = msg.spin_us * 1000 if msg.spin_us > 0 else 0

@@ -33,8 +33,8 @@ from inferpool.broker.models.request import PendingRequest
 from inferpool.broker.models.scheduler import Dispatch, Scheduler
 from inferpool.broker.models.tracer import Tracer
 from inferpool.broker.pool.outputs import OutputRegions
-from inferpool.wire.contract import batch_reshape
-from inferpool.wire.errors import Code, InferpoolError
+from inferpool.wire.contract import batch_reshape, ensemble_deadlock, step_failed
+from inferpool.wire.errors import InferpoolError
 from inferpool.wire.worker.messages import Durations, Result, TensorRef, WantedOutput
 
 log = logging.getLogger("inferpool.ensemble")
@@ -310,11 +310,7 @@ class _Run:
 
     def _fail(self, step: Step, err: InferpoolError) -> None:
         if self.error is None:
-            self.error = InferpoolError(
-                err.code,
-                f"in ensemble '{self.plan.name}', step {step.index} (model '{step.model_name}') "
-                f"failed: {err.message}",
-            )
+            self.error = step_failed(self.plan.name, step.index, step.model_name, err)
 
     def _settle(self) -> None:
         if self.depth or self.in_flight or self.ended:
@@ -323,11 +319,7 @@ class _Run:
         self.scheduler.runs.pop(self.top.rid, None)
         top, requests, model = self.top, self.requests, self.scheduler.model
         if self.error is None and not model.decoupled and not self.complete:
-            self.error = InferpoolError(
-                Code.INVALID_ARG,
-                f"in ensemble '{self.plan.name}', unexpected deadlock, at least one output is "
-                "not set while no more ensemble steps can be made",
-            )
+            self.error = ensemble_deadlock(self.plan.name)
         if self.error is not None:
             if top.rid in requests.inflight:
                 requests.reject(top, self.error)
