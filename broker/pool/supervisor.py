@@ -315,13 +315,14 @@ class Supervisor(Generic[M]):
             handle.send(Stop())
 
     def forget(self, handle: WorkerHandle[M]) -> None:
-        """Drop the slot of an instance whose model is gone.  One whose worker is still on
-        its way out is dropped once it has exited (its exit retires its output region)."""
+        """Drop the slot of an instance whose model is gone.  The regions it shared (weights)
+        go at once, as the model does; a slot whose worker is still on its way out is dropped
+        once it has exited (its exit retires its output region)."""
+        self.shared.exited(handle, for_good=True)
         if handle.proc is not None:
             handle.forgotten = True
             return
         self.handles.pop(handle.slot, None)
-        self.shared.exited(handle, for_good=True)
 
     def alive(self) -> list[WorkerHandle[M]]:
         return [h for h in self.handles.values() if h.proc is not None]
