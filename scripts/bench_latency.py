@@ -15,6 +15,9 @@ In one run, with the same pinning for both:
 - kserve:    Triton's clients (tritonclient.http, tritonclient.grpc; binary tensors) through
              the same server's KServe v2 frontends, next to the zmq client at 64 B and 1 MiB:
              what each frontend adds over the zmq path;
+- trace:     the zmq client and tritonclient.http at 64 B with the server's tracing off and
+             on (TIMESTAMPS, every request traced), next to the relay: what tracing costs
+             (the server always runs with a trace file, tracing off unless a part turns it on);
 - lanes:     ShmClient(lane=True) straight to the worker (scripts/bench_lanes.py), spinning
              and not, next to its floors measured in the same run: a POSIX semaphore
              ping-pong and a bare spin hand-off between two processes (64 B copied on each
@@ -34,6 +37,7 @@ Prints tables, writes JSON (``--json``, default bench-latency.json).  Layouts (`
     python scripts/bench_latency.py --part shm       # the shared-memory client table only
     python scripts/bench_latency.py --part kserve    # HTTP and gRPC next to zmq
     python scripts/bench_latency.py --part lanes     # the lanes and their floors only
+    python scripts/bench_latency.py --part trace     # tracing off and on
 """
 
 from __future__ import annotations
@@ -260,6 +264,10 @@ def start_inferpool(tmp: Path, layout: dict[str, int]) -> tuple[subprocess.Popen
         "WARNING",
         "--allow-metrics",
         "false",
+        "--trace-config",  # tracing is off (level OFF) until the trace part turns it on
+        f"triton,file={tmp}/trace.json",
+        "--trace-config",
+        "rate=1",
     ]
     proc = subprocess.Popen(
         cmd,
@@ -613,6 +621,42 @@ def print_kserve_row(r: dict[str, Any]) -> None:
     )
 
 
+# ============================================================================ tracing
+def with_tracing(level: list[str], server: str, target: Any, endpoint: str, *args: Any) -> None:
+    """``target``'s chunk with the server's trace level set to ``level`` first (over the
+    zmq endpoint ``server``)."""
+    with Client(server, timeout=60) as c:
+        c.call("trace_setting", settings={"trace_level": level})
+    target(endpoint, *args)
+
+
+def run_trace_layout(name: str, layout: dict[str, int]) -> dict[str, Any]:
+    """The zmq client and tritonclient.http at 64 B, tracing off and on, in one run."""
+    with started(layout) as endpoints:
+        server = endpoints["inferpool"]
+        systems: dict[str, tuple[Any, str]] = {"relay": relay_systems(endpoints)["relay"]}
+        for label, client, endpoint in (
+            ("zmq", inferpool_client, server),
+            ("http", functools.partial(kserve_client, "http"), endpoints["http"]),
+        ):
+            for state, level in (("off", ["OFF"]), ("on", ["TIMESTAMPS"])):
+                target = functools.partial(with_tracing, level, server, client)
+                systems[f"{label} {state}"] = (target, endpoint)
+        m = measure(systems, 64, 1, layout["client"])
+    row = {"layout": name, "load": os.getloadavg()[0], **m}
+    relay = m["relay"]["p50_us"]
+    parts = [f"{name:6} load {row['load']:.2f} | relay p50 {relay:.0f}us"]
+    for label in ("zmq", "http"):
+        off, on = m[f"{label} off"]["p50_us"], m[f"{label} on"]["p50_us"]
+        row[f"{label}_on_over_off"] = on / off
+        parts.append(
+            f"{label}: off {off:.0f}us ({off / relay:.2f} x relay), on {on:.0f}us "
+            f"({on / off:.2f} x off)"
+        )
+    print(" | ".join(parts), flush=True)
+    return row
+
+
 # ============================================================================ lanes
 def run_lane_layout(name: str, layout: dict[str, int], quick: bool) -> dict[str, Any]:
     """The lanes at 64 B (spinning pinned and not, and asleep) beside both relays, 8 lane
@@ -742,7 +786,7 @@ def main() -> int:
         "--quick", action="store_true", help="64 B and 1 MiB only, fewer iterations"
     )
     parser.add_argument(
-        "--part", choices=["frames", "shm", "kserve", "lanes", "all"], default="all"
+        "--part", choices=["frames", "shm", "kserve", "lanes", "trace", "all"], default="all"
     )
     parser.add_argument("--json", default="bench-latency.json")
     args = parser.parse_args()
@@ -786,6 +830,10 @@ def main() -> int:
         )
         print(KSERVE_HEADER)
         kserve_rows = [r for name in layouts for r in run_kserve_layout(name, LAYOUTS[name])]
+    trace_rows: list[dict[str, Any]] = []
+    if args.part in ("trace", "all"):
+        print("tracing: 64 B, p50 off over the relay's, p50 on (every request traced) over off")
+        trace_rows = [run_trace_layout(name, LAYOUTS[name]) for name in layouts]
     lane_rows: list[dict[str, Any]] = []
     if args.part in ("lanes", "all"):
         print("lanes: ShmClient(lane=True) to the identity model, the floors beside them")
@@ -797,6 +845,7 @@ def main() -> int:
                 "shm_rows": shm_rows,
                 "kserve_rows": kserve_rows,
                 "lane_rows": lane_rows,
+                "trace_rows": trace_rows,
                 "cores": sorted(os.sched_getaffinity(0)),
             },
             indent=1,
