@@ -189,6 +189,7 @@ class Broker:
                 registry.serving,
                 responder,
                 lambda ref: _tensor_bytes(ref, arena, outputs),
+                lambda: models.supervisor.alive(),
             )
             self.tracer = tracer
             stack.callback(lambda: tracer.flush(time.monotonic_ns(), final=True))
@@ -500,6 +501,8 @@ class Broker:
             self.registrations.unmapped(handle.identity, msg.refs)
         elif isinstance(msg, LaneStats):
             self.lanes.worker_stats(handle, msg)
+            if msg.traces:
+                self.tracer.lane(handle, msg.traces)
             if msg.metrics is not None:
                 self.requests.metrics.apply(msg.metrics)
         elif isinstance(msg, LaneClosed):

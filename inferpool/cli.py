@@ -16,6 +16,7 @@ from inferpool.commands import add_client_commands, client_options
 from inferpool.control_commands import add_control_commands
 from inferpool.keygen import add_keygen
 from inferpool.serve import add_serve
+from inferpool.trace_summary import add_trace
 from inferpool.usage import Parser, UsageError
 from inferpool.wire.errors import InferpoolError
 
@@ -62,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_client_commands(sub, common)
     add_control_commands(sub, common)
     add_bench(sub, common)
+    add_trace(sub)
     add_new_backend(sub)
     add_keygen(sub)
     return parser

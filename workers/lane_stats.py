@@ -25,10 +25,13 @@ Batch = tuple[int, Sequence[int]]  # a batch its backend reported: size, its fou
 
 
 class Tally:
-    """What a worker's lanes served, folded until it is sent to the broker."""
+    """What a worker's lanes served, folded until it is sent to the broker, and the
+    requests they traced."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self.trace_rate = 0  # every trace_rate-th request is traced (LaneTracing; 0: none)
+        self._seen = 0  # requests served since the rate was set
         self._reset()
 
     def _reset(self) -> None:
@@ -41,6 +44,7 @@ class Tally:
         # an ensemble step's lane -> [success, fail, success ns, fail ns, queue ns,
         # inferences, compute input, infer, output]
         self.parts: dict[int, list[int]] = {}
+        self.traces: list[tuple[int, int, int, int, int, int, int]] = []  # LaneStats.traces
 
     def add(
         self,
@@ -63,6 +67,23 @@ class Tally:
         with self._lock:
             self.pending = True
             self.rows.append(row)
+
+    def trace(self, request_id: int, sent: int, instants: Sequence[int], end: int) -> None:
+        """A request served (``sent`` by its client, executed over ``instants``, answered at
+        ``end``): kept for the broker's trace if it is the rate-th."""
+        with self._lock:
+            self._seen += 1
+            if self.trace_rate and self._seen % self.trace_rate == 0:
+                self.pending = True
+                start, compute_start, compute_end, exec_end = instants
+                self.traces.append(
+                    (request_id, sent, start, compute_start, compute_end, exec_end, end)
+                )
+
+    def trace_every(self, rate: int) -> None:
+        """LaneTracing: sample from now on (the count starts over, as a setting's does)."""
+        with self._lock:
+            self.trace_rate, self._seen = rate, 0
 
     def _fold(self) -> None:
         """Fold the rows added since the last take into the sums."""
@@ -152,6 +173,7 @@ class Tally:
                 metrics,
                 tuple(_part(lane, p) for lane, p in self.parts.items()),
                 held,
+                tuple(self.traces),
             )
             self._reset()
             return stats

@@ -321,6 +321,9 @@ class LaneServer(HoldingThread):
         if waker.due:
             waker.wake()
         end = _now()
+        if lanes.tally.trace_rate and self._ok:  # (Triton's trace of a lane request)
+            instants = timing.stamps if timing is not None else (exec_start, exec_start, end, end)
+            lanes.tally.trace(req.id, sent, instants, end)
         lanes.tally.add(
             self._ok,
             end - sent,

@@ -43,6 +43,7 @@ from inferpool.wire.worker.messages import (
     Items,
     LaneClose,
     LaneOpen,
+    LaneTracing,
     LogChange,
     Mapped,
     Ready,
@@ -118,6 +119,7 @@ class Worker:
         self.states: SequenceStates | None = None  # sequence state, if the model keeps any
         self.plans: RequestPlans  # made with the rest
         self.lanes: Lanes | None = None
+        self.lane_tracing = 0  # every how many lane requests are traced (LaneTracing)
 
     # ------------------------------------------------------------------ lifecycle
     def load(self) -> None:
@@ -147,6 +149,7 @@ class Worker:
         self.link.send(Ready(read_back(), self.host.config_dict(), self.host.stats.memory_usage()))
         logs.serving()
         self.lanes = Lanes(self.host, self.memory, self.link, self.execute_lock, self.reshapes)
+        self.lanes.tally.trace_every(self.lane_tracing)
         try:
             self._loop()
         finally:
@@ -231,6 +234,10 @@ class Worker:
             self.lanes.close(msg.lane, msg.free)
         elif isinstance(msg, LogChange):
             logs.apply(logs.settings_from(msg.settings))
+        elif isinstance(msg, LaneTracing):
+            self.lane_tracing = msg.rate
+            if self.lanes is not None:
+                self.lanes.tally.trace_every(msg.rate)
         else:
             log.error("unexpected %s message from the broker; ignored", type(msg).__name__)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from inferpool.broker.front.peers import KSERVE_TAG
 from inferpool.broker.front.router import Handler
 from inferpool.broker.models.tracer import Tracer
 from inferpool.wire.errors import invalid_arg
@@ -31,5 +32,7 @@ class TraceControl:
         return {"settings": self.tracer.answer(model, changes)}
 
     def trace_sent(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> None:
-        """No answer: the frontend sends it and goes on."""
-        self.tracer.sent(h.get("trace_id"), h.get("stamps"))
+        """No answer: the frontend sends it and goes on.  Only the KServe frontends' socket
+        may: another client's is dropped (it would write into others' traces)."""
+        if e and e[0].startswith(KSERVE_TAG):
+            self.tracer.sent(h.get("trace_id"), h.get("stamps"))

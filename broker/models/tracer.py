@@ -19,16 +19,17 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
+from inferpool.broker.models.registry import Worker
 from inferpool.broker.models.request import PendingRequest, Sink
 from inferpool.broker.models.trace_file import Record, TraceFile
 from inferpool.broker.models.trace_settings import TraceSetting, TraceSettings
 from inferpool.wire import codec
 from inferpool.wire.errors import InferpoolError
 from inferpool.wire.trace_stamps import NAMES, TRACE_ID
-from inferpool.wire.worker.messages import FLAG_TRACE, Result, TensorRef, encoded
+from inferpool.wire.worker.messages import FLAG_TRACE, LaneTracing, Result, TensorRef, encoded
 
 SETTLE_NS = 20_000_000  # an ended trace's worker stamps may follow its last response
 GRACE_NS = 2_000_000_000  # how long an ended trace waits for its frontend or children
@@ -113,15 +114,19 @@ class Tracer:
         model_ready: Callable[[str], bool],
         replies: Replies,
         read: Callable[[TensorRef], Any],
+        workers: Callable[[], Iterable[Worker]],
     ) -> None:
         """``start``: the command line's setting; ``model_ready(name)``: whether a model may
         be named in a setting; ``replies``: where a client request's answers go;
         ``read(ref)``: the bytes of a tensor in shared memory the broker maps (None if it
-        does not), for TENSORS."""
+        does not), for TENSORS; ``workers``: the live workers, told how many of their lane
+        requests to trace."""
         self.settings = settings = TraceSettings(start, model_ready, self.retired)
         self.file = TraceFile(start.file) if start.file else None
         self.replies = replies
         self.read = read
+        self.workers = workers
+        self.lane_rates: dict[str, int] = {}  # worker identity -> the rate it was told
         self.on = settings.on  # whether any setting traces: the one question asked per request
         self._ids = itertools.count(1)
         # rid -> the trace of a request, until it is written (a worker's instants of a
@@ -136,7 +141,25 @@ class Tracer:
         try:
             return self.settings.answer(model, changes)
         finally:
-            self.on = self.settings.on
+            self._changed()
+
+    def _changed(self) -> None:
+        """The settings changed (a client, a count that ran out): whether anything is
+        traced, and how many of its lane requests each worker traces."""
+        self.settings.changed()
+        self.on = self.settings.on
+        alive = {handle.identity: handle for handle in self.workers()}
+        self.lane_rates = {k: v for k, v in self.lane_rates.items() if k in alive}
+        for handle in alive.values():
+            self._tell(handle)
+
+    def _tell(self, handle: Worker) -> None:
+        """Tell ``handle``'s worker the rate its lanes trace at, if that changed."""
+        setting = self.settings.of(handle.model.name)
+        rate = setting.rate if not setting.why_invalid() else 0
+        if self.lane_rates.get(handle.identity, 0) != rate:
+            self.lane_rates[handle.identity] = rate
+            handle.send(LaneTracing(rate))
 
     def retired(self, setting: TraceSetting) -> None:
         """A change replaced ``setting``: what it kept goes out (its traces still running
@@ -152,8 +175,7 @@ class Tracer:
         if not setting.sample():
             return
         if setting.count == 0:  # the last one it may take
-            self.settings.changed()
-            self.on = self.settings.on
+            self._changed()
         trace = self._new(req, setting, None)
         trace.stamps += (("REQUEST_START", req.received_ns), ("QUEUE_START", now_ns))
         if isinstance(frontend, dict):
@@ -209,6 +231,26 @@ class Tracer:
             )
 
     # ------------------------------------------------------------------ reports
+    def lane(self, handle: Worker, traces: Iterable[Sequence[int]]) -> None:
+        """Lane requests ``handle``'s worker traced (LaneStats): each one a trace, while its
+        model's setting traces and its count lasts."""
+        model = handle.model
+        setting = self.settings.of(model.name)
+        for request_id, sent, *instants, end in traces:
+            if setting.why_invalid():
+                break
+            setting.count -= setting.count > 0
+            setting.sampled += 1
+            trace_id = next(self._ids)
+            trace = Trace(trace_id, 0, setting, model.name, model.version, str(request_id))
+            trace.stamps += (("REQUEST_START", sent), ("QUEUE_START", sent))
+            trace.stamps += (*zip(COMPUTE, instants, strict=False), ("REQUEST_END", end))
+            trace.ended_ns = end
+            self._collect(trace)
+        if setting.count == 0:
+            self._changed()
+        self._tell(handle)  # (a worker started since the last change learns it here)
+
     def executed(self, rid: int, instants: Iterable[int]) -> None:
         """A worker's instants of request ``rid``'s execution (the ``Traced`` message)."""
         trace = self.open.get(rid)
@@ -239,6 +281,9 @@ class Tracer:
             if name in NAMES and type(ns) is int:
                 trace.stamps.append((name, ns))
         trace.frontend = False
+        if trace.ended_ns and trace in self.ended and _complete(trace):
+            self.ended.remove(trace)
+            self._collect(trace)
 
     def end(self, req: PendingRequest, now_ns: int) -> None:
         """``req`` ended (answered, failed or cancelled)."""
@@ -250,16 +295,18 @@ class Tracer:
         if trace.root is trace:
             if trace.frontend and trace.id not in self.waiting:
                 trace.frontend = False  # answered with an error: no send stamps will come
-            self.ended.append(trace)
+            if _complete(trace) and not req.model.decoupled:
+                self._collect(trace)  # (a decoupled model's worker may still report)
+            else:
+                self.ended.append(trace)
 
     # ------------------------------------------------------------------ writing
     def flush(self, now_ns: int, final: bool = False) -> None:
         """Write the traces that are complete, and those that waited long enough."""
         keep = []
         for root in self.ended:
-            done = not root.frontend and all(c.ended_ns for c in root.children)
             age = now_ns - root.ended_ns
-            if final or (done and age >= SETTLE_NS) or age >= GRACE_NS:
+            if final or (_complete(root) and age >= SETTLE_NS) or age >= GRACE_NS:
                 self.waiting.pop(root.id, None)
                 self._collect(root)
             else:
@@ -302,6 +349,12 @@ class Tracer:
             self.file.indexed(records)
         else:
             self.file.append(records)
+
+
+def _complete(root: Trace) -> bool:
+    """Whether an ended trace has every part it waits for: its frontend's send stamps, its
+    children's ends."""
+    return not root.frontend and all(child.ended_ns for child in root.children)
 
 
 class TracedAnswers:

@@ -18,7 +18,16 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.support import EXAMPLES, Server, identity_config, serving, wait_until, write_model
+from inferpool.client import ShmClient
+from tests.support import (
+    EXAMPLES,
+    Server,
+    identity_config,
+    run_cli,
+    serving,
+    wait_until,
+    write_model,
+)
 
 PIPELINES = EXAMPLES.parent / "pipeline_repository"
 TRACED_TOP = (
@@ -267,3 +276,58 @@ def test_tensors_count_and_log_frequency(
         infer(http, httpclient, model="other", n=2)
     assert len(traces(records(server, 2, f".{first + 2}"))) == 2
     assert http.get_trace_settings(model_name="other")["trace_count"] == "0"
+
+
+def test_inferpool_trace_summarises_the_file_stage_by_stage(
+    server: Server, http: httpclient.InferenceServerClient, tmp_path: Path
+) -> None:
+    http.update_trace_settings(model_name="identity", settings={"trace_level": ["TIMESTAMPS"]})
+    before = written(records_now(server))
+    for _ in range(3):
+        infer(http, httpclient)
+    records(server, before + 3)
+    picture = tmp_path / "stages.png"
+    status, out, err = run_cli("trace", str(trace_file(server)), "--json", "--plot", str(picture))
+    assert status == 0, err
+    summary = json.loads(out[: out.rindex("]") + 1])
+    [group] = [g for g in summary if (g["model"], g["frontend"]) == ("identity", "HTTP")]
+    stages = group["stages"]
+    assert group["traces"] >= 3 and stages["queue"]["count"] == group["traces"]
+    parts = "receive,to broker,admit,queue,compute input,compute infer,compute output,answer"
+    parts += ",to frontend,send"
+    total = sum(stages[p]["mean_us"] for p in parts.split(","))
+    assert total == pytest.approx(stages["total"]["mean_us"])
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    status, out, _ = run_cli("trace", str(trace_file(server)))
+    assert status == 0 and "identity (version 1), HTTP" in out and "compute infer" in out
+    status, _, err = run_cli("trace", str(tmp_path / "none.json"))
+    assert status == 2 and err.count("\n") == 1 and "No such file" in err
+
+
+def test_lane_requests_are_traced_by_their_worker(
+    server: Server, http: httpclient.InferenceServerClient
+) -> None:
+    """Lanes never pass the broker: the worker samples every rate-th lane request and its
+    instants come with the lanes' statistics."""
+    http.update_trace_settings(
+        model_name="other", settings={"trace_level": ["TIMESTAMPS"], "trace_rate": "2"}
+    )
+    before = written(records_now(server))
+    with ShmClient(server.endpoint, lane=True, timeout=10) as c:
+        assert c.lane("other").usable
+        for _ in range(6):
+            req = c.request("other", outputs=["OUTPUT0"])
+            req.input("INPUT0", (2,), np.float32)[:] = 1
+            with c.run(req) as result:
+                assert result["OUTPUT0"].tolist() == [1, 1]
+    with server.client() as c:  # (what lanes served reaches the broker a little later)
+        wait_until(
+            lambda: c.statistics("other")["model_stats"][0]["lane_stats"]["success"] >= 6,
+            what="six requests served on the lane",
+        )
+    found = list(traces(records(server, before + 3)).values())[-3:]
+    for trace in found:
+        assert trace["model_name"] == "other" and "parent_id" not in trace
+        stamps = trace["stamps"]
+        assert set(stamps) == set(STAGES)
+        assert [stamps[s] for s in STAGES] == sorted(stamps[s] for s in STAGES)

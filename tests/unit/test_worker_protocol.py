@@ -65,6 +65,7 @@ FROM_BROKER: list[m.BrokerMessage] = [
     m.LaneClose(4, False),
     m.Replies(RESULTS),
     m.LogChange({"verbose": 1, "info": False, "format": "json", "file": ""}),
+    m.LaneTracing(1000),
 ]
 FROM_WORKER: list[m.WorkerMessage] = [
     m.Ready({"cpus": [0], "mempolicy": "default"}, {"name": "model", "max_batch_size": 8}, []),
@@ -88,6 +89,7 @@ FROM_WORKER: list[m.WorkerMessage] = [
     m.LaneClosed(4, ERROR),
     m.LaneClosed(5, None, ((0, 64), (4096, 1 << 20))),
     m.LaneStats(5, 1, 9000, 300, 700, 6, DURATIONS, [m.LaneBatch(1, 5, DURATIONS)]),
+    m.LaneStats(1, 0, 90, 0, 9, 1, DURATIONS, [], traces=((12, 100, 110, 120, 150, 160, 170),)),
     m.LaneStats(
         2, 0, 90, 0, 9, 3, DURATIONS, [], None, (m.LanePart(7, 2, 0, 90, 0, 9, 3, DURATIONS),)
     ),
@@ -189,6 +191,10 @@ def test_records_travel_as_arrays_without_field_names() -> None:
             "wrong types",
         ),
         (b'["traced", [[[7, 1, 2, 3]]]]', "wrong shape or types"),
+        (
+            b'["lane_stats", [0, 0, 0, 0, 0, 0, [0, 0, 0], [], null, [], [], [[1, 2]]]]',
+            "wrong shape or types",
+        ),
         (b'["traced", [[[7, 1, 2, 3, "4"]]]]', "wrong shape or types"),
         (b'["release", [[["inferpool-0123456789-out0g0", "0"]]]]', "wrong types"),
         (b'["cancel_call", [true]]', "not an integer"),

@@ -9,7 +9,8 @@ here loops over fields in Python.
 broker -> worker  Execute (a batch to run), Free (slots and regions it is done with), Stop,
                   RegionGrant (the answer to ShareRegion), Replies (responses to its calls),
                   LaneOpen / LaneClose (a client's lane to serve, or to stop serving),
-                  LogChange (log as a client's new log settings say)
+                  LogChange (log as a client's new log settings say), LaneTracing (how
+                  many of its lane requests to trace)
 worker -> broker  Ready (loaded: its placement and served config), Failed (why it cannot
                   boot), Items (results mid-batch, decoupled models), Done (a batch's last
                   results and its statistics), ShareRegion / RegionFilled (shared regions),
@@ -65,6 +66,7 @@ class Kind(str, enum.Enum):
     RELEASE = "release"
     LOG_CHANGE = "log_change"
     TRACED = "traced"
+    LANE_TRACING = "lane_tracing"
 
 
 # ---------------------------------------------------------------------------- records
@@ -260,6 +262,13 @@ class Replies(NamedTuple):
     items: Sequence[Result]
 
 
+class LaneTracing(NamedTuple):
+    """Trace every ``rate``-th request the worker's lanes serve (0: none): its instants go
+    with LaneStats (lane requests never pass the broker)."""
+
+    rate: int
+
+
 class LogChange(NamedTuple):
     """Log as these settings say from now on (a client changed them: the logging
     extension)."""
@@ -365,6 +374,9 @@ class LaneStats(NamedTuple):
     parts: Sequence[LanePart] = ()  # the lanes of ensembles' steps, each on its own
     # (lane, output bytes its client holds now) of the lanes whose count changed
     held: Sequence[tuple[int, int]] = ()
+    # traced requests (LaneTracing): (request id, client's send, exec start, compute start,
+    # compute end, exec end, answered), monotonic ns
+    traces: Sequence[tuple[int, int, int, int, int, int, int]] = ()
 
 
 class Traced(NamedTuple):
@@ -409,7 +421,9 @@ class Release(NamedTuple):
     slots: Sequence[Slot]
 
 
-BrokerMessage = Execute | Free | Stop | RegionGrant | Replies | LaneOpen | LaneClose | LogChange
+BrokerMessage = (
+    Execute | Free | Stop | RegionGrant | Replies | LaneOpen | LaneClose | LogChange | LaneTracing
+)
 WorkerMessage = (
     Ready
     | Failed
@@ -451,6 +465,7 @@ _KINDS: dict[type, Kind] = {
     Release: Kind.RELEASE,
     LogChange: Kind.LOG_CHANGE,
     Traced: Kind.TRACED,
+    LaneTracing: Kind.LANE_TRACING,
 }
 
 
@@ -591,8 +606,11 @@ def _lane_stats(body: Sequence[Any]) -> LaneStats:
     held = tuple((lane, nbytes) for lane, nbytes in body[10])
     if not all(_all(int, *h) for h in held):
         raise ValueError("held output bytes of the wrong types")
+    traces = tuple(tuple(t) for t in body[11])
+    if not all(len(t) == 7 and _all(int, *t) for t in traces):
+        raise ValueError("lane trace instants of the wrong shape or types")
     batches = list(map(_lane_batch, batches))
-    return _new(LaneStats, (*fields, batches, _metrics(metrics), parts, held))
+    return _new(LaneStats, (*fields, batches, _metrics(metrics), parts, held, traces))
 
 
 def _ready(body: Sequence[Any]) -> Ready:
@@ -681,6 +699,7 @@ FROM_BROKER: dict[str, Callable[[Any], Any]] = {
     Kind.LANE_CLOSE: LaneClose._make,
     Kind.REPLIES: _replies,
     Kind.LOG_CHANGE: LogChange._make,
+    Kind.LANE_TRACING: LaneTracing._make,
 }
 _FROM_WORKER: dict[str, Callable[[Any], Any]] = {
     Kind.READY: _ready,
