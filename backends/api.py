@@ -16,9 +16,9 @@ calls, in order::
 Finalizers run in reverse, only for the levels whose initialize succeeded.  Context
 (names, config, device, logger) is set as attributes before ``initialize`` is called.
 
-Requests and responses live in ``backends.messages``, statistics and metrics in
-``backends.metrics``, shared regions in ``backends.regions``, calls to other models in
-``backends.calls``; everything a backend author needs is importable from here.
+Requests and responses live in ``backends.request_io``, statistics and metrics in
+``backends.metrics``, shared regions in ``backends.shared_regions``, calls to other models in
+``backends.model_calls``; everything a backend author needs is importable from here.
 """
 
 from __future__ import annotations
@@ -29,8 +29,21 @@ from typing import Any, ClassVar
 
 from google.protobuf import json_format
 
-from inferpool.backends.calls import CallInput, CallReply, CallRequest, InferenceCalls, PendingCall
-from inferpool.backends.messages import (
+from inferpool.backends.metrics import (
+    Metric,
+    MetricFamily,
+    MetricSink,
+    StatisticsReporter,
+    Timestamps,
+)
+from inferpool.backends.model_calls import (
+    CallInput,
+    CallReply,
+    CallRequest,
+    InferenceCalls,
+    PendingCall,
+)
+from inferpool.backends.request_io import (
     FLAG_SEQUENCE_END,
     FLAG_SEQUENCE_START,
     InputTensor,
@@ -44,14 +57,7 @@ from inferpool.backends.messages import (
     copy_into,
     now_ns,
 )
-from inferpool.backends.metrics import (
-    Metric,
-    MetricFamily,
-    MetricSink,
-    StatisticsReporter,
-    Timestamps,
-)
-from inferpool.backends.regions import SharedRegion, SharedRegions
+from inferpool.backends.shared_regions import SharedRegion, SharedRegions
 from inferpool.wire.errors import InferpoolError, internal, invalid_arg
 
 _log = logging.getLogger("inferpool.worker")
@@ -135,9 +141,9 @@ class Model(_Level):
     artifact_path: str
     backend: Backend
     stats: StatisticsReporter
-    #: the broker's shared regions (backends.regions), None where no broker serves the model
+    #: the broker's shared regions (backends.shared_regions), None where no broker serves the model
     shared_regions: SharedRegions | None
-    #: inference calls to other served models (backends.calls: BLS), None without a broker
+    #: inference calls to other served models (backends.model_calls: BLS), None without a broker
     calls: InferenceCalls | None
 
     @property

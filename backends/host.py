@@ -30,7 +30,7 @@ from inferpool.backends.api import (
 from inferpool.backends.loader import find_backend
 from inferpool.backends.metrics import RequestTiming, StatsCollector, Timestamps
 from inferpool.wire.errors import Code, InferpoolError, internal
-from inferpool.wire.worker.messages import BatchStats
+from inferpool.wire.worker.protocol import BatchStats
 from inferpool.wire.worker.spec import InstanceSpec
 
 API_VERSION = (1, 0)

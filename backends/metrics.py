@@ -8,9 +8,9 @@ import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
-from inferpool.backends.messages import Request
+from inferpool.backends.request_io import Request
 from inferpool.wire.errors import invalid_arg
-from inferpool.wire.worker.messages import (
+from inferpool.wire.worker.protocol import (
     Durations,
     MemoryUsage,
     MetricFamilyInfo,

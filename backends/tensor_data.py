@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from inferpool.backends.messages import InputTensor
+from inferpool.backends.request_io import InputTensor
 from inferpool.wire import codec
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg
 

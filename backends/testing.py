@@ -29,9 +29,9 @@ from inferpool.backends.api import (
     Response,
 )
 from inferpool.backends.host import BackendHost
-from inferpool.backends.regions import SharedRegion
 from inferpool.backends.reshape import output_reshapes, to_config_shape
 from inferpool.backends.sequence import SequenceInputs
+from inferpool.backends.shared_regions import SharedRegion
 from inferpool.shm.shared import SharedRegionTable
 from inferpool.wire import codec
 from inferpool.wire.errors import Code, InferpoolError

@@ -45,7 +45,7 @@ from inferpool.broker.models import repository
 from inferpool.broker.models.config_support import ConfigSupport
 from inferpool.broker.models.manager import Manager
 from inferpool.broker.models.rate_limiter import RateLimiter
-from inferpool.broker.models.registry import Registry, State, Worker
+from inferpool.broker.models.registry import Instance, Registry, State
 from inferpool.broker.models.reload import reload_repository
 from inferpool.broker.models.request import PendingRequest
 from inferpool.broker.models.response_cache import ResponseCache
@@ -65,7 +65,7 @@ from inferpool.shm.region import Region
 from inferpool.shm.runs import region_name
 from inferpool.wire import logs
 from inferpool.wire.errors import InferpoolError
-from inferpool.wire.worker.messages import (
+from inferpool.wire.worker.protocol import (
     Done,
     LaneClosed,
     LaneStats,
@@ -140,7 +140,7 @@ class Broker:
             for sock in [fronts.plain, *self.tagged.values()]:
                 self.poller.register(sock, zmq.POLLIN)
             self.poller.register(self._wake, zmq.POLLIN)
-            self.channels: dict[int, Worker] = {}  # worker channel fd -> its worker
+            self.channels: dict[int, Instance] = {}  # worker channel fd -> its worker
             self.readers: dict[int, Callable[[], None]] = {}  # other fds (zygotes) -> reader
             # Read by the request path and the shared-memory front alike: the requests in
             # flight (by rid, in admission order) and the client regions each worker is to
@@ -378,7 +378,7 @@ class Broker:
         return self.readiness.ready()
 
     # ================================================================== the loop
-    def _watch(self, fd: int, handle: Worker | None) -> None:
+    def _watch(self, fd: int, handle: Instance | None) -> None:
         """Poll a worker's channel (None: stop)."""
         self._poll(self.channels, fd, handle)
 
@@ -488,7 +488,7 @@ class Broker:
             if handle.channel is not None:
                 self._from_worker(handle)
 
-    def _from_worker(self, handle: Worker) -> None:
+    def _from_worker(self, handle: Instance) -> None:
         assert handle.channel is not None
         msg = handle.channel.recv()
         if type(msg) is Done:  # a batch's results: the common case

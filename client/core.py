@@ -21,7 +21,14 @@ import zmq
 
 from inferpool.client.control import Call
 from inferpool.client.endpoint import Handshake, parse_endpoint
-from inferpool.client.plan import PLANS, UNPLANNED, Key, PlannedHeader, ResponsePlan, split_id
+from inferpool.client.response_plans import (
+    PLANS,
+    UNPLANNED,
+    Key,
+    PlannedHeader,
+    ResponsePlan,
+    split_id,
+)
 from inferpool.wire import codec
 from inferpool.wire.errors import Code, InferpoolError
 
@@ -150,7 +157,7 @@ def _framed(
 
 def decode_result(message: Message) -> InferResult:
     """An infer response as outputs over its frames, or the error it carries, raised (a
-    planned header's outputs as its plan says, client.plan)."""
+    planned header's outputs as its plan says, client.response_plans)."""
     header, frames = message
     outputs = header.plan.arrays(frames) if type(header) is PlannedHeader else None
     if outputs is None:
@@ -248,7 +255,9 @@ class ClientCore:
         self._ids = itertools.count(1)
         self._waiting: dict[str, Exchange[Any]] = {}
         self._templates: dict[Any, bytes] = {}  # infer signature -> its header
-        self._plans: dict[Key, ResponsePlan] = {}  # infer responses' headers (client.plan)
+        self._plans: dict[
+            Key, ResponsePlan
+        ] = {}  # infer responses' headers (client.response_plans)
         self._unplanned = 0  # infer responses to decode before learning plans again
 
     # ------------------------------------------------------------------ requests
@@ -341,7 +350,7 @@ class ClientCore:
     def receive(self, parts: list[Any]) -> Exchange[Any] | None:
         """File one received message with the request it answers; None when it answers none
         waiting (a request given up on) or is not a message of the protocol.  An infer
-        response whose header a plan knows is filed without decoding it (client.plan)."""
+        response whose header a plan knows is filed without decoding it (client.response_plans)."""
         if len(parts) < 2 or len(parts[0]) != 0:
             return None
         raw = parts[1].bytes
@@ -369,7 +378,7 @@ class ClientCore:
 
     def _learn(self, raw: bytes, header: Header, split: tuple[Key, bytes] | None) -> None:
         """Plan the response ``header`` decoded from ``raw``, or confirm a plan learnt from
-        one like it; a plan is used once confirmed (client.plan says why)."""
+        one like it; a plan is used once confirmed (client.response_plans says why)."""
         if self._unplanned:  # resting: PLANS different headers filled the plans
             self._unplanned -= 1
             return

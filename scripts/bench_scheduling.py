@@ -43,7 +43,7 @@ from inferpool.broker.models.registry import ModelVersion
 from inferpool.broker.models.request import PendingRequest
 from inferpool.broker.models.scheduler import Scheduler
 from inferpool.client import AsyncClient
-from inferpool.wire.worker.messages import Work
+from inferpool.wire.worker.protocol import Work
 
 IO = """
 backend: "identity"

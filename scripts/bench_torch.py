@@ -58,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from inferpool.backends.api import InputTensor, Request, RequestedOutput, Response, Timestamps
 from inferpool.backends.testing import BackendHarness
 from inferpool.client import Client, ShmClient
-from inferpool.wire.worker.messages import Durations
+from inferpool.wire.worker.protocol import Durations
 
 Infer = Callable[[np.ndarray], Any]
 # How long the lane's client spins for an answer before it sleeps: longer than a forward pass

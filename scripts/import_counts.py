@@ -2,8 +2,8 @@
 """Count the imports between inferpool's packages, read from the code (ast), as a matrix.
 
 Packages are the folders at the top of the repository (``wire``, ``shm``, ``backends``,
-``workers``, ``broker``, ``client``, and ``inferpool``: the CLI and the namespace's
-``__init__``, which holds the version); the broker counts by its
+``workers``, ``broker``, ``client``, and ``cli``, named ``inferpool`` in older commits: the
+command line and the namespace's ``__init__``, which holds the version); the broker counts by its
 sub-packages (``broker.front``, ``broker.models``, ``broker.pool``; ``broker`` is its own
 top-level modules).  Both spellings are understood: ``inferpool.broker.models.manager``
 (the installed namespace) and ``broker.manager`` (the flat top-level packages of older
@@ -25,7 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("wire", "shm", "backends", "workers", "broker", "client", "inferpool")
+PACKAGES = ("wire", "shm", "backends", "workers", "broker", "client", "cli")
+OLD_CLI = "inferpool"  # the command line's folder before it was cli/
 BROKER_PARTS = ("front", "models", "pool")
 ORDER = (
     "wire",
@@ -35,7 +36,7 @@ ORDER = (
     "broker",
     *(f"broker.{p}" for p in BROKER_PARTS),
     "client",
-    "inferpool",
+    "cli",
 )
 
 
@@ -43,9 +44,11 @@ def package_of(dotted: str, split: bool) -> str | None:
     """The package a module name (either spelling) belongs to, or None if not ours;
     ``split``: the broker has its sub-packages (else ``broker.models`` is a module)."""
     parts = dotted.split(".")
-    if parts[0] == "inferpool" and len(parts) > 1 and parts[1] in PACKAGES[:-1]:
+    if parts[0] == "inferpool":
+        if len(parts) < 2 or parts[1] not in PACKAGES[:-1]:
+            return "cli"  # the namespace's own modules: the command line, the version
         parts = parts[1:]  # inferpool.broker... -> broker...
-    head = parts[0]
+    head = "cli" if parts[0] == OLD_CLI else parts[0]
     if head not in PACKAGES:
         return None
     if split and head == "broker" and len(parts) > 2 and parts[1] in BROKER_PARTS:
@@ -56,12 +59,12 @@ def package_of(dotted: str, split: bool) -> str | None:
 def sources(rev: str | None) -> Iterator[tuple[str, str]]:
     """(path, text) of every Python file of our packages, in the tree or at ``rev``."""
     if rev is None:
-        for pkg in PACKAGES:
+        for pkg in (*PACKAGES, OLD_CLI):
             for file in sorted((ROOT / pkg).rglob("*.py")):
                 yield str(file.relative_to(ROOT)), file.read_text(encoding="utf-8")
         return
     listing = subprocess.run(
-        ["git", "-C", str(ROOT), "ls-tree", "-r", "--name-only", rev, "--", *PACKAGES],
+        ["git", "-C", str(ROOT), "ls-tree", "-r", "--name-only", rev, "--", *PACKAGES, OLD_CLI],
         check=True,
         capture_output=True,
         text=True,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from inferpool.wire.worker.messages import (
+from inferpool.wire.worker.protocol import (
     Durations,
     LaneBatch,
     LanePart,

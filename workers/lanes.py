@@ -5,7 +5,7 @@ thread passes both here.  Each lane is served by a thread of its own, which wait
 lane's request ring (``shm.bell``: a bounded spin while the client's waiting thread, as the
 lane's header says, runs on a core apart from the worker's, then a futex), checks each
 request against the model's inputs and against the client's own region (the only memory a
-lane may read inputs from; ``workers.lane_plans``, once per distinct body), and executes it
+lane may read inputs from; ``workers.lane_bodies``, once per distinct body), and executes it
 on the instance under the worker's execute lock, with the same Request and Response objects
 as a broker batch.  Responses go into the lane's response ring; outputs stay in the
 worker's output region as leases of the lane, freed when the client releases them or when
@@ -34,10 +34,10 @@ from inferpool.wire import lane_records as lr
 from inferpool.wire import lane_responses as lresp
 from inferpool.wire.errors import Code, InferpoolError, internal, invalid_arg, not_found
 from inferpool.wire.worker.link import Link
-from inferpool.wire.worker.messages import LaneClosed, LaneOpen
-from inferpool.workers.calls import HoldingThread
+from inferpool.wire.worker.protocol import LaneClosed, LaneOpen
+from inferpool.workers.call_link import HoldingThread
 from inferpool.workers.lane_after import Siblings, Waker, wait_after
-from inferpool.workers.lane_plans import Contract, Plans
+from inferpool.workers.lane_bodies import Contract, Plans
 from inferpool.workers.lane_stats import Tally
 from inferpool.workers.memory import WorkerMemory, wanted_outputs
 

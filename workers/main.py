@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from inferpool.wire.errors import Code, InferpoolError
 from inferpool.wire.logs import configure, settings_from
 from inferpool.wire.worker.link import Link
-from inferpool.wire.worker.messages import BrokerMessage, Failed
+from inferpool.wire.worker.protocol import BrokerMessage, Failed
 from inferpool.wire.worker.reader import BrokerReader
 from inferpool.wire.worker.spec import (
     EXIT_BOOT_FAILED,

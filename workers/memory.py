@@ -49,7 +49,7 @@ from inferpool.shm.warm import Warm
 from inferpool.shm.window import ObjectChanged, ObjectWindow
 from inferpool.wire import codec
 from inferpool.wire.errors import Code, InferpoolError
-from inferpool.wire.worker.messages import Slot, TensorRef, Window
+from inferpool.wire.worker.protocol import Slot, TensorRef, Window
 
 VIEWS = 64  # input views kept per region, at most (then they are made afresh)
 ViewKey = tuple[str, int, int, str, tuple[int, ...], "tuple[int, ...] | None"]

@@ -26,7 +26,7 @@ from inferpool.backends.api import (
     Response,
 )
 from inferpool.backends.sequence import SequenceInputs
-from inferpool.wire.worker.messages import CorrelationId, TensorRef, Work
+from inferpool.wire.worker.protocol import CorrelationId, TensorRef, Work
 from inferpool.workers.memory import WorkerMemory
 
 

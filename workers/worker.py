@@ -1,13 +1,13 @@
 """The worker loop: receive batches from the broker, run the backend, send results back.
 
-The broker and the worker speak the messages of ``wire.worker.messages`` over this worker's
+The broker and the worker speak the messages of ``wire.worker.protocol`` over this worker's
 channel (``spec.channel_fd``, inherited): Execute, Free and Stop come in; Ready (or Failed)
 goes out once, then one Done per batch, Items for results that come between (decoupled
 models, backend threads), Mapped ahead of them when their requests opened clients' CUDA
 regions, Traced ahead of Done when the batch had traced requests (``FLAG_TRACE``), and
 Unmapped once the client regions it was told to unmap are closed.  LogChange changes how it
 logs.  A model's
-calls to other models (BLS) go out as Call and come back as Replies (workers/calls.py).
+calls to other models (BLS) go out as Call and come back as Replies (workers/call_link.py).
 LaneOpen and LaneClose go to the lanes (workers/lanes.py), whose threads execute under the
 same lock as the batches.  docs/internals.md describes the exchange.
 """
@@ -31,7 +31,7 @@ from inferpool.shm.cancel_flags import CancelFlags
 from inferpool.wire import logs
 from inferpool.wire.errors import InferpoolError, internal
 from inferpool.wire.worker.link import Link, TooLarge
-from inferpool.wire.worker.messages import (
+from inferpool.wire.worker.protocol import (
     FLAG_TRACE,
     MAX_MESSAGE,
     BatchStats,
@@ -58,14 +58,14 @@ from inferpool.wire.worker.messages import (
 )
 from inferpool.wire.worker.spec import WorkerSpec
 from inferpool.workers import warmup
-from inferpool.workers.calls import ChannelCalls
+from inferpool.workers.call_link import ChannelCalls
 from inferpool.workers.gpu_limit import check_load_limit
 from inferpool.workers.lanes import Lanes
 from inferpool.workers.memory import WorkerMemory, wanted_outputs
 from inferpool.workers.pinning import cuda_ordinal, read_back
-from inferpool.workers.regions import ChannelRegions
-from inferpool.workers.request_plans import RequestPlans
+from inferpool.workers.region_link import ChannelRegions
 from inferpool.workers.sequence_state import SequenceStates
+from inferpool.workers.work_items import RequestPlans
 
 log = logging.getLogger("inferpool.worker")
 HOLD_POLL_S = 0.002  # how often the channel is read while a lane's execute holds the instance

@@ -1,5 +1,5 @@
 """The bridge: what the C host calls back into, the same Python objects a Python backend
-uses (``backends.messages`` requests and responses, ``backends.metrics`` statistics and
+uses (``backends.request_io`` requests and responses, ``backends.metrics`` statistics and
 metrics), so that a C backend keeps the same rules.
 
 Each method is called by the host with the GIL held, from the thread the backend called on
@@ -13,8 +13,8 @@ import logging
 import os
 from typing import Any
 
-from inferpool.backends.messages import ParameterValue, Request, Response
 from inferpool.backends.metrics import Metric, MetricFamily, StatisticsReporter
+from inferpool.backends.request_io import ParameterValue, Request, Response
 from inferpool.wire import codec
 from inferpool.wire.errors import TRITON_CODES, Code, InferpoolError, invalid_arg
 

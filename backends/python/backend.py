@@ -33,7 +33,7 @@ from inferpool.backends.api import (
 )
 from inferpool.backends.python import bls, pb_utils
 from inferpool.backends.python.autocomplete import ModelConfig, dict_to_config
-from inferpool.backends.python.messages import (
+from inferpool.backends.python.pb_types import (
     InferenceRequest,
     InferenceResponse,
     TritonError,

@@ -1,6 +1,6 @@
 """Business Logic Scripting: ``pb_utils.InferenceRequest(...).exec()`` and ``async_exec()``.
 
-A model's call goes through the worker's :class:`~inferpool.backends.calls.InferenceCalls`
+A model's call goes through the worker's :class:`~inferpool.backends.model_calls.InferenceCalls`
 to the broker, which schedules it like any request (dynamic batching included).  Inputs that
 already lie in shared memory (the model's own request inputs, earlier replies' outputs)
 travel as references; a reply's outputs are read in place.  As in Triton, a failed call is
@@ -17,8 +17,8 @@ import weakref
 from collections.abc import Awaitable, Iterator
 from typing import Any
 
-from inferpool.backends.calls import CallReply, CallRequest, InferenceCalls, PendingCall
-from inferpool.backends.python.messages import InferenceResponse, TritonError
+from inferpool.backends.model_calls import CallReply, CallRequest, InferenceCalls, PendingCall
+from inferpool.backends.python.pb_types import InferenceResponse, TritonError
 from inferpool.backends.python.tensor import Tensor, TritonModelException
 from inferpool.wire.errors import InferpoolError
 

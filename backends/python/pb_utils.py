@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from inferpool.backends.python.autocomplete import ModelConfig
-from inferpool.backends.python.messages import (
+from inferpool.backends.python.pb_types import (
     TRITONSERVER_REQUEST_FLAG_SEQUENCE_END,
     TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
     TRITONSERVER_RESPONSE_COMPLETE_FINAL,

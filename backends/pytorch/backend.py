@@ -30,7 +30,7 @@ from inferpool.backends.pytorch.device import Placement
 from inferpool.backends.pytorch.inputs import InputAssembler, Prepared
 from inferpool.backends.pytorch.outputs import OutputWriter, normalize
 from inferpool.backends.pytorch.parameters import Settings
-from inferpool.backends.pytorch.plans import Plan, Plans
+from inferpool.backends.pytorch.shape_checks import Plan, Plans
 from inferpool.backends.pytorch.weights import SharedWeights, held_bytes, region_key
 from inferpool.wire.errors import InferpoolError, internal, unsupported
 
@@ -250,7 +250,7 @@ class PyTorchInstance(ModelInstance):
     ) -> tuple[list[Prepared], int]:
         """Every request checked on its own: those that run together and their rows; the
         others are answered in ``responses``.  A lone request that passes leaves the plan of
-        its signature (backends.pytorch.plans) for the next of the same."""
+        its signature (backends.pytorch.shape_checks) for the next of the same."""
         batch: list[Prepared] = []
         prepare = self.assembler.prepare
         for request in requests:

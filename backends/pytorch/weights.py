@@ -2,7 +2,7 @@
 
 Triton shares one module between the instances of a process; inferpool runs one instance
 per process, so the weights move instead.  Every instance loads the model, then asks the
-broker for the shared region of its key (``backends.regions``) sized for its weights:
+broker for the shared region of its key (``backends.shared_regions``) sized for its weights:
 
 * the first is told to fill it: it copies every parameter and buffer storage in, writes the
   header (layout digest, ready mark) and reports the region filled;
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from inferpool.backends.regions import SharedRegions
+from inferpool.backends.shared_regions import SharedRegions
 from inferpool.shm.region import Region
 from inferpool.wire.errors import internal
 

@@ -3,7 +3,7 @@
 Everything a backend could trip over is caught here, before any worker sees the request,
 with Triton's wording (``wire.contract``: a lane's worker checks its requests the same way).
 The checks that depend on the request's signature alone are made once per signature
-(``front.plans``); what depends on the request itself is checked here every time.  A
+(``front.admission_plans``); what depends on the request itself is checked here every time.  A
 frame-borne input costs exactly one copy (frame -> arena slot); if anything fails after a
 slot was taken, every slot is returned before the error leaves.
 """
@@ -12,15 +12,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from inferpool.broker.front.admission_plans import (
+    SharedMemoryInputs,
+    outputs_of,
+    plan_for,
+    scheduling,
+)
 from inferpool.broker.front.limits import MAX_ID_LENGTH, check_id, encode_work
-from inferpool.broker.front.plans import SharedMemoryInputs, outputs_of, plan_for, scheduling
 from inferpool.broker.models.registry import ModelVersion
 from inferpool.broker.models.request import PendingRequest
 from inferpool.shm.arena import Arena, ArenaFull, Slot
 from inferpool.shm.region import ShmExhausted
 from inferpool.wire.contract import check_byte_size
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg
-from inferpool.wire.worker.messages import TensorRef, Work
+from inferpool.wire.worker.protocol import TensorRef, Work
 
 __all__ = ["Placed", "SharedMemoryInputs", "admit"]
 _new = tuple.__new__  # records built per request without their Python-level __new__

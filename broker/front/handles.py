@@ -17,7 +17,7 @@ from inferpool.broker.models.request import PendingRequest
 from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.shm.leases import Lease, LeaseTable
 from inferpool.wire.errors import not_found
-from inferpool.wire.worker.messages import TensorRef
+from inferpool.wire.worker.protocol import TensorRef
 
 
 class Handles:

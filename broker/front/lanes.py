@@ -29,7 +29,7 @@ from inferpool.broker.front.registrations import Registration, Registrations
 from inferpool.broker.front.router import Handler
 from inferpool.broker.models.blame import shrank_text
 from inferpool.broker.models.ensemble_config import Plan
-from inferpool.broker.models.registry import ModelVersion, Registry, Worker
+from inferpool.broker.models.registry import Instance, ModelVersion, Registry
 from inferpool.broker.pool.handle import WorkerState
 from inferpool.shm.guarded import GuardedRegion
 from inferpool.shm.region import ShmExhausted
@@ -37,7 +37,7 @@ from inferpool.shm.runs import region_name
 from inferpool.shm.window import shrunk
 from inferpool.wire import lane as wl
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg, not_found
-from inferpool.wire.worker.messages import LaneClose, LaneClosed, LaneOpen, LaneStats
+from inferpool.wire.worker.protocol import LaneClose, LaneClosed, LaneOpen, LaneStats
 
 log = logging.getLogger("inferpool.lanes")
 INPUT_REGION = "inputs"  # the region a shared-memory client's inputs live in
@@ -53,7 +53,7 @@ class Lane:
     id: int
     owner: bytes
     model: ModelVersion
-    worker: Worker
+    worker: Instance
     region: GuardedRegion  # the client may shrink it: never touched through a mapping
     geometry: wl.Geometry
     inputs: Registration  # the client's server-made input region
@@ -83,7 +83,7 @@ class Lanes:
         run_id: str,
         registry: Registry,
         registrations: Registrations,
-        alive: Callable[[], list[Worker]],
+        alive: Callable[[], list[Instance]],
         spin_us: int,
         kept: LaneLeases,
         rate_limited: bool = False,
@@ -321,7 +321,7 @@ class Lanes:
         lane.region.destroy()
 
     # ------------------------------------------------------------------ events
-    def worker_closed(self, handle: Worker, msg: LaneClosed) -> None:
+    def worker_closed(self, handle: Instance, msg: LaneClosed) -> None:
         lane = self.lanes.get(msg.lane)
         if lane is None or lane.worker is not handle:
             return
@@ -331,7 +331,7 @@ class Lanes:
         self.kept.adopt(lane.id, handle.output_region, msg.kept)
         self._worker_gone(lane)  # (a lane it refused at open: its client hears it here)
 
-    def worker_stats(self, handle: Worker, msg: LaneStats) -> None:
+    def worker_stats(self, handle: Instance, msg: LaneStats) -> None:
         handle.model.stats.lanes_done(msg)
         for number, held in msg.held:  # the client's output bytes count in its share
             lane = self.lanes.get(number)
@@ -343,7 +343,7 @@ class Lanes:
             if lane is not None and lane.ensemble is not None and lane.worker is handle:
                 lane.ensemble.stats.steps_done(part, lane.whole)
 
-    def instance_gone(self, handle: Worker, err: InferpoolError) -> None:
+    def instance_gone(self, handle: Instance, err: InferpoolError) -> None:
         """``handle``'s worker exited (crashed, stopped, failed): its lanes end now."""
         for lane in [la for la in self._all() if la.worker is handle]:
             self.kept.lost(lane.id)
@@ -351,7 +351,7 @@ class Lanes:
             if lane.id in self.lanes:
                 self._worker_gone(lane)
 
-    def crash_blame(self, handle: Worker, code: int) -> str:
+    def crash_blame(self, handle: Instance, code: int) -> str:
         """Why the death of ``handle``'s worker (exit ``code``) is a client's doing: SIGBUS
         while a client of one of its lanes had shrunk that lane's region, its input region
         or a region of its other lanes (an ensemble's step reads them); "" when not.  Such
@@ -430,7 +430,7 @@ class Lanes:
     def _mine(self, ask: _Ask) -> list[Lane]:
         return [la for la in self.lanes.values() if la.owner == ask.owner]
 
-    def _pick(self, mv: ModelVersion) -> Worker:
+    def _pick(self, mv: ModelVersion) -> Instance:
         """The ready instance with the fewest lanes."""
         ready = [
             h

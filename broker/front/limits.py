@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from inferpool.wire.errors import invalid_arg
-from inferpool.wire.worker.messages import BATCH_BYTES, Work, encoded, record_size
+from inferpool.wire.worker.protocol import BATCH_BYTES, Work, encoded, record_size
 
 MAX_ID_LENGTH = 1024  # characters of a request's "id"
 MAX_PARAMETERS_BYTES = 64 * 1024  # a request's "parameters", as JSON

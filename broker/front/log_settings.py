@@ -15,7 +15,7 @@ from typing import Any
 from inferpool.broker.front.router import Handler
 from inferpool.wire import logs
 from inferpool.wire.errors import invalid_arg
-from inferpool.wire.worker.messages import LogChange
+from inferpool.wire.worker.protocol import LogChange
 
 
 class LogSettings:

@@ -22,7 +22,7 @@ from inferpool.broker.models.request import PendingRequest
 from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.wire import codec
 from inferpool.wire.errors import InferpoolError
-from inferpool.wire.worker.messages import Result, TensorRef
+from inferpool.wire.worker.protocol import Result, TensorRef
 from inferpool.wire.zmqio import SNDMORE, send_parts
 
 ZERO_COPY_MIN = 64 * 1024

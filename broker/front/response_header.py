@@ -22,7 +22,7 @@ import orjson
 
 from inferpool.broker.models.registry import ModelVersion
 from inferpool.wire.codec import encode_header
-from inferpool.wire.worker.messages import TensorRef
+from inferpool.wire.worker.protocol import TensorRef
 
 _HEAD = b'{"type":"infer","id":'  # the start of every response header: its id follows
 

@@ -23,7 +23,7 @@ from inferpool.broker.front.registrations import Registrations
 from inferpool.broker.front.router import Handler
 from inferpool.shm import cuda
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg
-from inferpool.wire.worker.messages import Window
+from inferpool.wire.worker.protocol import Window
 
 log = logging.getLogger("inferpool.shm")
 EXTENSIONS = ("system_shared_memory", "cuda_shared_memory", "output_handles")

@@ -35,7 +35,7 @@ from inferpool.broker.models.tracer import Tracer
 from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.wire.contract import batch_reshape, ensemble_deadlock, step_failed
 from inferpool.wire.errors import InferpoolError
-from inferpool.wire.worker.messages import Durations, Result, TensorRef, WantedOutput
+from inferpool.wire.worker.protocol import Durations, Result, TensorRef, WantedOutput
 
 log = logging.getLogger("inferpool.ensemble")
 Key = tuple[str, int]  # (ensemble tensor, iteration)

@@ -15,7 +15,7 @@ from inferpool.broker.models.registry import ModelVersion
 from inferpool.broker.models.request import PendingRequest, Sink
 from inferpool.wire.contract import check_byte_size, check_input, check_required
 from inferpool.wire.errors import invalid_arg
-from inferpool.wire.worker.messages import (
+from inferpool.wire.worker.protocol import (
     BATCH_BYTES,
     FLAG_TRACE,
     CorrelationId,

@@ -21,7 +21,7 @@ from inferpool.broker.models.ensembles import Ensembles
 from inferpool.broker.models.failures import BACKEND
 from inferpool.broker.models.overrides import Override, Overrides
 from inferpool.broker.models.rate_limiter import RateLimiter
-from inferpool.broker.models.registry import ModelRecord, ModelVersion, Registry, State, Worker
+from inferpool.broker.models.registry import Instance, ModelRecord, ModelVersion, Registry, State
 from inferpool.broker.models.reload import Waiter, replace
 from inferpool.broker.models.repository import poll_failure
 from inferpool.broker.models.request import PendingRequest
@@ -43,9 +43,9 @@ _DONE = (WorkerState.STOPPING, WorkerState.STOPPED, WorkerState.FAILED)
 class LaneEvents(Protocol):
     """What the lanes (front.lanes) hear of instances and versions ending."""
 
-    def instance_gone(self, handle: Worker, err: InferpoolError) -> None: ...
+    def instance_gone(self, handle: Instance, err: InferpoolError) -> None: ...
 
-    def crash_blame(self, handle: Worker, code: int) -> str: ...
+    def crash_blame(self, handle: Instance, code: int) -> str: ...
 
     def version_retired(self, mv: ModelVersion, why: str) -> None: ...
 
@@ -270,7 +270,7 @@ class Manager:
                 self.supervisor.stop(handle)
 
     # ================================================================== supervisor events
-    def worker_ready(self, handle: Worker) -> None:
+    def worker_ready(self, handle: Instance) -> None:
         mv = handle.model
         if mv.state in (State.LOADING, State.READY):
             try:
@@ -293,7 +293,7 @@ class Manager:
         else:
             self.supervisor.stop(handle)
 
-    def worker_lost(self, handle: Worker, error: InferpoolError, booting: bool) -> None:
+    def worker_lost(self, handle: Instance, error: InferpoolError, booting: bool) -> None:
         mv = handle.model
         requests = self.requests
         assert mv.scheduler is not None
@@ -316,13 +316,13 @@ class Manager:
             self.stop_idle(mv)  # not respawned to finish a queue it may never get to
             self._check_drained(self._retiring_of(mv))
 
-    def crash_blame(self, handle: Worker, code: int) -> str:
+    def crash_blame(self, handle: Instance, code: int) -> str:
         blame = client_fault(handle.busy, code)
         if not blame:
             blame = self.lanes.crash_blame(handle, code)
         return blame
 
-    def worker_stopped(self, handle: Worker) -> None:
+    def worker_stopped(self, handle: Instance) -> None:
         mv = handle.model
         requests = self.requests
         assert mv.scheduler is not None

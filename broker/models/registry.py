@@ -17,7 +17,7 @@ from inferpool.broker.models.stats import ModelStats
 from inferpool.broker.pool.handle import WorkerHandle
 from inferpool.wire.contract import TensorSpec, tensor_spec
 from inferpool.wire.errors import Code, InferpoolError
-from inferpool.wire.worker.messages import WantedOutput
+from inferpool.wire.worker.protocol import WantedOutput
 
 if TYPE_CHECKING:
     from inferpool.broker.models.scheduler import Scheduler
@@ -63,7 +63,7 @@ class ModelVersion:
         )
         self.inputs = {t.name: tensor_spec(t, t.optional) for t in config.input}
         self.outputs = {t.name: tensor_spec(t) for t in config.output}
-        # a request signature -> what admission found checking it (front.plans)
+        # a request signature -> what admission found checking it (front.admission_plans)
         self.plans: dict[bytes, Any] = {}
         self.required = frozenset(n for n, t in self.inputs.items() if not t.optional)
         self.all_outputs = tuple(self.outputs)
@@ -104,7 +104,7 @@ class ModelVersion:
         return to_json(self.repository_config)
 
 
-Worker = WorkerHandle[ModelVersion]  # the pool's handle of one instance's worker
+Instance = WorkerHandle[ModelVersion]  # the pool's handle of one instance slot and its worker
 
 
 @dataclass

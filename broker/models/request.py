@@ -14,7 +14,7 @@ import orjson
 from inferpool.broker.models.registry import ModelVersion
 from inferpool.shm.arena import Slot
 from inferpool.wire.errors import InferpoolError
-from inferpool.wire.worker.messages import FLAG_SEQUENCE_END, FLAG_SEQUENCE_START, Result, Work
+from inferpool.wire.worker.protocol import FLAG_SEQUENCE_END, FLAG_SEQUENCE_START, Result, Work
 
 if TYPE_CHECKING:
     from inferpool.broker.models.tracer import Trace

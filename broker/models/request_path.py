@@ -13,11 +13,11 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from inferpool.broker.models.calls import Calls
+from inferpool.broker.models.call_requests import Calls
 from inferpool.broker.models.cancellation import Cancellation, Flags
 from inferpool.broker.models.failures import BACKEND, failure_reason, log_failure
 from inferpool.broker.models.rate_limiter import Gate, RateLimiter
-from inferpool.broker.models.registry import ModelVersion, Registry, State, Worker
+from inferpool.broker.models.registry import Instance, ModelVersion, Registry, State
 from inferpool.broker.models.request import PendingRequest
 from inferpool.broker.models.response_cache import ResponseCache
 from inferpool.broker.models.scheduler import Scheduler
@@ -29,7 +29,7 @@ from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.broker.pool.supervisor import Supervisor
 from inferpool.shm.arena import Arena
 from inferpool.wire.errors import InferpoolError
-from inferpool.wire.worker.messages import (
+from inferpool.wire.worker.protocol import (
     Call,
     CancelCall,
     CorrelationId,
@@ -105,7 +105,7 @@ class RequestPath:
         self.cancellation = Cancellation(inflight, flags, self.reject, responder.send_error)
         self.calls = Calls(self, outputs, registry, self.cancellation.cancel_part)
         self.wakes: dict[Scheduler, int] = {}
-        self.dispatched: list[Worker] = []  # sent a batch since the loop last looked
+        self.dispatched: list[Instance] = []  # sent a batch since the loop last looked
         self._gathered: list[Scheduler] | None = None  # while requests arrive together
 
     # ================================================================== admission
@@ -140,7 +140,7 @@ class RequestPath:
                 self._note_wake(scheduler, wake)
 
     # ================================================================== instances
-    def idle(self, handle: Worker) -> None:
+    def idle(self, handle: Instance) -> None:
         """``handle`` can take a batch: its scheduler may give it one."""
         if handle.passive or handle.held or handle.state is not WorkerState.READY:
             return
@@ -150,19 +150,19 @@ class RequestPath:
         if wake is not None or self.wakes:  # (no call when there is nothing to note)
             self._note_wake(scheduler, wake)
 
-    def hold(self, handle: Worker) -> None:
+    def hold(self, handle: Instance) -> None:
         """A lane's execute on ``handle`` made a call: the instance is taken until it ends."""
         handle.held += 1
         assert handle.model.scheduler is not None
         handle.model.scheduler.instance_gone(handle)
 
-    def unhold(self, handle: Worker) -> None:
+    def unhold(self, handle: Instance) -> None:
         """A held call ended: the instance takes batches again once none is left."""
         handle.held -= 1
         if not handle.held and handle.busy is None and handle.state is not WorkerState.STOPPING:
             self._next_batch(handle)
 
-    def fail_requests_of(self, handle: Worker, err: InferpoolError, reason: str = "") -> None:
+    def fail_requests_of(self, handle: Instance, err: InferpoolError, reason: str = "") -> None:
         """Answer the requests ``handle`` was running with ``err`` (its worker ended)."""
         for req in [r for r in self.inflight.values() if r.worker is handle]:
             self.reject(req, err, reason)
@@ -177,7 +177,7 @@ class RequestPath:
     # ================================================================== batches
     def dispatch(
         self,
-        handle: Worker,
+        handle: Instance,
         batch: list[PendingRequest],
         release: Sequence[CorrelationId] = (),
         nulls: Sequence[int] = (),
@@ -197,7 +197,7 @@ class RequestPath:
 
     def _send(
         self,
-        handle: Worker,
+        handle: Instance,
         batch: list[PendingRequest],
         release: Sequence[CorrelationId],
         nulls: Sequence[int],
@@ -256,13 +256,13 @@ class RequestPath:
         req.model.stats.request_done(success, now - req.received_ns, req.batch_size, timing, reason)
 
     # ================================================================== from workers
-    def done(self, handle: Worker, msg: Done) -> None:
+    def done(self, handle: Instance, msg: Done) -> None:
         """A batch's last results and statistics: the message of every request."""
         calls = self.calls
         self._results(calls.passed_on(handle, msg.items) if calls.lent else msg.items)
         self._batch_done(handle, msg)
 
-    def worker_message(self, handle: Worker, msg: WorkerMessage | Garbled) -> None:
+    def worker_message(self, handle: Instance, msg: WorkerMessage | Garbled) -> None:
         if isinstance(msg, Done):
             self.done(handle, msg)
         elif isinstance(msg, Items):
@@ -291,7 +291,7 @@ class RequestPath:
                 continue
             self.respond(req, item)
 
-    def _batch_done(self, handle: Worker, msg: Done) -> None:
+    def _batch_done(self, handle: Instance, msg: Done) -> None:
         stats = handle.model.stats
         for batch in msg.batches:
             stats.batch_done(batch.batch_size, batch.durations)
@@ -304,7 +304,7 @@ class RequestPath:
         if self.gate.limiter is not None:  # its next batch competes for what it releases
             self.gate.done(handle)
 
-    def _next_batch(self, handle: Worker) -> None:
+    def _next_batch(self, handle: Instance) -> None:
         mv = handle.model
         if mv.state is State.UNLOADING:
             assert mv.scheduler is not None

@@ -34,7 +34,7 @@ from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.shm.arena import Arena, ArenaFull, Slot
 from inferpool.shm.region import Region, ShmExhausted
 from inferpool.shm.runs import region_name
-from inferpool.wire.worker.messages import Result, TensorRef
+from inferpool.wire.worker.protocol import Result, TensorRef
 
 
 @dataclass(eq=False)

@@ -19,7 +19,7 @@ from inferpool.broker.models.queue_policy import queue_for
 from inferpool.broker.models.registry import ModelVersion
 from inferpool.broker.models.request import PendingRequest
 from inferpool.wire.errors import InferpoolError
-from inferpool.wire.worker.messages import BATCH_BYTES, CorrelationId
+from inferpool.wire.worker.protocol import BATCH_BYTES, CorrelationId
 
 
 class Dispatch(Protocol):

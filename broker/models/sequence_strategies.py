@@ -26,7 +26,7 @@ from collections import deque
 from typing import Any, Protocol
 
 from inferpool.broker.models.request import PendingRequest
-from inferpool.wire.worker.messages import BATCH_BYTES
+from inferpool.wire.worker.protocol import BATCH_BYTES
 
 Taken = list[tuple[int, PendingRequest]]  # (slot, request), in batch order
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from inferpool.broker.models.failures import BACKEND, FAILURE_REASONS
 from inferpool.wire.errors import Code
-from inferpool.wire.worker.messages import (
+from inferpool.wire.worker.protocol import (
     Durations,
     LanePart,
     LaneStats,

@@ -22,14 +22,14 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from inferpool.broker.models.registry import Worker
+from inferpool.broker.models.registry import Instance
 from inferpool.broker.models.request import PendingRequest, Sink
 from inferpool.broker.models.trace_file import Record, TraceFile
 from inferpool.broker.models.trace_settings import TraceSetting, TraceSettings
 from inferpool.wire import codec
 from inferpool.wire.errors import InferpoolError
 from inferpool.wire.trace_stamps import NAMES, TRACE_ID
-from inferpool.wire.worker.messages import FLAG_TRACE, LaneTracing, Result, TensorRef, encoded
+from inferpool.wire.worker.protocol import FLAG_TRACE, LaneTracing, Result, TensorRef, encoded
 
 SETTLE_NS = 20_000_000  # an ended trace's worker stamps may follow its last response
 GRACE_NS = 2_000_000_000  # how long an ended trace waits for its frontend or children
@@ -114,7 +114,7 @@ class Tracer:
         model_ready: Callable[[str], bool],
         replies: Replies,
         read: Callable[[TensorRef], Any],
-        workers: Callable[[], Iterable[Worker]],
+        workers: Callable[[], Iterable[Instance]],
     ) -> None:
         """``start``: the command line's setting; ``model_ready(name)``: whether a model may
         be named in a setting; ``replies``: where a client request's answers go;
@@ -153,7 +153,7 @@ class Tracer:
         for handle in alive.values():
             self._tell(handle)
 
-    def _tell(self, handle: Worker) -> None:
+    def _tell(self, handle: Instance) -> None:
         """Tell ``handle``'s worker the rate its lanes trace at, if that changed."""
         setting = self.settings.of(handle.model.name)
         rate = setting.rate if not setting.why_invalid() else 0
@@ -231,7 +231,7 @@ class Tracer:
             )
 
     # ------------------------------------------------------------------ reports
-    def lane(self, handle: Worker, traces: Iterable[Sequence[int]]) -> None:
+    def lane(self, handle: Instance, traces: Iterable[Sequence[int]]) -> None:
         """Lane requests ``handle``'s worker traced (LaneStats): each one a trace, while its
         model's setting traces and its count lasts."""
         model = handle.model

@@ -1,5 +1,5 @@
 """The broker's end of a worker's channel: a SOCK_SEQPACKET socketpair carrying the messages of
-``wire.worker.messages``, one per datagram.
+``wire.worker.protocol``, one per datagram.
 
 Why not zmq for this hop: a zmq message crosses two libzmq I/O threads (the sender's and
 the receiver's), so on a shared core every batch and every result costs extra context
@@ -14,7 +14,7 @@ from typing import Final, NamedTuple
 
 from inferpool.wire.errors import Code, InferpoolError
 from inferpool.wire.worker.link import Link, TooLarge
-from inferpool.wire.worker.messages import (
+from inferpool.wire.worker.protocol import (
     MAX_MESSAGE,
     BrokerMessage,
     Execute,

@@ -20,7 +20,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from inferpool.broker.pool.channel import Channel
 from inferpool.broker.pool.zygotes import Process
 from inferpool.wire.errors import InferpoolError
-from inferpool.wire.worker.messages import BrokerMessage, MemoryUsage
+from inferpool.wire.worker.protocol import BrokerMessage, MemoryUsage
 from inferpool.wire.worker.spec import InstanceSpec, PinningSpec
 
 log = logging.getLogger("inferpool.supervisor")

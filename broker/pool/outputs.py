@@ -26,7 +26,7 @@ from tritonclient.grpc import model_config_pb2 as pb
 from inferpool.shm.region import Region
 from inferpool.shm.runs import region_name
 from inferpool.wire.codec import config_to_wire_datatype, element_size
-from inferpool.wire.worker.messages import Slot
+from inferpool.wire.worker.protocol import Slot
 
 MIN_PREFAULT = 64 << 10
 

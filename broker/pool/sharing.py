@@ -12,7 +12,7 @@ from typing import Protocol, cast
 
 from inferpool.shm.shared import Grant, SharedRegionTable
 from inferpool.wire.errors import Code, InferpoolError
-from inferpool.wire.worker.messages import RegionFilled, RegionGrant, ShareRegion
+from inferpool.wire.worker.protocol import RegionFilled, RegionGrant, ShareRegion
 
 
 class Owner(Hashable, Protocol):

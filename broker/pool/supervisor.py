@@ -26,7 +26,7 @@ from inferpool.broker.pool.sharing import SharedRegions
 from inferpool.broker.pool.specs import worker_spec
 from inferpool.broker.pool.zygotes import Launcher, Readers
 from inferpool.wire.errors import Code, InferpoolError
-from inferpool.wire.worker.messages import (
+from inferpool.wire.worker.protocol import (
     Failed,
     Ready,
     RegionFilled,

@@ -83,6 +83,15 @@ def test_wheel_installs_only_the_namespace_and_serves(short_tmp: Path) -> None:
     ).stdout.split()
     assert where[0].startswith(str(site / "inferpool" / "broker"))
     assert where[1] == "inferpool.backends.python.pb_utils"
+    # from the checkout's root too: no folder there shadows the installed namespace
+    rooted = subprocess.run(
+        [python, "-c", "import inferpool.client as c; print(c.__file__)"],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    ).stdout.strip()
+    assert rooted.startswith(str(site / "inferpool" / "client"))
     # the host of Triton's C API, built with the wheel (this machine has a C compiler), and
     # the headers a C backend builds against, where `inferpool --include-dir` says
     cabi = site / "inferpool" / "backends" / "cabi"

@@ -16,7 +16,7 @@ from inferpool.broker.models.request import (
     PendingRequest,
 )
 from inferpool.broker.models.sequencer import scheduler_for
-from inferpool.wire.worker.messages import BATCH_BYTES, Work
+from inferpool.wire.worker.protocol import BATCH_BYTES, Work
 
 CONFIGS = {
     "dynamic": "dynamic_batching { max_queue_delay_microseconds: 1000000 }",

@@ -20,7 +20,7 @@ from inferpool.shm import cuda
 from inferpool.shm.refs import CUDA_IPC_HANDLE_SIZE, cuda_ref
 from inferpool.wire import codec
 from inferpool.wire.errors import Code, InferpoolError
-from inferpool.wire.worker.messages import TensorRef
+from inferpool.wire.worker.protocol import TensorRef
 from inferpool.workers.memory import WorkerMemory, _open
 from tests.unit.conftest import PythonModels
 from tests.unit.fake_cupy import DeviceArray, FakeCupy

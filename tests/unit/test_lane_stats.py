@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from inferpool.wire.worker.messages import Durations, LaneBatch, LanePart
+from inferpool.wire.worker.protocol import Durations, LaneBatch, LanePart
 from inferpool.workers.lane_stats import Tally
 
 

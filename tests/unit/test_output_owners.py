@@ -11,7 +11,7 @@ import pytest
 from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.shm.region import exists
 from inferpool.shm.runs import new_run_id
-from inferpool.wire.worker.messages import Slot
+from inferpool.wire.worker.protocol import Slot
 
 
 @pytest.fixture

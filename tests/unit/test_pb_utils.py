@@ -14,7 +14,7 @@ import torch
 
 from inferpool.backends.python import pb_utils
 from inferpool.wire.errors import Code, InferpoolError
-from inferpool.wire.worker.messages import MetricFamilyInfo, MetricOp
+from inferpool.wire.worker.protocol import MetricFamilyInfo, MetricOp
 
 if TYPE_CHECKING:
     from conftest import PythonModels

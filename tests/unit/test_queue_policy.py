@@ -13,7 +13,7 @@ from inferpool.broker.models.registry import ModelVersion
 from inferpool.broker.models.request import PendingRequest
 from inferpool.broker.models.scheduler import Scheduler
 from inferpool.wire.errors import Code, InferpoolError
-from inferpool.wire.worker.messages import Work
+from inferpool.wire.worker.protocol import Work
 
 MS = 1_000_000
 CONFIG = 'name: "m" backend: "identity" max_batch_size: 8'

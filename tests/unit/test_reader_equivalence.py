@@ -12,7 +12,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferpool.wire.worker import messages as m
+from inferpool.wire.worker import protocol as m
 from inferpool.wire.worker.reader import BrokerReader
 from tests.unit.test_worker_protocol import _record_types
 

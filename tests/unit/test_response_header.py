@@ -19,7 +19,7 @@ from inferpool.broker.front.response_header import (
 )
 from inferpool.broker.models.registry import ModelVersion
 from inferpool.wire.codec import encode_header
-from inferpool.wire.worker.messages import TensorRef
+from inferpool.wire.worker.protocol import TensorRef
 
 # two outputs of different datatypes (the responses' headers describe either or both)
 OUTPUTS = "output [ { name: 'OUTPUT0' data_type: TYPE_UINT8 dims: [ -1 ] } ]\n" + (

@@ -1,4 +1,4 @@
-"""Response plans (client.plan): a response whose header bytes equal an earlier one's apart
+"""Response plans (client.response_plans): a response whose header bytes equal an earlier one's apart
 from the id is read from what decoding that one found, and nothing else ever is."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from inferpool.client.core import ClientCore, Exchange, InferResult, extended, header_template
-from inferpool.client.plan import PlannedHeader
+from inferpool.client.response_plans import PlannedHeader
 from inferpool.wire.errors import InferpoolError
 
 PARAMS = {"param0": "a string", "param1": 42, "param2": False, "param3": 1.5}

@@ -16,7 +16,7 @@ from inferpool.broker.models.request import FLAG_SEQUENCE_END, FLAG_SEQUENCE_STA
 from inferpool.broker.models.scheduler import Scheduler
 from inferpool.broker.models.sequencer import SequenceScheduler, scheduler_for
 from inferpool.wire.errors import Code, InferpoolError
-from inferpool.wire.worker.messages import Work
+from inferpool.wire.worker.protocol import Work
 
 START, END = FLAG_SEQUENCE_START, FLAG_SEQUENCE_END
 MS = 1_000_000

@@ -11,7 +11,7 @@ import pytest
 
 from inferpool.shm.region import Region
 from inferpool.wire.errors import InferpoolError
-from inferpool.wire.worker.messages import TensorRef
+from inferpool.wire.worker.protocol import TensorRef
 from inferpool.workers.memory import WorkerMemory, host_input
 
 

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from inferpool.wire.errors import Code, InferpoolError
-from inferpool.wire.worker import messages as m
+from inferpool.wire.worker import protocol as m
 from inferpool.wire.worker.link import Link
 from inferpool.wire.worker.spec import (
     EXIT_BOOT_FAILED,

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from inferpool.wire.errors import Code, InferpoolError
-from inferpool.wire.worker.messages import MAX_MESSAGE, Message, encode
+from inferpool.wire.worker.protocol import MAX_MESSAGE, Message, encode
 
 In = TypeVar("In")
 

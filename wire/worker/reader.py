@@ -9,7 +9,7 @@ equal to what decoding them afresh would give (JSON's values compare equal only 
 numbers, strings, lists and nulls; ``true`` equals ``1`` and ``1.0``, but the broker writes
 offsets, sizes and dims as integers only, and the records decoded first keep theirs), and
 they are never changed once made, so sharing them is sharing values.  The worker keys its
-request plans on these objects (workers/request_plans.py): a repeated record reaches it as
+request plans on these objects (workers/work_items.py): a repeated record reaches it as
 the same object, checked with ``is``.
 
 A batch of one request like the last batch of one is not even parsed: when its bytes after
@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from inferpool.wire.worker.messages import (
+from inferpool.wire.worker.protocol import (
     FROM_BROKER,
     BrokerMessage,
     Execute,

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from inferpool.wire.errors import Code, InferpoolError
-from inferpool.wire.worker.messages import MAX_MESSAGE, ErrorObject
+from inferpool.wire.worker.protocol import MAX_MESSAGE, ErrorObject
 from inferpool.wire.worker.spec import PinningSpec
 
 ZYGOTE_ENV = "INFERPOOL_ZYGOTE_SPEC"

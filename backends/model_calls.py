@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from inferpool.backends.messages import InputTensor
+from inferpool.backends.request_io import InputTensor
 from inferpool.wire.errors import InferpoolError
 
 

@@ -25,7 +25,7 @@ from inferpool.broker.models.registry import ModelVersion
 from inferpool.broker.models.request import FLAG_SEQUENCE_END, FLAG_SEQUENCE_START
 from inferpool.wire.contract import check_input, check_required
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg
-from inferpool.wire.worker.messages import WantedOutput, Window
+from inferpool.wire.worker.protocol import WantedOutput, Window
 
 PLANS = 256  # signatures a model version keeps; all are dropped when it has this many
 _BROKER_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end", "priority", "timeout")

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from inferpool.backends.api import InputTensor, RequestedOutput
-from inferpool.wire.worker.messages import TensorRef, WantedOutput, Work
+from inferpool.wire.worker.protocol import TensorRef, WantedOutput, Work
 from inferpool.workers.memory import WorkerMemory, lasting
 
 Inputs = dict[str, InputTensor]

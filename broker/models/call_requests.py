@@ -26,13 +26,13 @@ from typing import Any, Protocol
 
 from inferpool.broker.models.ensemble import composing
 from inferpool.broker.models.internal import make_request
-from inferpool.broker.models.registry import ModelVersion, Registry, Worker
+from inferpool.broker.models.registry import Instance, ModelVersion, Registry
 from inferpool.broker.models.request import PendingRequest
 from inferpool.broker.models.tracer import Tracer
 from inferpool.broker.pool.handle import WorkerState
 from inferpool.broker.pool.outputs import OutputRegions
 from inferpool.wire.errors import Code, InferpoolError
-from inferpool.wire.worker.messages import Call, CancelCall, Release, Replies, Result
+from inferpool.wire.worker.protocol import Call, CancelCall, Release, Replies, Result
 
 _GONE = (WorkerState.FAILED, WorkerState.STOPPING, WorkerState.STOPPED)
 _order = itertools.count()  # ties in the deadline heap
@@ -46,11 +46,11 @@ class Requests(Protocol):
 
     def submit(self, req: PendingRequest, now_ns: int) -> None: ...
 
-    def hold(self, handle: Worker) -> None:
+    def hold(self, handle: Instance) -> None:
         """A lane's execute on ``handle`` made a call: take the instance until it ends."""
         ...
 
-    def unhold(self, handle: Worker) -> None:
+    def unhold(self, handle: Instance) -> None:
         """A held call ended."""
         ...
 
@@ -58,7 +58,7 @@ class Requests(Protocol):
 class _Call:
     """One call in flight: the request the broker made for it is its sink."""
 
-    def __init__(self, calls: Calls, caller: Worker, call: Call, model: ModelVersion) -> None:
+    def __init__(self, calls: Calls, caller: Instance, call: Call, model: ModelVersion) -> None:
         self.calls = calls
         self.caller = caller
         self.identity = caller.identity  # the process that made it (a respawn is another)
@@ -106,12 +106,12 @@ class Calls:
         self.outputs = outputs
         self.registry = registry
         self.cancel_request = cancel_request
-        self.waiting: dict[Worker, dict[int, _Call]] = {}  # caller -> calls not answered
-        self.lent: dict[Worker, dict[tuple[str, int], int]] = {}  # caller -> slots it reads
+        self.waiting: dict[Instance, dict[int, _Call]] = {}  # caller -> calls not answered
+        self.lent: dict[Instance, dict[tuple[str, int], int]] = {}  # caller -> slots it reads
         self._deadlines: list[tuple[int, int, _Call]] = []
 
     # ------------------------------------------------------------------ from workers
-    def call(self, caller: Worker, msg: Call) -> None:
+    def call(self, caller: Instance, msg: Call) -> None:
         """A worker's call: checked, then queued on the called model."""
         now = time.monotonic_ns()
         name = msg.model_name
@@ -163,7 +163,7 @@ class Calls:
             self.requests.tracer.child(req, parent.trace, now)  # trace=request.trace()
         self.requests.submit(req, now)
 
-    def cancel(self, caller: Worker, msg: CancelCall) -> None:
+    def cancel(self, caller: Instance, msg: CancelCall) -> None:
         """The caller gave up on a call (a decoupled call's ``cancel()``, as in Triton): its
         request leaves its queue (answered CANCELLED), or its backend sees ``is_cancelled()``
         and its own answer ends the call.  A call already answered is left alone."""
@@ -172,7 +172,7 @@ class Calls:
             return
         self.cancel_request(call.req, "was cancelled by the model that called it")
 
-    def release(self, caller: Worker, msg: Release) -> None:
+    def release(self, caller: Instance, msg: Release) -> None:
         """The caller has finished reading lent slots."""
         lent = self.lent.get(caller, {})
         outputs = self.outputs
@@ -185,7 +185,7 @@ class Calls:
                     del lent[key]
                 outputs.free(slot.region, slot.offset, held=False)
 
-    def passed_on(self, caller: Worker, items: Sequence[Result]) -> Sequence[Result]:
+    def passed_on(self, caller: Instance, items: Sequence[Result]) -> Sequence[Result]:
         """A caller's results, where it answers with a reply's outputs in place: each such
         slot gets one more owner (the response) and goes back to its worker once both the
         response and the caller are done with it.  An output in memory neither the
@@ -227,7 +227,7 @@ class Calls:
             checked[i] = Result(item.rid, item.final, [], None, err.to_wire(), item.durations)
         return checked
 
-    def worker_gone(self, caller: Worker) -> None:
+    def worker_gone(self, caller: Instance) -> None:
         """A caller's process ended: its calls are dropped, what it read goes back."""
         for call in list(self.waiting.pop(caller, {}).values()):
             call.over = True
@@ -275,7 +275,7 @@ class Calls:
             if call.held:
                 self.requests.unhold(call.caller)
 
-    def _refuse(self, caller: Worker, msg: Call, err: InferpoolError) -> None:
+    def _refuse(self, caller: Instance, msg: Call, err: InferpoolError) -> None:
         text = f"Model {msg.model_name} - Error when running inference: {err.message}"
         error = InferpoolError(err.code, text).to_wire()
         caller.send(Replies([Result(msg.work.rid, True, [], None, error)]))

@@ -1,5 +1,5 @@
 """A worker's plans for like batches: a repeated record is decoded once (wire/worker/reader.py)
-and its request's inputs worked out once (workers/request_plans.py), and neither ever
+and its request's inputs worked out once (workers/work_items.py), and neither ever
 serves what another record, a retired region or a shrunk object would have given."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from inferpool.backends.api import RequestedOutput
 from inferpool.shm.refs import system_ref
 from inferpool.shm.region import Region
 from inferpool.wire.errors import InferpoolError
-from inferpool.wire.worker import messages as m
+from inferpool.wire.worker import protocol as m
 from inferpool.wire.worker.reader import BrokerReader
 from inferpool.workers.memory import WorkerMemory
-from inferpool.workers.request_plans import RequestPlans
+from inferpool.workers.work_items import RequestPlans
 from tests.unit.test_worker_protocol import FROM_BROKER, _record_types
 
 ARENA = "inferpool-0123456789-arena"

@@ -22,7 +22,7 @@ import numpy as np
 from inferpool.shm import cuda
 from inferpool.wire import codec
 from inferpool.wire.errors import Code, InferpoolError, internal, invalid_arg, not_found
-from inferpool.wire.worker.messages import FLAG_SEQUENCE_END, FLAG_SEQUENCE_START
+from inferpool.wire.worker.protocol import FLAG_SEQUENCE_END, FLAG_SEQUENCE_START
 
 ParameterValue = str | int | bool | float
 

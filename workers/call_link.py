@@ -1,4 +1,4 @@
-"""A worker's inference calls to other models (BLS): ``backends.calls.InferenceCalls`` over
+"""A worker's inference calls to other models (BLS): ``backends.model_calls.InferenceCalls`` over
 the worker's channel.
 
 A call goes to the broker as a ``Call`` message and is scheduled there like any request;
@@ -29,12 +29,12 @@ from typing import Any
 
 import numpy as np
 
-from inferpool.backends.calls import CallInput, CallReply, CallRequest
-from inferpool.backends.messages import InputTensor
+from inferpool.backends.model_calls import CallInput, CallReply, CallRequest
+from inferpool.backends.request_io import InputTensor
 from inferpool.wire import codec
 from inferpool.wire.errors import Code, InferpoolError, internal, unavailable
 from inferpool.wire.worker.link import Link
-from inferpool.wire.worker.messages import (
+from inferpool.wire.worker.protocol import (
     BrokerMessage,
     Call,
     CancelCall,

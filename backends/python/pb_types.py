@@ -17,7 +17,7 @@ from inferpool.backends.api import (
     Response,
     ResponseSender,
 )
-from inferpool.backends.calls import CallInput, CallRequest
+from inferpool.backends.model_calls import CallInput, CallRequest
 from inferpool.backends.python.tensor import Tensor, TritonModelException
 from inferpool.wire import codec
 from inferpool.wire.errors import TRITON_CODES, InferpoolError

@@ -28,7 +28,7 @@ from inferpool.wire.contract import (
     tensor_spec,
 )
 from inferpool.wire.errors import invalid_arg
-from inferpool.wire.worker.messages import TensorRef
+from inferpool.wire.worker.protocol import TensorRef
 from inferpool.workers.memory import WorkerMemory, host_input
 
 # For each input: its InputTensor, or None for BYTES (decoded per request), and where it lies.

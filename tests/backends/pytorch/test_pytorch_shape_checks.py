@@ -1,4 +1,4 @@
-"""Checked once per request signature (backends.pytorch.plans): a lone request of a known
+"""Checked once per request signature (backends.pytorch.shape_checks): a lone request of a known
 signature skips the checks it passed before and is answered as the first was; any other
 signature, and every model output, is checked in full."""
 
@@ -16,7 +16,7 @@ import torch_models as tm
 from torch import Tensor, nn
 
 from inferpool.backends.api import Request
-from inferpool.backends.pytorch import plans
+from inferpool.backends.pytorch import shape_checks as plans
 from inferpool.backends.testing import BackendHarness
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")

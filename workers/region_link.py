@@ -1,4 +1,4 @@
-"""Shared regions over the worker's channel: ``backends.regions.SharedRegions`` for a model
+"""Shared regions over the worker's channel: ``backends.shared_regions.SharedRegions`` for a model
 that loads in this worker.
 
 A model asks while it loads, before the worker serves, so the question and its answer are
@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import logging
 
-from inferpool.backends.regions import SharedRegion
+from inferpool.backends.shared_regions import SharedRegion
 from inferpool.wire.errors import Code, InferpoolError
 from inferpool.wire.worker.link import Link
-from inferpool.wire.worker.messages import (
+from inferpool.wire.worker.protocol import (
     BrokerMessage,
     RegionFilled,
     RegionGrant,
