@@ -286,7 +286,7 @@ class Broker:
                     shm.handlers(),
                     self.drain.handlers(),
                     lanes.handlers(),
-                    LogSettings(supervisor.alive).handlers(),
+                    LogSettings(supervisor.alive, responder.send).handlers(),
                     TraceControl(tracer).handlers(),
                 ],
                 shm.arrived,

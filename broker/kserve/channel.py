@@ -32,7 +32,7 @@ from typing import Any
 import zmq
 
 from inferpool.shm.region import RegionCache
-from inferpool.wire import codec, logs
+from inferpool.wire import codec
 from inferpool.wire.errors import Code, InferpoolError
 from inferpool.wire.zmqio import NOBLOCK, SNDMORE, recv_frames, send_parts
 
@@ -113,8 +113,6 @@ class BrokerChannel:
             if answered is not None:
                 answered()
         codec.raise_for_error(reply)
-        if header.get("type") == "log_settings":
-            _follow(reply)
         return reply, tensors
 
     @contextlib.asynccontextmanager
@@ -238,12 +236,3 @@ class BrokerChannel:
                 if isinstance(o, dict) and "handle_lease" in (o.get("parameters") or {})
             ]
             self.release(frames[0].bytes, leases)
-
-
-def _follow(reply: dict[str, Any]) -> None:
-    """Log as the broker's new settings say (this process is one of the server's)."""
-    settings = {k: v for k, v in (reply.get("settings") or {}).items() if k != "log_file"}
-    try:
-        logs.apply(logs.current().updated(settings))
-    except InferpoolError:
-        log.warning("the broker's log settings could not be followed: %s", settings)

@@ -3,7 +3,7 @@
 Triton answers a failed call with ``{"error": "<message>"}`` and the status its code maps to
 (``kserve.status``); an unknown path is 404 ``Not Found`` and a wrong method 405 ``Method Not
 Allowed``, both as JSON too.  A bug in a handler is a 500 with the reason, never a dropped
-connection.
+connection.  At a verbose log level (``--log-verbose``) each error answered is logged.
 """
 
 from __future__ import annotations
@@ -38,15 +38,20 @@ async def triton_errors(request: web.Request, handler: Handler) -> web.StreamRes
     try:
         return await handler(request)
     except InferpoolError as err:
-        return error_response(HTTP_STATUS[err.code], err.message)
+        return _failed(request, HTTP_STATUS[err.code], err.message)
     except web.HTTPException as exc:  # aiohttp's own: no route, wrong method, body too large
         if exc.status < 400:
             raise
         detail = exc.text if exc.status not in (404, 405) and exc.text else exc.reason
-        return error_response(exc.status, detail or exc.reason)
+        return _failed(request, exc.status, detail or exc.reason)
     except Exception as exc:
         log.exception("HTTP %s %s failed", request.method, request.path)
         return error_response(500, f"{type(exc).__name__}: {exc}")
+
+
+def _failed(request: web.Request, status: int, message: str) -> web.Response:
+    log.debug("HTTP %s %s: %d %s", request.method, request.path, status, message)
+    return error_response(status, message)
 
 
 def application(routes: Iterable[web.RouteDef], client_max_size: int) -> web.Application:

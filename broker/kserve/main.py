@@ -27,8 +27,9 @@ from inferpool.broker.kserve.channel import BrokerChannel
 from inferpool.broker.kserve.inputs import Inputs
 from inferpool.broker.kserve.options import ProcessConfig
 from inferpool.broker.kserve.service import Listeners
+from inferpool.wire.caller import unidentified
 from inferpool.wire.errors import InferpoolError
-from inferpool.wire.logs import configure, settings_from
+from inferpool.wire.logs import apply, configure, settings_from
 
 log = logging.getLogger("inferpool.kserve")
 EXIT_OK = 0
@@ -75,6 +76,8 @@ async def _serve(config: ProcessConfig) -> int:
             _report(config.report_fd, f"error {err.message}")
             return EXIT_CANNOT_SERVE
         _report(config.report_fd, "ready")
+        watch = {"type": "log_watch"}  # a client's change of the log settings reaches us here
+        channel.open(unidentified("kserve"), watch, (), _log_change)
         await stop.wait()
         await listeners.close()
         return EXIT_OK
@@ -82,6 +85,12 @@ async def _serve(config: ProcessConfig) -> int:
         channel.close()
         inputs.close()
         ctx.term()
+
+
+def _log_change(reply: dict[str, Any], frames: list[Any]) -> None:
+    """The broker's answer to our ``log_watch``: the log settings a client changed."""
+    if isinstance(reply.get("settings"), dict):
+        apply(settings_from(reply["settings"]))
 
 
 def _on_lifeline(stop: asyncio.Event) -> None:

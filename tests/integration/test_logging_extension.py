@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import re
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -177,3 +179,21 @@ def test_grpc_refusals_carry_tritons_codes(
             grpc.update_log_settings(settings)
         assert err.value.status() == code
     assert http.get_log_settings() == DEFAULTS
+
+
+def test_the_kserve_frontends_follow_a_change_made_by_any_client(
+    server: Server, http: httpclient.InferenceServerClient
+) -> None:
+    """Their process logs as the broker does, whoever changed it (here a zmq client)."""
+
+    def missing(path: str) -> None:
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"http://{server.http_url}{path}", timeout=30)
+        assert err.value.code == 404
+
+    missing("/v2/quiet/path")
+    with server.client() as c:
+        c.call("log_settings", settings={"log_verbose_level": 1})
+    missing("/v2/loud/path")
+    wait_until(lambda: "GET /v2/loud/path: 404" in server.log(), what="the frontends' line")
+    assert "/v2/quiet/path" not in server.log()
