@@ -72,9 +72,13 @@ class ObjectWindow:
             self.size = max(self.end - self.base, 1)
             flags = mmap.MAP_SHARED | mmap.MAP_POPULATE
             prot = mmap.PROT_READ | mmap.PROT_WRITE
-            self._map: mmap.mmap | None = mmap.mmap(
-                fd, self.size, flags=flags, prot=prot, offset=self.base
-            )
+            try:
+                self._map: mmap.mmap | None = mmap.mmap(
+                    fd, self.size, flags=flags, prot=prot, offset=self.base
+                )
+            except ValueError:  # mmap's "length is greater than file size": it shrank since
+                self._fits(os.fstat(fd).st_size)
+                raise
         except BaseException:
             os.close(fd)
             raise

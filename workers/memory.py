@@ -315,6 +315,8 @@ def _open(ref: str) -> Mapped:
         raise InferpoolError(
             Code.NOT_FOUND, f"shared-memory object '/{parsed.name}' no longer exists"
         ) from None
+    except ObjectChanged as exc:  # replaced, or shrunk since it was registered
+        raise InferpoolError(Code.INVALID_ARG, str(exc)) from None
     except (posix_ipc.Error, OSError, ValueError) as exc:
         raise InferpoolError(
             Code.INVALID_ARG, f"cannot map shared-memory object '/{parsed.name}': {exc}"
