@@ -57,4 +57,3 @@ def test_an_object_shrunk_between_the_check_and_the_mapping_is_refused_as_shrunk
         memory._open(system_ref(1, name, inode, 0, SIZE))
     assert err.value.code.value == "INVALID_ARG"
     assert f"'/{name}' shrank to 0 bytes" in err.value.message, err.value.message
-
