@@ -94,6 +94,11 @@ class ServerOptions:
     http_header_timeout: float = 60.0
     http_body_timeout: float = 60.0
     http_body_budget: int = 0
+    grpc_use_ssl: bool = False  # gRPC over SSL/TLS, with Triton's flags
+    grpc_use_ssl_mutual: bool = False  # clients must present a certificate of grpc_root_cert
+    grpc_server_cert: str = ""  # PEM files
+    grpc_server_key: str = ""
+    grpc_root_cert: str = ""
 
     @property
     def explicit(self) -> bool:

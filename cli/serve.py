@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from inferpool import __version__
 from inferpool.serve_flags import LISTENERS, add_serve_options
-from inferpool.triton_flags import log_settings, trace_setting
+from inferpool.triton_flags import grpc_ssl, log_settings, trace_setting
 from inferpool.usage import UsageError
 from inferpool.wire.errors import InferpoolError
 from inferpool.wire.logs import configure
@@ -118,6 +118,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         log=log_settings(args),
         server_id=args.server_id,
         trace=TraceSetting(**trace_setting(args)),
+        **grpc_ssl(args),
         repository_poll_secs=args.repository_poll_secs,
         cache_size=args.cache_size,
         rate_limit=args.rate_limit,

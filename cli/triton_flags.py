@@ -7,6 +7,7 @@ starts with.  Triton's names and defaults.
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from inferpool.usage import UsageError, log_level, parse_bool
@@ -98,7 +99,52 @@ def _traces(p: Any) -> None:
         )
 
 
-triton_groups = (_server, _logs, _traces)
+def _grpc_ssl(p: Any) -> None:
+    g = p.add_argument_group("gRPC over SSL/TLS", "Triton's flags; PEM files")
+    g.add_argument(
+        "--grpc-use-ssl",
+        type=parse_bool,
+        default=False,
+        metavar="BOOL",
+        help="serve gRPC over SSL/TLS with --grpc-server-cert and --grpc-server-key "
+        "(default: false)",
+    )
+    g.add_argument(
+        "--grpc-use-ssl-mutual",
+        type=parse_bool,
+        default=False,
+        metavar="BOOL",
+        help="also require each client's certificate, signed by --grpc-root-cert (implies "
+        "--grpc-use-ssl; default: false)",
+    )
+    for flag, what in (
+        ("--grpc-server-cert", "the server's certificate chain"),
+        ("--grpc-server-key", "the server's private key"),
+        ("--grpc-root-cert", "the root certificates clients' certificates must chain to"),
+    ):
+        g.add_argument(flag, default="", metavar="FILE", help=what)
+
+
+triton_groups = (_server, _logs, _traces, _grpc_ssl)
+
+
+def grpc_ssl(args: argparse.Namespace) -> dict[str, Any]:
+    """The gRPC SSL options (their files as absolute paths: the frontends read them)."""
+    mutual = args.grpc_use_ssl_mutual
+    use = args.grpc_use_ssl or mutual
+    if use and not (args.grpc_server_cert and args.grpc_server_key):
+        raise UsageError("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")
+    if mutual and not args.grpc_root_cert:
+        raise UsageError("--grpc-use-ssl-mutual needs --grpc-root-cert (the clients' CA)")
+    files = {
+        name: os.path.abspath(path) if path else ""
+        for name, path in (
+            ("grpc_server_cert", args.grpc_server_cert),
+            ("grpc_server_key", args.grpc_server_key),
+            ("grpc_root_cert", args.grpc_root_cert),
+        )
+    }
+    return {"grpc_use_ssl": use, "grpc_use_ssl_mutual": mutual, **files}
 
 
 def log_settings(args: argparse.Namespace) -> LogSettings:

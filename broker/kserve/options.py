@@ -34,6 +34,13 @@ class FrontendOptions:
     http_header_timeout: float = 60.0  # a request's headers, and an idle keep-alive
     http_body_timeout: float = 60.0  # a body, once its headers are in
     http_body_budget: int = 0  # all bodies being received (0: twice the largest body)
+    # gRPC over SSL/TLS (Triton's flags): the server's certificate chain and key (PEM files),
+    # and with mutual authentication the root certificates client certificates must chain to
+    grpc_use_ssl: bool = False
+    grpc_use_ssl_mutual: bool = False
+    grpc_server_cert: str = ""
+    grpc_server_key: str = ""
+    grpc_root_cert: str = ""
 
     @property
     def enabled(self) -> bool:

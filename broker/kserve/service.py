@@ -18,7 +18,7 @@ import socket
 import grpc
 from aiohttp import web
 
-from inferpool.broker.kserve import health, http_app
+from inferpool.broker.kserve import grpc_ssl, health, http_app
 from inferpool.broker.kserve.callers import Callers
 from inferpool.broker.kserve.channel import BrokerChannel
 from inferpool.broker.kserve.grpc_handlers import add_to_server
@@ -103,16 +103,22 @@ class Listeners:
         log.info("%s on http://%s:%d", what, _host(address), port)
 
     async def _serve_grpc(self, servicer: InferenceServicer, address: str, port: int) -> None:
-        limit = ("grpc.max_receive_message_length", self._options.max_message)
+        opts = self._options
+        limit = ("grpc.max_receive_message_length", opts.max_message)
+        secure = grpc_ssl.credentials(opts)  # (a certificate that cannot be read: here)
         server = grpc.aio.server(options=[*_GRPC_OPTIONS, limit])
         add_to_server(servicer, server)
+        where = f"{_host(address)}:{port}"
         try:
-            server.add_insecure_port(f"{_host(address)}:{port}")
+            if secure is None:
+                server.add_insecure_port(where)
+            else:
+                server.add_secure_port(where, secure)
         except RuntimeError:  # grpc does not say why: a plain bind on the address does
             raise _bind_error("gRPC", "grpc", address, port, _why_not(address, port)) from None
         await server.start()
         self._stack.push_async_callback(server.stop, STOP_GRACE_S)
-        log.info("gRPC on %s:%d", _host(address), port)
+        log.info("gRPC on %s%s", where, grpc_ssl.describe(opts))
 
     async def close(self) -> None:
         """Stop every listener (the calls in progress get ``STOP_GRACE_S`` to finish)."""
