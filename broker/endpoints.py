@@ -88,6 +88,7 @@ def listen(
     if kserve_path:
         kserve = _router(stack, ctx)
         _socket_directory(kserve_path, os.path.dirname(kserve_path), ipc_group)
+        _sweep_kserve_sockets(os.path.dirname(kserve_path))
         kserve.bind(f"ipc://{kserve_path}")
         stack.callback(_remove, kserve_path)
         os.chmod(kserve_path, 0o600)
@@ -133,6 +134,26 @@ def _socket_directory(endpoint: str, directory: str, group: bool) -> None:
     if why:
         raise InferpoolError(Code.UNAVAILABLE, f"cannot listen on {endpoint}: {directory} {why}")
     os.chmod(directory, 0o750 if group else 0o700)
+
+
+def _sweep_kserve_sockets(directory: str) -> None:
+    """Remove the KServe frontends' sockets (``kserve-<broker pid>.sock``) that brokers
+    killed before they could remove their own left in ``directory``."""
+    for name in os.listdir(directory):
+        pid = name[len("kserve-") : -len(".sock")]
+        ours = name.startswith("kserve-") and name.endswith(".sock") and pid.isdigit()
+        if ours and not _alive(int(pid)):
+            _remove(os.path.join(directory, name))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _unlink_run(run_id: str) -> None:

@@ -13,8 +13,11 @@ In one run, with the same pinning for both:
              and released with the next request; next to it, one numpy copy of each size
              (the identity backend's own copy, input -> output, is the only copy allowed);
 - kserve:    Triton's clients (tritonclient.http, tritonclient.grpc; binary tensors) through
-             the same server's KServe v2 frontends, next to the zmq client at 64 B and 1 MiB:
-             what each frontend adds over the zmq path;
+             the same server's KServe v2 frontends, next to the zmq client and to the same
+             clients against servers that only echo (at 64 B their floor), at every size; 8 client
+             processes of each at 64 B; Triton's system shared memory through both frontends
+             next to ShmClient at 1 and 64 MiB; the CPU the broker, the frontends' process
+             and the workers spend per request (scripts/bench_kserve.py);
 - trace:     the zmq client and tritonclient.http at 64 B with the server's tracing off and
              on (TIMESTAMPS, every request traced), next to the relay: what tracing costs
              (the server always runs with a trace file, tracing off unless a part turns it on);
@@ -65,6 +68,7 @@ import zmq
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import bench_kserve  # noqa: E402
 import bench_lanes  # noqa: E402
 
 from inferpool.client import Client, ShmClient  # noqa: E402
@@ -175,43 +179,14 @@ def inferpool_client(
             c.infer("bench", {"INPUT0": x})
         start.wait()
         lat = []
+        spent = time.process_time()
         t0 = time.perf_counter()
         for _ in range(iterations):
             t = time.perf_counter()
             c.infer("bench", {"INPUT0": x})
             lat.append(time.perf_counter() - t)
-    out.put((t0, time.perf_counter(), lat))
-
-
-def kserve_client(
-    protocol: str, endpoint: str, nbytes: int, iterations: int, cpu: int, start: Any, out: Any
-) -> None:
-    """tritonclient.http or tritonclient.grpc, binary tensors both ways (their defaults)."""
-    pin(cpu)
-    import tritonclient.grpc as grpcclient
-    import tritonclient.http as httpclient
-
-    tc: Any = httpclient if protocol == "http" else grpcclient
-    x = np.frombuffer(np.random.bytes(nbytes), dtype=np.uint8).reshape(1, nbytes)
-    client = tc.InferenceServerClient(endpoint)
-    inp = tc.InferInput("INPUT0", [1, nbytes], "UINT8")
-    inp.set_data_from_numpy(x)
-    wanted = [tc.InferRequestedOutput("OUTPUT0")]
-
-    def once() -> None:
-        client.infer("bench", [inp], outputs=wanted).as_numpy("OUTPUT0")
-
-    for _ in range(warmups(iterations)):
-        once()
-    start.wait()
-    lat = []
-    t0 = time.perf_counter()
-    for _ in range(iterations):
-        t = time.perf_counter()
-        once()
-        lat.append(time.perf_counter() - t)
-    client.close()
-    out.put((t0, time.perf_counter(), lat))
+        t1 = time.perf_counter()
+    out.put((t0, t1, lat, {"cpu_s": time.process_time() - spent}))
 
 
 BENCH_CONFIG = """
@@ -278,12 +253,14 @@ def start_inferpool(tmp: Path, layout: dict[str, int]) -> tuple[subprocess.Popen
     )
     with Client(endpoint, timeout=5) as c:
         c.wait_ready(120)
+    SERVER["pid"] = proc.pid
     return proc, endpoint
 
 
 # ============================================================================ measuring
 ROUNDS = 3  # each system is measured in this many alternating chunks
 KSERVE: dict[str, str] = {}  # protocol -> host:port of the running server's frontend
+SERVER: dict[str, int] = {}  # the running server's broker pid
 
 
 def _chunk(
@@ -309,17 +286,28 @@ def _chunk(
 
 
 def measure(
-    systems: dict[str, tuple[Any, str]], nbytes: int, clients: int, cpu: int
-) -> dict[str, dict[str, float]]:
-    """p50/p99 and requests/s of each system, measured in alternating rounds."""
+    systems: dict[str, tuple[Any, str]],
+    nbytes: int,
+    clients: int,
+    cpu: int,
+    processes: dict[str, list[int]] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """p50/p99 and requests/s of each system, measured in alternating rounds; with
+    ``processes`` (groups of the server's), the CPU each group spent per request."""
     total = ITERATIONS[nbytes] if clients == 1 else max(10, ITERATIONS[nbytes] // 2)
     per_round = max(5, total // ROUNDS)
     lat: dict[str, list[float]] = {name: [] for name in systems}
     wall = dict.fromkeys(systems, 0.0)
     waits: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
+    spent: dict[str, dict[str, float]] = {name: {} for name in systems}
     for _ in range(ROUNDS):
         for name, (target, endpoint) in systems.items():
+            before = bench_kserve.cpu_seconds(processes) if processes else {}
             samples, seconds, said = _chunk(target, endpoint, nbytes, per_round, clients, cpu)
+            if processes:
+                after = bench_kserve.cpu_seconds(processes)
+                for group in after:
+                    spent[name][group] = spent[name].get(group, 0.0) + after[group] - before[group]
             lat[name] += samples
             wall[name] += seconds
             waits[name] += said
@@ -332,7 +320,13 @@ def measure(
             "rps": len(us) / wall[name],
             "requests": len(us),
         }
-        if waits[name]:
+        if spent[name]:  # (the warm-up round trips, as many per chunk, are counted too)
+            count = len(us) + ROUNDS * clients * warmups(per_round)
+            out[name]["cpu_us"] = {g: t / count * 1e6 for g, t in spent[name].items()}
+        said = waits[name]
+        if said and "cpu_s" in said[0]:  # what the client processes spent, per request
+            out[name]["client_cpu_us"] = sum(w["cpu_s"] for w in said) / len(us) * 1e6
+        if said and "spun" in said[0]:
             out[name]["waits"] = {
                 "spun": sum(w["spun"] for w in waits[name]),
                 "slept": sum(w["slept"] for w in waits[name]),
@@ -576,49 +570,127 @@ def print_shm_row(r: dict[str, Any]) -> None:
 
 
 # ============================================================================ KServe frontends
-KSERVE_SIZES = SIZES[:2]
+KSERVE_SHM_SIZES = [("1 MiB", 1 << 20), ("64 MiB", 64 << 20)]
+KSERVE_GOALS = {"64 B": 1.5, "1 MiB": 2.0, "16 MiB": 2.0, "64 MiB": 2.0}  # p50 x zmq, at most
+MANY_GOAL = 0.7  # 8 tritonclient processes' req/s over 8 zmq Clients', at least
+SHM_GOAL = 1.2  # Triton's shared-memory extension's p50 over ShmClient's, at most
 
 
-def run_kserve_layout(name: str, layout: dict[str, int]) -> list[dict[str, Any]]:
-    """tritonclient over HTTP and gRPC next to the zmq client and the relay, same server."""
+def run_kserve_layout(
+    name: str, layout: dict[str, int], sizes: list[tuple[str, int]]
+) -> dict[str, Any]:
+    """tritonclient over HTTP and gRPC next to the zmq client, the relay and tritonclient's
+    floor (the same code against servers that only echo), same server, at every size; 8
+    client processes of each at 64 B; Triton's system shared memory through both frontends
+    next to ShmClient; the CPU each server process spends per request."""
+    cpu = layout["client"]
+    load = os.getloadavg()[0]
     rows: list[dict[str, Any]] = []
-    with started(layout) as endpoints:
+    with started(layout) as endpoints, bench_kserve.echo_servers(layout["broker"]) as echo:
+        procs = bench_kserve.server_processes(SERVER["pid"])
+        tc = bench_kserve.kserve_client
         systems = {
             "relay": (functools.partial(relay_client, lean=False), endpoints["relay"]),
             "zmq": (inferpool_client, endpoints["inferpool"]),
-            "http": (functools.partial(kserve_client, "http"), endpoints["http"]),
-            "grpc": (functools.partial(kserve_client, "grpc"), endpoints["grpc"]),
+            "http": (functools.partial(tc, "http"), endpoints["http"]),
+            "grpc": (functools.partial(tc, "grpc"), endpoints["grpc"]),
+            "http echo": (functools.partial(tc, "http"), echo["http"]),
+            "grpc echo": (functools.partial(tc, "grpc"), echo["grpc"]),
         }
-        for label, nbytes in KSERVE_SIZES:
-            m = measure(systems, nbytes, 1, layout["client"])
-            zmq_p50 = m["zmq"]["p50_us"]
+        for label, nbytes in sizes:
+            m = measure(systems, nbytes, 1, cpu, procs)
             row: dict[str, Any] = {"layout": name, "size": label, "bytes": nbytes, **m}
+            zmq_p50 = m["zmq"]["p50_us"]
             for protocol in ("http", "grpc"):
                 row[f"{protocol}_over_zmq"] = m[protocol]["p50_us"] / zmq_p50
-                row[f"{protocol}_adds_us"] = m[protocol]["p50_us"] - zmq_p50
+                row[f"{protocol}_echo_over_zmq"] = m[f"{protocol} echo"]["p50_us"] / zmq_p50
+                row[f"{protocol}_client_over_zmq"] = m[protocol]["client_cpu_us"] / zmq_p50
             rows.append(row)
             print_kserve_row(row)
-    return rows
+        many = measure({k: systems[k] for k in ("zmq", "http", "grpc")}, 64, MANY, cpu)
+        shm_rows = []
+        for label, nbytes in KSERVE_SHM_SIZES:
+            shm = measure(
+                {
+                    "shm": (shm_client, endpoints["inferpool"]),
+                    "http shm": (
+                        functools.partial(bench_kserve.triton_shm_client, "http"),
+                        endpoints["http"],
+                    ),
+                    "grpc shm": (
+                        functools.partial(bench_kserve.triton_shm_client, "grpc"),
+                        endpoints["grpc"],
+                    ),
+                },
+                nbytes,
+                1,
+                cpu,
+            )
+            shm_rows.append({"size": label, "bytes": nbytes, **shm})
+    result = {
+        "layout": name,
+        "load": [load, os.getloadavg()[0]],
+        "rows": rows,
+        "many": many,
+        "shm": shm_rows,
+    }
+    print_kserve_goals(result)
+    return result
 
 
 KSERVE_HEADER = (
-    f"{'layout':6} {'size':>7} | {'relay p50':>9} | {'zmq p50':>8} {'p99':>7} | "
-    f"{'http p50':>8} {'p99':>7} {'x zmq':>5} {'+us':>6} | "
-    f"{'grpc p50':>8} {'p99':>7} {'x zmq':>5} {'+us':>6}"
+    f"{'layout':6} {'size':>7} | {'relay p50':>9} | {'zmq p50':>8} | {'http p50':>8} {'x zmq':>5} "
+    f"{'echo x':>6} | {'grpc p50':>8} {'x zmq':>5} {'echo x':>6} | CPU us per request "
+    "(client/broker/frontends/workers): zmq; http; grpc"
 )
 
 
+def _cpu_text(x: dict[str, Any]) -> str:
+    c = {"client": x.get("client_cpu_us", 0), **x.get("cpu_us", {})}
+    return "/".join(f"{c.get(g, 0):.0f}" for g in ("client", "broker", "frontends", "workers"))
+
+
 def print_kserve_row(r: dict[str, Any]) -> None:
-    z, h, g = r["zmq"], r["http"], r["grpc"]
     print(
         f"{r['layout']:6} {r['size']:>7} | {r['relay']['p50_us']:7.0f}us | "
-        f"{z['p50_us']:6.0f}us {z['p99_us']:5.0f}us | "
-        f"{h['p50_us']:6.0f}us {h['p99_us']:5.0f}us {r['http_over_zmq']:5.2f} "
-        f"{r['http_adds_us']:6.0f} | "
-        f"{g['p50_us']:6.0f}us {g['p99_us']:5.0f}us {r['grpc_over_zmq']:5.2f} "
-        f"{r['grpc_adds_us']:6.0f}",
+        f"{r['zmq']['p50_us']:6.0f}us | "
+        f"{r['http']['p50_us']:6.0f}us {r['http_over_zmq']:5.2f} {r['http_echo_over_zmq']:6.2f} | "
+        f"{r['grpc']['p50_us']:6.0f}us {r['grpc_over_zmq']:5.2f} {r['grpc_echo_over_zmq']:6.2f} | "
+        f"{_cpu_text(r['zmq'])}; {_cpu_text(r['http'])}; {_cpu_text(r['grpc'])}",
         flush=True,
     )
+
+
+def print_kserve_goals(result: dict[str, Any]) -> None:
+    """Every goal's ratio, met or not, with the load average before and after."""
+    load = result["load"]
+    print(f"{result['layout']:6} goals (load average {load[0]:.2f} -> {load[1]:.2f}):")
+    for r in result["rows"]:
+        goal = KSERVE_GOALS[r["size"]]
+        for protocol in ("http", "grpc"):
+            ratio = r[f"{protocol}_over_zmq"]
+            print(
+                f"  {r['size']:>7} {protocol:4} p50 / zmq p50 {ratio:5.2f} (<= {goal}: "
+                f"{'yes' if ratio <= goal else 'NO'}; tritonclient's own CPU per request "
+                f"alone: {r[f'{protocol}_client_over_zmq']:.2f} x zmq p50; against an echo "
+                f"server: {r[f'{protocol}_echo_over_zmq']:.2f})"
+            )
+    many = result["many"]
+    for protocol in ("http", "grpc"):
+        ratio = many[protocol]["rps"] / many["zmq"]["rps"]
+        print(
+            f"  {MANY} x {protocol:4} 64 B: {many[protocol]['rps']:.0f} req/s / {MANY} zmq "
+            f"Clients' {many['zmq']['rps']:.0f} = {ratio:.2f} (>= {MANY_GOAL}: "
+            f"{'yes' if ratio >= MANY_GOAL else 'NO'})"
+        )
+    for r in result["shm"]:
+        for protocol in ("http", "grpc"):
+            ratio = r[f"{protocol} shm"]["p50_us"] / r["shm"]["p50_us"]
+            print(
+                f"  {r['size']:>7} Triton system shm over {protocol:4}: p50 "
+                f"{r[f'{protocol} shm']['p50_us']:.0f}us / ShmClient {r['shm']['p50_us']:.0f}us "
+                f"= {ratio:.2f} (<= {SHM_GOAL}: {'yes' if ratio <= SHM_GOAL else 'NO'})"
+            )
 
 
 # ============================================================================ tracing
@@ -637,7 +709,7 @@ def run_trace_layout(name: str, layout: dict[str, int]) -> dict[str, Any]:
         systems: dict[str, tuple[Any, str]] = {"relay": relay_systems(endpoints)["relay"]}
         for label, client, endpoint in (
             ("zmq", inferpool_client, server),
-            ("http", functools.partial(kserve_client, "http"), endpoints["http"]),
+            ("http", functools.partial(bench_kserve.kserve_client, "http"), endpoints["http"]),
         ):
             for state, level in (("off", ["OFF"]), ("on", ["TIMESTAMPS"])):
                 target = functools.partial(with_tracing, level, server, client)
@@ -826,10 +898,11 @@ def main() -> int:
     if args.part in ("kserve", "all"):
         print(
             "KServe frontends: tritonclient (binary tensors) through the same server as the zmq "
-            "client; x zmq = p50 / zmq p50, +us = p50 - zmq p50 (what the frontend adds)"
+            "client; x zmq = p50 / zmq p50; echo x = the same client against a server that "
+            "only echoes, over zmq p50"
         )
         print(KSERVE_HEADER)
-        kserve_rows = [r for name in layouts for r in run_kserve_layout(name, LAYOUTS[name])]
+        kserve_rows = [run_kserve_layout(name, LAYOUTS[name], sizes) for name in layouts]
     trace_rows: list[dict[str, Any]] = []
     if args.part in ("trace", "all"):
         print("tracing: 64 B, p50 off over the relay's, p50 on (every request traced) over off")

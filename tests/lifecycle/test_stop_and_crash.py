@@ -6,6 +6,7 @@ import os
 import signal
 import time
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -13,6 +14,7 @@ import pytest
 
 from inferpool.client import Client, InferpoolError
 from inferpool.shm.runs import regions_of_run, run_is_alive
+from inferpool.wire.paths import default_run_dir
 from tests.lifecycle.helpers import NAP, instance, send_act, write_act_model
 from tests.support import (
     EXAMPLES,
@@ -93,15 +95,18 @@ def test_killed_broker_takes_its_workers_and_the_next_start_sweeps(short_tmp) ->
         ]
         assert len(pids) > len(first.worker_pids())
         run = first.run_id
+        kserve_socket = Path(default_run_dir(), f"kserve-{first.proc.pid}.sock")
+        assert kserve_socket.exists()
         first.proc.send_signal(signal.SIGKILL)  # the broker alone, not its process group
         first.proc.wait(10)
         # parent-death signal: workers go with the broker
         wait_until(lambda: not any(alive(pid) for pid in pids))
         # its regions stay until a broker starts (another session's may sweep them first)
         assert not run_is_alive(run)
-        second = Server(short_tmp, EXAMPLES)
+        second = Server(short_tmp, EXAMPLES, kserve=True)
         with second:
             assert regions_of_run(run) == []
+            assert not kserve_socket.exists()  # a killed broker's socket is swept too
         assert second.proc.returncode == 0
 
 
