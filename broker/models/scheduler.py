@@ -2,10 +2,13 @@
 
 Each instance has at most one batch in flight (as Triton's backend threads), so requests
 wait here, where queue time is measured and batches can form.  Without ``dynamic_batching``
-a batch is one request; with it, queued requests are grouped up to ``max_batch_size``,
-waiting at most ``max_queue_delay_microseconds`` for a preferred size.  A batch is also
-closed before its requests would outgrow one message to the worker (``BATCH_BYTES``).  The
-queue itself (priority levels, queue policies, timeouts) is ``models.queue_policy``'s.
+a batch is one request; with it, queued requests are grouped as Triton's dynamic batcher
+groups them: up to the largest ``preferred_batch_size`` (``max_batch_size`` without one); a
+batch that reaches a preferred size goes at once, the largest such one while the oldest
+request has waited less than ``max_queue_delay_microseconds``; otherwise the batch waits for
+more requests until that delay has passed, then goes as it is.  A batch is also closed
+before its requests would outgrow one message to the worker (``BATCH_BYTES``).  The queue
+itself (priority levels, queue policies, timeouts) is ``models.queue_policy``'s.
 """
 
 from __future__ import annotations
@@ -52,8 +55,9 @@ class Scheduler:
         self.batching = cfg.HasField("dynamic_batching") and model.max_batch_size > 0
         dyn = cfg.dynamic_batching
         self.delay_ns = int(dyn.max_queue_delay_microseconds) * 1000 if self.batching else 0
-        preferred = sorted(int(s) for s in dyn.preferred_batch_size) if self.batching else []
-        self.target = preferred[-1] if preferred else model.max_batch_size
+        preferred = {int(s) for s in dyn.preferred_batch_size} if self.batching else set()
+        self.preferred = frozenset(preferred)
+        self.target = max(preferred, default=model.max_batch_size)
         self.gathering = False  # requests are arriving together: pump once all are queued
 
     # ------------------------------------------------------------------ instances
@@ -111,22 +115,23 @@ class Scheduler:
             return [queue.popleft()]
         total = 0
         count = 0
-        limit = self.model.max_batch_size
+        preferred = 0  # the requests of the largest preferred batch met on the way
+        limit = self.target
         room = BATCH_BYTES
-        for req in queue:
+        for taken, req in enumerate(queue, 1):
             if total + req.batch_size > limit or req.wire_bytes > room:
                 break
             total += req.batch_size
             room -= req.wire_bytes + 1
-            count += 1
-        count = max(count, 1)
-        if (
-            total < self.target
-            and count == len(queue)
-            and self.delay_ns
-            and now_ns - queue[0].received_ns < self.delay_ns
-        ):
+            count = taken
+            if total in self.preferred:
+                preferred = taken
+        waited = not self.delay_ns or now_ns - queue[0].received_ns >= self.delay_ns
+        if preferred and not waited:
+            count = preferred  # a preferred size, before the delay: the largest one at once
+        elif total < self.target and count == len(queue) and not waited:
             return None  # wait a little longer for a fuller batch
+        count = max(count, 1)
         popleft = queue.popleft
         batch = [popleft()]
         for _ in range(count - 1):
