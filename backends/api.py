@@ -89,6 +89,7 @@ __all__ = [
     "StatisticsReporter",
     "Timestamps",
     "batch_size_of",
+    "checked_batch_size",
     "copy_into",
     "iter_responses",
     "now_ns",
@@ -247,6 +248,22 @@ def batch_size_of(request: Request, supports_batching: bool) -> int:
         return 1
     first = next(iter(request.inputs.values()))
     return first.shape[0] if first.shape else 1
+
+
+def checked_batch_size(first: InputTensor, max_batch_size: int, model: str) -> int:
+    """The rows of a request to a batching model, read from its first input ``first``;
+    INVALID_ARG when it has no batch dimension or more rows than ``max_batch_size``."""
+    if not first.shape:
+        raise invalid_arg(
+            f"input '{first.name}' of model '{model}' needs a batch dimension "
+            f"(max_batch_size {max_batch_size}), got shape []"
+        )
+    rows = first.shape[0]
+    if rows > max_batch_size:
+        raise invalid_arg(
+            f"inference request batch-size must be <= {max_batch_size} for '{model}', got {rows}"
+        )
+    return rows
 
 
 def iter_responses(requests: Sequence[Request], result: Any) -> Iterator[tuple[Request, Any]]:

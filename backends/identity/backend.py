@@ -26,24 +26,13 @@ from inferpool.backends.api import (
     copy_into,
     now_ns,
 )
+from inferpool.backends.parameters import int_parameter
 from inferpool.wire import codec
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg
 
 
 def _shape_str(shape: list[int]) -> str:
     return "[" + ",".join(str(d) for d in shape) + "]"
-
-
-def _int_parameter(model: Model, key: str) -> int:
-    raw = model.parameter(key)
-    if raw is None:
-        return 0
-    try:
-        return int(raw)
-    except ValueError:
-        raise invalid_arg(
-            f"parameter '{key}' of model '{model.name}' must be an integer, got {raw!r}"
-        ) from None
 
 
 # The seed's example response parameters: one of each kind (string, int, bool, double).
@@ -65,11 +54,13 @@ class IdentityModel(Model):
         self._validate()
         # each output's input, named once: OUTPUT<i> answers with INPUT<i>
         self.sources = {o.name: "INPUT" + o.name[len("OUTPUT") :] for o in self.config.output}
-        self.execute_delay_ms = _int_parameter(self, "execute_delay_ms")
+        self.execute_delay_ms = int_parameter(self, "execute_delay_ms") or 0
         self.delay_multiplier = (
-            _int_parameter(self, "instance_wise_delay_multiplier") if self.execute_delay_ms else 0
+            int_parameter(self, "instance_wise_delay_multiplier") or 0
+            if self.execute_delay_ms
+            else 0
         )
-        creation_delay = _int_parameter(self, "creation_delay_sec")
+        creation_delay = int_parameter(self, "creation_delay_sec") or 0
         if creation_delay > 0:
             self.log.info("Creation delay is set to: %d", creation_delay)
             time.sleep(creation_delay)

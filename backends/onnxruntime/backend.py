@@ -23,6 +23,7 @@ from inferpool.backends.api import (
     ModelInstance,
     Request,
     Response,
+    checked_batch_size,
     now_ns,
 )
 from inferpool.backends.onnxruntime import session
@@ -193,18 +194,7 @@ class OnnxInstance(ModelInstance):
         if not self.batching:
             return 1
         first = next(iter(request.inputs.values()))
-        if not first.shape:
-            raise invalid_arg(
-                f"input '{first.name}' of model '{self.model.name}' needs a batch dimension "
-                f"(max_batch_size {self.max_batch_size}), got shape []"
-            )
-        rows = first.shape[0]
-        if rows > self.max_batch_size:
-            raise invalid_arg(
-                f"inference request batch-size must be <= {self.max_batch_size} for "
-                f"'{self.model.name}', got {rows}"
-            )
-        return rows
+        return checked_batch_size(first, self.max_batch_size, self.model.name)
 
     def _run(
         self, group: list[Request], rows: int, responses: dict[int, Response]

@@ -27,7 +27,15 @@ from typing import Any
 import numpy as np
 
 from inferpool.backends import extras, model_io
-from inferpool.backends.api import Backend, Model, ModelInstance, Request, Response, now_ns
+from inferpool.backends.api import (
+    Backend,
+    Model,
+    ModelInstance,
+    Request,
+    Response,
+    batch_size_of,
+    now_ns,
+)
 from inferpool.backends.spans import contiguous_span
 from inferpool.backends.threads import pinned_cores
 from inferpool.wire import codec
@@ -205,7 +213,7 @@ class OpenVinoInstance(ModelInstance):
     def execute(self, requests: list[Request]) -> None:
         exec_start = now_ns()
         responses = [Response(r) for r in requests]
-        rows = sum(_rows(r) for r in requests) if self.batching else len(requests)
+        rows = sum(batch_size_of(r, True) for r in requests) if self.batching else len(requests)
         compute_start = compute_end = exec_start
         try:
             if self.batching and rows > self.model.max_batch_size:
@@ -267,7 +275,7 @@ class OpenVinoInstance(ModelInstance):
             data = infer.get_output_tensor(index).data
             row = 0
             for request, response in zip(requests, responses, strict=True):
-                n = _rows(request) if self.batching else 0
+                n = batch_size_of(request, True) if self.batching else 0
                 part = data[row : row + n] if self.batching else data
                 row += n
                 if name in request.requested_outputs:
@@ -292,11 +300,6 @@ class OpenVinoInstance(ModelInstance):
             target = responses[0].output(name, shapes[name], datatype)
             self.placing.set_output_tensor(index, ov.Tensor(target, shared_memory=True))
         return True
-
-
-def _rows(request: Request) -> int:
-    first = next(iter(request.inputs.values()))
-    return first.shape[0] if first.shape else 1
 
 
 class OpenVinoBackend(Backend):

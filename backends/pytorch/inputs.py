@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from inferpool.backends.api import InputTensor, Request
+from inferpool.backends.api import InputTensor, Request, checked_batch_size
 from inferpool.backends.pytorch import dtypes
 from inferpool.backends.pytorch.naming import InputLayout, TensorSpec
 from inferpool.backends.sequence import Control, State
@@ -92,7 +92,11 @@ class InputAssembler:
         given = request.inputs
         if given.keys() != self.names:  # not exactly the config's inputs: say what is wrong
             self._check_names(request)
-        batch = self._batch_size(given[self.inputs[0].name]) if self.batching else 1
+        batch = (
+            checked_batch_size(given[self.inputs[0].name], self.max_batch_size, self.model)
+            if self.batching
+            else 1
+        )
         value = self._value
         values = {s.name: value(given[s.name], s, batch) for s in self.inputs}
         prepared = _prepared(Prepared, (request, batch, values))
@@ -129,20 +133,6 @@ class InputAssembler:
             prepared.values[state.input_name] = self._value(
                 request.input(state.input_name), self.specs[state.input_name], prepared.batch
             )
-
-    def _batch_size(self, first: InputTensor) -> int:
-        if not first.shape:
-            raise invalid_arg(
-                f"input '{first.name}' of model '{self.model}' needs a batch dimension "
-                f"(max_batch_size {self.max_batch_size}), got shape []"
-            )
-        batch = first.shape[0]
-        if batch > self.max_batch_size:
-            raise invalid_arg(
-                f"inference request batch-size must be <= {self.max_batch_size} for "
-                f"'{self.model}', got {batch}"
-            )
-        return batch
 
     def _value(self, tensor: InputTensor, spec: TensorSpec, batch: int) -> Any:
         if tensor.datatype != spec.datatype:

@@ -102,7 +102,7 @@ def test_a_bad_request_does_not_sink_the_batch() -> None:
             identity_config(
                 "x", extra='parameters { key: "execute_delay_ms" value: { string_value: "soon" } }'
             ),
-            "parameter 'execute_delay_ms' of model 'x' must be an integer, got 'soon'",
+            "parameter 'execute_delay_ms' of model 'x': failed to convert 'soon' to integral number",
         ),
     ],
 )
