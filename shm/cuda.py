@@ -89,6 +89,12 @@ def _view(cupy: Any, ptr: int, nbytes: int, owner: Any, device: int) -> Any:
     return cupy.ndarray((nbytes,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(memory, 0))
 
 
+def device_bytes(ptr: int, nbytes: int, owner: Any, device: int) -> Any:
+    """A cupy uint8 array over ``nbytes`` of device memory at ``ptr`` on ``device`` (a CUDA
+    ordinal), no copy; ``owner`` is kept alive with it (the memory's owner)."""
+    return _view(_cupy(), ptr, nbytes, owner, device)
+
+
 @functools.cache
 def _libcuda() -> Any:
     return ctypes.CDLL("libcuda.so.1")

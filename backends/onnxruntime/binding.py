@@ -12,18 +12,31 @@ into each response.  Every byte copied is counted (:attr:`Binder.copied`).
 
 A KIND_GPU instance binds GPU inputs and outputs (a client's CUDA region) by their device
 address, and host memory by its host address: ONNX Runtime moves what its CUDA execution
-provider needs.
+provider needs.  Its CUDA provider works on a stream of its own: a batch's GPU inputs are
+joined on the device and the join finished before the run; after the run the outputs are
+synchronized (``IOBinding.synchronize_outputs``), and copies out of ONNX Runtime's device
+memory are finished before the binding lets that memory go.  Outputs ONNX Runtime allocated
+are read by their address (``OrtValue.data_ptr``), as every supported version allows.
 """
 
 from __future__ import annotations
 
+import ctypes
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from inferpool.backends.api import InputTensor, Request, Response, copy_into, now_ns
+from inferpool.backends.api import (
+    InputTensor,
+    Request,
+    Response,
+    batch_size_of,
+    copy_into,
+    now_ns,
+)
 from inferpool.backends.onnxruntime.dtypes import element_type
 from inferpool.backends.spans import contiguous_span
 from inferpool.shm import cuda
@@ -98,6 +111,7 @@ class Binder:
         self.bound = bound
         self.binding = session.io_binding()
         self.copied = 0  # bytes copied, in all
+        self.device_reads = False  # an output in ONNX Runtime's device memory was read
 
     def _gather(self, parts: Sequence[InputTensor]) -> Any:
         """One input of every request of the batch, as one array where they lie."""
@@ -113,10 +127,12 @@ class Binder:
             if data is None:
                 data = np.concatenate(arrays)
                 self.copied += data.nbytes
-        else:  # parts on a GPU: the device joins them
+        else:  # parts on a GPU: the device joins them, before ONNX Runtime reads them
             import cupy
 
             data = cupy.concatenate([cuda.as_cupy(p.data) for p in parts])
+            cupy.cuda.get_current_stream().synchronize()
+            self.copied += data.nbytes
         if not on_host and not (self.on_gpu and self.bound):  # GPU memory, read on the host
             data = codec.host_array(data)
             self.copied += data.nbytes
@@ -145,12 +161,17 @@ class Binder:
             pending = [(spec, self._bind_output(spec, group, responses, rows)) for spec in wanted]
             compute_start = now_ns()
             self._call(self.session.run_with_iobinding, binding, self.run_options)
+            if self.on_gpu:
+                binding.synchronize_outputs()
             for (spec, target), value in zip(pending, binding.get_outputs(), strict=True):
                 if target is None:
                     self._scatter(spec, value, group, responses)
                 elif target is not _PLACED:
-                    copy_into(target, _readable(spec, value))
+                    copy_into(target, self._readable(spec, value))
                     self.copied += target.nbytes
+            if self.device_reads:  # copies out of ONNX Runtime's device memory end before
+                self.device_reads = False  # the binding frees it
+                cuda.synchronize([self.ordinal])
             return compute_start
         finally:
             binding.clear_binding_inputs()
@@ -188,16 +209,16 @@ class Binder:
     ) -> None:
         """Copy an output ONNX Runtime wrote into its own memory into each response that
         asked for it (its rows of the batch)."""
-        data = _readable(spec, value)
+        data = self._readable(spec, value)
         shape = tuple(data.shape)
-        rows = sum(_rows(r) for r in group) if self.batching else 0
+        rows = sum(batch_size_of(r, True) for r in group) if self.batching else 0
         if self.batching and (not shape or shape[0] != rows):
             raise internal(
                 f"output '{spec.name}' has shape {list(shape)}, but the batch holds {rows} rows"
             )
         row = 0
         for request, response in zip(group, responses, strict=True):
-            n = _rows(request) if self.batching else 0
+            n = batch_size_of(request, True) if self.batching else 0
             part = data[row : row + n] if self.batching else data
             row += n
             if spec.name not in request.requested_outputs:
@@ -209,25 +230,30 @@ class Binder:
             copy_into(target, part)
             self.copied += target.nbytes
 
+    def _readable(self, spec: OutputSpec, value: Any) -> Any:
+        """An output ONNX Runtime allocated (an ``OrtValue``), as an array over its memory,
+        valid while ``value`` lives (BYTES: a copy).  Read by its address, not by DLPack:
+        the ``OrtValue`` of ONNX Runtime before 1.24 (the last for Python 3.10 is 1.23) has
+        no ``__dlpack__``."""
+        if isinstance(value, np.ndarray):  # run() returns arrays
+            return value
+        if spec.datatype == "BYTES":
+            return value.numpy()
+        dtype = codec.numpy_dtype(spec.datatype)
+        shape = tuple(value.shape())
+        nbytes = math.prod(shape) * dtype.itemsize
+        if value.device_name() != "cpu":
+            self.device_reads = True
+            raw = cuda.device_bytes(value.data_ptr(), nbytes, value, self.ordinal)
+            return raw.view(dtype).reshape(shape)
+        if nbytes == 0:
+            return np.empty(shape, dtype)
+        raw = (ctypes.c_char * nbytes).from_address(value.data_ptr())
+        return np.frombuffer(raw, dtype=dtype).reshape(shape)
+
 
 _PLACED = object()  # an output bound to its response's slot: nothing to copy
 
 
-def _readable(spec: OutputSpec, value: Any) -> Any:
-    """An output ONNX Runtime allocated, as an array over its memory (BYTES: a copy)."""
-    if isinstance(value, np.ndarray):  # run() returns arrays
-        return value
-    if spec.datatype == "BYTES":
-        return value.numpy()
-    if value.device_name() == "cpu":
-        return np.from_dlpack(value)
-    return cuda.as_cupy(value)
-
-
 def _wanted(name: str, group: Sequence[Request]) -> bool:
     return any(name in r.requested_outputs for r in group)
-
-
-def _rows(request: Request) -> int:
-    first = next(iter(request.inputs.values()))
-    return first.shape[0] if first.shape else 1

@@ -15,6 +15,9 @@ import onnx
 from onnx import TensorProto, helper
 
 OPSET = [helper.make_operatorsetid("", 13)]
+# an IR version every supported onnxruntime reads: onnx 1.23 writes IR 14 by default, and
+# onnxruntime 1.23 (the last for Python 3.10) reads up to IR 11
+IR_VERSION = 8
 TYPES = {
     np.dtype(np.float32): (TensorProto.FLOAT, "TYPE_FP32"),
     np.dtype(np.float16): (TensorProto.FLOAT16, "TYPE_FP16"),
@@ -51,7 +54,7 @@ def add_sub(dtype: type = np.float32, dims: int | str = 16, batch: bool = True) 
         [_value("INPUT0", io, shape), _value("INPUT1", io, shape)],
         [_value("OUTPUT0", io, shape), _value("OUTPUT1", io, shape)],
     )
-    return helper.make_model(graph, opset_imports=OPSET)
+    return helper.make_model(graph, opset_imports=OPSET, ir_version=IR_VERSION)
 
 
 def accumulate() -> onnx.ModelProto:
@@ -77,7 +80,7 @@ def accumulate() -> onnx.ModelProto:
         ],
         initializer=[helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])],
     )
-    return helper.make_model(graph, opset_imports=OPSET)
+    return helper.make_model(graph, opset_imports=OPSET, ir_version=IR_VERSION)
 
 
 def add_sub_config(

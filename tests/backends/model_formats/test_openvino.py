@@ -20,7 +20,10 @@ OV_ONNX = 'name: "m" backend: "openvino" default_model_filename: "model.onnx"\n'
 
 def qa_model(model_dir: Path, batch: int = 8) -> None:
     """``openvino_float32_float32_float32`` as gen_qa_models.py builds it: a fixed batch."""
-    from openvino import opset1
+    try:
+        from openvino import opset1
+    except ImportError:  # before openvino 2024.4 the opsets lived in openvino.runtime
+        from openvino.runtime import opset1
 
     shape = [batch, 16]
     in0 = opset1.parameter(shape, np.float32, name="INPUT0")
