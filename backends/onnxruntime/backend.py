@@ -115,6 +115,9 @@ class OnnxInstance(ModelInstance):
         self.session = session.open_session(
             ort, path, settings, self.kind, self.cuda_ordinal, model.name, self.name
         )
+        self.log.info(
+            "instance '%s' runs on %s", self.name, ", ".join(self.session.get_providers())
+        )
         self.max_batch_size = model.max_batch_size
         self.batching = self.max_batch_size > 0
         self.binder = Binder(

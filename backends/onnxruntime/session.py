@@ -155,9 +155,17 @@ def open_session(
     """An inference session over ``path``; UNAVAILABLE naming the file when it cannot load."""
     chosen = providers(ort, kind, ordinal, settings, instance)
     try:
-        return ort.InferenceSession(path, settings.session_options(ort), providers=chosen)
+        session = ort.InferenceSession(path, settings.session_options(ort), providers=chosen)
     except Exception as exc:
         raise unavailable(f"failed to load model '{model}' from '{path}': {exc}") from None
+    if kind == "GPU" and "CUDAExecutionProvider" not in session.get_providers():
+        # ONNX Runtime falls back to the CPU when CUDA or cuDNN libraries are missing
+        raise unavailable(
+            f"instance '{instance}' is KIND_GPU, but ONNX Runtime could not start its CUDA "
+            "execution provider (the CUDA and cuDNN libraries onnxruntime-gpu needs are "
+            "missing or do not match it); it would run on the CPU"
+        )
+    return session
 
 
 def tensors(args: list[Any]) -> list[ModelTensor]:

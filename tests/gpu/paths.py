@@ -48,6 +48,9 @@ ENSEMBLE_CUDA = "an ensemble with its tensors in CUDA regions"
 BLS_CUDA = "a BLS call with its tensors in CUDA regions"
 LANE_CUDA = "a lane with CUDA inputs"
 GPU_LOAD_LIMIT = "GPU load limit (--model-load-gpu-limit)"
+ONNX_CUDA = "onnxruntime KIND_GPU on the CUDA execution provider"
+ONNX_CUDA_REGIONS = "onnxruntime, inputs and outputs in CUDA regions"
+ONNX_CUDA_BATCH = "onnxruntime, a dynamic batch of CUDA inputs"
 
 PATHS = (
     IPC_ACROSS_PROCESSES,
@@ -76,6 +79,9 @@ PATHS = (
     BLS_CUDA,
     LANE_CUDA,
     GPU_LOAD_LIMIT,
+    ONNX_CUDA,
+    ONNX_CUDA_REGIONS,
+    ONNX_CUDA_BATCH,
 )
 ROOT = Path(__file__).resolve().parents[2]
 #: the test files that hold GPU cases (collected alone: the rest of the suite is not needed)
