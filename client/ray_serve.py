@@ -12,8 +12,12 @@ whose broker is loading, draining or gone fails it, Serve stops routing there an
 replica, and the replacement waits in its constructor until the broker is ready again, so it
 takes no request before.  A broker that does not answer at all is gone: the requests waiting on
 it are answered UNAVAILABLE at once, as are new ones until it is back, rather than each waiting
-out its timeout.  A drain (SIGTERM, ``POST /drain``) with ``--drain-delay`` above
-Serve's detection time (3 failed checks, ``health_check_period_s`` apart) loses no request.
+out its timeout.  A drain with ``--drain-delay`` above Serve's detection time (3 failed
+checks, ``health_check_period_s`` apart) loses no request: SIGTERM on the node, or
+:func:`drain_node` from anywhere in the cluster, which runs a Ray task on the node that sends
+the ``drain`` message over the node's own ipc endpoint, as the user Ray runs as there (the
+broker takes a drain only from its own user or root: a ``POST /drain`` from another host is
+refused).
 
 Callers use a DeploymentHandle (``await handle.infer.remote(model, {"INPUT0": array})``,
 numpy in and out) or HTTP through Serve's proxy: ``POST <route>/v2/models/<model>/infer`` with
@@ -38,6 +42,7 @@ from starlette.responses import JSONResponse
 
 from inferpool.client import kserve_json
 from inferpool.client.aio import AsyncClient
+from inferpool.client.sync import Client
 from inferpool.wire.errors import HTTP_STATUS, Code, InferpoolError
 
 log = logging.getLogger("inferpool.ray_serve")
@@ -136,6 +141,29 @@ class InferpoolNode:
 
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
+
+
+def drain_node(address: str, *, timeout: float = 60.0) -> dict[str, Any]:
+    """Drain the broker of the live Ray node at ``address`` (its IP, as Ray knows it): the
+    broker's answer (``draining``, ``reason``, ``inflight``).  Call it from a Ray driver
+    (``ray.init(address=...)``); NOT_FOUND if no live node has that address."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    node = next((n for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] == address), None)
+    if node is None:
+        raise InferpoolError(Code.NOT_FOUND, f"no live Ray node has the address {address}")
+    here = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+    task = ray.remote(num_cpus=0, max_retries=0)(_drain_here).options(scheduling_strategy=here)
+    answer: dict[str, Any] = ray.get(task.remote(), timeout=timeout)
+    return answer
+
+
+def _drain_here() -> dict[str, Any]:
+    """On the node: the drain message over its ipc endpoint ($INFERPOOL_ENDPOINT, as the
+    replicas use)."""
+    with Client(timeout=HEALTH_TIMEOUT_S) as client:
+        return client.drain()
 
 
 def node_deployment(

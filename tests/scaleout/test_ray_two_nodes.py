@@ -1,8 +1,12 @@
 """Ray Serve over two nodes, each with its own broker: serving through both, what Serve adds
-over direct zmq, a drain that fails no request, a killed broker whose traffic moves to the other
-node within a bounded time.  Opt-in (root, Ray Serve, about two minutes):
+over direct zmq, a drain (the adapter's ``drain_node``) that fails no request, a killed broker
+whose traffic moves to the other node within a bounded time.  Opt-in (root, Ray Serve):
 
     INFERPOOL_RAY_CLUSTER=1 python -m pytest -q -s tests/scaleout
+
+Not in the default run: the cluster takes about 70 s on a 2-core machine (Ray's start and
+Serve's deploy most of it), more than the suite's 5-minute budget leaves, and CI does not
+install Ray.  Load's threads are daemons stopped however a test ends: a failure fails fast.
 """
 
 from __future__ import annotations
@@ -34,8 +38,9 @@ pytestmark = [
     pytest.mark.timeout(600),
     pytest.mark.skipif(
         os.environ.get("INFERPOOL_RAY_CLUSTER") != "1",
-        reason="a two-node Ray cluster in network namespaces: INFERPOOL_RAY_CLUSTER=1 "
-        "(as root) runs it",
+        reason="a two-node Ray cluster in network namespaces takes about 70 s on 2 cores, more "
+        "than the suite's 5-minute budget leaves: INFERPOOL_RAY_CLUSTER=1 (as root, with "
+        "inferpool[ray]) runs it",
     ),
 ]
 DRAIN_DELAY = 8.0  # above Serve's detection: 3 failed health checks 1 s apart
@@ -77,6 +82,14 @@ ray.init(address=sys.argv[1])
 serve.start(http_options={"host": "0.0.0.0", "port": int(sys.argv[2])})
 serve.run(node_deployment(2, health_check_period_s=1.0), name="inferpool", route_prefix="/inferpool")
 """
+DRAIN = """
+import json
+import sys
+import ray
+from inferpool.client.ray_serve import drain_node
+ray.init(address=sys.argv[1])
+print(json.dumps(drain_node(sys.argv[2])))
+"""
 
 
 def ask(node: Node) -> tuple[int, str]:
@@ -98,12 +111,15 @@ def ask(node: Node) -> tuple[int, str]:
 
 class Load:
     """Threads sending requests back to back through the given proxies; every answer kept as
-    (time, status, node or error)."""
+    (time, status, node or error).  A context: the threads stop however the test ends (and
+    are daemons: a failed test never waits for them)."""
 
     def __init__(self, *proxies: Node) -> None:
         self.answers: list[tuple[float, int, str]] = []
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(p,)) for p in proxies]
+        self._threads = [
+            threading.Thread(target=self._run, args=(p,), daemon=True) for p in proxies
+        ]
         for t in self._threads:
             t.start()
 
@@ -117,6 +133,12 @@ class Load:
         for t in self._threads:
             t.join(60)
         return sorted(self.answers)
+
+    def __enter__(self) -> Load:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
 
 
 @pytest.fixture(scope="module")
@@ -191,16 +213,21 @@ def test_serves_through_both_nodes_and_reports_what_serve_adds(nodes: list[Node]
 
 def test_a_drained_node_fails_no_request(nodes: list[Node]) -> None:
     n1, n2 = nodes
-    load = Load(n1, n2)
-    wait_until(lambda: {a[2] for a in load.answers} >= {"n1", "n2"}, "both nodes serving", 60)
-    status, body = n2.health("/drain", "POST")
-    assert status == 200 and json.loads(body)["draining"], body
-    assert n2.broker is not None and n2.broker.wait(90) == 0, n2.log("broker")
-    stopped = time.monotonic()
-    wait_until(
-        lambda: sum(a[0] > stopped for a in load.answers) >= 20, "requests after the drain", 60
-    )
-    answers = load.stop()
+    with Load(n1, n2) as load:
+        wait_until(lambda: {a[2] for a in load.answers} >= {"n1", "n2"}, "both nodes serving", 60)
+        # a POST /drain from another host is refused (only the broker's user may drain) ...
+        status, body = n2.health("/drain", "POST")
+        assert status == 501 and "drain the server" in body, body
+        # ... the adapter drains it from the node itself, as the user Ray runs as there
+        driver = n1.run(sys.executable, "-c", DRAIN, f"{n1.ip}:6379", n2.ip, log="drain")
+        assert driver.wait(120) == 0, n1.log("drain")
+        assert json.loads(n1.log("drain").strip().splitlines()[-1])["draining"]
+        assert n2.broker is not None and n2.broker.wait(90) == 0, n2.log("broker")
+        stopped = time.monotonic()
+        wait_until(
+            lambda: sum(a[0] > stopped for a in load.answers) >= 20, "requests after the drain", 60
+        )
+        answers = load.stop()
     failed = [a for a in answers if a[1] != 200]
     assert not failed, failed[:5]
     assert {a[2] for a in answers if a[0] > stopped} == {"n1"}
@@ -213,7 +240,11 @@ def test_a_drained_node_fails_no_request(nodes: list[Node]) -> None:
 
 def test_traffic_leaves_a_killed_broker_within_a_bound(nodes: list[Node]) -> None:
     n1 = nodes[0]
-    load = Load(n1)
+    with Load(n1) as load:
+        _killed_broker(n1, load)
+
+
+def _killed_broker(n1: Node, load: Load) -> None:
     wait_until(lambda: any(a[2] == "n1" for a in load.answers), "node 1 serving", 60)
     assert n1.broker is not None
     killed = time.monotonic()
