@@ -199,7 +199,7 @@ def print_summary(summary: list[dict[str, Any]], traces: int) -> None:
 
 def plot(summary: list[dict[str, Any]], path: str) -> None:
     """Each group's mean stages as a stacked bar, and its totals' p50 and p99."""
-    from inferpool.bench.plot import pyplot
+    from inferpool.bench.plot import pyplot, save
 
     plt = pyplot()
     labels = [f"{g['model']} ({g['frontend']})" for g in summary]
@@ -227,9 +227,4 @@ def plot(summary: list[dict[str, Any]], path: str) -> None:
     totals.legend(fontsize="small")
     for axes in (stages, totals):
         axes.grid(axis="x", alpha=0.3)
-    try:
-        fig.savefig(path, dpi=110)
-    except OSError as exc:
-        raise UsageError(f"--plot {path}: cannot write it ({exc.strerror or exc})") from None
-    finally:
-        plt.close(fig)
+    save(plt, fig, path)

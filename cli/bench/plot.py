@@ -40,6 +40,11 @@ def plot(levels: list[Level], about: dict[str, Any], path: str) -> None:
         axes.set_ylim(bottom=0)
         axes.grid(alpha=0.3)
     fig.suptitle(f"inferpool bench {about['model']} ({about['transport']})")
+    save(plt, fig, path)
+
+
+def save(plt: Any, fig: Any, path: str) -> None:
+    """Write ``fig`` to ``path`` (``--plot``'s) and close it; a UsageError if it cannot."""
     try:
         fig.savefig(path, dpi=110)
     except OSError as exc:
