@@ -17,15 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 from inferpool.client.lane import Lane
 from inferpool.client.shm_request import Releaser, ShmResult
+from inferpool.wire import ensemble_wiring as ew
 from inferpool.wire import lane as wl
 from inferpool.wire import lane_records as lr
-from inferpool.wire.contract import (
-    TensorSpec,
-    batch_reshape,
-    ensemble_deadlock,
-    spec_of,
-    step_failed,
-)
+from inferpool.wire.contract import specs_of
+from inferpool.wire.ensemble_wiring import batch_reshape, ensemble_deadlock, step_failed
 from inferpool.wire.errors import InferpoolError
 
 if TYPE_CHECKING:
@@ -39,23 +35,18 @@ Where = tuple[int, str, tuple[int, ...], int, bool]
 MASK = 0xFFFFFFFF
 
 
-def specs(entries: list[dict[str, Any]]) -> dict[str, TensorSpec]:
-    """The tensor specs of an ``open_lane`` answer's entries, by name."""
-    return {d["name"]: spec_of(d["name"], d["datatype"], d["dims"]) for d in entries}
-
-
 class Step:
-    """One step of the ensemble: its lane, and how its model names the tensors."""
+    """One step of the ensemble: where it is wired (``wired``: the tensors it reads and
+    writes), its lane, and its model's inputs."""
 
-    def __init__(self, index: int, grant: dict[str, Any], lane: Lane) -> None:
-        self.index = index
+    def __init__(self, wired: ew.Step, grant: dict[str, Any], lane: Lane) -> None:
+        self.index = wired.index
+        self.wired = wired
         self.lane = lane
         self.model = lane.model
         self.batching = grant["max_batch_size"] > 0
-        self.reads: dict[str, str] = dict(grant["input_map"])  # model input -> tensor
-        self.writes: dict[str, str] = dict(grant["output_map"])  # model output -> tensor
-        self.specs = specs(grant["inputs"])
-        self.wanted = [lane.outputs.index(name) for name in self.writes]
+        self.specs = specs_of(grant["inputs"])
+        self.wanted = [lane.outputs.index(name) for name in wired.outputs]
         self.last: tuple[Any, tuple[bytes, int, int]] = (None, (b"", 0, 0))  # key, body
 
     def failed(self, ensemble: str, err: InferpoolError) -> InferpoolError:
@@ -185,7 +176,7 @@ class Run:
         (then that step is returned: ``step`` waits for it)."""
         makers = set()
         expected = self.windows.expected
-        for tensor in step.reads.values():
+        for tensor in step.wired.reads:
             if tensor in self.tensors:
                 continue
             maker = self._made_by(tensor, posted) if tensor in expected else None
@@ -196,20 +187,18 @@ class Run:
             return False, None
         return True, (makers.pop() if makers else None)
 
-    @staticmethod
-    def _made_by(tensor: str, posted: list[tuple[Step, int]]) -> Step | None:
-        for step, _ in posted:
-            if tensor in step.writes.values():
-                return step
-        return None
+    def _made_by(self, tensor: str, posted: list[tuple[Step, int]]) -> Step | None:
+        """The posted step that writes ``tensor``, if it is posted."""
+        writer = self.ensemble.wiring.writer.get(tensor)
+        return next((step for step, _ in posted if step.index == writer), None)
 
     def _after(self, step: Step, maker: Step, posted: list[tuple[Step, int]]) -> lr.After:
         """What ``step`` waits for: ``maker``'s answer, which writes the tensors it reads
         that do not exist yet where they lay last time (they are taken as lying there)."""
         n = next(m for s, m in posted if s is maker)
         mask = 0
-        made = set(maker.writes.values())
-        for i, tensor in enumerate(step.reads.values()):
+        made = set(maker.wired.outputs.values())
+        for i, tensor in enumerate(step.wired.inputs.values()):
             if tensor in made:
                 mask |= 1 << i
                 self.promised.setdefault(tensor, []).append(step.index)
@@ -242,19 +231,20 @@ class Run:
                 task.cancel()
 
     def _ready(self, step: Step) -> bool:
-        return all(t in self.tensors for t in step.reads.values())
+        return step.wired.ready(self.tensors.__contains__)
 
     def _body(self, step: Step) -> tuple[bytes, int, int]:
         """Step ``step``'s request: its inputs where their tensors lie, the outputs that
         later steps read placed in their windows (once their size is known)."""
         ensemble, lane, windows = self.ensemble, step.lane, self.windows
         # a tensor not made yet is read where it lay last time (the step waits for it)
-        places = [self.tensors.get(t) or windows.expected[t] for t in step.reads.values()]
+        reads = step.wired.inputs
+        places = [self.tensors.get(t) or windows.expected[t] for t in reads.values()]
         key = (windows, windows.placing, *places)
         if step.last[0] == key:  # the same places as the last request's: the same body
             return step.last[1]
         inputs = []
-        for name, where in zip(step.reads, places, strict=True):
+        for name, where in zip(reads, places, strict=True):
             offset, datatype, shape, nbytes, batched = where
             spec = step.specs.get(name)
             if spec is not None:
@@ -264,7 +254,7 @@ class Run:
         spans = windows.spans
         placed = {
             index: spans[tensor]
-            for index, tensor in zip(step.wanted, step.writes.values(), strict=True)
+            for index, tensor in zip(step.wanted, step.wired.outputs.values(), strict=True)
             if tensor in spans and tensor not in ensemble.outputs
         }
         body = lr.pack_request_body(inputs, step.wanted, placed), len(inputs), len(step.wanted)
@@ -279,11 +269,11 @@ class Run:
         ensemble = self.ensemble
         kept = False
         for name, offset, nbytes, spec, _, _, placed in result.layout:
-            tensor = step.writes[name]
+            tensor = step.wired.outputs[name]
             if tensor in self.wanted:
                 self.final[tensor] = (result.outputs[name], step.batching)
                 kept = True
-            if tensor not in ensemble.read:
+            if tensor not in ensemble.wiring.readers:
                 continue
             if not placed:  # in the worker's region: copied into the tensor's window
                 offset = ensemble.copy_in(self.windows, tensor, step.lane, offset, nbytes)

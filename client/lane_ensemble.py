@@ -29,11 +29,17 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from inferpool.client.ensemble_run import NoRoom, Run, Step, Where, Windows, specs
+from inferpool.client.ensemble_run import NoRoom, Run, Step, Where, Windows
 from inferpool.client.lane import Lane
 from inferpool.client.shm_request import HANDLE, INPUT_REGION, ShmRequest, ShmResult
-from inferpool.wire.contract import check_byte_size, check_input, check_required
-from inferpool.wire.errors import invalid_arg
+from inferpool.wire.contract import (
+    InputChecks,
+    check_byte_size,
+    check_output,
+    input_spec,
+    specs_of,
+)
+from inferpool.wire.ensemble_wiring import Wiring
 
 CROWDED_S = 1.0  # how long requests take the broker path after one found no room
 
@@ -64,14 +70,17 @@ class EnsembleLane:
             self.close()
             raise
         self.id = self.lanes[0].id  # closing any of them closes them all (the broker)
-        self.inputs = specs(grant["inputs"])
-        self.required = frozenset(d["name"] for d in grant["inputs"] if not d.get("optional"))
-        self.output_specs = specs(grant["outputs"])
+        self.inputs = specs_of(grant["inputs"])
+        self.required = frozenset(name for name, s in self.inputs.items() if not s.optional)
+        self.output_specs = specs_of(grant["outputs"])
         self.outputs = frozenset(self.output_specs)
-        pairs = zip(grant["steps"], self.lanes, strict=True)  # step i runs on lane i
-        self.steps = [Step(i, step, lane) for i, (step, lane) in enumerate(pairs)]
-        # the tensors later steps read: they are placed in windows of the client's region
-        self.read = frozenset(t for step in self.steps for t in step.reads.values())
+        # the tensors later steps read (wiring.readers) are placed in windows of the
+        # client's region
+        self.wiring = Wiring.from_entries(
+            self.model, grant["steps"], list(self.inputs), list(self.output_specs)
+        )
+        pairs = zip(self.wiring.steps, grant["steps"], self.lanes, strict=True)  # step i: lane i
+        self.steps = [Step(wired, step, lane) for wired, step, lane in pairs]
 
     # ------------------------------------------------------------------ a request
     def body(self, request: ShmRequest) -> tuple[dict[str, Where], frozenset[str]] | None:
@@ -94,28 +103,23 @@ class EnsembleLane:
             return None
         if any(spec["parameters"] != HANDLE for spec in header["outputs"]):
             return None
-        wanted = frozenset(spec["name"] for spec in header["outputs"]) or self.outputs
-        for name in wanted - self.outputs:
-            raise invalid_arg(f"unexpected inference output '{name}' for model '{self.model}'")
+        model = self.model
         found: dict[str, Where] = {}
-        batch = 0
+        checks = InputChecks(model, self.max_batch_size, self.required)
         batched = self.max_batch_size > 0
         for entry in header["inputs"]:
             params = entry["parameters"]
             if params["shared_memory_region"] != INPUT_REGION:
                 return None
             name, datatype, shape = entry["name"], entry["datatype"], tuple(entry["shape"])
-            spec = self.inputs.get(name)
-            if spec is None:
-                raise invalid_arg(f"unexpected inference input '{name}' for model '{self.model}'")
-            batch, expected = check_input(
-                self.model, spec, datatype, shape, self.max_batch_size, batch
-            )
+            expected = checks.add(input_spec(model, self.inputs, name), datatype, shape)
             nbytes = params["shared_memory_byte_size"]
-            check_byte_size(self.model, name, expected, nbytes)
+            check_byte_size(model, name, expected, nbytes)
             found[name] = (params["shared_memory_offset"], datatype, shape, nbytes, batched)
-        check_required(self.model, self.required, set(found))
-        return found, wanted
+        checks.done()
+        outputs = self.outputs
+        wanted = frozenset(check_output(model, outputs, spec["name"]) for spec in header["outputs"])
+        return found, wanted or outputs
 
     def run(self, request: ShmRequest, limit: float) -> ShmResult | None:
         """Run the ensemble on ``request`` within ``limit`` seconds: its result, whose

@@ -1,19 +1,23 @@
 """A model's input contract and the checks every request must pass, in Triton's words.
 
-The broker checks requests that come through it (``broker.front.admission``), a worker checks
-requests that come over a lane (``workers.lanes``): both hold the same tensor specs, built
-from the served configuration, and raise the same errors.  An ensemble's runs (the broker's,
-and a shared-memory client's over lanes) fail with the same errors too.
+Four parts check requests: the broker, those that come through it (``broker.front.
+admission_plans``) and those it makes itself (``broker.models.internal``); a worker, those
+that come over a lane (``workers.lane_bodies``); a shared-memory client, those it runs over
+an ensemble's lanes (``client.lane_ensemble``).  All hold the same tensor specs, built from
+the served configuration (an ``open_lane`` answer carries them: :func:`spec_entries`), and
+check a request's inputs with :class:`InputChecks`: each input known (:func:`input_spec`),
+given once, of its datatype and shape, of one batch size with the others, and every required
+input given.  They raise the same errors.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from inferpool.wire import codec
-from inferpool.wire.errors import InferpoolError, invalid_arg
+from inferpool.wire.errors import invalid_arg
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,17 +56,21 @@ def spec_of(name: str, datatype: str, dims: Any) -> TensorSpec:
     )
 
 
-def batch_reshape(
-    spec: TensorSpec, batching: bool, batched: bool, shape: Sequence[int]
-) -> Sequence[int]:
-    """A tensor of ``shape`` (``batched``: made by a side that batches) as ``spec``'s model
-    reads it (``batching``: it batches): the batch dimension of one added or removed where
-    one side batches and the other does not (Triton's ReshapeTensorDims in an ensemble)."""
-    if batching and not batched and spec.matches(tuple(shape)):
-        return (1, *shape)
-    if not batching and batched and not spec.matches(tuple(shape)) and shape and shape[0] == 1:
-        return shape[1:]
-    return shape
+def spec_entries(specs: Iterable[TensorSpec]) -> list[dict[str, Any]]:
+    """Tensor specs as an ``open_lane`` answer lists them (PROTOCOL.md)."""
+    return [
+        {"name": s.name, "datatype": s.datatype, "dims": list(s.dims), "optional": s.optional}
+        for s in specs
+    ]
+
+
+def specs_of(entries: Iterable[Mapping[str, Any]]) -> dict[str, TensorSpec]:
+    """The tensor specs an ``open_lane`` answer lists, by name."""
+    specs = {}
+    for entry in entries:
+        spec = spec_of(entry["name"], entry["datatype"], entry["dims"])
+        specs[spec.name] = replace(spec, optional=True) if entry.get("optional") else spec
+    return specs
 
 
 def shape_text(shape: Any) -> str:
@@ -146,17 +154,49 @@ def check_required(model: str, required: frozenset[str], seen: set[str]) -> None
         )
 
 
-def step_failed(ensemble: str, index: int, model: str, err: InferpoolError) -> InferpoolError:
-    """An ensemble request's error when its step ``index`` (of ``model``) failed with ``err``."""
-    return InferpoolError(
-        err.code,
-        f"in ensemble '{ensemble}', step {index} (model '{model}') failed: {err.message}",
-    )
+def input_spec(model: str, specs: Mapping[str, TensorSpec], name: Any) -> TensorSpec:
+    """The spec of input ``name``; INVALID_ARG (Triton's words) for one the model lacks."""
+    spec = specs.get(name) if isinstance(name, str) else None
+    if spec is None:
+        raise invalid_arg(f"unexpected inference input '{name}' for model '{model}'")
+    return spec
 
 
-def ensemble_deadlock(ensemble: str) -> InferpoolError:
-    """Triton's words for an ensemble request that cannot make all its outputs."""
-    return invalid_arg(
-        f"in ensemble '{ensemble}', unexpected deadlock, at least one output is not set while "
-        "no more ensemble steps can be made"
-    )
+def check_output(model: str, outputs: Container[str], name: Any) -> str:
+    """``name``, an output the model has; INVALID_ARG (Triton's words) for one it lacks."""
+    if not isinstance(name, str) or name not in outputs:
+        raise invalid_arg(f"unexpected inference output '{name}' for model '{model}'")
+    return name
+
+
+class InputChecks:
+    """A request's inputs checked one by one as they come (:meth:`add`), then as a set
+    (:meth:`done`), in Triton's words."""
+
+    __slots__ = ("batch", "max_batch_size", "model", "required", "seen")
+
+    def __init__(self, model: str, max_batch_size: int, required: frozenset[str]) -> None:
+        self.model = model
+        self.max_batch_size = max_batch_size
+        self.required = required
+        self.seen: set[str] = set()
+        self.batch = 0  # the inputs' batch size so far (0: none yet, or no batching)
+
+    def add(self, spec: TensorSpec, datatype: Any, shape: tuple[int, ...]) -> int | None:
+        """Check input ``spec.name``, given as ``datatype`` ``shape``: given once, of the
+        model's datatype and shape, of the other inputs' batch size.  The byte size it must
+        have (None for BYTES)."""
+        name = spec.name
+        if name in self.seen:
+            raise invalid_arg(f"input '{name}' is given more than once for model '{self.model}'")
+        self.seen.add(name)
+        self.batch, expected = check_input(
+            self.model, spec, datatype, shape, self.max_batch_size, self.batch
+        )
+        return expected
+
+    def done(self) -> int:
+        """Check that every required input came; the request's batch size (0: the model
+        does not batch)."""
+        check_required(self.model, self.required, self.seen)
+        return self.batch

@@ -20,13 +20,7 @@ from inferpool.backends.reshape import output_reshapes
 from inferpool.shm.region import Region
 from inferpool.wire import lane as wl
 from inferpool.wire import lane_records as lr
-from inferpool.wire.contract import (
-    TensorSpec,
-    check_byte_size,
-    check_input,
-    check_required,
-    tensor_spec,
-)
+from inferpool.wire.contract import InputChecks, TensorSpec, check_byte_size, tensor_spec
 from inferpool.wire.errors import invalid_arg
 from inferpool.wire.worker.protocol import TensorRef
 from inferpool.workers.memory import WorkerMemory, host_input
@@ -166,20 +160,14 @@ class Plans:
         except ValueError as exc:
             raise invalid_arg(f"malformed lane request: {exc}") from None
         refs: list[PlanInput] = []
-        seen: set[str] = set()
-        batch = 0
+        checks = InputChecks(model, contract.max_batch_size, contract.required)
         for t in tensors:
             spec = specs[t.position] if t.position < len(specs) else None
             if spec is None:
                 raise invalid_arg(f"unexpected inference input {t.position} for model '{model}'")
             name = spec.name
-            if name in seen:
-                raise invalid_arg(f"input '{name}' is given more than once for model '{model}'")
-            seen.add(name)
             datatype = wl.DATATYPE_NAMES.get(t.datatype, str(t.datatype))
-            batch, expected = check_input(
-                model, spec, datatype, t.shape, contract.max_batch_size, batch
-            )
+            expected = checks.add(spec, datatype, t.shape)
             check_byte_size(model, name, expected, t.byte_size)
             reshape = contract.reshapes.get(name)
             if reshape is not None and contract.max_batch_size > 0:
@@ -187,7 +175,7 @@ class Plans:
             ref = TensorRef(name, datatype, t.shape, self.inputs.name, t.offset, t.byte_size)
             tensor = host_input(self.inputs, ref, reshape)  # in the region, or INVALID_ARG
             refs.append((None if datatype == "BYTES" else tensor, ref, reshape))
-        check_required(model, contract.required, seen)
+        checks.done()
         ahead = all(r[0] is not None for r in refs)
         if not outputs:
             return refs, contract.all_outputs, ahead, self.memory

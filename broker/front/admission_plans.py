@@ -23,7 +23,7 @@ import orjson
 
 from inferpool.broker.models.registry import ModelVersion
 from inferpool.broker.models.request import FLAG_SEQUENCE_END, FLAG_SEQUENCE_START
-from inferpool.wire.contract import check_input, check_required
+from inferpool.wire.contract import InputChecks, check_output, input_spec
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg
 from inferpool.wire.worker.protocol import WantedOutput, Window
 
@@ -92,28 +92,25 @@ def _plan(header: dict[str, Any], model: ModelVersion, shm: SharedMemoryInputs |
     if not isinstance(raw, list):
         raise invalid_arg(f"inference request for model '{name}' has no 'inputs' list")
     inputs: list[PlanInput] = []
-    seen: set[str] = set()
-    batch = 0
+    checks = InputChecks(name, model.max_batch_size, model.required)
     for i, inp in enumerate(raw):
-        iname, datatype, shape, input_batch, expected_bytes = _check(i, inp, model)
-        if iname in seen:
-            raise invalid_arg(f"input '{iname}' is given more than once for model '{name}'")
-        seen.add(iname)
-        if input_batch:
-            if batch and input_batch != batch:
-                raise invalid_arg(
-                    f"input '{iname}' batch size {input_batch} does not match the other "
-                    f"inputs' batch size {batch} for model '{name}'"
-                )
-            batch = input_batch
+        if not isinstance(inp, dict):
+            raise invalid_arg(f"inputs[{i}] of the request must be an object")
+        iname = inp.get("name")
+        spec = input_spec(name, model.inputs, iname)
+        datatype = inp.get("datatype")
+        shape = _shape(inp.get("shape"), spec.name)
+        expected_bytes = checks.add(spec, datatype, shape)
         params = inp.get("parameters")
-        in_shm = bool(params) and "shared_memory_region" in params
+        if params is not None and not isinstance(params, dict):
+            raise invalid_arg(f"parameters of input '{spec.name}' must be an object")
+        in_shm = params is not None and "shared_memory_region" in params
         if in_shm and shm is None:
             raise InferpoolError(
                 Code.UNSUPPORTED, "shared-memory inputs are not enabled on this server"
             )
-        inputs.append((iname, datatype, shape, expected_bytes, params if in_shm else None))
-    check_required(name, model.required, seen)  # (optional inputs count in seen too)
+        inputs.append((spec.name, str(datatype), shape, expected_bytes, params if in_shm else None))
+    batch = checks.done()
     raw_outputs = header.get("outputs")
     outputs, work_outputs, in_shm = outputs_of(raw_outputs, model, b"", None)
     if in_shm and shm is None:
@@ -122,25 +119,6 @@ def _plan(header: dict[str, Any], model: ModelVersion, shm: SharedMemoryInputs |
         )
     shm_outputs = raw_outputs if in_shm else None
     return Plan(inputs, batch, outputs, work_outputs, shm_outputs)
-
-
-def _check(i: int, inp: Any, model: ModelVersion) -> tuple[str, str, tuple[int, ...], int, Any]:
-    """Check input ``i`` in full (Triton's words, wire.contract): (name, datatype, shape,
-    its batch size or 0, its byte size or None)."""
-    name = model.name
-    if not isinstance(inp, dict):
-        raise invalid_arg(f"inputs[{i}] of the request must be an object")
-    iname = inp.get("name")
-    spec = model.inputs.get(iname) if isinstance(iname, str) else None
-    if spec is None or not isinstance(iname, str):
-        raise invalid_arg(f"unexpected inference input '{iname}' for model '{name}'")
-    datatype = inp.get("datatype")
-    shape = _shape(inp.get("shape"), iname)
-    batch, expected = check_input(name, spec, datatype, shape, model.max_batch_size, 0)
-    params = inp.get("parameters")
-    if params is not None and not isinstance(params, dict):
-        raise invalid_arg(f"parameters of input '{iname}' must be an object")
-    return iname, str(datatype), shape, batch, expected
 
 
 def _shape(raw: Any, name: str) -> tuple[int, ...]:
@@ -165,8 +143,7 @@ def outputs_of(
     in_shm = False
     for i, out in enumerate(raw):
         oname = out.get("name") if isinstance(out, dict) else None
-        if not isinstance(oname, str) or oname not in model.outputs:
-            raise invalid_arg(f"unexpected inference output '{oname}' for model '{model.name}'")
+        oname = check_output(model.name, model.outputs, oname)
         if oname in outputs:
             raise invalid_arg(f"output '{oname}' is requested more than once (outputs[{i}])")
         params = out.get("parameters") or {}

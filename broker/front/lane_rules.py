@@ -7,13 +7,9 @@ in the broker, which a lane bypasses; they are refused with UNSUPPORTED, saying 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
-
 from inferpool.broker.models.ensemble import EnsembleScheduler
-from inferpool.broker.models.ensemble_config import Plan
 from inferpool.broker.models.registry import ModelVersion
-from inferpool.wire.contract import TensorSpec
+from inferpool.wire.ensemble_wiring import Wiring
 from inferpool.wire.errors import Code, InferpoolError
 
 
@@ -42,15 +38,7 @@ def check_rule(mv: ModelVersion, rate_limited: bool) -> None:
         )
 
 
-def ensemble_plan(mv: ModelVersion) -> Plan | None:
+def ensemble_wiring(mv: ModelVersion) -> Wiring | None:
     """The wiring of ``mv`` if it is an ensemble."""
     scheduler = mv.scheduler
-    return scheduler.plan if isinstance(scheduler, EnsembleScheduler) else None
-
-
-def specs(tensors: Iterable[TensorSpec]) -> list[dict[str, Any]]:
-    """Tensors as an ``open_lane`` answer lists them."""
-    return [
-        {"name": s.name, "datatype": s.datatype, "dims": list(s.dims), "optional": s.optional}
-        for s in tensors
-    ]
+    return scheduler.wiring if isinstance(scheduler, EnsembleScheduler) else None

@@ -24,11 +24,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from inferpool.broker.front.lane_leases import LaneLeases
-from inferpool.broker.front.lane_rules import check_rule, ensemble_plan, specs
+from inferpool.broker.front.lane_rules import check_rule, ensemble_wiring
 from inferpool.broker.front.registrations import Registration, Registrations
 from inferpool.broker.front.router import Handler
 from inferpool.broker.models.blame import shrank_text
-from inferpool.broker.models.ensemble_config import Plan
 from inferpool.broker.models.registry import Instance, ModelVersion, Registry
 from inferpool.broker.pool.handle import WorkerState
 from inferpool.shm.guarded import GuardedRegion
@@ -36,6 +35,8 @@ from inferpool.shm.region import ShmExhausted
 from inferpool.shm.runs import region_name
 from inferpool.shm.window import shrunk
 from inferpool.wire import lane as wl
+from inferpool.wire.contract import spec_entries
+from inferpool.wire.ensemble_wiring import Wiring
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg, not_found
 from inferpool.wire.worker.protocol import LaneClose, LaneClosed, LaneOpen, LaneStats
 
@@ -115,14 +116,14 @@ class Lanes:
         if self.drained:
             raise InferpoolError(Code.UNAVAILABLE, f"the server is draining ({self.drained})")
         mv = self.registry.resolve(h.get("model_name"), h.get("model_version"))
-        plan = ensemble_plan(mv)
-        if plan is not None and h.get("steps") is not True:
+        wiring = ensemble_wiring(mv)
+        if wiring is not None and h.get("steps") is not True:
             raise InferpoolError(
                 Code.UNSUPPORTED,
                 f"model {mv.label} is an ensemble: lanes serve its steps to a client that runs "
                 "them itself and asks with 'steps' (ShmClient does); use the broker path",
             )
-        if plan is None:
+        if wiring is None:
             check_rule(mv, self.rate_limited)
         pid = h.get("pid")
         if type(pid) is not int or not 0 < pid <= wl.MAX_PID:
@@ -149,8 +150,8 @@ class Lanes:
                 "gets no lanes any more (use the broker path)",
             )
         ask = _Ask(owner, pid, min(spin, self.spin_us), slots, reg)
-        if plan is not None:
-            return self._open_ensemble(mv, plan, ask)
+        if wiring is not None:
+            return self._open_ensemble(mv, wiring, ask)
         if any(la.model is mv and not (la.ensemble or la.revoked) for la in self._mine(ask)):
             raise InferpoolError(
                 Code.ALREADY_EXISTS, f"this client already has a lane to model {mv.label}"
@@ -207,7 +208,7 @@ class Lanes:
             "outputs": list(mv.outputs),
         }
 
-    def _open_ensemble(self, mv: ModelVersion, plan: Plan, ask: _Ask) -> dict[str, Any]:
+    def _open_ensemble(self, mv: ModelVersion, wiring: Wiring, ask: _Ask) -> dict[str, Any]:
         """A lane to an instance of each step's model (one per step, so that branches on
         a model of several instances run side by side), and the ensemble's wiring: the
         client's library runs the steps over them (client.lane_ensemble), each step
@@ -223,7 +224,7 @@ class Lanes:
                 "lanes would bypass the cache; use the broker path",
             )
         models = []
-        for step in plan.steps:
+        for step in wiring.steps:
             version = step.model_version if step.model_version > 0 else ""
             model = self.registry.resolve(step.model_name, version)
             try:
@@ -243,28 +244,25 @@ class Lanes:
             for lane in opened:
                 self._worker_gone(lane)  # never announced: the broker unlinks it
             raise
-        outputs = set(plan.outputs)  # the last step that makes one counts the requests
-        finals = [i for i, step in enumerate(plan.steps) if outputs & set(step.outputs.values())]
-        opened[finals[-1]].whole = True
+        opened[wiring.last_writer()].whole = True  # it counts the requests
         siblings = tuple(lane.region.name for lane in opened)
         for lane in opened:
             self._announce(lane, ask, siblings)
         steps = [
             {
-                "input_map": dict(step.inputs),
-                "output_map": dict(step.outputs),
+                **entry,
                 "max_batch_size": model.max_batch_size,
-                "inputs": specs(model.inputs.values()),
+                "inputs": spec_entries(model.inputs.values()),
             }
-            for step, model in zip(plan.steps, models, strict=True)
+            for entry, model in zip(wiring.entries(), models, strict=True)
         ]
         return {
             "ensemble": True,
             "model_name": mv.name,
             "model_version": mv.version_str,
             "max_batch_size": mv.max_batch_size,
-            "inputs": specs(mv.inputs.values()),
-            "outputs": specs(mv.outputs.values()),
+            "inputs": spec_entries(mv.inputs.values()),
+            "outputs": spec_entries(mv.outputs.values()),
             "lanes": [self._grant(lane) for lane in opened],  # step i's is lanes[i]
             "steps": steps,
         }

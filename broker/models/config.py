@@ -15,7 +15,7 @@ from typing import Any
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
-from inferpool.broker.models.ensemble_config import check_platform, is_ensemble, plan
+from inferpool.broker.models.ensemble_config import check_platform, is_ensemble, wiring
 from inferpool.wire import codec
 from inferpool.wire.config_json import config_to_dict
 from inferpool.wire.errors import Code, InferpoolError
@@ -210,7 +210,7 @@ def validate(config: pb.ModelConfig, model: str, path: str) -> None:
             )
     if is_ensemble(config):
         try:
-            plan(config)
+            wiring(config)
         except InferpoolError as err:
             raise config_error(model, path, err.message) from None
 

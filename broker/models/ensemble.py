@@ -26,14 +26,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from inferpool.broker.models.ensemble_config import Plan, Step
 from inferpool.broker.models.internal import make_request
 from inferpool.broker.models.registry import ModelVersion, Registry, State
 from inferpool.broker.models.request import PendingRequest
 from inferpool.broker.models.scheduler import Dispatch, Scheduler
 from inferpool.broker.models.tracer import Tracer
 from inferpool.broker.pool.outputs import OutputRegions
-from inferpool.wire.contract import batch_reshape, ensemble_deadlock, step_failed
+from inferpool.wire.ensemble_wiring import (
+    Step,
+    Wiring,
+    batch_reshape,
+    ensemble_deadlock,
+    step_failed,
+)
 from inferpool.wire.errors import InferpoolError
 from inferpool.wire.worker.protocol import Durations, Result, TensorRef, WantedOutput
 
@@ -64,7 +69,7 @@ class EnsembleScheduler(Scheduler):
     def __init__(
         self,
         model: ModelVersion,
-        plan: Plan,
+        wiring: Wiring,
         requests: Requests,
         registry: Registry,
         version_idle: Callable[[ModelVersion], None],
@@ -72,7 +77,7 @@ class EnsembleScheduler(Scheduler):
         """``version_idle(model)``: an unloading ensemble ended a request (it may be
         forgotten then)."""
         super().__init__(model, requests.dispatch, requests.reject)
-        self.plan = plan
+        self.wiring = wiring
         self.requests = requests
         self.registry = registry
         self.version_idle = version_idle
@@ -128,7 +133,7 @@ class _Run:
     def __init__(self, scheduler: EnsembleScheduler, top: PendingRequest) -> None:
         self.scheduler = scheduler
         self.requests = scheduler.requests
-        self.plan = scheduler.plan
+        self.wiring = scheduler.wiring
         self.top = top
         self.tensors: dict[Key, _Tensor] = {}
         self.iterations: defaultdict[str, int] = defaultdict(int)
@@ -150,9 +155,9 @@ class _Run:
         model = self.scheduler.model
         given = {ref.name: ref for ref in self.top.work.inputs}
         batched = model.max_batch_size > 0
-        for name in self.plan.inputs:
+        for name in self.wiring.inputs:
             self._add(name, given.get(name), batched)
-        self._advance([(name, 0) for name in self.plan.inputs], now_ns)
+        self._advance([(name, 0) for name in self.wiring.inputs], now_ns)
 
     def step_result(self, sink: _StepSink, req: PendingRequest, item: Result) -> None:
         outputs = self.requests.outputs
@@ -191,16 +196,17 @@ class _Run:
 
     def _advance(self, updated: Sequence[Key], now_ns: int) -> None:
         """Start every step whose inputs have all arrived; note complete outputs."""
-        plan = self.plan
+        wiring = self.wiring
         tensors = self.tensors
         self.depth += 1
         try:
             for tensor, k in updated:
-                for i in plan.readers.get(tensor, ()):
+                exists = _in_iteration(tensors, k)
+                for i in wiring.readers.get(tensor, ()):
                     if self.error is not None:
                         return
-                    step = plan.steps[i]
-                    if (i, k) in self.started or not all((t, k) in tensors for t in step.reads):
+                    step = wiring.steps[i]
+                    if (i, k) in self.started or not step.ready(exists):
                         continue
                     self.started.add((i, k))
                     self._start_step(step, k, now_ns)
@@ -259,7 +265,7 @@ class _Run:
     def _add(self, tensor: str, ref: TensorRef | None, batched: bool) -> Key:
         k = self.iterations[tensor]
         self.iterations[tensor] = k + 1
-        owners = len(self.plan.readers.get(tensor, ())) + (tensor in self.wanted)
+        owners = len(self.wiring.readers.get(tensor, ())) + (tensor in self.wanted)
         if not owners:  # an output nobody asked for
             if ref is not None:
                 self.requests.outputs.free(ref.region, ref.offset, held=False)
@@ -310,7 +316,7 @@ class _Run:
 
     def _fail(self, step: Step, err: InferpoolError) -> None:
         if self.error is None:
-            self.error = step_failed(self.plan.name, step.index, step.model_name, err)
+            self.error = step_failed(self.wiring.name, step.index, step.model_name, err)
 
     def _settle(self) -> None:
         if self.depth or self.in_flight or self.ended:
@@ -319,7 +325,7 @@ class _Run:
         self.scheduler.runs.pop(self.top.rid, None)
         top, requests, model = self.top, self.requests, self.scheduler.model
         if self.error is None and not model.decoupled and not self.complete:
-            self.error = ensemble_deadlock(self.plan.name)
+            self.error = ensemble_deadlock(self.wiring.name)
         if self.error is not None:
             if top.rid in requests.inflight:
                 requests.reject(top, self.error)
@@ -337,6 +343,11 @@ class _Run:
                 self._owed(key)
         if model.state is State.UNLOADING:
             self.scheduler.version_idle(model)
+
+
+def _in_iteration(tensors: dict[Key, _Tensor], k: int) -> Callable[[str], bool]:
+    """Whether a tensor of iteration ``k`` exists."""
+    return lambda tensor: (tensor, k) in tensors
 
 
 def _as_input(model: ModelVersion, name: str, entry: _Tensor) -> TensorRef:
@@ -357,7 +368,7 @@ def composing(mv: ModelVersion, registry: Registry) -> list[ModelVersion] | None
     if not isinstance(scheduler, EnsembleScheduler):
         return None
     found = []
-    for step in scheduler.plan.steps:
+    for step in scheduler.wiring.steps:
         version = step.model_version if step.model_version > 0 else ""
         try:
             found.append(registry.resolve(step.model_name, version))

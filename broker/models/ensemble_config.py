@@ -1,58 +1,28 @@
 """Ensemble models (``platform: "ensemble"``): their configuration checked as Triton checks it.
 
 Two passes, as in Triton.  When the configuration is read, the ensemble's own wiring
-(:func:`plan`): steps name a model and map inputs and outputs, every ensemble input is used,
-every output is written, no tensor dangles (a cycle leaves some output unwritten).  Once the
-composing models have loaded, their served configurations against that wiring
-(:func:`check_composing`): mapped inputs and outputs exist, every required input is mapped,
-one data type and one shape per tensor, batch sizes fit, and decoupled steps do not mix.
-Messages are Triton's.
+(:func:`wiring`, a ``wire.ensemble_wiring.Wiring``): steps name a model and map inputs and
+outputs, every ensemble input is used, every output is written, no tensor dangles (a cycle
+leaves some output unwritten).  Once the composing models have loaded, their served
+configurations against that wiring (:func:`check_composing`): mapped inputs and outputs
+exist, every required input is mapped, one data type and one shape per tensor, batch sizes
+fit, and decoupled steps do not mix.  Messages are Triton's.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from functools import cached_property
+from dataclasses import dataclass
 from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as pb
 
 from inferpool.wire.contract import shape_text
+from inferpool.wire.ensemble_wiring import Step, Wiring
 from inferpool.wire.errors import invalid_arg
 
 PLATFORM = "ensemble"
-
-
-@dataclass(frozen=True)
-class Step:
-    """One step of an ensemble: the model it runs and how its tensors map onto the ensemble's."""
-
-    index: int
-    model_name: str
-    model_version: int  # -1: the highest ready version
-    inputs: Mapping[str, str]  # model input -> ensemble tensor
-    outputs: Mapping[str, str]  # model output -> ensemble tensor
-
-    @cached_property
-    def reads(self) -> tuple[str, ...]:
-        """The ensemble tensors the step reads, each once."""
-        return tuple(dict.fromkeys(self.inputs.values()))
-
-
-@dataclass(frozen=True)
-class Plan:
-    """An ensemble's wiring: its steps, and which steps read each tensor."""
-
-    name: str
-    steps: tuple[Step, ...]
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    readers: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
-
-    def models(self) -> list[str]:
-        return sorted({step.model_name for step in self.steps})
 
 
 def is_ensemble(config: pb.ModelConfig) -> bool:
@@ -84,15 +54,14 @@ def check_platform(config: pb.ModelConfig) -> str | None:
     return None
 
 
-def plan(config: pb.ModelConfig) -> Plan:
+def wiring(config: pb.ModelConfig) -> Wiring:
     """The ensemble's wiring, checked; INVALID_ARG with Triton's message if it is wrong."""
     name = config.name
     raw = config.ensemble_scheduling.step
     if not raw:
         raise invalid_arg(f"must specify 'step' for ensemble '{name}'")
     steps: list[Step] = []
-    written: dict[str, int] = {}  # tensor -> the step writing it
-    readers: dict[str, list[int]] = {}
+    written: set[str] = set()
     for i, s in enumerate(raw):
         for what, value in (("model_name", s.model_name), ("input_map", s.input_map)):
             if not value:
@@ -105,26 +74,20 @@ def plan(config: pb.ModelConfig) -> Plan:
                     f"ensemble tensor '{tensor}' can appear in an output map only once for "
                     f"ensemble '{name}' step {i}"
                 )
-            written[tensor] = i
-        for tensor in set(s.input_map.values()):
-            readers.setdefault(tensor, []).append(i)
+            written.add(tensor)
         version = int(s.model_version) if s.model_version > 0 else -1
         steps.append(Step(i, s.model_name, version, dict(s.input_map), dict(s.output_map)))
     inputs = tuple(t.name for t in config.input)
     outputs = tuple(t.name for t in config.output)
-    _check_flow(name, steps, inputs, outputs, written, readers)
-    return Plan(name, tuple(steps), inputs, outputs, {t: tuple(r) for t, r in readers.items()})
+    found = Wiring(name, tuple(steps), inputs, outputs)
+    _check_flow(found)
+    return found
 
 
-def _check_flow(
-    name: str,
-    steps: Sequence[Step],
-    inputs: Sequence[str],
-    outputs: Sequence[str],
-    written: Mapping[str, int],
-    readers: Mapping[str, list[int]],
-) -> None:
+def _check_flow(wiring: Wiring) -> None:
     """Every input read, every output written, no tensor that leads nowhere."""
+    name, steps, inputs, outputs = wiring.name, wiring.steps, wiring.inputs, wiring.outputs
+    readers, written = wiring.readers, wiring.writer
     for tensor in inputs:
         if tensor not in readers:
             raise invalid_arg(f"ensemble input '{tensor}' for ensemble '{name}' is not used")
@@ -135,7 +98,7 @@ def _check_flow(
         tensor = queue.popleft()
         for i in readers.get(tensor, ()):
             step = steps[i]
-            if i in done or not all(t in ready for t in step.inputs.values()):
+            if i in done or not step.ready(ready.__contains__):
                 continue
             done.add(i)
             for out in step.outputs.values():
@@ -196,11 +159,11 @@ def _node(model: str, batching: bool, tensor: Any, reshape: bool = False) -> _No
 
 
 def check_composing(
-    plan: Plan, config: pb.ModelConfig, composing: Mapping[str, pb.ModelConfig]
+    wiring: Wiring, config: pb.ModelConfig, composing: Mapping[str, pb.ModelConfig]
 ) -> bool:
     """Check the composing models' served configs against the wiring; True when the ensemble
     is decoupled (some step is)."""
-    name = plan.name
+    name = wiring.name
     batching = config.max_batch_size > 0
     tensors: dict[str, _Node] = {}
     for t in config.input:
@@ -208,7 +171,7 @@ def check_composing(
     for t in config.output:
         tensors.setdefault(t.name, _node(name, batching, t, reshape=True))
     decoupled_steps: set[int] = set()
-    for step in plan.steps:
+    for step in wiring.steps:
         model = composing[step.model_name]
         mbs = model.max_batch_size
         if mbs != 0 and mbs < config.max_batch_size:
@@ -220,7 +183,7 @@ def check_composing(
         _check_step(name, step, model, tensors)
         if model.model_transaction_policy.decoupled:
             decoupled_steps.add(step.index)
-    _check_decoupled(plan, decoupled_steps)
+    _check_decoupled(wiring, decoupled_steps)
     return bool(decoupled_steps)
 
 
@@ -277,11 +240,11 @@ def _same_dims(a: Sequence[int], b: Sequence[int]) -> bool:
     return len(a) == len(b) and all(x == y or x == -1 or y == -1 for x, y in zip(a, b, strict=True))
 
 
-def _check_decoupled(plan: Plan, decoupled: set[int]) -> None:
+def _check_decoupled(wiring: Wiring, decoupled: set[int]) -> None:
     """A step must not read tensors that came out of different decoupled steps (their
     responses do not pair up)."""
-    origin: dict[str, int] = {t: -1 for t in plan.inputs}  # tensor -> its decoupled source
-    pending = list(plan.steps)
+    origin: dict[str, int] = {t: -1 for t in wiring.inputs}  # tensor -> its decoupled source
+    pending = list(wiring.steps)
     while pending:
         progressed = False
         for step in list(pending):
@@ -292,7 +255,7 @@ def _check_decoupled(plan: Plan, decoupled: set[int]) -> None:
             progressed = True
             if len(set(sources)) > 1 and any(s != -1 for s in sources):
                 raise invalid_arg(
-                    f"in ensemble {plan.name}, step of model '{step.model_name}' receives "
+                    f"in ensemble {wiring.name}, step of model '{step.model_name}' receives "
                     "inputs originated from different decoupled models"
                 )
             source = step.index if step.index in decoupled else sources[0]

@@ -18,7 +18,7 @@ from tritonclient.grpc import model_config_pb2 as pb
 from inferpool.broker.models import repository
 from inferpool.broker.models.config_support import decoupled_cache_refusal
 from inferpool.broker.models.ensemble import EnsembleScheduler, Requests
-from inferpool.broker.models.ensemble_config import check_composing, plan
+from inferpool.broker.models.ensemble_config import check_composing, wiring
 from inferpool.broker.models.registry import ModelRecord, ModelVersion, Registry, State
 from inferpool.wire.errors import InferpoolError, invalid_arg
 
@@ -58,7 +58,7 @@ class Ensembles:
         """The scheduler of an ensemble version (its config was checked when read)."""
         lifecycle = self.lifecycle
         return EnsembleScheduler(
-            mv, plan(mv.config), self.requests, self.registry, lifecycle.version_idle
+            mv, wiring(mv.config), self.requests, self.registry, lifecycle.version_idle
         )
 
     # ------------------------------------------------------------------ readiness
@@ -74,7 +74,7 @@ class Ensembles:
         loading = mv.state is State.LOADING
         try:
             configs = self._composing_configs(mv, scheduler, loading)
-            decoupled = check_composing(scheduler.plan, mv.repository_config, configs)
+            decoupled = check_composing(scheduler.wiring, mv.repository_config, configs)
             if decoupled and mv.repository_config.response_cache.enable:
                 raise decoupled_cache_refusal(mv.name)
         except _Waiting as waiting:
@@ -114,7 +114,7 @@ class Ensembles:
         configs: dict[str, pb.ModelConfig] = {}
         missing: list[str] = []
         waiting = ""
-        for step in scheduler.plan.steps:
+        for step in scheduler.wiring.steps:
             dep = step.model_name
             record = self.registry.records.get(dep)
             if record is None:
@@ -172,7 +172,7 @@ class Ensembles:
     def _cycle(self, start: str, scheduler: EnsembleScheduler, path: list[str]) -> list[str]:
         """The ensembles from ``start`` back to itself through its steps, if any."""
         records = self.registry.records
-        for dep in scheduler.plan.models():
+        for dep in scheduler.wiring.models():
             if dep == start:
                 return path
             if dep in path:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from inferpool.broker.models.registry import ModelVersion
 from inferpool.broker.models.request import PendingRequest, Sink
-from inferpool.wire.contract import check_byte_size, check_input, check_required
+from inferpool.wire.contract import InputChecks, check_byte_size, check_output, input_spec
 from inferpool.wire.errors import invalid_arg
 from inferpool.wire.worker.protocol import (
     BATCH_BYTES,
@@ -48,8 +48,7 @@ def make_request(
     if not outputs:
         outputs = model.default_work_outputs
     for out in outputs:
-        if out.name not in model.outputs:
-            raise invalid_arg(f"unexpected inference output '{out.name}' for model '{model.name}'")
+        check_output(model.name, model.outputs, out.name)
     rid = next(_rids)
     work = Work(
         rid,
@@ -87,18 +86,9 @@ def make_request(
 def _check_inputs(model: ModelVersion, inputs: Sequence[TensorRef]) -> int:
     """The request's batch size (0 for a model that does not batch)."""
     name = model.name
-    batch = 0
-    seen: set[str] = set()
+    checks = InputChecks(name, model.max_batch_size, model.required)
     for ref in inputs:
-        spec = model.inputs.get(ref.name)
-        if spec is None:
-            raise invalid_arg(f"unexpected inference input '{ref.name}' for model '{name}'")
-        if ref.name in seen:
-            raise invalid_arg(f"input '{ref.name}' is given more than once for model '{name}'")
-        seen.add(ref.name)
-        batch, expected = check_input(
-            name, spec, ref.datatype, tuple(ref.shape), model.max_batch_size, batch
-        )
+        spec = input_spec(name, model.inputs, ref.name)
+        expected = checks.add(spec, ref.datatype, tuple(ref.shape))
         check_byte_size(name, ref.name, expected, ref.byte_size)
-    check_required(name, model.required, seen)
-    return batch
+    return checks.done()

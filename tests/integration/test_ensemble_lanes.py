@@ -411,6 +411,42 @@ def test_a_step_that_waits_runs_only_on_its_own_ensembles_answer_where_it_was_wr
         assert lanes.usable
 
 
+BAD_REQUESTS = [  # (model, inputs, outputs asked): each refused before any step runs
+    ("chain", [("IN", (4,), np.int32)], ["OUT"]),  # the datatype
+    ("chain", [("IN", (5,), np.float32)], ["OUT"]),  # the shape
+    ("chain", [("IN", (4,), np.float32), ("NOPE", (4,), np.float32)], ["OUT"]),
+    ("chain", [], ["OUT"]),  # a required input left out
+    ("chain", [("IN", (4,), np.float32)], ["NOPE"]),
+    ("chain", [("IN", (4,), np.int32)], ["NOPE"]),  # the inputs are checked first
+    ("mixed", [("IN", (4,), np.float32)], ["OUT"]),  # no batch dimension
+    ("mixed", [("IN", (9, 4), np.float32)], ["OUT"]),  # more than max_batch_size
+]
+
+
+@pytest.mark.parametrize("bad", BAD_REQUESTS, ids=range(len(BAD_REQUESTS)))
+def test_a_bad_request_is_refused_over_lanes_in_the_broker_paths_words(
+    server: Server, bad: tuple[str, list[tuple[str, tuple[int, ...], type]], list[str]]
+) -> None:
+    """The client checks a request it would run over an ensemble's lanes as the broker checks
+    it (wire.contract.InputChecks): the same code and message."""
+    model, inputs, outputs = bad
+    errors = []
+    for lane in (True, False):
+        with ShmClient(server.endpoint, input_bytes=1 << 20, timeout=20) as c:
+            req = c.request(model, outputs)
+            for name, shape, dtype in inputs:
+                req.input(name, shape, dtype)[...] = 0
+            with pytest.raises(InferpoolError) as err:
+                if lane:
+                    lanes_of(c, model).body(req)  # the client's own check, before any step
+                else:
+                    c.run(req)  # the broker's
+            req.close()
+            errors.append((err.value.code, err.value.message))
+    assert errors[0] == errors[1]
+    assert errors[0][0] is Code.INVALID_ARG
+
+
 def test_ensembles_lanes_cannot_serve_are_refused_by_name(server: Server) -> None:
     with ShmClient(server.endpoint, input_bytes=1 << 20, timeout=20) as c:
         with pytest.raises(InferpoolError) as err:

@@ -11,7 +11,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
 from inferpool.broker.models.config import load_config
-from inferpool.broker.models.ensemble_config import check_composing, plan
+from inferpool.broker.models.ensemble_config import check_composing, wiring
 from inferpool.wire.errors import Code, InferpoolError
 from tests.support import write_model
 
@@ -55,14 +55,14 @@ CHAIN = ensemble(
 )
 
 
-def test_a_chain_is_planned_with_its_readers(tmp_path: Path) -> None:
+def test_a_chain_is_wired_with_its_readers(tmp_path: Path) -> None:
     write_model(tmp_path, "e", CHAIN)
     config = load_config(str(tmp_path / "e"))
     assert config.backend == "" and not config.instance_group  # nothing completed for it
-    wiring = plan(config)
-    assert [(s.model_name, s.model_version) for s in wiring.steps] == [("a", -1), ("b", 2)]
-    assert wiring.readers == {"IN": (0,), "mid": (1,)}
-    assert wiring.models() == ["a", "b"]
+    found = wiring(config)
+    assert [(s.model_name, s.model_version) for s in found.steps] == [("a", -1), ("b", 2)]
+    assert found.readers == {"IN": (0,), "mid": (1,)}
+    assert found.models() == ["a", "b"]
 
 
 @pytest.mark.parametrize(
@@ -141,9 +141,9 @@ AB = {
 
 def test_composing_models_that_fit_the_wiring() -> None:
     config = parse(CHAIN)
-    assert check_composing(plan(config), config, AB) is False
+    assert check_composing(wiring(config), config, AB) is False
     streaming = {**AB, "a": parse(f"{AB['a']} model_transaction_policy {{ decoupled: true }}")}
-    assert check_composing(plan(config), config, streaming) is True  # the ensemble streams
+    assert check_composing(wiring(config), config, streaming) is True  # the ensemble streams
 
 
 @pytest.mark.parametrize(
@@ -178,22 +178,22 @@ def test_composing_errors_read_as_triton_words_them(
 ) -> None:
     config = parse(CHAIN)
     with pytest.raises(InferpoolError) as err:
-        check_composing(plan(config), config, {**AB, **composing})
+        check_composing(wiring(config), config, {**AB, **composing})
     assert err.value.code is Code.INVALID_ARG and message in err.value.message
 
 
 def test_an_optional_input_may_stay_unmapped_and_batch_sizes_must_fit() -> None:
     config = parse(CHAIN)
     optional = model("a", f"{tensor('X')}, {tensor('V', extra='optional: true')}", tensor("Y"))
-    assert check_composing(plan(config), config, {**AB, "a": optional}) is False
+    assert check_composing(wiring(config), config, {**AB, "a": optional}) is False
     batched = parse(CHAIN.replace('platform: "ensemble"', 'platform: "ensemble" max_batch_size: 8'))
     small = {name: parse(f"{cfg} max_batch_size: 4") for name, cfg in AB.items()}
     with pytest.raises(InferpoolError, match="ensemble e allows maximum batch size 8, but it "):
-        check_composing(plan(batched), batched, small)
+        check_composing(wiring(batched), batched, small)
     # a non-batching model may sit in a batching ensemble when the full shapes agree
     unbatched = {**small, "a": model("a", tensor("X", "[ -1, 4 ]"), tensor("Y", "[ -1, 4 ]"))}
     big = {**unbatched, "b": parse(f"{AB['b']} max_batch_size: 8")}
-    assert check_composing(plan(batched), batched, big) is False
+    assert check_composing(wiring(batched), batched, big) is False
 
 
 def test_steps_reading_different_streams_are_refused() -> None:
@@ -211,7 +211,7 @@ def test_steps_reading_different_streams_are_refused() -> None:
         "c": model("c", f"{tensor('X')}, {tensor('Z')}", tensor("Y")),
     }
     with pytest.raises(InferpoolError) as err:
-        check_composing(plan(config), config, composing)
+        check_composing(wiring(config), config, composing)
     assert (
         "in ensemble e, step of model 'c' receives inputs originated from different decoupled "
         "models" in err.value.message
