@@ -521,7 +521,7 @@ class Broker:
         if self.kserve is not None:
             self.kserve.tick(now)
         self.requests.flush_frees()
-        if self.tracer.ended:
+        if self.tracer.ended or self.tracer.unwritten:
             self.tracer.flush(time.monotonic_ns())
         if self.utilisation is not None:
             self.utilisation.sample(now)

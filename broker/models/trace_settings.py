@@ -40,7 +40,7 @@ class TraceSetting:
     seen: int = 0  # requests it was asked to sample
     sampled: int = 0  # traces it started
     collected: int = 0  # traces written (or waiting for log_frequency)
-    pending: list[list[dict[str, Any]]] = field(default_factory=list)  # groups not written yet
+    pending: list[Any] = field(default_factory=list)  # finished traces (roots) not written yet
     retired: bool = False  # a change replaced it: its late traces are written as they come
 
     def why_invalid(self) -> str:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from inferpool.broker.models.registry import Instance
@@ -132,7 +132,8 @@ class Tracer:
         # rid -> the trace of a request, until it is written (a worker's instants of a
         # decoupled model's request may come after its last response)
         self.open: dict[int, Trace] = {}
-        self.ended: list[Trace] = []  # roots that ended, until they are written
+        self.ended: list[Trace] = []  # roots that ended, until they are complete
+        self.unwritten: list[Trace] = []  # roots for the trace file: written at each flush
         self.waiting: dict[int, Trace] = {}  # trace id -> root waiting for its frontend
 
     # ------------------------------------------------------------------ settings
@@ -315,18 +316,19 @@ class Tracer:
         if final:
             for setting in self.settings.all():
                 self._spill(setting)
-            if self.file is not None:
-                self.file.close()
+        if self.unwritten and self.file is not None:  # one write for all of them
+            self.file.append(_records(self.unwritten))
+        self.unwritten = []
+        if final and self.file is not None:
+            self.file.close()
 
     def _collect(self, root: Trace) -> None:
         """A finished trace and its children, as its setting says (Triton's WriteTrace)."""
-        traces = (root, *root.children)
-        for trace in traces:
+        for trace in (root, *root.children):
             self.open.pop(trace.rid, None)
-        group = [record for trace in traces for record in trace.records()]
         setting = root.setting
         setting.collected += 1
-        setting.pending.append(group)
+        setting.pending.append(root)
         if setting.retired:
             self._spill(setting)
         elif setting.log_frequency and len(setting.pending) >= setting.log_frequency:
@@ -341,14 +343,22 @@ class Tracer:
         self._write(setting, indexed=bool(setting.log_frequency))
 
     def _write(self, setting: TraceSetting, indexed: bool) -> None:
-        groups, setting.pending = setting.pending, []
-        if not groups or self.file is None:
+        """What ``setting`` keeps: to the next indexed file now, or to the trace file with
+        the next flush."""
+        roots, setting.pending = setting.pending, []
+        if not roots or self.file is None:
             return
-        records = (record for group in groups for record in group)
         if indexed:
-            self.file.indexed(records)
+            self.file.indexed(_records(roots))
         else:
-            self.file.append(records)
+            self.unwritten += roots
+
+
+def _records(roots: Iterable[Trace]) -> Iterator[Record]:
+    """Triton's records of finished traces, each with its children."""
+    for root in roots:
+        for trace in (root, *root.children):
+            yield from trace.records()
 
 
 def _complete(root: Trace) -> bool:
