@@ -26,7 +26,7 @@ from typing import Any
 import posix_ipc
 import zmq
 
-from inferpool.broker.curve import CurveKeys, secure
+from inferpool.broker.curve_auth import CurveKeys, secure
 from inferpool.broker.front.peers import KSERVE_TAG, SECURE_TAG
 from inferpool.shm.runs import SHM_DIR, RunLock, ours, regions_of_run, sweep_dead_runs
 from inferpool.wire.errors import Code, InferpoolError

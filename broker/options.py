@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
-from inferpool.broker.curve import CurveKeys, load_server_keys
+from inferpool.broker.curve_auth import CurveKeys, load_server_keys
 from inferpool.broker.models.trace_settings import TraceSetting
 from inferpool.broker.pool.supervisor import SupervisorOptions
 from inferpool.wire.errors import invalid_arg
@@ -19,7 +19,7 @@ from inferpool.wire.logs import LogSettings
 from inferpool.wire.paths import DEFAULT_TCP, default_ipc_endpoint, default_run_dir
 
 if TYPE_CHECKING:  # the frontends (grpc, aiohttp) are imported by the broker that serves them,
-    from inferpool.broker.kserve.options import FrontendOptions  # not by every CLI command
+    from inferpool.broker.kserve.frontend_options import FrontendOptions  # not by every CLI command
 
 MiB = 1 << 20
 
@@ -127,7 +127,7 @@ class ServerOptions:
 
     def frontends(self) -> FrontendOptions:
         """The KServe frontends' slice, with the broker's request limit."""
-        from inferpool.broker.kserve.options import FrontendOptions
+        from inferpool.broker.kserve.frontend_options import FrontendOptions
 
         names = (f.name for f in fields(FrontendOptions) if f.name != "request_limit")
         return FrontendOptions(

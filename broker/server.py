@@ -26,12 +26,12 @@ from inferpool.broker.endpoints import listen, open_run
 from inferpool.broker.front.control import Control
 from inferpool.broker.front.handles import Handles
 from inferpool.broker.front.inference import Inference
+from inferpool.broker.front.lane_grants import EXTENSIONS as LANE_EXTENSIONS
+from inferpool.broker.front.lane_grants import Lanes
 from inferpool.broker.front.lane_leases import LaneLeases
-from inferpool.broker.front.lanes import EXTENSIONS as LANE_EXTENSIONS
-from inferpool.broker.front.lanes import Lanes
 from inferpool.broker.front.load_metrics import Utilisation
 from inferpool.broker.front.log_settings import LogSettings
-from inferpool.broker.front.metrics import BrokerCollector, MetricsEndpoint
+from inferpool.broker.front.metrics_endpoint import BrokerCollector, MetricsEndpoint
 from inferpool.broker.front.peers import KSERVE_TAG, ProcessGate
 from inferpool.broker.front.readiness import Readiness
 from inferpool.broker.front.registrations import Registrations
@@ -43,7 +43,7 @@ from inferpool.broker.front.trace_control import TraceControl
 from inferpool.broker.kserve.process import FrontendProcess
 from inferpool.broker.models import repository
 from inferpool.broker.models.config_support import ConfigSupport
-from inferpool.broker.models.manager import Manager
+from inferpool.broker.models.lifecycle import ModelLifecycle
 from inferpool.broker.models.rate_limiter import RateLimiter
 from inferpool.broker.models.registry import Instance, Registry, State
 from inferpool.broker.models.reload import reload_repository
@@ -54,7 +54,7 @@ from inferpool.broker.notify import Watchdog, sd_notify
 from inferpool.broker.options import ServerOptions
 from inferpool.broker.pool.gpu_limit import check_gpu_limits
 from inferpool.broker.pool.liveness import Liveness
-from inferpool.broker.pool.outputs import OutputRegions
+from inferpool.broker.pool.output_regions import OutputRegions
 from inferpool.broker.pool.placement import Planner, Topology, parse_host_policies
 from inferpool.broker.pool.supervisor import Supervisor
 from inferpool.broker.sched_slice import request_slice
@@ -149,7 +149,7 @@ class Broker:
             unmaps: dict[str, list[str]] = {}
             # Four parts need one built further down: those calls go through a lambda,
             # which runs once the part exists.
-            models: Manager
+            models: ModelLifecycle
             shm: SharedMemory
             outputs = OutputRegions(
                 run_id,
@@ -199,7 +199,7 @@ class Broker:
                 cache = ResponseCache.create(
                     run_id, opts.cache_size, opts.prefault, arena, outputs, responder
                 )
-            self.models = models = Manager(
+            self.models = models = ModelLifecycle(
                 repository=opts.model_repository,
                 registry=registry,
                 planner=planner,
@@ -260,7 +260,7 @@ class Broker:
             control = Control(
                 readiness=self.readiness,
                 registry=registry,
-                manager=models,
+                lifecycle=models,
                 supervisor=supervisor,
                 responder=responder,
                 arena=arena,

@@ -2,6 +2,6 @@
 
 import sys
 
-from inferpool.cli import main
+from inferpool.entry_point import main
 
 sys.exit(main())

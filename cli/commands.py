@@ -14,7 +14,7 @@ import numpy as np
 from inferpool.broker.pool.topology import allowed_cpus, format_cpu_list
 from inferpool.client import Client, InferpoolError, default_endpoint
 from inferpool.client.core import InferResult
-from inferpool.inputs import read_inputs
+from inferpool.infer_inputs import read_inputs
 from inferpool.usage import key_value, scalar, seconds, unknown_model
 from inferpool.wire import codec
 

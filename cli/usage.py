@@ -1,7 +1,7 @@
 """Values the command line takes, and its mistakes: one clear line and exit status 2.
 
 Parsers of the subcommands raise :class:`UsageError` naming the flag and what was wrong;
-``inferpool.cli.main`` prints it as ``inferpool: <message>``, as argparse does its own.
+``inferpool.entry_point.main`` prints it as ``inferpool: <message>``, as argparse does its own.
 The argparse types below raise ``ArgumentTypeError`` with the form they expect.
 """
 

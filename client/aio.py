@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import numpy as np
 import zmq
 
-from inferpool.client import control
+from inferpool.client import control_calls
 from inferpool.client.connection import EVENTS, POLLIN, POLLOUT, Connection
 from inferpool.client.core import ClientCore, Exchange, InferResult, Message, Retry
 from inferpool.wire.errors import Code, InferpoolError
@@ -211,30 +211,30 @@ class AsyncClient(Connection):
             self._cancel(exchange)  # left before the final response: cancelled on the server
 
     # ------------------------------------------------------------------ control
-    async def control(self, call: control.Call[T], timeout: float | None = None) -> T:
-        """Run one control call (client.control) and read its answer."""
+    async def control(self, call: control_calls.Call[T], timeout: float | None = None) -> T:
+        """Run one control call (client.control_calls) and read its answer."""
         return await self._run(self._core.control(call, timeout))
 
     async def is_live(self, timeout: float | None = None) -> bool:
-        return await self.control(control.live(), timeout)
+        return await self.control(control_calls.live(), timeout)
 
     async def is_ready(self, timeout: float | None = None) -> bool:
-        return await self.control(control.ready(), timeout)
+        return await self.control(control_calls.ready(), timeout)
 
     async def is_model_ready(self, model: str, version: str | int = "") -> bool:
-        return await self.control(control.model_ready(model, version))
+        return await self.control(control_calls.model_ready(model, version))
 
     async def server_metadata(self) -> dict[str, Any]:
-        return await self.control(control.server_metadata())
+        return await self.control(control_calls.server_metadata())
 
     async def model_metadata(self, model: str, version: str | int = "") -> dict[str, Any]:
-        return await self.control(control.model_metadata(model, version))
+        return await self.control(control_calls.model_metadata(model, version))
 
     async def model_config(self, model: str, version: str | int = "") -> dict[str, Any]:
-        return await self.control(control.model_config(model, version))
+        return await self.control(control_calls.model_config(model, version))
 
     async def models(self, ready_only: bool = False) -> list[dict[str, Any]]:
-        return await self.control(control.models(ready_only))
+        return await self.control(control_calls.models(ready_only))
 
     async def load_model(
         self,
@@ -246,20 +246,20 @@ class AsyncClient(Connection):
     ) -> None:
         """Load (or reload) ``model``; ``config`` and ``files`` override its configuration
         and files as Triton's load API does (docs/PROTOCOL.md)."""
-        await self.control(control.load(model, config, files), timeout)
+        await self.control(control_calls.load(model, config, files), timeout)
 
     async def unload_model(self, model: str, timeout: float | None = None) -> None:
-        await self.control(control.unload(model), timeout)
+        await self.control(control_calls.unload(model), timeout)
 
     async def drain(self) -> dict[str, Any]:
         """Stop the server taking requests, finish those in flight, exit (docs/scale-out.md)."""
-        return await self.control(control.drain())
+        return await self.control(control_calls.drain())
 
     async def statistics(self, model: str = "", version: str | int = "") -> dict[str, Any]:
-        return await self.control(control.statistics(model, version))
+        return await self.control(control_calls.statistics(model, version))
 
     async def status(self) -> list[dict[str, Any]]:
-        return await self.control(control.status())
+        return await self.control(control_calls.status())
 
     async def wait_ready(self, timeout: float = 60.0) -> None:
         """Wait until the server answers ready, whether or not it is up yet (else TIMEOUT)."""

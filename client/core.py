@@ -19,7 +19,7 @@ from typing import Any, Generic, TypedDict, TypeVar
 import numpy as np
 import zmq
 
-from inferpool.client.control import Call
+from inferpool.client.control_calls import Call
 from inferpool.client.endpoint import Handshake, parse_endpoint
 from inferpool.client.response_plans import (
     PLANS,
@@ -328,7 +328,7 @@ class ClientCore:
         return exchange
 
     def control(self, call: Call[T], timeout: float | None = None) -> Exchange[T]:
-        """A control message (client.control) whose answer is read as ``call`` says."""
+        """A control message (client.control_calls) whose answer is read as ``call`` says."""
         header = {"type": call.type, **call.fields}
         return self.open(header, call.frames, lambda m: call.read(checked(m)), timeout)
 

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from inferpool.client.lane import Lane
 from inferpool.client.shm_request import Releaser, ShmResult
 from inferpool.wire import ensemble_wiring as ew
-from inferpool.wire import lane as wl
 from inferpool.wire import lane_records as lr
+from inferpool.wire import lane_region as wl
 from inferpool.wire.contract import specs_of
 from inferpool.wire.ensemble_wiring import batch_reshape, ensemble_deadlock, step_failed
 from inferpool.wire.errors import InferpoolError

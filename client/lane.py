@@ -1,4 +1,4 @@
-"""The client's end of a lane (``wire.lane``): requests into the ring, results out of it.
+"""The client's end of a lane (``wire.lane_region``): requests into the ring, results out of it.
 
 A :class:`Lane` posts a :class:`~inferpool.client.shm_request.ShmRequest` (its inputs are
 already in the client's input region; only a small struct crosses) and reads the answer as
@@ -38,8 +38,8 @@ from inferpool.shm.bell import bells
 from inferpool.shm.refs import posix_name
 from inferpool.shm.region import Region
 from inferpool.wire import codec
-from inferpool.wire import lane as wl
 from inferpool.wire import lane_records as lr
+from inferpool.wire import lane_region as wl
 from inferpool.wire import lane_responses as lresp
 from inferpool.wire.errors import Code, InferpoolError
 

@@ -24,12 +24,12 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from inferpool.client.control import Call
+from inferpool.client.control_calls import Call
 from inferpool.client.lane import Lane
 from inferpool.client.lane_ensemble import EnsembleLane
 from inferpool.client.shm_request import ShmRequest
 from inferpool.shm import cores
-from inferpool.wire import lane as wl
+from inferpool.wire import lane_region as wl
 from inferpool.wire.errors import Code, InferpoolError
 
 if TYPE_CHECKING:

@@ -28,7 +28,7 @@ from inferpool.client.shm_base import ShmBase
 from inferpool.client.shm_core import CLOSE_TIMEOUT
 from inferpool.client.shm_request import ShmRequest, ShmResult
 from inferpool.wire.errors import InferpoolError
-from inferpool.wire.lane import FLAG_RELEASE_ONLY
+from inferpool.wire.lane_region import FLAG_RELEASE_ONLY
 
 
 class AsyncShmClient(ShmBase, AsyncClient):

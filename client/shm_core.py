@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from inferpool.client.control import Call
+from inferpool.client.control_calls import Call
 from inferpool.client.core import ClientCore, Exchange, Header, Message, extended
 from inferpool.client.lane_book import LaneBook, Pin
 from inferpool.client.shm_request import INPUT_REGION, ShmRequest, ShmResult, output_view

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 import zmq
 
-from inferpool.client import control
+from inferpool.client import control_calls
 from inferpool.client.connection import Connection
 from inferpool.client.core import Exchange, InferResult, Message, Retry
 from inferpool.wire.errors import InferpoolError
@@ -139,30 +139,30 @@ class Client(Connection):
             self._cancel(exchange)  # left before the final response: cancelled on the server
 
     # ------------------------------------------------------------------ control
-    def control(self, call: control.Call[T], timeout: float | None = None) -> T:
-        """Run one control call (client.control) and read its answer."""
+    def control(self, call: control_calls.Call[T], timeout: float | None = None) -> T:
+        """Run one control call (client.control_calls) and read its answer."""
         return self._run(self._core.control(call, timeout))
 
     def is_live(self, timeout: float | None = None) -> bool:
-        return self.control(control.live(), timeout)
+        return self.control(control_calls.live(), timeout)
 
     def is_ready(self, timeout: float | None = None) -> bool:
-        return self.control(control.ready(), timeout)
+        return self.control(control_calls.ready(), timeout)
 
     def is_model_ready(self, model: str, version: str | int = "") -> bool:
-        return self.control(control.model_ready(model, version))
+        return self.control(control_calls.model_ready(model, version))
 
     def server_metadata(self) -> dict[str, Any]:
-        return self.control(control.server_metadata())
+        return self.control(control_calls.server_metadata())
 
     def model_metadata(self, model: str, version: str | int = "") -> dict[str, Any]:
-        return self.control(control.model_metadata(model, version))
+        return self.control(control_calls.model_metadata(model, version))
 
     def model_config(self, model: str, version: str | int = "") -> dict[str, Any]:
-        return self.control(control.model_config(model, version))
+        return self.control(control_calls.model_config(model, version))
 
     def models(self, ready_only: bool = False) -> list[dict[str, Any]]:
-        return self.control(control.models(ready_only))
+        return self.control(control_calls.models(ready_only))
 
     def load_model(
         self,
@@ -174,20 +174,20 @@ class Client(Connection):
     ) -> None:
         """Load (or reload) ``model``; ``config`` and ``files`` override its configuration
         and files as Triton's load API does (docs/PROTOCOL.md)."""
-        self.control(control.load(model, config, files), timeout)
+        self.control(control_calls.load(model, config, files), timeout)
 
     def unload_model(self, model: str, timeout: float | None = None) -> None:
-        self.control(control.unload(model), timeout)
+        self.control(control_calls.unload(model), timeout)
 
     def drain(self) -> dict[str, Any]:
         """Stop the server taking requests, finish those in flight, exit (docs/scale-out.md)."""
-        return self.control(control.drain())
+        return self.control(control_calls.drain())
 
     def statistics(self, model: str = "", version: str | int = "") -> dict[str, Any]:
-        return self.control(control.statistics(model, version))
+        return self.control(control_calls.statistics(model, version))
 
     def status(self) -> list[dict[str, Any]]:
-        return self.control(control.status())
+        return self.control(control_calls.status())
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Block until the server answers ready, whether or not it is up yet (else TIMEOUT)."""

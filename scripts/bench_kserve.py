@@ -252,7 +252,7 @@ def server_processes(server_pid: int) -> dict[str, list[int]]:
     """The server's processes: the broker, the KServe frontends' and the rest (workers and
     their zygotes)."""
     children = psutil.Process(server_pid).children(recursive=True)
-    frontends = [c.pid for c in children if "inferpool.broker.kserve.main" in c.cmdline()]
+    frontends = [c.pid for c in children if "inferpool.broker.kserve.frontends" in c.cmdline()]
     rest = [c.pid for c in children if c.pid not in frontends]
     return {"broker": [server_pid], "frontends": frontends, "workers": rest}
 

@@ -5,7 +5,7 @@ Packages are the folders at the top of the repository (``wire``, ``shm``, ``back
 ``workers``, ``broker``, ``client``, and ``cli``, named ``inferpool`` in older commits: the
 command line and the namespace's ``__init__``, which holds the version); the broker counts by its
 sub-packages (``broker.front``, ``broker.models``, ``broker.pool``; ``broker`` is its own
-top-level modules).  Both spellings are understood: ``inferpool.broker.models.manager``
+top-level modules).  Both spellings are understood: ``inferpool.broker.models.lifecycle``
 (the installed namespace) and ``broker.manager`` (the flat top-level packages of older
 commits).  Every ``import`` and ``from ... import`` counts once per package it reaches,
 ``TYPE_CHECKING`` imports included: they are dependencies too.
@@ -81,7 +81,7 @@ def sources(rev: str | None) -> Iterator[tuple[str, str]]:
 
 
 def module_of(path: str) -> str:
-    """``broker/models/manager.py`` -> ``broker.models.manager`` (``__init__`` dropped)."""
+    """``broker/models/lifecycle.py`` -> ``broker.models.lifecycle`` (``__init__`` dropped)."""
     parts = path[: -len(".py")].split("/")
     if parts[-1] == "__init__":
         parts = parts[:-1]

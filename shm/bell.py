@@ -7,7 +7,7 @@ sleeps on the word with a futex.  The
 producer publishes by storing the new sequence number, then, after a full barrier, looks at
 the flag and makes the wake-up system call only when the consumer sleeps: a producer whose
 peer is spinning pays no system call at all.  Both words live in shared memory (the lane's
-region, ``wire.lane`` gives their offsets); each side writes only its own.
+region, ``wire.lane_region`` gives their offsets); each side writes only its own.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ class LeaseTable:
         self, owner: bytes, region: str, offset: int, nbytes: int = 0, token: str = ""
     ) -> str:
         """A new lease of ``owner``'s and its token: a new one, or ``token`` (which names
-        the output itself: an output a lane held, ``wire.lane.lane_token``)."""
+        the output itself: an output a lane held, ``wire.lane_region.lane_token``)."""
         if not token:
             self._next += 1
             token = f"{self._prefix}{self._next}"

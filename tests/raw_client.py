@@ -10,7 +10,7 @@ from typing import Any
 import zmq
 
 from inferpool.client import Client
-from inferpool.wire import lane as wl
+from inferpool.wire import lane_region as wl
 from tests.support import Server, wait_until
 
 

@@ -22,8 +22,8 @@ from typing import Any, ClassVar, TypeVar
 import psutil
 import pytest
 
-from inferpool.cli import main
 from inferpool.client import Client
+from inferpool.entry_point import main
 from inferpool.shm.runs import regions_of_run, run_of
 
 T = TypeVar("T")

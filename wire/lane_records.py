@@ -1,6 +1,6 @@
 """A lane's request records, byte by byte: what a client writes into its slots, and the
 tensor entries requests and responses share (PROTOCOL.md; the region's layout is
-wire/lane.py, the responses wire/lane_responses.py).
+wire/lane_region.py, the responses wire/lane_responses.py).
 
 Everything is little-endian and struct-packed.  A stream of like records is the common case
 (the same body again), so ``RequestReader`` remembers the last record's struct and unpacks a
@@ -15,7 +15,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from inferpool.wire.lane import (
+from inferpool.wire.lane_region import (
     FLAG_CANCELLED,
     FLAGS_AT,
     PLACED,

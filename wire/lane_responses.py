@@ -14,8 +14,8 @@ import struct
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from inferpool.wire.lane import LaneResponse
 from inferpool.wire.lane_records import make, pad, read_tensors, tensor_struct
+from inferpool.wire.lane_region import LaneResponse
 
 # a response: id, status, outputs, parameters, error length, parameters' length
 _RESPONSE_HEAD = struct.Struct("<QIHHH2xI")

@@ -24,8 +24,8 @@ import posix_ipc
 from inferpool.shm import futex
 from inferpool.shm.bell import Bell
 from inferpool.shm.region import Region
-from inferpool.wire import lane as wl
 from inferpool.wire import lane_records as lr
+from inferpool.wire import lane_region as wl
 from inferpool.wire import lane_responses as lresp
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg
 

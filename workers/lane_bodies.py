@@ -18,8 +18,8 @@ from typing import Any, NamedTuple
 from inferpool.backends.api import InputTensor, OutputMemory, Request, RequestedOutput, Response
 from inferpool.backends.reshape import output_reshapes
 from inferpool.shm.region import Region
-from inferpool.wire import lane as wl
 from inferpool.wire import lane_records as lr
+from inferpool.wire import lane_region as wl
 from inferpool.wire.contract import InputChecks, TensorSpec, check_byte_size, tensor_spec
 from inferpool.wire.errors import invalid_arg
 from inferpool.wire.worker.protocol import TensorRef

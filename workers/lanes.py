@@ -29,8 +29,8 @@ from inferpool.backends.api import Request, Response, batch_size_of
 from inferpool.backends.host import BackendHost
 from inferpool.shm.bell import bells
 from inferpool.shm.region import Region
-from inferpool.wire import lane as wl
 from inferpool.wire import lane_records as lr
+from inferpool.wire import lane_region as wl
 from inferpool.wire import lane_responses as lresp
 from inferpool.wire.errors import Code, InferpoolError, internal, invalid_arg, not_found
 from inferpool.wire.worker.link import Link
@@ -411,7 +411,7 @@ class LaneServer(HoldingThread):
             self._ok = False
             self._write_error(n, request_id, response.error)
             return
-        outputs = []  # wire.lane.Tensor's fields, as plain tuples
+        outputs = []  # wire.lane_region.Tensor's fields, as plain tuples
         contract = self.contract
         if response is not None:
             index, datatypes, ours = contract.output_index, wl.DATATYPES, self.output_region

@@ -59,7 +59,7 @@ from inferpool.wire.worker.protocol import (
 from inferpool.wire.worker.spec import WorkerSpec
 from inferpool.workers import warmup
 from inferpool.workers.call_link import ChannelCalls
-from inferpool.workers.gpu_limit import check_load_limit
+from inferpool.workers.gpu_memory_check import check_load_limit
 from inferpool.workers.lanes import Lanes
 from inferpool.workers.memory import WorkerMemory, wanted_outputs
 from inferpool.workers.pinning import cuda_ordinal, read_back

@@ -38,6 +38,15 @@ from typing import NoReturn
 
 from inferpool.wire.errors import Code, InferpoolError
 from inferpool.wire.logs import configure, settings_from
+from inferpool.wire.worker.fork_protocol import (
+    Exited,
+    Fork,
+    Forked,
+    Refused,
+    read_zygote_spec,
+    recv,
+    send,
+)
 from inferpool.wire.worker.spec import (
     EXIT_BOOT_FAILED,
     EXIT_BROKER_GONE,
@@ -46,7 +55,6 @@ from inferpool.wire.worker.spec import (
     WorkerSpec,
     read_spec,
 )
-from inferpool.wire.worker.zygote import Exited, Fork, Forked, Refused, read_zygote_spec, recv, send
 from inferpool.workers.lifeline import set_parent_death_signal
 from inferpool.workers.pinning import apply
 

@@ -26,7 +26,7 @@ from inferpool.backends.api import (
     copy_into,
     now_ns,
 )
-from inferpool.backends.parameters import int_parameter
+from inferpool.backends.config_parameters import int_parameter
 from inferpool.wire import codec
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg
 

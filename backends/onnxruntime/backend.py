@@ -26,7 +26,7 @@ from inferpool.backends.api import (
     checked_batch_size,
     now_ns,
 )
-from inferpool.backends.onnxruntime import session
+from inferpool.backends.onnxruntime import ort_session
 from inferpool.backends.onnxruntime.binding import Binder, OutputSpec
 from inferpool.wire import codec
 from inferpool.wire.errors import InferpoolError, invalid_arg, unavailable, unsupported
@@ -47,9 +47,11 @@ class OnnxModel(Model):
                 raise unsupported(
                     f"model '{self.name}': {what} are not supported by the onnxruntime backend"
                 )
-        self.settings = session.Settings.parse(self)
+        self.settings = ort_session.Settings.parse(self)
         # the model's tensors, read from a session that optimizes nothing (quick to open)
-        path = session.model_path(self.artifact_path, self.config.default_model_filename, self.name)
+        path = ort_session.model_path(
+            self.artifact_path, self.config.default_model_filename, self.name
+        )
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         options.intra_op_num_threads = 1
@@ -57,9 +59,9 @@ class OnnxModel(Model):
             probe = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
         except Exception as exc:
             raise unavailable(f"failed to load model '{self.name}' from '{path}': {exc}") from None
-        inputs = session.tensors(probe.get_inputs())
-        outputs = session.tensors(probe.get_outputs())
-        overridable = session.tensors(probe.get_overridable_initializers())
+        inputs = ort_session.tensors(probe.get_inputs())
+        outputs = ort_session.tensors(probe.get_outputs())
+        overridable = ort_session.tensors(probe.get_overridable_initializers())
         del probe
         if not (len(self.config.input) and len(self.config.output)):
             default = model_io.default_max_batch_size(self.backend.config, self.backend.name)
@@ -108,11 +110,11 @@ class OnnxInstance(ModelInstance):
             self.device_id,
         )
         ort = model.backend.ort
-        path = session.model_path(
+        path = ort_session.model_path(
             model.artifact_path, model.config.default_model_filename, self.name
         )
         settings = model.settings
-        self.session = session.open_session(
+        self.session = ort_session.open_session(
             ort, path, settings, self.kind, self.cuda_ordinal, model.name, self.name
         )
         self.log.info(

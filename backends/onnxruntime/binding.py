@@ -37,7 +37,7 @@ from inferpool.backends.api import (
     copy_into,
     now_ns,
 )
-from inferpool.backends.onnxruntime.dtypes import element_type
+from inferpool.backends.onnxruntime.element_types import element_type
 from inferpool.backends.spans import contiguous_span
 from inferpool.shm import cuda
 from inferpool.wire import codec

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from inferpool.backends.api import Model
-from inferpool.backends.parameters import bool_parameter, int_parameter
+from inferpool.backends.config_parameters import bool_parameter, int_parameter
 
 # read for every execution (bound once: no lookups in torch._C each time)
 _get_optimize = torch._C._get_graph_executor_optimize

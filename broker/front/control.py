@@ -13,7 +13,7 @@ from inferpool.broker.front.responder import Responder
 from inferpool.broker.front.router import Handler
 from inferpool.broker.models import overrides
 from inferpool.broker.models.index import repository_index
-from inferpool.broker.models.manager import Manager
+from inferpool.broker.models.lifecycle import ModelLifecycle
 from inferpool.broker.models.registry import Registry, State
 from inferpool.broker.models.reload import Waiter
 from inferpool.broker.models.repository import poll_failure
@@ -35,7 +35,7 @@ class Control:
         *,
         readiness: Readiness,
         registry: Registry,
-        manager: Manager,
+        lifecycle: ModelLifecycle,
         supervisor: Supervisor[Any],
         responder: Responder,
         arena: Arena,
@@ -52,7 +52,7 @@ class Control:
         self.resources = resources
         self.readiness = readiness
         self.registry = registry
-        self.manager = manager
+        self.lifecycle = lifecycle
         self.supervisor = supervisor
         self.responder = responder
         self.arena = arena
@@ -107,7 +107,7 @@ class Control:
 
     def repository_index(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
         ready = bool(h.get("ready", False))
-        return {"models": repository_index(self.registry, self.manager.repository, ready)}
+        return {"models": repository_index(self.registry, self.lifecycle.repository, ready)}
 
     def statistics(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
         name = h.get("model_name") or ""
@@ -119,9 +119,9 @@ class Control:
             "model_stats": [
                 mv.stats.to_dict(mv.name, mv.version, memory_usage(mv.instances)) for mv in versions
             ],
-            "custom_metrics": self.manager.requests.metrics.to_list(name or None),
+            "custom_metrics": self.lifecycle.requests.metrics.to_list(name or None),
             "arena": {"size": self.arena.size, "free": self.arena.free_bytes},
-            "inflight": len(self.manager.requests.inflight),
+            "inflight": len(self.lifecycle.requests.inflight),
             "resources": self.resources(),
         }
 
@@ -153,11 +153,11 @@ class Control:
             override = overrides.parse(h.get("parameters"), f)
         except InferpoolError as err:
             raise poll_failure(name, err) from None
-        self.manager.load(name, self._deferred(envelope, "load", h.get("id", "")), override)
+        self.lifecycle.load(name, self._deferred(envelope, "load", h.get("id", "")), override)
 
     def unload(self, envelope: list[bytes], h: dict[str, Any], f: list[Any]) -> None:
         name = self._model_name("unload", h)
-        self.manager.unload(name, self._deferred(envelope, "unload", h.get("id", "")))
+        self.lifecycle.unload(name, self._deferred(envelope, "unload", h.get("id", "")))
 
     def _deferred(self, envelope: list[bytes], msg_type: str, request_id: Any) -> Waiter:
         def done(err: InferpoolError | None) -> None:

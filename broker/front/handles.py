@@ -14,7 +14,7 @@ from typing import Any
 
 from inferpool.broker.front.shares import OutputShares
 from inferpool.broker.models.request import PendingRequest
-from inferpool.broker.pool.outputs import OutputRegions
+from inferpool.broker.pool.output_regions import OutputRegions
 from inferpool.shm.leases import Lease, LeaseTable
 from inferpool.wire.errors import not_found
 from inferpool.wire.worker.protocol import TensorRef

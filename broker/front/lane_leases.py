@@ -6,7 +6,7 @@ version retired, a step of its ensemble crashed, the server drains), the client 
 hold results and read them.  So the broker marks the lane ``KEPT`` before revoking it and
 tells the worker not to free them; the worker reports what the client held
 (``LaneClosed.kept``) and the broker makes each one a lease of the client's, with the token
-``wire.lane.lane_token(lane, offset)``: the client releases it through the broker like any
+``wire.lane_region.lane_token(lane, offset)``: the client releases it through the broker like any
 output handle, and a disconnect or a silence past the lease timeout reclaims it.
 
 A client may release such an output before the worker has reported it (its release and the
@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inferpool.broker.front.shares import OutputShares
-from inferpool.broker.pool.outputs import OutputRegions
+from inferpool.broker.pool.output_regions import OutputRegions
 from inferpool.shm.leases import LeaseTable
-from inferpool.wire.lane import lane_token, parse_lane_token
+from inferpool.wire.lane_region import lane_token, parse_lane_token
 
 
 @dataclass

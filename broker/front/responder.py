@@ -19,7 +19,7 @@ from inferpool.broker.front.handles import Handles
 from inferpool.broker.front.peers import KSERVE_TAG
 from inferpool.broker.front.response_header import described, plain_header, response_header
 from inferpool.broker.models.request import PendingRequest
-from inferpool.broker.pool.outputs import OutputRegions
+from inferpool.broker.pool.output_regions import OutputRegions
 from inferpool.wire import codec
 from inferpool.wire.errors import InferpoolError
 from inferpool.wire.worker.protocol import Result, TensorRef

@@ -30,7 +30,7 @@ EXTENSIONS = ("system_shared_memory", "cuda_shared_memory", "output_handles")
 
 
 class LaneEnds(Protocol):
-    """What the lanes (``front.lanes``) hear of their clients and input regions ending."""
+    """What the lanes (``front.lane_grants``) hear of their clients and input regions ending."""
 
     def client_gone(self, owner: bytes, why: str) -> None: ...
 

@@ -23,12 +23,12 @@ from tritonclient.grpc import model_config_pb2
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc.service_pb2_grpc import GRPCInferenceServiceServicer
 
+from inferpool.broker.kserve.broker_channel import BrokerChannel
 from inferpool.broker.kserve.callers import Callers
-from inferpool.broker.kserve.channel import BrokerChannel
 from inferpool.broker.kserve.grpc_handlers import Malformed
 from inferpool.broker.kserve.grpc_infer import infer_message, infer_response
 from inferpool.broker.kserve.health import HEALTH_TIMEOUT_S
-from inferpool.broker.kserve.inputs import Inputs
+from inferpool.broker.kserve.input_region import Inputs
 from inferpool.broker.kserve.load import load_message
 from inferpool.broker.kserve.status import GRPC_STATUS
 from inferpool.wire import trace_stamps

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import grpc
 
-from inferpool.broker.kserve.options import FrontendOptions
+from inferpool.broker.kserve.frontend_options import FrontendOptions
 from inferpool.wire.errors import invalid_arg
 
 

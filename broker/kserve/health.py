@@ -22,8 +22,8 @@ from typing import Any
 
 from aiohttp import web
 
+from inferpool.broker.kserve.broker_channel import BrokerChannel
 from inferpool.broker.kserve.callers import Callers
-from inferpool.broker.kserve.channel import BrokerChannel
 from inferpool.broker.kserve.http_base import error_response, json_response
 from inferpool.wire.errors import Code, InferpoolError
 

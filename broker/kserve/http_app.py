@@ -24,12 +24,12 @@ from aiohttp import web
 
 from inferpool.broker.kserve import health
 from inferpool.broker.kserve.bodies import BodyLimits
+from inferpool.broker.kserve.broker_channel import BrokerChannel
 from inferpool.broker.kserve.callers import Callers
-from inferpool.broker.kserve.channel import BrokerChannel
 from inferpool.broker.kserve.http_base import JSON, application, json_response
 from inferpool.broker.kserve.http_infer import response_body
 from inferpool.broker.kserve.http_tensors import BINARY, HEADER_LENGTH, receive, stream
-from inferpool.broker.kserve.inputs import Inputs
+from inferpool.broker.kserve.input_region import Inputs
 from inferpool.broker.kserve.load import load_message
 from inferpool.wire import trace_stamps
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg

@@ -2,7 +2,7 @@
 the answer written from where the outputs lie.
 
 A body whose binary tensors are large (``PLACE_MIN``), whose size is declared and that is not
-compressed is read straight into a block of the input region (``kserve.inputs``): its JSON
+compressed is read straight into a block of the input region (``kserve.input_region``): its JSON
 header is parsed from the first bytes, its tensors stay where they landed and the request
 names them (``placed``).  Any other body is read whole and its tensors travel in frames.
 A large answer is written in pieces of ``WRITE_PIECE`` bytes, each once the socket took the
@@ -19,7 +19,7 @@ from aiohttp import web
 
 from inferpool.broker.kserve.bodies import BodyLimits
 from inferpool.broker.kserve.http_infer import InferCall, parse_body, parse_request
-from inferpool.broker.kserve.inputs import PLACE_MIN, Inputs
+from inferpool.broker.kserve.input_region import PLACE_MIN, Inputs
 from inferpool.shm.arena import Slot
 from inferpool.wire.errors import invalid_arg
 

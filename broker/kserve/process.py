@@ -1,6 +1,6 @@
 """The broker's side of the KServe frontends' process: start it, watch it, restart it, stop it.
 
-The frontends run in a process of their own (``kserve.main``), so parsing HTTP and gRPC,
+The frontends run in a process of their own (``kserve.frontends``), so parsing HTTP and gRPC,
 decoding tensors and writing answers never takes the broker's interpreter lock: the broker's
 loop, which every client's request goes through, stays free.  The process talks to the broker
 over the ipc socket ``endpoint`` (the broker lets through only this process's connections:
@@ -25,7 +25,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from inferpool.broker.kserve.options import FrontendOptions, ProcessConfig
+from inferpool.broker.kserve.frontend_options import FrontendOptions, ProcessConfig
 from inferpool.wire import logs
 from inferpool.wire.errors import Code, InferpoolError
 from inferpool.wire.logs import settings_dict
@@ -86,7 +86,7 @@ class FrontendProcess:
         config = ProcessConfig(self._options, self._endpoint, self._input_region, report_w, log)
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "inferpool.broker.kserve.main", config.to_json()],
+                [sys.executable, "-m", "inferpool.broker.kserve.frontends", config.to_json()],
                 stdin=life_r,
                 pass_fds=(report_w,),
             )

@@ -1,8 +1,8 @@
 """The KServe frontends' listeners: HTTP, gRPC and health, in one asyncio loop.
 
-They run in the frontends' own process (``kserve.main``), with aiohttp (the HTTP frontend,
+They run in the frontends' own process (``kserve.frontends``), with aiohttp (the HTTP frontend,
 and the health routes alone on the health port) and ``grpc.aio`` (the gRPC frontend), and
-reach the broker only through the channel (``kserve.channel``).  :meth:`Listeners.start`
+reach the broker only through the channel (``kserve.broker_channel``).  :meth:`Listeners.start`
 binds every listener before the process says it is ready, so a port in use fails the
 broker's start with one clear line; :meth:`Listeners.close` stops them, letting the calls
 in progress finish for up to ``STOP_GRACE_S``.
@@ -19,13 +19,13 @@ import grpc
 from aiohttp import web
 
 from inferpool.broker.kserve import grpc_ssl, health, http_app
+from inferpool.broker.kserve.broker_channel import BrokerChannel
 from inferpool.broker.kserve.callers import Callers
-from inferpool.broker.kserve.channel import BrokerChannel
+from inferpool.broker.kserve.frontend_options import FrontendOptions
 from inferpool.broker.kserve.grpc_handlers import add_to_server
 from inferpool.broker.kserve.grpc_service import InferenceServicer
 from inferpool.broker.kserve.http_base import application
-from inferpool.broker.kserve.inputs import Inputs
-from inferpool.broker.kserve.options import FrontendOptions
+from inferpool.broker.kserve.input_region import Inputs
 from inferpool.broker.kserve.socket_owner import SocketOwners
 from inferpool.wire.errors import Code, InferpoolError
 

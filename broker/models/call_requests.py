@@ -30,7 +30,7 @@ from inferpool.broker.models.registry import Instance, ModelVersion, Registry
 from inferpool.broker.models.request import PendingRequest
 from inferpool.broker.models.tracer import Tracer
 from inferpool.broker.pool.handle import WorkerState
-from inferpool.broker.pool.outputs import OutputRegions
+from inferpool.broker.pool.output_regions import OutputRegions
 from inferpool.wire.errors import Code, InferpoolError
 from inferpool.wire.worker.protocol import Call, CancelCall, Release, Replies, Result
 

@@ -7,7 +7,7 @@ client's.  A step's outputs stay where its worker wrote them, in that worker's o
 the steps that read them name those slots as inputs (read in place, no copy), and the client
 gets them as any response's outputs (frames, handles, or written into its own region by the
 last step).  Each slot has one owner per step that reads it and one for the response; the
-run's own reference is the first owner's and the others are shares (``pool.outputs.share``),
+run's own reference is the first owner's and the others are shares (``pool.output_regions.share``),
 so a tensor with one reader costs no bookkeeping beyond its one free; it goes back to its
 worker once all have finished.
 
@@ -31,7 +31,7 @@ from inferpool.broker.models.registry import ModelVersion, Registry, State
 from inferpool.broker.models.request import PendingRequest
 from inferpool.broker.models.scheduler import Dispatch, Scheduler
 from inferpool.broker.models.tracer import Tracer
-from inferpool.broker.pool.outputs import OutputRegions
+from inferpool.broker.pool.output_regions import OutputRegions
 from inferpool.wire.ensemble_wiring import (
     Step,
     Wiring,

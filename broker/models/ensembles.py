@@ -1,4 +1,4 @@
-"""The ensembles the manager serves, and their readiness as their composing models come and go.
+"""The ensembles the lifecycle serves, and their readiness as their composing models come and go.
 
 As in Triton, an ensemble is ready only while every model its steps name has the version
 the step asks for ready, and only once their served configurations fit its wiring
@@ -26,7 +26,7 @@ log = logging.getLogger("inferpool.ensemble")
 
 
 class Lifecycle(Protocol):
-    """What ensembles ask of the models' lifecycle (``models.manager``)."""
+    """What ensembles ask of the models' lifecycle (``models.lifecycle``)."""
 
     repository: str
     pending: dict[str, ModelRecord]  # replacements loading beside their model

@@ -24,7 +24,7 @@ Waiter = Callable[[InferpoolError | None], None]
 
 
 class Lifecycle(Protocol):
-    """What a reload asks of the models' lifecycle (``models.manager``)."""
+    """What a reload asks of the models' lifecycle (``models.lifecycle``)."""
 
     repository: str
     registry: Registry

@@ -25,7 +25,7 @@ __all__ = ["FLAG_SEQUENCE_END", "FLAG_SEQUENCE_START", "PendingRequest", "Sink"]
 class Sink(Protocol):
     """Where the answers of a request the broker made itself go (an ensemble's step, a
     model's BLS call) instead of a client socket.  Whoever receives a result owns one
-    reference to each of its output slots (``pool.outputs``)."""
+    reference to each of its output slots (``pool.output_regions``)."""
 
     def result(self, req: PendingRequest, item: Result) -> None: ...
 

@@ -4,7 +4,7 @@ A request is queued on its model's scheduler (``submit``), goes to an instance i
 (``dispatch``), and is answered from its worker's results (``done``) or with an error
 (``reject``).  This is where the "every request gets an answer" rule is kept: a request
 leaves ``inflight`` only through ``finish``, after its final response (result or error)
-was sent.  Loading and retiring models is the lifecycle's (``models.manager``).
+was sent.  Loading and retiring models is the lifecycle's (``models.lifecycle``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from inferpool.broker.models.stats import CustomMetrics, response_outcome
 from inferpool.broker.models.tracer import Tracer
 from inferpool.broker.pool.channel import Garbled
 from inferpool.broker.pool.handle import WorkerState
-from inferpool.broker.pool.outputs import OutputRegions
+from inferpool.broker.pool.output_regions import OutputRegions
 from inferpool.broker.pool.supervisor import Supervisor
 from inferpool.shm.arena import Arena
 from inferpool.wire.errors import InferpoolError
@@ -56,7 +56,7 @@ class Replies(Protocol):
 
 
 class Lifecycle(Protocol):
-    """What the request path asks of the models' lifecycle (``models.manager``)."""
+    """What the request path asks of the models' lifecycle (``models.lifecycle``)."""
 
     def stop_idle(self, mv: ModelVersion) -> None:
         """Stop the instances of an unloading version that have nothing left to do."""

@@ -30,7 +30,7 @@ import orjson
 
 from inferpool.broker.models.registry import ModelVersion
 from inferpool.broker.models.request import PendingRequest
-from inferpool.broker.pool.outputs import OutputRegions
+from inferpool.broker.pool.output_regions import OutputRegions
 from inferpool.shm.arena import Arena, ArenaFull, Slot
 from inferpool.shm.region import Region, ShmExhausted
 from inferpool.shm.runs import region_name

@@ -1,7 +1,7 @@
 """``--model-load-gpu-limit DEVICE:FRACTION``, Triton's GPU memory-fraction check at load.
 
 The broker parses and validates the flag; each GPU instance's worker gets the fraction of
-its device and checks it after the instance loaded (``workers/gpu_limit.py``), as Triton's
+its device and checks it after the instance loaded (``workers/gpu_memory_check.py``), as Triton's
 ``VerifyModelLoadGpuFraction`` does: an instance whose load leaves the device more used than
 the fraction is rejected with UNAVAILABLE, so memory stays free for other work.
 """

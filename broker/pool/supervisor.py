@@ -21,7 +21,7 @@ from typing import Generic, Protocol
 
 from inferpool.broker.pool.channel import Channel, Garbled
 from inferpool.broker.pool.handle import M, WorkerHandle, WorkerState
-from inferpool.broker.pool.outputs import OutputRegions
+from inferpool.broker.pool.output_regions import OutputRegions
 from inferpool.broker.pool.sharing import SharedRegions
 from inferpool.broker.pool.specs import worker_spec
 from inferpool.broker.pool.zygotes import Launcher, Readers
@@ -40,7 +40,7 @@ log = logging.getLogger("inferpool.supervisor")
 
 
 class Events(Protocol[M]):
-    """What the supervisor tells the models' manager."""
+    """What the supervisor tells the models' lifecycle."""
 
     def worker_ready(self, handle: WorkerHandle[M]) -> None: ...
 

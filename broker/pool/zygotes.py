@@ -32,8 +32,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from inferpool.wire.errors import InferpoolError
-from inferpool.wire.worker.spec import EXIT_ZYGOTE_GONE, PinningSpec, WorkerSpec, spec_environment
-from inferpool.wire.worker.zygote import (
+from inferpool.wire.worker.fork_protocol import (
     Exited,
     Fork,
     Forked,
@@ -43,6 +42,7 @@ from inferpool.wire.worker.zygote import (
     send,
     zygote_environment,
 )
+from inferpool.wire.worker.spec import EXIT_ZYGOTE_GONE, PinningSpec, WorkerSpec, spec_environment
 
 log = logging.getLogger("inferpool.zygotes")
 Readers = Callable[[int, Callable[[], None] | None], None]  # watch an fd (None: stop)

@@ -19,8 +19,8 @@ import pytest
 
 from inferpool.client import AsyncShmClient, Code, InferpoolError, ShmClient
 from inferpool.client.lane_ensemble import EnsembleLane
-from inferpool.wire import lane as wl
 from inferpool.wire import lane_records as lr
+from inferpool.wire import lane_region as wl
 from tests.integration.test_ensembles import (
     F4,
     _wait_instance_ready,

@@ -40,7 +40,7 @@ def server() -> Iterator[Server]:
 def frontends_pid(server: Server) -> int:
     """The pid of the server's KServe frontends' process."""
     for child in psutil.Process(server.proc.pid).children():
-        if "inferpool.broker.kserve.main" in " ".join(child.cmdline()):
+        if "inferpool.broker.kserve.frontends" in " ".join(child.cmdline()):
             return int(child.pid)
     raise AssertionError("no KServe frontends' process")
 

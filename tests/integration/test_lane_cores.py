@@ -23,7 +23,7 @@ import pytest
 from inferpool.client import AsyncShmClient, ShmClient
 from inferpool.client.lane import Lane
 from inferpool.shm import cores
-from inferpool.wire import lane as wl
+from inferpool.wire import lane_region as wl
 from tests.support import Server, identity_config, write_model
 
 REQUESTS = 40

@@ -27,8 +27,8 @@ import pytest
 
 from inferpool.client import Client, InferpoolError, ShmClient
 from inferpool.client.lane import Lane
-from inferpool.wire import lane as wl
 from inferpool.wire import lane_records as lr
+from inferpool.wire import lane_region as wl
 from tests.raw_client import Raw, shrink, shrink_a_lane_then, workers
 from tests.support import Server, identity_config, wait_until, write_model
 

@@ -23,8 +23,8 @@ import pytest
 
 from inferpool.client import AsyncShmClient, Client, InferpoolError, ShmClient, ShmResult
 from inferpool.client.lane import Lane
-from inferpool.wire import lane as wl
 from inferpool.wire import lane_records as lr
+from inferpool.wire import lane_region as wl
 from inferpool.wire.errors import Code
 from tests.integration.test_metrics import scrape
 from tests.support import Server, free_tcp_port, identity_config, wait_until, write_model

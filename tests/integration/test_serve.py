@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from inferpool.broker.options import ServerOptions
-from inferpool.cli import build_parser
 from inferpool.client import InferpoolError
+from inferpool.entry_point import build_parser
 from inferpool.serve import options_from_args
 from inferpool.wire.logs import LogSettings
 from tests.support import EXAMPLES, Server, identity_config, our_regions, run_cli, write_model

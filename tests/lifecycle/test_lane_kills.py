@@ -25,7 +25,7 @@ import numpy as np
 from inferpool.client import InferpoolError, ShmClient
 from inferpool.shm.region import Region
 from inferpool.shm.runs import regions_of_run, run_is_alive
-from inferpool.wire import lane as wl
+from inferpool.wire import lane_region as wl
 from tests.lifecycle.test_shm_nothing_leaks import repo
 from tests.support import ROOT, Server, wait_until
 

@@ -91,7 +91,7 @@ def test_killed_broker_takes_its_workers_and_the_next_start_sweeps(short_tmp) ->
         pids += [  # the KServe frontends' process: its lifeline pipe ends with the broker
             p.pid
             for p in psutil.Process(first.proc.pid).children()
-            if "inferpool.broker.kserve.main" in " ".join(p.cmdline())
+            if "inferpool.broker.kserve.frontends" in " ".join(p.cmdline())
         ]
         assert len(pids) > len(first.worker_pids())
         run = first.run_id

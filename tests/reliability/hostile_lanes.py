@@ -11,7 +11,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from inferpool.wire import lane as wl
+from inferpool.wire import lane_region as wl
 from tests.reliability.hostile import _message, json_values
 from tests.reliability.support import Message
 

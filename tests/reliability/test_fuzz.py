@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from inferpool.client import Client, ShmClient
 from inferpool.client.lane import Lane
 from inferpool.shm.region import Region
-from inferpool.wire import lane as wl
+from inferpool.wire import lane_region as wl
 from inferpool.wire import lane_responses as lresp
 from tests.reliability import hostile, hostile_lanes
 from tests.reliability.support import (

@@ -5,7 +5,7 @@ none of them (they reach the broker only in the zmq protocol); its top-level mod
 options, endpoints, notify) compose the four, and no sub-package imports them.  Of the
 rest of inferpool the broker imports only ``wire`` and ``shm`` (and the version from the
 namespace's ``__init__``): never workers, backends, client or the CLI.  Inside models, the
-lifecycle (``models.manager``) builds the request path, calls, ensembles and reloads with a
+lifecycle (``models.lifecycle``) builds the request path, calls, ensembles and reloads with a
 narrow Protocol of what each needs: none of them imports it back.
 """
 
@@ -147,10 +147,10 @@ def reaches(graph: dict[str, set[str]], start: str, goal: str) -> bool:
 
 
 def test_the_models_manager_and_its_parts_import_no_circle() -> None:
-    """The lifecycle (models.manager) builds the request path, calls, ensembles and reloads
+    """The lifecycle (models.lifecycle) builds the request path, calls, ensembles and reloads
     and gives each a narrow Protocol of itself: none of them imports it back."""
     graph = import_graph()
-    parts = ["manager", "request_path", "call_requests", "ensemble", "ensembles", "reload"]
+    parts = ["lifecycle", "request_path", "call_requests", "ensemble", "ensembles", "reload"]
     circles = [p for p in parts if reaches(graph, f"models.{p}", f"models.{p}")]
     assert circles == []
-    assert graph["models.manager"] >= {"models.request_path", "models.ensembles"}
+    assert graph["models.lifecycle"] >= {"models.request_path", "models.ensembles"}

@@ -14,7 +14,7 @@ import orjson
 import pytest
 import zmq
 
-from inferpool.client.control import live
+from inferpool.client.control_calls import live
 from inferpool.client.core import ClientCore, Exchange
 from inferpool.client.endpoint import CONNECT_TIMEOUT, Handshake, parse_endpoint
 from inferpool.client.shm_core import ShmSession

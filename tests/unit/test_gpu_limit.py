@@ -8,7 +8,7 @@ import pytest
 from inferpool.broker.pool.gpu_limit import check_gpu_limits, limit_for, parse_gpu_limits
 from inferpool.broker.pool.topology import Topology
 from inferpool.wire.errors import Code, InferpoolError
-from inferpool.workers.gpu_limit import check_load_limit
+from inferpool.workers.gpu_memory_check import check_load_limit
 
 TWO_GPUS = Topology(cpus=(0, 1), nodes={0: (0, 1)}, gpus=("0", "1"))
 NO_GPUS = Topology(cpus=(0, 1), nodes={0: (0, 1)})

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 from inferpool.shm.region import Region
-from inferpool.wire import lane as wl
 from inferpool.wire import lane_records as lr
+from inferpool.wire import lane_region as wl
 from inferpool.wire import lane_responses as lresp
 from inferpool.wire.errors import Code, InferpoolError
 from inferpool.workers.lane_after import Siblings

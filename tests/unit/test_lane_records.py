@@ -1,5 +1,5 @@
 """The lane's record readers and writers that remember the last record, against the plain
-ones (wire/lane.py), over streams of like records.
+ones (wire/lane_region.py), over streams of like records.
 
 ``ResponseWriter`` copies the last record's bytes when a response repeats it but for its id,
 ``pack_parameters`` reuses what it packed for equal parameters, and ``RequestReader`` unpacks
@@ -17,8 +17,8 @@ import mmap
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from inferpool.wire import lane as wl
 from inferpool.wire import lane_records as lr
+from inferpool.wire import lane_region as wl
 from inferpool.wire import lane_responses as lresp
 
 SLOT = 1024

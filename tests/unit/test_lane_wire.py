@@ -1,4 +1,4 @@
-"""The lane's bytes (wire/lane.py) and its wake-ups (shm/bell.py, shm/futex.py)."""
+"""The lane's bytes (wire/lane_region.py) and its wake-ups (shm/bell.py, shm/futex.py)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from inferpool.client.lane_book import pin_option
 from inferpool.shm import bell as bell_module
 from inferpool.shm import cores
 from inferpool.shm.bell import Bell
-from inferpool.wire import lane as wl
 from inferpool.wire import lane_records as lr
+from inferpool.wire import lane_region as wl
 from inferpool.wire import lane_responses as lresp
 from inferpool.wire.errors import Code, InferpoolError
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from inferpool.broker.pool.outputs import OutputRegions
+from inferpool.broker.pool.output_regions import OutputRegions
 from inferpool.shm.region import exists
 from inferpool.shm.runs import new_run_id
 from inferpool.wire.worker.protocol import Slot

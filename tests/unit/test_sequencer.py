@@ -29,7 +29,7 @@ class Instance:
 
 
 class Recorder:
-    """The manager's side: what was dispatched where, and which requests were rejected."""
+    """The request path's side: what was dispatched where, and which requests were rejected."""
 
     def __init__(self, max_batch_size: int = 4, idle_us: int = 0, strategy: str = "") -> None:
         config = text_format.Parse(

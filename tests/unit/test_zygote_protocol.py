@@ -1,4 +1,4 @@
-"""The fork protocol (wire/worker/zygote.py) and the broker's fallback when a zygote refuses."""
+"""The fork protocol (wire/worker/fork_protocol.py) and the broker's fallback when a zygote refuses."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from inferpool.broker.pool.zygotes import ForkedProcess
 from inferpool.wire.errors import Code, InferpoolError
-from inferpool.wire.worker import zygote as z
+from inferpool.wire.worker import fork_protocol as z
 from inferpool.wire.worker.spec import EXIT_BROKER_GONE, PinningSpec
 from tests.unit.test_worker_protocol import SPEC
 

@@ -237,7 +237,7 @@ class LaneOpen(NamedTuple):
     wait for their responses: workers.lane_after; its counts also travel apart: LanePart)."""
 
     lane: int
-    region: str  # the lane's region (wire.lane)
+    region: str  # the lane's region (wire.lane_region)
     inputs: str  # the client's server-made input region
     client_pid: int
     spin_us: int

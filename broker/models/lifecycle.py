@@ -1,6 +1,6 @@
 """Models at run time: loading versions onto workers, replacing and retiring them.
 
-The manager owns the link between a ModelVersion, its scheduler and its worker handles, and
+The lifecycle owns the link between a ModelVersion, its scheduler and its worker handles, and
 reacts to the supervisor's events (ready, lost, stopped).  The requests themselves go
 through the request path (``models.request_path``), which it builds with the supervisor.
 """
@@ -30,18 +30,18 @@ from inferpool.broker.models.response_cache import ResponseCache
 from inferpool.broker.models.sequencer import scheduler_for
 from inferpool.broker.models.tracer import Tracer
 from inferpool.broker.pool.handle import WorkerState
-from inferpool.broker.pool.outputs import OutputRegions
+from inferpool.broker.pool.output_regions import OutputRegions
 from inferpool.broker.pool.placement import Planner
 from inferpool.broker.pool.supervisor import Events, Supervisor
 from inferpool.shm.arena import Arena
 from inferpool.wire.errors import Code, InferpoolError
 
-log = logging.getLogger("inferpool.manager")
+log = logging.getLogger("inferpool.lifecycle")
 _DONE = (WorkerState.STOPPING, WorkerState.STOPPED, WorkerState.FAILED)
 
 
 class LaneEvents(Protocol):
-    """What the lanes (front.lanes) hear of instances and versions ending."""
+    """What the lanes (front.lane_grants) hear of instances and versions ending."""
 
     def instance_gone(self, handle: Instance, err: InferpoolError) -> None: ...
 
@@ -50,7 +50,7 @@ class LaneEvents(Protocol):
     def version_retired(self, mv: ModelVersion, why: str) -> None: ...
 
 
-class Manager:
+class ModelLifecycle:
     """The models' lifecycle: loads, replacements and unloads, and what the supervisor reports of
     their workers."""
 
@@ -73,7 +73,7 @@ class Manager:
         unmaps: dict[str, list[str]],
         tracer: Tracer,
     ) -> None:
-        """``pool`` makes the supervisor that reports its workers' events to this manager;
+        """``pool`` makes the supervisor that reports its workers' events to this lifecycle;
         ``support``: what the server's flags make work.  The rest builds the request path
         (``models.request_path.RequestPath``)."""
         self.repository = repository

@@ -1,4 +1,4 @@
-"""Lanes: the broker grants, watches and revokes client-to-worker lanes (``wire.lane``).
+"""Lanes: the broker grants, watches and revokes client-to-worker lanes (``wire.lane_region``).
 
 A lane is a shared-memory region between one client and one worker instance of a model
 (``open_lane``): requests and responses go through it without the broker.  The broker stays
@@ -34,7 +34,7 @@ from inferpool.shm.guarded import GuardedRegion
 from inferpool.shm.region import ShmExhausted
 from inferpool.shm.runs import region_name
 from inferpool.shm.window import shrunk
-from inferpool.wire import lane as wl
+from inferpool.wire import lane_region as wl
 from inferpool.wire.contract import spec_entries
 from inferpool.wire.ensemble_wiring import Wiring
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg, not_found
@@ -413,7 +413,7 @@ class Lanes:
         self._tell_held(principal, client)
 
     def _tell_held(self, principal: str, client: bytes) -> None:
-        """Write what ``principal`` holds into each of its lanes (``wire.lane.HELD_KIB``)."""
+        """Write what ``principal`` holds into each of its lanes (``wire.lane_region.HELD_KIB``)."""
         kib = -1
         for lane in self._all():
             if lane.inputs.principal == principal and not lane.revoked:

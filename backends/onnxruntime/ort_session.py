@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from inferpool.backends.api import Model
+from inferpool.backends.config_parameters import bool_parameter, int_parameter
 from inferpool.backends.model_io import ModelTensor
-from inferpool.backends.onnxruntime.dtypes import config_type
-from inferpool.backends.parameters import bool_parameter, int_parameter
+from inferpool.backends.onnxruntime.element_types import config_type
 from inferpool.backends.threads import pinned_cores
 from inferpool.wire.errors import invalid_arg, unavailable
 

@@ -27,7 +27,7 @@ import zmq
 
 from inferpool.broker.front.cache_metrics import MetricRows, cache_metrics
 from inferpool.broker.front.exposition import CONTENT_TYPE, Family, render
-from inferpool.broker.front.lanes import Lanes
+from inferpool.broker.front.lane_grants import Lanes
 from inferpool.broker.front.load_metrics import Utilisation, load_metrics
 from inferpool.broker.models.registry import Registry
 from inferpool.broker.models.request_path import RequestPath

@@ -1,6 +1,6 @@
-"""The KServe frontends' process: ``python -m inferpool.broker.kserve.main CONFIG``.
+"""The KServe frontends' process: ``python -m inferpool.broker.kserve.frontends CONFIG``.
 
-The broker starts it (``kserve.process``) with a :class:`~inferpool.broker.kserve.options.
+The broker starts it (``kserve.process``) with a :class:`~inferpool.broker.kserve.frontend_options.
 ProcessConfig` as its one argument.  It binds its listeners, connects to the broker's socket
 for it, then writes one line on its report pipe: ``ready``, or ``error <message>`` (a port
 in use, in the words the broker's start fails with).  It serves until SIGTERM or until its
@@ -23,9 +23,9 @@ from typing import Any
 
 import zmq
 
-from inferpool.broker.kserve.channel import BrokerChannel
-from inferpool.broker.kserve.inputs import Inputs
-from inferpool.broker.kserve.options import ProcessConfig
+from inferpool.broker.kserve.broker_channel import BrokerChannel
+from inferpool.broker.kserve.frontend_options import ProcessConfig
+from inferpool.broker.kserve.input_region import Inputs
 from inferpool.broker.kserve.service import Listeners
 from inferpool.wire.caller import unidentified
 from inferpool.wire.errors import InferpoolError
