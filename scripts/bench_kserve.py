@@ -202,7 +202,7 @@ def _grpc_echo(port: int, cpu: int, ready: Any) -> None:
         add_GRPCInferenceServiceServicer_to_server,
     )
 
-    class Echo(GRPCInferenceServiceServicer):  # type: ignore[misc]
+    class Echo(GRPCInferenceServiceServicer):
         async def ModelInfer(self, request: Any, context: Any) -> Any:
             response = pb.ModelInferResponse(model_name="bench", model_version="1")
             shape = list(request.inputs[0].shape)
