@@ -2,13 +2,14 @@
 
 Inputs are bound by address, where the worker maps them (a view of shared memory): ONNX
 Runtime reads them there.  A batch of several requests is one input when the requests'
-tensors lie back to back (``backends.spans``); otherwise they are copied into one batch
-array.  An output whose shape is known before the run (the model's dimensions are fixed
-past the batch dimension) is bound to the response's own slot in the worker's output
-region, so that ONNX Runtime writes the answer where the client reads it: the response is a
-handle, nothing is copied.  Outputs of a batch of several requests, outputs of variable
-shape and BYTES tensors are written by ONNX Runtime into its own memory and copied once
-into each response.  Every byte copied is counted (:attr:`Binder.copied`).
+tensors lie back to back (``backends.spans``); otherwise they are copied into a batch buffer
+the instance keeps for that input.  An output whose shape is known before the run (the
+model's dimensions are fixed past the batch dimension) is bound to the response's own slot
+in the worker's output region, so that ONNX Runtime writes the answer where the client
+reads it: the response is a handle, nothing is copied.  Outputs of a batch of several
+requests, outputs of variable shape and BYTES tensors are written by ONNX Runtime into its
+own memory and copied once into each response.  Every byte copied is counted
+(:attr:`Binder.copied`).
 
 A KIND_GPU instance binds GPU inputs and outputs (a client's CUDA region) by their device
 address, and host memory by its host address: ONNX Runtime moves what its CUDA execution
@@ -38,7 +39,7 @@ from inferpool.backends.api import (
     now_ns,
 )
 from inferpool.backends.onnxruntime.element_types import element_type
-from inferpool.backends.spans import contiguous_span
+from inferpool.backends.spans import Joiner
 from inferpool.shm import cuda
 from inferpool.wire import codec
 from inferpool.wire.errors import internal, invalid_arg
@@ -111,6 +112,7 @@ class Binder:
         self.bound = bound
         self.binding = session.io_binding()
         self.copied = 0  # bytes copied, in all
+        self.joiners: dict[str, Joiner] = {}  # by input name: the buffers batches are joined in
         self.device_reads = False  # an output in ONNX Runtime's device memory was read
 
     def _gather(self, parts: Sequence[InputTensor]) -> Any:
@@ -122,11 +124,10 @@ class Binder:
         if len(parts) == 1:
             data = first.data
         elif on_host:
-            arrays = [p.data for p in parts]
-            data = contiguous_span(arrays)
-            if data is None:
-                data = np.concatenate(arrays)
-                self.copied += data.nbytes
+            data, copied = self.joiners.setdefault(first.name, Joiner()).join(
+                [p.data for p in parts]
+            )
+            self.copied += copied
         else:  # parts on a GPU: the device joins them, before ONNX Runtime reads them
             import cupy
 

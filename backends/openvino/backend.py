@@ -36,7 +36,7 @@ from inferpool.backends.api import (
     batch_size_of,
     now_ns,
 )
-from inferpool.backends.spans import contiguous_span
+from inferpool.backends.spans import Joiner
 from inferpool.backends.threads import pinned_cores
 from inferpool.wire import codec
 from inferpool.wire.errors import InferpoolError, internal, invalid_arg, unavailable
@@ -209,6 +209,7 @@ class OpenVinoInstance(ModelInstance):
         }
         self.inputs = [t.name for t in tensors(model.model_file.inputs, named)]
         self.batching = self.model.max_batch_size > 0
+        self.joiners: dict[str, Joiner] = {}  # by input name: the buffers batches are joined in
 
     def execute(self, requests: list[Request]) -> None:
         exec_start = now_ns()
@@ -252,9 +253,10 @@ class OpenVinoInstance(ModelInstance):
         kept = []
         for name in self.inputs:
             arrays = [r.input(name).data for r in requests]
-            data = arrays[0] if len(arrays) == 1 else contiguous_span(arrays)
-            if data is None:
-                data = np.concatenate(arrays)
+            if len(arrays) == 1:
+                data = arrays[0]
+            else:
+                data, _ = self.joiners.setdefault(name, Joiner()).join(arrays)
             if pad:
                 data = np.concatenate([data, np.zeros((pad, *data.shape[1:]), data.dtype)])
             view = _writable(np.ascontiguousarray(data))
