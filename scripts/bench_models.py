@@ -1,365 +1,308 @@
 """Real models served and measured: a ResNet-50-shaped CNN and a BERT-base-shaped encoder.
 
     python scripts/bench_models.py [--quick] [--models resnet,bert] [--backends onnxruntime,...]
+                                   [--instance-cores 1] [--preferred N] [--seconds S]
 
-Both models are built here from torch.nn with random weights (no download), exported to ONNX
-(served by the onnxruntime and openvino backends) and to TorchScript (the pytorch backend).
-Each (model, backend) gets one ``inferpool serve`` with two entries of the same file: one
-without batching, one with ``dynamic_batching``.  Rows: one client through ``Client``,
-``ShmClient`` and a lane (batch 1), then 8 and 32 concurrent ``Client`` threads, each with
-the server's statistics over the row (queue, compute input / infer / output per request, the
-batch sizes it formed).  Beside them, the same runtime called in-process by one Python
-thread at batch 1 and at each batch size the server formed: the floors.  Printed last:
+Both models are built from torch.nn with random weights (``real_models``; ``--quick`` narrows
+them, same layouts and input shapes), exported to ONNX (the onnxruntime and openvino
+backends) and TorchScript (pytorch).  Each (model, backend) gets one server (``served_runs``)
+with ``plain`` (no batching) and ``batched`` (``dynamic_batching``, ``max_batch_size`` 32,
+``--preferred`` its preferred_batch_size).  The model's instances run on ``--instance-cores``
+(default: the last core), the broker and this process's clients on the other cores.  The
+floor (``runtime_floor``) is the runtime called in-process by one Python thread, pinned to
+the instance's cores with the instance's thread count, timed between the served runs.
 
-* batch 1 through a lane: p50 against the runtime's own call (goal: within 1.1x);
-* 32 clients with dynamic batching: throughput against the runtime's best in-process
-  throughput on the same cores (goal: at least 0.9x), with p99.
+Rows: batch 1 through ``Client``, ``ShmClient`` and a lane, in rounds alternating with the
+floor at batch 1; 8 and 32 concurrent clients (``Client`` threads, and ``ShmClient`` threads
+with batching), each over a window after a warm-up (with batching at 32, a window of at least
+10 batches of 32 as the floor runs them); the floor at each batch size of a ladder (1 to 32)
+before the 32-client rows with batching, and again after them with the sizes they formed.
+Beside each served row: the server's statistics over the window (queue, compute input /
+infer / output per request, the batches formed), the share of the window the instance
+computed ("instance busy") and the CPU time each side spent per request (the clients, the
+broker, the processes pinned to the instance's cores).  Beside each floor row: the share of
+its core the floor's process got while it ran, and its CPU time per row.  Printed last, with
+the load average:
 
-The server's workers run on the same two cores as everything else here: the ratios compare
-paths measured in this one run; the load average is printed with them.
+* batch 1 through a lane: p50 against the floor's in the same rounds (goal: within 1.1x), and
+  the worker's CPU per request against the runtime's per call;
+* 32 clients with dynamic batching: requests/s against the floor's best rows/s at its best
+  batch size (goal: at least 0.9x), with p99, as a product: what the batch sizes formed cost
+  (the floor at that mix against its best) x the share of the window the instance computed /
+  how long its computing took against the floor's for the same batches.  "Load aside": the
+  floor's least CPU per row against the instance's CPU per request, times that share: what
+  the ratio comes to where no other job takes the cores (the wall-clock ratio on a shared
+  machine compares how much of a core each side got when it ran).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import os
-import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-import torch
-from torch import nn
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from inferpool.client import Client, ShmClient
+from real_models import MODELS, ModelSpec, export, spec
+from runtime_floor import Floor
+from served_runs import MAX_BATCH, PLATFORMS, Server, Window, cpus_text, pct, served
 
-SEQ = 128
+LADDER = (1, 2, 4, 8, 16, 32)
+NEEDS = {"onnxruntime": "onnxruntime", "openvino": "openvino"}  # backend -> its module
+EXTRAS = {"onnxruntime": "'inferpool[onnx]'", "openvino": "'inferpool[openvino]'"}
+HEADER = (
+    "| model | backend | path | clients | p50 ms | p99 ms | req/s | queue / input / infer / "
+    "output ms per request | batches formed (size x count) | instance busy | CPU ms per "
+    "request: clients / broker / instance |\n|---|---|---|---|---|---|---|---|---|---|---|"
+)
 
 
-# ----------------------------------------------------------------------------- models
-class Bottleneck(nn.Module):
-    def __init__(self, cin: int, mid: int, stride: int) -> None:
-        super().__init__()
-        cout = mid * 4
-        self.body = nn.Sequential(
-            nn.Conv2d(cin, mid, 1, bias=False), nn.BatchNorm2d(mid), nn.ReLU(),
-            nn.Conv2d(mid, mid, 3, stride, 1, bias=False), nn.BatchNorm2d(mid), nn.ReLU(),
-            nn.Conv2d(mid, cout, 1, bias=False), nn.BatchNorm2d(cout),
-        )  # fmt: skip
-        self.skip = (
-            nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-            if stride != 1 or cin != cout
-            else nn.Identity()
+# ----------------------------------------------------------------------------- the table
+def formed_text(formed: dict[int, int]) -> str:
+    top = sorted(formed.items(), key=lambda kv: (-kv[0] * kv[1], kv[0]))[:4]
+    more = " ..." if len(formed) > 4 else ""
+    return ", ".join(f"{size}x{count}" for size, count in top) + more
+
+
+class Bench:
+    """One (model, backend): its floor, its server, its rows and its ratios."""
+
+    def __init__(self, model: ModelSpec, backend: str, paths: tuple[Path, Path],
+                 args: argparse.Namespace, cores: list[int], client_cores: list[int],
+                 stack: contextlib.ExitStack) -> None:  # fmt: skip
+        source = paths[1] if backend == "pytorch" else paths[0]
+        self.model, self.backend, self.args = model, backend, args
+        self.floor = Floor(backend, source, model.input, cores)
+        stack.callback(self.floor.close)
+        self.floors: dict[int, list[tuple[float, float]]] = {}
+        self.preferred = args.preferred
+        self.server = Server(model, backend, source, cores, client_cores, self.preferred, stack)
+        self.rows: list[str] = []
+        self.ratios: list[str] = []
+
+    def row(self, path: str, clients: int, w: Window) -> None:
+        lat = w.latencies
+        self.rows.append(
+            f"| {self.model.name} | {self.backend} | {path} | {clients} | {pct(lat, 50):.1f} | "
+            f"{pct(lat, 99):.1f} | {w.rate:.1f} | {w.stats} | {formed_text(w.formed)} | "
+            f"{w.busy:.0%} | {w.cpu} |"
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.relu(self.body(x) + self.skip(x))
+    def time_floor(self, size: int, seconds: float) -> list[float]:
+        calls = self.floor.time(size, seconds)
+        self.floors.setdefault(size, []).extend(calls)
+        return [wall for wall, _ in calls]
 
+    def ladder(self, sizes: Iterable[int]) -> None:
+        for size in sorted(sizes):
+            self.time_floor(size, self.args.seconds / 6)
 
-def resnet50() -> nn.Module:
-    """ResNet-50's layout: a 7x7 stem, bottleneck stages of 3, 4, 6, 3 blocks, 1000 classes."""
-    layers: list[nn.Module] = [
-        nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(3, 2, 1),
-    ]  # fmt: skip
-    cin = 64
-    for mid, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
-        for i in range(blocks):
-            layers.append(Bottleneck(cin, mid, stride if i == 0 else 1))
-            cin = mid * 4
-    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, 1000)]
-    return nn.Sequential(*layers).eval()
+    def per_call(self, size: int, which: int = 0) -> float:
+        """The floor's median latency (``which`` 0) or CPU time (1) of a call, ms."""
+        return pct([call[which] for call in self.floors[size]], 50)
 
+    def best(self) -> tuple[int, float]:
+        """The floor's best batch size and its rows/s."""
+        return max(((s, s * 1e3 / self.per_call(s)) for s in self.floors), key=lambda b: b[1])
 
-class Bert(nn.Module):
-    """BERT-base's layout: 12 layers, hidden 768, 12 heads, FFN 3072, a 30522-token vocabulary."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.tokens = nn.Embedding(30522, 768)
-        self.positions = nn.Parameter(torch.randn(1, SEQ, 768) * 0.02)
-        layer = nn.TransformerEncoderLayer(768, 12, 3072, batch_first=True, activation="gelu")
-        self.encoder = nn.TransformerEncoder(layer, 12, enable_nested_tensor=False)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.encoder(self.tokens(ids) + self.positions)
-
-
-MODELS: dict[str, tuple[Callable[[], nn.Module], str, Callable[[int], np.ndarray], str, str]] = {
-    # name: (build, input name, input maker, input type and dims, output type and dims)
-    "resnet": (
-        resnet50, "INPUT__0",
-        lambda n: np.random.default_rng(0).random((n, 3, 224, 224), dtype=np.float32),
-        "TYPE_FP32 dims: [ 3, 224, 224 ]", "TYPE_FP32 dims: [ 1000 ]",
-    ),
-    "bert": (
-        lambda: Bert().eval(), "INPUT__0",
-        lambda n: np.random.default_rng(0).integers(0, 30522, (n, SEQ), dtype=np.int64),
-        f"TYPE_INT64 dims: [ {SEQ} ]", f"TYPE_FP32 dims: [ {SEQ}, 768 ]",
-    ),
-}  # fmt: skip
-
-
-def export(name: str, folder: Path) -> tuple[Path, Path]:
-    """``model.onnx`` and ``model.pt`` of model ``name`` in ``folder``."""
-    build, _, make, _, _ = MODELS[name]
-    module = build()
-    x = torch.from_numpy(make(2))
-    onnx_path, pt_path = folder / "model.onnx", folder / "model.pt"
-    with torch.no_grad():
-        torch.onnx.export(
-            module, (x,), str(onnx_path), input_names=["INPUT__0"], output_names=["OUTPUT__0"],
-            dynamic_axes={"INPUT__0": {0: "batch"}, "OUTPUT__0": {0: "batch"}}, dynamo=False,
-        )  # fmt: skip
-        torch.jit.trace(module, (x,)).save(str(pt_path))
-    return onnx_path, pt_path
-
-
-# ----------------------------------------------------------------------------- floors
-def runtime(backend: str, onnx_path: Path, pt_path: Path) -> Callable[[np.ndarray], Any]:
-    """The runtime itself, called in this process with the threads the server's would have."""
-    threads = len(os.sched_getaffinity(0))
-    if backend == "onnxruntime":
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
-        return lambda x: session.run(None, {"INPUT__0": x})[0]
-    if backend == "openvino":
-        import openvino as ov
-
-        compiled = ov.Core().compile_model(
-            str(onnx_path), "CPU", {"INFERENCE_NUM_THREADS": threads}
+    def batch_one(self) -> None:
+        """Client, ShmClient and a lane at batch 1, in rounds with the floor at batch 1."""
+        x, secs = self.model.input.make(1), self.args.seconds / 3
+        kinds = ["floor", "Client", "ShmClient", "lane"]
+        got: dict[str, list[Window]] = {k: [] for k in kinds[1:]}
+        floor: list[float] = []
+        lane_ratios = []
+        for r in range(self.args.rounds):
+            floor_p50 = lane_p50 = 0.0
+            for kind in kinds[r % 4 :] + kinds[: r % 4]:  # the order turns each round
+                if kind == "floor":
+                    floor += (samples := self.time_floor(1, secs))
+                    floor_p50 = pct(samples, 50)
+                    continue
+                w = served(self.server, "plain", kind, 1, x, secs / 4, secs)
+                got[kind].append(w)
+                lane_p50 = pct(w.latencies, 50) if kind == "lane" else lane_p50
+            lane_ratios.append(lane_p50 / floor_p50)
+        for kind, windows in got.items():
+            self.row(f"{kind}, no batching", 1, _pooled(windows))
+        lanes = _pooled(got["lane"])
+        lane = pct(lanes.latencies, 50)
+        rounds = ", ".join(f"{r:.2f}" for r in lane_ratios)
+        worker = lanes.instance_cpu * 1e3 / len(lanes.latencies)
+        runtime = self.per_call(1, 1)
+        self.ratios.append(
+            f"{self.model.name}/{self.backend}: lane p50 {lane:.2f} ms = "
+            f"{lane / pct(floor, 50):.2f}x the runtime's {pct(floor, 50):.2f} ms at batch 1 "
+            f"(rounds: {rounds}; goal <= 1.1x); CPU per request: the worker {worker:.2f} ms, "
+            f"the runtime {runtime:.2f} ms per call ({worker / runtime:.2f}x)"
         )
-        request = compiled.create_infer_request()
-        return lambda x: request.infer([x])[0]
-    module = torch.jit.load(str(pt_path))
-    torch.set_num_threads(threads)
 
-    def call(x: np.ndarray) -> Any:
-        with torch.inference_mode():
-            return module(torch.from_numpy(x)).numpy()
+    def concurrent(self) -> None:
+        """8 and 32 clients, without and with batching; the floor's ladder before and after
+        the 32-client rows with batching, and at the batch sizes they formed."""
+        x, secs, warm = self.model.input.make(1), self.args.seconds, self.args.seconds / 3
+        for clients in (8, 32):
+            self.row("Client, no batching", clients, served(
+                self.server, "plain", "Client", clients, x, warm, secs))  # fmt: skip
+        for kind in ("Client", "ShmClient"):
+            w = served(self.server, "batched", kind, 8, x, warm, secs)
+            self.row(f"{kind}, dynamic batching", 8, w)
+        self.ladder(LADDER)
+        # at least 10 batches of the largest size in the window: a rate counted over a few
+        # batches is off by the one that ends just inside or just outside it
+        secs = max(secs, 10 * self.per_call(MAX_BATCH) / 1e3)
+        batched: dict[str, Window] = {}
+        for kind in ("Client", "ShmClient"):
+            batched[kind] = served(self.server, "batched", kind, MAX_BATCH, x, warm, secs)
+            self.row(f"{kind}, dynamic batching", MAX_BATCH, batched[kind])
+        self.ladder(set(LADDER) | {s for w in batched.values() for s in _main_sizes(w.formed)})
+        for kind, w in batched.items():
+            self.goal(kind, w)
 
-    return call
+    def goal(self, kind: str, w: Window) -> None:
+        """The 32-client ratio, as the product of what the batch sizes formed cost, the
+        share of the window the instance computed, and how long its computing took."""
+        sizes = sorted(self.floors)
+        size, rate = self.best()
+        rows = sum(s * n for s, n in w.formed.items())
+
+        def floor_ms(which: int) -> float:  # the formed batches, run by the floor
+            known = [self.per_call(s, which) for s in sizes]
+            return sum(float(np.interp(s, sizes, known)) * n for s, n in w.formed.items())
+
+        wall, cpu = floor_ms(0), floor_ms(1)
+        mix = rows * 1e3 / wall if wall else float("nan")
+        compute = w.compute_ns / 1e6 / wall if wall else float("nan")
+        used = w.instance_cpu * 1e3 / cpu if cpu else float("nan")
+        per_row = w.instance_cpu * 1e3 / max(len(w.latencies), 1)
+        thrift = min(self.per_call(s, 1) / s for s in sizes)  # the floor's least CPU per row
+        preferred = f"preferred {self.preferred}" if self.preferred > 0 else "no preferred size"
+        self.ratios.append(
+            f"{self.model.name}/{self.backend}: {MAX_BATCH} {kind}s, dynamic batching "
+            f"({preferred}): {w.rate:.1f} req/s = {w.rate / rate:.2f}x the runtime's best "
+            f"{rate:.1f} rows/s (batch {size}; goal >= 0.9x), p99 {pct(w.latencies, 99):.1f} ms"
+            f" = {mix / rate:.2f} (the batches formed, {formed_text(w.formed)}, run in-process "
+            f"at {mix:.1f} rows/s) x {w.busy:.2f} (the share of the window the instance "
+            f"computed) / {compute:.2f} (its computing against the floor's time for those "
+            f"batches; its CPU {used:.2f}x the floor's). Load aside: CPU per request "
+            f"{per_row:.2f} ms against the floor's least {thrift:.2f} ms per row; "
+            f"{thrift / per_row * min(w.busy, 1.0):.2f}x with the share computed"
+        )
+
+    def floor_rows(self) -> None:
+        for size in sorted(self.floors):
+            p50, calls = self.per_call(size), self.floors[size]
+            share = sum(c for _, c in calls) / sum(w for w, _ in calls)
+            self.rows.append(
+                f"| {self.model.name} | {self.backend} | in-process, batch {size} | 1 | "
+                f"{p50:.1f} | {pct([w for w, _ in calls], 99):.1f} | {size * 1e3 / p50:.1f} "
+                f"rows/s | | | {share:.0%} CPU | {self.per_call(size, 1) / size:.1f} per row |"
+            )
 
 
-def time_calls(call: Callable[[], Any], count: int) -> list[float]:
-    call()  # warm
-    out = []
-    for _ in range(count):
-        t = time.perf_counter()
-        call()
-        out.append(time.perf_counter() - t)
-    return out
+def _main_sizes(formed: dict[int, int]) -> list[int]:
+    """The batch sizes that carried at least 5% of the rows."""
+    rows = sum(s * n for s, n in formed.items())
+    return [s for s, n in formed.items() if s * n >= 0.05 * rows]
 
 
-def pct(samples: list[float], q: float) -> float:
-    return float(np.percentile(samples, q)) * 1e3
+def _pooled(windows: list[Window]) -> Window:
+    """Rounds of one path as one row: every latency, the median rate; the statistics and
+    CPU columns of the middle round; the instance's compute and CPU summed."""
+    latencies = [d for w in windows for d in w.latencies]
+    middle = windows[len(windows) // 2]
+    rate = float(np.median([w.rate for w in windows]))
+    compute = sum(w.compute_ns for w in windows)
+    cpu = sum(w.instance_cpu for w in windows)
+    return Window(
+        latencies, rate, middle.stats, middle.formed, middle.busy, compute, cpu, middle.cpu
+    )
 
 
-# ----------------------------------------------------------------------------- serving
-CONFIG = """name: "{name}" {platform} max_batch_size: {max_batch}
-input [ {{ name: "INPUT__0" data_type: {input} }} ]
-output [ {{ name: "OUTPUT__0" data_type: {output} }} ]
-instance_group [ {{ count: 1 kind: KIND_CPU }} ]
-{batching}
-"""
-PLATFORMS = {
-    "onnxruntime": 'platform: "onnxruntime_onnx"',
-    "openvino": 'backend: "openvino" default_model_filename: "model.onnx"',
-    "pytorch": 'platform: "pytorch_libtorch"',
-}
+def cores_arg(value: str) -> list[int]:
+    try:
+        return sorted({int(c) for c in value.split(",") if c.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"'{value}' is not a list of cores like 1 or 0,1"
+        ) from None
 
 
 @contextlib.contextmanager
-def serving(model: str, backend: str, onnx_path: Path, pt_path: Path) -> Iterator[str]:
-    """A server with ``plain`` (no batching) and ``batched`` (dynamic batching): its endpoint."""
-    _, _, _, input_type, output_type = MODELS[model]
-    with tempfile.TemporaryDirectory(prefix="ipb-", dir="/tmp") as tmp:
-        repo = Path(tmp) / "repo"
-        # plain: batch 1 at most, so that no backend's auto-complete adds dynamic batching
-        for name, max_batch, batching in (
-            ("plain", 1, ""),
-            ("batched", 32, "dynamic_batching { max_queue_delay_microseconds: 5000 }"),
-        ):
-            (repo / name / "1").mkdir(parents=True)
-            source = pt_path if backend == "pytorch" else onnx_path
-            (repo / name / "1" / source.name).symlink_to(source)
-            config = CONFIG.format(
-                name=name, platform=PLATFORMS[backend], input=input_type, output=output_type,
-                batching=batching, max_batch=max_batch,
-            )  # fmt: skip
-            (repo / name / "config.pbtxt").write_text(config)
-        endpoint = f"ipc://{tmp}/broker.sock"
-        cmd = [sys.executable, "-m", "inferpool", "serve", "--model-repository", str(repo)]
-        cmd += ["--http-port", "0", "--grpc-port", "0", "--allow-metrics", "false"]
-        cmd += ["--listen", endpoint, "--log-level", "WARNING", "--arena-size", "512M"]
-        cmd += ["--output-arena-size", "256M"]
-        proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL)
-        try:
-            with Client(endpoint, timeout=300) as c:
-                c.wait_ready(300)
-            yield endpoint
-        finally:
-            proc.terminate()
-            proc.wait(60)
-
-
-def stats(c: Client, model: str) -> dict[str, Any]:
-    found: dict[str, Any] = c.statistics(model)["model_stats"][0]
-    return found
-
-
-def stats_line(before: dict[str, Any], after: dict[str, Any]) -> tuple[str, list[int]]:
-    """Per request: queue and compute input / infer / output (ms), and the batches formed."""
-    n = after["inference_count"] - before["inference_count"] or 1
-    parts = []
-    for key in ("queue", "compute_input", "compute_infer", "compute_output"):
-        ns = after["inference_stats"][key]["ns"] - before["inference_stats"][key]["ns"]
-        parts.append(f"{ns / n / 1e6:.1f}")
-    sizes = {b["batch_size"]: b["compute_infer"]["count"] for b in before["batch_stats"]}
-    formed = [
-        b["batch_size"]
-        for b in after["batch_stats"]
-        if b["compute_infer"]["count"] > sizes.get(b["batch_size"], 0)
-    ]
-    return "/".join(parts), sorted(formed)
-
-
-def concurrent(endpoint: str, model: str, make: Callable[[int], np.ndarray], clients: int,
-               per_client: int) -> tuple[list[float], float]:  # fmt: skip
-    """``clients`` threads, each with its own Client, ``per_client`` requests each."""
-    latencies: list[float] = []
-    lock = threading.Lock()
-    x = make(1)
-    barrier = threading.Barrier(clients + 1)
-
-    def run() -> None:
-        with Client(endpoint, timeout=600) as c:
-            c.infer(model, {"INPUT__0": x})
-            barrier.wait()
-            mine = []
-            for _ in range(per_client):
-                t = time.perf_counter()
-                c.infer(model, {"INPUT__0": x})
-                mine.append(time.perf_counter() - t)
-            with lock:
-                latencies.extend(mine)
-
-    threads = [threading.Thread(target=run) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    start = time.perf_counter()
-    for t in threads:
-        t.join()
-    return latencies, len(latencies) / (time.perf_counter() - start)
-
-
-def bench(model: str, backend: str, onnx_path: Path, pt_path: Path, n: int) -> list[str]:
-    make = MODELS[model][2]
-    call = runtime(backend, onnx_path, pt_path)
-    one = make(1)
-    floor1 = time_calls(lambda: call(one), n)
-    rows = [f"| {model} | {backend} | in-process, batch 1 | 1 | {pct(floor1, 50):.1f} | "
-            f"{pct(floor1, 99):.1f} | {1e3 / pct(floor1, 50):.1f} | | |"]  # fmt: skip
-    best = (1e3 / pct(floor1, 50), 1)
-    lane_p50 = 0.0
-    batches: set[int] = set()
-    with serving(model, backend, onnx_path, pt_path) as endpoint, Client(endpoint) as c:
-        x = make(1)
-        paths: list[tuple[str, Callable[[], Any]]] = [
-            ("Client", lambda: c.infer("plain", {"INPUT__0": x}))
-        ]
-        shm = ShmClient(endpoint, timeout=300)
-        paths.append(("ShmClient", lambda: shm.infer("plain", {"INPUT__0": x})))
-        laned = ShmClient(endpoint, timeout=300, lane=True)
-        laned.lane("plain")
-        req = laned.request("plain", outputs=["OUTPUT__0"])
-        req.input("INPUT__0", x.shape, x.dtype)[:] = x
-
-        def via_lane() -> None:
-            with laned.run(req) as result:
-                result["OUTPUT__0"]
-
-        paths.append(("lane", via_lane))
-        for label, path in paths:
-            before = stats(c, "plain")
-            samples = time_calls(path, n)
-            line, _ = stats_line(before, stats(c, "plain"))
-            p50 = pct(samples, 50)
-            lane_p50 = p50 if label == "lane" else lane_p50
-            rows.append(f"| {model} | {backend} | {label}, no batching | 1 | {p50:.1f} | "
-                        f"{pct(samples, 99):.1f} | {1e3 / p50:.1f} | {line} | 1 |")  # fmt: skip
-        shm.close()
-        laned.close()
-        for entry in ("plain", "batched"):
-            for clients in (8, 32):
-                before = stats(c, entry)
-                lat, tput = concurrent(endpoint, entry, make, clients, max(2, n // 2))
-                line, formed = stats_line(before, stats(c, entry))
-                if entry == "batched":
-                    batches.update(formed)
-                label = "dynamic batching" if entry == "batched" else "no batching"
-                rows.append(
-                    f"| {model} | {backend} | Client, {label} | {clients} | {pct(lat, 50):.1f} | "
-                    f"{pct(lat, 99):.1f} | {tput:.1f} | {line} | "
-                    f"{','.join(map(str, sorted(set(formed))[-4:]))} |"
-                )
-                if entry == "batched" and clients == 32:
-                    served32 = tput, pct(lat, 99)
-    for size in sorted(batches - {1}):
-        floor = time_calls(lambda size=size: call(make(size)), max(2, n // 4))  # type: ignore[misc]
-        rate = size * 1e3 / pct(floor, 50)
-        rows.append(f"| {model} | {backend} | in-process, batch {size} | 1 | {pct(floor, 50):.1f} "
-                    f"| {pct(floor, 99):.1f} | {rate:.1f} | | |")  # fmt: skip
-        best = max(best, (rate, size))
-    RATIOS.append(
-        f"{model}/{backend}: lane p50 {lane_p50:.1f} ms = {lane_p50 / pct(floor1, 50):.2f}x the "
-        f"runtime's {pct(floor1, 50):.1f} ms; 32 clients batched {served32[0]:.1f}/s = "
-        f"{served32[0] / best[0]:.2f}x its best in-process {best[0]:.1f}/s (batch {best[1]}), "
-        f"p99 {served32[1]:.1f} ms"
-    )
-    return rows
-
-
-RATIOS: list[str] = []
+def pinned(cores: list[int]) -> Iterator[None]:
+    mine = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, mine)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default="resnet,bert")
     parser.add_argument("--backends", default="onnxruntime,openvino,pytorch")
-    parser.add_argument("--quick", action="store_true", help="few requests per row (2 cores)")
-    parser.add_argument("--requests", type=int, default=0, help="timed calls per path")
-    args = parser.parse_args()
-    n = args.requests or (6 if args.quick else 30)
-    print(f"load average before: {os.getloadavg()}")
-    header = (
-        "| model | backend | path | clients | p50 ms | p99 ms | req/s | queue/input/infer/output"
-        " ms per request | batches formed |\n|---|---|---|---|---|---|---|---|---|"
+    parser.add_argument("--quick", action="store_true", help="narrower models, short windows")
+    parser.add_argument("--seconds", type=float, default=0, help="window of a served row")
+    parser.add_argument("--rounds", type=int, default=0, help="rounds of the batch-1 rows")
+    parser.add_argument("--instance-cores", type=cores_arg, default=None)
+    parser.add_argument(
+        "--preferred", type=int, default=0, help="preferred_batch_size of batched (0: none)"
     )
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="ipb-models-") as tmp:
-        for model in args.models.split(","):
-            folder = Path(tmp) / model
+    args = parser.parse_args()
+    for name in args.models.split(","):
+        if name not in MODELS:
+            parser.error(f"--models: unknown model '{name}' (choose from {', '.join(MODELS)})")
+    for backend in args.backends.split(","):
+        if backend not in PLATFORMS:
+            parser.error(f"--backends: unknown backend '{backend}' ({', '.join(PLATFORMS)})")
+        module = NEEDS.get(backend)
+        if module and importlib.util.find_spec(module) is None:
+            parser.error(f"--backends {backend} needs {module}: pip install {EXTRAS[module]}")
+    args.seconds = args.seconds or (2.0 if args.quick else 15.0)
+    args.rounds = args.rounds or (3 if args.quick else 5)
+    every = sorted(os.sched_getaffinity(0))
+    cores = args.instance_cores or every[-1:]
+    if not set(cores) <= set(every):
+        parser.error(
+            f"--instance-cores {cpus_text(cores)}: this process may run on {cpus_text(every)}"
+        )
+    client_cores = [c for c in every if c not in cores] or every
+    print(f"instance cores {cpus_text(cores)}, broker and clients on {cpus_text(client_cores)}; "
+          f"{'quick (narrower) models' if args.quick else 'full-size models'}; "
+          f"load average before: {os.getloadavg()}", flush=True)  # fmt: skip
+    rows, ratios = [], []
+    with tempfile.TemporaryDirectory(prefix="ipb-models-") as tmp, pinned(client_cores):
+        for name in args.models.split(","):
+            model = spec(name, args.quick)
+            folder = Path(tmp) / name
             folder.mkdir()
-            onnx_path, pt_path = export(model, folder)
+            paths = export(model, folder)
             for backend in args.backends.split(","):
-                rows += bench(model, backend, onnx_path, pt_path, n)
-                print("\n".join(rows[-1:]), flush=True)
-    print(header)
+                began = time.monotonic()
+                with contextlib.ExitStack() as stack:
+                    bench = Bench(model, backend, paths, args, cores, client_cores, stack)
+                    bench.batch_one()
+                    bench.concurrent()
+                    bench.floor_rows()
+                rows += bench.rows
+                ratios += bench.ratios
+                took = time.monotonic() - began
+                print("\n".join(bench.ratios), flush=True)
+                print(f"({took:.0f} s; load average {os.getloadavg()})", flush=True)
+    print(HEADER)
     print("\n".join(rows))
     print()
-    print("\n".join(RATIOS))
+    print("\n".join(ratios))
     print(f"load average after: {os.getloadavg()}")
 
 

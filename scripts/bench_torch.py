@@ -174,7 +174,7 @@ def serve(
     cmd += ["--http-port", "0", "--grpc-port", "0", "--allow-metrics", "false"]  # zmq only
     cmd += ["--listen", endpoint, "--log-level", "WARNING", *args]
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL)
-    stack.callback(_stop, proc)
+    stack.callback(stop_server, proc)
     client = stack.enter_context(Client(endpoint, timeout=60))
     client.wait_ready(120)
     return client
@@ -251,7 +251,8 @@ class Laned(Served):
             return np.array(result["OUTPUT__0"])
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL to its process group if it has not stopped in 30 s."""
     proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(30)
