@@ -1,14 +1,16 @@
 """Real models served and measured: a ResNet-50-shaped CNN and a BERT-base-shaped encoder.
 
     python scripts/bench_models.py [--quick] [--models resnet,bert] [--backends onnxruntime,...]
-                                   [--instance-cores 1] [--preferred N] [--seconds S]
+                                   [--instance-cores 1] [--preferred N|best] [--seconds S]
 
 Both models are built from torch.nn with random weights (``real_models``; ``--quick`` narrows
 them, same layouts and input shapes), exported to ONNX (the onnxruntime and openvino
 backends) and TorchScript (pytorch).  Each (model, backend) gets one server (``served_runs``)
 with ``plain`` (no batching) and ``batched`` (``dynamic_batching``, ``max_batch_size`` 32,
-``--preferred`` its preferred_batch_size).  The model's instances run on ``--instance-cores``
-(default: the last core), the broker and this process's clients on the other cores.  The
+``--preferred`` its preferred_batch_size: a size, or ``best``, the size the floor runs with
+the least CPU per row, timed before the server starts).  The model's instances run on
+``--instance-cores`` (default: the last core), the broker and this process's clients on the
+other cores.  The
 floor (``runtime_floor``) is the runtime called in-process by one Python thread, pinned to
 the instance's cores with the instance's thread count, timed between the served runs.
 
@@ -57,6 +59,7 @@ from runtime_floor import Floor
 from served_runs import MAX_BATCH, PLATFORMS, Server, Window, cpus_text, pct, served
 
 LADDER = (1, 2, 4, 8, 16, 32)
+BEST = -1  # --preferred best
 NEEDS = {"onnxruntime": "onnxruntime", "openvino": "openvino"}  # backend -> its module
 EXTRAS = {"onnxruntime": "'inferpool[onnx]'", "openvino": "'inferpool[openvino]'"}
 HEADER = (
@@ -85,6 +88,9 @@ class Bench:
         stack.callback(self.floor.close)
         self.floors: dict[int, list[tuple[float, float]]] = {}
         self.preferred = args.preferred
+        if args.preferred == BEST:  # the ladder first: the size the floor runs cheapest
+            self.ladder(LADDER)
+            self.preferred = self.thriftiest()
         self.server = Server(model, backend, source, cores, client_cores, self.preferred, stack)
         self.rows: list[str] = []
         self.ratios: list[str] = []
@@ -113,6 +119,14 @@ class Bench:
     def best(self) -> tuple[int, float]:
         """The floor's best batch size and its rows/s."""
         return max(((s, s * 1e3 / self.per_call(s)) for s in self.floors), key=lambda b: b[1])
+
+    def thriftiest(self) -> int:
+        """The batch size of least CPU per row on the floor (CPU time, not the wall clock:
+        other jobs move the wall clock); within 3% of it, the largest size, whose batches
+        spread the server's costs per batch over more rows."""
+        per_row = {s: self.per_call(s, 1) / s for s in self.floors}
+        least = min(per_row.values())
+        return max(s for s, cost in per_row.items() if cost <= least * 1.03)
 
     def batch_one(self) -> None:
         """Client, ShmClient and a lane at batch 1, in rounds with the floor at batch 1."""
@@ -228,6 +242,14 @@ def _pooled(windows: list[Window]) -> Window:
     )
 
 
+def preferred_arg(value: str) -> int:
+    if value == "best":
+        return BEST
+    if value.isdigit() and 0 < int(value) <= MAX_BATCH:
+        return int(value)
+    raise argparse.ArgumentTypeError(f"'{value}' is not 'best' or a size from 1 to {MAX_BATCH}")
+
+
 def cores_arg(value: str) -> list[int]:
     try:
         return sorted({int(c) for c in value.split(",") if c.strip()})
@@ -256,7 +278,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=0, help="rounds of the batch-1 rows")
     parser.add_argument("--instance-cores", type=cores_arg, default=None)
     parser.add_argument(
-        "--preferred", type=int, default=0, help="preferred_batch_size of batched (0: none)"
+        "--preferred",
+        type=preferred_arg,
+        default=0,
+        help="preferred_batch_size of batched: N, or 'best' (the size the floor runs with the "
+        "least CPU per row, timed first); default none",
     )
     args = parser.parse_args()
     for name in args.models.split(","):
