@@ -8,6 +8,8 @@ each process spends per request.
 - the echoes: the same client code against servers that do nothing but answer with the
   input (:func:`echo_servers`: a raw asyncio HTTP echo and a grpc.aio echo): at 64 B what
   tritonclient and the least server cost; at large sizes the echoes' own buffering weighs;
+- :func:`bulk_http`: a tritonclient.http process sending 64 MiB requests meanwhile, to
+  measure the zmq clients beside the frontends' large traffic;
 - :func:`cpu_seconds` of :func:`server_processes`: the CPU time the broker, the frontends'
   process and the workers spend per request; each client says its own (``cpu_s``).  On one
   core the latency is at least their sum.
@@ -126,6 +128,37 @@ def triton_shm_client(
         for region in regions.values():
             shm.destroy_shared_memory_region(region)
         client.close()
+
+
+def _bulk_http(endpoint: str, nbytes: int, cpu: int, stop: Any) -> None:
+    """tritonclient.http sending ``nbytes`` requests back to back until ``stop`` is set."""
+    _pin(cpu)
+    tc = _module("http")
+    client = tc.InferenceServerClient(endpoint, connection_timeout=600, network_timeout=600)
+    x = np.frombuffer(np.random.bytes(nbytes), dtype=np.uint8).reshape(1, nbytes)
+    inp = tc.InferInput("INPUT0", [1, nbytes], "UINT8")
+    inp.set_data_from_numpy(x)
+    while not stop.is_set():
+        client.infer("bench", [inp]).as_numpy("OUTPUT0")
+    client.close()
+
+
+@contextmanager
+def bulk_http(endpoint: str, nbytes: int, cpu: int) -> Iterator[None]:
+    """A tritonclient.http process sending ``nbytes`` requests meanwhile (the KServe side's
+    large traffic, beside which the zmq clients are measured)."""
+    ctx = mp.get_context("spawn")
+    stop = ctx.Event()
+    proc = ctx.Process(target=_bulk_http, args=(endpoint, nbytes, cpu, stop), daemon=True)
+    proc.start()
+    time.sleep(3.0)  # its first requests are under way
+    try:
+        yield
+    finally:
+        stop.set()
+        proc.join(120)
+        if proc.is_alive():
+            proc.kill()
 
 
 # ============================================================================ the floors

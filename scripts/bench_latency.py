@@ -579,10 +579,11 @@ SHM_GOAL = 1.2  # Triton's shared-memory extension's p50 over ShmClient's, at mo
 def run_kserve_layout(
     name: str, layout: dict[str, int], sizes: list[tuple[str, int]]
 ) -> dict[str, Any]:
-    """tritonclient over HTTP and gRPC next to the zmq client, the relay and tritonclient's
-    floor (the same code against servers that only echo), same server, at every size; 8
-    client processes of each at 64 B; Triton's system shared memory through both frontends
-    next to ShmClient; the CPU each server process spends per request."""
+    """tritonclient over HTTP and gRPC next to the zmq client, the relay and the same code
+    against servers that only echo, same server, at every size; 8 client processes of each
+    at 64 B; the zmq client at 64 B beside tritonclient's 64 MiB requests; Triton's system
+    shared memory through both frontends next to ShmClient; the CPU each process spends per
+    request."""
     cpu = layout["client"]
     load = os.getloadavg()[0]
     rows: list[dict[str, Any]] = []
@@ -608,6 +609,8 @@ def run_kserve_layout(
             rows.append(row)
             print_kserve_row(row)
         many = measure({k: systems[k] for k in ("zmq", "http", "grpc")}, 64, MANY, cpu)
+        with bench_kserve.bulk_http(endpoints["http"], 64 << 20, cpu):
+            beside = measure({"zmq": systems["zmq"]}, 64, 1, cpu)["zmq"]
         shm_rows = []
         for label, nbytes in KSERVE_SHM_SIZES:
             shm = measure(
@@ -632,6 +635,7 @@ def run_kserve_layout(
         "load": [load, os.getloadavg()[0]],
         "rows": rows,
         "many": many,
+        "beside_bulk": beside,
         "shm": shm_rows,
     }
     print_kserve_goals(result)
@@ -683,6 +687,13 @@ def print_kserve_goals(result: dict[str, Any]) -> None:
             f"Clients' {many['zmq']['rps']:.0f} = {ratio:.2f} (>= {MANY_GOAL}: "
             f"{'yes' if ratio >= MANY_GOAL else 'NO'})"
         )
+    alone, beside = result["rows"][0]["zmq"], result["beside_bulk"]
+    print(
+        f"  zmq Client 64 B beside tritonclient.http sending 64 MiB requests: p50 "
+        f"{beside['p50_us']:.0f}us p99 {beside['p99_us']:.0f}us {beside['rps']:.0f} req/s "
+        f"(alone: p50 {alone['p50_us']:.0f}us p99 {alone['p99_us']:.0f}us {alone['rps']:.0f} "
+        "req/s)"
+    )
     for r in result["shm"]:
         for protocol in ("http", "grpc"):
             ratio = r[f"{protocol} shm"]["p50_us"] / r["shm"]["p50_us"]

@@ -29,7 +29,7 @@ from inferpool.broker.kserve.input_region import Inputs
 from inferpool.broker.kserve.service import Listeners
 from inferpool.wire.caller import unidentified
 from inferpool.wire.errors import InferpoolError
-from inferpool.wire.logs import apply, configure, settings_from
+from inferpool.wire.logs import apply, configure, serving, settings_from
 
 log = logging.getLogger("inferpool.kserve")
 EXIT_OK = 0
@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     config = ProcessConfig.from_json((argv if argv is not None else sys.argv[1:])[0])
     os.setpgid(0, 0)  # a signal to the server's group is the broker's: it stops this one
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    configure(settings_from(config.log), f"kserve pid {os.getpid()}", {"process": "kserve"})
+    label = f"kserve pid {os.getpid()}"  # (its start is in the broker's summary: quiet)
+    configure(settings_from(config.log), label, {"process": "kserve"}, starting=True)
     loop = _new_loop()
     asyncio.set_event_loop(loop)
     try:
@@ -76,6 +77,7 @@ async def _serve(config: ProcessConfig) -> int:
             _report(config.report_fd, f"error {err.message}")
             return EXIT_CANNOT_SERVE
         _report(config.report_fd, "ready")
+        serving()
         watch = {"type": "log_watch"}  # a client's change of the log settings reaches us here
         channel.open(unidentified("kserve"), watch, (), _log_change)
         await stop.wait()

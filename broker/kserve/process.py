@@ -11,7 +11,8 @@ Start: the broker waits until the process says it serves (its listeners are boun
 with the process's own line (a port in use).  A process that dies later is reported by
 :meth:`FrontendProcess.tick`, which calls ``on_exit`` (the broker ends what the process had
 in flight) and starts a new one after a back-off that doubles from ``RESTART_S`` with each
-start that fails, up to ``RESTART_MAX_S``; each failure is logged with its reason.
+end that follows a start by less than ``STEADY_S`` (a failed start, a crash loop), up to
+``RESTART_MAX_S``; each failure is logged with its reason and the delay.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ START_TIMEOUT_S = 60.0  # importing aiohttp and grpc on a loaded machine
 STOP_TIMEOUT_S = 5.0  # its listeners get two seconds to finish the calls in progress
 RESTART_S = 0.5
 RESTART_MAX_S = 30.0
+STEADY_S = 10.0  # a process that served this long before it ended restarts after RESTART_S
 
 
 class FrontendProcess:
@@ -62,6 +64,7 @@ class FrontendProcess:
         self._backoff = RESTART_S
         self._restart_at: float | None = None
         self._serving = False  # the current process said it is ready
+        self._ready_at = 0.0
         self._spawn()
         deadline = time.monotonic() + START_TIMEOUT_S
         while self._report >= 0:
@@ -106,8 +109,8 @@ class FrontendProcess:
         os.close(self._report)
         self._report = -1
         if line == "ready":
-            self._backoff = RESTART_S
             self._serving = True
+            self._ready_at = time.monotonic()
             return None
         if line.startswith("error "):
             return line[len("error ") :]
@@ -130,18 +133,22 @@ class FrontendProcess:
             self._spawn()
 
     def _ended(self, code: int, now: float) -> None:
+        if self._serving and now - self._ready_at >= STEADY_S:
+            self._backoff = RESTART_S  # it had served a while: a crash, not a crash loop
+        delay = self._backoff
+        self._backoff = min(self._backoff * 2, RESTART_MAX_S)
         if self._serving:  # a crash, not a failed start (logged as it was read)
             log.error(
                 "the KServe frontends' process exited (%s): its calls in flight failed; "
-                "restarting it",
+                "restarting it in %gs",
                 _exit_text(code),
+                delay,
             )
         self._close_pipes()
         self._proc = None
         self._serving = False
         self._on_exit()
-        self._restart_at = now + self._backoff
-        self._backoff = min(self._backoff * 2, RESTART_MAX_S)
+        self._restart_at = now + delay
 
     def close(self) -> None:
         """Stop the process (SIGTERM, then SIGKILL after ``STOP_TIMEOUT_S``); idempotent."""

@@ -103,21 +103,24 @@ def test_another_process_on_the_frontends_socket_is_dropped(server: Server) -> N
 
 def test_a_crashed_frontends_process_is_restarted(server: Server) -> None:
     """SIGKILL the frontends' process: the broker says so, starts another, and Triton's
-    clients are served again on the same ports."""
-    old = frontends_pid(server)
-    os.kill(old, signal.SIGKILL)
-    deadline = time.monotonic() + 60
-    while "restarting the KServe frontends" not in server.log():
-        assert time.monotonic() < deadline, server.log()
-        time.sleep(0.05)
-    assert "KServe frontends' process exited (killed by SIGKILL)" in server.log()
-    x = np.arange(4, dtype=np.float32)
-    while True:
-        try:
-            with httpclient.InferenceServerClient(server.http_url) as http:
-                np.testing.assert_array_equal(_identity(httpclient, http, x), x)
-            break
-        except Exception:
+    clients are served again on the same ports; a process that ends soon after its start
+    again waits twice as long (a crash loop is not restarted at full speed)."""
+    for count, delay in ((1, "0.5s"), (2, "1s")):
+        old = frontends_pid(server)
+        os.kill(old, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while server.log().count("restarting the KServe frontends") < count:
             assert time.monotonic() < deadline, server.log()
-            time.sleep(0.1)
-    assert frontends_pid(server) != old
+            time.sleep(0.05)
+        ended = "KServe frontends' process exited (killed by SIGKILL)"
+        assert f"{ended}: its calls in flight failed; restarting it in {delay}" in server.log()
+        x = np.arange(4, dtype=np.float32)
+        while True:
+            try:
+                with httpclient.InferenceServerClient(server.http_url) as http:
+                    np.testing.assert_array_equal(_identity(httpclient, http, x), x)
+                break
+            except Exception:
+                assert time.monotonic() < deadline, server.log()
+                time.sleep(0.1)
+        assert frontends_pid(server) != old
