@@ -38,7 +38,9 @@ def _pin(cpu: int) -> None:
     os.sched_setaffinity(0, {cpu if cpu in cpus else cpus[0]})
 
 
-def _timed(once: Callable[[], None], iterations: int, start: Any, out: Any) -> None:
+def timed(once: Callable[[], None], iterations: int, start: Any, out: Any) -> None:
+    """Warm up, wait at ``start`` with the other clients, time ``iterations`` calls of
+    ``once``; put (start, end, latencies, {"cpu_s": this process's CPU}) on ``out``."""
     for _ in range(max(25, iterations // 10)):  # as bench_latency.warmups
         once()
     start.wait()
@@ -80,7 +82,7 @@ def kserve_client(
     def once() -> None:
         client.infer("bench", [inp], outputs=wanted).as_numpy("OUTPUT0")
 
-    _timed(once, iterations, start, out)
+    timed(once, iterations, start, out)
     client.close()
 
 
@@ -122,7 +124,7 @@ def triton_shm_client(
             if y[0, -1] != x[0, -1]:
                 raise SystemExit("Triton shm client: the output differs from the input")
 
-        _timed(once, iterations, start, out)
+        timed(once, iterations, start, out)
         client.unregister_system_shared_memory()
     finally:
         for region in regions.values():

@@ -175,18 +175,7 @@ def inferpool_client(
     pin(cpu)
     x = np.frombuffer(np.random.bytes(nbytes), dtype=np.uint8).reshape(1, nbytes)
     with Client(endpoint, timeout=60) as c:
-        for _ in range(warmups(iterations)):
-            c.infer("bench", {"INPUT0": x})
-        start.wait()
-        lat = []
-        spent = time.process_time()
-        t0 = time.perf_counter()
-        for _ in range(iterations):
-            t = time.perf_counter()
-            c.infer("bench", {"INPUT0": x})
-            lat.append(time.perf_counter() - t)
-        t1 = time.perf_counter()
-    out.put((t0, t1, lat, {"cpu_s": time.process_time() - spent}))
+        bench_kserve.timed(lambda: c.infer("bench", {"INPUT0": x}), iterations, start, out)
 
 
 BENCH_CONFIG = """
