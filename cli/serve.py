@@ -158,13 +158,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"inferpool {__version__}: serving {opts.model_repository} (run {broker.run_id})")
     for endpoint in opts.listen:
         print(f"  listening on {endpoint}")
-    for what, address, port in (
-        ("KServe HTTP", opts.http_address, opts.http_port),
-        ("KServe gRPC", opts.grpc_address, opts.grpc_port),
-        ("health", opts.health_address, opts.health_port),
+    for what, address, port, note in (
+        ("KServe HTTP", opts.http_address, opts.http_port, ""),
+        ("KServe gRPC", opts.grpc_address, opts.grpc_port, opts.frontends().grpc_security),
+        ("health", opts.health_address, opts.health_port, ""),
     ):
         if port:
-            print(f"  {what} on {address}:{port}")
+            print(f"  {what} on {address}:{port}{note}")
     if broker.metrics is not None:
         print(f"  metrics on http://{opts.metrics_address}:{broker.metrics.port}/metrics")
     sys.stdout.flush()

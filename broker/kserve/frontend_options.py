@@ -55,6 +55,13 @@ class FrontendOptions:
         """The largest gRPC message (grpc's own limit: RESOURCE_EXHAUSTED beyond it)."""
         return min(self.grpc_max_input_size or self.max_body, (1 << 31) - 1)
 
+    @property
+    def grpc_security(self) -> str:
+        """What the gRPC listener's log line says of its security."""
+        if self.grpc_use_ssl_mutual:
+            return " (SSL, clients' certificates required)"
+        return " (SSL)" if self.grpc_use_ssl else ""
+
     def bodies(self) -> BodyLimits:
         """The HTTP frontend's limits on bodies (in the frontends' process)."""
         from inferpool.broker.kserve.bodies import BodyLimits

@@ -28,13 +28,6 @@ def credentials(opts: FrontendOptions) -> grpc.ServerCredentials | None:
     return grpc.ssl_server_credentials([(key, chain)], root, require_client_auth=mutual)
 
 
-def describe(opts: FrontendOptions) -> str:
-    """What the listener's log line says of its security."""
-    if opts.grpc_use_ssl_mutual:
-        return " (SSL, clients' certificates required)"
-    return " (SSL)" if opts.grpc_use_ssl else ""
-
-
 def _read(flag: str, path: str) -> bytes:
     if not path:
         raise invalid_arg(f"gRPC over SSL needs {flag} (a PEM file)")

@@ -118,7 +118,7 @@ class Listeners:
             raise _bind_error("gRPC", "grpc", address, port, _why_not(address, port)) from None
         await server.start()
         self._stack.push_async_callback(server.stop, STOP_GRACE_S)
-        log.info("gRPC on %s%s", where, grpc_ssl.describe(opts))
+        log.info("gRPC on %s%s", where, opts.grpc_security)
 
     async def close(self) -> None:
         """Stop every listener (the calls in progress get ``STOP_GRACE_S`` to finish)."""

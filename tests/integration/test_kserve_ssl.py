@@ -69,7 +69,7 @@ def test_ssl_serves_clients_that_trust_the_servers_certificate(short_tmp: Path) 
             host, ssl=True, root_certificates=str(certs["ca.crt"])
         )
         assert infer(secure) == [0, 1, 2]
-        assert "gRPC on 127.0.0.1:" in server.log() and " (SSL)" in server.log()
+        assert f"KServe gRPC on 127.0.0.1:{server.grpc_port} (SSL)\n" in server.log()
         plain = grpcclient.InferenceServerClient(host)  # not SSL: the handshake fails
         with pytest.raises(InferenceServerException):
             plain.is_server_live(client_timeout=10)
@@ -93,6 +93,10 @@ def test_mutual_ssl_serves_only_clients_with_a_certificate(short_tmp: Path) -> N
             certificate_chain=str(certs["client.crt"]),
         )
         assert infer(client) == [0, 1, 2] and client.is_server_ready()
+        required = (
+            f"KServe gRPC on 127.0.0.1:{server.grpc_port} (SSL, clients' certificates required)"
+        )
+        assert required + "\n" in server.log()
         anonymous = grpcclient.InferenceServerClient(
             host, ssl=True, root_certificates=str(certs["ca.crt"])
         )
