@@ -15,7 +15,7 @@ from inferpool.broker.pool.topology import allowed_cpus, format_cpu_list
 from inferpool.client import Client, InferpoolError, default_endpoint
 from inferpool.client.core import InferResult
 from inferpool.infer_inputs import read_inputs
-from inferpool.usage import key_value, scalar, seconds, unknown_model
+from inferpool.usage import is_unknown_model, key_value, scalar, seconds, unknown_model
 from inferpool.wire import codec
 
 if TYPE_CHECKING:
@@ -30,6 +30,8 @@ def naming_models(c: Client, model: str) -> Iterator[None]:
     try:
         yield
     except InferpoolError as err:
+        if not is_unknown_model(err, model):
+            raise
         raise unknown_model(err, model, [r["name"] for r in c.models()]) from None
 
 

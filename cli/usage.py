@@ -162,12 +162,17 @@ def listen_endpoint(text: str) -> str:
     )
 
 
-def unknown_model(err: InferpoolError, model: str, names: Iterable[str]) -> InferpoolError:
-    """``err`` with the models the server has, the nearest named first, when it says the
-    server does not know ``model`` (Triton's words, or an unload's); else ``err`` itself."""
+def is_unknown_model(err: InferpoolError, model: str) -> bool:
+    """Whether ``err`` says the server does not know ``model`` (Triton's words, or an
+    unload's): only then is the server asked which models it has (a server that does not
+    answer is not asked twice)."""
     about = (f"unknown model: '{model}' is not found", f"unload '{model}': unknown model")
-    if err.code is not Code.NOT_FOUND or not any(text in err.message for text in about):
-        return err
+    return err.code is Code.NOT_FOUND and any(text in err.message for text in about)
+
+
+def unknown_model(err: InferpoolError, model: str, names: Iterable[str]) -> InferpoolError:
+    """``err`` (one :func:`is_unknown_model` holds for) with the models the server has, the
+    nearest named first."""
     known = sorted(set(names))
     guess = nearest(model, known)
     hint = f"; did you mean '{guess}'?" if guess else ""

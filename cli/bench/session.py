@@ -13,7 +13,7 @@ from inferpool.bench.runner import Plan, Runner
 from inferpool.bench.tensors import build_inputs, parse_shapes
 from inferpool.bench.transports import Workload, transport_named
 from inferpool.client import AsyncClient, InferpoolError
-from inferpool.usage import UsageError, unknown_model
+from inferpool.usage import UsageError, is_unknown_model, unknown_model
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,6 +35,8 @@ async def _bench(args: argparse.Namespace) -> tuple[list[Level], dict[str, Any]]
         try:
             config = await control.model_config(args.model, args.model_version)
         except InferpoolError as err:
+            if not is_unknown_model(err, args.model):
+                raise
             names = [r["name"] for r in await control.models()]
             raise unknown_model(err, args.model, names) from None
         shapes = parse_shapes(args.shape)
