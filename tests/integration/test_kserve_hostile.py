@@ -2,7 +2,7 @@
 bodies and headers, more bodies at once than the frontend will hold.  Every one is refused by
 name (the flag that sets the limit), the memory is let go, and the others are served.
 
-The server's limits here are small (2 MiB a body or message, a 3 MiB budget, 2 s timeouts)
+The server's limits here are small (2 MiB a body or message, a 3 MiB budget, 1 s timeouts)
 so that the tests stay small and short.
 """
 
@@ -35,9 +35,9 @@ LIMITS = (
     "--http-body-budget",
     "3M",
     "--http-body-timeout",
-    "2",
+    "1",
     "--http-header-timeout",
-    "2",
+    "1",
 )
 
 
