@@ -26,6 +26,10 @@ setup(
                     "responses.c",
                     "state.c",
                     "deferred.c",
+                    "inference_requests.c",
+                    "inference_responses.c",
+                    "calls.c",
+                    "server_queries.c",
                     "unsupported.c",
                 )
             ],

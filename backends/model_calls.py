@@ -10,17 +10,21 @@ The channel to the broker is read by the worker's main thread only: a call waite
 the main thread reads it (``execute`` itself; an asyncio loop on the main thread reads it
 when :meth:`InferenceCalls.fileno` is readable, with :meth:`InferenceCalls.pump`); a call
 waited for on another thread is answered once the main thread reads again (between
-batches, or while it waits for a call of its own).
+batches, or while it waits for a call of its own).  Code that blocks the main thread
+without reading (a C backend's execute waiting for its call's callback) runs through
+:meth:`InferenceCalls.run_blocked`: meanwhile another thread reads the channel for it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from inferpool.backends.request_io import InputTensor
 from inferpool.wire.errors import InferpoolError
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -91,6 +95,18 @@ class InferenceCalls(Protocol):
     def start(self, request: CallRequest, decoupled: bool) -> PendingCall:
         """Send a call (``decoupled``: any number of replies may come); InferpoolError if it
         cannot be sent (an input that cannot be placed)."""
+        ...
+
+    def query(self, model_name: str, model_version: int) -> dict[str, Any]:
+        """What the broker knows of a served model, waiting for it: {"ready", "decoupled",
+        "max_batch_size", "version", "config", "metadata"} (the last two JSON texts);
+        InferpoolError with Triton's message for a model that is not served."""
+        ...
+
+    def run_blocked(self, function: Callable[..., T], *args: Any) -> T:
+        """``function(*args)``, code that may wait for calls without reading the channel (a
+        C backend's execute): on the thread that reads the channel, another thread reads it
+        until ``function`` returns."""
         ...
 
     def fileno(self) -> int:

@@ -6,7 +6,9 @@ its replies come back as ``Replies``.  The channel is read by the main thread on
 worker's loop between batches, or a call waited for on the main thread while the model
 executes, which handles whatever else arrives meanwhile (a Free, a lane, a Stop) as the loop
 would.
-A call waited for on another thread sleeps until the main thread delivers its reply.  A call
+A call waited for on another thread sleeps until the main thread delivers its reply.  Code
+that blocks the main thread without reading (a C backend's execute) runs through
+``run_blocked``: a stand-in thread reads meanwhile (workers/call_pump.py).  A call
 made on a ``HoldingThread`` (a lane's, whose executes the broker did not schedule) is sent
 ``held``: the broker keeps the instance to itself until the call ends.
 
@@ -25,7 +27,7 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -38,6 +40,7 @@ from inferpool.wire.worker.protocol import (
     BrokerMessage,
     Call,
     CancelCall,
+    Query,
     Release,
     Replies,
     Result,
@@ -47,11 +50,13 @@ from inferpool.wire.worker.protocol import (
     WantedOutput,
     Work,
 )
+from inferpool.workers.call_pump import Kept, StandInReader
 from inferpool.workers.memory import WorkerMemory
 
 log = logging.getLogger("inferpool.worker")
 RELEASE_CHUNK = 1000  # slots per Release message: far below a datagram's limit
 OnMessage = Callable[[BrokerMessage], None]
+T = TypeVar("T")
 
 
 class HoldingThread(threading.Thread):
@@ -128,6 +133,9 @@ class ChannelCalls:
         self._viewed: dict[int, tuple[weakref.ref[np.ndarray], Slot]] = {}  # lent, viewed
         self.stopping = False  # a Stop arrived while a call was waited for
         self._closed = False
+        self._reader = StandInReader(
+            link.fileno(), self._read_kept, lambda: self._closed or self.stopping
+        )
 
     # ------------------------------------------------------------------ calls
     def start(self, request: CallRequest, decoupled: bool) -> PendingCall:
@@ -157,17 +165,45 @@ class ChannelCalls:
             held,
             request.parent,
         )
-        self._calls[call_id] = pending
+        self._send(pending, msg)
+        return pending
+
+    def query(self, model_name: str, model_version: int) -> dict[str, Any]:
+        if self._closed or self.stopping:
+            raise unavailable("the worker is stopping: the server cannot be asked")
+        pending = PendingCall(self, next(self._ids), [], None)
+        self._send(pending, Query(pending.call_id, model_name, model_version))
+        reply = pending.next()
+        if reply.error is not None:
+            raise reply.error
+        return reply.parameters
+
+    def _send(self, pending: PendingCall, msg: Call | Query) -> None:
+        self._calls[pending.call_id] = pending
         try:
             self.flush()
             self.link.send(msg)
         except (InferpoolError, OSError) as exc:
-            del self._calls[call_id]
+            del self._calls[pending.call_id]
             pending.release()
             raise InferpoolError.wrap(
                 exc, Code.UNAVAILABLE, "the call could not be sent: "
             ) from None
-        return pending
+        if self._reader.blocked:
+            self._reader.want()
+
+    def run_blocked(self, function: Callable[..., T], *args: Any) -> T:
+        if threading.get_ident() != self._main:  # a lane's thread: the main thread reads
+            return function(*args)
+        reader = self._reader
+        reader.block()
+        if self._calls:  # calls made before (by the model's own threads) still wait
+            reader.want()
+        try:
+            return function(*args)
+        finally:
+            for msg in reader.unblock():
+                self._aside(msg)
 
     def pending(self) -> int:
         return len(self._calls)
@@ -176,11 +212,13 @@ class ChannelCalls:
         return self.link.fileno()
 
     def wait_for(self, call: PendingCall) -> None:
-        """Until ``call`` has a reply: read the channel on the main thread, else sleep."""
-        if threading.get_ident() == self._main:
+        """Until ``call`` has a reply: read the channel on the main thread, else sleep
+        (while the main thread is blocked, the stand-in reads)."""
+        if threading.get_ident() == self._main and not self._reader.blocked:
             while not call.ready():
                 self._read(block=True)
             return
+        self._reader.want()
         with self._arrived:
             self._arrived.wait_for(call.ready)
 
@@ -189,7 +227,11 @@ class ChannelCalls:
         """Handle the message waiting on the channel, if one does (main thread only)."""
         self._read(block=False)
 
-    def _read(self, block: bool) -> None:
+    def _read_kept(self, keep: Kept) -> None:
+        """The stand-in's read: messages other than replies are kept for the main thread."""
+        self._read(False, keep)
+
+    def _read(self, block: bool, aside: OnMessage | None = None) -> None:
         if not block and not select.select([self.link.fileno()], [], [], 0)[0]:
             return  # another reader took it first (an event loop's stale readiness)
         try:
@@ -206,7 +248,7 @@ class ChannelCalls:
             self.stopping = True
             self._fail_all(unavailable("the worker was told to stop while the call waited"))
         else:
-            self._aside(msg)
+            (aside or self._aside)(msg)
 
     def deliver(self, items: Sequence[Result]) -> None:
         """Replies from the broker (main thread): each to its call."""

@@ -13,7 +13,9 @@ import logging
 import os
 from typing import Any
 
+from inferpool.backends.cabi import server_calls
 from inferpool.backends.metrics import Metric, MetricFamily, StatisticsReporter
+from inferpool.backends.model_calls import InferenceCalls
 from inferpool.backends.request_io import ParameterValue, Request, Response
 from inferpool.wire import codec
 from inferpool.wire.errors import TRITON_CODES, Code, InferpoolError, invalid_arg
@@ -57,6 +59,8 @@ class Bridge:
     def __init__(self) -> None:
         self.logger = logging.getLogger("inferpool.backend")
         self.stats: StatisticsReporter | None = None  # the backend's, once it initializes
+        self.calls: InferenceCalls | None = None  # the model's calls (None: no broker)
+        self.deliver: server_calls.Deliver | None = None  # the host's, once bound
         self._states: dict[int, _States] = {}
 
     # ------------------------------------------------------------------ responses
@@ -179,6 +183,16 @@ class Bridge:
             metric.increment(value)
         else:
             metric.set(value)
+
+    # ------------------------------------------------------------------ the server's API
+    def infer(self, capsule: Any, *request: Any) -> server_calls.CCall:
+        """TRITONSERVER_ServerInferAsync (server_calls.infer)."""
+        assert self.deliver is not None
+        return server_calls.infer(self.calls, self.deliver, capsule, *request)
+
+    def query(self, model_name: str, model_version: int) -> dict[str, Any]:
+        """TRITONSERVER_ServerModel* and TRITONSERVER_InferenceRequestNew."""
+        return server_calls.query(self.calls, model_name, model_version)
 
     # ------------------------------------------------------------------ model and logs
     def set_config(self, model: Any, json_text: str) -> str:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar
 
 from inferpool.backends.api import Backend, Model, ModelInstance, Request
 from inferpool.backends.cabi import library
@@ -25,6 +26,7 @@ from inferpool.wire.errors import invalid_arg
 KINDS = {"CPU": 1, "GPU": 2, "MODEL": 3}  # TRITONSERVER_InstanceGroupKind
 DEFAULT_MAX_BATCH_SIZE = "4"  # Triton's --backend-config default-max-batch-size
 _bridge: Bridge | None = None
+T = TypeVar("T")
 
 
 def bridge() -> Bridge:
@@ -32,7 +34,9 @@ def bridge() -> Bridge:
     global _bridge
     if _bridge is None:
         _bridge = Bridge()
-        library.host().bind(_bridge)
+        host = library.host()
+        _bridge.deliver = host.deliver
+        host.bind(_bridge)
     return _bridge
 
 
@@ -101,6 +105,7 @@ class CModel(Model):
 
     def initialize(self) -> None:
         host = library.host()
+        self.backend.bridge.calls = self.calls
         self.capsule = host.new_model(
             self.backend.capsule,
             self.name,
@@ -151,14 +156,19 @@ class CModelInstance(ModelInstance):
         self._execute = backend.library.entry_points["TRITONBACKEND_ModelInstanceExecute"]
         self._host_execute = host.execute
         self._requests = RequestMaker(self.model.config)
-        backend._call("TRITONBACKEND_ModelInstanceInitialize", self.capsule)
+        # the backend may wait in C for its calls' callbacks: another thread reads for it
+        calls = self.model.calls
+        self._run = calls.run_blocked if calls is not None else _run
+        self._run(backend._call, "TRITONBACKEND_ModelInstanceInitialize", self.capsule)
 
     def execute(self, requests: list[Request]) -> None:
         if self.model.decoupled:  # the backend answers when it will, from any thread
             for request in requests:
                 request.response_sender()
         # an error: the requests are the server's again (Triton's rule), the host fails them
-        result = self._host_execute(self._execute, self.capsule, requests, self._requests)
+        result = self._run(
+            self._host_execute, self._execute, self.capsule, requests, self._requests
+        )
         if result is not None:
             self.model.backend.bridge.forget_states(requests)  # the state of a failed batch
             _check(result)
@@ -168,6 +178,11 @@ class CModelInstance(ModelInstance):
 
     def finalize(self) -> None:
         self.model.backend._call("TRITONBACKEND_ModelInstanceFinalize", self.capsule)
+
+
+def _run(function: Callable[..., T], *args: Any) -> T:
+    """Without a broker, nothing is read for the backend: it runs as it is."""
+    return function(*args)
 
 
 def backend_class(path: str) -> type[CBackend]:

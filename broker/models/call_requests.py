@@ -12,6 +12,9 @@ as ``Replies``.
   instance, two models calling each other) is refused at once (``_progresses``).  A call
   made by a lane's execute (``held``) takes its instance out of scheduling until it ends: the
   broker did not schedule that execute, so it would otherwise see the instance idle.
+- A worker may ask what the broker knows of a served model (``Query``: its readiness,
+  config and metadata, for a C backend's ``TRITONSERVER_ServerModel*`` calls): answered at
+  once, with Triton's error for a model that is not served.
 - A caller may give up on a call (``CancelCall``): it is cancelled as a client's request
   is (models/cancellation.py), and the call ends with the answer that brings.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import json
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -32,7 +36,7 @@ from inferpool.broker.models.tracer import Tracer
 from inferpool.broker.pool.handle import WorkerState
 from inferpool.broker.pool.output_regions import OutputRegions
 from inferpool.wire.errors import Code, InferpoolError
-from inferpool.wire.worker.protocol import Call, CancelCall, Release, Replies, Result
+from inferpool.wire.worker.protocol import Call, CancelCall, Query, Release, Replies, Result
 
 _GONE = (WorkerState.FAILED, WorkerState.STOPPING, WorkerState.STOPPED)
 _order = itertools.count()  # ties in the deadline heap
@@ -162,6 +166,26 @@ class Calls:
         if parent is not None and parent.trace is not None and parent.worker is caller:
             self.requests.tracer.child(req, parent.trace, now)  # trace=request.trace()
         self.requests.submit(req, now)
+
+    def query(self, caller: Instance, msg: Query) -> None:
+        """What the broker knows of the model ``msg`` names, or the error Triton gives."""
+        try:
+            model = self.registry.resolve(msg.model_name, msg.model_version)
+        except InferpoolError as err:
+            caller.send(Replies([Result(msg.call, True, [], None, err.to_wire())]))
+            return
+        metadata = model.metadata()
+        record = self.registry.records[model.name]
+        metadata["versions"] = [v.version_str for v in record.ready_versions()]
+        facts = {
+            "ready": True,  # resolve() gives ready versions only
+            "decoupled": model.decoupled,
+            "max_batch_size": model.max_batch_size,
+            "version": model.version,
+            "config": json.dumps(model.config_dict()),
+            "metadata": json.dumps(metadata),
+        }
+        caller.send(Replies([Result(msg.call, True, [], facts)]))
 
     def cancel(self, caller: Instance, msg: CancelCall) -> None:
         """The caller gave up on a call (a decoupled call's ``cancel()``, as in Triton): its

@@ -38,6 +38,7 @@ from inferpool.wire.worker.protocol import (
     Execute,
     Free,
     Items,
+    Query,
     Release,
     Result,
     Traced,
@@ -274,6 +275,8 @@ class RequestPath:
             self.calls.release(handle, msg)
         elif isinstance(msg, CancelCall):
             self.calls.cancel(handle, msg)
+        elif isinstance(msg, Query):
+            self.calls.query(handle, msg)
         elif isinstance(msg, Traced):
             for rid, *instants in msg.stamps:
                 self.tracer.executed(rid, instants)

@@ -2,7 +2,8 @@
 (one server for the module; it must stop with nothing of its run left in /dev/shm): the
 answer's bytes and parameters, statistics and custom metrics, a decoupled backend answering
 from its own thread, implicit sequence state, errors of every kind, a crash mid-execute
-that takes only its worker, and a config the backend completes."""
+that takes only its worker, a config the backend completes, and a BLS backend that calls
+another model through Triton's in-process API and waits in its execute for the callback."""
 
 from __future__ import annotations
 
@@ -67,6 +68,14 @@ COMPLETE = """
     name: "complete"
     backend: "complete"
 """
+CALLER = """
+    name: "caller"
+    backend: "caller"
+    max_batch_size: 0
+    input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+    output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] },
+             { name: "COUNTS" data_type: TYPE_INT64 dims: [ 4 ] } ]
+"""
 METRICS_PORT = free_tcp_port()
 
 
@@ -81,6 +90,7 @@ def _repository(tmp: Path) -> Path:
         ("accumulate", ACCUMULATE),
         ("faulty", FAULTY),
         ("complete", COMPLETE),
+        ("caller", CALLER),
     ]:
         write_model(repo, name, config)
         install(name, repo / name)
@@ -214,6 +224,42 @@ def test_errors_of_a_request_and_of_a_batch(server: Server) -> None:
         np.testing.assert_array_equal(ok["OUTPUT0"], [0, 9])
         stats = c.statistics("faulty")["model_stats"][0]["inference_stats"]
     assert stats["fail"]["count"] >= 2 and stats["success"]["count"] >= 1
+
+
+def test_a_bls_call_from_c(server: Server) -> None:
+    """The caller backend (tests/cabi_backends/caller.c) blocks its execute until the
+    called model's response callback has run, on the broker path and over a lane."""
+    x = np.array([0, 1.5, 2.5, 3.5, 4.5], np.float32)
+    with server.client() as c:
+        result = c.infer_result("caller", {"INPUT0": x})
+        np.testing.assert_array_equal(result.outputs["OUTPUT0"], x)
+        p = result.parameters
+        assert (p["callee"], p["callee_version"], p["callee_txn"]) == ("faulty", 1, 1)
+        assert p["callee_ready"] is True and p["missing_ready"] is False
+        assert json.loads(p["callee_config"])["name"] == "faulty"
+        # the called model's error reaches the backend as a TRITONSERVER_Error
+        with pytest.raises(InferpoolError) as failed:
+            c.infer("caller", {"INPUT0": np.array([1], np.float32)})
+        assert (failed.value.code.value, failed.value.message) == (
+            "INVALID_ARG", "the call: Invalid argument: a one is not welcome here"
+        )  # fmt: skip
+        with pytest.raises(InferpoolError) as missing:  # Triton's error, from RequestNew
+            c.infer("caller", {"INPUT0": x}, parameters={"target": "no_such_model"})
+        assert (missing.value.code.value, missing.value.message) == (
+            "NOT_FOUND",
+            "TRITONSERVER_InferenceRequestNew: Not found: "
+            "Request for unknown model: 'no_such_model' is not found",
+        )
+    with ShmClient(server.endpoint, lane=True) as lane:
+        req = lane.request("caller", outputs=["OUTPUT0", "COUNTS"])
+        req.input("INPUT0", (2,), np.float32)[:] = [0, 7]
+        for _ in range(2):
+            with lane.run(req) as out:
+                np.testing.assert_array_equal(out["OUTPUT0"], [0, 7])
+                counts = out["COUNTS"].tolist()
+    # nothing leaked: every request made was released, every output buffer given back
+    made, released, allocated, freed = counts
+    assert made == 3 and released == made and allocated == 2 and freed == allocated
 
 
 @pytest.mark.parametrize(("what", "signal_name"), [(3, "SIGSEGV"), (4, "SIGABRT")])

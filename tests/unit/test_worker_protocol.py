@@ -111,6 +111,7 @@ FROM_WORKER: list[m.WorkerMessage] = [
     m.Call("traced", -1, WORK._replace(outputs=[m.WantedOutput("OUT")]), 0, False, False, 7),
     m.Traced([(7, 100, 110, 150, 160), (-3, 1, 2, 3, 4)]),
     m.CancelCall(7),
+    m.Query(8, "addsub", -1),
     m.Release([m.Slot("inferpool-0123456789-out1g0", 4096)]),
 ]
 

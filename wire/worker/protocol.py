@@ -17,7 +17,8 @@ worker -> broker  Ready (loaded: its placement and served config), Failed (why i
                   Mapped (CUDA regions it has opened), Unmapped (client regions it has
                   closed), Traced (the instants of traced requests' executions), Call (a
                   model's inference request
-                  to another model: BLS), CancelCall (a call it gave up on), Release (reply
+                  to another model: BLS), Query (what the broker knows of a served model,
+                  answered as Replies), CancelCall (a call it gave up on), Release (reply
                   slots it has finished reading), LaneClosed (a lane it no longer serves),
                   LaneStats (what its lanes served)
 """
@@ -62,6 +63,7 @@ class Kind(str, enum.Enum):
     LANE_STATS = "lane_stats"
     CALL = "call"
     CANCEL_CALL = "cancel_call"
+    QUERY = "query"
     REPLIES = "replies"
     RELEASE = "release"
     LOG_CHANGE = "log_change"
@@ -415,6 +417,17 @@ class CancelCall(NamedTuple):
     call: int  # the call's ``work.rid``
 
 
+class Query(NamedTuple):
+    """What the broker knows of a served model (Triton's ``TRITONSERVER_ServerModel*``
+    calls from a C backend): answered by one final Result of the Replies whose ``rid`` is
+    ``call``, with ``parameters`` {"ready", "decoupled", "max_batch_size", "version",
+    "config", "metadata"} (the last two JSON texts), or the error Triton gives for that model."""
+
+    call: int  # the worker's own number for the query, as a Call's ``work.rid``
+    model_name: str
+    model_version: int  # -1: the highest ready version
+
+
 class Release(NamedTuple):
     """Reply output slots (of Replies) the worker has finished reading."""
 
@@ -435,6 +448,7 @@ WorkerMessage = (
     | Unmapped
     | Call
     | CancelCall
+    | Query
     | Release
     | LaneClosed
     | LaneStats
@@ -461,6 +475,7 @@ _KINDS: dict[type, Kind] = {
     LaneStats: Kind.LANE_STATS,
     Call: Kind.CALL,
     CancelCall: Kind.CANCEL_CALL,
+    Query: Kind.QUERY,
     Replies: Kind.REPLIES,
     Release: Kind.RELEASE,
     LogChange: Kind.LOG_CHANGE,
@@ -654,6 +669,13 @@ def _cancel_call(body: Sequence[Any]) -> CancelCall:
     return cancel
 
 
+def _query(body: Sequence[Any]) -> Query:
+    query = Query._make(body)
+    if not (_all(int, query.call, query.model_version) and _all(str, query.model_name)):
+        raise ValueError("a query with fields of the wrong types")
+    return query
+
+
 def _release(body: Sequence[Any]) -> Release:
     (slots,) = body
     release = _new(Release, (list(map(_slot, slots)),))
@@ -714,6 +736,7 @@ _FROM_WORKER: dict[str, Callable[[Any], Any]] = {
     Kind.LANE_STATS: _lane_stats,
     Kind.CALL: _call,
     Kind.CANCEL_CALL: _cancel_call,
+    Kind.QUERY: _query,
     Kind.RELEASE: _release,
     Kind.TRACED: _traced,
 }

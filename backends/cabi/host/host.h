@@ -212,6 +212,82 @@ struct TRITONBACKEND_BackendAttribute {
   bool parallel_instance_loading;
 };
 
+/* ------------------------------------------------------------------ requests a backend makes (BLS) */
+struct TRITONSERVER_ResponseAllocator {
+  TRITONSERVER_ResponseAllocatorAllocFn_t alloc_fn;
+  TRITONSERVER_ResponseAllocatorReleaseFn_t release_fn;
+  TRITONSERVER_ResponseAllocatorStartFn_t start_fn;
+  TRITONSERVER_ResponseAllocatorQueryFn_t query_fn;
+  TRITONSERVER_ResponseAllocatorBufferAttributesFn_t buffer_attributes_fn;
+};
+
+typedef struct {
+  const void* base;
+  size_t byte_size;
+} CallChunk;
+
+typedef struct { /* an input of a request a backend makes: its data stays the backend's */
+  char* name;
+  TRITONSERVER_DataType datatype;
+  int64_t* shape;
+  uint64_t dims_count;
+  CallChunk* chunks;
+  size_t chunk_count, chunk_capacity;
+} CallInput;
+
+struct TRITONSERVER_InferenceRequest {
+  char* model_name;
+  int64_t model_version;  /* as asked: -1 is the highest ready version */
+  int64_t served_version; /* the version the server resolved when the request was made */
+  char* id;
+  uint64_t correlation_id;
+  char* correlation_string; /* set: the correlation id is this string */
+  uint32_t flags;
+  uint64_t priority;
+  uint64_t timeout_us;
+  CallInput* inputs;
+  size_t input_count, input_capacity;
+  char** outputs;
+  size_t output_count, output_capacity;
+  struct TRITONSERVER_Parameter** parameters;
+  size_t parameter_count, parameter_capacity;
+  TRITONSERVER_InferenceRequestReleaseFn_t release_fn;
+  void* release_userp;
+  TRITONSERVER_ResponseAllocator* allocator;
+  void* allocator_userp;
+  TRITONSERVER_InferenceResponseCompleteFn_t response_fn;
+  void* response_userp;
+  /* guarded by the GIL: the call in flight (server_calls.CCall), its state */
+  PyObject* call;
+  bool in_flight;
+  bool cancelled;
+  uint32_t responses; /* delivered in this flight */
+};
+
+typedef struct {
+  char* name;
+  TRITONSERVER_DataType datatype;
+  int64_t* shape;
+  uint64_t dims_count;
+  void* buffer; /* the allocator's */
+  void* buffer_userp;
+  size_t byte_size;
+  TRITONSERVER_MemoryType memory_type;
+  int64_t memory_type_id;
+} CallOutput;
+
+struct TRITONSERVER_InferenceResponse {
+  char* model_name;
+  int64_t model_version;
+  char* id;
+  TRITONSERVER_Error* error;
+  CallOutput* outputs;
+  uint32_t output_count;
+  struct TRITONSERVER_Parameter** parameters;
+  uint32_t parameter_count;
+  TRITONSERVER_ResponseAllocator* allocator;
+};
+
 /* ------------------------------------------------------------------ shared helpers */
 extern PyTypeObject HostInputType;
 extern PyTypeObject HostRequestType;
@@ -232,6 +308,9 @@ typedef struct {
   PyObject* metric_op;    /* (metric, op, value) */
   PyObject* memory;       /* (owner, [(type, id, bytes)]) */
   PyObject* response_statistics; /* (instance, request, t0, t1, t2, success) */
+  PyObject* infer; /* (capsule, model, version, id, correlation, flags, timeout, parameters,
+                      inputs, outputs) -> server_calls.CCall */
+  PyObject* query; /* (model, version) -> dict */
 } Bridge;
 
 extern Bridge host_bridge;
@@ -244,6 +323,12 @@ TRITONSERVER_Error* host_python_error(const char* where);
 /* the result of a bridge call: NULL on success, an error if it raised (GIL held) */
 TRITONSERVER_Error* host_checked(PyObject* result, const char* where);
 char* host_strdup(const char* text);
+/* a code by its name in wire.errors.Code (TIMEOUT reads as UNAVAILABLE) */
+TRITONSERVER_Error_Code host_code_of(const char* name);
+/* make room for one more item in a growing array (exits on no memory, as malloc's callers) */
+void host_grow(void** items, size_t item_size, size_t count, size_t* capacity);
+/* module.deliver: a reply to a request a backend made (calls.c) */
+PyObject* host_deliver(PyObject* self, PyObject* args);
 const char* host_datatype_string(TRITONSERVER_DataType datatype);
 PyObject* host_datatype_name(TRITONSERVER_DataType datatype);
 PyObject* host_shape_tuple(const int64_t* shape, uint32_t dims_count);

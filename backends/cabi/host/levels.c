@@ -200,7 +200,7 @@ HOST_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelSetConfig(TRITONBACKEND_Model
   return error;
 }
 
-static int the_server; /* a model's server: there to be named, never to be called */
+static int the_server; /* the server a worker's backend asks (server_queries.c, calls.c) */
 
 HOST_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelServer(TRITONBACKEND_Model* model,
                                                           TRITONSERVER_Server** server) {

@@ -10,7 +10,7 @@
 Bridge host_bridge;
 
 /* ------------------------------------------------------------------ shared helpers */
-static TRITONSERVER_Error_Code code_of(const char* name) {
+TRITONSERVER_Error_Code host_code_of(const char* name) {
   static const struct {
     const char* name;
     TRITONSERVER_Error_Code code;
@@ -36,7 +36,7 @@ TRITONSERVER_Error* host_python_error(const char* where) {
     PyObject* name = PyObject_GetAttrString(value, "code");
     const char* text_code = name != NULL && PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : NULL;
     if (text_code == NULL) PyErr_Clear();
-    code = code_of(text_code);
+    code = host_code_of(text_code);
     Py_XDECREF(name);
     PyObject* message = PyObject_GetAttrString(value, "message");
     if (message != NULL && PyUnicode_Check(message)) {
@@ -331,6 +331,8 @@ static PyObject* bind(PyObject* self, PyObject* bridge) {
       {&host_bridge.metric_op, "metric_op"},
       {&host_bridge.memory, "memory"},
       {&host_bridge.response_statistics, "response_statistics"},
+      {&host_bridge.infer, "infer"},
+      {&host_bridge.query, "query"},
   };
   for (size_t k = 0; k < sizeof(methods) / sizeof(methods[0]); k++) {
     PyObject* method = PyObject_GetAttrString(bridge, methods[k].name);
@@ -368,6 +370,9 @@ static PyMethodDef module_methods[] = {
      "each request's C side (maker: backends/cabi/requests.py), and when the backend fails "
      "takes back those it still holds"},
     {"bind", bind, METH_O, "bind(bridge): the object whose methods the host calls"},
+    {"deliver", host_deliver, METH_VARARGS,
+     "deliver(request, outputs, parameters, error, final): a reply to a request a backend "
+     "made, handed to its allocator and callbacks"},
     {"set_log_levels", set_log_levels, METH_VARARGS, "set_log_levels(info, warn, error, verbose)"},
     {NULL, NULL, 0, NULL},
 };

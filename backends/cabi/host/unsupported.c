@@ -7,26 +7,6 @@
   return host_error(TRITONSERVER_ERROR_UNSUPPORTED, \
                     "%s is not supported by inferpool", NAME)
 
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_ResponseAllocatorNew(TRITONSERVER_ResponseAllocator** allocator, TRITONSERVER_ResponseAllocatorAllocFn_t alloc_fn, TRITONSERVER_ResponseAllocatorReleaseFn_t release_fn, TRITONSERVER_ResponseAllocatorStartFn_t start_fn) {
-  (void)allocator; (void)alloc_fn; (void)release_fn; (void)start_fn;
-  UNSUPPORTED("TRITONSERVER_ResponseAllocatorNew");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_ResponseAllocatorSetBufferAttributesFunction(TRITONSERVER_ResponseAllocator* allocator, TRITONSERVER_ResponseAllocatorBufferAttributesFn_t buffer_attributes_fn) {
-  (void)allocator; (void)buffer_attributes_fn;
-  UNSUPPORTED("TRITONSERVER_ResponseAllocatorSetBufferAttributesFunction");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_ResponseAllocatorSetQueryFunction(TRITONSERVER_ResponseAllocator* allocator, TRITONSERVER_ResponseAllocatorQueryFn_t query_fn) {
-  (void)allocator; (void)query_fn;
-  UNSUPPORTED("TRITONSERVER_ResponseAllocatorSetQueryFunction");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_ResponseAllocatorDelete(TRITONSERVER_ResponseAllocator* allocator) {
-  (void)allocator;
-  UNSUPPORTED("TRITONSERVER_ResponseAllocatorDelete");
-}
-
 HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_MetricsDelete(TRITONSERVER_Metrics* metrics) {
   (void)metrics;
   UNSUPPORTED("TRITONSERVER_MetricsDelete");
@@ -90,226 +70,6 @@ HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceTraceSetContext(TRITONSERV
 HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceTraceContext(TRITONSERVER_InferenceTrace* trace, const char** trace_context) {
   (void)trace; (void)trace_context;
   UNSUPPORTED("TRITONSERVER_InferenceTraceContext");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceRequestNew(TRITONSERVER_InferenceRequest** inference_request, TRITONSERVER_Server* server, const char* model_name, const int64_t model_version) {
-  (void)inference_request; (void)server; (void)model_name; (void)model_version;
-  UNSUPPORTED("TRITONSERVER_InferenceRequestNew");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceRequestDelete(TRITONSERVER_InferenceRequest* inference_request) {
-  (void)inference_request;
-  UNSUPPORTED("TRITONSERVER_InferenceRequestDelete");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceRequestId(TRITONSERVER_InferenceRequest* inference_request, const char** id) {
-  (void)inference_request; (void)id;
-  UNSUPPORTED("TRITONSERVER_InferenceRequestId");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceRequestSetId(TRITONSERVER_InferenceRequest* inference_request, const char* id) {
-  (void)inference_request; (void)id;
-  UNSUPPORTED("TRITONSERVER_InferenceRequestSetId");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceRequestFlags(TRITONSERVER_InferenceRequest* inference_request, uint32_t* flags) {
-  (void)inference_request; (void)flags;
-  UNSUPPORTED("TRITONSERVER_InferenceRequestFlags");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceRequestSetFlags(TRITONSERVER_InferenceRequest* inference_request, uint32_t flags) {
-  (void)inference_request; (void)flags;
-  UNSUPPORTED("TRITONSERVER_InferenceRequestSetFlags");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceRequestCorrelationId(TRITONSERVER_InferenceRequest* inference_request, uint64_t* correlation_id) {
-  (void)inference_request; (void)correlation_id;
-  UNSUPPORTED("TRITONSERVER_InferenceRequestCorrelationId");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceRequestCorrelationIdString(TRITONSERVER_InferenceRequest* inference_request, const char** correlation_id) {
-  (void)inference_request; (void)correlation_id;
-  UNSUPPORTED("TRITONSERVER_InferenceRequestCorrelationIdString");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceRequestSetCorrelationId(TRITONSERVER_InferenceRequest* inference_request, uint64_t correlation_id) {
-  (void)inference_request; (void)correlation_id;
-  UNSUPPORTED("TRITONSERVER_InferenceRequestSetCorrelationId");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceRequestSetCorrelationIdString(TRITONSERVER_InferenceRequest* inference_request, const char* correlation_id) {
-  (void)inference_request; (void)correlation_id;
-  UNSUPPORTED("TRITONSERVER_InferenceRequestSetCorrelationIdString");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceRequestCancel(TRITONSERVER_InferenceRequest* inference_request) {
-  (void)inference_request;
-  UNSUPPORTED("TRITONSERVER_InferenceRequestCancel");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceRequestIsCancelled(TRITONSERVER_InferenceRequest* inference_request, bool* is_cancelled) {
-  (void)inference_request; (void)is_cancelled;
-  UNSUPPORTED("TRITONSERVER_InferenceRequestIsCancelled");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceRequestPriority(TRITONSERVER_InferenceRequest* inference_request, uint32_t* priority) {
-  (void)inference_request; (void)priority;
-  UNSUPPORTED("TRITONSERVER_InferenceRequestPriority");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceRequestPriorityUInt64(TRITONSERVER_InferenceRequest* inference_request, uint64_t* priority) {
-  (void)inference_request; (void)priority;
-  UNSUPPORTED("TRITONSERVER_InferenceRequestPriorityUInt64");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceRequestSetPriority(TRITONSERVER_InferenceRequest* inference_request, uint32_t priority) {
-  (void)inference_request; (void)priority;
-  UNSUPPORTED("TRITONSERVER_InferenceRequestSetPriority");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceRequestSetPriorityUInt64(TRITONSERVER_InferenceRequest* inference_request, uint64_t priority) {
-  (void)inference_request; (void)priority;
-  UNSUPPORTED("TRITONSERVER_InferenceRequestSetPriorityUInt64");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceRequestTimeoutMicroseconds(TRITONSERVER_InferenceRequest* inference_request, uint64_t* timeout_us) {
-  (void)inference_request; (void)timeout_us;
-  UNSUPPORTED("TRITONSERVER_InferenceRequestTimeoutMicroseconds");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceRequestSetTimeoutMicroseconds(TRITONSERVER_InferenceRequest* inference_request, uint64_t timeout_us) {
-  (void)inference_request; (void)timeout_us;
-  UNSUPPORTED("TRITONSERVER_InferenceRequestSetTimeoutMicroseconds");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceRequestAddInput(TRITONSERVER_InferenceRequest* inference_request, const char* name, const TRITONSERVER_DataType datatype, const int64_t* shape, uint64_t dim_count) {
-  (void)inference_request; (void)name; (void)datatype; (void)shape; (void)dim_count;
-  UNSUPPORTED("TRITONSERVER_InferenceRequestAddInput");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceRequestAddRawInput(TRITONSERVER_InferenceRequest* inference_request, const char* name) {
-  (void)inference_request; (void)name;
-  UNSUPPORTED("TRITONSERVER_InferenceRequestAddRawInput");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceRequestRemoveInput(TRITONSERVER_InferenceRequest* inference_request, const char* name) {
-  (void)inference_request; (void)name;
-  UNSUPPORTED("TRITONSERVER_InferenceRequestRemoveInput");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceRequestRemoveAllInputs(TRITONSERVER_InferenceRequest* inference_request) {
-  (void)inference_request;
-  UNSUPPORTED("TRITONSERVER_InferenceRequestRemoveAllInputs");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceRequestAppendInputData(TRITONSERVER_InferenceRequest* inference_request, const char* name, const void* base, size_t byte_size, TRITONSERVER_MemoryType memory_type, int64_t memory_type_id) {
-  (void)inference_request; (void)name; (void)base; (void)byte_size; (void)memory_type; (void)memory_type_id;
-  UNSUPPORTED("TRITONSERVER_InferenceRequestAppendInputData");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceRequestAppendInputDataWithHostPolicy(TRITONSERVER_InferenceRequest* inference_request, const char* name, const void* base, size_t byte_size, TRITONSERVER_MemoryType memory_type, int64_t memory_type_id, const char* host_policy_name) {
-  (void)inference_request; (void)name; (void)base; (void)byte_size; (void)memory_type; (void)memory_type_id; (void)host_policy_name;
-  UNSUPPORTED("TRITONSERVER_InferenceRequestAppendInputDataWithHostPolicy");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceRequestAppendInputDataWithBufferAttributes(TRITONSERVER_InferenceRequest* inference_request, const char* name, const void* base, TRITONSERVER_BufferAttributes* buffer_attributes) {
-  (void)inference_request; (void)name; (void)base; (void)buffer_attributes;
-  UNSUPPORTED("TRITONSERVER_InferenceRequestAppendInputDataWithBufferAttributes");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceRequestRemoveAllInputData(TRITONSERVER_InferenceRequest* inference_request, const char* name) {
-  (void)inference_request; (void)name;
-  UNSUPPORTED("TRITONSERVER_InferenceRequestRemoveAllInputData");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceRequestAddRequestedOutput(TRITONSERVER_InferenceRequest* inference_request, const char* name) {
-  (void)inference_request; (void)name;
-  UNSUPPORTED("TRITONSERVER_InferenceRequestAddRequestedOutput");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceRequestRemoveRequestedOutput(TRITONSERVER_InferenceRequest* inference_request, const char* name) {
-  (void)inference_request; (void)name;
-  UNSUPPORTED("TRITONSERVER_InferenceRequestRemoveRequestedOutput");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceRequestRemoveAllRequestedOutputs(TRITONSERVER_InferenceRequest* inference_request) {
-  (void)inference_request;
-  UNSUPPORTED("TRITONSERVER_InferenceRequestRemoveAllRequestedOutputs");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceRequestSetReleaseCallback(TRITONSERVER_InferenceRequest* inference_request, TRITONSERVER_InferenceRequestReleaseFn_t request_release_fn, void* request_release_userp) {
-  (void)inference_request; (void)request_release_fn; (void)request_release_userp;
-  UNSUPPORTED("TRITONSERVER_InferenceRequestSetReleaseCallback");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceRequestSetResponseCallback(TRITONSERVER_InferenceRequest* inference_request, TRITONSERVER_ResponseAllocator* response_allocator, void* response_allocator_userp, TRITONSERVER_InferenceResponseCompleteFn_t response_fn, void* response_userp) {
-  (void)inference_request; (void)response_allocator; (void)response_allocator_userp; (void)response_fn; (void)response_userp;
-  UNSUPPORTED("TRITONSERVER_InferenceRequestSetResponseCallback");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceRequestSetStringParameter(TRITONSERVER_InferenceRequest* request, const char* key, const char* value) {
-  (void)request; (void)key; (void)value;
-  UNSUPPORTED("TRITONSERVER_InferenceRequestSetStringParameter");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceRequestSetIntParameter(TRITONSERVER_InferenceRequest* request, const char* key, const int64_t value) {
-  (void)request; (void)key; (void)value;
-  UNSUPPORTED("TRITONSERVER_InferenceRequestSetIntParameter");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceRequestSetBoolParameter(TRITONSERVER_InferenceRequest* request, const char* key, const bool value) {
-  (void)request; (void)key; (void)value;
-  UNSUPPORTED("TRITONSERVER_InferenceRequestSetBoolParameter");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceRequestSetDoubleParameter(TRITONSERVER_InferenceRequest* request, const char* key, const double value) {
-  (void)request; (void)key; (void)value;
-  UNSUPPORTED("TRITONSERVER_InferenceRequestSetDoubleParameter");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceResponseDelete(TRITONSERVER_InferenceResponse* inference_response) {
-  (void)inference_response;
-  UNSUPPORTED("TRITONSERVER_InferenceResponseDelete");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceResponseError(TRITONSERVER_InferenceResponse* inference_response) {
-  (void)inference_response;
-  UNSUPPORTED("TRITONSERVER_InferenceResponseError");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceResponseModel(TRITONSERVER_InferenceResponse* inference_response, const char** model_name, int64_t* model_version) {
-  (void)inference_response; (void)model_name; (void)model_version;
-  UNSUPPORTED("TRITONSERVER_InferenceResponseModel");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceResponseId(TRITONSERVER_InferenceResponse* inference_response, const char** request_id) {
-  (void)inference_response; (void)request_id;
-  UNSUPPORTED("TRITONSERVER_InferenceResponseId");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceResponseParameterCount(TRITONSERVER_InferenceResponse* inference_response, uint32_t* count) {
-  (void)inference_response; (void)count;
-  UNSUPPORTED("TRITONSERVER_InferenceResponseParameterCount");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceResponseParameter(TRITONSERVER_InferenceResponse* inference_response, const uint32_t index, const char** name, TRITONSERVER_ParameterType* type, const void** vvalue) {
-  (void)inference_response; (void)index; (void)name; (void)type; (void)vvalue;
-  UNSUPPORTED("TRITONSERVER_InferenceResponseParameter");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceResponseOutputCount(TRITONSERVER_InferenceResponse* inference_response, uint32_t* count) {
-  (void)inference_response; (void)count;
-  UNSUPPORTED("TRITONSERVER_InferenceResponseOutputCount");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceResponseOutput(TRITONSERVER_InferenceResponse* inference_response, const uint32_t index, const char** name, TRITONSERVER_DataType* datatype, const int64_t** shape, uint64_t* dim_count, const void** base, size_t* byte_size, TRITONSERVER_MemoryType* memory_type, int64_t* memory_type_id, void** userp) {
-  (void)inference_response; (void)index; (void)name; (void)datatype; (void)shape; (void)dim_count; (void)base; (void)byte_size; (void)memory_type; (void)memory_type_id; (void)userp;
-  UNSUPPORTED("TRITONSERVER_InferenceResponseOutput");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceResponseOutputClassificationLabel(TRITONSERVER_InferenceResponse* inference_response, const uint32_t index, const size_t class_index, const char** label) {
-  (void)inference_response; (void)index; (void)class_index; (void)label;
-  UNSUPPORTED("TRITONSERVER_InferenceResponseOutputClassificationLabel");
 }
 
 HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_ServerOptionsNew(TRITONSERVER_ServerOptions** options) {
@@ -552,49 +312,14 @@ HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_ServerPollModelRepository(TRITONSER
   UNSUPPORTED("TRITONSERVER_ServerPollModelRepository");
 }
 
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_ServerIsLive(TRITONSERVER_Server* server, bool* live) {
-  (void)server; (void)live;
-  UNSUPPORTED("TRITONSERVER_ServerIsLive");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_ServerIsReady(TRITONSERVER_Server* server, bool* ready) {
-  (void)server; (void)ready;
-  UNSUPPORTED("TRITONSERVER_ServerIsReady");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_ServerModelIsReady(TRITONSERVER_Server* server, const char* model_name, const int64_t model_version, bool* ready) {
-  (void)server; (void)model_name; (void)model_version; (void)ready;
-  UNSUPPORTED("TRITONSERVER_ServerModelIsReady");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_ServerModelBatchProperties(TRITONSERVER_Server* server, const char* model_name, const int64_t model_version, uint32_t* flags, void** voidp) {
-  (void)server; (void)model_name; (void)model_version; (void)flags; (void)voidp;
-  UNSUPPORTED("TRITONSERVER_ServerModelBatchProperties");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_ServerModelTransactionProperties(TRITONSERVER_Server* server, const char* model_name, const int64_t model_version, uint32_t* txn_flags, void** voidp) {
-  (void)server; (void)model_name; (void)model_version; (void)txn_flags; (void)voidp;
-  UNSUPPORTED("TRITONSERVER_ServerModelTransactionProperties");
-}
-
 HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_ServerMetadata(TRITONSERVER_Server* server, TRITONSERVER_Message** server_metadata) {
   (void)server; (void)server_metadata;
   UNSUPPORTED("TRITONSERVER_ServerMetadata");
 }
 
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_ServerModelMetadata(TRITONSERVER_Server* server, const char* model_name, const int64_t model_version, TRITONSERVER_Message** model_metadata) {
-  (void)server; (void)model_name; (void)model_version; (void)model_metadata;
-  UNSUPPORTED("TRITONSERVER_ServerModelMetadata");
-}
-
 HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_ServerModelStatistics(TRITONSERVER_Server* server, const char* model_name, const int64_t model_version, TRITONSERVER_Message** model_stats) {
   (void)server; (void)model_name; (void)model_version; (void)model_stats;
   UNSUPPORTED("TRITONSERVER_ServerModelStatistics");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_ServerModelConfig(TRITONSERVER_Server* server, const char* model_name, const int64_t model_version, const uint32_t config_version, TRITONSERVER_Message** model_config) {
-  (void)server; (void)model_name; (void)model_version; (void)config_version; (void)model_config;
-  UNSUPPORTED("TRITONSERVER_ServerModelConfig");
 }
 
 HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_ServerModelIndex(TRITONSERVER_Server* server, uint32_t flags, TRITONSERVER_Message** model_index) {
@@ -625,9 +350,4 @@ HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_ServerUnloadModelAndDependents(TRIT
 HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_ServerMetrics(TRITONSERVER_Server* server, TRITONSERVER_Metrics** metrics) {
   (void)server; (void)metrics;
   UNSUPPORTED("TRITONSERVER_ServerMetrics");
-}
-
-HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_ServerInferAsync(TRITONSERVER_Server* server, TRITONSERVER_InferenceRequest* inference_request, TRITONSERVER_InferenceTrace* trace) {
-  (void)server; (void)inference_request; (void)trace;
-  UNSUPPORTED("TRITONSERVER_ServerInferAsync");
 }
