@@ -16,7 +16,7 @@ from typing import Any
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2
 
-from inferpool.backends import threads
+from inferpool.backends import batch_strategy, threads
 from inferpool.backends.api import (
     Backend,
     InferenceCalls,
@@ -88,6 +88,13 @@ class BackendHost:
         try:
             found = find_backend(
                 self.backend_name, self.repository_path, self.artifact_path, self.backend_directory
+            )
+            batch_strategy.check(
+                self.config,
+                self.backend_name,
+                self.artifact_path,
+                self.repository_path,
+                self.backend_directory,
             )
             cls = found.backend_class
             major, minor = cls.api_version

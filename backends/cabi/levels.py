@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
+from inferpool.backends import batch_strategy
 from inferpool.backends.api import Backend, Model, ModelInstance, Request
 from inferpool.backends.cabi import library
 from inferpool.backends.cabi.bridge import LOG_LEVELS, Bridge, error_of
@@ -61,6 +62,8 @@ class CBackend(Backend):
         self._log_levels(logs.current())
         logs.listen(self._log_levels)  # a client may change them (the logging extension)
         self.library = library.open_library(self.name, self.library_path)
+        if any(hasattr(self.library.handle, f) for f in batch_strategy.FUNCTIONS):
+            batch_strategy.unsupported(f"backend '{self.name}'", self.library_path)
         self.capsule = host.new_backend(
             self.name, json.dumps({"cmdline": self._cmdline()}), os.path.dirname(self.library_path)
         )

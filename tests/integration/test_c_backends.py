@@ -21,7 +21,7 @@ import pytest
 from inferpool.backends.testing import BackendHarness
 from inferpool.client import InferpoolError, ShmClient
 from inferpool.shm.region import Region
-from tests.cabi_support import compiler, install
+from tests.cabi_support import build, compiler, install
 from tests.integration.test_metrics import scrape
 from tests.support import Server, free_tcp_port, serving, wait_until, write_model
 
@@ -104,6 +104,12 @@ def _repository(tmp: Path) -> Path:
     install("faulty", repo / "refused")
     write_model(repo, "unloadable", ECHO.replace('name: "echo"', 'name: "unloadable"'))
     (repo / "unloadable" / "libtriton_echo.so").write_text("not a library\n")
+    # a custom batching strategy: as the model's batchstrategy.so, or in its backend library
+    write_model(repo, "strategy", ECHO.replace('name: "echo"', 'name: "strategy"'))
+    install("echo", repo / "strategy")
+    shutil.copyfile(build("batching"), repo / "strategy" / "batchstrategy.so")
+    write_model(repo, "batching", FAULTY.replace('"faulty"', '"batching"'))
+    install("batching", repo / "batching")
     # none in the model's directories: the backend directory's
     write_model(repo, "from_directory", ECHO.replace('name: "echo"', 'name: "from_directory"'))
     return repo
@@ -331,6 +337,20 @@ def test_a_backend_that_fails_to_load_fails_its_model_only(server: Server) -> No
     assert "unable to load backend library" in states["unloadable"]["reason"]
     assert "libtriton_echo.so" in states["unloadable"]["reason"]
     assert states["echo"]["state"] == "READY"
+
+
+def test_a_custom_batching_strategy_fails_its_model_at_load(server: Server) -> None:
+    with server.client() as c:
+        states = {m["name"]: m for m in c.models()}
+    for name, where in [
+        ("strategy", "model 'strategy': the custom batching strategy in "),
+        ("batching", "backend 'batching': the custom batching strategy in "),
+    ]:
+        assert states[name]["state"] == "UNAVAILABLE"
+        reason = states[name]["reason"]
+        assert where in reason and "is not supported by inferpool" in reason, reason
+        assert "never calls TRITONBACKEND_ModelBatchIncludeRequest" in reason
+    assert states["strategy"]["reason"].count("batchstrategy.so") == 1
 
 
 def test_a_failed_execute_gives_back_the_state_it_took(tmp_path: Path) -> None:
