@@ -7,6 +7,10 @@ a stream with OK).  Here each parser hands over a :class:`Malformed` instead: a 
 is answered ``INVALID_ARGUMENT`` naming the method and the parser's words, and
 ``ModelStreamInfer`` answers the bad message in the stream and goes on (the servicer
 checks for it).
+
+``ModelInfer`` and ``ModelStreamInfer`` read their requests with ``grpc_wire.read_infer``
+(the raw inputs as views of the message received) and send the bytes their servicer
+methods serialize.
 """
 
 from __future__ import annotations
@@ -18,7 +22,10 @@ import grpc
 from google.protobuf.message import DecodeError
 from tritonclient.grpc.service_pb2_grpc import add_GRPCInferenceServiceServicer_to_server
 
+from inferpool.broker.kserve.grpc_wire import read_infer
+
 SERVICE = "inference.GRPCInferenceService"
+AT_THE_WIRE = ("ModelInfer", "ModelStreamInfer")  # requests read, answers sent as bytes
 
 
 class Malformed(NamedTuple):
@@ -52,6 +59,8 @@ def method_handlers(servicer: Any) -> dict[str, Any]:
     add_GRPCInferenceServiceServicer_to_server(servicer, collect)
     handlers = {}
     for name, handler in collect.handlers.items():
+        if name in AT_THE_WIRE:
+            handler = handler._replace(request_deserializer=read_infer, response_serializer=None)
         handler = handler._replace(
             request_deserializer=_lenient(name, handler.request_deserializer)
         )

@@ -5,17 +5,19 @@ Inputs bring their bytes in ``raw_input_contents`` (one entry per input that is 
 typed nor in shared memory, in order: what tritonclient sends), in typed ``contents``
 (encoded here), or from a registered region (``shared_memory_*`` parameters).  Outputs are
 answered in ``raw_output_contents``, one entry per output (empty for an output written into
-a region), as Triton does.  Checks that belong to admission are left to the broker.
+a region), as Triton does; the answer is built at the wire format (``grpc_wire``).  Checks
+that belong to admission are left to the broker.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
+from inferpool.broker.kserve.grpc_wire import answer_bytes
 from inferpool.wire import codec
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg
 
@@ -78,10 +80,11 @@ def set_parameters(target: Any, values: Mapping[str, Any]) -> None:
 
 # ============================================================================ the request
 def infer_message(
-    request: pb.ModelInferRequest, single_response: bool
+    request: pb.ModelInferRequest, single_response: bool, raw: Sequence[Any] | None = None
 ) -> tuple[dict[str, Any], list[Any], bool]:
     """The zmq header and tensor frames of ``request``, and whether an empty final
-    response is wanted (``triton_enable_empty_final_response``, for streams)."""
+    response is wanted (``triton_enable_empty_final_response``, for streams).  ``raw``:
+    the raw inputs when they were read apart from the message (``grpc_wire``)."""
     model = request.model_name
     params = parameters(request.parameters)
     empty_final = bool(params.pop(EMPTY_FINAL, False))
@@ -90,7 +93,8 @@ def infer_message(
             "parameter keys starting with 'triton_' are reserved for Triton usage. Only the "
             f"following keys starting with 'triton_' are allowed: {EMPTY_FINAL}"
         )
-    raw = request.raw_input_contents
+    if raw is None:
+        raw = request.raw_input_contents
     used = 0
     frames: list[Any] = []
     inputs = []
@@ -180,11 +184,11 @@ def typed_bytes(io: Any, model: str) -> bytes:
 
 
 # ============================================================================ the answer
-def infer_response(
-    reply: dict[str, Any], tensors: list[Any], final: bool | None = None
-) -> pb.ModelInferResponse:
-    """``reply`` as Triton answers (``tensors``: the buffers of its outputs that are not in
-    a client's region, in order); ``final`` (streams) sets ``triton_final_response``."""
+def infer_response(reply: dict[str, Any], tensors: list[Any], final: bool | None = None) -> bytes:
+    """``reply`` as Triton answers, a serialized ``ModelInferResponse`` (``tensors``: the
+    buffers of its outputs that are not in a client's region, in order, each copied once);
+    ``final`` (streams) sets ``triton_final_response``, and the answer is then serialized
+    as a ``ModelStreamInferResponse``."""
     resp = pb.ModelInferResponse(
         model_name=reply.get("model_name", ""),
         model_version=reply.get("model_version", ""),
@@ -196,11 +200,12 @@ def infer_response(
         params["triton_final_response"] = final
     set_parameters(resp.parameters, params)
     it = iter(tensors)
+    raw = []
     for out in reply.get("outputs", ()):
         tensor = resp.outputs.add(name=out["name"], datatype=out["datatype"], shape=out["shape"])
         if codec.in_shared_memory(out):
             set_parameters(tensor.parameters, out["parameters"])
-            resp.raw_output_contents.append(b"")
+            raw.append(b"")
         else:
-            resp.raw_output_contents.append(bytes(next(it)))
-    return resp
+            raw.append(next(it))
+    return answer_bytes(resp, raw, streamed=final is not None)

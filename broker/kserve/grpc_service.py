@@ -27,6 +27,7 @@ from inferpool.broker.kserve.broker_channel import BrokerChannel
 from inferpool.broker.kserve.callers import Callers
 from inferpool.broker.kserve.grpc_handlers import Malformed
 from inferpool.broker.kserve.grpc_infer import infer_message, infer_response
+from inferpool.broker.kserve.grpc_wire import InferCall
 from inferpool.broker.kserve.health import HEALTH_TIMEOUT_S
 from inferpool.broker.kserve.input_region import Inputs
 from inferpool.broker.kserve.load import load_message
@@ -262,11 +263,12 @@ class InferenceServicer(GRPCInferenceServiceServicer):
         return pb.CudaSharedMemoryUnregisterResponse()
 
     # ------------------------------------------------------------------ inference
-    async def ModelInfer(self, request: Any, context: Context) -> pb.ModelInferResponse:
+    async def ModelInfer(self, call: InferCall, context: Context) -> bytes:
+        """``call``: the request read by ``grpc_wire``; the answer: serialized there."""
         received = time.monotonic_ns()  # GRPC_WAITREAD_START and _END, for a trace
         caller = self._caller(context)
         try:
-            header, frames, _ = infer_message(request, single_response=True)
+            header, frames, _ = infer_message(call.request, single_response=True, raw=call.raw)
         except InferpoolError as err:
             await _abort(context, err)
         header[trace_stamps.FIELD] = trace_stamps.received("GRPC", received, received)
@@ -293,8 +295,9 @@ class InferenceServicer(GRPCInferenceServiceServicer):
         )
 
     async def ModelStreamInfer(
-        self, request_iterator: AsyncIterator[Any], context: Context
-    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        self, request_iterator: AsyncIterator[InferCall | Malformed], context: Context
+    ) -> AsyncIterator[bytes]:
+        """Each request read by ``grpc_wire``, each response serialized there."""
         stream = _Stream(self.channel, self._caller(context))
         reader = asyncio.ensure_future(stream.read(request_iterator))
         try:
@@ -314,23 +317,26 @@ class _Stream:
     def __init__(self, channel: BrokerChannel, caller: bytes) -> None:
         self.channel = channel
         self.caller = caller
-        self.queue: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue()  # serialized responses
         self.open: dict[bytes, str] = {}  # tag -> id of the requests not yet answered
         self.reading = True
         # id() of a traced request's final response -> (its trace, when it was queued)
         self.traced: dict[int, tuple[int, int]] = {}
 
-    async def read(self, requests: AsyncIterator[Any]) -> None:
+    async def read(self, requests: AsyncIterator[InferCall | Malformed]) -> None:
         """Send each request as it comes; the stream ends once the client's side has ended
         (or failed) and every request sent has had its final response."""
         try:
-            async for request in requests:
-                if isinstance(request, Malformed):  # answered in the stream, which goes on
-                    self.queue.put_nowait(_stream_error(pb.ModelInferRequest(), request.message))
+            async for call in requests:
+                if isinstance(call, Malformed):  # answered in the stream, which goes on
+                    self.queue.put_nowait(_stream_error(pb.ModelInferRequest(), call.message))
                     continue
                 received = time.monotonic_ns()
+                request = call.request
                 try:
-                    header, frames, empty_final = infer_message(request, single_response=False)
+                    header, frames, empty_final = infer_message(
+                        request, single_response=False, raw=call.raw
+                    )
                     header[trace_stamps.FIELD] = trace_stamps.received("GRPC", received, received)
                 except InferpoolError as err:
                     self.queue.put_nowait(_stream_error(request, err.message))
@@ -357,10 +363,9 @@ class _Stream:
                 # a decoupled model's empty final response only marks the end: sent on request
                 tensors, leases = self.channel.borrow(answer, outputs)
                 try:
-                    response = infer_response(answer, tensors, final)
+                    streamed = infer_response(answer, tensors, final)
                 finally:
                     self.channel.release(self.caller, leases)
-                streamed = pb.ModelStreamInferResponse(infer_response=response)
                 if traced:
                     self.traced[id(streamed)] = (traced, time.monotonic_ns())
                     traced = 0
@@ -376,7 +381,7 @@ class _Stream:
         tag = self.channel.open(self.caller, header, frames, reply)
         self.open[tag] = request.id
 
-    def sent(self, response: pb.ModelStreamInferResponse) -> None:
+    def sent(self, response: bytes) -> None:
         """``response`` went out: if it is a traced request's final one, say when."""
         found = self.traced.pop(id(response), None)
         if found is not None:
@@ -396,9 +401,10 @@ class _Stream:
         self.open.clear()
 
 
-def _stream_error(request: Any, message: str, final: bool = True) -> pb.ModelStreamInferResponse:
+def _stream_error(request: Any, message: str, final: bool = True) -> bytes:
     response = pb.ModelInferResponse(
         id=request.id, model_name=request.model_name, model_version=request.model_version
     )
     response.parameters["triton_final_response"].bool_param = final
-    return pb.ModelStreamInferResponse(error_message=message, infer_response=response)
+    streamed = pb.ModelStreamInferResponse(error_message=message, infer_response=response)
+    return streamed.SerializeToString()

@@ -68,6 +68,14 @@ def test_large_tensors_are_written_in_the_frontends_region(server: Server) -> No
         assert c.call("lease_status")["total"] == 0  # every lent output was given back
 
 
+def test_the_frontends_allocate_messages_from_their_heap(server: Server) -> None:
+    """glibc's allocator in the frontends' process keeps large blocks on its heap (no
+    mapping made and unmade for each message) and keeps freed heap mapped."""
+    environ = psutil.Process(frontends_pid(server)).environ()
+    assert environ.get("MALLOC_MMAP_MAX_") == "0"
+    assert int(environ.get("MALLOC_TRIM_THRESHOLD_", "0")) >= 256 << 20
+
+
 def test_placed_inputs_are_the_frontends_alone(server: Server) -> None:
     """A zmq client naming windows of the frontends' region gets INVALID_ARG."""
     header = {

@@ -321,7 +321,8 @@ def test_grpc_answer_keeps_one_raw_entry_per_output() -> None:
             {"name": "A", "datatype": "UINT8", "shape": [2]},
         ],
     }
-    response = infer_response(reply, [memoryview(b"\x01\x02")], final=True)
+    answer = infer_response(reply, [memoryview(b"\x01\x02")], final=True)
+    response = pb.ModelStreamInferResponse.FromString(answer).infer_response
     assert list(response.raw_output_contents) == [b"", b"\x01\x02"]
     assert parameters(response.outputs[0].parameters)["shared_memory_region"] == "r"
     sent = reply["parameters"]
