@@ -39,6 +39,7 @@ Prints tables, writes JSON (``--json``, default bench-latency.json).  Layouts (`
     python scripts/bench_latency.py --quick          # a short smoke run
     python scripts/bench_latency.py --part shm       # the shared-memory client table only
     python scripts/bench_latency.py --part kserve    # HTTP and gRPC next to zmq
+    python scripts/bench_latency.py --part kserve --sizes 16MiB   # one size
     python scripts/bench_latency.py --part lanes     # the lanes and their floors only
     python scripts/bench_latency.py --part trace     # tracing off and on
 """
@@ -676,12 +677,15 @@ def print_kserve_goals(result: dict[str, Any]) -> None:
             f"Clients' {many['zmq']['rps']:.0f} = {ratio:.2f} (>= {MANY_GOAL}: "
             f"{'yes' if ratio >= MANY_GOAL else 'NO'})"
         )
-    alone, beside = result["rows"][0]["zmq"], result["beside_bulk"]
+    beside = result["beside_bulk"]
+    alone = [r["zmq"] for r in result["rows"] if r["bytes"] == 64]  # (not with --sizes)
     print(
         f"  zmq Client 64 B beside tritonclient.http sending 64 MiB requests: p50 "
-        f"{beside['p50_us']:.0f}us p99 {beside['p99_us']:.0f}us {beside['rps']:.0f} req/s "
-        f"(alone: p50 {alone['p50_us']:.0f}us p99 {alone['p99_us']:.0f}us {alone['rps']:.0f} "
-        "req/s)"
+        f"{beside['p50_us']:.0f}us p99 {beside['p99_us']:.0f}us {beside['rps']:.0f} req/s"
+        + "".join(
+            f" (alone: p50 {a['p50_us']:.0f}us p99 {a['p99_us']:.0f}us {a['rps']:.0f} req/s)"
+            for a in alone
+        )
     )
     for r in result["shm"]:
         for protocol in ("http", "grpc"):
@@ -861,8 +865,16 @@ def main() -> int:
         "--part", choices=["frames", "shm", "kserve", "lanes", "trace", "all"], default="all"
     )
     parser.add_argument("--json", default="bench-latency.json")
+    parser.add_argument(
+        "--sizes",
+        nargs="+",
+        choices=[label.replace(" ", "") for label, _ in SIZES],
+        help="only these sizes (the frames and kserve parts), e.g. --sizes 16MiB 64MiB",
+    )
     args = parser.parse_args()
     sizes = SIZES[:2] if args.quick else SIZES
+    if args.sizes:
+        sizes = [(label, n) for label, n in SIZES if label.replace(" ", "") in args.sizes]
     shm_sizes = SHM_SIZES[:2] if args.quick else SHM_SIZES
     if args.quick:
         for k in ITERATIONS:
