@@ -214,11 +214,16 @@ class ChannelCalls:
     def wait_for(self, call: PendingCall) -> None:
         """Until ``call`` has a reply: read the channel on the main thread, else sleep
         (while the main thread is blocked, the stand-in reads)."""
-        if threading.get_ident() == self._main and not self._reader.blocked:
+        reader = self._reader
+        if threading.get_ident() == self._main and not reader.blocked:
             while not call.ready():
                 self._read(block=True)
             return
-        self._reader.want()
+        if reader.is_current():  # a callback the stand-in runs waits: it reads on
+            while not call.ready():
+                self._read(True, reader.kept.append)
+            return
+        reader.want()
         with self._arrived:
             self._arrived.wait_for(call.ready)
 

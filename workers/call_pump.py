@@ -52,6 +52,12 @@ class StandInReader:
         kept, self.kept = self.kept, []
         return kept
 
+    def is_current(self) -> bool:
+        """Whether the calling thread is the stand-in (a backend's callback, run as it
+        delivers a reply, that waits for another reply reads it itself)."""
+        thread = self._thread
+        return thread is not None and thread.ident == threading.get_ident()
+
     def want(self) -> None:
         """A call waits for a reply (any thread): read for the main thread if it is
         blocked."""

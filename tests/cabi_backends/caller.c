@@ -5,7 +5,8 @@
  * OUTPUT0.  COUNTS is [requests made, requests released, output buffers allocated, output
  * buffers released] as they stood when the execute began: every earlier call is over then.
  * A failed call answers the request with an error naming where it failed and the code and
- * message the backend got. */
+ * message the backend got.  The response callback itself asks the server whether the model
+ * is ready (a callback may call the API: it runs where the reply was read). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -28,6 +29,9 @@ typedef struct {
   pthread_cond_t done;
   TRITONSERVER_InferenceResponse* response;
   int finals;
+  TRITONSERVER_Server* server;
+  const char* target;
+  bool ready_in_callback;
 } Waiter;
 
 static TRITONSERVER_Error* alloc_fn(TRITONSERVER_ResponseAllocator* a, const char* name,
@@ -64,7 +68,11 @@ static void request_released(TRITONSERVER_InferenceRequest* request, const uint3
 static void response_complete(TRITONSERVER_InferenceResponse* response, const uint32_t flags,
                               void* userp) {
   Waiter* w = userp;
+  bool ready = false;
+  TRITONSERVER_Error* err = TRITONSERVER_ServerModelIsReady(w->server, w->target, -1, &ready);
+  TRITONSERVER_ErrorDelete(err);
   pthread_mutex_lock(&w->lock);
+  w->ready_in_callback = err == NULL && ready;
   if (response != NULL) w->response = response;
   if (flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL) w->finals++;
   pthread_cond_signal(&w->done);
@@ -93,7 +101,8 @@ static TRITONSERVER_Error* failed(const char* where, TRITONSERVER_Error* err) {
 
 /* the call this request makes, waited for; the response (NULL: an error for the request) */
 static TRITONSERVER_Error* call(TRITONBACKEND_Request* request, TRITONSERVER_Server* server,
-                                const char* target, TRITONSERVER_InferenceResponse** response) {
+                                const char* target, TRITONSERVER_InferenceResponse** response,
+                                bool* ready_in_callback) {
   TRITONBACKEND_Input* input;
   const int64_t* shape;
   uint32_t dims;
@@ -121,7 +130,7 @@ static TRITONSERVER_Error* call(TRITONBACKEND_Request* request, TRITONSERVER_Ser
                                                      size - half, TRITONSERVER_MEMORY_CPU, 0));
   CHECK(TRITONSERVER_InferenceRequestAddRequestedOutput(irequest, "OUTPUT0"));
   CHECK(TRITONSERVER_InferenceRequestSetReleaseCallback(irequest, request_released, NULL));
-  Waiter w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, 0};
+  Waiter w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, 0, server, target, false};
   CHECK(TRITONSERVER_InferenceRequestSetResponseCallback(irequest, allocator, NULL,
                                                          response_complete, &w));
   err = TRITONSERVER_ServerInferAsync(server, irequest, NULL);
@@ -133,6 +142,7 @@ static TRITONSERVER_Error* call(TRITONBACKEND_Request* request, TRITONSERVER_Ser
   while (w.finals == 0) pthread_cond_wait(&w.done, &w.lock);
   pthread_mutex_unlock(&w.lock);
   *response = w.response;
+  *ready_in_callback = w.ready_in_callback;
   err = TRITONSERVER_InferenceResponseError(w.response);
   if (err != NULL) {
     TRITONSERVER_InferenceResponseDelete(w.response);
@@ -193,7 +203,9 @@ static TRITONSERVER_Error* answer(TRITONBACKEND_Request* request, TRITONBACKEND_
     if (strcmp(key, "target") == 0 && type == TRITONSERVER_PARAMETER_STRING) target = value;
   }
   TRITONSERVER_InferenceResponse* called;
-  CHECK(call(request, server, target, &called));
+  bool ready_in_callback = false;
+  CHECK(call(request, server, target, &called, &ready_in_callback));
+  CHECK(TRITONBACKEND_ResponseSetBoolParameter(response, "ready_in_callback", ready_in_callback));
   const char* name;
   TRITONSERVER_DataType datatype;
   const int64_t* shape;

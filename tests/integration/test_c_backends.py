@@ -242,6 +242,7 @@ def test_a_bls_call_from_c(server: Server) -> None:
         p = result.parameters
         assert (p["callee"], p["callee_version"], p["callee_txn"]) == ("faulty", 1, 1)
         assert p["callee_ready"] is True and p["missing_ready"] is False
+        assert p["ready_in_callback"] is True  # the API called from the response callback
         assert json.loads(p["callee_config"])["name"] == "faulty"
         # the called model's error reaches the backend as a TRITONSERVER_Error
         with pytest.raises(InferpoolError) as failed:
