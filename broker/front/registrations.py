@@ -219,7 +219,9 @@ class Registrations:
     def unregister(
         self, owner: bytes, name: str, cuda: bool, closed: Closed | None = None
     ) -> list[str]:
-        """End ``name`` (all of this client's regions of the kind when empty).
+        """End ``name`` (all of this client's regions of the kind when empty).  A name
+        the client has no region of the kind under ends nothing and is no error, as in
+        Triton (whose clients unregister a name before they register it).
 
         ``closed(names)`` is called once no worker maps the ended CUDA regions any more
         (at once when none does).
@@ -227,9 +229,7 @@ class Registrations:
         mine = self._by_owner.get(owner, {})
         if name:
             reg = mine.get(name)
-            if reg is None or (reg.kind == "cuda") != cuda:
-                raise not_found(_unknown(name, cuda))
-            ended = [reg]
+            ended = [reg] if reg is not None and (reg.kind == "cuda") == cuda else []
         else:
             ended = [r for r in mine.values() if (r.kind == "cuda") == cuda]
         for reg in ended:

@@ -89,7 +89,7 @@ def test_bad_registrations_say_what_is_wrong(regs, user_object) -> None:
     )
     code, msg = code_of(r.create, A, "big", 2 << 20, "process 1")
     assert code is Code.INVALID_ARG and "--max-client-shm" in msg
-    assert code_of(r.unregister, A, "x", False)[0] is Code.NOT_FOUND
+    assert r.unregister(A, "x", False) == []  # an unknown name: nothing ended, no error (Triton)
 
 
 def test_regions_retire_only_after_the_requests_admitted_before(regs, user_object) -> None:
