@@ -215,13 +215,23 @@ class ChannelCalls:
         """Until ``call`` has a reply: read the channel on the main thread, else sleep
         (while the main thread is blocked, the stand-in reads)."""
         reader = self._reader
-        if threading.get_ident() == self._main and not reader.blocked:
+        main = threading.get_ident() == self._main
+        if main and not reader.blocked:
             while not call.ready():
                 self._read(block=True)
             return
         if reader.is_current():  # a callback the stand-in runs waits: it reads on
             while not call.ready():
                 self._read(True, reader.kept.append)
+            return
+        if main and reader.take():  # blocked, but here in Python: no hand-over needed
+            try:
+                while not call.ready():
+                    self._read(True, reader.kept.append)
+            finally:
+                reader.give_back()
+            if self._calls:  # calls of other threads still wait
+                reader.want()
             return
         reader.want()
         with self._arrived:

@@ -32,6 +32,7 @@ class StandInReader:
         self._over = over
         self.blocked = False  # the main thread runs code that does not read
         self._reading = False  # the stand-in reads (only while blocked)
+        self._main_reads = False  # the blocked main thread, waiting in Python, reads itself
         self._state = threading.Condition()
         self._thread: threading.Thread | None = None
         self._wake_rx, self._wake_tx = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -58,11 +59,25 @@ class StandInReader:
         thread = self._thread
         return thread is not None and thread.ident == threading.get_ident()
 
+    def take(self) -> bool:
+        """The blocked main thread waits for a reply in Python (a query its backend made):
+        whether it may read itself, the stand-in not reading (then until give_back)."""
+        with self._state:
+            if self._reading:
+                return False
+            self._main_reads = True
+            return True
+
+    def give_back(self) -> None:
+        """The main thread has stopped reading (after take)."""
+        with self._state:
+            self._main_reads = False
+
     def want(self) -> None:
         """A call waits for a reply (any thread): read for the main thread if it is
-        blocked."""
+        blocked (and not reading itself)."""
         with self._state:
-            if not self.blocked or self._reading or self._over():
+            if not self.blocked or self._reading or self._main_reads or self._over():
                 return
             self._reading = True
             if self._thread is None:

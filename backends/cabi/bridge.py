@@ -61,6 +61,8 @@ class Bridge:
         self.stats: StatisticsReporter | None = None  # the backend's, once it initializes
         self.calls: InferenceCalls | None = None  # the model's calls (None: no broker)
         self.deliver: server_calls.Deliver | None = None  # the host's, once bound
+        # the server's answers about served models, kept while an execute runs
+        self.facts: dict[tuple[str, int], dict[str, Any]] | None = None
         self._states: dict[int, _States] = {}
 
     # ------------------------------------------------------------------ responses
@@ -191,8 +193,18 @@ class Bridge:
         return server_calls.infer(self.calls, self.deliver, capsule, *request)
 
     def query(self, model_name: str, model_version: int) -> dict[str, Any]:
-        """TRITONSERVER_ServerModel* and TRITONSERVER_InferenceRequestNew."""
-        return server_calls.query(self.calls, model_name, model_version)
+        """TRITONSERVER_ServerModel* and TRITONSERVER_InferenceRequestNew.  While an execute
+        runs, what the broker said of a served model is kept: a backend that checks a model
+        (ready, decoupled, its config) before each request it makes asks once per execute;
+        a model that is not served is asked about again."""
+        facts = self.facts
+        key = (model_name, model_version)
+        if facts is not None and key in facts:
+            return facts[key]
+        answer = server_calls.query(self.calls, model_name, model_version)
+        if facts is not None:
+            facts[key] = answer
+        return answer
 
     # ------------------------------------------------------------------ model and logs
     def set_config(self, model: Any, json_text: str) -> str:

@@ -168,12 +168,16 @@ class CModelInstance(ModelInstance):
         if self.model.decoupled:  # the backend answers when it will, from any thread
             for request in requests:
                 request.response_sender()
-        # an error: the requests are the server's again (Triton's rule), the host fails them
-        result = self._run(
-            self._host_execute, self._execute, self.capsule, requests, self._requests
-        )
+        bridge = self.model.backend.bridge
+        bridge.facts = {}
+        try:  # an error: the requests are the server's again (Triton's rule), the host fails them
+            result = self._run(
+                self._host_execute, self._execute, self.capsule, requests, self._requests
+            )
+        finally:
+            bridge.facts = None
         if result is not None:
-            self.model.backend.bridge.forget_states(requests)  # the state of a failed batch
+            bridge.forget_states(requests)  # the state of a failed batch
             _check(result)
 
     def report_memory(self, memory_type: str, device_id: int, byte_size: int) -> None:

@@ -42,10 +42,12 @@ class CCall:
         self._delivering = threading.Lock()  # one thread delivers at a time, in order
 
     def arm(self) -> None:
-        """Deliver replies from now on (the host has recorded the call): those already in
-        first, on this thread."""
+        """Deliver replies from now on (the host has recorded the call).  A callback never
+        runs inside ServerInferAsync (the backend may hold a lock its callback takes): a
+        reply that came while the call was sent is delivered from a thread of its own."""
         self._pending.notify(self._arrived)
-        self._arrived()
+        if self._pending.ready():
+            threading.Thread(target=self._arrived, name="inferpool-early-reply").start()
 
     def cancel(self) -> None:
         """TRITONSERVER_InferenceRequestCancel."""
@@ -53,7 +55,7 @@ class CCall:
             self._pending.cancel()
 
     def _arrived(self) -> None:
-        """Replies have arrived (the channel's reading thread, or arm()): each to the host,
+        """Replies have arrived (the channel's reading thread, or arm()'s): each to the host,
         in order.  A thread that finds another delivering leaves its reply to that one."""
         pending = self._pending
         while not self._over and pending.ready():

@@ -109,8 +109,8 @@ HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_ServerInferAsync(
   r->in_flight = true;
   r->cancelled = false;
   r->responses = 0;
-  /* from here the replies may be delivered (the request may even be released and deleted
-   * before arm() returns): r is not touched again */
+  /* from here the replies may be delivered, on other threads (the request may even be
+   * released and deleted before arm() returns): r is not touched again */
   PyObject* armed = PyObject_CallMethod(call, "arm", NULL);
   if (armed == NULL) {
     PyErr_WriteUnraisable(call);
