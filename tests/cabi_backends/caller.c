@@ -6,7 +6,10 @@
  * buffers released] as they stood when the execute began: every earlier call is over then.
  * A failed call answers the request with an error naming where it failed and the code and
  * message the backend got.  The response callback itself asks the server whether the model
- * is ready (a callback may call the API: it runs where the reply was read). */
+ * is ready (a callback may call the API: it runs where the reply was read).
+ * With the request parameter "stream" true, the call goes to the decoupled model "repeat"
+ * (IN: INPUT0 as INT32): each of its responses is read in the callback, and OUTPUT0 is
+ * their OUT values; the parameters "responses" and "null_final" say how they came. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -77,6 +80,83 @@ static void response_complete(TRITONSERVER_InferenceResponse* response, const ui
   if (flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL) w->finals++;
   pthread_cond_signal(&w->done);
   pthread_mutex_unlock(&w->lock);
+}
+
+typedef struct { /* a decoupled call's responses, as they come */
+  pthread_mutex_t lock;
+  pthread_cond_t done;
+  float values[64];
+  int count, responses;
+  bool final, null_final;
+} Stream;
+
+static void stream_complete(TRITONSERVER_InferenceResponse* response, const uint32_t flags,
+                            void* userp) {
+  Stream* st = userp;
+  pthread_mutex_lock(&st->lock);
+  if (response != NULL) {
+    st->responses++;
+    const char* name;
+    TRITONSERVER_DataType datatype;
+    const int64_t* shape;
+    uint64_t dims;
+    const void* base;
+    size_t size;
+    TRITONSERVER_MemoryType type;
+    int64_t type_id;
+    void* buffer_userp;
+    TRITONSERVER_Error* err = TRITONSERVER_InferenceResponseOutput(
+        response, 0, &name, &datatype, &shape, &dims, &base, &size, &type, &type_id, &buffer_userp);
+    if (err == NULL && size == sizeof(int32_t) && st->count < 64)
+      st->values[st->count++] = (float)*(const int32_t*)base;
+    TRITONSERVER_ErrorDelete(err);
+    TRITONSERVER_ErrorDelete(TRITONSERVER_InferenceResponseDelete(response));
+  }
+  if (flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL) {
+    st->final = true;
+    st->null_final = response == NULL;
+    pthread_cond_signal(&st->done);
+  }
+  pthread_mutex_unlock(&st->lock);
+}
+
+static TRITONSERVER_Error* add_output(TRITONBACKEND_Response* response, const char* name,
+                                      TRITONSERVER_DataType datatype, const int64_t* shape,
+                                      uint32_t dims, const void* data, size_t size);
+
+static TRITONSERVER_Error* stream(TRITONBACKEND_Request* request, TRITONBACKEND_Response* response,
+                                  TRITONSERVER_Server* server) {
+  TRITONBACKEND_Input* input;
+  const void* data;
+  uint64_t size;
+  TRITONSERVER_MemoryType type = TRITONSERVER_MEMORY_CPU;
+  int64_t type_id = 0;
+  CHECK(TRITONBACKEND_RequestInput(request, "INPUT0", &input));
+  CHECK(TRITONBACKEND_InputBuffer(input, 0, &data, &size, &type, &type_id));
+  int32_t in[64];
+  int64_t n = (int64_t)(size / sizeof(float));
+  if (n > 64) n = 64;
+  for (int64_t k = 0; k < n; k++) in[k] = (int32_t)((const float*)data)[k];
+  TRITONSERVER_InferenceRequest* irequest;
+  CHECK(TRITONSERVER_InferenceRequestNew(&irequest, server, "repeat", -1));
+  atomic_fetch_add(&made, 1);
+  CHECK(TRITONSERVER_InferenceRequestAddInput(irequest, "IN", TRITONSERVER_TYPE_INT32, &n, 1));
+  CHECK(TRITONSERVER_InferenceRequestAppendInputData(irequest, "IN", in, n * sizeof(int32_t),
+                                                     TRITONSERVER_MEMORY_CPU, 0));
+  CHECK(TRITONSERVER_InferenceRequestAddRequestedOutput(irequest, "OUT"));
+  CHECK(TRITONSERVER_InferenceRequestSetReleaseCallback(irequest, request_released, NULL));
+  Stream st = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, {0}, 0, 0, false, false};
+  CHECK(TRITONSERVER_InferenceRequestSetResponseCallback(irequest, allocator, NULL,
+                                                         stream_complete, &st));
+  CHECK(TRITONSERVER_ServerInferAsync(server, irequest, NULL));
+  pthread_mutex_lock(&st.lock);
+  while (!st.final) pthread_cond_wait(&st.done, &st.lock);
+  pthread_mutex_unlock(&st.lock);
+  const int64_t count = st.count;
+  CHECK(add_output(response, "OUTPUT0", TRITONSERVER_TYPE_FP32, &count, 1, st.values,
+                   st.count * sizeof(float)));
+  CHECK(TRITONBACKEND_ResponseSetIntParameter(response, "responses", st.responses));
+  return TRITONBACKEND_ResponseSetBoolParameter(response, "null_final", st.null_final);
 }
 
 TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
@@ -193,6 +273,7 @@ static TRITONSERVER_Error* describe(TRITONBACKEND_Response* response, TRITONSERV
 static TRITONSERVER_Error* answer(TRITONBACKEND_Request* request, TRITONBACKEND_Response* response,
                                   TRITONSERVER_Server* server, const int64_t counts[4]) {
   const char* target = "faulty";
+  bool streamed = false;
   uint32_t count;
   CHECK(TRITONBACKEND_RequestParameterCount(request, &count));
   for (uint32_t p = 0; p < count; p++) {
@@ -201,7 +282,10 @@ static TRITONSERVER_Error* answer(TRITONBACKEND_Request* request, TRITONBACKEND_
     const void* value;
     CHECK(TRITONBACKEND_RequestParameter(request, p, &key, &type, &value));
     if (strcmp(key, "target") == 0 && type == TRITONSERVER_PARAMETER_STRING) target = value;
+    if (strcmp(key, "stream") == 0 && type == TRITONSERVER_PARAMETER_BOOL)
+      streamed = *(const bool*)value;
   }
+  if (streamed) return stream(request, response, server);
   TRITONSERVER_InferenceResponse* called;
   bool ready_in_callback = false;
   CHECK(call(request, server, target, &called, &ready_in_callback));

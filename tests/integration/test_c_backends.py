@@ -235,7 +235,7 @@ def test_errors_of_a_request_and_of_a_batch(server: Server) -> None:
 def test_a_bls_call_from_c(server: Server) -> None:
     """The caller backend (tests/cabi_backends/caller.c) blocks its execute until the
     called model's response callback has run, on the broker path and over a lane."""
-    x = np.array([0, 1.5, 2.5, 3.5, 4.5], np.float32)
+    x = np.array([0, 1, 2, 3, 4.5], np.float32)
     with server.client() as c:
         result = c.infer_result("caller", {"INPUT0": x})
         np.testing.assert_array_equal(result.outputs["OUTPUT0"], x)
@@ -257,6 +257,10 @@ def test_a_bls_call_from_c(server: Server) -> None:
             "TRITONSERVER_InferenceRequestNew: Not found: "
             "Request for unknown model: 'no_such_model' is not found",
         )
+        # a decoupled model's responses one by one, then a null response with the final flag
+        streamed = c.infer_result("caller", {"INPUT0": x[1:4]}, parameters={"stream": True})
+        np.testing.assert_array_equal(streamed.outputs["OUTPUT0"], [1, 2, 3])
+        assert streamed.parameters["responses"] == 3 and streamed.parameters["null_final"]
     with ShmClient(server.endpoint, lane=True) as lane:
         req = lane.request("caller", outputs=["OUTPUT0", "COUNTS"])
         req.input("INPUT0", (2,), np.float32)[:] = [0, 7]
@@ -266,7 +270,7 @@ def test_a_bls_call_from_c(server: Server) -> None:
                 counts = out["COUNTS"].tolist()
     # nothing leaked: every request made was released, every output buffer given back
     made, released, allocated, freed = counts
-    assert made == 3 and released == made and allocated == 2 and freed == allocated
+    assert made == 4 and released == made and allocated == 5 and freed == allocated
 
 
 @pytest.mark.parametrize(("what", "signal_name"), [(3, "SIGSEGV"), (4, "SIGABRT")])
