@@ -109,6 +109,11 @@ class InferenceCalls(Protocol):
         until ``function`` returns."""
         ...
 
+    def locate(self, address: int, nbytes: int) -> tuple[str, int] | None:
+        """(region, offset) of ``nbytes`` at ``address`` where a call may pass them by
+        reference (shared memory that outlives the caller's answers); None: copy them."""
+        ...
+
     def fileno(self) -> int:
         """The channel, readable when a reply (or another message) waits."""
         ...

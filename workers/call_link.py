@@ -208,6 +208,9 @@ class ChannelCalls:
     def pending(self) -> int:
         return len(self._calls)
 
+    def locate(self, address: int, nbytes: int) -> tuple[str, int] | None:
+        return self.memory.locate(address, nbytes)
+
     def fileno(self) -> int:
         return self.link.fileno()
 

@@ -92,6 +92,19 @@ class WorkerMemory:
                 raise InferpoolError(Code.INVALID_ARG, str(exc)) from None
         return region
 
+    def locate(self, address: int, nbytes: int) -> tuple[str, int] | None:
+        """Where ``nbytes`` at ``address`` lie, as (region, offset), when they are in a
+        region the broker names that outlives this worker's answers (its arena, another
+        worker's outputs); None elsewhere (this worker's own outputs, clients' regions,
+        private memory)."""
+        for ref, region in list(self._regions.items()):
+            if type(region) is not Region or region is self.output or region.closed:
+                continue
+            base = np.frombuffer(region.buf, np.uint8).ctypes.data
+            if base <= address and address + nbytes <= base + region.size:
+                return ref, address - base
+        return None
+
     def take_opened(self) -> list[str]:
         """The CUDA regions opened since the last call (the broker is told of them)."""
         with self._lock:

@@ -90,15 +90,22 @@ def infer(
     flags: int,
     timeout_us: int,
     parameters: dict[str, Any],
-    inputs: Sequence[tuple[str, str, tuple[int, ...], Any]],
+    inputs: Sequence[tuple[str, str, tuple[int, ...], Any, int]],
     outputs: Sequence[str],
 ) -> CCall:
-    """TRITONSERVER_ServerInferAsync: send the call (inputs are copied into shared memory
-    before this returns); the host arms the CCall once it has recorded it."""
-    tensors = [
-        CallInput(name, datatype, shape, codec.array_from_buffer(data, datatype, shape, name))
-        for name, datatype, shape, data in inputs
-    ]
+    """TRITONSERVER_ServerInferAsync: send the call; the host arms the CCall once it has
+    recorded it.  An input (data at ``address``, 0: not one buffer) that lies in shared
+    memory the broker names goes by reference, as a Python backend's request inputs do;
+    others are copied into shared memory before this returns."""
+    serving = _serving(calls)
+    tensors = []
+    for name, datatype, shape, data, address in inputs:
+        place = serving.locate(address, len(data)) if address else None
+        if place is not None:  # already in shared memory (the request's own inputs): no copy
+            tensors.append(CallInput(name, datatype, shape, data, place[0], place[1], len(data)))
+        else:
+            array = codec.array_from_buffer(data, datatype, shape, name)
+            tensors.append(CallInput(name, datatype, shape, array))
     request = CallRequest(
         model_name,
         tensors,
@@ -111,7 +118,7 @@ def infer(
         timeout_us=timeout_us,
     )
     # any model may be called: one that is not decoupled answers once, with the final flag
-    return CCall(capsule, _serving(calls).start(request, decoupled=True), deliver)
+    return CCall(capsule, serving.start(request, decoupled=True), deliver)
 
 
 def query(calls: InferenceCalls | None, model_name: str, model_version: int) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 /* A BLS backend: each request calls another model of the server through Triton's
  * in-process API (TRITONSERVER_ServerInferAsync) and waits in its execute, on a condition
  * variable, for the response callback.  The model called is the request's parameter
- * "target" (default "faulty"); INPUT0 goes to it in two pieces, its OUTPUT0 comes back as
- * OUTPUT0.  COUNTS is [requests made, requests released, output buffers allocated, output
+ * "target" (default "faulty"); INPUT0 goes to it as the request's own buffer (in shared
+ * memory: by reference), or, with the parameter "split" true, in two pieces (copied); its
+ * OUTPUT0 comes back as OUTPUT0.  COUNTS is [requests made, requests released, output buffers allocated, output
  * buffers released] as they stood when the execute began: every earlier call is over then.
  * A failed call answers the request with an error naming where it failed and the code and
  * message the backend got.  The response callback itself asks the server whether the model
@@ -181,7 +182,8 @@ static TRITONSERVER_Error* failed(const char* where, TRITONSERVER_Error* err) {
 
 /* the call this request makes, waited for; the response (NULL: an error for the request) */
 static TRITONSERVER_Error* call(TRITONBACKEND_Request* request, TRITONSERVER_Server* server,
-                                const char* target, TRITONSERVER_InferenceResponse** response,
+                                const char* target, bool split,
+                                TRITONSERVER_InferenceResponse** response,
                                 bool* ready_in_callback) {
   TRITONBACKEND_Input* input;
   const int64_t* shape;
@@ -203,11 +205,12 @@ static TRITONSERVER_Error* call(TRITONBACKEND_Request* request, TRITONSERVER_Ser
   CHECK(TRITONSERVER_InferenceRequestSetId(irequest, id));
   CHECK(TRITONSERVER_InferenceRequestAddInput(irequest, "INPUT0", TRITONSERVER_TYPE_FP32, shape,
                                               dims));
-  size_t half = (size / 2) & ~(size_t)3; /* in two pieces, as a backend may append them */
+  size_t half = split ? (size / 2) & ~(size_t)3 : size; /* a backend may append pieces */
   CHECK(TRITONSERVER_InferenceRequestAppendInputData(irequest, "INPUT0", data, half,
                                                      TRITONSERVER_MEMORY_CPU, 0));
-  CHECK(TRITONSERVER_InferenceRequestAppendInputData(irequest, "INPUT0", (const char*)data + half,
-                                                     size - half, TRITONSERVER_MEMORY_CPU, 0));
+  if (split)
+    CHECK(TRITONSERVER_InferenceRequestAppendInputData(
+        irequest, "INPUT0", (const char*)data + half, size - half, TRITONSERVER_MEMORY_CPU, 0));
   CHECK(TRITONSERVER_InferenceRequestAddRequestedOutput(irequest, "OUTPUT0"));
   CHECK(TRITONSERVER_InferenceRequestSetReleaseCallback(irequest, request_released, NULL));
   Waiter w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, 0, server, target, false};
@@ -273,7 +276,7 @@ static TRITONSERVER_Error* describe(TRITONBACKEND_Response* response, TRITONSERV
 static TRITONSERVER_Error* answer(TRITONBACKEND_Request* request, TRITONBACKEND_Response* response,
                                   TRITONSERVER_Server* server, const int64_t counts[4]) {
   const char* target = "faulty";
-  bool streamed = false;
+  bool streamed = false, split = false;
   uint32_t count;
   CHECK(TRITONBACKEND_RequestParameterCount(request, &count));
   for (uint32_t p = 0; p < count; p++) {
@@ -284,11 +287,13 @@ static TRITONSERVER_Error* answer(TRITONBACKEND_Request* request, TRITONBACKEND_
     if (strcmp(key, "target") == 0 && type == TRITONSERVER_PARAMETER_STRING) target = value;
     if (strcmp(key, "stream") == 0 && type == TRITONSERVER_PARAMETER_BOOL)
       streamed = *(const bool*)value;
+    if (strcmp(key, "split") == 0 && type == TRITONSERVER_PARAMETER_BOOL)
+      split = *(const bool*)value;
   }
   if (streamed) return stream(request, response, server);
   TRITONSERVER_InferenceResponse* called;
   bool ready_in_callback = false;
-  CHECK(call(request, server, target, &called, &ready_in_callback));
+  CHECK(call(request, server, target, split, &called, &ready_in_callback));
   CHECK(TRITONBACKEND_ResponseSetBoolParameter(response, "ready_in_callback", ready_in_callback));
   const char* name;
   TRITONSERVER_DataType datatype;

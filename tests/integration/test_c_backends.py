@@ -237,8 +237,10 @@ def test_a_bls_call_from_c(server: Server) -> None:
     called model's response callback has run, on the broker path and over a lane."""
     x = np.array([0, 1, 2, 3, 4.5], np.float32)
     with server.client() as c:
-        result = c.infer_result("caller", {"INPUT0": x})
+        result = c.infer_result("caller", {"INPUT0": x})  # its input passed by reference
         np.testing.assert_array_equal(result.outputs["OUTPUT0"], x)
+        split = c.infer("caller", {"INPUT0": x}, parameters={"split": True})  # copied
+        np.testing.assert_array_equal(split["OUTPUT0"], x)
         p = result.parameters
         assert (p["callee"], p["callee_version"], p["callee_txn"]) == ("faulty", 1, 1)
         assert p["callee_ready"] is True and p["missing_ready"] is False
@@ -270,7 +272,7 @@ def test_a_bls_call_from_c(server: Server) -> None:
                 counts = out["COUNTS"].tolist()
     # nothing leaked: every request made was released, every output buffer given back
     made, released, allocated, freed = counts
-    assert made == 4 and released == made and allocated == 5 and freed == allocated
+    assert made == 5 and released == made and allocated == 6 and freed == allocated
 
 
 @pytest.mark.parametrize(("what", "signal_name"), [(3, "SIGSEGV"), (4, "SIGABRT")])

@@ -46,7 +46,11 @@ static PyObject* request_args(TRITONSERVER_InferenceRequest* r, PyObject* capsul
       Py_XDECREF(datatype);
       goto done;
     }
-    PyList_SET_ITEM(inputs, (Py_ssize_t)k, Py_BuildValue("(sNNN)", input->name, datatype, shape, data));
+    /* one buffer: its address, by which Python finds it if it lies in shared memory */
+    unsigned long long address =
+        input->chunk_count == 1 ? (unsigned long long)(uintptr_t)input->chunks[0].base : 0;
+    PyList_SET_ITEM(inputs, (Py_ssize_t)k,
+                    Py_BuildValue("(sNNNK)", input->name, datatype, shape, data, address));
   }
   for (size_t k = 0; k < r->output_count; k++)
     PyList_SET_ITEM(outputs, (Py_ssize_t)k, PyUnicode_FromString(r->outputs[k]));
