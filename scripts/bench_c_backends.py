@@ -7,10 +7,14 @@ the Python identity backend on the same paths.
 - ``py_identity``: the built-in identity backend (backends/identity), same config.
 
 Paths: the broker path (``Client``) at 64 B and 64 MiB, and a lane (``ShmClient(lane=True)``)
-at 64 B; the models are measured in alternating rounds.  The 64 MiB difference is set
-against one numpy copy of 64 MiB measured in the same run (the goal: no extra copy on the C
-path).  Then the C backend times the API in place (a request with the parameter "probe"):
-the median ns of each call it can repeat, and the calls it makes per request and per batch.
+at 64 B; the models are measured in alternating rounds.  BLS: ``c_bls``
+(scripts/bench_c_bls.c: Triton's bls example for one model, through
+``TRITONSERVER_ServerInferAsync``) against ``py_bls``, a Python model making the same call
+with ``pb_utils.InferenceRequest(...).exec()``; both call ``py_identity`` (64 B, broker
+path).  The 64 MiB difference is set against one numpy copy of 64 MiB measured in the same
+run (the goal: no extra copy on the C path).  Then the C backend times the API in place (a
+request with the parameter "probe"): the median ns of each call it can repeat, and the calls
+it makes per request and per batch.
 
     python scripts/bench_c_backends.py            # about a minute
     python scripts/bench_c_backends.py --quick    # a smoke run
@@ -37,6 +41,23 @@ from inferpool.backends.cabi.library import include_dir  # noqa: E402
 from inferpool.client import Client, ShmClient  # noqa: E402
 
 MODELS = ("py_identity", "c_identity")
+BLS = ("py_bls", "c_bls")
+PY_BLS = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+            call = pb_utils.InferenceRequest(
+                model_name="py_identity", inputs=[x], requested_output_names=["OUTPUT0"]
+            )
+            out = pb_utils.get_output_tensor_by_name(call.exec(), "OUTPUT0")
+            responses.append(pb_utils.InferenceResponse([out]))
+        return responses
+"""
 CONFIG = """
 name: "{name}"
 backend: "{backend}"
@@ -56,15 +77,21 @@ def pin(cpu: int) -> None:
 
 def repository(tmp: Path) -> Path:
     repo = tmp / "repo"
-    for name, backend in (("py_identity", "identity"), ("c_identity", "c_identity")):
+    for name, backend in (
+        ("py_identity", "identity"),
+        ("c_identity", "c_identity"),
+        ("py_bls", "python"),
+        ("c_bls", "c_bls"),
+    ):
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "config.pbtxt").write_text(CONFIG.format(name=name, backend=backend))
-    subprocess.run(
-        ["cc", "-shared", "-fPIC", "-O2", f"-I{include_dir()}", "-o",
-         str(repo / "c_identity" / "libtriton_c_identity.so"),
-         str(ROOT / "scripts" / "bench_c_identity.c")],
-        check=True,
-    )  # fmt: skip
+    (repo / "py_bls" / "1" / "model.py").write_text(PY_BLS)
+    for name in ("c_identity", "c_bls"):
+        subprocess.run(
+            ["cc", "-shared", "-fPIC", "-O2", "-pthread", f"-I{include_dir()}", "-o",
+             str(repo / name / f"libtriton_{name}.so"), str(ROOT / "scripts" / f"bench_{name}.c")],
+            check=True,
+        )  # fmt: skip
     return repo
 
 
@@ -89,15 +116,17 @@ def p50_us(lat: list[float]) -> float:
     return float(np.percentile(np.array(lat) * 1e6, 50))
 
 
-def broker_path(endpoint: str, nbytes: int, n: int) -> dict[str, float]:
+def broker_path(
+    endpoint: str, nbytes: int, n: int, models: tuple[str, str] = MODELS
+) -> dict[str, float]:
     x = np.frombuffer(np.random.bytes(nbytes), np.uint8)
-    lat: dict[str, list[float]] = {m: [] for m in MODELS}
+    lat: dict[str, list[float]] = {m: [] for m in models}
     with Client(endpoint, timeout=120) as c:
-        for model in MODELS:  # answers checked, and warmed up
+        for model in models:  # answers checked, and warmed up
             if not np.array_equal(c.infer(model, {"INPUT0": x})["OUTPUT0"], x):
                 raise SystemExit(f"{model}: the output differs from the input")
         for _ in range(ROUNDS):
-            for model in MODELS:
+            for model in models:
                 for _ in range(n):
                     t = time.perf_counter()
                     c.infer(model, {"INPUT0": x})
@@ -162,6 +191,7 @@ def main() -> int:
             out["lane 64 B"] = lane(endpoint, 64, n_small)
             out["broker 64 MiB"] = broker_path(endpoint, 64 << 20, n_large)
             out["copy 64 MiB us"] = copy_us(64 << 20, max(n_large, 5))
+            out["bls 64 B"] = broker_path(endpoint, 64, n_small // 4, BLS)
             out["api"] = probe(endpoint)
         finally:
             proc.terminate()
@@ -171,6 +201,9 @@ def main() -> int:
     for path in ("broker 64 B", "lane 64 B", "broker 64 MiB"):
         py, c = out[path]["py_identity"], out[path]["c_identity"]
         print(f"{path:<16}{py:>15.1f}{c:>12.1f}{c / py:>12.2f}")
+    bls = out["bls 64 B"]
+    py, c = bls["py_bls"], bls["c_bls"]
+    print(f"{'bls 64 B':<16}{py:>15.1f}{c:>12.1f}{c / py:>12.2f}  (a call to py_identity)")
     big = out["broker 64 MiB"]
     extra = big["c_identity"] - big["py_identity"]
     print(f"64 MiB: C - python = {extra:.0f} us; one 64 MiB copy = {out['copy 64 MiB us']:.0f} us")
