@@ -5,7 +5,8 @@ A request's ``raw_input_contents`` entries (field 7) are read as views of the re
 message, and the rest of the message (names, shapes, parameters: small) is parsed by
 protobuf.  Only the top level is read here: a tag, then a varint, 8 or 4 bytes, or a
 length and that many bytes.  A message this reader does not take apart plainly (a group,
-a truncated field, a varint over 10 bytes) is parsed whole by protobuf, which refuses what
+a truncated field, a varint over 10 bytes, more than ``MAX_FIELDS`` fields) is parsed whole
+by protobuf, which refuses what
 is not a protobuf message with its ``DecodeError``; any other field is protobuf's to check.
 
 An answer is serialized by protobuf without its raw outputs, and each raw output (field
@@ -25,6 +26,9 @@ STREAMED = 2  # ModelStreamInferResponse.infer_response
 _LEN = 2  # the wire type of a length-delimited field
 _FIXED = {1: 8, 5: 4}  # wire type -> bytes (fixed64, fixed32)
 _MAX_VARINT = 10
+# top-level fields read here at most (a request has a few per input): a message with more is
+# parsed by protobuf, at its speed, and a flood of tiny fields never makes a view of each
+MAX_FIELDS = 1024
 
 
 class InferCall(NamedTuple):
@@ -61,8 +65,12 @@ def read_infer(data: bytes) -> InferCall:
     kept: list[memoryview] = []  # the other fields, in order
     start = pos = 0
     end = len(data)
+    fields = 0
     try:
         while pos < end:
+            fields += 1
+            if fields > MAX_FIELDS:
+                raise _Unusual
             at = pos
             key, pos = _varint(data, pos)
             number, kind = key >> 3, key & 7

@@ -12,7 +12,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2 as pb
 
-from inferpool.broker.kserve.grpc_wire import answer_bytes, read_infer
+from inferpool.broker.kserve.grpc_wire import MAX_FIELDS, answer_bytes, read_infer
 
 names = st.text(max_size=12)
 blobs = st.binary(max_size=300)
@@ -83,6 +83,16 @@ def test_a_request_reads_as_protobuf_parses_it(parts: list[pb.ModelInferRequest]
     assert read(data) == parsed(data)
     for view in read_infer(data).raw:
         assert view.obj is data
+
+
+def test_a_flood_of_fields_is_parsed_by_protobuf() -> None:
+    """A message of more fields than a request has is protobuf's to parse (in C), not read
+    field by field here, one view per raw input."""
+    flood = pb.ModelInferRequest(raw_input_contents=[b"x"] * (MAX_FIELDS + 1))
+    data = flood.SerializeToString()
+    call = read_infer(data)
+    assert [bytes(view) for view in call.raw] == [b"x"] * (MAX_FIELDS + 1)
+    assert all(view.obj is not data for view in call.raw)
 
 
 @settings(max_examples=500, deadline=None)
