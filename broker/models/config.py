@@ -36,6 +36,9 @@ MODEL_FILES = {
     "model.xml": {"backend": "openvino"},
 }
 _C_BACKEND = re.compile(r"libtriton_(\w+)\.so")
+# The model file Triton's core writes into the config of these backends when it names none
+# (default_model_filename, as the model's config reports it).
+DEFAULT_MODEL_FILENAMES = {"onnxruntime": "model.onnx", "openvino": "model.xml"}
 
 
 def config_error(model: str, path: str, problem: str, fix: str = "") -> InferpoolError:
@@ -111,8 +114,8 @@ def _implied(model_dir: str, filename: str) -> dict[str, str] | None:
 
 def complete(config: pb.ModelConfig, model: str, path: str, model_dir: str) -> None:
     """Fill the defaults Triton fills: name, the backend from the platform or from the
-    model's files in ``model_dir``, version policy, instances.  ``path`` names the config in
-    errors (its file, or "config override")."""
+    model's files in ``model_dir``, the model file's name, version policy, instances.
+    ``path`` names the config in errors (its file, or "config override")."""
     if not config.name:
         config.name = model
     elif config.name != model:
@@ -145,6 +148,8 @@ def complete(config: pb.ModelConfig, model: str, path: str, model_dir: str) -> N
         config.backend = implied
     if not config.platform and config.backend in BACKEND_PLATFORMS:
         config.platform = BACKEND_PLATFORMS[config.backend]
+    if not config.default_model_filename and config.backend in DEFAULT_MODEL_FILENAMES:
+        config.default_model_filename = DEFAULT_MODEL_FILENAMES[config.backend]
     if not config.HasField("version_policy"):
         config.version_policy.latest.num_versions = 1
     if not config.instance_group and not ensemble:

@@ -134,7 +134,7 @@ def test_a_model_without_config_is_inferred_and_completed(server: Server) -> Non
     with server.client() as c:
         config = c.model_config("completed")
         assert config["backend"] == "onnxruntime" and config["platform"] == "onnxruntime_onnx"
-        assert config["max_batch_size"] == 4
+        assert config["max_batch_size"] == 4 and config["default_model_filename"] == "model.onnx"
         assert [i["name"] for i in config["input"]] == ["INPUT0", "INPUT1"]
         x = np.ones((4, 16), np.float32)
         assert (

@@ -158,6 +158,8 @@ def test_a_config_override_without_backend_takes_it_from_the_models_files(
     entry = overrides.scan("m")
     assert entry.error is None and entry.config is not None, entry.error
     assert (entry.config.backend, entry.config.max_batch_size) == (backend, 4)
+    named = {"onnxruntime": "model.onnx", "openvino": "model.xml"}.get(backend, "")
+    assert entry.config.default_model_filename == named  # as Triton's core completes it
     # the same model given as files: its own directory, config.pbtxt the completed config
     overrides.use("n", Override("{" + IO + "}", {where: b"", "1/README": b""}))
     written = overrides.scan("n")
