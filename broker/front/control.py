@@ -73,6 +73,7 @@ class Control:
             "model_ready": self.model_ready,
             "model_metadata": self.model_metadata,
             "model_config": self.model_config,
+            "model_labels": self.model_labels,
             "repository_index": self.repository_index,
             "load": self.load,
             "unload": self.unload,
@@ -104,6 +105,20 @@ class Control:
     def model_config(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
         mv = self.registry.resolve(h.get("model_name"), h.get("model_version"))
         return {"config": mv.config_dict()}
+
+    def model_labels(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
+        """Its outputs' labels (models.labels) and whether it batches, for classification;
+        the labels are left out when ``serial`` says the caller has them already."""
+        mv = self.registry.resolve(h.get("model_name"), h.get("model_version"))
+        labels = mv.labels
+        reply: dict[str, Any] = {
+            "model_version": mv.version_str,
+            "max_batch_size": mv.max_batch_size,
+            "serial": labels.serial,
+        }
+        if h.get("serial") != labels.serial:
+            reply["labels"] = labels.by_output
+        return reply
 
     def repository_index(self, e: list[bytes], h: dict[str, Any], f: list[Any]) -> dict[str, Any]:
         ready = bool(h.get("ready", False))

@@ -35,6 +35,7 @@ HONORED = frozenset(
         "output.data_type",
         "output.dims",
         "output.reshape",
+        "output.label_filename",
         "dynamic_batching.preferred_batch_size",
         "dynamic_batching.max_queue_delay_microseconds",
         "dynamic_batching.priority_levels",

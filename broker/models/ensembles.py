@@ -19,6 +19,7 @@ from inferpool.broker.models import repository
 from inferpool.broker.models.config_support import decoupled_cache_refusal
 from inferpool.broker.models.ensemble import EnsembleScheduler, Requests
 from inferpool.broker.models.ensemble_config import check_composing, wiring
+from inferpool.broker.models.labels import inherit
 from inferpool.broker.models.registry import ModelRecord, ModelVersion, Registry, State
 from inferpool.wire.errors import InferpoolError, invalid_arg
 
@@ -73,7 +74,8 @@ class Ensembles:
     def _update(self, record: ModelRecord, mv: ModelVersion, scheduler: EnsembleScheduler) -> None:
         loading = mv.state is State.LOADING
         try:
-            configs = self._composing_configs(mv, scheduler, loading)
+            versions = self._composing(mv, scheduler, loading)
+            configs = {dep: version.config for dep, version in versions.items()}
             decoupled = check_composing(scheduler.wiring, mv.repository_config, configs)
             if decoupled and mv.repository_config.response_cache.enable:
                 raise decoupled_cache_refusal(mv.name)
@@ -85,6 +87,8 @@ class Ensembles:
             state, reason = State.UNAVAILABLE, err.message
         else:
             state, reason = State.READY, ""
+            steps = {dep: version.labels for dep, version in versions.items()}
+            mv.labels = inherit(mv.file_labels, scheduler.wiring, steps, mv.labels)
             if decoupled != mv.decoupled:
                 config = pb.ModelConfig()
                 config.CopyFrom(mv.repository_config)
@@ -100,10 +104,10 @@ class Ensembles:
         if loading:
             self.lifecycle.check_loaded(record.name)
 
-    def _composing_configs(
+    def _composing(
         self, mv: ModelVersion, scheduler: EnsembleScheduler, loading: bool
-    ) -> dict[str, pb.ModelConfig]:
-        """The served config of each composing model, or why the ensemble cannot run."""
+    ) -> dict[str, ModelVersion]:
+        """The version each composing model runs on, or why the ensemble cannot run."""
         name = mv.name
         cycle = self._cycle(name, scheduler, [name])
         if cycle:
@@ -111,7 +115,7 @@ class Ensembles:
                 f"circular dependency between ensembles: {name} -> ... -> {cycle[-1]} -> {name}"
             )
         lifecycle = self.lifecycle
-        configs: dict[str, pb.ModelConfig] = {}
+        versions: dict[str, ModelVersion] = {}
         missing: list[str] = []
         waiting = ""
         for step in scheduler.wiring.steps:
@@ -130,7 +134,7 @@ class Ensembles:
             if version is None:
                 waiting = dep
             else:
-                configs[dep] = version.config
+                versions[dep] = version
         if missing:
             raise invalid_arg(
                 f"ensemble {name} contains models that are not available or ambiguous: "
@@ -138,7 +142,7 @@ class Ensembles:
             )
         if waiting:
             raise _Waiting(_no_version(name, waiting).message)
-        return configs
+        return versions
 
     @staticmethod
     def _version_of(

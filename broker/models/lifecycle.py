@@ -19,6 +19,7 @@ from inferpool.broker.models.config_support import ConfigSupport
 from inferpool.broker.models.ensemble_config import is_ensemble
 from inferpool.broker.models.ensembles import Ensembles
 from inferpool.broker.models.failures import BACKEND
+from inferpool.broker.models.labels import Labels, read_labels
 from inferpool.broker.models.overrides import Override, Overrides
 from inferpool.broker.models.rate_limiter import RateLimiter
 from inferpool.broker.models.registry import Instance, ModelRecord, ModelVersion, Registry, State
@@ -136,8 +137,14 @@ class ModelLifecycle:
     def build(self, name: str) -> ModelRecord:
         """A record for the model as it is on disk now, its workers starting."""
         entry = self.overrides.scan(name)
+        labels = Labels()
         if entry.config is not None and entry.error is None:
             entry.error = self.support.check(entry.config)  # warns of what it ignores
+        if entry.config is not None and entry.error is None:
+            try:
+                labels = read_labels(entry.config, entry.path)
+            except InferpoolError as err:
+                entry.error = err
         record = ModelRecord(name, fingerprint=entry.fingerprint)
         if entry.error is not None or entry.config is None:
             record.error = entry.error
@@ -145,6 +152,7 @@ class ModelLifecycle:
             return record
         for version in entry.versions:
             mv = ModelVersion(name, version, entry.config, entry.path)
+            mv.file_labels = mv.labels = labels
             record.versions[version] = mv
             if is_ensemble(entry.config):  # runs in the broker; READY with its models
                 mv.scheduler = self.ensembles.scheduler(mv)

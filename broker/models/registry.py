@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from tritonclient.grpc import model_config_pb2 as pb
 
 from inferpool.broker.models.config import to_dict, to_json
+from inferpool.broker.models.labels import Labels
 from inferpool.broker.models.stats import ModelStats
 from inferpool.broker.pool.handle import WorkerHandle
 from inferpool.wire.contract import TensorSpec, tensor_spec
@@ -50,6 +51,8 @@ class ModelVersion:
         self.scheduler: Scheduler | None = None
         self.version_str = str(version)
         self.header_template: Any = None  # its last plain response header (front.response_header)
+        self.file_labels = Labels()  # its outputs' label files (models.labels)
+        self.labels = self.file_labels  # what it serves: an ensemble's inherits its steps'
 
     def use_config(self, config: pb.ModelConfig) -> None:
         """Serve ``config``: the I/O tables admission checks requests against."""

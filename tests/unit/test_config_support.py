@@ -105,7 +105,6 @@ def test_the_walk_covers_the_fields_users_trip_over() -> None:
         "runtime",
         "input.format",
         "input.allow_ragged_batch",
-        "output.label_filename",
         "batch_input",
         "optimization",
         "dynamic_batching.preserve_ordering",
