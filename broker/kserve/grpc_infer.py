@@ -5,21 +5,23 @@ Inputs bring their bytes in ``raw_input_contents`` (one entry per input that is 
 typed nor in shared memory, in order: what tritonclient sends), in typed ``contents``
 (encoded here), or from a registered region (``shared_memory_*`` parameters).  Outputs are
 answered in ``raw_output_contents``, one entry per output (empty for an output written into
-a region), as Triton does; the answer is built at the wire format (``grpc_wire``).  Checks
-that belong to admission are left to the broker.
+a region), as Triton does; the answer is built at the wire format (``grpc_wire``).  An
+output asked for as classes (``classification``) is answered as ``kserve.classification``
+says.  Checks that belong to admission are left to the broker.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
+from inferpool.broker.kserve import classification
 from inferpool.broker.kserve.grpc_wire import answer_bytes
 from inferpool.wire import codec
-from inferpool.wire.errors import Code, InferpoolError, invalid_arg
+from inferpool.wire.errors import invalid_arg
 
 EMPTY_FINAL = "triton_enable_empty_final_response"
 # datatype -> the typed field of InferTensorContents that carries it
@@ -79,12 +81,22 @@ def set_parameters(target: Any, values: Mapping[str, Any]) -> None:
 
 
 # ============================================================================ the request
+class InferMessage(NamedTuple):
+    """A gRPC inference request as the broker gets it, and how to answer it."""
+
+    header: dict[str, Any]
+    frames: list[Any]
+    empty_final: bool  # an empty final response is wanted (streams)
+    classes: dict[str, int]  # output -> the classes it is answered with (classification)
+
+
 def infer_message(
     request: pb.ModelInferRequest, single_response: bool, raw: Sequence[Any] | None = None
-) -> tuple[dict[str, Any], list[Any], bool]:
-    """The zmq header and tensor frames of ``request``, and whether an empty final
-    response is wanted (``triton_enable_empty_final_response``, for streams).  ``raw``:
-    the raw inputs when they were read apart from the message (``grpc_wire``)."""
+) -> InferMessage:
+    """The zmq header and tensor frames of ``request``, whether an empty final response is
+    wanted (``triton_enable_empty_final_response``, for streams) and the outputs asked for
+    as classes.  ``raw``: the raw inputs when they were read apart from the message
+    (``grpc_wire``)."""
     model = request.model_name
     params = parameters(request.parameters)
     empty_final = bool(params.pop(EMPTY_FINAL, False))
@@ -141,17 +153,18 @@ def infer_message(
         header["single_response"] = True
     if params:
         header["parameters"] = params
+    classes: dict[str, int] = {}
     if request.outputs:
-        header["outputs"] = [_output(out) for out in request.outputs]
-    return header, frames, empty_final
+        header["outputs"] = [_output(out, classes) for out in request.outputs]
+    return InferMessage(header, frames, empty_final, classes)
 
 
-def _output(out: Any) -> dict[str, Any]:
+def _output(out: Any, classes: dict[str, int]) -> dict[str, Any]:
+    """The output as the broker gets it; ``classes`` records a classification."""
+    count = classification.grpc_count(out.parameters)
+    if count:
+        classes[out.name] = count
     params = parameters(out.parameters)
-    if "classification" in params:
-        raise InferpoolError(
-            Code.UNSUPPORTED, "the classification extension is not supported by inferpool"
-        )
     entry: dict[str, Any] = {"name": out.name}
     shm = {k: params[k] for k in _SHM_KEYS if k in params}
     if shm:

@@ -25,8 +25,9 @@ from tritonclient.grpc.service_pb2_grpc import GRPCInferenceServiceServicer
 
 from inferpool.broker.kserve.broker_channel import BrokerChannel
 from inferpool.broker.kserve.callers import Callers
+from inferpool.broker.kserve.classification import EXTENSION, Labels, ModelClasses, classify
 from inferpool.broker.kserve.grpc_handlers import Malformed
-from inferpool.broker.kserve.grpc_infer import infer_message, infer_response
+from inferpool.broker.kserve.grpc_infer import InferMessage, infer_message, infer_response
 from inferpool.broker.kserve.grpc_wire import InferCall
 from inferpool.broker.kserve.health import HEALTH_TIMEOUT_S
 from inferpool.broker.kserve.input_region import Inputs
@@ -58,15 +59,22 @@ class InferenceServicer(GRPCInferenceServiceServicer):
     """Triton's gRPC inference service, answered by the broker over its socket."""
 
     def __init__(
-        self, channel: BrokerChannel, callers: Callers, address: str, port: int, inputs: Inputs
+        self,
+        channel: BrokerChannel,
+        callers: Callers,
+        address: str,
+        port: int,
+        inputs: Inputs,
+        labels: Labels,
     ) -> None:
         """``address``, ``port``: where this servicer's server listens; ``inputs``: where
-        large tensors are written."""
+        large tensors are written; ``labels``: those of outputs asked for as classes."""
         self.channel = channel
         self.callers = callers
         self.address = address
         self.port = port
         self.inputs = inputs
+        self.labels = labels
 
     def _caller(self, context: Context) -> bytes:
         return self.callers.of_grpc(context, self.address, self.port)
@@ -112,7 +120,9 @@ class InferenceServicer(GRPCInferenceServiceServicer):
     async def ServerMetadata(self, request: Any, context: Context) -> pb.ServerMetadataResponse:
         reply = await self._ask(context, {"type": "server_metadata"})
         return pb.ServerMetadataResponse(
-            name=reply["name"], version=reply["version"], extensions=reply["extensions"]
+            name=reply["name"],
+            version=reply["version"],
+            extensions=[*reply["extensions"], EXTENSION],  # the frontends' own
         )
 
     def _model(self, request: Any, kind: str) -> dict[str, Any]:
@@ -268,7 +278,9 @@ class InferenceServicer(GRPCInferenceServiceServicer):
         received = time.monotonic_ns()  # GRPC_WAITREAD_START and _END, for a trace
         caller = self._caller(context)
         try:
-            header, frames, _ = infer_message(call.request, single_response=True, raw=call.raw)
+            header, frames, _, classes = infer_message(
+                call.request, single_response=True, raw=call.raw
+            )
         except InferpoolError as err:
             await _abort(context, err)
         header[trace_stamps.FIELD] = trace_stamps.received("GRPC", received, received)
@@ -279,6 +291,7 @@ class InferenceServicer(GRPCInferenceServiceServicer):
             answered = partial(self.inputs.free, slot)
         try:
             async with self.channel.infer(caller, header, frames, answered) as (reply, tensors):
+                tensors = await self.labels.apply(caller, reply, tensors, classes)
                 response = infer_response(reply, tensors)
         except InferpoolError as err:
             await _abort(context, err)
@@ -298,7 +311,7 @@ class InferenceServicer(GRPCInferenceServiceServicer):
         self, request_iterator: AsyncIterator[InferCall | Malformed], context: Context
     ) -> AsyncIterator[bytes]:
         """Each request read by ``grpc_wire``, each response serialized there."""
-        stream = _Stream(self.channel, self._caller(context))
+        stream = _Stream(self.channel, self._caller(context), self.labels)
         reader = asyncio.ensure_future(stream.read(request_iterator))
         try:
             while (response := await stream.queue.get()) is not None:
@@ -314,9 +327,10 @@ class _Stream:
     """One ``ModelStreamInfer`` call: requests go out as they come, responses are queued as
     the broker sends them (a decoupled model's several per request); ``None`` ends it."""
 
-    def __init__(self, channel: BrokerChannel, caller: bytes) -> None:
+    def __init__(self, channel: BrokerChannel, caller: bytes, labels: Labels) -> None:
         self.channel = channel
         self.caller = caller
+        self.labels = labels
         self.queue: asyncio.Queue[bytes | None] = asyncio.Queue()  # serialized responses
         self.open: dict[bytes, str] = {}  # tag -> id of the requests not yet answered
         self.reading = True
@@ -334,22 +348,26 @@ class _Stream:
                 received = time.monotonic_ns()
                 request = call.request
                 try:
-                    header, frames, empty_final = infer_message(
-                        request, single_response=False, raw=call.raw
+                    message = infer_message(request, single_response=False, raw=call.raw)
+                    message.header[trace_stamps.FIELD] = trace_stamps.received(
+                        "GRPC", received, received
                     )
-                    header[trace_stamps.FIELD] = trace_stamps.received("GRPC", received, received)
+                    model = None  # the labels of the version asked for, when it asks for classes
+                    if message.classes:
+                        model = await self.labels.of(
+                            self.caller, request.model_name, request.model_version
+                        )
                 except InferpoolError as err:
                     self.queue.put_nowait(_stream_error(request, err.message))
                     continue
-                self._send(request, header, frames, empty_final)
+                self._send(request, message, model)
         finally:
             self.reading = False
             self._maybe_end()
 
-    def _send(
-        self, request: Any, header: dict[str, Any], frames: list[Any], empty_final: bool
-    ) -> None:
+    def _send(self, request: Any, message: InferMessage, model: ModelClasses | None) -> None:
         tag = b""
+        empty_final = message.empty_final
 
         def reply(answer: dict[str, Any], outputs: list[Any]) -> None:
             traced = trace_stamps.trace_id(answer)
@@ -363,7 +381,11 @@ class _Stream:
                 # a decoupled model's empty final response only marks the end: sent on request
                 tensors, leases = self.channel.borrow(answer, outputs)
                 try:
+                    if model is not None:
+                        tensors = classify(answer, tensors, message.classes, model)
                     streamed = infer_response(answer, tensors, final)
+                except InferpoolError as failed:  # an output that cannot be classified
+                    streamed = _stream_error(request, failed.message, final)
                 finally:
                     self.channel.release(self.caller, leases)
                 if traced:
@@ -378,7 +400,7 @@ class _Stream:
                 self.open.pop(tag, None)
                 self._maybe_end()
 
-        tag = self.channel.open(self.caller, header, frames, reply)
+        tag = self.channel.open(self.caller, message.header, message.frames, reply)
         self.open[tag] = request.id
 
     def sent(self, response: bytes) -> None:

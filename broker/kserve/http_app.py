@@ -1,8 +1,8 @@
 """The KServe v2 HTTP/REST frontend: Triton's endpoints, each one zmq protocol message.
 
 Routes, methods, bodies and status codes follow Triton's HTTP server (``/v2``, health,
-model metadata, config, statistics, inference with the binary tensor extension, the
-repository and the system / CUDA shared-memory extensions).  Each handler builds the
+model metadata, config, statistics, inference with the binary tensor and classification
+extensions, the repository and the system / CUDA shared-memory extensions).  Each handler builds the
 message a zmq client would send, awaits the broker's reply over the channel and reshapes
 it into Triton's JSON; errors keep the broker's message and get Triton's status code.
 
@@ -26,6 +26,7 @@ from inferpool.broker.kserve import health
 from inferpool.broker.kserve.bodies import BodyLimits
 from inferpool.broker.kserve.broker_channel import BrokerChannel
 from inferpool.broker.kserve.callers import Callers
+from inferpool.broker.kserve.classification import EXTENSION, Labels
 from inferpool.broker.kserve.http_base import JSON, application, json_response
 from inferpool.broker.kserve.http_infer import response_body
 from inferpool.broker.kserve.http_tensors import BINARY, HEADER_LENGTH, receive, stream
@@ -44,10 +45,10 @@ CONTROL_MAX = 1 << 20  # the body of a call that is not an inference
 
 
 def build(
-    channel: BrokerChannel, callers: Callers, bodies: BodyLimits, inputs: Inputs
+    channel: BrokerChannel, callers: Callers, bodies: BodyLimits, inputs: Inputs, labels: Labels
 ) -> web.Application:
     """The app: every Triton endpoint inferpool has, its bodies within ``bodies``."""
-    api = _Api(channel, callers, bodies, inputs)
+    api = _Api(channel, callers, bodies, inputs, labels)
     routes = [
         *health.routes(channel, callers),
         web.get("/v2", api.server_metadata, allow_head=False),
@@ -109,12 +110,18 @@ async def _json_body(
 
 class _Api:
     def __init__(
-        self, channel: BrokerChannel, callers: Callers, bodies: BodyLimits, inputs: Inputs
+        self,
+        channel: BrokerChannel,
+        callers: Callers,
+        bodies: BodyLimits,
+        inputs: Inputs,
+        labels: Labels,
     ) -> None:
         self.channel = channel
         self.callers = callers
         self.bodies = bodies
         self.inputs = inputs  # where large binary tensors are read
+        self.labels = labels  # for outputs asked for as classes
 
     async def ask(
         self, request: web.Request, header: dict[str, Any], frames: Sequence[bytes] = ()
@@ -125,7 +132,10 @@ class _Api:
     # ------------------------------------------------------------------ metadata
     async def server_metadata(self, request: web.Request) -> web.Response:
         reply = await self.ask(request, {"type": "server_metadata"})
-        return json_response({k: reply[k] for k in ("name", "version", "extensions")})
+        extensions = [*reply["extensions"], EXTENSION]  # the frontends' own
+        return json_response(
+            {"name": reply["name"], "version": reply["version"], "extensions": extensions}
+        )
 
     async def model_metadata(self, request: web.Request) -> web.Response:
         reply = await self.ask(request, {"type": "model_metadata", **_model(request)})
@@ -171,6 +181,7 @@ class _Api:
         caller = self.callers.of_http(request)
         answered = None if slot is None else functools.partial(self.inputs.free, slot)
         async with self.channel.infer(caller, call.header, frames, answered) as (reply, tensors):
+            tensors = await self.labels.apply(caller, reply, tensors, call.classes)
             traced = trace_stamps.trace_id(reply)
             if traced:
                 return await self._traced(request, caller, traced, call, reply, tensors)

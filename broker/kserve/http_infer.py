@@ -6,8 +6,9 @@ the JSON header (Triton's binary tensor extension: ``Inference-Header-Content-Le
 ``binary_data_size``; the bytes are sliced out of the body, not copied), or from a
 registered region (``shared_memory_*`` parameters, passed through).  Outputs come back as
 JSON ``data`` or, when ``binary_data`` (or the request's ``binary_data_output``) asks,
-as binary data after the JSON header.  Checks that belong to admission (names, datatypes,
-shapes, sizes) are left to the broker, whose messages the client reads unchanged.
+as binary data after the JSON header; an output asked for as classes (``classification``)
+is answered as ``kserve.classification`` says.  Checks that belong to admission (names,
+datatypes, shapes, sizes) are left to the broker, whose messages the client reads unchanged.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from typing import Any
 import numpy as np
 import orjson
 
+from inferpool.broker.kserve import classification
 from inferpool.wire import codec
-from inferpool.wire.errors import Code, InferpoolError, invalid_arg
+from inferpool.wire.errors import InferpoolError, invalid_arg
 
 # what a request's ``parameters`` may not set: Triton keeps the prefix for itself
 _RESERVED = "triton_"
@@ -35,6 +37,7 @@ class InferCall:
     binary: dict[str, bool] = field(default_factory=dict)  # output -> binary (else JSON)
     at: list[int | None] = field(default_factory=list)  # each frame's offset in the binary part
     binary_default: bool = False  # for outputs the request did not name
+    classes: dict[str, int] = field(default_factory=dict)  # output -> classes (classification)
 
 
 def parse_body(body: Any, header_length: int | None, model: str, version: str) -> InferCall:
@@ -162,10 +165,9 @@ def _outputs(raw: Any, call: InferCall) -> list[dict[str, Any]]:
         if not isinstance(name, str):
             raise invalid_arg("Unable to parse 'name'")
         params = _parameters(out, f"output '{name}'")
-        if "classification" in params:
-            raise InferpoolError(
-                Code.UNSUPPORTED, "the classification extension is not supported by inferpool"
-            )
+        count = classification.http_count(params)
+        if count:
+            call.classes[name] = count
         binary = params.get("binary_data", call.binary_default)
         if not isinstance(binary, bool):
             raise invalid_arg("Unable to set 'binary_data'")

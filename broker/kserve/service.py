@@ -21,6 +21,7 @@ from aiohttp import web
 from inferpool.broker.kserve import grpc_ssl, health, http_app
 from inferpool.broker.kserve.broker_channel import BrokerChannel
 from inferpool.broker.kserve.callers import Callers
+from inferpool.broker.kserve.classification import Labels
 from inferpool.broker.kserve.frontend_options import FrontendOptions
 from inferpool.broker.kserve.grpc_handlers import add_to_server
 from inferpool.broker.kserve.grpc_service import InferenceServicer
@@ -62,8 +63,9 @@ class Listeners:
         owners = SocketOwners()
         self._stack.callback(owners.close)
         callers = Callers(owners)
+        labels = Labels(channel)  # of the outputs classified, for both frontends
         if opts.http_port:
-            app = http_app.build(channel, callers, opts.bodies(), self._inputs)
+            app = http_app.build(channel, callers, opts.bodies(), self._inputs, labels)
             # a closed connection cancels its handler, and so its inference at the broker
             await self._serve_http(
                 app, "HTTP", "http", opts.http_address, opts.http_port, handler_cancellation=True
@@ -73,7 +75,7 @@ class Listeners:
             await self._serve_http(app, "health", "health", opts.health_address, opts.health_port)
         if opts.grpc_port:
             servicer = InferenceServicer(
-                channel, callers, opts.grpc_address, opts.grpc_port, self._inputs
+                channel, callers, opts.grpc_address, opts.grpc_port, self._inputs, labels
             )
             await self._serve_grpc(servicer, opts.grpc_address, opts.grpc_port)
 

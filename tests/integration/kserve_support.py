@@ -4,7 +4,10 @@ The example models (identity: FP32; identity_batched: INT32 and BYTES), a decoup
 model (``repeat``: N responses, then an empty final one) and ``spare``, an identity model
 the tests unload and load again (the server runs with explicit model control); the pipeline
 examples (the ``probabilities`` ensemble, ``top_class`` calling it with BLS) and
-``repeated``, an ensemble of ``repeat`` (decoupled as its step is).
+``repeated``, an ensemble of ``repeat`` (decoupled as its step is).  For the classification
+extension: ``labelled`` (identity, batching; OUTPUT0 has labels, OUTPUT1 none),
+``labelled_flat`` (identity, not batching, two label files) and ``labelled_ensemble`` (an
+ensemble of ``labelled`` whose output takes its step's labels).
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from tests.support import EXAMPLES, Server, identity_config, write_model
 
@@ -78,6 +84,51 @@ SPARE_BATCHED = (
 )
 
 
+LABELS = "zero\none\n\nthree\n"  # index 2: an empty line, no label; index 4: past the end
+LABELLED_CONFIG = """
+    name: "labelled"
+    backend: "identity"
+    max_batch_size: 4
+    input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] },
+            { name: "INPUT1" data_type: TYPE_INT32 dims: [ -1 ] } ]
+    output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] label_filename: "labels.txt" },
+             { name: "OUTPUT1" data_type: TYPE_INT32 dims: [ -1 ] } ]
+"""
+LABELLED_FLAT_CONFIG = """
+    name: "labelled_flat"
+    backend: "identity"
+    input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+    output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] label_filename: "labels.txt" } ]
+"""
+LABELLED_ENSEMBLE_CONFIG = """
+    name: "labelled_ensemble"
+    platform: "ensemble"
+    max_batch_size: 4
+    input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] },
+            { name: "N" data_type: TYPE_INT32 dims: [ -1 ] } ]
+    output [ { name: "SCORES" data_type: TYPE_FP32 dims: [ -1 ] },
+             { name: "COUNTS" data_type: TYPE_INT32 dims: [ -1 ] } ]
+    ensemble_scheduling { step [ { model_name: "labelled"
+      input_map [ { key: "INPUT0" value: "X" }, { key: "INPUT1" value: "N" } ]
+      output_map [ { key: "OUTPUT0" value: "SCORES" }, { key: "OUTPUT1" value: "COUNTS" } ] } ] }
+"""
+
+# what ``labelled`` is given, and the top three classes of each row of SCORES it answers
+SCORES = np.array([[0.1, 0.7, 0.2, 0.9, 0.05], [0.5, 0.5, 0.25, 0.125, 1.0]], np.float32)
+COUNTS = np.array([[3, 1, 2, 0, 9], [5, 5, 5, 5, 5]], np.int32)
+TOP3 = [
+    ["0.900000:3:three", "0.700000:1:one", "0.200000:2"],
+    ["1.000000:4", "0.500000:0:zero", "0.500000:1:one"],  # equal values by index
+]
+COUNTS_TOP2 = [["9:4", "3:0"], ["5:0", "5:1"]]  # OUTPUT1 has no labels
+
+
+def classes(array: np.ndarray) -> list[Any]:
+    """A classified output (BYTES, or JSON strings) as text, nested as its shape."""
+    as_text = np.vectorize(lambda v: v.decode() if isinstance(v, bytes) else v, otypes=[object])
+    return list(as_text(array).tolist())
+
+
 def write_repository(repo: Path) -> None:
     for name in ("identity", "identity_batched"):
         shutil.copytree(EXAMPLES / name, repo / name)
@@ -86,6 +137,10 @@ def write_repository(repo: Path) -> None:
     for pipeline_model in (EXAMPLES.parent / "pipeline_repository").iterdir():
         shutil.copytree(pipeline_model, repo / pipeline_model.name)
     write_model(repo, "repeated", REPEATED_CONFIG)
+    write_model(repo, "labelled", LABELLED_CONFIG, files={"labels.txt": LABELS})
+    flat_labels = {"labels.txt": LABELS, "other.txt": "a\nb\nc\nd\ne\n"}
+    write_model(repo, "labelled_flat", LABELLED_FLAT_CONFIG, files=flat_labels)
+    write_model(repo, "labelled_ensemble", LABELLED_ENSEMBLE_CONFIG)
 
 
 @contextlib.contextmanager

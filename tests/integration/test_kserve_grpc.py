@@ -22,9 +22,14 @@ from tritonclient.utils import InferenceServerException
 from inferpool.client import InferpoolError
 from inferpool.wire.config_json import config_to_dict
 from tests.integration.kserve_support import (
+    COUNTS,
+    COUNTS_TOP2,
     DOUBLE_CONFIG,
     DOUBLE_FILES,
+    SCORES,
     SPARE_BATCHED,
+    TOP3,
+    classes,
     kserve_server,
 )
 from tests.support import Server
@@ -188,6 +193,91 @@ def test_stream_of_a_decoupled_ensemble(client: Any) -> None:
     finally:
         client.stop_stream()
     assert answers.empty()
+
+
+# ============================================================================ classification
+def requested(*counts: tuple[str, int]) -> list[grpcclient.InferRequestedOutput]:
+    return [grpcclient.InferRequestedOutput(name, class_count=n) for name, n in counts]
+
+
+def test_classification_of_a_batch_with_and_without_labels(client: Any) -> None:
+    """Triton's classification extension: BYTES [batch, N], "value:index[:label]"."""
+    assert "classification" in client.get_server_metadata().extensions
+    inputs = [infer_input("INPUT0", SCORES, "FP32"), infer_input("INPUT1", COUNTS, "INT32")]
+    result = client.infer("labelled", inputs, outputs=requested(("OUTPUT0", 3), ("OUTPUT1", 2)))
+    answer = result.get_output("OUTPUT0")
+    assert (answer.datatype, list(answer.shape)) == ("BYTES", [2, 3])
+    assert classes(result.as_numpy("OUTPUT0")) == TOP3
+    assert classes(result.as_numpy("OUTPUT1")) == COUNTS_TOP2
+    one = client.infer("labelled", inputs, outputs=requested(("OUTPUT0", 1), ("OUTPUT1", 0)))
+    assert classes(one.as_numpy("OUTPUT0")) == [row[:1] for row in TOP3]
+    np.testing.assert_array_equal(one.as_numpy("OUTPUT1"), COUNTS)
+    flat = [infer_input("INPUT0", SCORES[1], "FP32")]
+    unbatched = client.infer("labelled_flat", flat, outputs=requested(("OUTPUT0", 9)))
+    assert list(unbatched.get_output("OUTPUT0").shape) == [5]  # at most the classes there are
+    assert classes(unbatched.as_numpy("OUTPUT0")) == [*TOP3[1], "0.250000:2", "0.125000:3:three"]
+
+
+def test_classification_in_a_stream(client: Any) -> None:
+    """Classes in the stream's answers; one that cannot be classified is an error there,
+    and the stream goes on."""
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        inputs = [infer_input("X", SCORES, "FP32"), infer_input("N", COUNTS, "INT32")]
+        client.async_stream_infer("labelled_ensemble", inputs, outputs=requested(("SCORES", 3)))
+        result, error = answers.get(timeout=30)
+        assert error is None and classes(result.as_numpy("SCORES")) == TOP3  # its step's labels
+        words = np.array([[b"w"]], dtype=np.object_)
+        inputs = [infer_input("INPUT0", COUNTS[:1], "INT32"), infer_input("INPUT1", words, "BYTES")]
+        client.async_stream_infer("identity_batched", inputs, outputs=requested(("OUTPUT1", 1)))
+        result, error = answers.get(timeout=30)
+        assert result is None
+        assert error.message() == (
+            "class result not available for output due to unsupported type 'BYTES'"
+        )
+        client.async_stream_infer("identity_batched", inputs, outputs=requested(("OUTPUT0", 1)))
+        result, error = answers.get(timeout=30)
+        assert error is None and classes(result.as_numpy("OUTPUT0")) == [COUNTS_TOP2[0][:1]]
+    finally:
+        client.stop_stream()
+    assert answers.empty()
+
+
+def test_classification_refused_in_tritons_words(server: Server, client: Any) -> None:
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+        def refusal(**param: Any) -> tuple[Any, str]:
+            request = service_pb2.ModelInferRequest(model_name="identity")
+            x = request.inputs.add(name="INPUT0", datatype="FP32", shape=[2])
+            x.contents.fp32_contents.extend([1, 2])
+            out = request.outputs.add(name="OUTPUT0")
+            for key, value in param.items():
+                kind = "string_param" if isinstance(value, str) else "int64_param"
+                setattr(out.parameters[key], kind, value)
+            with pytest.raises(grpc.RpcError) as err:
+                stub.ModelInfer(request)
+            return err.value.code(), err.value.details()
+
+        invalid = grpc.StatusCode.INVALID_ARGUMENT
+        assert refusal(classification="2") == (
+            invalid,
+            "invalid value type for 'classification' parameter, expected int64_param",
+        )
+        for bad in (0, -1):
+            assert refusal(classification=bad) == (
+                invalid,
+                "invalid value for 'classification' parameter, expected >= 0",
+            )
+        assert refusal(classification=1, shared_memory_region="r") == (
+            invalid,
+            "output can't set both 'shared_memory_region' and 'classification'",
+        )
+    assert client.is_server_live() and client.is_model_ready("identity")
+    flat = [infer_input("INPUT0", SCORES[0], "FP32")]
+    result = client.infer("identity", flat, outputs=requested(("OUTPUT0", 1)))
+    assert classes(result.as_numpy("OUTPUT0")) == ["0.900000:3"]
 
 
 # ============================================================================ statistics, repository

@@ -7,6 +7,7 @@ port in use each start their own.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -24,9 +25,14 @@ from tritonclient.utils import InferenceServerException
 
 from inferpool.client import InferpoolError
 from tests.integration.kserve_support import (
+    COUNTS,
+    COUNTS_TOP2,
     DOUBLE_CONFIG,
     DOUBLE_FILES,
+    SCORES,
     SPARE_BATCHED,
+    TOP3,
+    classes,
     kserve_server,
 )
 from tests.support import EXAMPLES, Server, free_tcp_port, write_model
@@ -326,6 +332,124 @@ def test_an_ensemble_and_a_bls_model(client: Any) -> None:
     with pytest.raises(InferenceServerException) as err:  # checked as any model's inputs
         client.infer("probabilities", [infer_input("RAW", np.ones(4, np.int32), "INT32")])
     assert err.value.status() == "400" and "data-type is 'INT32'" in err.value.message()
+
+
+# ============================================================================ classification
+def classified(client: Any, model: str, inputs: list[Any], *counts: tuple[str, int]) -> Any:
+    """The result of ``model`` for ``inputs``, each output of ``counts`` asked for as that
+    many classes (0: its own tensor)."""
+    outputs = [httpclient.InferRequestedOutput(name, class_count=n) for name, n in counts]
+    return client.infer(model, inputs, outputs=outputs)
+
+
+def test_classification_of_a_batch_with_and_without_labels(server: Server, client: Any) -> None:
+    """Triton's classification extension: BYTES [batch, N], "value:index[:label]"."""
+    assert "classification" in client.get_server_metadata()["extensions"]
+    inputs = [infer_input("INPUT0", SCORES, "FP32"), infer_input("INPUT1", COUNTS, "INT32")]
+    for binary in (True, False):
+        outputs = [
+            httpclient.InferRequestedOutput(name, binary_data=binary, class_count=n)
+            for name, n in (("OUTPUT0", 3), ("OUTPUT1", 2))
+        ]
+        result = client.infer("labelled", inputs, outputs=outputs)
+        answer = result.get_output("OUTPUT0")
+        assert (answer["datatype"], answer["shape"]) == ("BYTES", [2, 3])
+        assert ("data" in answer) is not binary
+        assert classes(result.as_numpy("OUTPUT0")) == TOP3
+        assert classes(result.as_numpy("OUTPUT1")) == COUNTS_TOP2
+    one = classified(client, "labelled", inputs, ("OUTPUT0", 1), ("OUTPUT1", 0))
+    assert classes(one.as_numpy("OUTPUT0")) == [row[:1] for row in TOP3]
+    np.testing.assert_array_equal(one.as_numpy("OUTPUT1"), COUNTS)  # 0: its own tensor
+    ensemble_inputs = [infer_input("X", SCORES, "FP32"), infer_input("N", COUNTS, "INT32")]
+    ensemble = classified(client, "labelled_ensemble", ensemble_inputs, ("SCORES", 3))
+    assert classes(ensemble.as_numpy("SCORES")) == TOP3  # the labels of its step's output
+    # a large output, lent from the worker's region, classified where it lies
+    row = np.random.default_rng(3).random((1, 100_000), dtype=np.float32)
+    inputs[0] = infer_input("INPUT0", row, "FP32")
+    inputs[1] = infer_input("INPUT1", np.zeros((1, 1), np.int32), "INT32")
+    top = classes(classified(client, "labelled", inputs, ("OUTPUT0", 2)).as_numpy("OUTPUT0"))
+    best = np.argsort(row[0])[::-1][:2]
+    assert top == [[f"{row[0, i]:f}:{i}" for i in best]]
+    with server.client() as c:
+        assert c.call("lease_status")["total"] == 0  # the lent output was given back
+
+
+def test_classification_unbatched_and_after_a_reload(client: Any) -> None:
+    """[N], N at most the classes there are; a reload with other labels serves them."""
+    inputs = [infer_input("INPUT0", SCORES[0], "FP32")]
+
+    def top(model: str, count: int) -> list[Any]:
+        result = classified(client, model, inputs, ("OUTPUT0", count))
+        assert result.get_output("OUTPUT0")["shape"] == [min(count, 5)]
+        return classes(result.as_numpy("OUTPUT0"))
+
+    assert top("labelled_flat", 3) == TOP3[0]
+    assert top("identity", 10) == [
+        "0.900000:3",
+        "0.700000:1",
+        "0.200000:2",
+        "0.100000:0",
+        "0.050000:4",
+    ]
+    config = client.get_model_config("labelled_flat")
+    config["output"][0]["label_filename"] = "other.txt"
+    client.load_model("labelled_flat", config=json.dumps(config))
+    try:
+        assert top("labelled_flat", 2) == ["0.900000:3:d", "0.700000:1:b"]
+    finally:
+        client.load_model("labelled_flat")  # its config.pbtxt again
+    assert top("labelled_flat", 1) == ["0.900000:3:three"]
+    # a label file that cannot be read fails the load, in Triton's words; the model serves on
+    model_dir = r"/\S+/labelled_flat"
+    for name, why in [
+        ("none.txt", f"failed to open text file for read {model_dir}/none.txt: No such file"),
+        (
+            "../identity/config.pbtxt",
+            f"label file path '{model_dir}/../identity/config.pbtxt' for output 'OUTPUT0' in "
+            "model 'labelled_flat' is outside model directory",
+        ),
+    ]:
+        config["output"][0]["label_filename"] = name
+        with pytest.raises(InferenceServerException) as err:
+            client.load_model("labelled_flat", config=json.dumps(config))
+        prefix = "failed to load 'labelled_flat', failed to poll from model repository: "
+        assert re.match(re.escape(prefix) + why, err.value.message()), err.value.message()
+    assert top("labelled_flat", 1) == ["0.900000:3:three"]
+
+
+def test_classification_refused_in_tritons_words(server: Server, client: Any) -> None:
+    url = f"http://{server.http_url}/v2/models/identity/infer"
+    tensor = {"name": "INPUT0", "datatype": "FP32", "shape": [2], "data": [1, 2]}
+
+    def ask(**params: Any) -> tuple[int, Any]:
+        body = {"inputs": [tensor], "outputs": [{"name": "OUTPUT0", "parameters": params}]}
+        status, answer = curl("-X", "POST", "-d", json.dumps(body), url)
+        return status, json.loads(answer)
+
+    not_a_count = (
+        "Unable to set 'classification': attempt to access JSON non-unsigned-integer as "
+        "unsigned-integer"
+    )
+    for bad in (-1, 1.5, "2", True):
+        assert ask(classification=bad) == (400, {"error": not_a_count})
+    region = {"shared_memory_region": "r", "shared_memory_byte_size": 8}
+    assert ask(classification=1, **region) == (
+        400,
+        {"error": "Output can't set both 'shared_memory_region' and 'classification'"},
+    )
+    status, answer = ask(classification=0)  # Triton: the output's own tensor
+    assert status == 200 and answer["outputs"][0]["data"] == [1.0, 2.0]
+    words = np.array([[b"w"]], dtype=np.object_)
+    inputs = [infer_input("INPUT0", COUNTS[:1], "INT32"), infer_input("INPUT1", words, "BYTES")]
+    with pytest.raises(InferenceServerException) as err:
+        classified(client, "identity_batched", inputs, ("OUTPUT1", 1))
+    assert err.value.status() == "400"
+    assert err.value.message() == (
+        "class result not available for output due to unsupported type 'BYTES'"
+    )
+    assert client.is_server_live() and client.is_model_ready("identity_batched")
+    result = classified(client, "identity_batched", inputs, ("OUTPUT0", 1))
+    assert classes(result.as_numpy("OUTPUT0")) == [COUNTS_TOP2[0][:1]]
 
 
 # ============================================================================ shared memory

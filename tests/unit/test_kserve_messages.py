@@ -188,13 +188,6 @@ def test_http_request_level_refusals() -> None:
         with refused() as err:
             parse_body(body, None, "m", "")
         assert message in err.value.message, body
-    with refused(Code.UNSUPPORTED):
-        parse_body(
-            b'{"inputs": [], "outputs": [{"name": "O", "parameters": {"classification": 2}}]}',
-            None,
-            "m",
-            "",
-        )
 
 
 def test_json_tensors_both_ways() -> None:
@@ -259,8 +252,8 @@ def test_grpc_raw_typed_and_region_inputs() -> None:
     request.outputs.add(name="O").parameters["shared_memory_region"].string_param = "out"
     request.parameters["triton_enable_empty_final_response"].bool_param = True
     request.parameters["priority"].int64_param = 2
-    header, frames, empty_final = infer_message(request, single_response=False)
-    assert empty_final is True and "single_response" not in header
+    header, frames, empty_final, classes = infer_message(request, single_response=False)
+    assert empty_final is True and classes == {} and "single_response" not in header
     assert header["parameters"] == {"priority": 2}
     assert header["inputs"][1]["parameters"] == {"shared_memory_region": "r"}
     assert header["outputs"] == [{"name": "O", "parameters": {"shared_memory_region": "out"}}]
@@ -270,7 +263,7 @@ def test_grpc_raw_typed_and_region_inputs() -> None:
     words.contents.bytes_contents.extend([b"a", b"bc"])
     ints = typed.inputs.add(name="I", datatype="INT16", shape=[2])
     ints.contents.int_contents.extend([-1, 2])
-    _, frames, _ = infer_message(typed, single_response=True)
+    frames = infer_message(typed, single_response=True).frames
     assert frames == [b"\x01\x00\x00\x00a\x02\x00\x00\x00bc", np.array([-1, 2], np.int16).tobytes()]
 
 
