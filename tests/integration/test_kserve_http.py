@@ -374,9 +374,13 @@ def test_classification_of_a_batch_with_and_without_labels(server: Server, clien
         assert c.call("lease_status")["total"] == 0  # the lent output was given back
 
 
-def test_classification_unbatched_and_after_a_reload(client: Any) -> None:
+def test_classification_unbatched_and_after_a_reload(server: Server, client: Any) -> None:
     """[N], N at most the classes there are; a reload with other labels serves them."""
     inputs = [infer_input("INPUT0", SCORES[0], "FP32")]
+
+    def labels(**known: int) -> dict[str, Any]:
+        with server.client() as c:
+            return dict(c.call("model_labels", model_name="labelled_flat", **known))
 
     def top(model: str, count: int) -> list[Any]:
         result = classified(client, model, inputs, ("OUTPUT0", count))
@@ -384,6 +388,10 @@ def test_classification_unbatched_and_after_a_reload(client: Any) -> None:
         return classes(result.as_numpy("OUTPUT0"))
 
     assert top("labelled_flat", 3) == TOP3[0]
+    first = labels()
+    assert first["labels"] == {"OUTPUT0": ["zero", "one", "", "three"]}
+    assert first["max_batch_size"] == 0 and first["model_version"] == "1"
+    assert "labels" not in labels(serial=first["serial"])  # the caller has them already
     assert top("identity", 10) == [
         "0.900000:3",
         "0.700000:1",
@@ -396,6 +404,7 @@ def test_classification_unbatched_and_after_a_reload(client: Any) -> None:
     client.load_model("labelled_flat", config=json.dumps(config))
     try:
         assert top("labelled_flat", 2) == ["0.900000:3:d", "0.700000:1:b"]
+        assert labels(serial=first["serial"])["labels"] == {"OUTPUT0": list("abcde")}
     finally:
         client.load_model("labelled_flat")  # its config.pbtxt again
     assert top("labelled_flat", 1) == ["0.900000:3:three"]
