@@ -332,25 +332,30 @@ def started(layout: dict[str, int]) -> Iterator[dict[str, str]]:
     ctx = mp.get_context("spawn")
     procs = []
     endpoints = {}
-    for name, lean in (("relay", False), ("lean", True)):
-        ready = ctx.Event()
-        front, back = f"ipc://{tmp}/{name}-front", f"ipc://{tmp}/{name}-back"
-        broker = ctx.Process(
-            target=relay_broker, args=(front, back, layout["broker"], ready, lean), daemon=True
-        )
-        broker.start()
-        ready.wait()
-        worker = ctx.Process(target=relay_worker, args=(back, layout["worker"], lean), daemon=True)
-        worker.start()
-        procs += [broker, worker]
-        endpoints[name] = front
-    time.sleep(0.3)
-    server, endpoints["inferpool"] = start_inferpool(tmp, layout)
     try:
-        yield {**endpoints, **KSERVE}
+        for name, lean in (("relay", False), ("lean", True)):
+            ready = ctx.Event()
+            front, back = f"ipc://{tmp}/{name}-front", f"ipc://{tmp}/{name}-back"
+            broker = ctx.Process(
+                target=relay_broker, args=(front, back, layout["broker"], ready, lean), daemon=True
+            )
+            broker.start()
+            procs.append(broker)
+            ready.wait()
+            worker = ctx.Process(
+                target=relay_worker, args=(back, layout["worker"], lean), daemon=True
+            )
+            worker.start()
+            procs.append(worker)
+            endpoints[name] = front
+        time.sleep(0.3)
+        server, endpoints["inferpool"] = start_inferpool(tmp, layout)
+        try:
+            yield {**endpoints, **KSERVE}
+        finally:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(60)
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(60)
         for p in procs:
             p.kill()
         shutil.rmtree(tmp, ignore_errors=True)
