@@ -210,6 +210,17 @@ def _check_scalar(model: str, tensor: ModelTensor, dims: Sequence[int]) -> None:
         )
 
 
+def declared_inputs(config: Any) -> int:
+    """How many inputs the config lists, its batch inputs' targets included (Triton skips
+    auto-complete of the inputs when there are any)."""
+    return len(config.input) + len(batch_input_targets(config))
+
+
+def batch_input_targets(config: Any) -> list[str]:
+    """The model inputs the config's ``batch_input`` entries fill."""
+    return [name for bi in config.batch_input for name in bi.target_name]
+
+
 def check_inputs(
     config: Any,
     name: str,
@@ -217,9 +228,11 @@ def check_inputs(
     rules: DimRules,
     overridable: Sequence[ModelTensor] = (),
 ) -> None:
-    """The config's inputs, controls and states against the model's inputs (``overridable``:
-    initializers a request may also feed, as ONNX Runtime allows); ``name``: the model's."""
-    expected = sum(1 for io in config.input if not io.optional)
+    """The config's inputs, controls, states and batch inputs against the model's inputs
+    (``overridable``: initializers a request may also feed, as ONNX Runtime allows); a
+    ragged input must be ``[-1]`` in the model; ``name``: the model's."""
+    targets = batch_input_targets(config)
+    expected = sum(1 for io in config.input if not io.optional) + len(targets)
     if config.HasField("sequence_batching"):
         expected += len(sequence.controls(config, name))
         expected += len(config.sequence_batching.state)
@@ -237,7 +250,12 @@ def check_inputs(
             )
         tensor = _allowed("input", io.name, known)
         _check_type(pb.DataType.Name(io.data_type), tensor, "input", name)
-        _check_shape(config, name, tensor, config_dims(io), False, rules)
+        if io.allow_ragged_batch:
+            _check_ragged(name, io, tensor)
+        else:
+            _check_shape(config, name, tensor, config_dims(io), False, rules)
+    for target in targets:
+        _allowed("input", target, known)
     for state in config.sequence_batching.state:
         tensor = _allowed("input", state.input_name, known)
         _check_type(pb.DataType.Name(state.data_type), tensor, "input state", name)
@@ -250,13 +268,29 @@ def check_outputs(
 ) -> None:
     """The config's outputs and output states against the model's outputs."""
     known = {t.name: t for t in model_outputs}
+    scattered = {target for bo in config.batch_output for target in bo.target_name}
     for io in config.output:
         tensor = _allowed("output", io.name, known)
         _check_type(pb.DataType.Name(io.data_type), tensor, "output", name)
-        _check_shape(config, name, tensor, config_dims(io), True, rules)
+        if io.name not in scattered:  # a batch output's shape is its source input's
+            _check_shape(config, name, tensor, config_dims(io), True, rules)
     for state in config.sequence_batching.state:
         tensor = _allowed("output", state.output_name, known)
         _check_type(pb.DataType.Name(state.data_type), tensor, "output state", name)
+
+
+def _check_ragged(name: str, io: Any, tensor: ModelTensor) -> None:
+    """A ragged input is one dimension of any length in the model, and never optional."""
+    if io.optional:
+        raise invalid_arg(
+            f"unable to load model '{name}', configuration expects model provides input with "
+            f"shape [-1] for ragged input '{io.name}', which is not supported for optional input"
+        )
+    if tensor.shape != (-1,):
+        raise invalid_arg(
+            f"unable to load model '{name}', configuration expects model provides input with "
+            f"shape [-1]  for ragged input '{io.name}', model provides {shape_str(tensor.shape)}"
+        )
 
 
 def _check_shape(

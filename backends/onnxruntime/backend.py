@@ -6,7 +6,9 @@ the config against it; ``OnnxInstance`` opens the instance's session on its devi
 batches: requests of one signature run together, their tensors bound where they lie
 (``binding``), each request answered, then the seed's statistics.  Sequence control inputs
 and implicit states are model inputs and outputs like any other: the worker adds the
-controls and carries each state to the sequence's next request.
+controls and carries each state to the sequence's next request.  Ragged inputs, batch
+inputs and batch outputs are Triton's (``backends.batch_io``): a ragged input's requests run
+together whatever their shapes.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ from inferpool.backends.api import (
     checked_batch_size,
     now_ns,
 )
+from inferpool.backends.batch_io import BatchIO
 from inferpool.backends.onnxruntime import ort_session
 from inferpool.backends.onnxruntime.binding import Binder, OutputSpec
 from inferpool.wire import codec
-from inferpool.wire.errors import InferpoolError, invalid_arg, unavailable, unsupported
+from inferpool.wire.errors import InferpoolError, invalid_arg, unavailable
 
 COPIED_METRIC = "inferpool_onnxruntime_copied_bytes"
 
@@ -42,11 +45,6 @@ class OnnxModel(Model):
     def initialize(self) -> None:
         self.log.info("TRITONBACKEND_ModelInitialize: %s (version %d)", self.name, self.version)
         ort = self.backend.ort
-        for field, what in (("batch_input", "batch inputs"), ("batch_output", "batch outputs")):
-            if len(getattr(self.config, field)):
-                raise unsupported(
-                    f"model '{self.name}': {what} are not supported by the onnxruntime backend"
-                )
         self.settings = ort_session.Settings.parse(self)
         # the model's tensors, read from a session that optimizes nothing (quick to open)
         path = ort_session.model_path(
@@ -63,7 +61,7 @@ class OnnxModel(Model):
         outputs = ort_session.tensors(probe.get_outputs())
         overridable = ort_session.tensors(probe.get_overridable_initializers())
         del probe
-        if not (len(self.config.input) and len(self.config.output)):
+        if not (model_io.declared_inputs(self.config) and len(self.config.output)):
             default = model_io.default_max_batch_size(self.backend.config, self.backend.name)
             batching = model_io.can_batch(inputs, outputs)
             self.set_config(
@@ -80,6 +78,7 @@ class OnnxModel(Model):
         model_io.check_inputs(self.config, self.name, inputs, model_io.ONNX_RULES, overridable)
         model_io.check_outputs(self.config, self.name, outputs, model_io.ONNX_RULES)
         self.outputs = _output_specs(self.config, outputs)
+        self.batch_io = BatchIO(self.config)
         # ONNX Runtime binds no BYTES (string) tensor: such a model runs through run()
         self.bound = all(t.config_type != "TYPE_STRING" for t in (*inputs, *outputs))
 
@@ -130,6 +129,7 @@ class OnnxInstance(ModelInstance):
             self.kind == "GPU",
             self.cuda_ordinal,
             model.bound,
+            model.batch_io,
         )
         self.copied: Metric = model.metric_family(
             COPIED_METRIC,
@@ -173,8 +173,10 @@ class OnnxInstance(ModelInstance):
         self, requests: list[Request], responses: dict[int, Response]
     ) -> list[tuple[list[Request], int]]:
         """The requests that pass their checks, in groups of one signature (the same inputs,
-        of the same datatypes and shapes past the batch dimension), with their rows."""
+        of the same datatypes and shapes past the batch dimension, a ragged input's shape aside),
+        with their rows."""
         groups: dict[tuple[Any, ...], tuple[list[Request], list[int]]] = {}
+        shape_key = self.model.batch_io.shape_key
         for request in requests:
             try:
                 rows = self._rows(request)
@@ -182,7 +184,7 @@ class OnnxInstance(ModelInstance):
                 responses[id(request)] = Response(request, err)
                 continue
             key: tuple[Any, ...] = tuple(
-                (n, t.datatype, t.shape[1:] if self.batching else t.shape, t.memory)
+                (n, t.datatype, shape_key(t, self.batching), t.memory)
                 for n, t in request.inputs.items()
             )
             members, counts = groups.setdefault(key, ([], [0]))

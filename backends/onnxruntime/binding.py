@@ -38,6 +38,7 @@ from inferpool.backends.api import (
     copy_into,
     now_ns,
 )
+from inferpool.backends.batch_io import BatchIO
 from inferpool.backends.onnxruntime.element_types import element_type
 from inferpool.backends.spans import Joiner
 from inferpool.shm import cuda
@@ -70,9 +71,10 @@ def _address(data: Any) -> int:
     return int(data.__cuda_array_interface__["data"][0])
 
 
-def _strings(name: str, parts: Sequence[InputTensor]) -> np.ndarray:
-    """BYTES inputs as the str array ONNX Runtime takes (UTF-8), joined along the batch."""
-    arrays = [p.data for p in parts]
+def _strings(name: str, parts: Sequence[InputTensor], ragged: bool) -> np.ndarray:
+    """BYTES inputs as the str array ONNX Runtime takes (UTF-8), joined along the batch
+    (one after another, flat, when ``ragged``)."""
+    arrays = [BatchIO.flat(p.data) if ragged else p.data for p in parts]
     joined = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
     out = np.empty(joined.shape, dtype=object)
     flat = out.reshape(-1)
@@ -99,9 +101,11 @@ class Binder:
         on_gpu: bool,
         ordinal: int,
         bound: bool,
+        batch_io: BatchIO,
     ) -> None:
         """``bound``: whether tensors are bound where they lie (IO binding, which ONNX
-        Runtime offers only for models without BYTES tensors)."""
+        Runtime offers only for models without BYTES tensors); ``batch_io``: the model's
+        ragged inputs, batch inputs and batch outputs."""
         self.session = session
         self.run_options = run_options
         self.outputs = outputs
@@ -110,28 +114,30 @@ class Binder:
         self.ordinal = ordinal
         self.device = ("cuda", ordinal)
         self.bound = bound
+        self.batch_io = batch_io
         self.binding = session.io_binding()
         self.copied = 0  # bytes copied, in all
         self.joiners: dict[str, Joiner] = {}  # by input name: the buffers batches are joined in
         self.device_reads = False  # an output in ONNX Runtime's device memory was read
 
     def _gather(self, parts: Sequence[InputTensor]) -> Any:
-        """One input of every request of the batch, as one array where they lie."""
+        """One input of every request of the batch, as one array where they lie (a ragged
+        input's parts flat, one after another)."""
         first = parts[0]
+        ragged = first.name in self.batch_io.ragged
         if first.datatype == "BYTES":
-            return _strings(first.name, parts)
+            return _strings(first.name, parts, ragged)
         on_host = all(p.memory == "cpu" for p in parts)
+        arrays = [BatchIO.flat(p.data) if ragged else p.data for p in parts]
         if len(parts) == 1:
-            data = first.data
+            data = arrays[0]
         elif on_host:
-            data, copied = self.joiners.setdefault(first.name, Joiner()).join(
-                [p.data for p in parts]
-            )
+            data, copied = self.joiners.setdefault(first.name, Joiner()).join(arrays)
             self.copied += copied
         else:  # parts on a GPU: the device joins them, before ONNX Runtime reads them
             import cupy
 
-            data = cupy.concatenate([cuda.as_cupy(p.data) for p in parts])
+            data = cupy.concatenate([cuda.as_cupy(a) for a in arrays])
             cupy.cuda.get_current_stream().synchronize()
             self.copied += data.nbytes
         if not on_host and not (self.on_gpu and self.bound):  # GPU memory, read on the host
@@ -144,6 +150,10 @@ class Binder:
         ``responses``; return when the inputs were ready (the compute start)."""
         names = list(group[0].inputs)
         inputs = [self._gather([r.inputs[n] for r in group]) for n in names]
+        if self.batch_io.inputs:  # built in host memory, as Triton's backends build them
+            built = self.batch_io.build(group)
+            names.extend(built)
+            inputs.extend(built.values())
         wanted = [spec for name, spec in self.outputs.items() if _wanted(name, group)]
         if not self.bound:  # a model with BYTES tensors: ONNX Runtime's run()
             compute_start = now_ns()
@@ -191,7 +201,8 @@ class Binder:
         shape): :data:`_PLACED`.  Else ONNX Runtime writes it into its own memory, to be
         copied after the run into each response (None), or into the slot already taken (a
         GPU slot a CPU instance cannot write): that slot."""
-        shape = spec.known(rows, self.batching) if len(group) == 1 else None
+        alone = len(group) == 1 and spec.name not in self.batch_io.outputs
+        shape = spec.known(rows, self.batching) if alone else None
         if shape is None:
             self.binding.bind_output(spec.name, "cuda" if self.on_gpu else "cpu", self.ordinal)
             return None
@@ -211,6 +222,12 @@ class Binder:
         """Copy an output ONNX Runtime wrote into its own memory into each response that
         asked for it (its rows of the batch)."""
         data = self._readable(spec, value)
+        if spec.name in self.batch_io.outputs:  # split by its source input's shapes
+            parts = self.batch_io.scatter(spec.name, data, group)
+            for request, response, part in zip(group, responses, parts, strict=True):
+                if spec.name in request.requested_outputs:
+                    self._write(spec, part, response)
+            return
         shape = tuple(data.shape)
         rows = sum(batch_size_of(r, True) for r in group) if self.batching else 0
         if self.batching and (not shape or shape[0] != rows):
@@ -222,14 +239,17 @@ class Binder:
             n = batch_size_of(request, True) if self.batching else 0
             part = data[row : row + n] if self.batching else data
             row += n
-            if spec.name not in request.requested_outputs:
-                continue
-            if spec.datatype == "BYTES":
-                response.set_output(spec.name, part, "BYTES")
-                continue
-            target = response.output(spec.name, part.shape, spec.datatype)
-            copy_into(target, part)
-            self.copied += target.nbytes
+            if spec.name in request.requested_outputs:
+                self._write(spec, part, response)
+
+    def _write(self, spec: OutputSpec, part: Any, response: Response) -> None:
+        """Copy a request's part of output ``spec`` into its response."""
+        if spec.datatype == "BYTES":
+            response.set_output(spec.name, part, "BYTES")
+            return
+        target = response.output(spec.name, part.shape, spec.datatype)
+        copy_into(target, part)
+        self.copied += target.nbytes
 
     def _readable(self, spec: OutputSpec, value: Any) -> Any:
         """An output ONNX Runtime allocated (an ``OrtValue``), as an array over its memory,

@@ -208,6 +208,7 @@ def validate(config: pb.ModelConfig, model: str, path: str) -> None:
         _validate_priorities(dyn, model, path)
     if config.HasField("sequence_batching"):
         _validate_sequence_strategy(config, model, path)
+    _validate_batch_io(config, model, path)
     for group in config.instance_group:
         if group.count < 1:
             raise config_error(
@@ -237,6 +238,45 @@ def _validate_priorities(dyn: Any, model: str, path: str) -> None:
                 f"priority queue policy must have priority level in range [1, {levels}] for "
                 f"{model} (got {level})",
             )
+
+
+def _validate_batch_io(config: Any, model: str, path: str) -> None:
+    """Triton's checks of ``batch_input`` and ``batch_output`` (its words)."""
+    inputs = {io.name for io in config.input}
+    outputs = {io.name for io in config.output}
+
+    def fail(problem: str) -> InferpoolError:
+        return config_error(model, path, f"{problem} for {model}")
+
+    for batch_in in config.batch_input:
+        kind = pb.BatchInput.Kind.Name(batch_in.kind)
+        if len(batch_in.source_input) != 1:
+            raise fail(
+                f"batch input kind '{kind}' expects 1 source input, got "
+                f"{len(batch_in.source_input)}"
+            )
+        if batch_in.data_type not in (pb.TYPE_INT32, pb.TYPE_FP32):
+            raise fail("batch input data type must be TYPE_INT32 or TYPE_FP32")
+        for source in batch_in.source_input:
+            if source not in inputs:
+                raise fail(f"unknown source input name '{source}'")
+    for batch_out in config.batch_output:
+        kind = pb.BatchOutput.Kind.Name(batch_out.kind)
+        if len(batch_out.source_input) != 1:
+            raise fail(
+                f"batch output kind '{kind}' expects 1 source input, got "
+                f"{len(batch_out.source_input)}"
+            )
+        for source in batch_out.source_input:
+            if source not in inputs:
+                raise fail(f"unknown source input name '{source}'")
+        targets: set[str] = set()
+        for target in batch_out.target_name:
+            if target not in outputs:
+                raise fail(f"unknown target output name '{target}'")
+            if target in targets:
+                raise fail(f"target output name '{target}' can only be specified once")
+            targets.add(target)
 
 
 def _validate_sequence_strategy(config: Any, model: str, path: str) -> None:

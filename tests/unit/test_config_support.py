@@ -104,8 +104,6 @@ def test_the_walk_covers_the_fields_users_trip_over() -> None:
     for path in (
         "runtime",
         "input.format",
-        "input.allow_ragged_batch",
-        "batch_input",
         "optimization",
         "dynamic_batching.preserve_ordering",
         "sequence_batching.oldest.preserve_ordering",

@@ -32,6 +32,44 @@ def test_platform_names_the_backend(tmp_path) -> None:
     assert load_config(str(tmp_path / "t")).backend == "pytorch"
 
 
+RAGGED_IO = (
+    'backend: "identity" max_batch_size: 4 '
+    'input [ { name: "A" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true } ] '
+    'output [ { name: "B" data_type: TYPE_FP32 dims: [ -1 ] } ] '
+)
+BATCH_IO_ERRORS = [  # Triton's ValidateBatchIO, in its words
+    (
+        RAGGED_IO
+        + 'batch_input [ { kind: BATCH_ITEM_SHAPE target_name: "S" data_type: TYPE_FP32 } ]',
+        "batch input kind 'BATCH_ITEM_SHAPE' expects 1 source input, got 0 for m",
+    ),
+    (
+        RAGGED_IO + 'batch_input [ { target_name: "S" data_type: TYPE_INT64 source_input: "A" } ]',
+        "batch input data type must be TYPE_INT32 or TYPE_FP32 for m",
+    ),
+    (
+        RAGGED_IO + 'batch_input [ { target_name: "S" data_type: TYPE_INT32 source_input: "Z" } ]',
+        "unknown source input name 'Z' for m",
+    ),
+    (
+        RAGGED_IO + 'batch_output [ { target_name: "B" source_input: [ "A", "A" ] } ]',
+        "batch output kind 'BATCH_SCATTER_WITH_INPUT_SHAPE' expects 1 source input, got 2 for m",
+    ),
+    (
+        RAGGED_IO + 'batch_output [ { target_name: "B" source_input: "Z" } ]',
+        "unknown source input name 'Z' for m",
+    ),
+    (
+        RAGGED_IO + 'batch_output [ { target_name: "C" source_input: "A" } ]',
+        "unknown target output name 'C' for m",
+    ),
+    (
+        RAGGED_IO + 'batch_output [ { target_name: [ "B", "B" ] source_input: "A" } ]',
+        "target output name 'B' can only be specified once for m",
+    ),
+]
+
+
 @pytest.mark.parametrize(
     "config, message",
     [
@@ -61,6 +99,7 @@ def test_platform_names_the_backend(tmp_path) -> None:
         ),
         ('backend: "identity" instance_group [ { count: -2 } ]', "has count -2"),
         ('backend: "identity" bogus_field: 3', "not a valid model configuration"),
+        *BATCH_IO_ERRORS,
     ],
 )
 def test_config_errors_name_model_file_and_problem(tmp_path, config: str, message: str) -> None:

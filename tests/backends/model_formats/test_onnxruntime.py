@@ -304,3 +304,77 @@ def test_a_global_backend_config_reaches_every_backend() -> None:
 
     parsed = parse_backend_config(["default-max-batch-size=8", "onnxruntime,x=1"])
     assert parsed == {"": {"default-max-batch-size": "8"}, "onnxruntime": {"x": "1"}}
+
+
+RAGGED_SHAPES = [(1, 2, 3), (2, 1, 2), (1, 4, 1)]
+
+
+def test_ragged_inputs_batch_inputs_and_batch_outputs(harness: Harness):
+    """Requests whose ragged input differs in shape run as one batch: the model reads their
+    elements one after another, and every batch input is built as Triton's backends build it;
+    DOUBLED is split back by each request's input shape."""
+    h = harness(om.ragged_batch(), om.ragged_batch_config("m"))
+    instance: Any = h.host.instance
+    spy = instance.binder.binding = BindingSpy(instance.binder.binding)
+    requests = [
+        h.request({"RAGGED": np.arange(np.prod(s), dtype=np.float32).reshape(s)})
+        for s in RAGGED_SHAPES
+    ]
+    results = h.execute(requests)
+    for (_, response, _), want in zip(results, om.ragged_expected(RAGGED_SHAPES), strict=True):
+        got = h.outputs_of(response)
+        assert set(got) == set(want)
+        for name, value in want.items():
+            assert got[name].shape == value.shape, name
+            np.testing.assert_array_equal(got[name], value, err_msg=name)
+    assert [b.batch_size for b in h.host.take_batches()] == [4]  # one run, 4 batch items
+    assert set(spy.inputs) == {"RAGGED", "ITEMS", *om.BATCH_KINDS}
+
+
+def test_a_lone_ragged_request_is_flat_to_the_model(harness: Harness):
+    h = harness(om.ragged_batch(), om.ragged_batch_config("m"))
+    x = np.arange(6, dtype=np.float32).reshape(1, 2, 3)
+    got = h.infer({"RAGGED": x}, ["DOUBLED", "COUNT_OUT", "ITEMS_OUT"])
+    assert set(got) == {"DOUBLED", "COUNT_OUT", "ITEMS_OUT"}  # only what was asked for
+    np.testing.assert_array_equal(got["DOUBLED"], 2 * x)
+    assert got["COUNT_OUT"].tolist() == [[6.0]] and got["ITEMS_OUT"].tolist() == [[2.0, 3.0]]
+
+
+RAGGED_ADD_SUB = om.add_sub_config("m").replace(
+    "dims: [ 16 ] }", "dims: [ 16 ] allow_ragged_batch: true }", 1
+)
+
+
+@pytest.mark.parametrize(
+    ("model", "config", "message"),
+    [
+        (om.add_sub(), RAGGED_ADD_SUB,
+         "unable to load model 'm', configuration expects model provides input with shape [-1]  "
+         "for ragged input 'INPUT0', model provides [-1,16]"),
+        (om.ragged_batch(), om.ragged_batch_config("m").replace('target_name: "FLAT"', ""),
+         "unable to load model 'm', configuration expects 6 inputs, model provides 7"),
+        (om.ragged_batch(), om.ragged_batch_config("m").replace('"FLAT"', '"FLATTER"'),
+         "unexpected inference input 'FLATTER', allowed inputs are: ACC, ACC0, COUNT, FLAT, "
+         "ITEMS, MAXS, RAGGED"),
+    ],
+)  # fmt: skip
+def test_a_ragged_config_that_contradicts_the_model_fails_the_load(harness, model, config, message):
+    with pytest.raises(InferpoolError) as info:
+        harness(model, config)
+    assert info.value.code == Code.INVALID_ARG and message in info.value.message
+
+
+def test_a_batch_output_the_model_leaves_short_fails_its_batch_only(harness: Harness):
+    """DOUBLED configured wider than the model makes it: a part past the model's elements is
+    an error for the batch's requests, and the model serves on."""
+    config = om.ragged_batch_config("m").replace(
+        'name: "DOUBLED" data_type: TYPE_FP32 dims: [ -1, -1 ]',
+        'name: "DOUBLED" data_type: TYPE_FP32 dims: [ -1, 9 ]',
+    )
+    h = harness(om.ragged_batch(), config)
+    [(_, response, _)] = h.execute([h.request({"RAGGED": np.ones((1, 2, 3), np.float32)})])
+    assert response is not None and response.error is not None
+    assert response.error.code == Code.INTERNAL
+    assert "output 'DOUBLED' holds 6 elements, fewer than the 18" in response.error.message
+    got = h.infer({"RAGGED": np.ones((1, 2, 3), np.float32)}, ["COUNT_OUT"])
+    assert got["COUNT_OUT"].tolist() == [[6.0]]
