@@ -14,7 +14,8 @@ or a graph that cannot take another batch size), a batch must hold exactly the m
 size, or is padded with zeros to it under ``ENABLE_BATCH_PADDING`` (Triton's rule).  Inputs
 are handed to OpenVINO over the memory they lie in; a lone request's outputs of known shape
 are written by OpenVINO into the response's slot; batches of several requests are joined
-and split with one copy each way.
+and split with one copy each way.  Ragged inputs, batch inputs and batch outputs are
+Triton's (``backends.batch_io``), as its onnxruntime backend has them.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from inferpool.backends.api import (
     batch_size_of,
     now_ns,
 )
+from inferpool.backends.batch_io import BatchIO
 from inferpool.backends.spans import Joiner
 from inferpool.backends.threads import pinned_cores
 from inferpool.wire import codec
@@ -103,6 +105,14 @@ def tensors(ports: list[Any], names: set[str]) -> list[model_io.ModelTensor]:
     return out
 
 
+def config_names(config: Any) -> set[str]:
+    """The tensor names a config uses: its inputs, outputs and batch inputs."""
+    return {
+        *(t.name for t in (*config.input, *config.output)),
+        *model_io.batch_input_targets(config),
+    }
+
+
 def _writable(array: np.ndarray) -> np.ndarray:
     """A view of ``array``'s memory that OpenVINO takes without a copy (it wants writable
     arrays; it never writes an input)."""
@@ -133,7 +143,7 @@ class OpenVinoModel(Model):
             model = core.read_model(path)
         except Exception as exc:
             raise unavailable(f"failed to load model '{self.name}' from '{path}': {exc}") from None
-        named = {t.name for t in (*self.config.input, *self.config.output)}
+        named = config_names(self.config)
         inputs, outputs = tensors(model.inputs, named), tensors(model.outputs, named)
         default = model_io.default_max_batch_size(self.backend.config, self.backend.name)
         batching = model_io.can_batch(inputs, outputs) or all(
@@ -153,6 +163,7 @@ class OpenVinoModel(Model):
         )
         model_io.check_inputs(self.config, self.name, inputs, model_io.OPENVINO_RULES)
         model_io.check_outputs(self.config, self.name, outputs, model_io.OPENVINO_RULES)
+        self.batch_io = BatchIO(self.config)
         self.static_batch = self._batch_dimension(ov, model, path)
         self.compiled = core.compile_model(self.model_file, self.device, self.properties)
 
@@ -202,7 +213,7 @@ class OpenVinoInstance(ModelInstance):
         self.placing = self.model.compiled.create_infer_request()
         self.request = self.model.compiled.create_infer_request()
         model = self.model
-        named = {t.name for t in (*model.config.input, *model.config.output)}
+        named = config_names(model.config)
         self.outputs = {
             t.name: (i, codec.config_to_wire_datatype(t.config_type), t.shape)
             for i, t in enumerate(tensors(model.model_file.outputs, named))
@@ -251,12 +262,19 @@ class OpenVinoInstance(ModelInstance):
                 )
             pad = static - rows
         kept = []
+        batch_io = self.model.batch_io
+        built = batch_io.build(requests)
         for name in self.inputs:
-            arrays = [r.input(name).data for r in requests]
-            if len(arrays) == 1:
-                data = arrays[0]
+            if name in built:
+                data = built[name]
             else:
-                data, _ = self.joiners.setdefault(name, Joiner()).join(arrays)
+                arrays = [r.input(name).data for r in requests]
+                if name in batch_io.ragged:
+                    arrays = [BatchIO.flat(a) for a in arrays]
+                if len(arrays) == 1:
+                    data = arrays[0]
+                else:
+                    data, _ = self.joiners.setdefault(name, Joiner()).join(arrays)
             if pad:
                 data = np.concatenate([data, np.zeros((pad, *data.shape[1:]), data.dtype)])
             view = _writable(np.ascontiguousarray(data))
@@ -275,6 +293,12 @@ class OpenVinoInstance(ModelInstance):
             return compute_start, compute_end
         for name, (index, datatype, _) in self.outputs.items():
             data = infer.get_output_tensor(index).data
+            if name in batch_io.outputs:  # split by its source input's shapes
+                parts = batch_io.scatter(name, data, requests)
+                for request, response, part in zip(requests, responses, parts, strict=True):
+                    if name in request.requested_outputs:
+                        response.set_output(name, part, datatype)
+                continue
             row = 0
             for request, response in zip(requests, responses, strict=True):
                 n = batch_size_of(request, True) if self.batching else 0
@@ -288,7 +312,7 @@ class OpenVinoInstance(ModelInstance):
     def _placed(self, requests: list[Request], responses: list[Response], rows: int) -> bool:
         """Bind every output of a lone request to its response's slot, where each has a
         known shape and is asked for: True; else nothing is bound."""
-        if len(requests) != 1:
+        if len(requests) != 1 or self.model.batch_io.outputs:
             return False
         wanted = requests[0].requested_outputs
         shapes = {}
