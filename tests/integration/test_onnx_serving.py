@@ -67,6 +67,17 @@ def build(repo: Path) -> None:
     om.save(
         om.accumulate(), repo / "accumulate", om.ACCUMULATE_CONFIG.replace('"m"', '"accumulate"')
     )
+    # ragged batches of 4 items: a batch goes when full (the delay is long)
+    ragged = "dynamic_batching { max_queue_delay_microseconds: 30000000 }"
+    om.save(
+        om.ragged_batch(),
+        repo / "ragged",
+        om.ragged_batch_config("ragged", extra=ragged, max_batch_size=4),
+    )
+    ov_ragged = om.ragged_batch_config(
+        "ov_ragged", "openvino", 'default_model_filename: "model.onnx"\n' + ragged, 4
+    )
+    om.save(om.ragged_batch(), repo / "ov_ragged", ov_ragged)
     (repo / "twice" / "1").mkdir(parents=True)
     (repo / "twice" / "config.pbtxt").write_text(ENSEMBLE)
     (repo / "bls" / "1").mkdir(parents=True)
@@ -167,6 +178,41 @@ def test_concurrent_clients_are_batched_and_get_their_own_rows(server: Server) -
         stats = c.statistics("add_sub")["model_stats"][0]
     assert stats["inference_count"] - before == 8
     assert any(b["batch_size"] > 1 for b in stats["batch_stats"]), stats["batch_stats"]
+
+
+@pytest.mark.parametrize("model", ["ragged", "ov_ragged"])
+def test_requests_of_ragged_shapes_are_batched_together(server: Server, model: str) -> None:
+    """Concurrent requests whose ragged input differs in shape form one batch (the batcher
+    waits for 4 items): each answer is its part of that batch, worked out with numpy."""
+    shapes = [(1, 2, 3), (2, 1, 2), (1, 5, 1)]  # 6, 4 and 5 elements: told apart by count
+    answers: dict[int, dict[str, np.ndarray]] = {}
+
+    def call(i: int) -> None:
+        x = np.arange(np.prod(shapes[i]), dtype=np.float32).reshape(shapes[i])
+        with server.client() as c:
+            answers[i] = c.infer(model, {"RAGGED": x})
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(shapes))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    with server.client() as c:
+        stats = c.statistics(model)["model_stats"][0]
+    assert [(b["batch_size"], b["compute_infer"]["count"]) for b in stats["batch_stats"]] == [
+        (4, 1)
+    ]
+    # the batch's requests in the order the batcher took them: by the element counts it saw
+    counts = answers[0]["COUNT_OUT"][0].tolist()
+    order = {i: counts.index(np.prod(shape)) for i, shape in enumerate(shapes)}
+    assert sorted(order.values()) == [0, 1, 2]
+    batch = [shapes[i] for i in sorted(order, key=order.__getitem__)]
+    expected = om.ragged_expected(batch)
+    for i, answer in answers.items():
+        want = expected[order[i]]
+        assert set(answer) == set(want)
+        for name, value in want.items():
+            np.testing.assert_array_equal(answer[name], value, err_msg=f"{model} {i} {name}")
 
 
 def test_shared_memory_client_and_lane(server: Server) -> None:

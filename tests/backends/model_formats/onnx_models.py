@@ -131,7 +131,9 @@ def ragged_batch() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=OPSET, ir_version=IR_VERSION)
 
 
-def ragged_batch_config(name: str, backend: str = "onnxruntime", extra: str = "") -> str:
+def ragged_batch_config(
+    name: str, backend: str = "onnxruntime", extra: str = "", max_batch_size: int = 8
+) -> str:
     """``ragged_batch``'s config: RAGGED [-1, -1] ragged, DOUBLED split back by its shape."""
     batch_inputs = [
         f'{{ kind: {kind} target_name: "{n}" data_type: {t} source_input: "RAGGED" }}'
@@ -139,7 +141,7 @@ def ragged_batch_config(name: str, backend: str = "onnxruntime", extra: str = ""
     ]
     outputs = [f'{{ name: "{n}_OUT" data_type: TYPE_FP32 dims: [ -1 ] }}' for n in BATCH_KINDS]
     return f"""
-name: "{name}" backend: "{backend}" max_batch_size: 8
+name: "{name}" backend: "{backend}" max_batch_size: {max_batch_size}
 input [ {{ name: "RAGGED" data_type: TYPE_FP32 dims: [ -1, -1 ] allow_ragged_batch: true }} ]
 output [ {{ name: "DOUBLED" data_type: TYPE_FP32 dims: [ -1, -1 ] }},
          {{ name: "ITEMS_OUT" data_type: TYPE_FP32 dims: [ 2 ] }}, {", ".join(outputs)} ]
