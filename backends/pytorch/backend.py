@@ -4,6 +4,8 @@
 ``PyTorchInstance`` loads the model onto its device, validates the config against the
 model's forward signature, and runs batches: per-request checks, one forward pass for the
 whole batch, outputs split back and written into shared memory, and the seed's statistics.
+Ragged inputs, batch inputs and batch outputs are Triton's (``backends.batch_io``); a model
+that has any runs every batch through the general path (no per-signature plan).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from inferpool.backends.api import (
     Timestamps,
     now_ns,
 )
+from inferpool.backends.batch_io import BatchIO
 from inferpool.backends.pytorch import artifact, naming
 from inferpool.backends.pytorch.device import Placement
 from inferpool.backends.pytorch.inputs import InputAssembler, Prepared
@@ -32,7 +35,7 @@ from inferpool.backends.pytorch.outputs import OutputWriter, normalize
 from inferpool.backends.pytorch.parameters import Settings
 from inferpool.backends.pytorch.shape_checks import Plan, Plans
 from inferpool.backends.pytorch.weights import SharedWeights, held_bytes, region_key
-from inferpool.wire.errors import InferpoolError, internal, unsupported
+from inferpool.wire.errors import InferpoolError, internal
 
 _stamps = tuple.__new__  # a NamedTuple without its Python-level __new__
 
@@ -43,15 +46,7 @@ class PyTorchModel(Model):
     def initialize(self) -> None:
         self.log.info("TRITONBACKEND_ModelInitialize: %s (version %d)", self.name, self.version)
         cfg = self.config
-        for field, what in (("batch_input", "batch inputs"), ("batch_output", "batch outputs")):
-            if len(getattr(cfg, field)):
-                raise unsupported(
-                    f"model '{self.name}': {what} are not supported by the pytorch backend"
-                )
-        if any(i.allow_ragged_batch for i in cfg.input):
-            raise unsupported(
-                f"model '{self.name}': ragged inputs are not supported by the pytorch backend"
-            )
+        self.batch_io = BatchIO(cfg)
         self.settings = Settings.parse(self)
         self.settings.log_to(self.log, self.name)
         self.settings.apply_threads(self.log, self.name)
@@ -96,6 +91,7 @@ class PyTorchInstance(ModelInstance):
                 model.name,
                 batching,
                 self.log,
+                model.batch_io.targets,
             )
             self.assembler = InputAssembler(
                 model.name,
@@ -105,12 +101,18 @@ class PyTorchInstance(ModelInstance):
                 layout,
                 model.max_batch_size,
                 self.placement.input_device,
+                model.batch_io,
             )
             self.writer = OutputWriter(
                 model.name,
                 naming.output_layout(model.outputs, model.states, model.name, batching, self.log),
                 batching,
+                model.batch_io,
             )
+            batch_io = model.batch_io
+            # a plan serves a lone request of a known signature: none where the batch builds
+            # inputs or splits outputs of its own
+            self.planning = not (batch_io.ragged or batch_io.inputs or batch_io.outputs)
             self.plans = Plans(self.assembler, self.writer)
             self._resources = stack.pop_all()
 
@@ -167,7 +169,7 @@ class PyTorchInstance(ModelInstance):
         statistics (as identity.cc sends its responses before it reports): on a lane the
         answer is on its way to the client while they are counted."""
         exec_start = now_ns()
-        if len(requests) == 1 and not self.placement.streams:  # the CPU: no streams to set
+        if len(requests) == 1 and self.planning and not self.placement.streams:  # the CPU
             plan = self.plans.get(requests[0])
             if plan is not None:  # a known signature: its checks passed when the plan was made
                 self._planned(requests[0], plan, exec_start)
@@ -262,7 +264,7 @@ class PyTorchInstance(ModelInstance):
             return self._batchable(batch, responses)
         if not batch:
             return batch, 0
-        if not self.placement.streams:
+        if self.planning and not self.placement.streams:
             self.plans.add(batch[0])
         return batch, batch[0].batch  # one request: its checks kept it within max_batch_size
 

@@ -10,6 +10,9 @@ are then joined along the batch dimension:
   batch in consecutive arena slots leaves them): one view over the whole span, no copy;
 * otherwise one copy of each request into a batch tensor on the instance's device.
 
+A ragged input's requests may differ in shape: each is flattened and they are joined one
+after another; the batch inputs are built for the batch (``backends.batch_io``).
+
 Inputs are gathered on the instance's GPU for KIND_GPU, on the CPU for KIND_CPU and
 KIND_MODEL (a KIND_MODEL model moves them itself).  Copies to a GPU are queued on the
 instance's stream (the forward pass follows on it); a copy from a GPU to the CPU (an input
@@ -25,6 +28,7 @@ import numpy as np
 import torch
 
 from inferpool.backends.api import InputTensor, Request, checked_batch_size
+from inferpool.backends.batch_io import BatchIO
 from inferpool.backends.pytorch import dtypes
 from inferpool.backends.pytorch.naming import InputLayout, TensorSpec
 from inferpool.backends.sequence import Control, State
@@ -65,8 +69,10 @@ class InputAssembler:
         layout: InputLayout,
         max_batch_size: int,
         device: torch.device,
+        batch_io: BatchIO,
     ) -> None:
         self.model = model
+        self.batch_io = batch_io
         self.device = device  # where inputs are gathered (the instance's)
         self.on_gpu = device.type != "cpu"  # asked once: a device's type is a new string
         self.inputs = inputs
@@ -84,7 +90,10 @@ class InputAssembler:
             self.specs[control.name] = TensorSpec(control.name, control.config_type, (1,))
         self.names = {s.name for s in inputs}  # what a request without sequence inputs gives
         # (name, forward argument position, reshape) of each forward value
-        self.positions = [(n, i, self.specs[n].reshape) for n, i in layout.index.items()]
+        self.positions = [
+            (n, i, self.specs[n].reshape) for n, i in layout.index.items() if n in self.specs
+        ]
+        self.built = [(n, i) for n, i in layout.index.items() if n not in self.specs]
 
     # ------------------------------------------------------------------ one request
     def prepare(self, request: Request) -> Prepared:
@@ -170,10 +179,13 @@ class InputAssembler:
         """Keep the requests whose non-batch shapes agree with the first; fail the others."""
         if len(batch) < 2:
             return batch, []
+        ragged = self.batch_io.ragged
         reference = {name: _tail(v, self.batching) for name, v in batch[0].values.items()}
         kept, rejected = [batch[0]], []
         for p in batch[1:]:
             for name, value in p.values.items():
+                if name in ragged:  # its requests may differ in shape
+                    continue
                 tail = _tail(value, self.batching)
                 if tail != reference[name]:
                     rejected.append(
@@ -195,12 +207,24 @@ class InputAssembler:
     def forward_args(self, batch: list[Prepared]) -> list[Any]:
         """The positional forward arguments (a single dict for a Dict[str, Tensor] model)."""
         join = self._join
+        built = self._built(batch) if self.built else {}
         if self.layout.is_dict:
-            return [{name: join(name, reshape, batch) for name, _, reshape in self.positions}]
+            values = {name: join(name, reshape, batch) for name, _, reshape in self.positions}
+            return [{**values, **built}]
         args: list[Any] = [None] * self.layout.arg_count
         for name, position, reshape in self.positions:
             args[position] = join(name, reshape, batch)
+        for name, position in self.built:
+            args[position] = built[name]
         return args
+
+    def _built(self, batch: list[Prepared]) -> dict[str, torch.Tensor]:
+        """The batch inputs of ``batch``, on the device inputs are gathered on."""
+        built = self.batch_io.build([p.request for p in batch])
+        return {
+            name: torch.from_numpy(value).to(self.device, non_blocking=self.on_gpu)
+            for name, value in built.items()
+        }
 
     def _join(
         self,
@@ -208,7 +232,10 @@ class InputAssembler:
         reshape: tuple[int, ...] | None,
         batch: list[Prepared],
     ) -> Any:
-        """Input ``name`` of every request of ``batch`` as one value (reshaped as configured)."""
+        """Input ``name`` of every request of ``batch`` as one value (reshaped as configured;
+        a ragged input flat)."""
+        if name in self.batch_io.ragged:
+            return self._join_ragged(name, batch)
         if len(batch) == 1:
             value = batch[0].values[name]
             if isinstance(value, list):
@@ -232,6 +259,16 @@ class InputAssembler:
         if reshape is not None:
             tensor = tensor.reshape((tensor.shape[0], *reshape) if self.batching else reshape)
         return tensor
+
+    def _join_ragged(self, name: str, batch: list[Prepared]) -> Any:
+        """A ragged input: every request's elements one after another, one dimension."""
+        parts = [p.values[name] for p in batch]
+        if isinstance(parts[0], list):
+            return [s for part in parts for s in part]
+        flat = [dtypes.as_tensor(BatchIO.flat(p)) for p in parts]
+        if len(flat) == 1:
+            return flat[0].to(self.device, non_blocking=self.on_gpu)
+        return _copy_into_batch(flat, self.device)
 
 
 def _queued(device: torch.device) -> bool:

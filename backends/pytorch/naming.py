@@ -194,13 +194,17 @@ def input_layout(
     model: str,
     batching: bool,
     log: logging.Logger,
+    batch_targets: tuple[str, ...] = (),
 ) -> InputLayout:
-    """Validate the config inputs against the forward signature and place each one."""
+    """Validate the config inputs against the forward signature and place each one; the
+    batch inputs' ``batch_targets`` come after the config's inputs, placed by the same
+    convention (Triton's libtorch backend)."""
     index = {c.name: _control_index(c.name) for c in controls}
     for c in controls:
         if c.kind == CORRID and not supported(c.config_type):
             raise internal(f"input '{c.name}' type '{c.config_type}' is not supported by PyTorch.")
-    is_dict, allowed = _forward_inputs(args, len(inputs) + len(controls) + len(states), model)
+    expected = len(inputs) + len(controls) + len(states) + len(batch_targets)
+    is_dict, allowed = _forward_inputs(args, expected, model)
     if not inputs:
         raise internal("model configuration must contain at least one input, none were specified.")
     names = [i.name for i in inputs]
@@ -211,6 +215,15 @@ def input_layout(
     for position, state in enumerate(states):
         _check_type(state.config_type, state.dims, "input state", state.input_name, model, batching)
         index[state.input_name] = _position(chosen, is_dict, state.input_name, position, allowed)
+    for position, name in enumerate(batch_targets, len(inputs)):
+        if chosen is Convention.FORWARD_ARGUMENT and name not in allowed:
+            raise invalid_arg(
+                f"batch input '{name}' of model '{model}' is not an argument of its forward(); "
+                f"its arguments are {', '.join(allowed)}"
+            )
+        if chosen is Convention.NAMED_INDEX and named_index(name) is None:
+            raise internal(f"input '{name}' does not follow <name>__<index> naming convention.")
+        index[name] = _position(chosen, is_dict, name, position, allowed)
     if not is_dict:
         _check_coverage(index, len(args), model)
     return InputLayout(is_dict, index, len(args))

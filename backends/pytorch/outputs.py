@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from inferpool.backends.api import Response
+from inferpool.backends.batch_io import BatchIO
 from inferpool.backends.pytorch import dtypes
 from inferpool.backends.pytorch.inputs import Prepared
 from inferpool.backends.pytorch.naming import OutputSpec
@@ -79,8 +80,11 @@ def normalize(result: Any) -> list[Any]:
 class OutputWriter:
     """Writes the model's outputs into each request's response."""
 
-    def __init__(self, model: str, layout: dict[str, OutputSpec], batching: bool) -> None:
+    def __init__(
+        self, model: str, layout: dict[str, OutputSpec], batching: bool, batch_io: BatchIO
+    ) -> None:
         self.model = model
+        self.batch_io = batch_io
         self.layout = layout
         self.specs = list(layout.values())
         # each output with the torch dtype it must have (None: none, a BYTES output)
@@ -107,7 +111,7 @@ class OutputWriter:
 
     def write(self, outputs: list[Any], batch: list[tuple[Prepared, Response]]) -> None:
         """Fill every response of ``batch``; a mismatch with the config fails the whole batch."""
-        if len(batch) == 1:
+        if len(batch) == 1 and not self.batch_io.outputs:
             prepared, response = batch[0]
             writes = self.writes(prepared.request.requested_outputs)
             self.write_alone(outputs, prepared.batch, response, writes)
@@ -123,7 +127,10 @@ class OutputWriter:
             else:
                 wanted = [pr for pr in batch if spec.name in pr[0].request.requested_outputs]
             value = outputs[spec.index]
-            if isinstance(value, torch.Tensor):
+            if spec.name in self.batch_io.outputs:
+                self._check_dtype(spec, torch_dtype, value)
+                self._write_scattered(spec, value, batch, wanted)
+            elif isinstance(value, torch.Tensor):
                 self._check_tensor(spec, torch_dtype, value, rows)
                 self._write_tensor(spec, value, batch, wanted)
             else:
@@ -156,12 +163,7 @@ class OutputWriter:
     ) -> torch.Size:
         """The output's shape (read once: each read of a tensor's is a call into torch),
         or the error why the output does not fit the config."""
-        if value.dtype is not torch_dtype:
-            provided = dtypes.datatype_of(value.dtype)
-            raise invalid_arg(
-                f"configuration expects datatype {spec.config_type} for output '{spec.name}', "
-                f"model provides TYPE_{provided}"
-            )
+        self._check_dtype(spec, torch_dtype, value)
         shape = value.shape
         if not shape:
             raise invalid_arg(f"output '{spec.name}' is a scalar which is not supported.")
@@ -171,6 +173,18 @@ class OutputWriter:
                 f"batch dimension, but the batch holds {rows}"
             )
         return shape
+
+    def _check_dtype(self, spec: OutputSpec, torch_dtype: torch.dtype | None, value: Any) -> None:
+        if not isinstance(value, torch.Tensor) or value.dtype is not torch_dtype:
+            provided = (
+                f"TYPE_{dtypes.datatype_of(value.dtype)}"
+                if isinstance(value, torch.Tensor)
+                else "List[str]"
+            )
+            raise invalid_arg(
+                f"configuration expects datatype {spec.config_type} for output '{spec.name}', "
+                f"model provides {provided}"
+            )
 
     def _check_strings(self, spec: OutputSpec, value: list[str], rows: int) -> None:
         if spec.datatype != "BYTES":
@@ -205,6 +219,21 @@ class OutputWriter:
         for p, response in wanted:
             part = value[slices[id(p)]]
             response.output_view(name, part.shape, datatype, as_tensor).copy_(part)
+
+    def _write_scattered(
+        self,
+        spec: OutputSpec,
+        value: torch.Tensor,
+        batch: list[tuple[Prepared, Response]],
+        wanted: list[tuple[Prepared, Response]],
+    ) -> None:
+        """A batch output: each request's part shaped by its source input (batch_io)."""
+        parts = self.batch_io.scatter(spec.name, value, [p.request for p, _ in batch])
+        asked = {id(p) for p, _ in wanted}
+        name, datatype, as_tensor = spec.name, spec.datatype, dtypes.as_tensor
+        for (p, response), part in zip(batch, parts, strict=True):
+            if id(p) in asked:
+                response.output_view(name, part.shape, datatype, as_tensor).copy_(part)
 
     def _write_strings(
         self,

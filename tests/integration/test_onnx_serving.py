@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from inferpool.client import Client, ShmClient
+from tests import ragged_batches as rb
 from tests.backends.model_formats import onnx_models as om
 from tests.support import Server, serving
 
@@ -72,9 +73,9 @@ def build(repo: Path) -> None:
     om.save(
         om.ragged_batch(),
         repo / "ragged",
-        om.ragged_batch_config("ragged", extra=ragged, max_batch_size=4),
+        rb.config("ragged", extra=ragged, max_batch_size=4),
     )
-    ov_ragged = om.ragged_batch_config(
+    ov_ragged = rb.config(
         "ov_ragged", "openvino", 'default_model_filename: "model.onnx"\n' + ragged, 4
     )
     om.save(om.ragged_batch(), repo / "ov_ragged", ov_ragged)
@@ -207,7 +208,7 @@ def test_requests_of_ragged_shapes_are_batched_together(server: Server, model: s
     order = {i: counts.index(np.prod(shape)) for i, shape in enumerate(shapes)}
     assert sorted(order.values()) == [0, 1, 2]
     batch = [shapes[i] for i in sorted(order, key=order.__getitem__)]
-    expected = om.ragged_expected(batch)
+    expected = rb.expected(batch)
     for i, answer in answers.items():
         want = expected[order[i]]
         assert set(answer) == set(want)

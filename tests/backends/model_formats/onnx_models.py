@@ -14,6 +14,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from tests.ragged_batches import BATCH_KINDS
+
 OPSET = [helper.make_operatorsetid("", 13)]
 # an IR version every supported onnxruntime reads: onnx 1.23 writes IR 14 by default, and
 # onnxruntime 1.23 (the last for Python 3.10) reads up to IR 11
@@ -83,19 +85,10 @@ def accumulate() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=OPSET, ir_version=IR_VERSION)
 
 
-BATCH_KINDS = {  # batch input name in ``ragged_batch``: its kind and data type
-    "COUNT": ("BATCH_ELEMENT_COUNT", "TYPE_FP32"),
-    "ACC": ("BATCH_ACCUMULATED_ELEMENT_COUNT", "TYPE_INT32"),
-    "ACC0": ("BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO", "TYPE_FP32"),
-    "MAXS": ("BATCH_MAX_ELEMENT_COUNT_AS_SHAPE", "TYPE_FP32"),
-    "FLAT": ("BATCH_ITEM_SHAPE_FLATTEN", "TYPE_INT32"),
-}
-
-
 def ragged_batch() -> onnx.ModelProto:
     """A model of every ragged-batching kind: RAGGED (FP32 [-1], a ragged input) comes back
     doubled as DOUBLED; ITEMS (FP32 [items, 2], the batch input BATCH_ITEM_SHAPE) comes back
-    as ITEMS_OUT; each batch input of :data:`BATCH_KINDS` comes back as ``<name>_OUT`` (FP32),
+    as ITEMS_OUT; each batch input of ``BATCH_KINDS`` comes back as ``<name>_OUT`` (FP32),
     whole on every row of the batch ([items, its length]), as Triton's QA models do."""
     f32, i32 = np.dtype(np.float32), np.dtype(np.int32)
     nodes = [
@@ -129,51 +122,6 @@ def ragged_batch() -> onnx.ModelProto:
         ],
     )
     return helper.make_model(graph, opset_imports=OPSET, ir_version=IR_VERSION)
-
-
-def ragged_batch_config(
-    name: str, backend: str = "onnxruntime", extra: str = "", max_batch_size: int = 8
-) -> str:
-    """``ragged_batch``'s config: RAGGED [-1, -1] ragged, DOUBLED split back by its shape."""
-    batch_inputs = [
-        f'{{ kind: {kind} target_name: "{n}" data_type: {t} source_input: "RAGGED" }}'
-        for n, (kind, t) in {"ITEMS": ("BATCH_ITEM_SHAPE", "TYPE_FP32"), **BATCH_KINDS}.items()
-    ]
-    outputs = [f'{{ name: "{n}_OUT" data_type: TYPE_FP32 dims: [ -1 ] }}' for n in BATCH_KINDS]
-    return f"""
-name: "{name}" backend: "{backend}" max_batch_size: {max_batch_size}
-input [ {{ name: "RAGGED" data_type: TYPE_FP32 dims: [ -1, -1 ] allow_ragged_batch: true }} ]
-output [ {{ name: "DOUBLED" data_type: TYPE_FP32 dims: [ -1, -1 ] }},
-         {{ name: "ITEMS_OUT" data_type: TYPE_FP32 dims: [ 2 ] }}, {", ".join(outputs)} ]
-batch_input [ {", ".join(batch_inputs)} ]
-batch_output [ {{ kind: BATCH_SCATTER_WITH_INPUT_SHAPE target_name: "DOUBLED"
-                  source_input: "RAGGED" }} ]
-{extra}
-"""
-
-
-def ragged_expected(shapes: list[tuple[int, ...]]) -> list[dict[str, np.ndarray]]:
-    """What ``ragged_batch`` answers each request of one batch whose RAGGED inputs have
-    ``shapes`` (and hold ``arange`` values), worked out with numpy."""
-    counts = [int(np.prod(s)) for s in shapes]
-    items = [s[1:] for s in shapes for _ in range(s[0])]
-    whole = {
-        "COUNT": np.array(counts, np.float32),
-        "ACC": np.cumsum(counts).astype(np.float32),
-        "ACC0": np.cumsum([0, *counts]).astype(np.float32),
-        "MAXS": np.zeros(max(counts), np.float32),
-        "FLAT": np.array(items, np.float32).reshape(-1),
-    }
-    answers = []
-    row = 0
-    for shape in shapes:
-        rows = shape[0]
-        answer = {f"{n}_OUT": np.tile(v, (rows, 1)) for n, v in whole.items()}
-        answer["DOUBLED"] = 2 * np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
-        answer["ITEMS_OUT"] = np.array(items[row : row + rows], np.float32)
-        answers.append(answer)
-        row += rows
-    return answers
 
 
 def add_sub_config(

@@ -16,6 +16,7 @@ import pytest
 
 from inferpool.backends.testing import BackendHarness
 from inferpool.wire.errors import Code, InferpoolError
+from tests import ragged_batches as rb
 
 Harness = Callable[..., BackendHarness]
 
@@ -313,7 +314,7 @@ def test_ragged_inputs_batch_inputs_and_batch_outputs(harness: Harness):
     """Requests whose ragged input differs in shape run as one batch: the model reads their
     elements one after another, and every batch input is built as Triton's backends build it;
     DOUBLED is split back by each request's input shape."""
-    h = harness(om.ragged_batch(), om.ragged_batch_config("m"))
+    h = harness(om.ragged_batch(), rb.config("m"))
     instance: Any = h.host.instance
     spy = instance.binder.binding = BindingSpy(instance.binder.binding)
     requests = [
@@ -321,18 +322,18 @@ def test_ragged_inputs_batch_inputs_and_batch_outputs(harness: Harness):
         for s in RAGGED_SHAPES
     ]
     results = h.execute(requests)
-    for (_, response, _), want in zip(results, om.ragged_expected(RAGGED_SHAPES), strict=True):
+    for (_, response, _), want in zip(results, rb.expected(RAGGED_SHAPES), strict=True):
         got = h.outputs_of(response)
         assert set(got) == set(want)
         for name, value in want.items():
             assert got[name].shape == value.shape, name
             np.testing.assert_array_equal(got[name], value, err_msg=name)
     assert [b.batch_size for b in h.host.take_batches()] == [4]  # one run, 4 batch items
-    assert set(spy.inputs) == {"RAGGED", "ITEMS", *om.BATCH_KINDS}
+    assert set(spy.inputs) == {"RAGGED", "ITEMS", *rb.BATCH_KINDS}
 
 
 def test_a_lone_ragged_request_is_flat_to_the_model(harness: Harness):
-    h = harness(om.ragged_batch(), om.ragged_batch_config("m"))
+    h = harness(om.ragged_batch(), rb.config("m"))
     x = np.arange(6, dtype=np.float32).reshape(1, 2, 3)
     got = h.infer({"RAGGED": x}, ["DOUBLED", "COUNT_OUT", "ITEMS_OUT"])
     assert set(got) == {"DOUBLED", "COUNT_OUT", "ITEMS_OUT"}  # only what was asked for
@@ -351,9 +352,9 @@ RAGGED_ADD_SUB = om.add_sub_config("m").replace(
         (om.add_sub(), RAGGED_ADD_SUB,
          "unable to load model 'm', configuration expects model provides input with shape [-1]  "
          "for ragged input 'INPUT0', model provides [-1,16]"),
-        (om.ragged_batch(), om.ragged_batch_config("m").replace('target_name: "FLAT"', ""),
+        (om.ragged_batch(), rb.config("m").replace('target_name: "FLAT"', ""),
          "unable to load model 'm', configuration expects 6 inputs, model provides 7"),
-        (om.ragged_batch(), om.ragged_batch_config("m").replace('"FLAT"', '"FLATTER"'),
+        (om.ragged_batch(), rb.config("m").replace('"FLAT"', '"FLATTER"'),
          "unexpected inference input 'FLATTER', allowed inputs are: ACC, ACC0, COUNT, FLAT, "
          "ITEMS, MAXS, RAGGED"),
     ],
@@ -367,7 +368,7 @@ def test_a_ragged_config_that_contradicts_the_model_fails_the_load(harness, mode
 def test_a_batch_output_the_model_leaves_short_fails_its_batch_only(harness: Harness):
     """DOUBLED configured wider than the model makes it: a part past the model's elements is
     an error for the batch's requests, and the model serves on."""
-    config = om.ragged_batch_config("m").replace(
+    config = rb.config("m").replace(
         'name: "DOUBLED" data_type: TYPE_FP32 dims: [ -1, -1 ]',
         'name: "DOUBLED" data_type: TYPE_FP32 dims: [ -1, 9 ]',
     )

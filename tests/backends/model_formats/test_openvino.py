@@ -14,6 +14,7 @@ import pytest
 
 from inferpool.backends.testing import BackendHarness
 from inferpool.wire.errors import InferpoolError
+from tests import ragged_batches as rb
 
 OV_ONNX = 'name: "m" backend: "openvino" default_model_filename: "model.onnx"\n'
 
@@ -108,7 +109,7 @@ def test_ragged_inputs_batch_inputs_and_batch_outputs(tmp_path: Path) -> None:
     """The onnxruntime backend's ragged model, run by OpenVINO: the same answers, worked
     out with numpy, from one batch of requests whose ragged input differs in shape."""
     shapes = [(1, 2, 3), (2, 1, 2), (1, 4, 1)]
-    config = om.ragged_batch_config("m", "openvino", 'default_model_filename: "model.onnx"')
+    config = rb.config("m", "openvino", 'default_model_filename: "model.onnx"')
     om.save(om.ragged_batch(), tmp_path / "m")
     with BackendHarness("openvino", config, repository_path=str(tmp_path / "m")) as h:
         requests = [
@@ -116,7 +117,7 @@ def test_ragged_inputs_batch_inputs_and_batch_outputs(tmp_path: Path) -> None:
             for s in shapes
         ]
         results = h.execute(requests)
-        for (_, response, _), want in zip(results, om.ragged_expected(shapes), strict=True):
+        for (_, response, _), want in zip(results, rb.expected(shapes), strict=True):
             got = h.outputs_of(response)
             assert set(got) == set(want)
             for name, value in want.items():

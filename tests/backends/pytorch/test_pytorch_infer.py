@@ -12,6 +12,7 @@ import torch_models as tm
 from torch import Tensor, nn
 
 from inferpool.wire.errors import Code, InferpoolError
+from tests import ragged_batches as rb
 from tests.support import threads_beside
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
@@ -359,7 +360,7 @@ def test_config_errors_fail_the_load(repo, harness, module, inputs, outputs, cod
     ("config", "message"),
     [
         ("batch_input [{ kind: BATCH_ELEMENT_COUNT target_name: 'N' data_type: TYPE_INT32 }]",
-         "model 'm': batch inputs are not supported by the pytorch backend"),
+         "unable to load model 'm', configuration expects 2 inputs, model provides 1"),
         ('parameters { key: "INFERENCE_MODE" value: { string_value: "yes" } }',
          "parameter 'INFERENCE_MODE' of model 'm': failed to convert 'yes' to boolean"),
         ('parameters { key: "INTRA_OP_THREAD_COUNT" value: { string_value: "two" } }',
@@ -470,3 +471,26 @@ def test_inputs_of_one_request_must_share_the_batch_size(repo, harness):
         "INVALID_ARG: input 'b' has shape [3,2], but the request's batch size is 2 (from input "
         "'a'): every input of a request shares the batch dimension (model 'm')"
     )
+
+
+def test_ragged_inputs_batch_inputs_and_batch_outputs(repo, harness):
+    """Requests whose ragged input differs in shape run as one forward pass: RAGGED flat,
+    the batch inputs passed by their forward argument names, DOUBLED split back by each
+    request's input shape; the answers worked out with numpy."""
+    tm.save(tm.RaggedBatch(), repo)
+    h = harness(rb.config("m", "pytorch"))
+    shapes = [(1, 2, 3), (2, 1, 2), (1, 4, 1)]
+    requests = [
+        h.request({"RAGGED": np.arange(np.prod(s), dtype=np.float32).reshape(s)}) for s in shapes
+    ]
+    results = h.execute(requests)
+    for (_, response, _), want in zip(results, rb.expected(shapes), strict=True):
+        got = h.outputs_of(response)
+        assert set(got) == set(want)
+        for name, value in want.items():
+            assert got[name].shape == value.shape, name
+            np.testing.assert_array_equal(got[name], value, err_msg=name)
+    alone = h.infer({"RAGGED": np.ones((1, 2, 2), np.float32)}, ["DOUBLED", "COUNT_OUT"])
+    assert alone["DOUBLED"].tolist() == [[[2.0, 2.0], [2.0, 2.0]]]
+    assert alone["COUNT_OUT"].tolist() == [[4.0]]
+    assert [b.batch_size for b in h.host.take_batches()] == [4, 1]

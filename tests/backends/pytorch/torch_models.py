@@ -140,3 +140,32 @@ def accumulate_config(
         extra="sequence_batching {" + SEQUENCE_CONTROLS % corrid + state + extra + "}",
         name=name,
     )
+
+
+class RaggedBatch(nn.Module):
+    """The ragged-batch model of ``tests.ragged_batches``, as TorchScript: each batch input
+    comes back whole on every row of the batch (as many as ITEMS has)."""
+
+    def forward(
+        self,
+        RAGGED: Tensor,
+        ITEMS: Tensor,
+        COUNT: Tensor,
+        ACC: Tensor,
+        ACC0: Tensor,
+        MAXS: Tensor,
+        FLAT: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        rows = ITEMS.shape[0]
+        return (
+            RAGGED * 2,
+            ITEMS,
+            self.whole(COUNT, rows),
+            self.whole(ACC, rows),
+            self.whole(ACC0, rows),
+            self.whole(MAXS, rows),
+            self.whole(FLAT, rows),
+        )
+
+    def whole(self, x: Tensor, rows: int) -> Tensor:
+        return x.float().reshape(1, -1).expand(rows, -1).contiguous()
