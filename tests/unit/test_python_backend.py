@@ -179,6 +179,35 @@ def test_per_request_errors_do_not_sink_the_batch(models: PythonModels) -> None:
         )
 
 
+def test_a_ragged_batch_reaches_model_py_as_its_requests(models: PythonModels) -> None:
+    """As Triton's python_backend: requests of a ragged input come as they were sent, each
+    with its own shape, and no batch input is added (model.py works on the requests)."""
+    config = """
+    name: "m" backend: "python" max_batch_size: 8
+    input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] allow_ragged_batch: true } ]
+    output [ { name: "OUT" data_type: TYPE_INT32 dims: [ -1 ] } ]
+    batch_input [ { kind: BATCH_ACCUMULATED_ELEMENT_COUNT target_name: "INDEX"
+                    data_type: TYPE_INT32 source_input: "IN" } ]
+    """
+    model_py = """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            return [
+                pb_utils.InferenceResponse([pb_utils.Tensor(
+                    "OUT", np.array([[len(requests), len(r.inputs())]], np.int32)
+                )])
+                for r in requests
+            ]
+    """
+    model_dir = models.make("m", config, {"1/model.py": model_py})
+    with models.load(model_dir) as h:
+        batch = h.execute([h.request({"IN": [[1, 2, 3]]}), h.request({"IN": [[4]]})])
+        assert [h.outputs_of(r)["OUT"].tolist() for _, r, _ in batch] == [[[2, 1]], [[2, 1]]]
+
+
 def test_exception_in_execute_fails_the_batch_and_the_next_batch_runs(
     models: PythonModels,
 ) -> None:
