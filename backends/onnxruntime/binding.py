@@ -128,18 +128,19 @@ class Binder:
         if first.datatype == "BYTES":
             return _strings(first.name, parts, ragged)
         on_host = all(p.memory == "cpu" for p in parts)
-        arrays = [BatchIO.flat(p.data) if ragged else p.data for p in parts]
         if len(parts) == 1:
-            data = arrays[0]
-        elif on_host:
-            data, copied = self.joiners.setdefault(first.name, Joiner()).join(arrays)
-            self.copied += copied
-        else:  # parts on a GPU: the device joins them, before ONNX Runtime reads them
-            import cupy
+            data = BatchIO.flat(first.data) if ragged else first.data
+        else:
+            arrays = [BatchIO.flat(p.data) if ragged else p.data for p in parts]
+            if on_host:
+                data, copied = self.joiners.setdefault(first.name, Joiner()).join(arrays)
+                self.copied += copied
+            else:  # parts on a GPU: the device joins them, before ONNX Runtime reads them
+                import cupy
 
-            data = cupy.concatenate([cuda.as_cupy(a) for a in arrays])
-            cupy.cuda.get_current_stream().synchronize()
-            self.copied += data.nbytes
+                data = cupy.concatenate([cuda.as_cupy(a) for a in arrays])
+                cupy.cuda.get_current_stream().synchronize()
+                self.copied += data.nbytes
         if not on_host and not (self.on_gpu and self.bound):  # GPU memory, read on the host
             data = codec.host_array(data)
             self.copied += data.nbytes

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from inferpool.client import Client, ShmClient
+from inferpool.wire.errors import Code, InferpoolError
 from tests import ragged_batches as rb
 from tests.backends.model_formats import onnx_models as om
 from tests.support import Server, serving
@@ -187,6 +188,11 @@ def test_requests_of_ragged_shapes_are_batched_together(server: Server, model: s
     waits for 4 items): each answer is its part of that batch, worked out with numpy."""
     shapes = [(1, 2, 3), (2, 1, 2), (1, 5, 1)]  # 6, 4 and 5 elements: told apart by count
     answers: dict[int, dict[str, np.ndarray]] = {}
+    with server.client() as c:  # a batch input is the backend's to build, never a client's
+        x = np.ones((1, 2, 2), np.float32)
+        with pytest.raises(InferpoolError, match="unexpected inference input 'COUNT'") as info:
+            c.infer(model, {"RAGGED": x, "COUNT": np.ones((1, 1), np.float32)})
+        assert info.value.code == Code.INVALID_ARG
 
     def call(i: int) -> None:
         x = np.arange(np.prod(shapes[i]), dtype=np.float32).reshape(shapes[i])
