@@ -59,6 +59,7 @@ from inferpool.backends.request_io import (
 )
 from inferpool.backends.shared_regions import SharedRegion, SharedRegions
 from inferpool.wire.errors import InferpoolError, internal, invalid_arg
+from inferpool.wire.worker.spec import AUTO_COMPLETE_CONFIG
 
 _log = logging.getLogger("inferpool.worker")
 
@@ -154,6 +155,12 @@ class Model(_Level):
     @property
     def decoupled(self) -> bool:
         return bool(self.config.model_transaction_policy.decoupled)
+
+    @property
+    def auto_complete_config(self) -> bool:
+        """TRITONBACKEND_ModelAutoCompleteConfig: whether this backend may complete the
+        config (False when the server runs with ``--disable-auto-complete-config``)."""
+        return self.backend.config.get(AUTO_COMPLETE_CONFIG, "true") != "false"
 
     def parameter(self, key: str, default: str | None = None) -> str | None:
         """A ``parameters { key: ... value: { string_value: ... } }`` entry of the config."""

@@ -54,6 +54,8 @@ class ServerOptions:
     model_control_mode: str = "none"  # "none", "explicit" or "poll"
     load_models: tuple[str, ...] = ()
     strict_readiness: bool = True
+    auto_complete_config: bool = True  # False: --disable-auto-complete-config
+    exit_on_error: bool = True  # a model that fails to load at start stops the start
     backend_directory: str = ""
     backend_config: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     repository_poll_secs: float = 15.0  # poll mode: how often the repository is compared

@@ -98,6 +98,7 @@ class Broker:
         Models load when :meth:`run` begins; ``on_started`` hears once they all settled."""
         self.options = opts = options
         self._on_started = on_started
+        self.start_error = ""  # why the start failed (--exit-on-error): run() returns 1
         self._signals: list[int] = []
         request_slice(opts.sched_slice_us)  # before any thread or child: they inherit it
         self._watchdog = Watchdog()
@@ -217,6 +218,7 @@ class Broker:
                 inflight=inflight,
                 unmaps=unmaps,
                 tracer=tracer,
+                auto_complete=opts.auto_complete_config,
             )
             stack.callback(models.overrides.close)
             self.requests = requests = models.requests
@@ -361,16 +363,21 @@ class Broker:
         ready = sum(1 for r in rows if r["state"] == State.READY.value)
         log.debug("started: %d of %d model version(s) READY", ready, len(rows))
         warn_if_too_small(self.options, len(self.supervisor.handles))
-        for r in rows:
-            if r["state"] != State.READY.value:
-                log.error(
-                    "model '%s' version %s is %s: %s",
-                    r["name"],
-                    r["version"],
-                    r["state"],
-                    r["reason"],
-                )
-        sd_notify("READY=1\nSTATUS=serving")
+        failed = [r for r in rows if r["state"] != State.READY.value]
+        for r in failed:
+            log.error(
+                "model '%s' version %s is %s: %s",
+                r["name"],
+                r["version"],
+                r["state"],
+                r["reason"],
+            )
+        if failed and self.options.exit_on_error:
+            # Triton's --exit-on-error (its default): the start fails, the loaded stop too
+            self.start_error = "failed to load all models"
+            self.drain.begin(self.start_error, time.monotonic())
+        else:
+            sd_notify("READY=1\nSTATUS=serving")
         if self._on_started is not None:
             self._on_started(self)
 
@@ -445,7 +452,7 @@ class Broker:
                     self._housekeeping(now)
                     next_housekeeping = now + HOUSEKEEPING_S
                 if drain.phase is not SERVING and drain.step(now):
-                    return 0
+                    return 1 if self.start_error else 0
         finally:
             self.close()
 

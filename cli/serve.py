@@ -61,6 +61,27 @@ def parse_backend_config(items: Sequence[str]) -> dict[str, dict[str, str]]:
     return out
 
 
+def auto_complete_config(args: argparse.Namespace) -> bool:
+    """Whether configs are completed: ``--disable-auto-complete-config``, or the deprecated
+    ``--strict-model-config=true``, says no (with Triton's warnings on stderr)."""
+    strict = args.strict_model_config
+    if strict is not None:
+        print(
+            "Warning: '--strict-model-config' has been deprecated! Please use "
+            "'--disable-auto-complete-config' instead.",
+            file=sys.stderr,
+        )
+    if args.disable_auto_complete_config:
+        if strict is False:
+            print(
+                "Warning: Overriding deprecated '--strict-model-config' from False to True in "
+                "favor of '--disable-auto-complete-config'!",
+                file=sys.stderr,
+            )
+        return False
+    return not strict
+
+
 def options_from_args(args: argparse.Namespace) -> ServerOptions:
     """The server options ``inferpool serve``'s flags set."""
     # the broker's modules, only for serve: the client commands start without them
@@ -86,6 +107,8 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         model_control_mode=args.model_control_mode,
         load_models=tuple(args.load_model),
         strict_readiness=args.strict_readiness,
+        auto_complete_config=auto_complete_config(args),
+        exit_on_error=args.exit_on_error,
         backend_directory=(
             os.path.abspath(args.backend_directory) if args.backend_directory else ""
         ),
@@ -138,9 +161,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         for row in b.registry.index():
             reason = f" ({row['reason']})" if row["reason"] else ""
             print(f"  model {row['name']} version {row['version'] or '-'}: {row['state']}{reason}")
-        print(
-            "inferpool is ready" if b.ready() else "inferpool started, but not every model is ready"
-        )
+        if not b.start_error:
+            print(
+                "inferpool is ready"
+                if b.ready()
+                else "inferpool started, but not every model is ready"
+            )
         sys.stdout.flush()
 
     try:
@@ -168,4 +194,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if broker.metrics is not None:
         print(f"  metrics on http://{opts.metrics_address}:{broker.metrics.port}/metrics")
     sys.stdout.flush()
-    return broker.run()
+    status = broker.run()
+    if broker.start_error:  # Triton's line, then how to serve the others anyway
+        print(
+            f"error: creating server: Internal - {broker.start_error}; "
+            "--exit-on-error=false serves the models that loaded",
+            file=sys.stderr,
+        )
+    return status

@@ -90,6 +90,27 @@ def _repository(p: Any) -> None:
         help="ready only while every model is ready (default: %(default)s)",
     )
     g.add_argument(
+        "--exit-on-error",
+        type=parse_bool,
+        default=True,
+        metavar="BOOL",
+        help="exit (status 1) when a model fails to load at start; false: serve the others "
+        "(default: true)",
+    )
+    g.add_argument(
+        "--disable-auto-complete-config",
+        action="store_true",
+        help="serve every config as written: no config is completed from the model's files "
+        "or by its backend, so each model needs a config.pbtxt with all its backend needs",
+    )
+    g.add_argument(
+        "--strict-model-config",
+        type=parse_bool,
+        default=None,
+        metavar="BOOL",
+        help="deprecated: true is --disable-auto-complete-config",
+    )
+    g.add_argument(
         "--backend-directory",
         default=TRITON_BACKEND_DIRECTORY,
         metavar="DIR",

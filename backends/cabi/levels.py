@@ -115,7 +115,7 @@ class CModel(Model):
             self.version,
             self.repository_path,
             json.dumps(config_to_dict(self.config)),
-            True,
+            self.auto_complete_config,
             self,
         )
         self.backend._call("TRITONBACKEND_ModelInitialize", self.capsule)

@@ -61,7 +61,8 @@ class OnnxModel(Model):
         outputs = ort_session.tensors(probe.get_outputs())
         overridable = ort_session.tensors(probe.get_overridable_initializers())
         del probe
-        if not (model_io.declared_inputs(self.config) and len(self.config.output)):
+        written = model_io.declared_inputs(self.config) and len(self.config.output)
+        if self.auto_complete_config and not written:
             default = model_io.default_max_batch_size(self.backend.config, self.backend.name)
             batching = model_io.can_batch(inputs, outputs)
             self.set_config(
@@ -69,7 +70,7 @@ class OnnxModel(Model):
                     self.config, self.name, inputs, outputs, batching, default, self.log
                 )
             )
-        else:
+        elif written:
             self.log.info(
                 "skipping model configuration auto-complete for '%s': inputs and outputs "
                 "already specified",

@@ -156,11 +156,12 @@ class OpenVinoModel(Model):
                 self.name,
             )
             batching = True  # the config says the first dimension is the batch: trust it
-        self.set_config(
-            model_io.autocomplete(
-                self.config, self.name, inputs, outputs, batching, max(default, 1), self.log
+        if self.auto_complete_config:
+            self.set_config(
+                model_io.autocomplete(
+                    self.config, self.name, inputs, outputs, batching, max(default, 1), self.log
+                )
             )
-        )
         model_io.check_inputs(self.config, self.name, inputs, model_io.OPENVINO_RULES)
         model_io.check_outputs(self.config, self.name, outputs, model_io.OPENVINO_RULES)
         self.batch_io = BatchIO(self.config)

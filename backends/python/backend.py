@@ -86,7 +86,7 @@ class PythonModel(Model):
         self.model_file = self._model_file()
         self.model_class = load_model_class(self.model_file)
         hook = getattr(self.model_class, "auto_complete_config", None)
-        if hook is not None:
+        if hook is not None and self.auto_complete_config:
             self._auto_complete(hook)
         self.config_json = json.dumps(config_to_dict(self.config))  # args["model_config"]
         self.supports_batching = self.max_batch_size > 0

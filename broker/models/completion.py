@@ -18,6 +18,7 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as pb
 
 from inferpool.broker.models.config import CONFIG_FILE, validate
+from inferpool.broker.models.core_defaults import add_core_defaults
 from inferpool.broker.models.registry import ModelVersion
 from inferpool.wire.errors import Code, InferpoolError
 
@@ -31,6 +32,7 @@ def adopt(mv: ModelVersion, reported: Any, instance: str) -> bool:
     Raises INVALID_ARG naming the model, the instance and the problem.
     """
     config = _parse(mv, reported, instance)
+    add_core_defaults(config)  # for what the backend added (dynamic batching, ...)
     if mv.completed_by:
         if config != mv.config:
             raise InferpoolError(

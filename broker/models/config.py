@@ -24,7 +24,7 @@ CONFIG_FILE = "config.pbtxt"
 
 # Triton platforms whose backend is implied by the platform name, and back.
 PLATFORM_BACKENDS = {"pytorch_libtorch": "pytorch", "onnxruntime_onnx": "onnxruntime"}
-BACKEND_PLATFORMS = {"onnxruntime": "onnxruntime_onnx"}
+BACKEND_PLATFORMS = {"onnxruntime": "onnxruntime_onnx", "pytorch": "pytorch_libtorch"}
 # A version directory's model file (or directory: model.onnx may be one) -> the config a
 # model without config.pbtxt (or a config override without a backend) starts from, as
 # Triton infers it; a libtriton_<B>.so in a version directory or the model directory
@@ -37,8 +37,14 @@ MODEL_FILES = {
 }
 _C_BACKEND = re.compile(r"libtriton_(\w+)\.so")
 # The model file Triton's core writes into the config of these backends when it names none
-# (default_model_filename, as the model's config reports it).
-DEFAULT_MODEL_FILENAMES = {"onnxruntime": "model.onnx", "openvino": "model.xml"}
+# (default_model_filename, as the model's config reports it); pytorch's only where the
+# platform was implied too, as in Triton.
+DEFAULT_MODEL_FILENAMES = {
+    "onnxruntime": "model.onnx",
+    "openvino": "model.xml",
+    "python": "model.py",
+    "pytorch": "model.pt",
+}
 
 
 def config_error(model: str, path: str, problem: str, fix: str = "") -> InferpoolError:
@@ -47,14 +53,22 @@ def config_error(model: str, path: str, problem: str, fix: str = "") -> Inferpoo
     return InferpoolError(Code.INVALID_ARG, f"{text}. {fix}" if fix else text)
 
 
-def load_config(model_dir: str) -> pb.ModelConfig:
-    """Parse, complete and validate ``<model_dir>/config.pbtxt``."""
+def load_config(model_dir: str, auto_complete: bool = True) -> pb.ModelConfig:
+    """Parse, complete and validate ``<model_dir>/config.pbtxt``; without ``auto_complete``
+    (``--disable-auto-complete-config``) the file must exist, as in Triton."""
     model = os.path.basename(os.path.normpath(model_dir))
     path = os.path.join(model_dir, CONFIG_FILE)
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except FileNotFoundError:
+        if not auto_complete:
+            raise InferpoolError(
+                Code.INTERNAL,
+                f"failed to open text file for read {path}: No such file or directory (the "
+                "server runs with --disable-auto-complete-config: every model needs its "
+                "config.pbtxt, with every setting its backend needs)",
+            ) from None
         config = _inferred(model_dir, model)
         if config is None:
             raise InferpoolError(
@@ -113,8 +127,9 @@ def _implied(model_dir: str, filename: str) -> dict[str, str] | None:
 
 
 def complete(config: pb.ModelConfig, model: str, path: str, model_dir: str) -> None:
-    """Fill the defaults Triton fills: name, the backend from the platform or from the
-    model's files in ``model_dir``, the model file's name, version policy, instances.
+    """Fill the defaults Triton fills from the model's directory: name, the backend from the
+    platform or from the model's files in ``model_dir``, the model file's name, version
+    policy (the rest is ``models.core_defaults``' and ``pool.instance_groups``').
     ``path`` names the config in errors (its file, or "config override")."""
     if not config.name:
         config.name = model
@@ -146,17 +161,17 @@ def complete(config: pb.ModelConfig, model: str, path: str, model_dir: str) -> N
                 'platform: "ensemble" with ensemble_scheduling)',
             )
         config.backend = implied
-    if not config.platform and config.backend in BACKEND_PLATFORMS:
+    implied_platform = not config.platform and config.backend in BACKEND_PLATFORMS
+    if implied_platform:
         config.platform = BACKEND_PLATFORMS[config.backend]
-    if not config.default_model_filename and config.backend in DEFAULT_MODEL_FILENAMES:
+    if (
+        not config.default_model_filename
+        and config.backend in DEFAULT_MODEL_FILENAMES
+        and (implied_platform or config.backend != "pytorch")
+    ):
         config.default_model_filename = DEFAULT_MODEL_FILENAMES[config.backend]
     if not config.HasField("version_policy"):
         config.version_policy.latest.num_versions = 1
-    if not config.instance_group and not ensemble:
-        config.instance_group.add(count=1, kind=pb.ModelInstanceGroup.KIND_AUTO)
-    for group in config.instance_group:
-        if group.count == 0:  # proto3 cannot tell unset from 0: Triton's default is 1
-            group.count = 1
 
 
 def validate(config: pb.ModelConfig, model: str, path: str) -> None:
@@ -210,9 +225,12 @@ def validate(config: pb.ModelConfig, model: str, path: str) -> None:
         _validate_sequence_strategy(config, model, path)
     _validate_batch_io(config, model, path)
     for group in config.instance_group:
-        if group.count < 1:
+        if group.count < 0:
             raise config_error(
-                model, path, f"instance_group '{group.name}' has count {group.count}; need >= 1"
+                model,
+                path,
+                f"instance_group '{group.name}' has count {group.count}; need >= 1 (or none: "
+                "the default)",
             )
     if is_ensemble(config):
         try:

@@ -16,6 +16,7 @@ from inferpool.broker.models import completion
 from inferpool.broker.models.blame import client_fault
 from inferpool.broker.models.cancellation import Flags
 from inferpool.broker.models.config_support import ConfigSupport
+from inferpool.broker.models.core_defaults import add_core_defaults
 from inferpool.broker.models.ensemble_config import is_ensemble
 from inferpool.broker.models.ensembles import Ensembles
 from inferpool.broker.models.failures import BACKEND
@@ -73,10 +74,12 @@ class ModelLifecycle:
         inflight: dict[int, PendingRequest],
         unmaps: dict[str, list[str]],
         tracer: Tracer,
+        auto_complete: bool = True,
     ) -> None:
         """``pool`` makes the supervisor that reports its workers' events to this lifecycle;
-        ``support``: what the server's flags make work.  The rest builds the request path
-        (``models.request_path.RequestPath``)."""
+        ``support``: what the server's flags make work; ``auto_complete``: whether configs
+        may be completed (``--disable-auto-complete-config``).  The rest builds the request
+        path (``models.request_path.RequestPath``)."""
         self.repository = repository
         self.registry = registry
         self.planner = planner
@@ -98,7 +101,8 @@ class ModelLifecycle:
             tracer=tracer,
         )
         self.ensembles = Ensembles(registry, self, self.requests)  # run in the broker
-        self.overrides = Overrides(repository)  # explicit loads with a config or files
+        # explicit loads with a config or files
+        self.overrides = Overrides(repository, auto_complete)
         self.pending: dict[str, ModelRecord] = {}  # replacements loading beside their model
         self.retiring: list[ModelRecord] = []  # records whose workers are stopping
         self.load_waiters: dict[str, list[Waiter]] = {}
@@ -150,6 +154,8 @@ class ModelLifecycle:
             record.error = entry.error
             log.error("%s", entry.error)
             return record
+        add_core_defaults(entry.config)  # after the check: what the core adds is no user's
+        self.planner.complete(entry.config)
         for version in entry.versions:
             mv = ModelVersion(name, version, entry.config, entry.path)
             mv.file_labels = mv.labels = labels

@@ -93,8 +93,9 @@ def parse(params: Any, frames: list[Any]) -> Override | None:
 class Overrides:
     """The overrides in force, by model name, and the directories written for them."""
 
-    def __init__(self, repository: str) -> None:
+    def __init__(self, repository: str, auto_complete: bool = True) -> None:
         self.repository = repository
+        self.auto_complete = auto_complete  # may a model's files leave its config unwritten
         self.wanted: dict[str, Override] = {}  # what the next build of a model loads
         self._base = ""  # made on first use, removed at close
         self._dirs: set[str] = set()
@@ -110,7 +111,7 @@ class Overrides:
         """The model as the next load of it sees it: overridden, or as on disk."""
         override = self.wanted.get(name)
         if override is None:
-            return repository.scan_model(self.repository, name)
+            return repository.scan_model(self.repository, name, self.auto_complete)
         path = os.path.join(self.repository, name)
         entry = repository.ModelEntry(name=name, path=path, fingerprint=override.fingerprint())
         try:

@@ -94,8 +94,9 @@ def poll_failure(name: str, err: InferpoolError) -> InferpoolError:
     )
 
 
-def scan_model(repository: str, name: str) -> ModelEntry:
-    """Read one model directory; errors are recorded on the entry, never raised."""
+def scan_model(repository: str, name: str, auto_complete: bool = True) -> ModelEntry:
+    """Read one model directory; errors are recorded on the entry, never raised.
+    ``auto_complete``: whether a model may leave its config to be completed (load_config)."""
     path = os.path.join(repository, name)
     entry = ModelEntry(name=name, path=path)
     try:
@@ -104,7 +105,7 @@ def scan_model(repository: str, name: str) -> ModelEntry:
                 Code.NOT_FOUND, f"model '{name}' not found in any model repository"
             )
         entry.fingerprint = fingerprint(path)  # before reading: a later edit means reload
-        entry.config = load_config(path)
+        entry.config = load_config(path, auto_complete)
         entry.versions = select_versions(entry.config, available_versions(path))
         if not entry.versions:
             raise InferpoolError(

@@ -23,6 +23,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from inferpool.broker.models.core_defaults import DEFAULT_IDLE_US
 from inferpool.broker.models.registry import ModelVersion
 from inferpool.broker.models.request import FLAG_SEQUENCE_END, FLAG_SEQUENCE_START, PendingRequest
 from inferpool.broker.models.scheduler import Dispatch, Reject, Scheduler
@@ -30,7 +31,6 @@ from inferpool.broker.models.sequence_strategies import InstanceSlots, slot_coun
 from inferpool.wire.errors import Code, InferpoolError, invalid_arg
 
 log = logging.getLogger("inferpool.sequencer")
-DEFAULT_IDLE_US = 1_000_000  # Triton's default max_sequence_idle_microseconds
 
 
 def scheduler_for(model: ModelVersion, dispatch: Dispatch, reject: Reject) -> Scheduler:

@@ -12,10 +12,9 @@ Semantics follow Triton (model_config_utils.cc, backend_model_instance.cc):
 * An instance uses the policy its group names, else the default name of its kind:
   ``cpu``, ``gpu_<device>`` or ``model`` (so ``--host-policy=gpu_1,numa-node=1`` places every
   instance on GPU 1 by the GPU's NUMA node, as in Triton).
-* Groups without a name are ``<model>_<group index>``; a config without groups gets one
-  group named ``<model>``; instance ``c`` of a group is ``<group>_<c>``; KIND_GPU makes ``count``
-  instances per listed GPU (all GPUs if none listed); KIND_AUTO is GPU when GPUs exist, every
-  listed GPU exists and the backend can use them, else CPU; ``count`` 0 (unset) means 1.
+* The groups are completed first as Triton's core completes them (names, kinds, counts,
+  GPUs: ``pool.instance_groups``); instance ``c`` of a group is ``<group>_<c>``; KIND_GPU
+  makes ``count`` instances per listed GPU.
 
 Unlike Triton, instances without a host policy are not left floating: each gets one core,
 the least used of the broker's cores, counted over every model the broker serves
@@ -28,6 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from inferpool.broker.pool.instance_groups import complete_groups
 from inferpool.broker.pool.topology import Topology, format_cpu_list, parse_cpu_list
 from inferpool.wire.errors import invalid_arg
 from inferpool.wire.worker.spec import InstanceSpec, PinningSpec
@@ -218,22 +218,21 @@ def _pinning(
 
 
 def _resolve_group(
-    group: Any, where: str, topo: Topology, policies: Mapping[str, HostPolicy], backend_gpu: bool
-) -> tuple[str, int, list[int]]:
-    """Triton's normalisation and validation of one group: (kind, count, devices)."""
+    group: Any, where: str, topo: Topology, policies: Mapping[str, HostPolicy]
+) -> tuple[str, list[int]]:
+    """Triton's validation of one completed group: (kind, devices)."""
     gpu_ids = set(range(len(topo.gpus)))
     gpus = list(group.gpus)
     kind = KINDS.get(group.kind)
-    if kind is None:
+    if kind is None or kind == "AUTO":
         raise invalid_arg(
             f"{where}: unknown kind {group.kind}; valid: KIND_AUTO, KIND_GPU, KIND_CPU, KIND_MODEL"
         )
-    if kind == "AUTO":  # listed GPUs that are missing mean CPU (not an error, unlike Triton)
-        usable = backend_gpu and bool(gpu_ids) and all(g in gpu_ids for g in gpus)
-        kind = "GPU" if usable else "CPU"
-    if group.count < 0:
-        raise invalid_arg(f"{where}: count is {group.count}; it must be 1 or more (0 means 1)")
-    if kind == "CPU" and gpus and group.kind != 0:
+    if group.count < 1:
+        raise invalid_arg(
+            f"{where}: count is {group.count}; it must be 1 or more (0 or unset: the default)"
+        )
+    if kind == "CPU" and gpus:
         raise invalid_arg(f"{where}: has kind KIND_CPU but lists gpus {gpus}; drop them")
     if kind == "GPU":
         if not gpu_ids:
@@ -252,8 +251,7 @@ def _resolve_group(
             f"--host-policy={group.host_policy},KEY=VALUE "
             f"(defined: {', '.join(sorted(policies)) or 'none'})"
         )
-    devices = (gpus or sorted(gpu_ids)) if kind == "GPU" else [0]
-    return kind, group.count or 1, devices
+    return kind, gpus if kind == "GPU" else [0]
 
 
 def plan_instances(
@@ -280,13 +278,13 @@ def plan_instances(
     model, threads = config.name, _threads_parameter(config)
     cfg = type(config)()
     cfg.CopyFrom(config)
-    if not cfg.instance_group:  # Triton adds one group named after the model
-        cfg.instance_group.add().name = model
+    complete_groups(cfg, range(len(topology.gpus)) if backend_gpu else ())
     placements: list[Placement] = []
-    for gi, group in enumerate(cfg.instance_group):
-        gname = group.name or f"{model}_{gi}"
+    for group in cfg.instance_group:
+        gname = group.name
         where = f"model '{model}' instance group '{gname}'"
-        kind, count, devices = _resolve_group(group, where, topology, policies, backend_gpu)
+        kind, devices = _resolve_group(group, where, topology, policies)
+        count = group.count
         secondary = [
             {"kind": SECONDARY_KINDS.get(d.kind, str(d.kind)), "device_id": int(d.device_id)}
             for d in group.secondary_devices
@@ -329,6 +327,10 @@ class Planner:
         self.policies = policies
         self.pin = pin
         self._usage = CoreUsage()
+
+    def complete(self, config: Any) -> None:
+        """Complete ``config``'s instance groups for this machine (``pool.instance_groups``)."""
+        complete_groups(config, range(len(self.topology.gpus)))
 
     def plan(self, config: Any) -> list[Placement]:
         """:func:`plan_instances` for one model; its cores count until :meth:`release`."""

@@ -14,7 +14,7 @@ from inferpool.broker.pool.handle import WorkerHandle
 from inferpool.shm.cancel_flags import flags_region
 from inferpool.wire import logs
 from inferpool.wire.logs import settings_dict
-from inferpool.wire.worker.spec import WorkerSpec
+from inferpool.wire.worker.spec import AUTO_COMPLETE_CONFIG, WorkerSpec
 
 if TYPE_CHECKING:
     from inferpool.broker.pool.supervisor import SupervisorOptions
@@ -47,10 +47,12 @@ def worker_spec(
         cancel_region=flags_region(run_id),
         pinning=handle.pinning,
         backend_directory=options.backend_directory,
-        # global settings (Triton's --backend-config=<key>=<value>), then the backend's own
+        # global settings (Triton's --backend-config=<key>=<value>), then the backend's own,
+        # then whether it may complete its config (Triton's core passes it as a setting)
         backend_config={
             **options.backend_config.get("", {}),
             **options.backend_config.get(backend, {}),
+            AUTO_COMPLETE_CONFIG: "true" if options.auto_complete_config else "false",
         },
         gpu_load_limit=limit_for(
             options.model_load_gpu_limit, handle.instance.kind, handle.instance.device_id

@@ -61,6 +61,7 @@ class SupervisorOptions:
 
     backend_directory: str
     backend_config: Mapping[str, Mapping[str, str]]
+    auto_complete_config: bool  # False: backends leave the config as it is written
     model_load_gpu_limit: Mapping[int, float]  # device -> fraction
     boot_timeout: float
     execute_timeout: float  # 0: no limit

@@ -117,15 +117,17 @@ class Served(NamedTuple):
 
 
 @contextmanager
-def served(prefix: str, build: Callable[[Path], None], kserve: bool = False) -> Iterator[Served]:
+def served(
+    prefix: str, build: Callable[[Path], None], *args: str, kserve: bool = False
+) -> Iterator[Served]:
     """A server over the repository ``build`` writes (for a module's tests to share), with
-    the KServe frontends when ``kserve``; the run must end cleanly, leaving no shared memory
-    behind."""
+    ``args`` and the KServe frontends when ``kserve``; the run must end cleanly, leaving no
+    shared memory behind."""
     tmp = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     try:
         repo = tmp / "repo"
         build(repo)
-        with Server(tmp, repo, kserve=kserve) as server:
+        with Server(tmp, repo, *args, kserve=kserve) as server:
             yield Served(server, repo)
         assert server.proc.returncode == 0, server.log()
         assert server.regions() == [], "the module's server left shared memory behind"

@@ -386,9 +386,7 @@ def test_failed_calls_are_responses_with_errors(server: Server) -> None:
 
 def test_a_called_model_that_crashes_is_an_error_reply(server: Server) -> None:
     _, info = run(server, "crash")
-    assert (
-        "instance 'fails_0_0' of model 'fails' version 1 died with exit code 9" in (info["error"])
-    )
+    assert "instance 'fails_0' of model 'fails' version 1 died with exit code 9" in (info["error"])
     _, info = run(server, "errors")  # it is respawned and answers again
     assert info["fails"] == [True, "fails on purpose"]
 

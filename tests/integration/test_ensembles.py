@@ -294,7 +294,7 @@ def repository(tmp: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    yield from serving(repository)
+    yield from serving(repository, "--exit-on-error=false")  # with ensembles that cannot run
 
 
 def test_a_chain_passes_tensors_in_place_and_counts_every_model(server: Server) -> None:
@@ -407,7 +407,7 @@ def test_a_crashed_composing_model_fails_the_request_and_comes_back(server: Serv
         with pytest.raises(InferpoolError) as err:
             c.infer("chain", {"IN": np.array([-2, 0, 0, 0], np.float32)})
         assert err.value.code is Code.UNAVAILABLE
-        assert "in ensemble 'chain', step 0 (model 'pre') failed: instance 'pre_0_0'" in (
+        assert "in ensemble 'chain', step 0 (model 'pre') failed: instance 'pre_0'" in (
             err.value.message
         )
         assert "died with exit code 3" in err.value.message

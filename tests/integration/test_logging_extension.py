@@ -111,7 +111,7 @@ def test_a_change_reaches_the_workers_at_once(
     grpc.update_log_settings({"log_format": "ISO8601", "log_warning": False, "log_info": True})
     assert http.get_log_settings()["log_format"] == "ISO8601"
     [info, verbose] = talk_without_warning(server, 3)
-    assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ I \d+ \[talker_0_0 pid \d+\] ", info)
+    assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ I \d+ \[talker_0 pid \d+\] ", info)
     assert " D " in verbose and verbose.endswith("talker verbose 3")
 
 

@@ -66,7 +66,7 @@ def test_metrics_count_requests_durations_and_backend_metrics(short_tmp, shm_cle
                 },
                 [np.ones(1, np.float32).data],
             )
-            wait_until(lambda: {r["instance"]: r for r in b.status()}["slow_0_0"]["busy"])
+            wait_until(lambda: {r["instance"]: r for r in b.status()}["slow_0"]["busy"])
             with pytest.raises(InferpoolError, match="Request timeout expired"):
                 b.infer("slow", {"INPUT0": np.ones(1, np.float32)}, parameters={"timeout": 1000})
             assert "error" not in a._recv(first, 10)[0]
@@ -95,8 +95,8 @@ def test_metrics_count_requests_durations_and_backend_metrics(short_tmp, shm_cle
             assert got[("nv_inference_queue_duration_us", fast)] > 0
             # identity's custom metric: 1 + 2 + 3 FP32 elements, under the name it declared
             assert got[("input_byte_size_counter", fast)] == 24
-            assert got[("inferpool_instance_ready", of("fast", instance="fast_0_0"))] == 1
-            assert got[("inferpool_instance_restarts", of("slow", instance="slow_0_0"))] == 0
+            assert got[("inferpool_instance_ready", of("fast", instance="fast_0"))] == 1
+            assert got[("inferpool_instance_restarts", of("slow", instance="slow_0"))] == 0
             assert got[("inferpool_arena_bytes", (("kind", "size"),))] == 32 << 20
             assert got[("inferpool_inflight_requests", ())] == 0
             # Triton's names and types, no _total anywhere

@@ -236,7 +236,8 @@ def server() -> Iterator[Server]:
     try:
         write_repository(tmp / "repo")
         # verbose: the start's lines say how often each worker was started
-        with Server(tmp, tmp / "repo", "--log-verbose", "1") as server:
+        # broken_init fails to load by design: the others are served
+        with Server(tmp, tmp / "repo", "--log-verbose", "1", "--exit-on-error=false") as server:
             yield server
         assert server.proc.returncode == 0, server.log()
         assert server.regions() == [], "the module's server left shared memory behind"
@@ -404,7 +405,7 @@ def test_initialize_raising_makes_the_model_unavailable_without_respawning(
             c.infer("broken_init", {"X": np.ones(1, np.float32)})
     assert status["state"] == "FAILED" and status["pid"] is None and status["restarts"] == 0
     assert err.value.code is Code.UNAVAILABLE and "no weights found" in err.value.message
-    assert server.log().count("started worker broken_init_0_0") == 1
+    assert server.log().count("started worker broken_init_0") == 1
 
 
 def test_instances_completing_differently_refuse_the_load(server: Server) -> None:

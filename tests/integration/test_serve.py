@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,15 @@ from inferpool.client import InferpoolError
 from inferpool.entry_point import build_parser
 from inferpool.serve import options_from_args
 from inferpool.wire.logs import LogSettings
-from tests.support import EXAMPLES, Server, identity_config, our_regions, run_cli, write_model
+from tests.support import (
+    EXAMPLES,
+    Server,
+    assert_run_gone,
+    identity_config,
+    our_regions,
+    run_cli,
+    write_model,
+)
 
 SERVE = [sys.executable, "-m", "inferpool", "serve", "--allow-metrics", "false"]
 
@@ -70,6 +79,36 @@ def test_tritons_flag_names_and_defaults() -> None:
     assert quiet.log == LogSettings(info=False, error=False, format="json")
     assert options("--log-format", "text", "--id", "pool").log.format == "default"
     assert options("--id", "pool").server_id == "pool"
+    assert (default.exit_on_error, default.auto_complete_config) == (True, True)
+    assert options("--exit-on-error=false").exit_on_error is False
+    assert options("--disable-auto-complete-config").auto_complete_config is False
+    assert options("--strict-model-config", "true").auto_complete_config is False
+    assert options("--strict-model-config=false").auto_complete_config is True
+
+
+def test_a_model_that_fails_to_load_fails_the_start(short_tmp: Path) -> None:
+    """Triton's --exit-on-error (its default): the models that loaded stop again, nothing of
+    the run is left, the exit status is 1 and the last line is Triton's."""
+    repo = short_tmp / "repo"
+    write_model(repo, "identity", identity_config("identity"))
+    write_model(repo, "broken", identity_config("broken").replace('"identity"', '"nosuch"'))
+    done = subprocess.run(
+        [*SERVE, "--model-repository", str(repo), "--listen", f"ipc://{short_tmp}/b.sock"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "  model identity version 1: READY" in done.stdout.splitlines()
+    assert "  model broken version 1: UNAVAILABLE (failed to load model 'broken'" in done.stdout
+    assert "inferpool is ready" not in done.stdout and "Traceback" not in done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        "error: creating server: Internal - failed to load all models; --exit-on-error=false "
+        "serves the models that loaded"
+    )
+    run_id = re.search(r"\(run (\w+)\)", done.stdout)
+    assert run_id is not None
+    assert_run_gone(run_id.group(1))  # the loaded model's workers stopped, the run swept
 
 
 def test_every_argument_has_help_and_shows_its_default() -> None:
@@ -136,7 +175,7 @@ def test_json_logs_name_the_process_the_model_and_a_failed_request(
     assert all({"time", "level", "logger", "message", "process", "pid"} <= set(x) for x in lines)
     workers = [line for line in lines if line["process"] == "worker"]
     assert workers and all(
-        (w["model"], w["version"], w["instance"]) == ("identity", "1", "identity_0_0")
+        (w["model"], w["version"], w["instance"]) == ("identity", "1", "identity_0")
         for w in workers
     )
     [failed] = [line for line in lines if line.get("request_id") is not None]

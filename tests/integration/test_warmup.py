@@ -103,7 +103,7 @@ def write_repository(repo: Path) -> None:
 
 @pytest.fixture(scope="module")
 def live() -> Iterator[Served]:
-    with served("ipw-", write_repository) as got:
+    with served("ipw-", write_repository, "--exit-on-error=false") as got:  # failing samples
         yield got
 
 

@@ -49,7 +49,7 @@ def test_readiness_through_loading_a_lost_instance_and_a_drain(short_tmp) -> Non
         with server.client() as c:
             # the only instance is lost, and its successor is held loading: not ready
             (gate / "load").unlink()
-            os.kill(instance(c, "gated_0_0")["pid"], signal.SIGKILL)
+            os.kill(instance(c, "gated_0")["pid"], signal.SIGKILL)
             body = wait_until(lambda: (r := http(port, "/readyz"))[0] == 503 and r[1])
             assert body and body.startswith(
                 "not ready: model 'gated' version 1 has no live instance"
@@ -60,15 +60,15 @@ def test_readiness_through_loading_a_lost_instance_and_a_drain(short_tmp) -> Non
 
             # one request executes (held), one waits for the instance: the load metrics
             held, queued = send_held(c), send_held(c, 2.0)
-            wait_until(lambda: instance(c, "gated_0_0")["busy"])
+            wait_until(lambda: instance(c, "gated_0")["busy"])
             wait_until(lambda: c.statistics()["inflight"] == 2)
             load = load_samples(metrics)
             assert load[("nv_inference_pending_request_count", "gated")] == 1
             assert load[("inferpool_model_inflight_requests", "gated")] == 2
             assert (
-                load[("inferpool_instance_busy_seconds_total", "gated_0_0")] > 0
+                load[("inferpool_instance_busy_seconds_total", "gated_0")] > 0
             )  # as the parser names it
-            assert 0 < load[("inferpool_instance_utilization", "gated_0_0")] <= 1
+            assert 0 < load[("inferpool_instance_utilization", "gated_0")] <= 1
 
             # the drain: not ready at once, new requests refused, admitted ones finish
             reply = drain_over_http(port)

@@ -174,7 +174,7 @@ def test_status_command_shows_cores_numa_and_device(pinned) -> None:
 
 def test_pin_none_leaves_placement_to_the_os(unpinned) -> None:
     with unpinned.client() as c:
-        row = instance(c, "free_0_0")
+        row = instance(c, "free_0")
         inside = act(c, "free")
     allowed = sorted(os.sched_getaffinity(0))
     assert row["pinning"]["cpus"] == [] and row["pinning"]["mempolicy"] == ""

@@ -125,7 +125,7 @@ def test_worker_crash_answers_in_flight_and_respawns(short_tmp) -> None:
         os.kill(worker, signal.SIGKILL)
         header, _ = c._recv(rid, 10)
         assert header["error"]["code"] == "UNAVAILABLE"
-        assert "instance 'slow_0_0'" in header["error"]["message"]
+        assert "instance 'slow_0'" in header["error"]["message"]
         assert "died with signal SIGKILL" in header["error"]["message"]
         wait_until(lambda: c.status()[0]["state"] == "READY" and c.status()[0]["pid"] != worker)
         [status] = c.status()
@@ -176,7 +176,7 @@ def test_shutdown_answers_requests_that_outlast_the_drain_timeout(short_tmp) -> 
     ):
         run_id = run_id_of(server)
         rid = send_act(c, "nap", NAP)  # sleeps 60 s in execute
-        wait_until(lambda: instance(c, "nap_0_0")["busy"])
+        wait_until(lambda: instance(c, "nap_0")["busy"])
         stopping = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)
         header, _ = c._recv(rid, 20)

@@ -9,7 +9,9 @@ import pytest
 
 from inferpool.broker.models.completion import adopt
 from inferpool.broker.models.config import load_config, to_dict
+from inferpool.broker.models.core_defaults import add_core_defaults
 from inferpool.broker.models.registry import ModelVersion
+from inferpool.broker.pool.instance_groups import complete_groups
 from inferpool.wire.errors import Code, InferpoolError
 from tests.support import write_model
 
@@ -21,6 +23,8 @@ def version(tmp_path: Path) -> ModelVersion:
     write_model(tmp_path, "m", 'backend: "python" instance_group [ { count: 2 } ]')
     config = load_config(str(tmp_path / "m"))
     assert not config.input and not config.output
+    add_core_defaults(config)  # as the lifecycle gives it to its workers
+    complete_groups(config, ())
     return ModelVersion("m", 1, config, str(tmp_path / "m"))
 
 

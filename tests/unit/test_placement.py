@@ -16,6 +16,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
+from inferpool.broker.pool.instance_groups import complete_groups
 from inferpool.broker.pool.placement import (
     CoreUsage,
     HostPolicy,
@@ -280,6 +281,41 @@ def test_kind_auto_resolves_like_triton() -> None:
     missing = config('name: "a" instance_group [{kind: KIND_AUTO gpus: [0, 5]}]')
     (cpu,) = plan_instances(missing, BIG)
     assert (cpu.kind, cpu.device_id, cpu.pinning.cuda_visible_devices) == ("CPU", 0, None)
+
+
+def groups_of(text: str, gpus: range) -> list[tuple[str, str, int, list[int]]]:
+    """(name, kind, count, gpus) of each group ``text``'s config gets."""
+    cfg = config(text)
+    complete_groups(cfg, gpus)
+    kind = model_config_pb2.ModelInstanceGroup.Kind.Name
+    return [(g.name, kind(g.kind), g.count, list(g.gpus)) for g in cfg.instance_group]
+
+
+@pytest.mark.parametrize(
+    ("text", "gpus", "want"),
+    [  # Triton's core (model_config_utils.cc) and its backends' preferred groups
+        ('name: "o" backend: "onnxruntime"', range(0), [("o", "KIND_CPU", 2, [])]),
+        ('name: "o" backend: "onnxruntime"', range(2), [("o", "KIND_GPU", 1, [0, 1])]),
+        ('name: "t" backend: "pytorch"', range(0), [("t", "KIND_CPU", 1, [])]),
+        ('name: "v" backend: "openvino"', range(2), [("v", "KIND_CPU", 1, [])]),
+        ('name: "p" backend: "python"', range(0), [("p", "KIND_CPU", 1, [])]),
+        ('name: "p" backend: "python"', range(1), [("p", "KIND_GPU", 1, [0])]),
+        (
+            'name: "i" backend: "identity" instance_group [{count: 3}, {name: "g" gpus: [0, 5]}]',
+            range(2),
+            [("i_0", "KIND_GPU", 3, [0, 1]), ("g", "KIND_CPU", 1, [])],
+        ),
+        (
+            'name: "o" backend: "onnxruntime" instance_group [{kind: KIND_CPU}, {kind: KIND_GPU}]',
+            range(1),
+            [("o_0", "KIND_CPU", 2, []), ("o_1", "KIND_GPU", 1, [0])],
+        ),
+    ],
+)
+def test_groups_are_completed_as_tritons_core_completes_them(
+    text: str, gpus: range, want: list[tuple[str, str, int, list[int]]]
+) -> None:
+    assert groups_of(text, gpus) == want
 
 
 def test_pin_none_leaves_everything_alone_but_still_validates() -> None:

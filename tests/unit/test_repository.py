@@ -24,7 +24,7 @@ def test_defaults_are_completed_as_triton_does(tmp_path) -> None:
     cfg = load_config(str(tmp_path / "m"))
     assert cfg.name == "m"
     assert cfg.version_policy.latest.num_versions == 1
-    assert len(cfg.instance_group) == 1 and cfg.instance_group[0].count == 1
+    assert not cfg.instance_group  # completed where the machine is known (instance_groups)
 
 
 def test_platform_names_the_backend(tmp_path) -> None:
@@ -129,7 +129,9 @@ def test_without_config_the_model_file_names_the_backend(
     entry = scan_model(str(tmp_path), "m")
     assert entry.error is None and entry.versions == [2]
     assert entry.config is not None and entry.config.name == "m"
-    assert entry.config.backend == backend and len(entry.config.instance_group) == 1
+    # Triton's core names model.py; a platform it reads off model.pt leaves the name unset
+    named = model_file if backend == "python" else ""
+    assert entry.config.backend == backend and entry.config.default_model_filename == named
 
 
 def test_a_model_directory_is_not_a_repository(tmp_path) -> None:
@@ -197,7 +199,9 @@ def test_a_config_override_without_backend_takes_it_from_the_models_files(
     entry = overrides.scan("m")
     assert entry.error is None and entry.config is not None, entry.error
     assert (entry.config.backend, entry.config.max_batch_size) == (backend, 4)
-    named = {"onnxruntime": "model.onnx", "openvino": "model.xml"}.get(backend, "")
+    named = {"onnxruntime": "model.onnx", "openvino": "model.xml", "python": "model.py"}.get(
+        backend, ""
+    )
     assert entry.config.default_model_filename == named  # as Triton's core completes it
     # the same model given as files: its own directory, config.pbtxt the completed config
     overrides.use("n", Override("{" + IO + "}", {where: b"", "1/README": b""}))

@@ -19,6 +19,9 @@ import orjson
 from inferpool.wire.errors import Code, InferpoolError
 
 SPEC_ENV = "INFERPOOL_WORKER_SPEC"
+# The backend setting that says whether a backend may complete its model's config ("true" or
+# "false"), as Triton's core hands it to every backend.
+AUTO_COMPLETE_CONFIG = "auto-complete-config"
 
 EXIT_OK = 0
 EXIT_BOOT_FAILED = 3  # the model cannot load (reason sent as Failed): do not respawn
