@@ -97,10 +97,11 @@ class InferenceCalls(Protocol):
         cannot be sent (an input that cannot be placed)."""
         ...
 
-    def query(self, model_name: str, model_version: int) -> dict[str, Any]:
+    def query(self, model_name: str, model_version: int, labels: bool = False) -> dict[str, Any]:
         """What the broker knows of a served model, waiting for it: {"ready", "decoupled",
-        "max_batch_size", "version", "config", "metadata"} (the last two JSON texts);
-        InferpoolError with Triton's message for a model that is not served."""
+        "max_batch_size", "version", "config", "metadata"} (the last two JSON texts), with
+        ``labels`` its outputs' labels too ("labels": {output: [label, ...]}); InferpoolError
+        with Triton's message for a model that is not served."""
         ...
 
     def run_blocked(self, function: Callable[..., T], *args: Any) -> T:

@@ -168,11 +168,11 @@ class ChannelCalls:
         self._send(pending, msg)
         return pending
 
-    def query(self, model_name: str, model_version: int) -> dict[str, Any]:
+    def query(self, model_name: str, model_version: int, labels: bool = False) -> dict[str, Any]:
         if self._closed or self.stopping:
             raise unavailable("the worker is stopping: the server cannot be asked")
         pending = PendingCall(self, next(self._ids), [], None)
-        self._send(pending, Query(pending.call_id, model_name, model_version))
+        self._send(pending, Query(pending.call_id, model_name, model_version, labels))
         reply = pending.next()
         if reply.error is not None:
             raise reply.error

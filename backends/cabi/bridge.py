@@ -206,6 +206,13 @@ class Bridge:
             facts[key] = answer
         return answer
 
+    def labels(self, model_name: str, model_version: int) -> dict[str, list[str]]:
+        """TRITONSERVER_InferenceResponseOutputClassificationLabel: the labels of a served
+        version's outputs (label_filename, read by the broker at load), asked once per
+        response that wants them."""
+        answer = server_calls.query(self.calls, model_name, model_version, labels=True)
+        return dict(answer["labels"])
+
     # ------------------------------------------------------------------ model and logs
     def set_config(self, model: Any, json_text: str) -> str:
         return str(model.complete_config(json_text))

@@ -121,9 +121,11 @@ def infer(
     return CCall(capsule, serving.start(request, decoupled=True), deliver)
 
 
-def query(calls: InferenceCalls | None, model_name: str, model_version: int) -> dict[str, Any]:
+def query(
+    calls: InferenceCalls | None, model_name: str, model_version: int, labels: bool = False
+) -> dict[str, Any]:
     """What the server knows of a served model (``InferenceCalls.query``)."""
-    return _serving(calls).query(model_name, model_version)
+    return _serving(calls).query(model_name, model_version, labels)
 
 
 def _serving(calls: InferenceCalls | None) -> InferenceCalls:

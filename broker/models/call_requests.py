@@ -185,6 +185,8 @@ class Calls:
             "config": json.dumps(model.config_dict()),
             "metadata": json.dumps(metadata),
         }
+        if msg.labels:
+            facts["labels"] = dict(model.labels.by_output)
         caller.send(Replies([Result(msg.call, True, [], facts)]))
 
     def cancel(self, caller: Instance, msg: CancelCall) -> None:

@@ -270,7 +270,24 @@ static TRITONSERVER_Error* describe(TRITONBACKEND_Response* response, TRITONSERV
   CHECK(TRITONBACKEND_ResponseSetIntParameter(response, "callee_version", version));
   CHECK(TRITONBACKEND_ResponseSetIntParameter(response, "callee_txn", txn));
   CHECK(TRITONBACKEND_ResponseSetBoolParameter(response, "callee_ready", ready));
-  return TRITONBACKEND_ResponseSetBoolParameter(response, "missing_ready", missing_ready);
+  CHECK(TRITONBACKEND_ResponseSetBoolParameter(response, "missing_ready", missing_ready));
+  /* the called model's labels (label_filename): "labels" lists classes 0 to 3, "-" where a
+   * class has none; an output index past the last is Triton's error */
+  char labels[256] = "";
+  for (size_t k = 0; k < 4; k++) {
+    const char* label;
+    CHECK(TRITONSERVER_InferenceResponseOutputClassificationLabel(called, 0, k, &label));
+    strncat(labels, label != NULL ? label : "-", sizeof(labels) - strlen(labels) - 2);
+    if (k < 3) strcat(labels, ",");
+  }
+  CHECK(TRITONBACKEND_ResponseSetStringParameter(response, "callee_labels", labels));
+  const char* past;
+  TRITONSERVER_Error* refused =
+      TRITONSERVER_InferenceResponseOutputClassificationLabel(called, 5, 0, &past);
+  TRITONSERVER_Error* err = TRITONBACKEND_ResponseSetStringParameter(
+      response, "callee_label_past", refused != NULL ? TRITONSERVER_ErrorMessage(refused) : "-");
+  TRITONSERVER_ErrorDelete(refused);
+  return err;
 }
 
 static TRITONSERVER_Error* answer(TRITONBACKEND_Request* request, TRITONBACKEND_Response* response,

@@ -88,12 +88,16 @@ def _repository(tmp: Path) -> Path:
         ("echo", ECHO),
         ("repeat", REPEAT),
         ("accumulate", ACCUMULATE),
-        ("faulty", FAULTY),
+        (
+            "faulty",
+            FAULTY.replace('OUTPUT0" data_type', 'OUTPUT0" label_filename: "labels" data_type'),
+        ),
         ("complete", COMPLETE),
         ("caller", CALLER),
     ]:
         write_model(repo, name, config)
         install(name, repo / name)
+    (repo / "faulty" / "labels").write_text("cat\ndog\n\nbird\n")  # class 2 has no label
     # in each place the library comes before the Python forms
     (repo / "echo" / "echo.py").write_text(SHADOWED)
     # the version directory's library before the model directory's (here not a library)
@@ -135,6 +139,7 @@ def server(backends: Path) -> Iterator[Server]:
         str(backends),
         "--log-verbose",  # the backends' lines as they load
         "1",
+        "--exit-on-error=false",  # refused and unloadable fail to load, by design
     )
 
 
@@ -158,7 +163,7 @@ def test_every_request_and_response_function(server: Server, backends: Path) -> 
     assert cmdline["backend-directory"] == str(backends)
     # TRITONSERVER_LogMessage: into the worker's log, with the backend's file and line
     assert re.search(
-        r"\[echo_0_0 pid \d+\] inferpool\.backend\.echo: backend echo config", server.log()
+        r"\[echo_0 pid \d+\] inferpool\.backend\.echo: backend echo config", server.log()
     )
     assert (p["param0"], p["param1"], p["param2"], p["param3"]) == (
         "an example string parameter", 42, False, 123.123
@@ -246,6 +251,10 @@ def test_a_bls_call_from_c(server: Server) -> None:
         assert p["callee_ready"] is True and p["missing_ready"] is False
         assert p["ready_in_callback"] is True  # the API called from the response callback
         assert json.loads(p["callee_config"])["name"] == "faulty"
+        # TRITONSERVER_InferenceResponseOutputClassificationLabel: the file's labels, null
+        # for an empty line and past its end, Triton's error for an output that is not there
+        assert p["callee_labels"] == "cat,dog,-,bird"
+        assert p["callee_label_past"] == "out of bounds index 5: response has 1 outputs"
         # the called model's error reaches the backend as a TRITONSERVER_Error
         with pytest.raises(InferpoolError) as failed:
             c.infer("caller", {"INPUT0": np.array([1], np.float32)})
@@ -289,13 +298,13 @@ def test_a_crash_mid_execute_takes_only_its_worker(
         })["OUTPUT0"], np.ones((1, 4)))  # fmt: skip
         row = wait_until(
             lambda: next(
-                (r for r in c.status() if r["instance"] == "faulty_0_0" and r["state"] == "READY"),
+                (r for r in c.status() if r["instance"] == "faulty_0" and r["state"] == "READY"),
                 None,
             ),
             "the faulty instance restarted",
         )
-        assert row is not None and row["restarts"] == before["faulty_0_0"]["restarts"] + 1
-        assert row["pid"] != before["faulty_0_0"]["pid"]
+        assert row is not None and row["restarts"] == before["faulty_0"]["restarts"] + 1
+        assert row["pid"] != before["faulty_0"]["pid"]
         np.testing.assert_array_equal(
             c.infer("faulty", {"INPUT0": np.array([0.0], np.float32)})["OUTPUT0"], [0.0]
         )
@@ -329,7 +338,7 @@ def test_backend_log_lines_in_json(short_tmp: Path, backends: Path) -> None:
     lines = [json.loads(line) for line in log if line.startswith("{")]  # (not the banner)
     [line] = [x for x in lines if x["message"].startswith("backend echo config")]
     assert line["logger"] == "inferpool.backend.echo"
-    assert line["level"] == "INFO" and line["instance"] == "echo_0_0"
+    assert line["level"] == "INFO" and line["instance"] == "echo_0"
     assert re.fullmatch(r"echo\.c:\d+", line["source"])
 
 

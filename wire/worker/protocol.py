@@ -421,11 +421,14 @@ class Query(NamedTuple):
     """What the broker knows of a served model (Triton's ``TRITONSERVER_ServerModel*``
     calls from a C backend): answered by one final Result of the Replies whose ``rid`` is
     ``call``, with ``parameters`` {"ready", "decoupled", "max_batch_size", "version",
-    "config", "metadata"} (the last two JSON texts), or the error Triton gives for that model."""
+    "config", "metadata"} (the last two JSON texts) and, when ``labels`` asks, "labels" (its
+    outputs' labels: {output: [label by class index]}), or the error Triton gives for that
+    model."""
 
     call: int  # the worker's own number for the query, as a Call's ``work.rid``
     model_name: str
     model_version: int  # -1: the highest ready version
+    labels: bool = False
 
 
 class Release(NamedTuple):
@@ -671,7 +674,11 @@ def _cancel_call(body: Sequence[Any]) -> CancelCall:
 
 def _query(body: Sequence[Any]) -> Query:
     query = Query._make(body)
-    if not (_all(int, query.call, query.model_version) and _all(str, query.model_name)):
+    if not (
+        _all(int, query.call, query.model_version)
+        and _all(str, query.model_name)
+        and isinstance(query.labels, bool)
+    ):
         raise ValueError("a query with fields of the wrong types")
     return query
 

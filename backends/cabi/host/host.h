@@ -286,6 +286,7 @@ struct TRITONSERVER_InferenceResponse {
   struct TRITONSERVER_Parameter** parameters;
   uint32_t parameter_count;
   TRITONSERVER_ResponseAllocator* allocator;
+  PyObject* labels; /* the model's output labels once asked for (they hold the label text) */
 };
 
 /* ------------------------------------------------------------------ shared helpers */
@@ -311,6 +312,7 @@ typedef struct {
   PyObject* infer; /* (capsule, model, version, id, correlation, flags, timeout, parameters,
                       inputs, outputs) -> server_calls.CCall */
   PyObject* query; /* (model, version) -> dict */
+  PyObject* labels; /* (model, version) -> {output: [label, ...]} */
 } Bridge;
 
 extern Bridge host_bridge;

@@ -24,6 +24,11 @@ HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceResponseDelete(
     free(out->shape);
   }
   free(response->outputs);
+  if (response->labels != NULL) {
+    PyGILState_STATE gil = PyGILState_Ensure();
+    Py_DECREF(response->labels);
+    PyGILState_Release(gil);
+  }
   for (uint32_t k = 0; k < response->parameter_count; k++)
     host_parameter_free(response->parameters[k]);
   free(response->parameters);
@@ -114,15 +119,41 @@ HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceResponseOutput(
   return NULL;
 }
 
+/* the label of class class_index of output index, as the called model's label_filename gives
+ * it (read by the broker at load, asked for once per response); null where it has none */
 HOST_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceResponseOutputClassificationLabel(
     TRITONSERVER_InferenceResponse* response, const uint32_t index, const size_t class_index,
     const char** label) {
   RESPONSE(response);
-  (void)class_index;
+  HOST_NOT_NULL(label, "label");
   if (index >= response->output_count)
     return host_error(TRITONSERVER_ERROR_INVALID_ARG,
                       "out of bounds index %u: response has %u outputs", index,
                       response->output_count);
-  *label = NULL; /* the called model's labels are not known to the worker: none */
-  return NULL;
+  *label = NULL;
+  if (host_bridge.labels == NULL)
+    return host_error(TRITONSERVER_ERROR_UNAVAILABLE, "the server cannot be asked: no backend is loaded");
+  TRITONSERVER_Error* error = NULL;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  if (response->labels == NULL) {
+    PyObject* labels = PyObject_CallFunction(host_bridge.labels, "sL", response->model_name,
+                                             (long long)response->model_version);
+    if (labels == NULL) error = host_python_error("TRITONSERVER_InferenceResponseOutputClassificationLabel");
+    else if (!PyDict_Check(labels)) {
+      Py_DECREF(labels);
+      error = host_error(TRITONSERVER_ERROR_INTERNAL, "the server's labels are not a dict");
+    } else {
+      response->labels = labels;
+    }
+  }
+  if (error == NULL) {
+    PyObject* found = PyDict_GetItemString(response->labels, response->outputs[index].name);
+    if (found != NULL && PyList_Check(found) && class_index < (size_t)PyList_Size(found)) {
+      const char* text = PyUnicode_AsUTF8(PyList_GET_ITEM(found, (Py_ssize_t)class_index));
+      if (text == NULL) PyErr_Clear();
+      else if (text[0] != '\0') *label = text; /* an empty line: the class has no label */
+    }
+  }
+  PyGILState_Release(gil);
+  return error;
 }

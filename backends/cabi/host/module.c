@@ -333,6 +333,7 @@ static PyObject* bind(PyObject* self, PyObject* bridge) {
       {&host_bridge.response_statistics, "response_statistics"},
       {&host_bridge.infer, "infer"},
       {&host_bridge.query, "query"},
+      {&host_bridge.labels, "labels"},
   };
   for (size_t k = 0; k < sizeof(methods) / sizeof(methods[0]); k++) {
     PyObject* method = PyObject_GetAttrString(bridge, methods[k].name);
