@@ -182,8 +182,9 @@ class RateLimiter:
 
 
 def _group(config: Any, name: str) -> Any:
-    for i, group in enumerate(config.instance_group):
-        if (group.name or f"{config.name}_{i}") == name:
+    """The group ``name`` of a config whose groups are completed (pool.instance_groups)."""
+    for group in config.instance_group:
+        if group.name == name:
             return group
     raise invalid_arg(f"model '{config.name}' has no instance group '{name}'")
 

@@ -215,7 +215,7 @@ def test_a_broker_started_as_the_pod_is_driven_as_the_kubelet_would(short_tmp: P
 
         with server.client() as c:
             held = send_held(c)
-            wait_until(lambda: instance(c, "gated_0_0")["busy"])
+            wait_until(lambda: instance(c, "gated_0")["busy"])
             # pod deletion: the preStop hook runs to its end, then SIGTERM
             command = container["lifecycle"]["preStop"]["exec"]["command"]
             assert command[:3] == ["inferpool", "drain", "--endpoint"]
