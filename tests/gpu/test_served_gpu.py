@@ -229,7 +229,8 @@ def test_python_models_get_cpu_inputs_unless_they_ask(server: Server, model, on_
 def test_the_gpu_load_limit_rejects_an_instance(short_tmp: Path) -> None:
     repo = short_tmp / "repo"
     tm.save(tm.Linear(), write_model(repo, "linear_gpu0", linear("kind: KIND_GPU gpus: [ 0 ]")))
-    with Server(short_tmp, repo, "--model-load-gpu-limit", "0:0.000001") as s, s.client() as c:
+    limit = ("--model-load-gpu-limit", "0:0.000001", "--exit-on-error=false")  # it must fail
+    with Server(short_tmp, repo, *limit) as s, s.client() as c:
         [row] = c.models()
     assert row["state"] != "READY"
     assert "memory limit set for KIND_GPU 0 has exceeded" in row["reason"]
