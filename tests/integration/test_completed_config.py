@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as pb
@@ -119,9 +120,12 @@ def server() -> Iterator[Server]:
 
 @pytest.mark.parametrize("model", sorted(EXPECTED))
 def test_the_completed_config_is_tritons(server: Server, model: str) -> None:
-    want = config_to_dict(text_format.Parse(EXPECTED[model], pb.ModelConfig()))
+    expected = text_format.Parse(EXPECTED[model], pb.ModelConfig())
+    want = config_to_dict(expected)
     got = httpclient.InferenceServerClient(server.http_url).get_model_config(model)
     assert got == want
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    assert grpc.get_model_config(model).config == expected
     with server.client() as c:  # the zmq protocol serves the same config
         assert c.model_config(model) == want
 
