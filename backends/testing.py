@@ -140,6 +140,7 @@ class BackendHarness(AbstractContextManager["BackendHarness"]):
         version: int = 1,
         instance: dict[str, Any] | None = None,
         backend_directory: str = "",
+        backend_config: dict[str, str] | None = None,
         regions: LocalRegions | None = None,
     ) -> None:
         config = text_format.Parse(config_pbtxt, model_config_pb2.ModelConfig())
@@ -157,6 +158,7 @@ class BackendHarness(AbstractContextManager["BackendHarness"]):
             artifact_path=os.path.join(repository_path, str(version)) if repository_path else "",
             instance=InstanceSpec(**(instance or {"name": f"{config.name or 'model'}_0_0"})),
             backend_directory=backend_directory,
+            backend_config=backend_config,
             shared_regions=self._regions,
         )
         try:

@@ -320,6 +320,17 @@ def test_a_config_the_backend_completes(server: Server) -> None:
     np.testing.assert_array_equal(out["OUTPUT0"], [[2, 4, 6]])
 
 
+def test_a_backend_told_not_to_complete_leaves_the_config_as_written(tmp_path: Path) -> None:
+    """--disable-auto-complete-config reaches TRITONBACKEND_ModelAutoCompleteConfig (as the
+    backend setting Triton's core passes): complete.c then leaves its config alone."""
+    install("complete", tmp_path)
+    off = {"auto-complete-config": "false"}
+    with BackendHarness(
+        "complete", COMPLETE, repository_path=str(tmp_path), backend_config=off
+    ) as h:
+        assert h.host.config.max_batch_size == 0 and not h.host.config.input
+
+
 @pytest.mark.parametrize("model", ["in_version", "from_directory"])
 def test_found_in_tritons_search_order(server: Server, model: str) -> None:
     x = np.ones((1, 4), np.float32)
