@@ -147,4 +147,5 @@ def admit(
         shm_outputs=shm_outputs,
         wire=wire,
         wire_bytes=wire_bytes,
+        shape_key=plan.shape_key,
     )

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from inferpool.broker.models.batch_shapes import ShapeKey
 from inferpool.broker.models.registry import ModelVersion
 from inferpool.broker.models.request import FLAG_SEQUENCE_END, FLAG_SEQUENCE_START
 from inferpool.wire.contract import InputChecks, check_output, input_spec
@@ -52,7 +53,7 @@ class SharedMemoryInputs(Protocol):
 class Plan:
     """One signature's inputs in order and the outputs it asks for."""
 
-    __slots__ = ("batch", "inputs", "outputs", "shm_outputs", "work_outputs")
+    __slots__ = ("batch", "inputs", "outputs", "shape_key", "shm_outputs", "work_outputs")
 
     def __init__(
         self,
@@ -61,12 +62,14 @@ class Plan:
         outputs: dict[str, dict[str, Any]],
         work_outputs: list[WantedOutput],
         shm_outputs: Any,
+        shape_key: ShapeKey,
     ) -> None:
         self.inputs = inputs
         self.batch = batch or 1
         self.outputs = outputs
         self.work_outputs = work_outputs
         self.shm_outputs = shm_outputs  # the outputs' entries when one names shared memory
+        self.shape_key = shape_key  # which requests it may share a batch with
 
 
 def plan_for(header: dict[str, Any], model: ModelVersion, shm: SharedMemoryInputs | None) -> Plan:
@@ -118,7 +121,8 @@ def _plan(header: dict[str, Any], model: ModelVersion, shm: SharedMemoryInputs |
             Code.UNSUPPORTED, "shared-memory outputs are not enabled on this server"
         )
     shm_outputs = raw_outputs if in_shm else None
-    return Plan(inputs, batch, outputs, work_outputs, shm_outputs)
+    shape_key = model.batch_shapes.key((i[0], i[2]) for i in inputs)
+    return Plan(inputs, batch, outputs, work_outputs, shm_outputs, shape_key)
 
 
 def _shape(raw: Any, name: str) -> tuple[int, ...]:

@@ -80,6 +80,7 @@ def make_request(
         sink=sink,
         wire=wire,
         wire_bytes=size,
+        shape_key=model.batch_shapes.key((ref.name, ref.shape) for ref in inputs),
     )
 
 

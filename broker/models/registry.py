@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from tritonclient.grpc import model_config_pb2 as pb
 
+from inferpool.broker.models.batch_shapes import BatchShapes
 from inferpool.broker.models.config import to_dict, to_json
 from inferpool.broker.models.labels import Labels
 from inferpool.broker.models.stats import ModelStats
@@ -69,6 +70,7 @@ class ModelVersion:
         # a request signature -> what admission found checking it (front.admission_plans)
         self.plans: dict[bytes, Any] = {}
         self.required = frozenset(n for n, t in self.inputs.items() if not t.optional)
+        self.batch_shapes = BatchShapes(config)  # which requests may share a batch
         self.all_outputs = tuple(self.outputs)
         # what a request that names no outputs gets (shared, never mutated)
         self.default_outputs: dict[str, dict[str, Any]] = {n: {} for n in self.outputs}

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
+from inferpool.broker.models.batch_shapes import ANY, ShapeKey
 from inferpool.broker.models.registry import ModelVersion
 from inferpool.shm.arena import Slot
 from inferpool.wire.errors import InferpoolError
@@ -57,3 +58,4 @@ class PendingRequest:
     wire: orjson.Fragment | None = None  # ``work`` encoded at admission, sent as is
     wire_bytes: int = 0  # the size of ``work`` in an Execute message (front.limits)
     trace: Trace | None = None  # set when the request is traced (models.tracer)
+    shape_key: ShapeKey = ANY  # requests of equal keys may share a batch (models.batch_shapes)

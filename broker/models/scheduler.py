@@ -7,8 +7,10 @@ groups them: up to the largest ``preferred_batch_size`` (``max_batch_size`` with
 batch that reaches a preferred size goes at once, the largest such one while the oldest
 request has waited less than ``max_queue_delay_microseconds``; otherwise the batch waits for
 more requests until that delay has passed, then goes as it is.  A batch is also closed
-before its requests would outgrow one message to the worker (``BATCH_BYTES``).  The queue
-itself (priority levels, queue policies, timeouts) is ``models.queue_policy``'s.
+before its requests would outgrow one message to the worker (``BATCH_BYTES``), and at the
+first request whose shapes differ from its first request's (``models.batch_shapes``): the
+batch then goes at once, and that request starts the next one.  The queue itself (priority
+levels, queue policies, timeouts) is ``models.queue_policy``'s.
 """
 
 from __future__ import annotations
@@ -118,8 +120,9 @@ class Scheduler:
         preferred = 0  # the requests of the largest preferred batch met on the way
         limit = self.target
         room = BATCH_BYTES
+        shapes = queue[0].shape_key
         for taken, req in enumerate(queue, 1):
-            if total + req.batch_size > limit or req.wire_bytes > room:
+            if total + req.batch_size > limit or req.wire_bytes > room or req.shape_key != shapes:
                 break
             total += req.batch_size
             room -= req.wire_bytes + 1

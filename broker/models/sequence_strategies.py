@@ -6,18 +6,21 @@ sequence, whose queued requests wait in the slot's queue, in order.  A batch tak
 one request per slot (the next request of a sequence needs the state its predecessor
 leaves), and an instance runs one batch at a time, so a sequence never has two requests in
 flight.  Either strategy closes a batch before its requests would outgrow one message to
-the worker (``BATCH_BYTES``).
+the worker (``BATCH_BYTES``), and takes only requests whose shapes agree with the batch's
+first request's (``models.batch_shapes``).
 
 - ``direct`` (the default): a slot is a fixed position in the batch.  The batch holds the
   next request of every slot up to the highest slot that has one; a slot below it without a
   request gets a *null request* (its READY control is false, its answer dropped), so that
-  every sequence keeps its position, as models that keep state per batch slot need.  With
-  ``max_queue_delay_microseconds`` and ``minimum_slot_utilization`` set, the batch waits
-  until enough slots have a request or the oldest has waited that long.
+  every sequence keeps its position, as models that keep state per batch slot need; so does
+  a slot whose next request is shaped otherwise than the batch's first (it waits for a batch
+  of its shape).  With ``max_queue_delay_microseconds`` and ``minimum_slot_utilization``
+  set, the batch waits until enough slots have a request or the oldest has waited that long.
 - ``oldest``: the oldest next requests of the instance's candidate sequences
   (``max_candidate_sequences`` slots), up to ``max_batch_size``, in any position; it waits
   up to ``max_queue_delay_microseconds`` for the largest ``preferred_batch_size`` (or
-  ``max_batch_size``), as the dynamic batcher does.
+  ``max_batch_size``), as the dynamic batcher does, and as there a request shaped
+  otherwise than the oldest ends the batch, which then goes at once.
 """
 
 from __future__ import annotations
@@ -76,9 +79,10 @@ class Direct:
         taken: Taken = []
         nulls: list[int] = []
         room = BATCH_BYTES
+        shapes = queues[ready[0]][0].shape_key
         for i in range(ready[-1] + 1):
             queue = queues[i]
-            if not queue:
+            if not queue or queue[0].shape_key != shapes:
                 nulls.append(i)
                 room -= len(str(i)) + 1  # its position in the message's nulls
                 continue
@@ -107,17 +111,23 @@ class Oldest:
         )
         if not fronts:
             return None
-        first = fronts[0][1].received_ns
-        if len(fronts) < self.target and self.delay_ns and now_ns - first < self.delay_ns:
-            return first + self.delay_ns  # wait a little longer for a fuller batch
-        taken: Taken = []
+        first = fronts[0][1]
+        shapes = first.shape_key
+        count = 0
+        ended = False  # by a request shaped otherwise: the batch goes at once
         room = BATCH_BYTES
-        for i, req in fronts[: self.limit]:
-            if taken and req.wire_bytes > room:
+        for _, req in fronts[: self.limit]:
+            if req.shape_key != shapes:
+                ended = True
+                break
+            if count and req.wire_bytes > room:
                 break
             room -= req.wire_bytes + 1
-            taken.append((i, slots.queues[i].popleft()))
-        return taken, []
+            count += 1
+        start = first.received_ns
+        if not ended and len(fronts) < self.target and now_ns - start < self.delay_ns:
+            return start + self.delay_ns  # wait a little longer for a fuller batch
+        return [(i, slots.queues[i].popleft()) for i, _ in fronts[:count]], []
 
 
 def slot_count(config: Any) -> int:
