@@ -15,7 +15,7 @@ from inferpool.client import Client, ShmClient
 from inferpool.wire.errors import Code, InferpoolError
 from tests import ragged_batches as rb
 from tests.backends.model_formats import onnx_models as om
-from tests.support import Server, serving
+from tests.support import Server, serving, wait_until
 
 BLS_MODEL = """
 import numpy as np
@@ -54,6 +54,8 @@ ensemble_scheduling { step [
 ] }
 """
 
+ONE_INSTANCE = "\ninstance_group [ { count: 1 kind: KIND_CPU } ]\n"
+
 
 def build(repo: Path) -> None:
     batching = "dynamic_batching { max_queue_delay_microseconds: 20000 }"
@@ -80,6 +82,15 @@ def build(repo: Path) -> None:
         "ov_ragged", "openvino", 'default_model_filename: "model.onnx"\n' + ragged, 4
     )
     om.save(om.ragged_batch(), repo / "ov_ragged", ov_ragged)
+    # inputs of any length: a batch holds one length (it goes when full: the delay is long)
+    varlen = om.add_sub_config("varlen", dims=-1, max_batch_size=4, extra=ragged + ONE_INSTANCE)
+    om.save(om.add_sub(dims="n"), repo / "varlen", varlen)
+    ov_varlen = varlen.replace(
+        '"varlen" platform: "onnxruntime_onnx"', '"ov_varlen" backend: "openvino"'
+    )
+    om.save(
+        om.add_sub(dims="n"), repo / "ov_varlen", ov_varlen + 'default_model_filename: "model.onnx"'
+    )
     (repo / "twice" / "1").mkdir(parents=True)
     (repo / "twice" / "config.pbtxt").write_text(ENSEMBLE)
     (repo / "bls" / "1").mkdir(parents=True)
@@ -220,6 +231,39 @@ def test_requests_of_ragged_shapes_are_batched_together(server: Server, model: s
         assert set(answer) == set(want)
         for name, value in want.items():
             np.testing.assert_array_equal(answer[name], value, err_msg=f"{model} {i} {name}")
+
+
+@pytest.mark.parametrize("model", ["varlen", "ov_varlen"])
+def test_requests_of_different_shapes_run_in_batches_of_one_shape(
+    server: Server, model: str
+) -> None:
+    """Three requests of length 3 wait for a fourth row; the first of four requests of length
+    5 ends their batch, which goes at once; the four fill the next.  Each answer is its own
+    (a batch of mixed shapes would fail in the openvino backend)."""
+    rng = np.random.default_rng(2)
+    lengths = [3, 3, 3, 5, 5, 5, 5]
+    inputs = [(rng.random((1, n), np.float32), rng.random((1, n), np.float32)) for n in lengths]
+    answers: dict[int, dict[str, np.ndarray]] = {}
+
+    def call(i: int) -> None:
+        with server.client() as c:
+            answers[i] = c.infer(model, {"INPUT0": inputs[i][0], "INPUT1": inputs[i][1]})
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(lengths))]
+    with server.client() as c:
+        for t in threads[:3]:
+            t.start()
+        wait_until(lambda: c.statistics()["inflight"] == 3, "three requests queued")
+        for t in threads[3:]:
+            t.start()
+        for t in threads:
+            t.join()
+        stats = c.statistics(model)["model_stats"][0]
+    for i, (a, b) in enumerate(inputs):
+        np.testing.assert_allclose(answers[i]["OUTPUT0"], a + b, rtol=1e-6)
+        np.testing.assert_allclose(answers[i]["OUTPUT1"], a - b, rtol=1e-6)
+    batches = sorted((b["batch_size"], b["compute_infer"]["count"]) for b in stats["batch_stats"])
+    assert batches == [(3, 1), (4, 1)]
 
 
 def test_shared_memory_client_and_lane(server: Server) -> None:
