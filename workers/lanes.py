@@ -341,6 +341,10 @@ class LaneServer(HoldingThread):
         """Free the outputs the client is done with; NOT_FOUND for a token it does not hold
         (the others are freed)."""
         leases = self.leases
+        if len(tokens) == 1 and tokens[0] in leases:  # the common case: the last result's
+            self.held -= leases.pop(tokens[0])
+            self.memory.free_outputs(tokens)
+            return
         held = [t for t in set(tokens) if t in leases]
         for token in held:
             self.held -= leases.pop(token)
