@@ -15,6 +15,7 @@ look-up needs the address the client reached, which gRPC does not tell).
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 import pwd
@@ -45,7 +46,7 @@ class Callers:
         if loopback(host):
             uid = self._owners.owner(peer, local)
             if uid is not None:
-                return caller.identified(uid, groups(uid))
+                return _identified(uid, groups(uid))
         return caller.unidentified(host)
 
     def of_http(self, request: web.Request) -> bytes:
@@ -77,6 +78,7 @@ class Callers:
         return self.of(peer, (address, port))
 
 
+@functools.lru_cache(maxsize=256)  # (ipaddress takes 5 us to say it: gRPC asks per call)
 def loopback(host: str) -> bool:
     """Whether ``host`` is a loopback address (IPv4-mapped IPv6 included)."""
     try:
@@ -86,6 +88,8 @@ def loopback(host: str) -> bool:
     mapped = getattr(ip, "ipv4_mapped", None)
     return bool((mapped or ip).is_loopback)
 
+
+_identified = functools.lru_cache(maxsize=256)(caller.identified)  # the frame of (uid, groups)
 
 _groups: dict[int, tuple[float, tuple[int, ...]]] = {}  # uid -> (looked up at, groups)
 GROUPS_TTL_S = 60.0  # a change in the group database counts after this long
@@ -109,6 +113,7 @@ def groups(uid: int) -> tuple[int, ...]:
     return found
 
 
+@functools.lru_cache(maxsize=1024)  # a gRPC connection makes many calls
 def _grpc_peer(peer: str) -> tuple[str, int] | None:
     """(host, port) of grpc's ``ipv4:1.2.3.4:5`` or ``ipv6:%5B::1%5D:5``; None otherwise."""
     kind, _, rest = unquote(peer).partition(":")

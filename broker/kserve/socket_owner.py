@@ -12,6 +12,7 @@ names anyone.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import socket
 import struct
@@ -99,6 +100,7 @@ class SocketOwners:
             self._sock = None
 
 
+@functools.lru_cache(maxsize=256)  # a gRPC caller is looked up per call: the same addresses
 def _packed(local: str, remote: str) -> tuple[int, tuple[bytes, bytes]]:
     """The address family and both addresses as sock_diag wants them (16 bytes each); an
     IPv4 address beside an IPv6 one is written as IPv4-mapped."""
