@@ -49,7 +49,10 @@ def build(
 ) -> web.Application:
     """The app: every Triton endpoint inferpool has, its bodies within ``bodies``."""
     api = _Api(channel, callers, bodies, inputs, labels)
-    routes = [
+    # inference first: aiohttp tries the routes under /v2/models in this order, each a
+    # regular expression, and every other route there is called far less often
+    routes = [web.post(base + "/infer", api.infer) for base in _VERSIONED]
+    routes += [
         *health.routes(channel, callers),
         web.get("/v2", api.server_metadata, allow_head=False),
         web.get("/v2/logging", api.log_settings, allow_head=False),
@@ -69,7 +72,6 @@ def build(
             web.get(base, api.model_metadata, allow_head=False),
             web.get(base + "/config", api.model_config, allow_head=False),
             web.get(base + "/stats", api.statistics, allow_head=False),
-            web.post(base + "/infer", api.infer),
         ]
     for kind in ("system", "cuda"):
         for base in (f"/v2/{kind}sharedmemory", f"/v2/{kind}sharedmemory/region/{{region}}"):
