@@ -75,9 +75,7 @@ class PyTorchInstance(ModelInstance):
             path = artifact.find(
                 model.artifact_path, model.config.default_model_filename, self.name
             )
-            self.artifact = artifact.load(
-                path, self.placement.device, model.settings.inference_mode, model.name
-            )
+            self.artifact = artifact.load(path, self.placement.device, model.name)
             self.forward = self.artifact.forward
             stack.callback(self._drop_model)
             self.weights = self._share_weights(path)
@@ -139,7 +137,7 @@ class PyTorchInstance(ModelInstance):
             )
             return None
         key = f"weights-{region_key(path, 'cpu')}"
-        with torch.inference_mode(model.settings.inference_mode):
+        with torch.no_grad():  # not inference tensors: see artifact.load
             return SharedWeights.share(module, regions, key, self.log)
 
     def _report_memory(self) -> None:

@@ -402,6 +402,17 @@ def test_inputs_reach_torch_without_a_copy(repo, harness):
     np.testing.assert_array_equal(apart.numpy(), memory[[0, 2, 3]])
 
 
+def test_weights_are_not_inference_tensors(repo, harness):
+    """Loaded outside inference mode: torch's matmul runs a 3-D batch against an inference
+    tensor's weight as a bmm, not one mm (1.6x the CPU of a BERT-base encoder at batch 8)."""
+    tm.save(tm.Linear(), repo)
+    h = harness(tm.config([tm.inp("INPUT__0", "TYPE_FP32", [4])],
+                          [tm.out("OUTPUT__0", "TYPE_FP32", [2])], max_batch_size=8))  # fmt: skip
+    weights = h.host.instance.artifact.module.state_dict().values()
+    assert weights and not any(t.is_inference() for t in weights)
+    assert h.infer({"INPUT__0": np.ones((2, 4), np.float32)})["OUTPUT__0"].shape == (2, 2)
+
+
 @pytest.mark.parametrize(("inference_mode", "expected"), [("false", 0.0), ("true", 10.0)])
 def test_settings_apply_to_the_forward_pass_and_are_restored(
     repo, harness, inference_mode, expected

@@ -55,6 +55,11 @@ def test_instances_share_one_region_and_the_last_one_removes_it(
     assert "filled shared weights region" in caplog.text
     assert "attached to shared weights region" in caplog.text
     assert first.host.instance.weights.created and not second.host.instance.weights.created
+    # plain tensors, not inference ones: matmul would not fold a 3-D batch into one mm
+    for h in (first, second):
+        assert not any(
+            t.is_inference() for t in h.host.instance.artifact.module.state_dict().values()
+        )
     bias = [h.host.instance.artifact.module.state_dict()["linear.bias"] for h in (first, second)]
     with torch.inference_mode():
         bias[0].add_(1.0)  # both instances map the very same pages...
