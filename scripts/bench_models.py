@@ -7,8 +7,8 @@ Both models are built from torch.nn with random weights (``real_models``; ``--qu
 them, same layouts and input shapes), exported to ONNX (the onnxruntime and openvino
 backends) and TorchScript (pytorch).  Each (model, backend) gets one server (``served_runs``)
 with ``plain`` (no batching) and ``batched`` (``dynamic_batching``, ``max_batch_size`` 32,
-``--preferred`` its preferred_batch_size: a size, or ``best``, the size the floor runs with
-the least CPU per row, timed before the server starts).  The model's instances run on
+``--preferred`` its preferred_batch_size: a size, or ``best``, the size up to 16 the floor
+runs with the least CPU per row, timed before the server starts).  The model's instances run on
 ``--instance-cores`` (default: the last core), the broker and this process's clients on the
 other cores.  The
 floor (``runtime_floor``) is the runtime called in-process by one Python thread, pinned to
@@ -122,9 +122,11 @@ class Bench:
 
     def thriftiest(self) -> int:
         """The batch size of least CPU per row on the floor (CPU time, not the wall clock:
-        other jobs move the wall clock); within 3% of it, the largest size, whose batches
-        spread the server's costs per batch over more rows."""
-        per_row = {s: self.per_call(s, 1) / s for s in self.floors}
+        other jobs move the wall clock); within 3% of it, the largest size up to half the
+        clients. A larger size spreads the server's costs per batch over more rows, but a
+        batch of all the clients leaves the instance idle while its answers go out and the
+        next requests come in; with half, one batch gathers while the other computes."""
+        per_row = {s: self.per_call(s, 1) / s for s in self.floors if s <= MAX_BATCH // 2}
         least = min(per_row.values())
         return max(s for s, cost in per_row.items() if cost <= least * 1.03)
 
@@ -281,8 +283,8 @@ def main() -> None:
         "--preferred",
         type=preferred_arg,
         default=0,
-        help="preferred_batch_size of batched: N, or 'best' (the size the floor runs with the "
-        "least CPU per row, timed first); default none",
+        help="preferred_batch_size of batched: N, or 'best' (the size up to half the clients the "
+        "floor runs with the least CPU per row, timed first); default none",
     )
     args = parser.parse_args()
     for name in args.models.split(","):
