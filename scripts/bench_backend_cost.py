@@ -19,10 +19,12 @@ from __future__ import annotations
 import os
 
 os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[-1:])  # before any runtime starts
-for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-    os.environ[name] = "1"
 
-import argparse  # noqa: E402  (the pinning and threads above come first)
+from runtime_floor import THREAD_ENV, runtime  # noqa: E402  (the pinning above comes first)
+
+os.environ.update({name: "1" for name in THREAD_ENV})  # before torch and the runtimes load
+
+import argparse  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -30,9 +32,8 @@ from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-from real_models import MODELS, ModelSpec, export, spec  # noqa: E402
-from runtime_floor import runtime  # noqa: E402
-from served_runs import MAX_BATCH, PLATFORMS  # noqa: E402
+from real_models import ModelSpec, export, spec  # noqa: E402
+from served_runs import MAX_BATCH, PLATFORMS, check_choices  # noqa: E402
 
 from inferpool.backends.testing import BackendHarness  # noqa: E402
 
@@ -49,12 +50,10 @@ def cpu_of(fn: Callable[[], object]) -> float:
     return time.process_time() - start
 
 
-def compare(model: ModelSpec, backend: str, source: Path, batch: int, rounds: int) -> str:
-    """The backend against its runtime at ``batch``, ``rounds`` alternating pairs."""
-    repo = source.parent.parent / f"repo-{backend}"
-    (repo / "1").mkdir(parents=True, exist_ok=True)
-    if not (repo / "1" / source.name).exists():
-        (repo / "1" / source.name).symlink_to(source)
+def compare(model: ModelSpec, backend: str, repo: Path, batch: int, rounds: int) -> str:
+    """The backend against its runtime at ``batch``, ``rounds`` alternating pairs; ``repo``
+    is the model's directory, its file in ``1/``."""
+    [source] = (repo / "1").iterdir()
     rows = [model.input.make(1) for _ in range(batch)]
     joined = np.concatenate(rows)
     call = runtime(backend, str(source), 1)
@@ -99,12 +98,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=40, help="alternating pairs per row")
     parser.add_argument("--quick", action="store_true", help="narrower models")
     args = parser.parse_args()
-    for name in args.models.split(","):
-        if name not in MODELS:
-            parser.error(f"--models: unknown model '{name}' (choose from {', '.join(MODELS)})")
-    for backend in args.backends.split(","):
-        if backend not in PLATFORMS:
-            parser.error(f"--backends: unknown backend '{backend}' ({', '.join(PLATFORMS)})")
+    check_choices(parser, args.models, args.backends)
     try:
         batches = [int(b) for b in args.batches.split(",")]
     except ValueError:
@@ -120,8 +114,11 @@ def main() -> None:
             onnx_path, pt_path = export(model, folder)
             for backend in args.backends.split(","):
                 source = pt_path if backend == "pytorch" else onnx_path
+                repo = Path(tmp) / name / backend
+                (repo / "1").mkdir(parents=True)
+                (repo / "1" / source.name).symlink_to(source)
                 for batch in batches:
-                    print(compare(model, backend, source, batch, args.rounds), flush=True)
+                    print(compare(model, backend, repo, batch, args.rounds), flush=True)
     print(f"load average after: {os.getloadavg()}")
 
 

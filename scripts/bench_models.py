@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import os
 import sys
 import tempfile
@@ -54,14 +53,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from real_models import MODELS, ModelSpec, export, spec
+from real_models import ModelSpec, export, spec
 from runtime_floor import Floor
-from served_runs import MAX_BATCH, PLATFORMS, Server, Window, cpus_text, pct, served
+from served_runs import MAX_BATCH, Server, Window, check_choices, cpus_text, pct, served
 
 LADDER = (1, 2, 4, 8, 16, 32)
 BEST = -1  # --preferred best
-NEEDS = {"onnxruntime": "onnxruntime", "openvino": "openvino"}  # backend -> its module
-EXTRAS = {"onnxruntime": "'inferpool[onnx]'", "openvino": "'inferpool[openvino]'"}
 HEADER = (
     "| model | backend | path | clients | p50 ms | p99 ms | req/s | queue / input / infer / "
     "output ms per request | batches formed (size x count) | instance busy | CPU ms per "
@@ -287,15 +284,7 @@ def main() -> None:
         "floor runs with the least CPU per row, timed first); default none",
     )
     args = parser.parse_args()
-    for name in args.models.split(","):
-        if name not in MODELS:
-            parser.error(f"--models: unknown model '{name}' (choose from {', '.join(MODELS)})")
-    for backend in args.backends.split(","):
-        if backend not in PLATFORMS:
-            parser.error(f"--backends: unknown backend '{backend}' ({', '.join(PLATFORMS)})")
-        module = NEEDS.get(backend)
-        if module and importlib.util.find_spec(module) is None:
-            parser.error(f"--backends {backend} needs {module}: pip install {EXTRAS[module]}")
+    check_choices(parser, args.models, args.backends)
     args.seconds = args.seconds or (2.0 if args.quick else 15.0)
     args.rounds = args.rounds or (3 if args.quick else 5)
     every = sorted(os.sched_getaffinity(0))

@@ -13,7 +13,9 @@ cores).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import importlib.util
 import os
 import subprocess
 import sys
@@ -28,7 +30,7 @@ from typing import Any
 import numpy as np
 import psutil
 from bench_torch import stop_server
-from real_models import ModelSpec
+from real_models import MODELS, ModelSpec
 
 from inferpool.client import Client, ShmClient
 from inferpool.wire.errors import InferpoolError
@@ -46,6 +48,21 @@ PLATFORMS = {
     "openvino": 'backend: "openvino" default_model_filename: "model.onnx"',
     "pytorch": 'platform: "pytorch_libtorch"',
 }
+NEEDS = {"onnxruntime": "onnxruntime", "openvino": "openvino"}  # backend -> its module
+EXTRAS = {"onnxruntime": "'inferpool[onnx]'", "openvino": "'inferpool[openvino]'"}
+
+
+def check_choices(parser: argparse.ArgumentParser, models: str, backends: str) -> None:
+    """``--models`` and ``--backends``: known names, each backend's runtime installed."""
+    for name in models.split(","):
+        if name not in MODELS:
+            parser.error(f"--models: unknown model '{name}' (choose from {', '.join(MODELS)})")
+    for backend in backends.split(","):
+        if backend not in PLATFORMS:
+            parser.error(f"--backends: unknown backend '{backend}' ({', '.join(PLATFORMS)})")
+        module = NEEDS.get(backend)
+        if module and importlib.util.find_spec(module) is None:
+            parser.error(f"--backends {backend} needs {module}: pip install {EXTRAS[module]}")
 
 
 # ----------------------------------------------------------------------------- the server
