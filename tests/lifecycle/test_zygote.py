@@ -70,6 +70,7 @@ def test_a_dead_zygote_takes_its_workers_and_a_new_one_serves(server: Server) ->
     zygote = zygote_of(server)
     with server.client() as c:
         rid = send_act(c, "act", NAP)  # in flight when its worker goes
+        wait_until(lambda: any(r["busy"] for r in c.status()), what="the nap executing")
         os.kill(zygote, signal.SIGKILL)
         reply, _ = c._recv(rid, 30)
         assert reply["error"]["code"] == "UNAVAILABLE", reply
